@@ -1,0 +1,3 @@
+from coldbench.cli import main
+
+main()

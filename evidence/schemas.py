@@ -1,0 +1,260 @@
+"""Versioned schemas of the data contract (DESIGN.md: record, manifest, provenance, job spec).
+
+Unknown values are `None`, never 0. Every model forbids unknown fields so a malformed record or
+spec is refused with a message naming the field, instead of being stored half-understood.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+RECORD_SCHEMA = "coldbench.record/1"
+EVIDENCE_FORMAT = "coldbench.evidence/1"
+PROVENANCE_SCHEMA = "coldbench.provenance/1"
+JOB_SCHEMA = "coldbench.job/1"
+
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+# Names that end up in file names, URLs and command lines: short, no separators, no dots first.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+# A git ref as a submitter may name it: no option-like leading dash, no `..`, no control chars.
+REF_PATTERN = r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$"
+
+CellStatus = Literal["ok", "invalid", "error", "warmup"]
+Mode = Literal["ab", "ablation", "sweep"]
+AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
+FlagValue = int | float | bool | str
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Record(_Strict):
+    """One cell: one timed cold prefill of exactly N tokens by one variant, then decode."""
+
+    schema_: Literal["coldbench.record/1"] = Field(RECORD_SCHEMA, alias="schema")
+    run_id: str
+    variant: Name
+    round: int = Field(ge=-1)  # -1 is the discarded warm-up
+    order: int = Field(ge=-1)
+    context_tokens: int = Field(ge=1)
+    prompt_tokens: int | None = Field(ge=0)
+    prompt_sha256: Sha256Hex | None
+    cached_tokens: int | None = Field(ge=0)
+    prefill_s: float | None = Field(ge=0)
+    prefill_tps: float | None = Field(ge=0)
+    decode_tokens: int | None = Field(ge=0)
+    decode_s: float | None = Field(ge=0)
+    decode_tps: float | None = Field(ge=0)
+    output_sha256: Sha256Hex | None
+    output_head: list[int] | None
+    peak_memory_bytes: int | None = Field(ge=0)
+    counters: dict[str, int | float | str | bool | None]
+    started_at: datetime
+    ended_at: datetime
+    status: CellStatus
+    reason: str | None
+    # Optional, beyond DESIGN.md's required fields.
+    adapter: AdapterName | None = None
+    flags: dict[str, FlagValue] | None = None
+    # Top-2 logit margin (top1 - top2) of the distribution each output id was chosen from, in
+    # order; the parity tolerance policy reads it at the first divergence.
+    output_margins: list[float] | None = None
+    prompt_corpus_sha256: Sha256Hex | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _ok_means_cold_and_complete(self) -> Record:
+        if self.status == "ok":
+            missing = [
+                name
+                for name in ("prompt_tokens", "cached_tokens", "prefill_s", "prefill_tps")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                raise ValueError(f"status ok but {', '.join(missing)} unknown")
+            if self.cached_tokens != 0:
+                raise ValueError(f"status ok but cached_tokens={self.cached_tokens} (must be 0)")
+            if self.prompt_tokens != self.context_tokens:
+                raise ValueError(
+                    f"status ok but prompt_tokens={self.prompt_tokens} "
+                    f"!= context_tokens={self.context_tokens}"
+                )
+        elif not self.reason:
+            raise ValueError(f"status {self.status} needs a reason")
+        return self
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class FileEntry(_Strict):
+    sha256: Sha256Hex
+    bytes: int = Field(ge=0)
+
+
+class Manifest(_Strict):
+    """manifest.json of an evidence bundle: the digest of every other file in it."""
+
+    format: Literal["coldbench.evidence/1"] = EVIDENCE_FORMAT
+    files: dict[str, FileEntry]
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("files")
+    @classmethod
+    def _relative_safe_names(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        for name in files:
+            parts = name.split("/")
+            if (
+                name.startswith("/")
+                or "\\" in name
+                or any(part in ("", ".", "..") for part in parts)
+                or name == "manifest.json"
+            ):
+                raise ValueError(f"unsafe or reserved file name in manifest: {name!r}")
+        return files
+
+
+class HostInfo(_Strict):
+    model_config = ConfigDict(extra="allow")
+    hostname: str | None = None
+    machine_model: str | None = None
+    chip: str | None = None
+    cpu: str | None = None
+    gpu: str | None = None
+    cores: int | None = None
+    memory_bytes: int | None = None
+    os: str | None = None
+    kernel: str | None = None
+    backend: Literal["metal", "cuda", "cpu"] | None = None
+    power_source: str | None = None
+    low_power_mode: bool | None = None
+    thermal_state: str | None = None
+
+
+class SoftwareInfo(_Strict):
+    model_config = ConfigDict(extra="allow")
+    python: str | None = None
+    mlx: str | None = None
+    mlx_lm: str | None = None
+    coldbench: str | None = None
+    pip_freeze_sha256: Sha256Hex | None = None
+
+
+class TargetInfo(_Strict):
+    """Which code one variant really ran."""
+
+    model_config = ConfigDict(extra="allow")
+    variant: Name
+    adapter: AdapterName = "embedded"
+    repository: str | None = None
+    ref: str | None = None
+    commit: str | None = None
+    dirty: bool | None = None
+    diff_sha256: Sha256Hex | None = None
+    recipe: str | None = None
+    build_command: list[str] | None = None
+    build_log_sha256: Sha256Hex | None = None
+    native_modules: dict[str, Sha256Hex] = Field(default_factory=dict)
+    engine_module_file: str | None = None  # the install-path check: the file really imported
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+
+
+class ModelInfo(_Strict):
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    path: str | None = None
+    architecture: str | None = None
+    parameters: int | None = None
+    quantization: dict[str, Any] | None = None
+    config_sha256: Sha256Hex | None = None
+    weights_sha256: Sha256Hex | None = None
+    tokenizer_sha256: Sha256Hex | None = None
+
+
+class Provenance(_Strict):
+    """provenance.json of a run, canonical JSON, hashed into the manifest."""
+
+    schema_: Literal["coldbench.provenance/1"] = Field(PROVENANCE_SCHEMA, alias="schema")
+    run_id: str
+    created_at: datetime
+    host: HostInfo
+    software: SoftwareInfo
+    targets: list[TargetInfo]
+    model: ModelInfo
+    job_spec_sha256: Sha256Hex | None = None
+    command: str | None = None  # the exact command that reproduces this run
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class VariantSpec(_Strict):
+    """A named (target ref, engine flags, recipe) combination. Never a command."""
+
+    name: Name
+    ref: str | None = Field(None, pattern=REF_PATTERN)
+    recipe: Name | None = None
+    flags: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], FlagValue] = Field(
+        default_factory=dict
+    )
+
+
+class JobSpec(_Strict):
+    """What a maintainer submits. Bounds on sizes are enforced by the API's settings."""
+
+    schema_: Literal["coldbench.job/1"] = Field(JOB_SCHEMA, alias="schema")
+    mode: Mode = "ab"
+    adapter: AdapterName = "embedded"
+    repository: str | None = Field(None, max_length=300)
+    variants: list[VariantSpec] = Field(min_length=1)
+    baseline: Name | None = None  # defaults to the first variant
+    features: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]] = Field(
+        default_factory=list
+    )
+    contexts: list[int] = Field(min_length=1)
+    rounds: int = Field(3, ge=1)
+    decode_tokens: int = Field(8, ge=0)
+    model: str = Field("preset:tiny", pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
+    seed: int = 0
+    host_labels: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]] = (
+        Field(default_factory=list)
+    )
+    hosts: int = Field(1, ge=1)
+    fresh_process: bool = False
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("contexts")
+    @classmethod
+    def _positive_unique_contexts(cls, contexts: list[int]) -> list[int]:
+        if any(c < 1 for c in contexts):
+            raise ValueError("context lengths must be positive token counts")
+        if len(set(contexts)) != len(contexts):
+            raise ValueError("context lengths must be unique")
+        return sorted(contexts)
+
+    @model_validator(mode="after")
+    def _names_and_baseline(self) -> JobSpec:
+        names = [v.name for v in self.variants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
+        if self.baseline is None:
+            self.baseline = names[0]
+        elif self.baseline not in names:
+            raise ValueError(f"baseline {self.baseline!r} is not one of the variants {names}")
+        if self.mode == "ablation" and not self.features:
+            raise ValueError("ablation mode needs at least one feature")
+        if self.adapter != "embedded" and not self.repository:
+            raise ValueError(f"adapter {self.adapter} needs a repository")
+        return self
+
+
+def is_valid_name(value: str) -> bool:
+    return re.fullmatch(NAME_PATTERN, value) is not None

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from evidence.schemas import JobSpec, Manifest, Record
+
+
+def _record(**overrides: object) -> dict[str, object]:
+    record: dict[str, object] = {
+        "schema": "coldbench.record/1",
+        "run_id": "r1",
+        "variant": "base",
+        "round": 0,
+        "order": 0,
+        "context_tokens": 64,
+        "prompt_tokens": 64,
+        "prompt_sha256": "0" * 64,
+        "cached_tokens": 0,
+        "prefill_s": 0.5,
+        "prefill_tps": 128.0,
+        "decode_tokens": 4,
+        "decode_s": 0.1,
+        "decode_tps": 40.0,
+        "output_sha256": "1" * 64,
+        "output_head": [1, 2, 3, 4],
+        "peak_memory_bytes": 1000,
+        "counters": {"chunks": 1},
+        "started_at": "2026-11-29T00:00:00Z",
+        "ended_at": "2026-11-29T00:00:01Z",
+        "status": "ok",
+        "reason": None,
+    }
+    record.update(overrides)
+    return record
+
+
+def test_ok_record_round_trips() -> None:
+    record = Record.model_validate(_record())
+    assert record.to_json_dict()["schema"] == "coldbench.record/1"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"cached_tokens": 12}, "cached_tokens=12"),
+        ({"prompt_tokens": 63}, "prompt_tokens=63"),
+        ({"status": "invalid", "reason": None}, "needs a reason"),
+        ({"unexpected": 1}, "unexpected"),
+        ({"prefill_s": None}, "prefill_s"),
+    ],
+)
+def test_bad_records_are_refused_with_the_field_named(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Record.model_validate(_record(**overrides))
+
+
+def test_job_spec_defaults_baseline_and_refuses_duplicates() -> None:
+    spec = JobSpec.model_validate(
+        {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [256, 128]}
+    )
+    assert spec.baseline == "a"
+    assert spec.contexts == [128, 256]
+    with pytest.raises(ValidationError, match="unique"):
+        JobSpec.model_validate({"variants": [{"name": "a"}, {"name": "a"}], "contexts": [64]})
+
+
+@pytest.mark.parametrize("ref", ["--upload-pack=evil", "a..b", "x y", ""])
+def test_refs_that_could_be_options_or_ranges_are_refused(ref: str) -> None:
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate({"variants": [{"name": "a", "ref": ref}], "contexts": [64]})
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../b", "manifest.json"])
+def test_manifest_refuses_unsafe_names(name: str) -> None:
+    with pytest.raises(ValidationError, match="unsafe or reserved"):
+        Manifest.model_validate({"files": {name: {"sha256": "0" * 64, "bytes": 1}}})

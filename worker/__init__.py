@@ -1,0 +1,9 @@
+"""worker: the benchmark host's agent and the single-machine `coldbench run`.
+
+Owns registration, heartbeat, the lease loop, the host fingerprint, checkouts and isolated
+builds, scheduling cells into balanced rounds, driving the engine's variant processes,
+spooling records and uploading artifacts with checksums.
+
+May import: `engine/`, `evidence/`, httpx and the standard library. Never `api/`: the worker
+speaks to the server only over HTTP, through the contract in `evidence/`.
+"""
