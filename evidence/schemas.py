@@ -22,7 +22,7 @@ Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 # A git ref as a submitter may name it: no option-like leading dash, no `..`, no control chars.
-REF_PATTERN = r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$"
+REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
 Mode = Literal["ab", "ablation", "sweep"]
@@ -198,11 +198,21 @@ class VariantSpec(_Strict):
     """A named (target ref, engine flags, recipe) combination. Never a command."""
 
     name: Name
-    ref: str | None = Field(None, pattern=REF_PATTERN)
+    ref: str | None = None
     recipe: Name | None = None
     flags: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], FlagValue] = Field(
         default_factory=dict
     )
+
+    @field_validator("ref")
+    @classmethod
+    def _safe_ref(cls, ref: str | None) -> str | None:
+        if ref is not None and not REF_PATTERN.fullmatch(ref):
+            raise ValueError(
+                f"ref {ref!r} is not a plain branch, tag or commit name "
+                "(letters, digits, _ . / + @ -; not starting with -; no ..)"
+            )
+        return ref
 
 
 class JobSpec(_Strict):
@@ -214,9 +224,11 @@ class JobSpec(_Strict):
     repository: str | None = Field(None, max_length=300)
     variants: list[VariantSpec] = Field(min_length=1)
     baseline: Name | None = None  # defaults to the first variant
-    features: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]] = Field(
-        default_factory=list
-    )
+    # Ablation features: `flag` (meaning flag=true) or `flag=value`, the value that turns the
+    # optimization on (e.g. `compile`, `clear_cache=false`, `prefill_step_size=4096`).
+    features: list[
+        Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}(=[A-Za-z0-9_.+-]{1,32})?$")]
+    ] = Field(default_factory=list)
     contexts: list[int] = Field(min_length=1)
     rounds: int = Field(3, ge=1)
     decode_tokens: int = Field(8, ge=0)
