@@ -134,9 +134,11 @@ def demo_env(state_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "COLDBENCH_DATABASE_URL": f"sqlite:///{state_dir / 'coldbench.db'}",
+            # The embedded default: empty URLs mean SQLite and kombu's SQLAlchemy transport
+            # under the state directory, whatever the caller's environment says.
+            "COLDBENCH_STATE_DIR": str(state_dir),
+            "COLDBENCH_DATABASE_URL": "",
             "COLDBENCH_REDIS_URL": "",
-            "COLDBENCH_BROKER_URL": f"sqla+sqlite:///{state_dir / 'broker.db'}",
             "COLDBENCH_ARTIFACT_DIR": str(state_dir / "artifacts"),
             "COLDBENCH_MODEL_DIR": str(state_dir / "models"),
             "PYTHONUNBUFFERED": "1",
