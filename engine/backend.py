@@ -6,6 +6,7 @@ exercised with the reason, never as run.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import mlx.core as mx
@@ -28,10 +29,8 @@ def describe_backend() -> dict[str, Any]:
     info: dict[str, Any] = {"backend": backend, "default_device": str(mx.default_device())}
     device_info = getattr(mx, "device_info", None)
     if backend != "cpu" and device_info is not None:
-        try:
+        with contextlib.suppress(RuntimeError):
             info["device"] = {k: v for k, v in device_info().items() if isinstance(v, int | str)}
-        except RuntimeError:
-            pass
     return info
 
 
