@@ -6,9 +6,10 @@ stdin line `{"round": R, "order": O, "context_tokens": N}` until `{"op": "exit"}
 appending each record to the plan's `records_path` (flush + fsync: a crash loses at most the
 cell in flight) and printing `{"event": "record", "record": {...}}`. With `cells` in the plan
 it runs those and exits (batch mode). The warm-up record is in the records file and in the
-ready event (`"warmup": {...}`), so stdout's first line is always `ready` or `error`. stdout carries only these JSON lines; logs go to stderr.
-A plan or load failure prints `{"event": "error", "reason": "..."}` and exits 2; a bad stdin
-line gets an error event and the process keeps serving.
+ready event (`"warmup": {...}`), so stdout's first line is always `ready` or `error`. stdout
+carries only these JSON lines; logs go to stderr. A plan or load failure prints
+`{"event": "error", "reason": "..."}` and exits 2; a bad stdin line gets an error event and the
+process keeps serving.
 """
 
 from __future__ import annotations
