@@ -132,7 +132,9 @@ def worktree(mirror: Path, commit: str, *, repository: str, state_dir: Path) -> 
         _remove_tree(path)
         _git("--git-dir", str(mirror), "worktree", "prune")
     path.parent.mkdir(parents=True, exist_ok=True)
-    _git("--git-dir", str(mirror), "worktree", "add", "--detach", "--quiet", "--", str(path), commit)
+    _git(
+        "--git-dir", str(mirror), "worktree", "add", "--detach", "--quiet", "--", str(path), commit
+    )
     return path
 
 

@@ -66,9 +66,7 @@ class HostConfig:
 
     def recipes_offered(self) -> dict[str, dict[str, list[str]]]:
         """What registration tells the server: repository -> its recipe names."""
-        return {
-            name: {"recipes": sorted(repo.recipes)} for name, repo in self.repositories.items()
-        }
+        return {name: {"recipes": sorted(repo.recipes)} for name, repo in self.repositories.items()}
 
 
 def default_recipes() -> dict[str, Recipe]:

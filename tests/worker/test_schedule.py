@@ -59,7 +59,10 @@ def test_deterministic_by_seed_and_round_and_seed_matters() -> None:
     # Round 3 does not depend on how many rounds were planned.
     assert plan_rounds(variants, contexts, seed=5, rounds=4)[3] == once
     others = {
-        tuple((c.variant, c.context_tokens) for c in round_cells(variants, contexts, seed=s, round_index=3))
+        tuple(
+            (c.variant, c.context_tokens)
+            for c in round_cells(variants, contexts, seed=s, round_index=3)
+        )
         for s in range(10)
     }
     assert len(others) > 1
