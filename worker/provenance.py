@@ -202,7 +202,7 @@ def run_provenance(
     software: SoftwareInfo,
     targets: Sequence[TargetInfo],
     model: ModelInfo,
-    spec: JobSpec,
+    spec: JobSpec | None,
     command: str,
     labels: Sequence[str] = (),
 ) -> Provenance:
@@ -216,6 +216,6 @@ def run_provenance(
         software=software,
         targets=list(targets),
         model=model,
-        job_spec_sha256=job_spec_sha256(spec),
+        job_spec_sha256=job_spec_sha256(spec) if spec is not None else None,
         command=command,
     )

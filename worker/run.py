@@ -11,6 +11,7 @@ A build failure is a result: the run completes as failed with its build logs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -350,4 +351,48 @@ def execute_run(
         stopped=stopped,
         workdir=workdir,
         build_logs=dict(build_logs),
+    )
+
+
+def refused_files(raw_spec: Any, *, run_id: str, host: HostInfo, reason: str) -> dict[str, bytes]:
+    """The bundle of a run that never measured (refused or crashed): no records, provenance
+    saying who refused what and why, so the server and the submitter can see it."""
+    from evidence.bundle import bundle_files
+    from evidence.schemas import ModelInfo, TargetInfo
+
+    targets: list[TargetInfo] = []
+    model = ModelInfo()
+    spec: JobSpec | None = None
+    with contextlib.suppress(ValueError):
+        spec = JobSpec.model_validate(raw_spec)
+    if spec is not None:
+        model = ModelInfo(name=spec.model)
+        try:
+            targets = [
+                TargetInfo(
+                    variant=v.name,
+                    adapter=spec.adapter,
+                    repository=spec.repository,
+                    ref=v.ref,
+                    recipe=v.recipe,
+                    flags=dict(v.flags),
+                )
+                for v in expand_variants(spec)
+            ]
+        except ValueError:
+            targets = []
+    provenance = run_provenance(
+        run_id=run_id,
+        host=host,
+        software=software_info(),
+        targets=targets,
+        model=model,
+        spec=spec,
+        command=reproduce_command(spec) if spec is not None else "",
+    )
+    return bundle_files(
+        records=b"",
+        provenances=[provenance],
+        spec=spec,
+        extra_files={"reason.txt": (reason + "\n").encode()},
     )
