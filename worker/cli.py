@@ -287,3 +287,67 @@ def run(
 
 def _valid_token(token: str) -> bool:
     return re.fullmatch(r"cbe_[A-Za-z0-9_-]{8,200}", token) is not None
+
+
+@app.command("worker")
+def worker(
+    api: Annotated[str, typer.Option(help="The coldbench server, e.g. https://bench.example.org")],
+    config: Annotated[Path, typer.Option(help="This host's worker.toml.")] = Path("worker.toml"),
+    enroll: Annotated[
+        str | None, typer.Option(help="One-use enrollment token (first start only).")
+    ] = None,
+    heartbeat_s: Annotated[float, typer.Option(min=0.1, help="Heartbeat period.")] = 15.0,
+    lease_wait_s: Annotated[int, typer.Option(min=0, max=25, help="Lease long-poll.")] = 25,
+    max_runs: Annotated[
+        int | None, typer.Option(min=1, help="Exit after this many runs (default: never).")
+    ] = None,
+    idle_exit_s: Annotated[
+        float | None, typer.Option(min=0.0, help="Exit after this long without work.")
+    ] = None,
+    host_lock: Annotated[
+        Path | None,
+        typer.Option(help="Lock file shared by every agent of this host (default: in /tmp)."),
+    ] = None,
+    cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+) -> None:
+    """Run this host's agent: lease jobs from the server, measure them, upload the evidence."""
+    import logging
+
+    from worker.agent import Agent, AgentError, AgentOptions
+    from worker.config import ConfigError, load_host_config
+
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not re.fullmatch(r"https?://[^\s]+", api):
+        _fail(f"--api {api!r}: give an http:// or https:// URL")
+    try:
+        host_config = load_host_config(config)
+    except ConfigError as error:
+        _fail(str(error))
+    options = AgentOptions(
+        heartbeat_s=heartbeat_s,
+        lease_wait_s=lease_wait_s,
+        max_runs=max_runs,
+        idle_exit_s=idle_exit_s,
+        host_lock_path=host_lock,
+        cell_timeout_s=cell_timeout_s,
+    )
+    agent = Agent(api, host_config, options=options)
+    try:
+        if enroll is not None:
+            if not _valid_token(enroll):
+                _fail("--enroll: not an enrollment token (they look like cbe_...)")
+            secret = agent.enroll(enroll)
+            typer.echo(
+                f"enrolled as {secret['worker_id']}; secret kept in {host_config.secret_path}",
+                err=True,
+            )
+        else:
+            agent.load_secret()
+        code = agent.run_forever()
+    except AgentError as error:
+        _fail(str(error), code=1)
+    raise typer.Exit(code)

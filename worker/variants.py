@@ -383,6 +383,7 @@ def run_schedule(
                 outcome.cells_done += 1
                 if fresh_process:
                     processes.pop(cell.variant).stop()
+                report(cell)
             report(None)
         finally:
             for process in processes.values():
