@@ -56,23 +56,10 @@ class Probe:
 
 
 def detect_backend() -> str:
-    """`metal`, `cuda` or `cpu`: the device MLX runs on in this interpreter."""
-    try:
-        import mlx.core as mx
-    except ImportError:
-        return "cpu"
-    try:
-        if mx.metal.is_available():
-            return "metal"
-    except AttributeError:
-        pass
-    cuda = getattr(mx, "cuda", None)
-    try:
-        if cuda is not None and cuda.is_available():
-            return "cuda"
-    except AttributeError:
-        pass
-    return "cpu"
+    """`metal`, `cuda` or `cpu`: the device MLX runs on (the engine's own answer)."""
+    from engine.backend import detect_backend as engine_backend
+
+    return engine_backend()
 
 
 def slug(text: str) -> str:
