@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker.service import Service, running_service, stop_process
+from tests.worker.service import running_service, stop_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
