@@ -171,6 +171,8 @@ class VariantProcess:
             kind = event.get("event")
             if kind == "ready":
                 self.target = dict(event.get("target") or {})
+                if isinstance(event.get("warmup"), dict):
+                    self.early_records.append(event["warmup"])
                 return self.target
             if kind == "error":
                 self.kill()
