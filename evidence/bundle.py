@@ -192,8 +192,7 @@ def zip_bytes(files: Mapping[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def write_bundle(
-    path: str | Path,
+def build_bundle(
     *,
     records: Sequence[Record] | bytes,
     provenances: Sequence[Provenance] | Provenance,
@@ -204,12 +203,11 @@ def write_bundle(
     precision: float | None = None,
     seed: int | None = None,
     n_resamples: int | None = None,
-    make_zip: bool = True,
-) -> WrittenBundle:
-    """Compute the summary, render summary.md and report.html, write the folder and its zip.
+) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Every file of a complete bundle (summary computed, views rendered) and the summary.
 
-    The zip is written beside the folder as `<folder>.zip`. `baseline`, `features`,
-    `precision` and `seed` default to the job spec's (the spec or `baseline` is required).
+    `baseline`, `features`, `precision` and `seed` default to the job spec's (the spec or
+    `baseline` is required). Nothing touches the disk.
     """
     # Imported here: statistics and rendering pull in scipy, jinja2 and plotly.
     from evidence.markdown import render_summary_md
@@ -238,16 +236,54 @@ def write_bundle(
         provenances=provenance_list,
         **options,
     )
-    summary_md = render_summary_md(summary, provenance_list, evidence_id=None)
-    report_html = render_report_html(summary, parsed, provenance_list, None)
+    common: dict[str, Any] = {
+        "records": records,
+        "provenances": provenance_list,
+        "build_logs": build_logs,
+        "spec": spec,
+        "summary": summary,
+    }
+    # The report lists the digests of the data files it was rendered from.
+    data_files = bundle_files(**common)
+    digests = {name: sha256_hex(data) for name, data in data_files.items() if name != MANIFEST_FILE}
     files = bundle_files(
+        **common,
+        summary_md=render_summary_md(summary, provenance_list, evidence_id=None),
+        report_html=render_report_html(
+            summary, parsed, provenance_list, None, file_digests=digests
+        ),
+    )
+    return files, summary
+
+
+def write_bundle(
+    path: str | Path,
+    *,
+    records: Sequence[Record] | bytes,
+    provenances: Sequence[Provenance] | Provenance,
+    spec: JobSpec | None = None,
+    build_logs: Mapping[str, bytes | str] | None = None,
+    baseline: str | None = None,
+    features: Sequence[str] | None = None,
+    precision: float | None = None,
+    seed: int | None = None,
+    n_resamples: int | None = None,
+    make_zip: bool = True,
+) -> WrittenBundle:
+    """Compute the summary, render summary.md and report.html, write the folder and its zip.
+
+    `path` must be a new or empty folder; the zip is written beside it as `<folder>.zip`.
+    """
+    files, summary = build_bundle(
         records=records,
-        provenances=provenance_list,
-        build_logs=build_logs,
+        provenances=provenances,
         spec=spec,
-        summary=summary,
-        summary_md=summary_md,
-        report_html=report_html,
+        build_logs=build_logs,
+        baseline=baseline,
+        features=features,
+        precision=precision,
+        seed=seed,
+        n_resamples=n_resamples,
     )
     folder = write_folder(path, files)
     zip_path = None

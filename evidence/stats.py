@@ -33,8 +33,10 @@ Verdict, with `alpha` = 0.05, `precision` = the job's requested precision (defau
 interval of the median would be +-precision wide. With at least `min_pairs` pairs the observed
 interval is scaled: n x (half-width / ln(1 + precision))^2, half-width in log units. With fewer,
 the standard deviation s of the log ratios is used: ceil((1.96 x 1.2533 x s / ln(1 + precision))^2)
-(the median's standard error is 1.2533 times the mean's). Never less than `min_pairs` nor than
-n + 1. A ratio close to a precision bound may need more.
+(the median's standard error is 1.2533 times the mean's). Never less than `min_pairs`, nor than
+n + 1, nor than the smallest n at which the signed-rank test of m comparisons can pass Holm at
+all (2^(1-n) x m < alpha, e.g. 7 rounds for a matrix of 2). A ratio close to a precision bound
+may need more.
 """
 
 from __future__ import annotations
@@ -217,8 +219,18 @@ def log_spread(ratios: Sequence[float]) -> float | None:
     return sd if sd > 0 else None
 
 
+def rounds_for_test(family_size: int, alpha: float) -> int:
+    """Smallest n at which a two-sided signed-rank test can pass Holm among `family_size`:
+    its smallest p-value is 2 / 2^n (every sign alike)."""
+    return math.floor(1 + math.log2(max(family_size, 1) / alpha)) + 1
+
+
 def rounds_needed(
-    ratios: Sequence[float], ci_low: float | None, ci_high: float | None, options: StatsOptions
+    ratios: Sequence[float],
+    ci_low: float | None,
+    ci_high: float | None,
+    options: StatsOptions,
+    family_size: int = 1,
 ) -> int | None:
     """Rounds for a +-precision interval, from the observed spread (module docstring)."""
     n = len(ratios)
@@ -231,7 +243,7 @@ def rounds_needed(
         if spread is None:
             return options.min_pairs if n >= 2 else None
         needed = math.ceil((_Z * _MEDIAN_SE_FACTOR * spread / target) ** 2)
-    return max(needed, options.min_pairs, n + 1)
+    return max(needed, options.min_pairs, n + 1, rounds_for_test(family_size, options.alpha))
 
 
 def decide(
@@ -295,7 +307,11 @@ def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dic
         if comparison["verdict"] == "inconclusive":
             ratios = [r["ratio"] for r in comparison["ratios"]]
             comparison["rounds_needed"] = rounds_needed(
-                ratios, comparison["ci_low"], comparison["ci_high"], options
+                ratios,
+                comparison["ci_low"],
+                comparison["ci_high"],
+                options,
+                family_size=sum(1 for p in adjusted if p is not None),
             )
     return comparisons
 
@@ -519,6 +535,29 @@ def summarize(
         ),
         "invalid": invalid,
     }
+
+
+def how_to_read(settings: Mapping[str, Any]) -> list[str]:
+    """The verdict rules in plain words, for summary.md and report.html."""
+    precision_pct = f"{100 * settings['precision']:g}%"
+    level = f"{100 * settings['confidence_level']:g}%"
+    return [
+        "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
+        "round (paired); above 1 is faster. The table shows the median ratio and a "
+        f"{level} bootstrap interval of that median.",
+        f"faster / slower: the interval excludes 1 and the signed-rank p-value, corrected "
+        f"(Holm) across the whole matrix, is below {settings['alpha']:g}.",
+        f"no established change: the interval includes 1 and lies within 1 +- "
+        f"{precision_pct}, so any change larger than {precision_pct} is ruled out; a smaller "
+        "one is not.",
+        f"inconclusive: fewer than {settings['min_pairs']} pairs, or an interval too wide for "
+        f"+-{precision_pct} (the rounds that would reach it are estimated from the observed "
+        "spread), or an interval and a corrected test that disagree. An interval that includes "
+        "1 establishes nothing more than that.",
+        "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "
+        "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
+        "interact and are not additive.",
+    ]
 
 
 def verdict_counts(comparisons: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -213,3 +213,45 @@ def test_cli_verify_exit_codes_and_lines(folder: Path, coldbench_cmd: list[str])
         "report.html: altered (7 bytes, manifest says 31)",
         "extra.bin: extra (not in the manifest)",
     ]
+
+
+def test_write_bundle_end_to_end(tmp_path: Path, coldbench_cmd: list[str]) -> None:
+    from evidence.bundle import write_bundle
+    from evidence.schemas import JobSpec
+
+    spec = JobSpec.model_validate(
+        {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64, 256], "rounds": 8}
+    )
+    records = simulate_run(effects={"base": 1.0, "fast": 1.08}, rounds=8, noise=0.01)
+    written = write_bundle(
+        tmp_path / "evidence",
+        records=records,
+        provenances=provenance(),
+        spec=spec,
+        build_logs={"base": "ok\n", "fast": "ok\n"},
+        n_resamples=300,
+    )
+    assert sorted(p.name for p in written.path.iterdir()) == [
+        "build-base.log",
+        "build-fast.log",
+        "job.json",
+        "manifest.json",
+        "provenance.json",
+        "records.jsonl",
+        "report.html",
+        "summary.json",
+        "summary.md",
+    ]
+    assert verify_bundle(written.path).problems == []
+    assert written.zip_path is not None
+    assert verify_bundle(written.zip_path).evidence_id == written.evidence_id
+    assert written.evidence_id == evidence_id_of((written.path / MANIFEST_FILE).read_bytes())
+    assert json.loads((written.path / "summary.json").read_text()) == written.summary
+    assert [c["verdict"] for c in written.summary["comparisons"]] == ["faster", "faster"]
+    records_digest = written.manifest["files"]["records.jsonl"]["sha256"]
+    assert records_digest in (written.path / "report.html").read_text()
+    assert "| 64 | fast |" in (written.path / "summary.md").read_text()
+    ok = subprocess.run(
+        [*coldbench_cmd, "verify", str(written.zip_path)], capture_output=True, text=True
+    )
+    assert ok.stdout.strip() == f"intact: {written.evidence_id}, 9 files"

@@ -78,7 +78,7 @@ def test_holm_correction_is_applied_across_the_matrix() -> None:
         assert comparison["p_adjusted"] == pytest.approx(3 * 0.03125)
         assert comparison["ci_low"] > 1
         assert comparison["verdict"] == "inconclusive"
-        assert comparison["rounds_needed"] is not None
+        assert comparison["rounds_needed"] >= 7  # 2^(1-7) x 3 < 0.05: the test can pass
 
 
 def test_holm_step_down() -> None:
