@@ -43,7 +43,9 @@ def _log(path: Path) -> str:
 def test_enrollment_and_refusals(tmp_path: Path) -> None:
     """Secret kept 0600; a job outside the allow-list never reaches the host; a recipe the host
     lacks (its worker.toml changed after enrollment) is refused by the worker itself."""
-    with running_service(tmp_path) as service:
+    # A short lease: a long-poll of the stopped agent may still claim the job for nobody (the
+    # server cannot know the client left); that lease must expire quickly.
+    with running_service(tmp_path, lease_ttl_s=5) as service:
         config = write_config(
             tmp_path / "host-a" / "worker.toml",
             name="host-a",
