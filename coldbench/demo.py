@@ -228,7 +228,10 @@ def demo(
             console.print("database: migrating")
             run_cli(["db", "upgrade"], env)
             console.print("model: writing the tiny preset (cached after the first run)")
-            run_cli(["model", "create", "--preset", "tiny"], env)
+            os.environ["COLDBENCH_MODEL_DIR"] = env["COLDBENCH_MODEL_DIR"]
+            from engine.checkpoints import resolve_model
+
+            console.print(f"  {resolve_model('preset:tiny', {})}")
 
             children.start("server", ["server", "--host", "127.0.0.1", "--port", str(port)])
             children.start("celery-worker", ["celery", "worker"])
@@ -240,7 +243,7 @@ def demo(
             api_key = _token(run_cli(["admin", "apikey", "demo"], env), "cbk_")
             config = state_dir / "agent" / "worker.toml"
             write_worker_config(config)
-            secret_file = state_dir / "agent" / "secret"
+            secret_file = config.with_name(config.stem + ".secret")
             enroll_args = [] if secret_file.exists() else ["--enroll", enrollment]
             children.start(
                 "agent",
@@ -249,6 +252,7 @@ def demo(
 
             headers = {"Authorization": f"Bearer {api_key}"}
             with httpx.Client(base_url=base_url, headers=headers, timeout=30.0) as client:
+                _wait_for_host(client, children)
                 jobs = []
                 for spec in job_specs(context_list, rounds, decode_tokens, seed):
                     response = client.post("/api/v1/jobs", json=spec)
@@ -288,6 +292,18 @@ def demo(
             console.print(f"[red]demo failed:[/] {error}")
             console.print(f"logs: {state_dir / 'logs'}")
             raise typer.Exit(1) from None
+
+
+def _wait_for_host(client: Any, children: Children, timeout_s: float = 120.0) -> None:
+    """The agent registers itself on start; jobs are validated against registered hosts."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children.check_alive()
+        response = client.get("/api/v1/hosts")
+        if response.status_code == 200 and response.json():
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the agent did not register within {timeout_s:.0f} s")
 
 
 def _token(output: str, prefix: str) -> str:
