@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from api import dispatch
 from api.app import create_app
 from api.celery_app import make_celery
+from api.jobs.models import Job
 from api.runs.models import Cell, Run
 from api.settings import Settings
 from tests.api.factories import make_host, make_job
@@ -105,6 +106,12 @@ class Pipeline:
         with self.sessionmaker() as db_session:
             return db_session.get(Run, run_id).state
 
+    def evidence_id(self, run_id: str) -> str | None:
+        with self.sessionmaker() as db_session:
+            return db_session.scalar(
+                sa.select(Job.evidence_id).join(Run, Run.job_id == Job.id).where(Run.id == run_id)
+            )
+
     def cell_count(self, run_id: str) -> int:
         with self.sessionmaker() as db_session:
             return db_session.scalar(sa.select(sa.func.count()).where(Cell.run_id == run_id))
@@ -155,6 +162,11 @@ def test_upload_stored_without_a_worker_is_ingested_once_one_starts(pipeline: Pi
     wait_for(lambda: pipeline.run_state(run_id) == "processed", 60, "the run to be ingested")
     assert pipeline.cell_count(run_id) == 10
     assert "coldbench.ingest_run" in worker.output()
+    # The worker goes on: analysis from the raw cells, then the rendered evidence.
+    evidence_id = wait_for(lambda: pipeline.evidence_id(run_id), 90, "the evidence")
+    summary = pipeline.client.get(f"/e/{evidence_id}.json").json()
+    assert summary["baseline"] == "base" and summary["runs"][0]["run_id"] == run_id
+    assert pipeline.client.get(f"/e/{evidence_id}.zip").status_code == 200
 
 
 def test_worker_killed_mid_ingest_redelivers_without_duplicates(pipeline: Pipeline) -> None:
