@@ -50,6 +50,8 @@ def make_celery(settings: Settings) -> Celery:
             "unacked_restore_interval": max(1, min(10, visibility_s // 2)),
             "unacked_restore_throttle": 1,
         }
+        if settings.celery_key_prefix:
+            app.conf.broker_transport_options["global_keyprefix"] = settings.celery_key_prefix
     return app
 
 

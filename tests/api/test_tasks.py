@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -119,14 +120,17 @@ class Pipeline:
 
 @pytest.fixture
 def pipeline(live_db: str, live_sessionmaker: Any, tmp_path: Path) -> Iterator[Pipeline]:
+    # Several test sessions may share Redis db 15 at once: this test's keys carry its prefix,
+    # and only those are cleared.
+    prefix = f"coldbench-test-{secrets.token_hex(4)}:"
     broker = redis.Redis.from_url(REDIS_URL)
-    broker.flushdb()
     settings = Settings(
         database_url=live_db,
         redis_url=REDIS_URL,
         artifact_dir=tmp_path / "artifacts",
         state_dir=tmp_path / "state",
         celery_visibility_timeout_s=VISIBILITY_TIMEOUT_S,
+        celery_key_prefix=prefix,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLDBENCH_")}
     env.update(
@@ -135,6 +139,7 @@ def pipeline(live_db: str, live_sessionmaker: Any, tmp_path: Path) -> Iterator[P
         COLDBENCH_ARTIFACT_DIR=str(settings.artifact_dir),
         COLDBENCH_STATE_DIR=str(settings.state_dir),
         COLDBENCH_CELERY_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S),
+        COLDBENCH_CELERY_KEY_PREFIX=prefix,
     )
     sender = make_celery(settings)
 
@@ -150,7 +155,9 @@ def pipeline(live_db: str, live_sessionmaker: Any, tmp_path: Path) -> Iterator[P
         for worker in workers:
             worker.stop()
         app.state.engine.dispose()
-        broker.flushdb()
+        keys = list(broker.scan_iter(match=f"{prefix}*"))
+        if keys:
+            broker.delete(*keys)
         broker.close()
 
 
