@@ -13,7 +13,13 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+)
 from sqlalchemy.orm import Session
 
 from api.auth import service as auth_service
@@ -28,6 +34,7 @@ from api.pages import signing
 from api.pages.evidence import render_page
 from api.pages.templates import templates
 from api.settings import Settings
+from evidence.bundle import BundleError
 
 log = logging.getLogger(__name__)
 
@@ -372,9 +379,21 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
         .get_template("_evidence_header.html")
         .render(evidence_id=evidence_id, markdown="{markdown}")
     )
-    page = render_page(
-        evidence_id, store.path(entry["sha256"]), f"{request.base_url}e/{evidence_id}", header
-    )
+    try:
+        page = render_page(
+            evidence_id, store.path(entry["sha256"]), f"{request.base_url}e/{evidence_id}", header
+        )
+    except (BundleError, KeyError, ValueError):
+        # A bundle this version cannot re-render (older format): its own report.html, as is.
+        log.exception("evidence %s: page not rendered; serving the bundle's report", evidence_id)
+        report = row.files.get("report.html")
+        if report is None or not store.exists(report["sha256"]):
+            raise NotFound(f"evidence {evidence_id} has no readable report") from None
+        return FileResponse(
+            store.path(report["sha256"]),
+            media_type="text/html; charset=utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
     headers = {
         "ETag": page.etag,
         "Cache-Control": "public, max-age=31536000, immutable",
