@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     # Celery: how long an unacknowledged task waits in Redis before it is delivered again
     # (a worker killed mid-task); must exceed the longest task.
     celery_visibility_timeout_s: int = Field(3600, ge=1)
+    # Prefix of every Redis key Celery uses: lets several deployments (or test sessions)
+    # share one Redis database without taking each other's tasks.
+    celery_key_prefix: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,64}$")
     ingest_batch_size: int = Field(500, ge=1)
     # Pause between ingest batches: keeps a large ingest from starving the database of write
     # slots; tests use it to kill a Celery worker while an ingest is half done.
