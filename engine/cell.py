@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
+from engine.backend import not_exercised
 from engine.flags import Flags
 from engine.prompts import ids_sha256
 
@@ -183,6 +184,10 @@ def run_cell(
         "counters": counters,
     }
     try:
+        # A requested feature this backend cannot run is recorded as such, never as run.
+        skipped = not_exercised(list(flags.non_default()))
+        for name, why in skipped.items():
+            counters[f"{name}.not_exercised"] = why
         forward = forward_for(model, flags)
         if isinstance(forward, CompiledForward) and forward.reason:
             counters["compile.fallback"] = forward.reason
@@ -293,6 +298,8 @@ def _verdict(
     if result["decode_tokens"] != decode_tokens:
         return "invalid", f"decoded {result['decode_tokens']} tokens of {decode_tokens}"
     for name in flags.non_default():
+        if f"{name}.not_exercised" in counters:
+            return "invalid", f"not exercised: {name} ({counters[f'{name}.not_exercised']})"
         if counters.get(f"{name}.dispatched", 0) == 0:
             return "invalid", f"silent no-op: {name}"
     return "ok", None

@@ -103,7 +103,12 @@ def resolve_model(name: str, models: dict[str, str]) -> Path:
             raise ValueError(f"unknown model {name!r}; known: {', '.join(_known(models))}")
         path = preset_path(preset)
         if not (path / "config.json").is_file():
-            create_checkpoint(preset, path)
+            try:
+                create_checkpoint(preset, path)
+            except (OSError, ValueError):
+                # another process wrote the same preset meanwhile: same seed, same bytes
+                if not (path / "config.json").is_file():
+                    raise
         return path
     if name in models:
         path = Path(models[name]).expanduser()
