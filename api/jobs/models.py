@@ -26,5 +26,8 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     # Statistics recomputed on the server from raw cells (analyze_job).
     summary: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    # The rendered bundle's files in the artifact store, {name: {"sha256", "bytes"}}, written by
+    # analyze_job and zipped by render_evidence.
+    bundle_files: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
     evidence_id: Mapped[str | None] = mapped_column(sa.String(64))
     reason: Mapped[str | None] = mapped_column(sa.Text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from api import dispatch
 from api.deps import CurrentWorker, SessionDep, SettingsDep
 from api.runs import service
 from api.runs.schemas import CompleteRequest, CompleteResponse, LeaseRequest, LeaseResponse
@@ -35,7 +34,7 @@ def claim_lease(
 
 @router.post("/runs/{run_id}/complete", response_model=CompleteResponse)
 def complete(run_id: str, body: CompleteRequest, db_session: SessionDep, host: CurrentWorker):
-    run, should_ingest = service.complete_run(
+    run = service.complete_run(
         db_session=db_session,
         host=host,
         run_id=run_id,
@@ -44,8 +43,4 @@ def complete(run_id: str, body: CompleteRequest, db_session: SessionDep, host: C
         reason=body.reason,
         manifest=body.manifest,
     )
-    if should_ingest:
-        dispatch.send_task("ingest_run", run.id)
-    elif run.state == "failed":
-        dispatch.send_task("analyze_job", run.job_id)
     return CompleteResponse(run_id=run.id, attempt=run.attempt, state=run.state)

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from api import dispatch
 from api.artifacts.models import Artifact
 from api.auth import service as auth_service
 from api.database import utcnow
@@ -185,7 +186,8 @@ def claim_lease(
     db_session.commit()
     deadline = time.monotonic() + min(wait_s, settings.lease_wait_max_s)
     while True:
-        expire_leases(db_session=db_session, settings=settings)
+        for job_id in expire_leases(db_session=db_session, settings=settings):
+            dispatch.send_task("analyze_job", job_id)
         lease = _try_claim(db_session=db_session, settings=settings, host=host)
         if lease is not None or time.monotonic() >= deadline:
             return lease
@@ -236,8 +238,8 @@ def complete_run(
     status: str,
     reason: str | None,
     manifest: dict[str, Any],
-) -> tuple[Run, bool]:
-    """Close an attempt; returns (run, should_ingest). The caller sends ingest after commit."""
+) -> Run:
+    """Close an attempt; after the commit, send ingest (succeeded) or analysis (failed)."""
     attempt_row = host_attempt(db_session=db_session, host=host, run_id=run_id, attempt=attempt)
     run = get_run(db_session=db_session, run_id=run_id)
     if not is_current(run, host, attempt):
@@ -247,7 +249,7 @@ def complete_run(
             and run.state in ("completed", "processed", "failed")
             and attempt_row.state in ("completed", "failed")
         ):
-            return run, False  # the same complete again (a retried request)
+            return run  # the same complete again (a retried request)
         # Kept verbatim for audit, never ingested.
         attempt_row.late_complete = {
             "received_at": utcnow().isoformat(),
@@ -302,7 +304,6 @@ def complete_run(
     attempt_row.ended_at = now
     attempt_row.reason = reason
     host.health = "ready"
-    job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
     auth_service.record_audit(
         db_session=db_session,
         actor=f"host:{host.id}",
@@ -311,8 +312,13 @@ def complete_run(
         attempt=attempt,
         reason=reason,
     )
+    analyze = job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
     db_session.commit()
-    return run, run.state == "completed"
+    if run.state == "completed":
+        dispatch.send_task("ingest_run", run.id)
+    elif analyze:
+        dispatch.send_task("analyze_job", run.job_id)
+    return run
 
 
 # --- expiry -----------------------------------------------------------------------------
