@@ -37,10 +37,18 @@ class Settings(BaseSettings):
     # Celery: how long an unacknowledged task waits in Redis before it is delivered again
     # (a worker killed mid-task); must exceed the longest task.
     celery_visibility_timeout_s: int = Field(3600, ge=1)
+    # Prefix of every Redis key Celery uses: lets several deployments (or test sessions)
+    # share one Redis database without taking each other's tasks.
+    celery_key_prefix: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,64}$")
     ingest_batch_size: int = Field(500, ge=1)
     # Pause between ingest batches: keeps a large ingest from starving the database of write
     # slots; tests use it to kill a Celery worker while an ingest is half done.
     ingest_batch_pause_s: float = Field(0.0, ge=0)
+
+    # Signs the browser's session and CSRF cookies (api/pages). Empty means a random secret
+    # kept in state_dir/web-secret; replicas behind one proxy must share one value.
+    web_secret: str = ""
+    web_session_ttl_s: int = Field(12 * 3600, ge=60)
 
     @property
     def is_embedded(self) -> bool:

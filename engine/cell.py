@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
+from engine.backend import not_exercised
 from engine.flags import Flags
 from engine.prompts import ids_sha256
 
@@ -183,6 +184,10 @@ def run_cell(
         "counters": counters,
     }
     try:
+        # A requested feature this backend cannot run is recorded as such, never as run.
+        skipped = not_exercised(list(flags.non_default()))
+        for name, why in skipped.items():
+            counters[f"{name}.not_exercised"] = why
         forward = forward_for(model, flags)
         if isinstance(forward, CompiledForward) and forward.reason:
             counters["compile.fallback"] = forward.reason
@@ -239,6 +244,8 @@ def _measure(
     before, after = result["cached_tokens"], cache_offset(cache)
     counters["prefill_tokens"] = None if after is None or before is None else after - before
     counters["chunks"] += 1
+    # rows the lm_head ran on in the prefill: 1 where the backbone is split from the head
+    counters["lm_head_rows"] = 1 if forward.has_backbone else total - position
     counters["chunk_width_max"] = min(step, total)
     counters["prefill_step_size.dispatched"] = total // step
 
@@ -293,6 +300,8 @@ def _verdict(
     if result["decode_tokens"] != decode_tokens:
         return "invalid", f"decoded {result['decode_tokens']} tokens of {decode_tokens}"
     for name in flags.non_default():
+        if f"{name}.not_exercised" in counters:
+            return "invalid", f"not exercised: {name} ({counters[f'{name}.not_exercised']})"
         if counters.get(f"{name}.dispatched", 0) == 0:
             return "invalid", f"silent no-op: {name}"
     return "ok", None

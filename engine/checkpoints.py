@@ -103,7 +103,12 @@ def resolve_model(name: str, models: dict[str, str]) -> Path:
             raise ValueError(f"unknown model {name!r}; known: {', '.join(_known(models))}")
         path = preset_path(preset)
         if not (path / "config.json").is_file():
-            create_checkpoint(preset, path)
+            try:
+                create_checkpoint(preset, path)
+            except (OSError, ValueError):
+                # another process wrote the same preset meanwhile: same seed, same bytes
+                if not (path / "config.json").is_file():
+                    raise
         return path
     if name in models:
         path = Path(models[name]).expanduser()
@@ -240,10 +245,15 @@ def _to_dtype_bytes(values: np.ndarray, dtype: str) -> bytes:
         return values.astype("<f4", copy=False).tobytes()
     if dtype == "float16":
         return values.astype("<f2").tobytes()
-    # bfloat16: round to nearest even on the upper 16 bits (the values are finite)
+    # bfloat16: round to nearest even on the upper 16 bits (the values are finite); in place,
+    # since `values` is a throwaway and an 8B model has tensors of half a billion elements
     bits = values.view(np.uint32)
-    rounded = (bits + (((bits >> 16) & 1) + np.uint32(0x7FFF))) >> 16
-    return rounded.astype("<u2").tobytes()
+    odd = bits >> 16
+    odd &= np.uint32(1)
+    bits += np.uint32(0x7FFF)
+    bits += odd
+    bits >>= 16
+    return bits.astype("<u2").tobytes()
 
 
 def _write_safetensors(path: Path, tensors: list[tuple[str, str, tuple[int, ...]]], blobs) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import engine
 from engine import checkpoints
-from engine.backend import describe_backend
+from engine.backend import describe_backend, not_exercised
 from engine.cell import run_cell
 from engine.flags import Flags
 from engine.plan import Plan
@@ -69,6 +69,7 @@ class EmbeddedAdapter:
             "python": sys.version.split()[0],
             "python_executable": sys.executable,
             **describe_backend(),
+            "not_exercised": not_exercised(list(self.flags.non_default())),
             "model": self.model_info,
         }
 

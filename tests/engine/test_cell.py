@@ -51,6 +51,7 @@ def test_reference_cell_is_a_valid_cold_record(reference: dict[str, Any], prompt
     counters = reference["counters"]
     assert counters["chunks"] == 1 and counters["chunk_width_max"] == CONTEXT
     assert counters["prefill_tokens"] == CONTEXT
+    assert counters["lm_head_rows"] == 1  # llama: the head ran on the last position only
     assert counters["prefill_step_size.dispatched"] == 0  # default 2048: no chunk that wide
     # the record the runner writes from it satisfies the evidence contract
     Record.model_validate(
@@ -195,3 +196,20 @@ def test_flags_parse_strings_and_report_non_defaults() -> None:
     assert flags == Flags(prefill_step_size=512, clear_cache=False, compile=True)
     assert Flags().non_default() == {}
     assert Flags(compile=True).non_default() == {"compile": True}
+
+
+def test_feature_needing_another_backend_is_recorded_not_exercised(
+    tiny_model: tuple[Any, Any, dict[str, Any]],
+    prompt: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine import backend
+
+    assert backend.detect_backend() == "cpu"
+    monkeypatch.setitem(backend.FEATURE_BACKENDS, "compile", ("metal",))
+    result = _cell(tiny_model[0], prompt, compile=True)
+    why = "needs metal; this host runs MLX on cpu"
+    assert result["counters"]["compile.not_exercised"] == why
+    assert result["status"] == "invalid"
+    assert result["reason"] == f"not exercised: compile ({why})"
+    assert backend.not_exercised(["compile"], backend="metal") == {}
