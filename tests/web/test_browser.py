@@ -268,7 +268,8 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
 
     seen_done: list[int] = []
     seen_states: list[str] = []
-    deadline = time.monotonic() + 150
+    # Generous: this machine is shared, and under load a tiny job can take minutes.
+    deadline = time.monotonic() + 300
     while not page.locator("#evidence-link").is_visible():
         assert time.monotonic() < deadline, stack.log("agent") + stack.log("celery")
         seen_states.append(page.locator("#job-state").inner_text())
@@ -292,13 +293,13 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     evidence_id = page.url.rsplit("/", 1)[1]
     expect(page.locator("h1")).to_contain_text("cand")
     # plotly.js came from the app and drew every chart.
-    expect(page.locator("#fig-tps .main-svg").first).to_be_visible(timeout=20_000)
+    expect(page.locator("#fig-tps .main-svg").first).to_be_visible(timeout=60_000)
     assert page.locator(".chart .main-svg").count() >= 4
     _shot(page, "evidence-laptop")
     page.screenshot(path=str(ARTIFACTS / "evidence-page.png"))
 
     page.click("#cb-copy-md")
-    expect(page.locator("#cb-copy-status")).to_have_text("Copied.")
+    expect(page.locator("#cb-copy-status")).to_have_text("Copied.", timeout=20_000)
     markdown = page.evaluate("navigator.clipboard.readText()")
     assert f"[`{evidence_id}`]({stack.base_url}/e/{evidence_id})" in markdown
     assert "| context |" in markdown or "|---|" in markdown
@@ -353,7 +354,7 @@ def test_form_errors_beside_fields_and_an_unknown_ref_fails_the_run(
     page.fill("input[name=variant-1-flags]", "")
     page.click("button.primary")
     expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f]{16}$"))
-    expect(page.locator("#job-state")).to_have_text("failed", timeout=60_000)
+    expect(page.locator("#job-state")).to_have_text("failed", timeout=180_000)
     expect(page.locator("table.runs")).to_contain_text("ref 'no-such-branch' not found")
     _shot(page, "job-unknown-ref")
     assert session.foreign_requests(stack.base_url) == []
