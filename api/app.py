@@ -8,6 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -25,6 +26,8 @@ from api.errors import ServiceError
 from api.evidence.router import router as evidence_router
 from api.hosts.router import router as hosts_router
 from api.jobs.router import router as jobs_router
+from api.pages.router import router as pages_router
+from api.pages.templates import web_dir
 from api.runs.models import RUN_STATES, Run
 from api.runs.router import router as runs_router
 from api.settings import Settings, get_settings
@@ -93,6 +96,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (hosts_router, runs_router, artifacts_router, jobs_router):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(evidence_router)
+    app.include_router(pages_router)
+    app.mount("/static", StaticFiles(directory=web_dir() / "static"), name="static")
 
     @app.get("/healthz", include_in_schema=False)
     def healthz(db_session: SessionDep) -> dict[str, str]:

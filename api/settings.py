@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     # slots; tests use it to kill a Celery worker while an ingest is half done.
     ingest_batch_pause_s: float = Field(0.0, ge=0)
 
+    # Signs the browser's session and CSRF cookies (api/pages). Empty means a random secret
+    # kept in state_dir/web-secret; replicas behind one proxy must share one value.
+    web_secret: str = ""
+    web_session_ttl_s: int = Field(12 * 3600, ge=60)
+
     @property
     def is_embedded(self) -> bool:
         return not self.database_url

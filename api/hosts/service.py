@@ -13,6 +13,7 @@ from api.auth import service as auth_service
 from api.database import utcnow
 from api.errors import NotAuthenticated
 from api.hosts.models import Host
+from api.runs.models import Run
 from evidence.schemas import JobSpec
 
 log = logging.getLogger(__name__)
@@ -118,3 +119,13 @@ def describe_allow_lists(hosts: list[Host]) -> str:
         ]
         parts.append(f"{host.name}: {', '.join(allowed) or 'none'}")
     return "; ".join(parts) or "no host is registered"
+
+
+def current_runs(*, db_session: Session) -> dict[str, Run]:
+    """host id -> the run it holds a lease on now (one run per host at a time)."""
+    leased = db_session.scalars(
+        sa.select(Run)
+        .where(Run.state == "leased", Run.host_id.is_not(None))
+        .order_by(Run.leased_at)
+    )
+    return {run.host_id: run for run in leased if run.host_id is not None}
