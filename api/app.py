@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -75,8 +78,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.is_embedded:
         # The embedded default owns its SQLite file: bring it to the current schema.
         upgrade_database(settings.sqlalchemy_url)
-    engine = make_engine(settings.sqlalchemy_url)
+    engine = make_engine(
+        settings.sqlalchemy_url,
+        **(
+            {}
+            if settings.sqlalchemy_url.startswith("sqlite")
+            else {"pool_size": settings.db_pool_size, "max_overflow": settings.db_max_overflow}
+        ),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        yield
+        engine.dispose()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="coldbench",
         summary="Cold-prefill benchmark jobs, worker leases, checksummed evidence.",
         version="1",

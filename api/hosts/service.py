@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,6 +15,7 @@ from api.database import utcnow
 from api.errors import NotAuthenticated
 from api.hosts.models import Host
 from api.runs.models import Run
+from api.settings import Settings
 from evidence.schemas import JobSpec
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,14 @@ def update_host_report(
     host.fingerprint = fingerprint
     host.labels = sorted(set(host.enrolled_labels) | set(labels))
     host.last_heartbeat_at = utcnow()
+
+
+def host_health(host: Host, *, settings: Settings) -> str:
+    """ready, busy or lost as last recorded; offline when not heard from for 2 lease lives."""
+    silent_after = timedelta(seconds=2 * settings.lease_ttl_s)
+    if host.last_heartbeat_at is None or utcnow() - host.last_heartbeat_at > silent_after:
+        return "offline"
+    return host.health
 
 
 def list_hosts(*, db_session: Session) -> list[Host]:
