@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly import colors as plotly_colors
 
+from evidence.drift import as_utc
 from evidence.markdown import (
     evidence_id_line,
     fmt_interval,
@@ -28,8 +29,8 @@ from evidence.markdown import (
     fmt_tps,
     fmt_verdict,
     host_line,
-    median_tps,
     software_line,
+    verdict_rows,
 )
 from evidence.schemas import Provenance, Record
 from evidence.stats import how_to_read
@@ -68,23 +69,8 @@ def _css(verdict: str) -> str:
     return {"faster": "faster", "slower": "slower", "inconclusive": "inconclusive"}.get(verdict, "")
 
 
-def _comparison_rows(summary: Mapping[str, Any], key: str, metric: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "context": c["context_tokens"],
-            "variant": c["variant"],
-            "baseline_tps": fmt_tps(
-                median_tps(summary, c["context_tokens"], c["baseline"], metric)
-            ),
-            "variant_tps": fmt_tps(median_tps(summary, c["context_tokens"], c["variant"], metric)),
-            "interval": fmt_interval(c),
-            "p": fmt_p(c["p_adjusted"]),
-            "n": c["n"],
-            "verdict": fmt_verdict(c),
-            "css": _css(c["verdict"]),
-        }
-        for c in summary[key]
-    ]
+def _comparison_rows(summary: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    return [{**row, "css": _css(row["verdict_code"])} for row in verdict_rows(summary, key)]
 
 
 def _range(stats: Mapping[str, float] | None, low: str, high: str) -> str:
@@ -260,7 +246,7 @@ def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list
     for variant in summary["variants"]:
         points = [
             r
-            for r in sorted(measured, key=lambda r: r.started_at)
+            for r in sorted(measured, key=lambda r: as_utc(r.started_at))
             if r.variant == variant and (r.run_id, r.context_tokens) in medians
         ]
         if not points:
@@ -317,9 +303,14 @@ def render_report_html(
     *,
     plotly_js_src: str | None = None,
     file_digests: Mapping[str, str] | None = None,
+    page_header_html: str | None = None,
+    page_script_src: str | None = None,
 ) -> str:
     """report.html for a summary. With `plotly_js_src` the page loads plotly.js from that URL
-    (a server's static file) instead of inlining it; `file_digests` lists bundle files."""
+    (a server's static file) instead of inlining it; `file_digests` lists bundle files.
+
+    A server showing the report as a page adds `page_header_html` (trusted markup rendered
+    first in the body: its buttons) and `page_script_src` (one more script of its own)."""
     figures = build_figures(summary, records)
     reproductions = summary.get("reproductions")
     reproduction_rows = []
@@ -345,8 +336,8 @@ def render_report_html(
         "variants": [v for v in summary["variants"] if v != summary["baseline"]],
         "provenances": [_provenance_view(p) for p in provenance_list],
         "how_to_read": how_to_read(summary["settings"]),
-        "prefill_rows": _comparison_rows(summary, "comparisons", "prefill_tps"),
-        "decode_rows": _comparison_rows(summary, "decode_comparisons", "decode_tps"),
+        "prefill_rows": _comparison_rows(summary, "comparisons"),
+        "decode_rows": _comparison_rows(summary, "decode_comparisons"),
         "descriptive_rows": _descriptive_rows(summary),
         "ablation": ablation,
         "ablation_rows": [
@@ -396,6 +387,8 @@ def render_report_html(
         "figures": figures,
         "figures_json": _script_json(figures),
         "plotly_js_src": plotly_js_src,
+        "page_header_html": page_header_html,
+        "page_script_src": page_script_src,
         "plotly_js_inline": "" if plotly_js_src else plotly_js().replace("</script", "<\\/script"),
     }
     return _environment().get_template("report.html.j2").render(**context)
