@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 STATE_DIR = Path(".coldbench")
@@ -56,6 +56,13 @@ class Settings(BaseSettings):
     # kept in state_dir/web-secret; replicas behind one proxy must share one value.
     web_secret: str = ""
     web_session_ttl_s: int = Field(12 * 3600, ge=60)
+
+    @model_validator(mode="after")
+    def _artifacts_under_state_dir(self) -> Settings:
+        # Moving the state folder moves the default store with it.
+        if "artifact_dir" not in self.model_fields_set:
+            self.artifact_dir = self.state_dir / "artifacts"
+        return self
 
     @property
     def is_embedded(self) -> bool:
