@@ -21,6 +21,10 @@ class Settings(BaseSettings):
     artifact_dir: Path = STATE_DIR / "artifacts"
     state_dir: Path = STATE_DIR
 
+    # sha256 hex of the admin token for the HTTP admin endpoints (enrollment tokens and API
+    # keys); empty disables them, leaving `coldbench admin` on the server as the only way.
+    admin_token_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+
     max_artifact_bytes: int = Field(512 * 1024 * 1024, ge=1)
     max_contexts: int = Field(16, ge=1)
     max_rounds: int = Field(100, ge=1)
