@@ -35,6 +35,9 @@ BASELINE_FLAGS: dict[str, Any] = {"prefill_step_size": 32}
 CANDIDATE_FEATURES = ["prefill_step_size=64", "clear_cache=false", "compile"]
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @dataclass
 class Child:
     name: str
@@ -75,6 +78,16 @@ class Children:
                 )
 
     def stop_all(self, grace_s: float = 15.0) -> None:
+        # A second Ctrl-C (or SIGTERM from a supervisor) must not cut the clean-up short and
+        # leave children behind: signals are ignored until every child is gone.
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+        try:
+            self._stop_all(grace_s)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _stop_all(self, grace_s: float) -> None:
         # The agent first (it finishes the cell in flight), then the services behind it.
         for child in reversed(self.started):
             _signal_group(child.process, signal.SIGTERM)

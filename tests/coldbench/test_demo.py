@@ -74,7 +74,7 @@ def test_demo_produces_verified_evidence_and_stops_every_child(
     assert _wait_gone(state_dir) == []
 
 
-def test_ctrl_c_stops_every_child(tmp_path: Path, coldbench_cmd: list[str]) -> None:
+def test_ctrl_c_twice_stops_every_child(tmp_path: Path, coldbench_cmd: list[str]) -> None:
     state_dir = tmp_path / "state"
     demo = subprocess.Popen(
         [*coldbench_cmd, "demo", "--dir", str(state_dir), "--rounds", "2", "--contexts", "128"],
@@ -92,6 +92,8 @@ def test_ctrl_c_stops_every_child(tmp_path: Path, coldbench_cmd: list[str]) -> N
             time.sleep(0.5)
         assert len(_processes_with_state_dir(state_dir)) >= 4
         demo.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        demo.send_signal(signal.SIGINT)  # an impatient second Ctrl-C must not cut clean-up short
         output, _ = demo.communicate(timeout=60)
     finally:
         if demo.poll() is None:
