@@ -9,9 +9,14 @@ baseline tok/s; above 1 means the variant is faster. Prefill and decode are comp
 Per comparison:
 
 - `ratio_median`: the median of the paired ratios.
-- `ci_low`, `ci_high`: a 95% percentile bootstrap interval of that median
-  (`scipy.stats.bootstrap`, 2,000 resamples of the pairs, seeded per comparison from the job
-  seed, the metric, the context and the variant, so results repeat exactly).
+- `ci_low`, `ci_high`: a 95% interval of that median: the hull of a percentile bootstrap
+  interval (`scipy.stats.bootstrap`, 2,000 resamples of the pairs, seeded per comparison from
+  the job seed, the metric, the context and the variant, so results repeat exactly) and the
+  distribution-free order-statistic interval [x(j), x(n+1-j)], j the largest with
+  P(Binomial(n, 1/2) <= j - 1) <= 2.5%. The bootstrap alone under-covers the median of few
+  pairs (at 6 pairs it spans about the 2nd to 5th smallest ratio: about 78% coverage, not 95%);
+  the order-statistic interval holds at least 95% for any continuous distribution from 6 pairs
+  on ([x(1), x(6)] at 6, [x(3), x(10)] at 12).
 - `p_value`: two-sided Wilcoxon signed-rank test of the log ratios against 0.
 - `p_adjusted`: Holm's step-down correction across every comparison of the same family (the
   prefill matrix, the decode matrix, the ablation entries), so claiming "faster" somewhere in a
@@ -30,13 +35,11 @@ Verdict, with `alpha` = 0.05, `precision` = the job's requested precision (defau
    while the corrected test does not agree.
 
 `rounds_needed` (inconclusive only): the rounds at which, with the spread observed, the 95%
-interval of the median would be +-precision wide. With at least `min_pairs` pairs the observed
-interval is scaled: n x (half-width / ln(1 + precision))^2, half-width in log units. With fewer,
-the standard deviation s of the log ratios is used: ceil((1.96 x 1.2533 x s / ln(1 + precision))^2)
-(the median's standard error is 1.2533 times the mean's). Never less than `min_pairs`, nor than
-n + 1, nor than the smallest n at which the signed-rank test of m comparisons can pass Holm at
-all (2^(1-n) x m < alpha, e.g. 7 rounds for a matrix of 2). A ratio close to a precision bound
-may need more.
+interval of the median would be about +-precision wide: ceil((1.96 x 1.2533 x s / ln(1 +
+precision))^2), s the standard deviation of the log ratios (the median's standard error is
+1.2533 times the mean's). Never less than `min_pairs`, nor than n + 1, nor than the smallest n
+at which the signed-rank test of m comparisons can pass Holm at all (2^(1-n) x m < alpha, e.g.
+7 rounds for a matrix of 2). A ratio close to a precision bound may need more.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ class StatsOptions:
             "bootstrap": {
                 "statistic": "median of paired ratios",
                 "method": BOOTSTRAP_METHOD,
+                "interval": "hull of the percentile bootstrap and the order-statistic interval",
                 "n_resamples": self.n_resamples,
                 "seed": self.seed,
             },
@@ -172,10 +176,24 @@ def comparison_seed(seed: int, *parts: object) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
 
 
+def order_statistic_interval(
+    values: Sequence[float], confidence_level: float
+) -> tuple[float, float]:
+    """Distribution-free interval of the median: [x(j), x(n+1-j)] with j the largest such that
+    P(Binomial(n, 1/2) <= j - 1) <= (1 - level) / 2; the full range when no j qualifies."""
+    ordered = np.sort(np.asarray(values, dtype=float))
+    n = ordered.size
+    tail = (1 - confidence_level) / 2
+    j = int(np.sum(scipy_stats.binom.cdf(np.arange(n), n, 0.5) <= tail))
+    j = min(max(j, 1), (n + 1) // 2)
+    return float(ordered[j - 1]), float(ordered[n - j])
+
+
 def median_interval(
     ratios: Sequence[float], *, seed: int, options: StatsOptions
 ) -> tuple[float | None, float | None]:
-    """Seeded percentile bootstrap interval of the median; None below two values."""
+    """The hull of a seeded percentile bootstrap interval of the median and the order-statistic
+    interval (module docstring); None below two values."""
     values = np.asarray(ratios, dtype=float)
     if values.size < 2:
         return None, None
@@ -189,7 +207,11 @@ def median_interval(
         method=BOOTSTRAP_METHOD,
         rng=np.random.default_rng(seed),
     )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+    exact_low, exact_high = order_statistic_interval(ratios, options.confidence_level)
+    return (
+        min(float(result.confidence_interval.low), exact_low),
+        max(float(result.confidence_interval.high), exact_high),
+    )
 
 
 def signed_rank_p(ratios: Sequence[float]) -> float | None:
@@ -233,23 +255,15 @@ def rounds_for_test(family_size: int, alpha: float) -> int:
 
 
 def rounds_needed(
-    ratios: Sequence[float],
-    ci_low: float | None,
-    ci_high: float | None,
-    options: StatsOptions,
-    family_size: int = 1,
+    ratios: Sequence[float], options: StatsOptions, family_size: int = 1
 ) -> int | None:
     """Rounds for a +-precision interval, from the observed spread (module docstring)."""
     n = len(ratios)
     target = math.log1p(options.precision)
-    if n >= options.min_pairs and ci_low and ci_high and ci_high > ci_low:
-        half_width = (math.log(ci_high) - math.log(ci_low)) / 2
-        needed = math.ceil(n * (half_width / target) ** 2)
-    else:
-        spread = log_spread(ratios)
-        if spread is None:
-            return options.min_pairs if n >= 2 else None
-        needed = math.ceil((_Z * _MEDIAN_SE_FACTOR * spread / target) ** 2)
+    spread = log_spread(ratios)
+    if spread is None:
+        return options.min_pairs if n >= 2 else None
+    needed = math.ceil((_Z * _MEDIAN_SE_FACTOR * spread / target) ** 2)
     return max(needed, options.min_pairs, n + 1, rounds_for_test(family_size, options.alpha))
 
 
@@ -314,11 +328,7 @@ def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dic
         if comparison["verdict"] == "inconclusive":
             ratios = [r["ratio"] for r in comparison["ratios"]]
             comparison["rounds_needed"] = rounds_needed(
-                ratios,
-                comparison["ci_low"],
-                comparison["ci_high"],
-                options,
-                family_size=sum(1 for p in adjusted if p is not None),
+                ratios, options, family_size=sum(1 for p in adjusted if p is not None)
             )
     return comparisons
 
@@ -551,7 +561,9 @@ def how_to_read(settings: Mapping[str, Any]) -> list[str]:
     return [
         "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
         "round (paired); above 1 is faster. The table shows the median ratio and a "
-        f"{level} bootstrap interval of that median.",
+        f"{level} interval of that median (a seeded bootstrap, widened where needed to the "
+        "distribution-free order-statistic interval, which the bootstrap undercuts with few "
+        "pairs).",
         f"faster / slower: the interval excludes 1 and the signed-rank p-value, corrected "
         f"(Holm) across the whole matrix, is below {settings['alpha']:g}.",
         f"no established change: the interval includes 1 and lies within 1 +- "
