@@ -1,0 +1,305 @@
+"""Prefill throughput of the coldbench cell against stock mlx-lm and a bare loop (not a test).
+
+In one process, on one model and the same prompts, it times the cold prefill (to the first
+token) of:
+
+- `stock`: mlx-lm's own `mlx_lm.generate.generate_step`, time to its first token;
+- `bare`: a bare loop doing the cell's work with nothing around it (same chunking, the same
+  buffer-cache policy), once per cell configuration measured (`bare` for flags off,
+  `bare-best` for the best flags);
+- `cell`: the coldbench cell (`engine.cell`) with flags off (stock-like: clear_cache=true,
+  compile=false, 2,048-token chunks);
+- `cell:<flags>`: the cell with each candidate of the best flags; the fastest median is `best`.
+
+Measurements interleave: every round runs every method once per context in an order rotated
+by the round (and per context), on a prompt of fresh ids chosen by (seed, round, context), so
+drift and cache effects hit all methods alike. Each method gets one untimed warm-up first.
+Medians of the rounds are printed with the ratios the issue sets targets for: cell/bare (the
+harness adds nothing: within 2%) and best/stock (>= 1.3x at 4K on the H200).
+
+    python benchmarks/engine_prefill.py --model DIR --contexts 256 --rounds 3
+    python benchmarks/engine_prefill.py --preset llama-8b-shape --in-memory \
+        --contexts 4096,16384,32768 --rounds 5 --json out.json
+
+`--in-memory` builds the preset's architecture from its config with random weights in the
+process (nothing written to disk); the cell code that runs is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx_lm.generate import generate_step  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+
+PrefillTimer = Callable[[nn.Module, list[int]], float]
+
+
+# -- model and prompts ---------------------------------------------------------------------
+
+
+def build_in_memory(preset_name: str, dtype: str, seed: int) -> tuple[nn.Module, dict[str, Any]]:
+    """The preset's architecture with random weights, built here instead of read from disk."""
+    from engine.presets import get_preset
+    from mlx_lm.utils import _get_classes
+
+    preset = get_preset(preset_name)
+    config = dict(preset.config)
+    config.setdefault("vocab_size", preset.tokenizer_vocab)
+    model_class, args_class = _get_classes(config=config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    return model, config
+
+
+def load_model(path: str) -> tuple[nn.Module, dict[str, Any]]:
+    from mlx_lm.utils import load
+
+    model, _tokenizer, config = load(path, return_config=True)
+    return model, config
+
+
+def prompt_ids(seed: int, round_index: int, context: int, vocab: int) -> list[int]:
+    """Fresh ids per (seed, round, context), identical for every method of a round."""
+    rng = np.random.default_rng([seed, round_index + 1, context])
+    return rng.integers(0, vocab, size=context).tolist()
+
+
+# -- the timed methods ----------------------------------------------------------------------
+
+
+def stock_prefill_s(model: nn.Module, ids: list[int], *, step: int) -> float:
+    """mlx-lm's generate_step, started to its first token (as any mlx-lm user measures TTFT)."""
+    prompt = mx.array(ids, dtype=mx.uint32)
+    cache = make_prompt_cache(model)
+    mx.eval(prompt)
+    mx.synchronize()
+    started = time.perf_counter()
+    steps = generate_step(prompt, model, max_tokens=2, prompt_cache=cache, prefill_step_size=step)
+    next(steps)
+    elapsed = time.perf_counter() - started
+    steps.close()
+    mx.synchronize()  # the second token generate_step queued must not leak into the next timing
+    return elapsed
+
+
+def bare_prefill_s(
+    model: nn.Module, ids: list[int], *, step: int, clear_cache: bool, last_chunk: str
+) -> float:
+    """The cell's prefill work with nothing around it: chunks, cache evals, the first token.
+
+    `last_chunk` follows the cell's chunking: `wide` (chunks of `step` over all N tokens, the
+    last one producing the logits) or `stock` (N-1 tokens in chunks, then 1 token, like
+    generate_step).
+    """
+    prompt = mx.array(ids, dtype=mx.uint32)
+    cache = make_prompt_cache(model)
+    mx.eval(prompt)
+    mx.synchronize()
+    started = time.perf_counter()
+    n = len(ids)
+    # stock: N-1 tokens in chunks, then the last token alone; wide: the last chunk is full.
+    keep = 1 if last_chunk == "stock" else step
+    done = 0
+    while n - done > keep:
+        width = min(step, n - done - 1)
+        model(prompt[None, done : done + width], cache=cache)  # logits never evaluated
+        mx.eval([c.state for c in cache])
+        if clear_cache:
+            mx.clear_cache()
+        done += width
+    logits = model(prompt[None, done:], cache=cache)[:, -1, :]
+    token = mx.argmax(logits, axis=-1)
+    mx.eval(token)
+    elapsed = time.perf_counter() - started
+    mx.synchronize()
+    return elapsed
+
+
+def cell_prefill_s(model: nn.Module, ids: list[int], *, flags: dict[str, Any]) -> float:
+    """The coldbench cell's own prefill_s for this prompt (decode of one token after it)."""
+    from engine.cell import run_prefill_cell  # noqa: PLC0415 - engine lands separately
+
+    record = run_prefill_cell(model, ids, flags=flags, decode_tokens=1)
+    if record["status"] not in ("ok",):
+        raise RuntimeError(f"cell {flags} was {record['status']}: {record['reason']}")
+    return float(record["prefill_s"])
+
+
+# -- the interleaved schedule ---------------------------------------------------------------
+
+
+def rotated(names: Sequence[str], shift: int) -> list[str]:
+    shift %= len(names)
+    return [*names[shift:], *names[:shift]]
+
+
+def measure(
+    model: nn.Module,
+    methods: dict[str, PrefillTimer],
+    *,
+    contexts: Sequence[int],
+    rounds: int,
+    seed: int,
+    vocab: int,
+    log: Callable[[str], None],
+) -> dict[int, dict[str, list[float]]]:
+    names = list(methods)
+    for name in names:  # compile kernels and graphs once per method, untimed
+        methods[name](model, prompt_ids(seed, -1, min(contexts), vocab))
+    results: dict[int, dict[str, list[float]]] = {c: {n: [] for n in names} for c in contexts}
+    for round_index in range(rounds):
+        for position, context in enumerate(contexts):
+            ids = prompt_ids(seed, round_index, context, vocab)
+            for name in rotated(names, round_index + position):
+                results[context][name].append(methods[name](model, ids))
+        log(f"round {round_index + 1}/{rounds} done")
+    return results
+
+
+def summarize(
+    results: dict[int, dict[str, list[float]]], cell_methods: dict[str, str]
+) -> dict[int, dict[str, Any]]:
+    """Median tok/s per method and the ratios the targets are about, per context."""
+    summary: dict[int, dict[str, Any]] = {}
+    for context, by_method in results.items():
+        tps = {name: context / statistics.median(times) for name, times in by_method.items()}
+        candidates = [name for name in tps if name.startswith("cell:")]
+        best = max(candidates, key=tps.__getitem__) if candidates else None
+        row: dict[str, Any] = {"tps": tps, "best": best, "ratios": {}}
+        ratios = row["ratios"]
+        if "cell" in tps and "bare" in tps:
+            ratios["cell/bare"] = tps["cell"] / tps["bare"]
+        if best is not None:
+            ratios["best/stock"] = tps[best] / tps["stock"]
+            ratios["cell/stock"] = tps["cell"] / tps["stock"] if "cell" in tps else None
+            bare_best = cell_methods.get(best)
+            if bare_best in tps:
+                ratios["best/bare-best"] = tps[best] / tps[bare_best]
+        summary[context] = row
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="checkpoint directory (Hugging Face layout)")
+    source.add_argument("--preset", help="engine preset name; needs --in-memory")
+    parser.add_argument("--in-memory", action="store_true", help="random weights, no disk")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--contexts", default="256")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step", type=int, default=2048, help="stock prefill_step_size")
+    parser.add_argument(
+        "--best-steps", default="2048,4096", help="prefill_step_size candidates for best flags"
+    )
+    parser.add_argument("--try-compile", action="store_true", help="compile=true candidates")
+    parser.add_argument("--no-cell", action="store_true", help="stock and bare loop only")
+    parser.add_argument("--json", help="write raw timings and the summary here")
+    args = parser.parse_args(argv)
+    if args.rounds < 3:
+        parser.error("--rounds must be >= 3 (medians of fewer establish nothing)")
+    contexts = [int(c) for c in args.contexts.split(",")]
+
+    def log(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    loaded_at = time.perf_counter()
+    if args.preset:
+        if not args.in_memory:
+            parser.error("--preset needs --in-memory (or write it with `coldbench model create`)")
+        model, config = build_in_memory(args.preset, args.dtype, args.seed)
+    else:
+        model, config = load_model(args.model)
+    vocab = int(config["vocab_size"])
+    log(f"model ready in {time.perf_counter() - loaded_at:.1f} s on {mx.default_device()}")
+
+    step = args.step
+    methods: dict[str, PrefillTimer] = {
+        "stock": lambda m, ids: stock_prefill_s(m, ids, step=step),
+    }
+    cell_methods: dict[str, str] = {}
+    last_chunk = "wide"
+    if args.no_cell:
+        methods["bare"] = lambda m, ids: bare_prefill_s(
+            m, ids, step=step, clear_cache=True, last_chunk="stock"
+        )
+    else:
+        from engine.cell import LAST_CHUNK  # noqa: PLC0415
+
+        last_chunk = LAST_CHUNK
+        off = {"prefill_step_size": step, "clear_cache": True, "compile": False}
+        methods["bare"] = lambda m, ids: bare_prefill_s(
+            m, ids, step=step, clear_cache=True, last_chunk=last_chunk
+        )
+        methods["cell"] = lambda m, ids: cell_prefill_s(m, ids, flags=off)
+        for best_step in (int(s) for s in args.best_steps.split(",")):
+            for compiled in (False, True) if args.try_compile else (False,):
+                flags = {"prefill_step_size": best_step, "clear_cache": False, "compile": compiled}
+                name = f"cell:step={best_step},clear_cache=false" + (",compile" if compiled else "")
+                bare_name = f"bare:step={best_step},clear_cache=false"
+                methods[name] = lambda m, ids, f=flags: cell_prefill_s(m, ids, flags=f)
+                methods[bare_name] = lambda m, ids, s=best_step: bare_prefill_s(
+                    m, ids, step=s, clear_cache=False, last_chunk=last_chunk
+                )
+                cell_methods[name] = bare_name
+
+    results = measure(
+        model, methods, contexts=contexts, rounds=args.rounds, seed=args.seed, vocab=vocab, log=log
+    )
+    summary = summarize(results, cell_methods)
+    print_table(summary, contexts)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "argv": sys.argv,
+                    "device": str(mx.default_device()),
+                    "machine": platform.platform(),
+                    "mlx": mx.__version__,
+                    "model_config": config,
+                    "last_chunk": last_chunk,
+                    "timings_s": {str(c): r for c, r in results.items()},
+                    "summary": {str(c): s for c, s in summary.items()},
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+def print_table(summary: dict[int, dict[str, Any]], contexts: Sequence[int]) -> None:
+    names = list(summary[contexts[0]]["tps"])
+    width = max(len(n) for n in names) + 2
+    print(f"{'prefill tok/s (median)':<{width}}" + "".join(f"{c:>12,}" for c in contexts))
+    for name in names:
+        cells = "".join(f"{summary[c]['tps'][name]:>12,.0f}" for c in contexts)
+        print(f"{name:<{width}}{cells}")
+    ratio_names = sorted({r for c in contexts for r in summary[c]["ratios"]})
+    for ratio in ratio_names:
+        values = [summary[c]["ratios"].get(ratio) for c in contexts]
+        cells = "".join(f"{v:>12.3f}" if v is not None else f"{'-':>12}" for v in values)
+        print(f"{ratio:<{width}}{cells}")
+    print(f"{'best':<{width}}" + "  ".join(str(summary[c]["best"]) for c in contexts))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
