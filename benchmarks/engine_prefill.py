@@ -6,7 +6,8 @@ token) of:
 - `stock`: mlx-lm's own `mlx_lm.generate.generate_step`, time to its first token;
 - `bare`: a bare loop doing the cell's work with nothing around it (same chunking, the same
   buffer-cache policy), once per cell configuration measured (`bare` for flags off,
-  `bare-best` for the best flags);
+  `bare:step=N,clear_cache=false` for the candidates of the best flags; compile is not
+  repeated there, so for a compiled candidate that ratio shows what compile adds);
 - `cell`: the coldbench cell (`engine.cell`) with flags off (stock-like: clear_cache=true,
   compile=false, 2,048-token chunks);
 - `cell:<flags>`: the cell with each candidate of the best flags; the fastest median is `best`.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import sys
@@ -47,6 +49,7 @@ from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 PrefillTimer = Callable[[nn.Module, list[int]], float]
+INVALID: dict[tuple[int, str], str] = {}
 
 
 # -- model and prompts ---------------------------------------------------------------------
@@ -99,46 +102,50 @@ def stock_prefill_s(model: nn.Module, ids: list[int], *, step: int) -> float:
     return elapsed
 
 
-def bare_prefill_s(
-    model: nn.Module, ids: list[int], *, step: int, clear_cache: bool, last_chunk: str
-) -> float:
-    """The cell's prefill work with nothing around it: chunks, cache evals, the first token.
+def bare_prefill_s(model: nn.Module, ids: list[int], *, step: int, clear_cache: bool) -> float:
+    """The cell's prefill work with nothing around it, written out by hand.
 
-    `last_chunk` follows the cell's chunking: `wide` (chunks of `step` over all N tokens, the
-    last one producing the logits) or `stock` (N-1 tokens in chunks, then 1 token, like
-    generate_step).
+    Same chunking as `engine.cell` (full `step`-wide chunks, the remainder last), the backbone
+    alone on intermediate chunks with only the KV cache evaluated, the lm_head on the last
+    position of the last chunk, the greedy token; no counters, no margin, no record.
     """
-    prompt = mx.array(ids, dtype=mx.uint32)
+    inner = model.model
+    tokens = mx.array(ids, dtype=mx.int32)[None]
     cache = make_prompt_cache(model)
-    mx.eval(prompt)
+    mx.eval(tokens)
     mx.synchronize()
     started = time.perf_counter()
-    n = len(ids)
-    # stock: N-1 tokens in chunks, then the last token alone; wide: the last chunk is full.
-    keep = 1 if last_chunk == "stock" else step
-    done = 0
-    while n - done > keep:
-        width = min(step, n - done - 1)
-        model(prompt[None, done : done + width], cache=cache)  # logits never evaluated
+    position, n = 0, len(ids)
+    while position + step < n:
+        inner(tokens[:, position : position + step], cache=cache)
         mx.eval([c.state for c in cache])
         if clear_cache:
             mx.clear_cache()
-        done += width
-    logits = model(prompt[None, done:], cache=cache)[:, -1, :]
-    token = mx.argmax(logits, axis=-1)
+        position += step
+    hidden = inner(tokens[:, position:], cache=cache)[:, -1:, :]
+    if hasattr(model, "lm_head"):
+        logits = model.lm_head(hidden)
+    else:
+        logits = inner.embed_tokens.as_linear(hidden)
+    token = mx.argmax(logits[0, -1])
     mx.eval(token)
-    elapsed = time.perf_counter() - started
     mx.synchronize()
-    return elapsed
+    return time.perf_counter() - started
 
 
 def cell_prefill_s(model: nn.Module, ids: list[int], *, flags: dict[str, Any]) -> float:
-    """The coldbench cell's own prefill_s for this prompt (decode of one token after it)."""
-    from engine.cell import run_prefill_cell  # noqa: PLC0415 - engine lands separately
+    """The coldbench cell's own prefill_s for this prompt (one output token, no decode)."""
+    from engine.cell import run_cell
+    from engine.flags import Flags
 
-    record = run_prefill_cell(model, ids, flags=flags, decode_tokens=1)
-    if record["status"] not in ("ok",):
-        raise RuntimeError(f"cell {flags} was {record['status']}: {record['reason']}")
+    record = run_cell(
+        model, ids, context_tokens=len(ids), flags=Flags.parse(flags), decode_tokens=1
+    )
+    if record["status"] != "ok":
+        # e.g. 8,192-token chunks on a 4,096-token prompt: the engine calls that a silent
+        # no-op, and so does this table (no figure for that candidate at that context).
+        INVALID.setdefault((len(ids), str(flags)), f"{record['status']}: {record['reason']}")
+        return math.nan
     return float(record["prefill_s"])
 
 
@@ -162,7 +169,7 @@ def measure(
 ) -> dict[int, dict[str, list[float]]]:
     names = list(methods)
     for name in names:  # compile kernels and graphs once per method, untimed
-        methods[name](model, prompt_ids(seed, -1, min(contexts), vocab))
+        methods[name](model, prompt_ids(seed, -1, max(contexts), vocab))
     results: dict[int, dict[str, list[float]]] = {c: {n: [] for n in names} for c in contexts}
     for round_index in range(rounds):
         for position, context in enumerate(contexts):
@@ -173,26 +180,36 @@ def measure(
     return results
 
 
+def paired_ratio(results: dict[str, list[float]], numerator: str, denominator: str) -> float | None:
+    """Median over rounds of the per-round tok/s ratio (same prompt): time(den) / time(num)."""
+    pairs = zip(results[numerator], results[denominator], strict=True)
+    ratios = [den / num for num, den in pairs if not (math.isnan(num) or math.isnan(den))]
+    return statistics.median(ratios) if ratios else None
+
+
+def median_tps(context: int, times: list[float]) -> float | None:
+    valid = [t for t in times if not math.isnan(t)]
+    return context / statistics.median(valid) if valid else None
+
+
 def summarize(
     results: dict[int, dict[str, list[float]]], cell_methods: dict[str, str]
 ) -> dict[int, dict[str, Any]]:
-    """Median tok/s per method and the ratios the targets are about, per context."""
+    """Median tok/s per method, and per-round paired ratios (medians) for the targets."""
     summary: dict[int, dict[str, Any]] = {}
     for context, by_method in results.items():
-        tps = {name: context / statistics.median(times) for name, times in by_method.items()}
-        candidates = [name for name in tps if name.startswith("cell:")]
-        best = max(candidates, key=tps.__getitem__) if candidates else None
-        row: dict[str, Any] = {"tps": tps, "best": best, "ratios": {}}
-        ratios = row["ratios"]
-        if "cell" in tps and "bare" in tps:
-            ratios["cell/bare"] = tps["cell"] / tps["bare"]
+        tps = {name: median_tps(context, times) for name, times in by_method.items()}
+        candidates = [name for name in tps if name.startswith("cell:") and tps[name]]
+        best = max(candidates, key=lambda name: tps[name] or 0.0) if candidates else None
+        ratios: dict[str, float | None] = {}
+        if "cell" in tps:
+            ratios["cell/bare"] = paired_ratio(by_method, "cell", "bare")
+            ratios["cell/stock"] = paired_ratio(by_method, "cell", "stock")
         if best is not None:
-            ratios["best/stock"] = tps[best] / tps["stock"]
-            ratios["cell/stock"] = tps["cell"] / tps["stock"] if "cell" in tps else None
-            bare_best = cell_methods.get(best)
-            if bare_best in tps:
-                ratios["best/bare-best"] = tps[best] / tps[bare_best]
-        summary[context] = row
+            ratios["best/stock"] = paired_ratio(by_method, best, "stock")
+            ratios["best/bare-best"] = paired_ratio(by_method, best, cell_methods[best])
+        ratios["bare/stock"] = paired_ratio(by_method, "bare", "stock")
+        summary[context] = {"tps": tps, "best": best, "ratios": ratios}
     return summary
 
 
@@ -236,29 +253,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stock": lambda m, ids: stock_prefill_s(m, ids, step=step),
     }
     cell_methods: dict[str, str] = {}
-    last_chunk = "wide"
-    if args.no_cell:
-        methods["bare"] = lambda m, ids: bare_prefill_s(
-            m, ids, step=step, clear_cache=True, last_chunk="stock"
-        )
-    else:
-        from engine.cell import LAST_CHUNK  # noqa: PLC0415
-
-        last_chunk = LAST_CHUNK
+    methods["bare"] = lambda m, ids: bare_prefill_s(m, ids, step=step, clear_cache=True)
+    if not args.no_cell:
         off = {"prefill_step_size": step, "clear_cache": True, "compile": False}
-        methods["bare"] = lambda m, ids: bare_prefill_s(
-            m, ids, step=step, clear_cache=True, last_chunk=last_chunk
-        )
         methods["cell"] = lambda m, ids: cell_prefill_s(m, ids, flags=off)
         for best_step in (int(s) for s in args.best_steps.split(",")):
+            bare_name = f"bare:step={best_step},clear_cache=false"
+            methods[bare_name] = lambda m, ids, s=best_step: bare_prefill_s(
+                m, ids, step=s, clear_cache=False
+            )
             for compiled in (False, True) if args.try_compile else (False,):
                 flags = {"prefill_step_size": best_step, "clear_cache": False, "compile": compiled}
                 name = f"cell:step={best_step},clear_cache=false" + (",compile" if compiled else "")
-                bare_name = f"bare:step={best_step},clear_cache=false"
                 methods[name] = lambda m, ids, f=flags: cell_prefill_s(m, ids, flags=f)
-                methods[bare_name] = lambda m, ids, s=best_step: bare_prefill_s(
-                    m, ids, step=s, clear_cache=False, last_chunk=last_chunk
-                )
                 cell_methods[name] = bare_name
 
     results = measure(
@@ -276,9 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "machine": platform.platform(),
                     "mlx": mx.__version__,
                     "model_config": config,
-                    "last_chunk": last_chunk,
                     "timings_s": {str(c): r for c, r in results.items()},
                     "summary": {str(c): s for c, s in summary.items()},
+                    "invalid": {f"{c} {f}": r for (c, f), r in INVALID.items()},
                 },
                 indent=1,
             )
@@ -291,14 +298,18 @@ def print_table(summary: dict[int, dict[str, Any]], contexts: Sequence[int]) -> 
     width = max(len(n) for n in names) + 2
     print(f"{'prefill tok/s (median)':<{width}}" + "".join(f"{c:>12,}" for c in contexts))
     for name in names:
-        cells = "".join(f"{summary[c]['tps'][name]:>12,.0f}" for c in contexts)
+        values = [summary[c]["tps"][name] for c in contexts]
+        cells = "".join(f"{v:>12,.0f}" if v is not None else f"{'-':>12}" for v in values)
         print(f"{name:<{width}}{cells}")
     ratio_names = sorted({r for c in contexts for r in summary[c]["ratios"]})
     for ratio in ratio_names:
         values = [summary[c]["ratios"].get(ratio) for c in contexts]
         cells = "".join(f"{v:>12.3f}" if v is not None else f"{'-':>12}" for v in values)
         print(f"{ratio:<{width}}{cells}")
-    print(f"{'best':<{width}}" + "  ".join(str(summary[c]["best"]) for c in contexts))
+    for context in contexts:
+        print(f"best at {context:,}: {summary[context]['best']}")
+    for (context, flags), reason in sorted(INVALID.items()):
+        print(f"not valid at {context:,}: {flags}: {reason}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ loop that actually ran in the checkout, not from what stock mlx-lm would do.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import sys
@@ -28,6 +27,12 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine import checkpoints
+from engine.backend import describe_backend
+from engine.cell import now_iso
+from engine.plan import Plan
+from engine.prompts import PromptSource, ids_sha256
+
 logger = logging.getLogger(__name__)
 
 NAME = "mlx-lm"
@@ -35,10 +40,10 @@ MODULE = "mlx_lm"
 # generate_step's own default; a request for any other value must show up in chunk widths.
 DEFAULT_PREFILL_STEP_SIZE = 2048
 SUPPORTED_FLAGS = ("prefill_step_size",)
-OUTPUT_HEAD_TOKENS = 16
+OUTPUT_HEAD = 16
 
 
-class MlxLmLoadError(RuntimeError):
+class MlxLmLoadError(ValueError):
     """The checkout, its module or the model cannot be used: the variant must not run."""
 
 
@@ -98,31 +103,25 @@ def import_from_checkout(checkout: str | Path, module: str = MODULE) -> ModuleTy
     return imported
 
 
-@dataclass
-class MlxLmCellResult:
-    """The record fields a cell measures; the runner adds run, variant, round and times."""
-
-    fields: dict[str, Any]
-
-
 class MlxLmAdapter:
-    """One loaded checkout + model; `run_cell` is one cold prefill followed by greedy decode."""
+    """One checkout + model per variant process; `run_cell` is one cold prefill and decode."""
 
     name = NAME
 
-    def __init__(
-        self,
-        *,
-        checkout: str | Path | None,
-        model: str | Path,
-        flags: Mapping[str, Any] | None = None,
-    ) -> None:
-        if not checkout:
+    def __init__(self, plan: Plan) -> None:
+        if not plan.checkout:
             raise MlxLmLoadError("mlx-lm adapter needs the plan's checkout (a path)")
-        self.flags = parse_flags(flags)
-        self.checkout = Path(checkout).resolve()
-        self.mlx_lm = import_from_checkout(self.checkout)
-        self.engine_module_file = str(Path(self.mlx_lm.__file__).resolve())
+        self.plan = plan
+        self.flags = parse_flags(plan.flags)
+        self.checkout = Path(plan.checkout).resolve()
+        self.engine_module_file: str | None = None
+        self.model: Any = None
+        self.prompts: PromptSource | None = None
+
+    def load(self) -> None:
+        mlx_lm = import_from_checkout(self.checkout)
+        self.engine_module_file = str(Path(mlx_lm.__file__).resolve())
+        self.mlx_lm_version = getattr(mlx_lm, "__version__", None)
         try:
             generate = importlib.import_module(f"{MODULE}.generate")
             cache = importlib.import_module(f"{MODULE}.models.cache")
@@ -137,22 +136,29 @@ class MlxLmAdapter:
                 )
         if not hasattr(generate, "generate_step"):
             raise MlxLmLoadError(f"{generate.__file__} has no generate_step")
-        self._generate_step = generate.generate_step
-        self._make_prompt_cache = cache.make_prompt_cache
-        model_path = Path(model)
+        self.generate_step = generate.generate_step
+        self.make_prompt_cache = cache.make_prompt_cache
+        if self.plan.model.startswith("preset:"):
+            model_path = checkpoints.resolve_model(self.plan.model, {})
+        else:
+            model_path = Path(self.plan.model)
         if not (model_path / "config.json").is_file():
             raise MlxLmLoadError(f"model checkpoint not found (no config.json): {model_path}")
         try:
-            self.model, self.tokenizer = utils.load(str(model_path))
+            # The checkout's own loader and model code: a fork may change either.
+            self.model, tokenizer, config = utils.load(str(model_path), return_config=True)
         except Exception as exc:
             raise MlxLmLoadError(
                 f"cannot load model {model_path} with {utils.__file__}: {exc}"
             ) from exc
-        self.mlx_lm_version = getattr(self.mlx_lm, "__version__", None)
+        self.prompts = PromptSource.from_tokenizer(
+            tokenizer, max_tokens=config.get("max_position_embeddings")
+        )
         logger.info("mlx-lm adapter: %s from %s", MODULE, self.engine_module_file)
 
-    def target(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         return {
+            "variant": self.plan.variant,
             "adapter": NAME,
             "engine_module": MODULE,
             "engine_module_file": self.engine_module_file,
@@ -160,95 +166,129 @@ class MlxLmAdapter:
             "flags": {"prefill_step_size": self.flags.prefill_step_size},
             "mlx": mx.__version__,
             "mlx_lm": self.mlx_lm_version,
+            "python": sys.version.split()[0],
+            "python_executable": sys.executable,
+            **describe_backend(),
         }
 
-    def run_cell(
+    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
+        assert self.prompts is not None, "load() first"
+        if round < 0:
+            prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
+        else:
+            prompt = self.prompts.prompt(self.plan.seed, round, context_tokens)
+        started_at = now_iso()
+        result = self.measure(prompt.ids, context_tokens=context_tokens)
+        result["prompt_corpus_sha256"] = prompt.corpus_sha256
+        result["started_at"], result["ended_at"] = started_at, now_iso()
+        return result
+
+    def measure(
         self,
         prompt_ids: Sequence[int],
         *,
-        decode_tokens: int,
+        context_tokens: int,
         prompt_cache: list[Any] | None = None,
     ) -> dict[str, Any]:
-        """Time one cold prefill + decode; `prompt_cache` is for tests that force a warm cell."""
-        if decode_tokens < 1:
-            raise ValueError(
-                "mlx-lm adapter needs decode_tokens >= 1: the first token ends prefill"
-            )
+        """Time one prefill + decode; `prompt_cache` lets a test hand in a warm cache."""
         step = self.flags.prefill_step_size
-        cache = self._make_prompt_cache(self.model) if prompt_cache is None else prompt_cache
+        decode_tokens = self.plan.decode_tokens
+        cache = self.make_prompt_cache(self.model) if prompt_cache is None else prompt_cache
         # The checkout's own accounting of what the cache already holds; a cold cell has none.
-        cached_tokens = max((int(getattr(c, "offset", 0) or 0) for c in cache), default=0)
+        offsets = [c.offset for c in cache if isinstance(getattr(c, "offset", None), int)]
+        cached_tokens = max(offsets) if offsets else None
         progress: list[int] = []
         prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
         mx.eval(prompt)
-        mx.synchronize()
         mx.reset_peak_memory()
+        mx.synchronize()
         started = time.perf_counter()
-        steps = self._generate_step(
+        steps = self.generate_step(
             prompt,
             self.model,
-            max_tokens=decode_tokens,
+            # generate_step's first token ends the prefill; with 0 decode tokens it is dropped.
+            max_tokens=max(decode_tokens, 1),
             prompt_cache=cache,
             prefill_step_size=step,
             prompt_progress_callback=lambda done, _total: progress.append(int(done)),
         )
-        first_token, _ = next(steps)  # an int: the prefill has been evaluated
+        first_token, _ = next(steps)  # an int: every prefill chunk has been evaluated
         first_token_at = time.perf_counter()
         output = [int(first_token)]
         output.extend(int(token) for token, _ in steps)
         mx.synchronize()
         ended = time.perf_counter()
-        peak_memory_bytes = int(mx.get_peak_memory())
+        output = output[:decode_tokens]
 
         n = len(prompt_ids)
         widths = [b - a for a, b in zip([0, *progress], progress, strict=False) if b > a]
         prefill_s = first_token_at - started
-        decode_s = ended - first_token_at
         decode_steps = len(output) - 1  # the first token came out of the prefill
+        decode_s = ended - first_token_at if decode_steps > 0 else None
         counters: dict[str, Any] = {
+            "prefill_tokens": progress[-1] if progress else None,
             "chunks": len(widths),
             "chunk_width_max": max(widths, default=0),
             "chunks_stock": _stock_chunks(n, step),
-            "prefill_step_size": step,
             "prefill_step_size.dispatched": sum(1 for w in widths if w == step),
             "engine_module_file": self.engine_module_file,
         }
-        status, reason = "ok", None
-        if cached_tokens != 0:
-            status, reason = "invalid", f"warm cache: cached_tokens={cached_tokens}"
-        elif (
-            "prefill_step_size" in self.flags.requested
-            and not counters["prefill_step_size.dispatched"]
-        ):
-            status, reason = "invalid", "silent no-op: prefill_step_size"
-        return {
+        result: dict[str, Any] = {
             "prompt_tokens": n,
-            "prompt_sha256": prompt_sha256(prompt_ids),
+            "prompt_sha256": ids_sha256(prompt_ids),
             "cached_tokens": cached_tokens,
             "prefill_s": prefill_s,
             "prefill_tps": n / prefill_s if prefill_s > 0 else None,
             "decode_tokens": len(output),
             "decode_s": decode_s,
-            "decode_tps": decode_steps / decode_s if decode_steps and decode_s > 0 else None,
-            "output_sha256": prompt_sha256(output),
-            "output_head": output[:OUTPUT_HEAD_TOKENS],
-            "peak_memory_bytes": peak_memory_bytes,
+            "decode_tps": decode_steps / decode_s if decode_steps > 0 and decode_s else None,
+            "output_sha256": ids_sha256(output),
+            "output_head": output[:OUTPUT_HEAD],
+            "peak_memory_bytes": int(mx.get_peak_memory()),
             "counters": counters,
-            "status": status,
-            "reason": reason,
-            "adapter": NAME,
-            "flags": {"prefill_step_size": step},
         }
+        result["status"], result["reason"] = self._verdict(result, counters, context_tokens)
+        return result
+
+    def _verdict(
+        self, result: dict[str, Any], counters: dict[str, Any], context_tokens: int
+    ) -> tuple[str, str | None]:
+        cached = result["cached_tokens"]
+        if cached is None:
+            return (
+                "invalid",
+                "the checkout's KV cache reports no token count (cached_tokens unknown)",
+            )
+        if cached > 0:
+            return "invalid", f"cached_tokens={cached}: the KV cache was not fresh"
+        if result["prompt_tokens"] != context_tokens:
+            return "invalid", (
+                f"prompt has {result['prompt_tokens']} tokens, the cell asks for {context_tokens}"
+            )
+        if counters["prefill_tokens"] not in (None, context_tokens):
+            return "invalid", (
+                f"generate_step prefilled {counters['prefill_tokens']} tokens of {context_tokens}"
+            )
+        if result["decode_tokens"] != self.plan.decode_tokens:
+            return (
+                "invalid",
+                f"decoded {result['decode_tokens']} tokens of {self.plan.decode_tokens}",
+            )
+        if (
+            "prefill_step_size" in self.flags.requested
+            and not counters["prefill_step_size.dispatched"]
+        ):
+            return "invalid", "silent no-op: prefill_step_size"
+        return "ok", None
 
     def close(self) -> None:
         self.model = None
 
 
+def create(plan: Plan) -> MlxLmAdapter:
+    return MlxLmAdapter(plan)
+
+
 def _stock_chunks(prompt_tokens: int, step: int) -> int:
-    """Chunks stock generate_step delivers: ceil((n-1)/step) full-width ones, then 1 token."""
+    """Chunks stock generate_step delivers: ceil((n-1)/step) of at most `step`, then 1 token."""
     return -(-(prompt_tokens - 1) // step) + 1 if prompt_tokens > 1 else 1
-
-
-def prompt_sha256(ids: Sequence[int]) -> str:
-    """sha256 of token ids as little-endian uint32, the digest every adapter records."""
-    return hashlib.sha256(b"".join(int(i).to_bytes(4, "little") for i in ids)).hexdigest()

@@ -37,6 +37,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine import checkpoints
+from engine.backend import describe_backend
+from engine.cell import now_iso
+from engine.plan import Plan
+from engine.prompts import PromptSource, ids_sha256
+
 logger = logging.getLogger(__name__)
 
 NAME = "openai-server"
@@ -47,7 +53,7 @@ STDERR_TAIL_CHARS = 2000
 PROMPT_FIT_ATTEMPTS = 8
 
 
-class ServerLoadError(RuntimeError):
+class ServerLoadError(ValueError):
     """The server command is unusable or the server never became ready: the variant cannot run."""
 
 
@@ -74,11 +80,6 @@ def server_argv(command: Sequence[str], *, port: int, model: str) -> list[str]:
             arg = arg.replace(placeholder, value)
         argv.append(arg)
     return argv
-
-
-def prompt_sha256(ids: Sequence[int]) -> str:
-    """sha256 of token ids as little-endian uint32, the digest every adapter records."""
-    return hashlib.sha256(b"".join(int(i).to_bytes(4, "little") for i in ids)).hexdigest()
 
 
 def fit_prompt_text(tokenizer: Any, ids: Sequence[int]) -> tuple[str, list[int]]:
@@ -108,32 +109,46 @@ class OpenAIServerAdapter:
 
     name = NAME
 
-    def __init__(
-        self,
-        *,
-        server_command: Sequence[str] | None,
-        model: str | Path,
-        flags: Mapping[str, Any] | None = None,
-        ready_timeout_s: float = READY_TIMEOUT_S,
-    ) -> None:
-        if flags:
+    def __init__(self, plan: Plan, *, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+        if plan.flags:
             raise ServerLoadError(
                 f"openai-server adapter takes no engine flags (configure the server command); "
-                f"got {', '.join(sorted(flags))}"
+                f"got {', '.join(sorted(plan.flags))}"
             )
-        if server_command is None:
+        if plan.server_command is None:
             raise ServerLoadError("openai-server adapter needs the plan's server_command")
-        self.model = str(model)
+        self.plan = plan
+        self.ready_timeout_s = ready_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.prompts: PromptSource | None = None
         self.port = free_loopback_port()
-        self.argv = server_argv(server_command, port=self.port, model=self.model)
-        self.tokenizer = _load_tokenizer(self.model)
+        self.ready_path: str | None = None
+        self._log: Any = None
+        self.log_path: Path | None = None
+        # Checked before anything starts: a bad command is a load error, not a stray process.
+        self.argv = server_argv(plan.server_command, port=self.port, model="{model}")
+
+    def load(self) -> None:
+        if self.plan.model.startswith("preset:"):
+            model_path = checkpoints.resolve_model(self.plan.model, {})
+        else:
+            model_path = Path(self.plan.model)
+        self.argv = server_argv(
+            self.plan.server_command or [], port=self.port, model=str(model_path)
+        )
+        tokenizer = _load_tokenizer(model_path)
+        self.tokenizer = tokenizer
+        config = json.loads((model_path / "config.json").read_text())
+        self.prompts = PromptSource.from_tokenizer(
+            tokenizer, max_tokens=config.get("max_position_embeddings")
+        )
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the server
             prefix="coldbench-server-", suffix=".log", delete=False
         )
         self.log_path = Path(self._log.name)
         logger.info("starting server: %s", " ".join(self.argv))
         try:
-            self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
+            self.process = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
@@ -141,9 +156,10 @@ class OpenAIServerAdapter:
                 start_new_session=True,  # its own process group: close() ends all of it
             )
         except OSError as exc:
+            self.close()
             raise ServerLoadError(f"cannot start server command {self.argv[0]!r}: {exc}") from exc
         try:
-            self.ready_path = self._wait_ready(ready_timeout_s)
+            self.ready_path = self._wait_ready(self.ready_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -151,11 +167,13 @@ class OpenAIServerAdapter:
     # -- lifecycle -----------------------------------------------------------------------
 
     def stderr_tail(self) -> str:
+        if self.log_path is None:
+            return ""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return text[-STDERR_TAIL_CHARS:].strip()
+        return " | ".join(text[-STDERR_TAIL_CHARS:].strip().splitlines())
 
     def _wait_ready(self, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
@@ -163,8 +181,9 @@ class OpenAIServerAdapter:
             assert self.process is not None
             code = self.process.poll()
             if code is not None:
-                tail = self.stderr_tail().replace("\n", " | ")
-                raise ServerLoadError(f"server exited with code {code} before ready: {tail}")
+                raise ServerLoadError(
+                    f"server exited with code {code} before ready: {self.stderr_tail()}"
+                )
             for path in READY_PATHS:
                 with contextlib.suppress(OSError, http.client.HTTPException):
                     conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
@@ -175,22 +194,26 @@ class OpenAIServerAdapter:
                     finally:
                         conn.close()
             time.sleep(0.2)
-        tail = self.stderr_tail().replace("\n", " | ")
         raise ServerLoadError(
-            f"server not ready after {timeout_s:.0f} s on port {self.port}: {tail}"
+            f"server not ready after {timeout_s:.0f} s on port {self.port}: {self.stderr_tail()}"
         )
 
-    def target(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         return {
+            "variant": self.plan.variant,
             "adapter": NAME,
             "server_command": self.argv,
             "port": self.port,
             "ready_path": self.ready_path,
+            # The engine runs in the server's process, out of sight: no import path to check.
             "engine_module_file": None,
+            "flags": {},
+            "python": sys.version.split()[0],
+            **describe_backend(),
         }
 
     def close(self) -> None:
-        process, self.process = getattr(self, "process", None), None
+        process, self.process = self.process, None
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
@@ -200,30 +223,35 @@ class OpenAIServerAdapter:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
-        log = getattr(self, "_log", None)
-        if log is not None:
-            log.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self.log_path is not None:
             with contextlib.suppress(OSError):
                 self.log_path.unlink()
-            self._log = None
-
-    def __enter__(self) -> OpenAIServerAdapter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- cells -------------------------------------------------------------------------------
 
-    def run_cell(self, prompt_ids: Sequence[int], *, decode_tokens: int) -> dict[str, Any]:
+    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
+        assert self.prompts is not None, "load() first"
+        if round < 0:
+            prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
+        else:
+            prompt = self.prompts.prompt(self.plan.seed, round, context_tokens)
+        started_at = now_iso()
+        result = self.measure(prompt.ids, context_tokens=context_tokens)
+        result["prompt_corpus_sha256"] = prompt.corpus_sha256
+        result["started_at"], result["ended_at"] = started_at, now_iso()
+        return result
+
+    def measure(self, prompt_ids: Sequence[int], *, context_tokens: int) -> dict[str, Any]:
         if self.process is None or self.process.poll() is not None:
-            tail = self.stderr_tail().replace("\n", " | ")
-            raise RuntimeError(f"server is not running: {tail}")
-        n = len(prompt_ids)
+            raise RuntimeError(f"server is not running: {self.stderr_tail()}")
+        decode_tokens = self.plan.decode_tokens
         text, server_ids = fit_prompt_text(self.tokenizer, prompt_ids)
         body = {
             "prompt": text,
-            "max_tokens": decode_tokens,
+            "max_tokens": max(decode_tokens, 1),  # the first token ends the prefill
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -232,14 +260,13 @@ class OpenAIServerAdapter:
         usage = stream["usage"] or {}
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens")
-        cached_tokens = int(cached) if isinstance(cached, int) else None
-        server_prompt_tokens = usage.get("prompt_tokens")
-        prompt_tokens = (
-            int(server_prompt_tokens) if isinstance(server_prompt_tokens, int) else len(server_ids)
-        )
-        completion_tokens = usage.get("completion_tokens")
-        decode_count = int(completion_tokens) if isinstance(completion_tokens, int) else None
+        cached_tokens = cached if isinstance(cached, int) and not isinstance(cached, bool) else None
+        reported = usage.get("prompt_tokens")
+        prompt_tokens = reported if isinstance(reported, int) else None
+        completion = usage.get("completion_tokens")
+        decoded = completion if isinstance(completion, int) else None
         prefill_s, decode_s = stream["prefill_s"], stream["decode_s"]
+        n = len(server_ids)
         status, reason = "ok", None
         if stream["error"]:
             status, reason = "error", stream["error"]
@@ -248,22 +275,26 @@ class OpenAIServerAdapter:
         elif cached_tokens is None:
             status, reason = "invalid", "server does not report cached tokens"
         elif cached_tokens > 0:
-            status, reason = "invalid", f"warm cache: server reported cached_tokens={cached_tokens}"
-        elif prompt_tokens != n:
             status, reason = (
                 "invalid",
-                f"prompt-length mismatch: server counted {prompt_tokens} tokens, cell needs {n}",
+                f"cached_tokens={cached_tokens}: the server reused its prompt cache",
             )
-        decode_steps = (decode_count or 0) - 1
-        output_text = stream["text"]
+        elif prompt_tokens != context_tokens:
+            status, reason = (
+                "invalid",
+                f"server counted {prompt_tokens} prompt tokens, the cell asks for {context_tokens}",
+            )
+        elif decoded is None or decoded < decode_tokens:
+            status, reason = "invalid", f"decoded {decoded} tokens of {decode_tokens}"
+        decode_steps = (decoded or 0) - 1
         return {
             "prompt_tokens": prompt_tokens,
-            "prompt_sha256": prompt_sha256(server_ids),
+            "prompt_sha256": ids_sha256(server_ids),
             "cached_tokens": cached_tokens,
             "prefill_s": prefill_s,
             "prefill_tps": n / prefill_s if prefill_s else None,
-            "decode_tokens": decode_count,
-            "decode_s": decode_s,
+            "decode_tokens": decoded,
+            "decode_s": decode_s if decode_steps > 0 else None,
             "decode_tps": decode_steps / decode_s if decode_steps > 0 and decode_s else None,
             # The stream carries text, not ids: no output ids are known, only the text's digest.
             "output_sha256": None,
@@ -272,21 +303,21 @@ class OpenAIServerAdapter:
             "counters": {
                 "stream_events": stream["events"],
                 "prompt_ids_refit": list(server_ids) != [int(i) for i in prompt_ids],
-                "output_text_sha256": hashlib.sha256(output_text.encode()).hexdigest(),
-                "server_port": self.port,
+                "output_text_sha256": hashlib.sha256(stream["text"].encode()).hexdigest(),
             },
             "status": status,
             "reason": reason,
-            "adapter": NAME,
-            "flags": {},
         }
 
 
-def _load_tokenizer(model: str) -> Any:
+def create(plan: Plan) -> OpenAIServerAdapter:
+    return OpenAIServerAdapter(plan)
+
+
+def _load_tokenizer(path: Path) -> Any:
     """The checkpoint's tokenizer, loaded the way mlx_lm.server loads it."""
     from mlx_lm.utils import load_tokenizer
 
-    path = Path(model)
     if not (path / "config.json").is_file():
         raise ServerLoadError(f"model checkpoint not found (no config.json): {path}")
     try:

@@ -105,9 +105,10 @@ def test_each_branch_runs_its_own_code(
     plans["slow-64"] = _plan(
         tmp_path, "slow-64", tiny_model_dir, checkouts["slow"], flags={"prefill_step_size": 64}
     )
-    processes = {
-        name: _start(plan, _env(checkouts[name.split("-")[0]])) for name, plan in plans.items()
-    }
+    # slow-64 runs without the checkout on PYTHONPATH: engine/ imports the host's mlx_lm first,
+    # and the adapter must still end up running the worktree's copy.
+    envs = {"main": _env(checkouts["main"]), "slow": _env(checkouts["slow"]), "slow-64": _env()}
+    processes = {name: _start(plan, envs[name]) for name, plan in plans.items()}
     records: dict[str, list[dict[str, Any]]] = {}
     for name, process in processes.items():
         code, events, stderr = _finish(process)
@@ -168,12 +169,18 @@ def test_a_reused_prompt_cache_is_invalid(
     script = textwrap.dedent(
         f"""
         import json
-        from engine.adapters.mlx_lm import MlxLmAdapter
-        adapter = MlxLmAdapter(checkout={str(repo)!r}, model={str(tiny_model_dir)!r})
-        cache = adapter._make_prompt_cache(adapter.model)
+        from engine.adapters.mlx_lm import create
+        from engine.plan import Plan
+        plan = Plan.from_json({{
+            "run_id": "r", "variant": "v", "adapter": "mlx-lm", "decode_tokens": 2,
+            "model": {str(tiny_model_dir)!r}, "checkout": {str(repo)!r}, "records_path": "-",
+        }})
+        adapter = create(plan)
+        adapter.load()
+        cache = adapter.make_prompt_cache(adapter.model)
         ids = list(range(40, 104))
-        first = adapter.run_cell(ids, decode_tokens=2, prompt_cache=cache)
-        again = adapter.run_cell(ids, decode_tokens=2, prompt_cache=cache)
+        first = adapter.measure(ids, context_tokens=64, prompt_cache=cache)
+        again = adapter.measure(ids, context_tokens=64, prompt_cache=cache)
         print(json.dumps([first, again]))
         """
     )
@@ -187,4 +194,4 @@ def test_a_reused_prompt_cache_is_invalid(
     # back into the cache before yielding it.
     assert again["cached_tokens"] == 66
     assert again["status"] == "invalid"
-    assert again["reason"] == "warm cache: cached_tokens=66"
+    assert again["reason"] == "cached_tokens=66: the KV cache was not fresh"

@@ -22,6 +22,7 @@ from engine.adapters.openai_server import (
     fit_prompt_text,
     server_argv,
 )
+from engine.plan import Plan
 
 MLX_LM_SERVER = ["{python}", "-m", "mlx_lm", "server", "--model", "{model}", "--port", "{port}"]
 
@@ -57,6 +58,21 @@ SILENT_SERVER = textwrap.dedent(
 )
 
 
+def _plan(model: Path, command: list[str], tmp_path: Path, **extra: object) -> Plan:
+    return Plan.from_json(
+        {
+            "run_id": "r-server",
+            "variant": "server",
+            "adapter": "openai-server",
+            "model": str(model),
+            "records_path": str(tmp_path / "records.jsonl"),
+            "server_command": command,
+            "decode_tokens": 4,
+            **extra,
+        }
+    )
+
+
 def test_server_command_must_leave_the_port_to_the_adapter() -> None:
     with pytest.raises(ServerLoadError, match=r"must contain \{port\}"):
         server_argv(["mlx_lm.server", "--port", "8080"], port=1234, model="/m")
@@ -69,23 +85,30 @@ def test_placeholders_are_filled() -> None:
     assert argv == [sys.executable, "-m", "srv", "--model=/m", "4"]
 
 
-def test_engine_flags_are_refused(tiny_model_dir: Path) -> None:
+def test_engine_flags_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    plan = _plan(tiny_model_dir, MLX_LM_SERVER, tmp_path, flags={"clear_cache": False})
     with pytest.raises(ServerLoadError, match="takes no engine flags.*clear_cache"):
-        OpenAIServerAdapter(
-            server_command=MLX_LM_SERVER, model=tiny_model_dir, flags={"clear_cache": False}
-        )
+        OpenAIServerAdapter(plan)
 
 
-def test_a_server_that_dies_is_reported_with_its_stderr(tiny_model_dir: Path) -> None:
+def test_a_server_that_dies_is_reported_with_its_stderr(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     command = ["{python}", "-c", "import sys; sys.exit('no such model: ' + sys.argv[1])", "{port}"]
+    adapter = OpenAIServerAdapter(_plan(tiny_model_dir, command, tmp_path))
     with pytest.raises(ServerLoadError, match=r"exited with code 1 before ready: no such model"):
-        OpenAIServerAdapter(server_command=command, model=tiny_model_dir)
+        adapter.load()
+    assert adapter.process is None
 
 
-def test_a_server_that_never_answers_times_out(tiny_model_dir: Path) -> None:
-    command = ["{python}", "-c", "import time, sys; print('listening?'); time.sleep(60)", "{port}"]
+def test_a_server_that_never_answers_times_out(tiny_model_dir: Path, tmp_path: Path) -> None:
+    command = ["{python}", "-c", "import time; print('listening?', flush=True); time.sleep(60)"]
+    adapter = OpenAIServerAdapter(
+        _plan(tiny_model_dir, [*command, "{port}"], tmp_path), ready_timeout_s=1
+    )
     with pytest.raises(ServerLoadError, match=r"not ready after 1 s on port \d+: listening\?"):
-        OpenAIServerAdapter(server_command=command, model=tiny_model_dir, ready_timeout_s=1)
+        adapter.load()
+    assert adapter.process is None  # the sleeping server was ended, not left behind
 
 
 def test_prompt_text_reencodes_to_exactly_n_tokens(tiny_model_dir: Path) -> None:
@@ -105,10 +128,15 @@ def test_server_without_cached_token_accounting_makes_cells_invalid(
 ) -> None:
     script = tmp_path / "silent_server.py"
     script.write_text(SILENT_SERVER)
-    command = ["{python}", str(script), "{port}", "64"]
-    with OpenAIServerAdapter(server_command=command, model=tiny_model_dir) as adapter:
-        cell = adapter.run_cell(list(range(10, 74)), decode_tokens=4)
-        process = adapter.process
+    adapter = OpenAIServerAdapter(
+        _plan(tiny_model_dir, ["{python}", str(script), "{port}", "64"], tmp_path)
+    )
+    adapter.load()
+    process = adapter.process
+    try:
+        cell = adapter.run_cell(0, 0, 64)
+    finally:
+        adapter.close()
     assert cell["status"] == "invalid"
     assert cell["reason"] == "server does not report cached tokens"
     assert cell["cached_tokens"] is None  # unknown, never assumed 0
@@ -170,4 +198,4 @@ def test_mlx_lm_server_cells_are_cold_and_a_repeat_is_caught(
     assert repeat["prompt_sha256"] == cold[2]["prompt_sha256"]
     assert repeat["status"] == "invalid"
     assert repeat["cached_tokens"] == 127  # everything but the last prompt token
-    assert repeat["reason"] == "warm cache: server reported cached_tokens=127"
+    assert repeat["reason"] == "cached_tokens=127: the server reused its prompt cache"
