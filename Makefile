@@ -9,8 +9,8 @@ MLX_EXTRA ?=
 else
 MLX_EXTRA ?= cpu
 endif
-EXTRAS := test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
 comma := ,
+EXTRAS := test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
 
 .PHONY: demo test install lint clean
 

@@ -239,6 +239,9 @@ class JobSpec(_Strict):
     )
     hosts: int = Field(1, ge=1)
     fresh_process: bool = False
+    # Requested precision of verdicts: "no established change" needs the 95% interval of the
+    # median ratio inside [1 - precision, 1 + precision] (evidence/stats.py).
+    precision: float = Field(0.05, gt=0, le=0.5)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -34,6 +34,21 @@ def coldbench_cmd() -> list[str]:
     return [sys.executable, "-m", "coldbench"]
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `tiny` preset (llama, 4 layers, width 256, float32, seed 0), written once per session.
+
+    It lies where `engine.checkpoints.resolve_model("preset:tiny", {})` looks: the fixture points
+    COLDBENCH_MODEL_DIR (inherited by child processes) at its folder, so `preset:tiny` resolves
+    to this same checkpoint instead of writing one under the home directory.
+    """
+    from engine.checkpoints import create_checkpoint
+
+    root = tmp_path_factory.mktemp("models")
+    os.environ["COLDBENCH_MODEL_DIR"] = str(root)
+    return create_checkpoint("tiny", root / "tiny-0-float32")
+
+
 # The `slow-prefill` branch of `mlx_lm_repo`: the stock prefill loop with its chunks capped at
 # 32 tokens and a device sync after each one. Chunk widths are what the adapter's counters see,
 # so the change is visible in records, not only in timings.

@@ -1,0 +1,103 @@
+"""The FastAPI application: JSON API under /api/v1, evidence pages, /healthz and /metrics."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+from api.artifacts.router import router as artifacts_router
+from api.artifacts.service import total_artifact_bytes
+from api.artifacts.store import ArtifactStore
+from api.database import make_engine, make_sessionmaker, upgrade_database
+from api.deps import SessionDep
+from api.errors import ServiceError
+from api.evidence.router import router as evidence_router
+from api.hosts.router import router as hosts_router
+from api.jobs.router import router as jobs_router
+from api.runs.models import RUN_STATES, Run
+from api.runs.router import router as runs_router
+from api.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+
+
+def _install_metrics(app: FastAPI) -> None:
+    registry = CollectorRegistry()
+    requests = Counter(
+        "coldbench_http_requests",
+        "HTTP requests by method, route and status",
+        ["method", "route", "status"],
+        registry=registry,
+    )
+    runs_by_state = Gauge("coldbench_runs", "Runs by state", ["state"], registry=registry)
+    artifact_bytes = Gauge(
+        "coldbench_artifact_bytes", "Bytes of all stored artifacts", registry=registry
+    )
+
+    @app.middleware("http")
+    async def _count_requests(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        route = request.scope.get("route")
+        # The route template, not the path: run ids must not explode the label set.
+        template = getattr(route, "path", "unmatched")
+        requests.labels(request.method, template, str(response.status_code)).inc()
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(db_session: SessionDep) -> PlainTextResponse:
+        counts = dict(
+            db_session.execute(sa.select(Run.state, sa.func.count()).group_by(Run.state)).all()
+        )
+        for state in RUN_STATES:
+            runs_by_state.labels(state).set(counts.get(state, 0))
+        artifact_bytes.set(total_artifact_bytes(db_session=db_session))
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    if settings.is_embedded:
+        # The embedded default owns its SQLite file: bring it to the current schema.
+        upgrade_database(settings.sqlalchemy_url)
+    engine = make_engine(settings.sqlalchemy_url)
+    app = FastAPI(
+        title="coldbench",
+        summary="Cold-prefill benchmark jobs, worker leases, checksummed evidence.",
+        version="1",
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.store = ArtifactStore(settings.artifact_dir)
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_request: Request, error: ServiceError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
+        return JSONResponse(
+            {"detail": error.message}, status_code=error.status_code, headers=headers
+        )
+
+    for router in (hosts_router, runs_router, artifacts_router, jobs_router):
+        app.include_router(router, prefix=API_PREFIX)
+    app.include_router(evidence_router)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz(db_session: SessionDep) -> dict[str, str]:
+        db_session.execute(sa.text("SELECT 1"))
+        return {"status": "ok"}
+
+    _install_metrics(app)
+    return app

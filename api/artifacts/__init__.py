@@ -1,0 +1,1 @@
+"""artifacts: models, service, router and API schemas."""

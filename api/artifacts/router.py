@@ -1,0 +1,75 @@
+"""Artifact upload: the body streams to the store while it is hashed."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+
+from api.artifacts import service
+from api.artifacts.schemas import ArtifactOut
+from api.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
+from api.errors import TooLarge
+
+router = APIRouter(tags=["artifacts"])
+
+
+@router.put(
+    "/runs/{run_id}/artifacts/{name}",
+    response_model=ArtifactOut,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"description": "the same name and digest were already stored"}},
+)
+async def upload_artifact(
+    run_id: str,
+    name: str,
+    request: Request,
+    response: Response,
+    db_session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    host: CurrentWorker,
+    attempt: Annotated[int, Query(ge=1)],
+    x_content_sha256: Annotated[str | None, Header()] = None,
+    content_length: Annotated[int | None, Header()] = None,
+):
+    sha256 = service.validate_upload_request(name, x_content_sha256)
+    if content_length is not None and content_length > settings.max_artifact_bytes:
+        raise TooLarge(
+            f"Content-Length {content_length} exceeds the limit of "
+            f"{settings.max_artifact_bytes} bytes"
+        )
+    await run_in_threadpool(
+        lambda: service.check_upload(
+            db_session=db_session,
+            host=host,
+            run_id=run_id,
+            attempt=attempt,
+            name=name,
+            sha256=sha256,
+        )
+    )
+    blob = await store.put_stream(
+        request.stream(), expected_sha256=sha256, max_bytes=settings.max_artifact_bytes
+    )
+    row, created = await run_in_threadpool(
+        lambda: service.record_upload(
+            db_session=db_session,
+            host=host,
+            run_id=run_id,
+            attempt=attempt,
+            name=name,
+            blob=blob,
+        )
+    )
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return ArtifactOut(
+        run_id=run_id,
+        attempt=attempt,
+        name=row.name,
+        sha256=row.sha256,
+        bytes=row.bytes,
+        created=created,
+    )

@@ -1,0 +1,1 @@
+"""auth: models, service, router and API schemas."""

@@ -1,0 +1,107 @@
+"""Tokens: generated here, shown once, stored as sha256 digests, compared in constant time.
+
+Formats: `cbe_<random>` (enrollment, one use), `cbw_<worker_id>_<random>` (a worker's secret),
+`cbk_<key_id>_<random>` (a submitter's API key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from api.auth.models import ApiKey, AuditEvent, EnrollmentToken
+from api.database import utcnow
+from api.hosts.models import Host
+
+log = logging.getLogger(__name__)
+
+_ID_TOKEN = re.compile(r"^(cbw|cbk)_([0-9a-f]{16})_([A-Za-z0-9_-]{20,100})$")
+_ENROLLMENT_TOKEN = re.compile(r"^cbe_[A-Za-z0-9_-]{20,100}$")
+
+
+def new_id() -> str:
+    return secrets.token_hex(8)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _matches(token: str, stored_sha256: str) -> bool:
+    return hmac.compare_digest(token_digest(token), stored_sha256)
+
+
+def record_audit(
+    *, db_session: Session, actor: str, kind: str, subject_id: str, **detail: Any
+) -> None:
+    db_session.add(AuditEvent(actor=actor, kind=kind, subject_id=subject_id, detail=detail))
+
+
+def create_enrollment_token(*, db_session: Session, labels: list[str] | None = None) -> str:
+    """A one-use token that lets one host register; returns the token (shown once)."""
+    token = f"cbe_{secrets.token_urlsafe(32)}"
+    row = EnrollmentToken(id=new_id(), token_sha256=token_digest(token), labels=labels or [])
+    db_session.add(row)
+    record_audit(db_session=db_session, actor="admin", kind="enrollment.created", subject_id=row.id)
+    db_session.commit()
+    return token
+
+
+def create_api_key(*, db_session: Session, name: str) -> str:
+    """A submitter API key; returns the key (shown once)."""
+    key_id = new_id()
+    key = f"cbk_{key_id}_{secrets.token_urlsafe(32)}"
+    db_session.add(ApiKey(id=key_id, name=name, key_sha256=token_digest(key)))
+    record_audit(
+        db_session=db_session, actor="admin", kind="apikey.created", subject_id=key_id, name=name
+    )
+    db_session.commit()
+    return key
+
+
+def new_worker_secret(worker_id: str) -> tuple[str, str]:
+    """(secret, its digest) for a worker."""
+    secret = f"cbw_{worker_id}_{secrets.token_urlsafe(32)}"
+    return secret, token_digest(secret)
+
+
+def claim_enrollment_token(*, db_session: Session, token: str) -> EnrollmentToken | None:
+    """The unused enrollment token matching `token`, locked for this transaction, or None."""
+    if not _ENROLLMENT_TOKEN.fullmatch(token):
+        return None
+    row = db_session.scalars(
+        sa.select(EnrollmentToken)
+        .where(EnrollmentToken.token_sha256 == token_digest(token))
+        .with_for_update()
+    ).one_or_none()
+    if row is None or row.used_at is not None or not _matches(token, row.token_sha256):
+        return None
+    row.used_at = utcnow()
+    return row
+
+
+def authenticate_worker(*, db_session: Session, token: str) -> Host | None:
+    match = _ID_TOKEN.fullmatch(token)
+    if match is None or match.group(1) != "cbw":
+        return None
+    host = db_session.get(Host, match.group(2))
+    if host is None or not _matches(token, host.secret_sha256):
+        return None
+    return host
+
+
+def authenticate_submitter(*, db_session: Session, token: str) -> ApiKey | None:
+    match = _ID_TOKEN.fullmatch(token)
+    if match is None or match.group(1) != "cbk":
+        return None
+    key = db_session.get(ApiKey, match.group(2))
+    if key is None or key.revoked_at is not None or not _matches(token, key.key_sha256):
+        return None
+    return key

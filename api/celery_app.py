@@ -1,0 +1,55 @@
+"""The one Celery app: Redis when COLDBENCH_REDIS_URL is set, else kombu's SQLAlchemy transport
+on `.coldbench/broker.db` with a SQLite result backend (the embedded default).
+
+Every task acknowledges late and is rejected back to the queue when its worker dies, so a task
+interrupted by a crash runs again; the tasks themselves are idempotent.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from api.settings import Settings, get_settings
+
+EXPIRE_LEASES_EVERY_S = 15.0
+REPROCESS_EVERY_S = 60.0
+
+
+def make_celery(settings: Settings) -> Celery:
+    if not settings.redis_url:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+    app = Celery("coldbench", broker=settings.broker_url, backend=settings.result_backend_url)
+    visibility_s = settings.celery_visibility_timeout_s
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        task_serializer="json",
+        accept_content=["json"],
+        timezone="UTC",
+        broker_transport_options={
+            # An unacknowledged task (its worker was killed) is delivered again after this.
+            "visibility_timeout": visibility_s,
+            # Look for such tasks often enough that a short timeout is honoured.
+            "unacked_restore_interval": max(1, min(10, visibility_s // 2)),
+            "unacked_restore_throttle": 1,
+        },
+        beat_schedule={
+            "expire-leases": {
+                "task": "coldbench.expire_leases",
+                "schedule": EXPIRE_LEASES_EVERY_S,
+            },
+            "reprocess-unprocessed": {
+                "task": "coldbench.reprocess_unprocessed",
+                "schedule": REPROCESS_EVERY_S,
+            },
+        },
+        include=["api.tasks"],
+    )
+    return app
+
+
+celery_app = make_celery(get_settings())

@@ -1,0 +1,67 @@
+"""FastAPI dependencies: the session, the settings, the store and who is calling."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from api.artifacts.store import ArtifactStore
+from api.auth import service as auth_service
+from api.auth.models import ApiKey
+from api.errors import NotAuthenticated
+from api.hosts.models import Host
+from api.settings import Settings
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    db_session = request.app.state.sessionmaker()
+    try:
+        yield db_session
+    finally:
+        db_session.close()
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_store(request: Request) -> ArtifactStore:
+    return request.app.state.store
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[ArtifactStore, Depends(get_store)]
+
+_bearer = HTTPBearer(auto_error=False)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def bearer_token(credentials: BearerDep) -> str:
+    if credentials is None or not credentials.credentials:
+        raise NotAuthenticated("missing Authorization: Bearer <token>")
+    return credentials.credentials
+
+
+def get_current_worker(db_session: SessionDep, credentials: BearerDep) -> Host:
+    host = auth_service.authenticate_worker(db_session=db_session, token=bearer_token(credentials))
+    if host is None:
+        raise NotAuthenticated("invalid worker token")
+    return host
+
+
+def get_current_submitter(db_session: SessionDep, credentials: BearerDep) -> ApiKey:
+    key = auth_service.authenticate_submitter(
+        db_session=db_session, token=bearer_token(credentials)
+    )
+    if key is None:
+        raise NotAuthenticated("invalid API key")
+    return key
+
+
+CurrentWorker = Annotated[Host, Depends(get_current_worker)]
+CurrentSubmitter = Annotated[ApiKey, Depends(get_current_submitter)]

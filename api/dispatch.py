@@ -1,0 +1,44 @@
+"""Sending Celery tasks by name, always after the database transaction has committed.
+
+Services commit first and then call `send_task`; a failed send is logged, not raised, because
+the beat task `reprocess_unprocessed` finds committed work whose task never arrived.
+Tests replace the sender with `use_sender` to observe what would be sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
+Sender = Callable[[str, tuple[object, ...]], None]
+
+TASK_PREFIX = "coldbench."
+
+
+def _celery_sender(name: str, args: tuple[object, ...]) -> None:
+    from api.celery_app import celery_app
+
+    celery_app.send_task(TASK_PREFIX + name, args=args)
+
+
+_sender: Sender = _celery_sender
+
+
+def send_task(name: str, *args: object) -> None:
+    try:
+        _sender(name, args)
+    except Exception:
+        log.exception("could not send task %s%s; the beat task will retry it", name, args)
+
+
+@contextmanager
+def use_sender(sender: Sender) -> Iterator[None]:
+    global _sender
+    previous, _sender = _sender, sender
+    try:
+        yield
+    finally:
+        _sender = previous

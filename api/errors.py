@@ -1,0 +1,47 @@
+"""Errors a service raises for a client to read; the app maps each to its HTTP status."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+class ServiceError(Exception):
+    status_code = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotAuthenticated(ServiceError):
+    status_code = 401
+
+
+class Forbidden(ServiceError):
+    status_code = 403
+
+
+class NotFound(ServiceError):
+    status_code = 404
+
+
+class Conflict(ServiceError):
+    status_code = 409
+
+
+class TooLarge(ServiceError):
+    status_code = 413
+
+
+class Invalid(ServiceError):
+    status_code = 422
+
+
+def validation_message(what: str, error: ValidationError) -> str:
+    """`invalid job spec: contexts: must be positive; rounds: ...` in one line."""
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return f"invalid {what}: " + "; ".join(parts)

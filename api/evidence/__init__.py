@@ -1,0 +1,1 @@
+"""evidence: models, service, router and API schemas."""

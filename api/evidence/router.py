@@ -1,0 +1,30 @@
+"""Evidence pages: `/e/{id}` (report.html) and its `.md`, `.json`, `.zip` siblings.
+
+Readable by anyone who has the id: the id is derived from the manifest's sha256, so it is
+unguessable and names exactly one immutable set of files.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse
+
+from api.deps import SessionDep, StoreDep
+from api.errors import NotFound
+from api.evidence import service
+
+router = APIRouter(tags=["evidence"])
+
+
+@router.get("/e/{path}", response_class=FileResponse)
+def evidence_file(path: str, db_session: SessionDep, store: StoreDep):
+    evidence_id, suffix = service.split_evidence_path(path)
+    row = service.get_evidence(db_session=db_session, evidence_id=evidence_id)
+    file_name, media_type = service.EVIDENCE_FILES[suffix]
+    entry = row.files.get(file_name)
+    if entry is None or not store.exists(entry["sha256"]):
+        raise NotFound(f"evidence {evidence_id} has no {file_name}")
+    headers = {"Cache-Control": "public, max-age=31536000, immutable"}
+    if suffix == ".zip":
+        headers["Content-Disposition"] = f'attachment; filename="coldbench-{evidence_id}.zip"'
+    return FileResponse(store.path(entry["sha256"]), media_type=media_type, headers=headers)

@@ -1,0 +1,187 @@
+"""Evidence rows and the rendered files they point to in the artifact store."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from api.artifacts import service as artifact_service
+from api.artifacts.store import ArtifactStore
+from api.auth import service as auth_service
+from api.database import utcnow
+from api.errors import NotFound, validation_message
+from api.evidence.models import Evidence
+from api.jobs import service as job_service
+from api.jobs.models import Job
+from api.runs.models import Cell, Run
+from evidence.schemas import JobSpec, Provenance, Record
+
+log = logging.getLogger(__name__)
+
+EVIDENCE_ID = re.compile(r"^[0-9a-f]{16,64}$")
+
+# URL suffix -> (file in the evidence row, media type)
+EVIDENCE_FILES = {
+    "": ("report.html", "text/html; charset=utf-8"),
+    ".md": ("summary.md", "text/markdown; charset=utf-8"),
+    ".json": ("summary.json", "application/json"),
+    ".zip": ("bundle.zip", "application/zip"),
+}
+
+
+def get_evidence(*, db_session: Session, evidence_id: str) -> Evidence:
+    if not EVIDENCE_ID.fullmatch(evidence_id):
+        raise NotFound(f"no evidence {evidence_id!r}")
+    row = db_session.get(Evidence, evidence_id)
+    if row is None:
+        raise NotFound(f"no evidence {evidence_id!r}")
+    return row
+
+
+def split_evidence_path(path: str) -> tuple[str, str]:
+    """`abc.md` -> ("abc", ".md"); `abc` -> ("abc", "")."""
+    for suffix in (".md", ".json", ".zip", ".html"):
+        if path.endswith(suffix):
+            return path.removesuffix(suffix), "" if suffix == ".html" else suffix
+    return path, ""
+
+
+# --- analysis and rendering (Celery tasks call these) -------------------------------------
+
+
+def _run_files(
+    db_session: Session, store: ArtifactStore, run: Run
+) -> tuple[Provenance | None, dict[str, bytes], str | None]:
+    """(provenance, build logs, problem) of one processed run, read from the store."""
+    provenance = None
+    logs: dict[str, bytes] = {}
+    problem = None
+    for artifact in artifact_service.run_artifacts(
+        db_session=db_session, run_id=run.id, attempt=run.attempt
+    ):
+        if artifact.name == "provenance.json":
+            try:
+                provenance = Provenance.model_validate_json(store.read_bytes(artifact.sha256))
+            except ValidationError as error:
+                problem = validation_message(f"provenance.json of run {run.id}", error)
+        elif artifact.name.startswith("build-") and artifact.name.endswith(".log"):
+            logs[artifact.name] = store.read_bytes(artifact.sha256)
+    if provenance is None and problem is None:
+        problem = f"run {run.id} uploaded no provenance.json"
+    return provenance, logs, problem
+
+
+def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bool:
+    """Recompute the job's statistics from its raw cells and render its bundle files into the
+    store; True when render_evidence should follow. Idempotent (deterministic output)."""
+    from evidence.bundle import build_bundle
+
+    job = db_session.get(Job, job_id)
+    if job is None or job.state != "analyzing":
+        return False
+    if job.bundle_files is not None:
+        return True
+    runs = [
+        run
+        for run in job_service.job_runs(db_session=db_session, job_id=job_id)
+        if run.state == "processed"
+    ]
+    provenances: list[Provenance] = []
+    build_logs: dict[str, bytes] = {}
+    problems: list[str] = []
+    for run in runs:
+        provenance, logs, problem = _run_files(db_session, store, run)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        assert provenance is not None
+        provenances.append(provenance)
+        for name, content in logs.items():
+            # One run keeps the worker's names; several runs get the run id in each name.
+            unique = name if len(runs) == 1 else f"{name.removesuffix('.log')}.{run.id}.log"
+            build_logs[unique] = content
+    kept_runs = {p.run_id for p in provenances}
+    records = [
+        Record.model_validate(record)
+        for record in db_session.scalars(
+            sa.select(Cell.record)
+            .where(Cell.job_id == job_id, Cell.run_id.in_(kept_runs))
+            .order_by(Cell.run_id, Cell.line)
+        )
+    ]
+    if not provenances or not records:
+        job.state = "failed"
+        job.reason = "; ".join(problems) or "the job's runs produced no records"
+        job.updated_at = utcnow()
+        db_session.commit()
+        return False
+    files, summary = build_bundle(
+        records=records,
+        provenances=provenances,
+        spec=JobSpec.model_validate(job.spec),
+        build_logs=build_logs,
+    )
+    stored = {}
+    for name, content in files.items():
+        blob = store.put_bytes(content)
+        stored[name] = {"sha256": blob.sha256, "bytes": blob.bytes}
+    job.summary = summary
+    job.bundle_files = stored
+    if problems:
+        job.reason = "; ".join(problems)
+    job.updated_at = utcnow()
+    db_session.commit()
+    return True
+
+
+def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -> str | None:
+    """Zip the job's bundle into the store and publish its evidence id (idempotent)."""
+    from evidence.bundle import MANIFEST_FILE, evidence_id_of, zip_bytes
+
+    job = db_session.get(Job, job_id)
+    if job is None:
+        return None
+    if job.evidence_id is not None:
+        return job.evidence_id
+    if job.bundle_files is None:
+        return None
+    files = {}
+    for name, entry in job.bundle_files.items():
+        problem = store.verify(entry["sha256"], entry["bytes"])
+        if problem is not None:
+            raise RuntimeError(f"bundle file {name} of job {job_id} {problem}")
+        files[name] = store.read_bytes(entry["sha256"])
+    evidence_id = evidence_id_of(files[MANIFEST_FILE])
+    zipped = store.put_bytes(zip_bytes(files))
+    published = {
+        name: job.bundle_files[name]
+        for name in ("report.html", "summary.md", "summary.json", MANIFEST_FILE)
+        if name in job.bundle_files
+    }
+    published["bundle.zip"] = {"sha256": zipped.sha256, "bytes": zipped.bytes}
+    if db_session.get(Evidence, evidence_id) is None:
+        db_session.add(
+            Evidence(
+                id=evidence_id,
+                job_id=job_id,
+                manifest_sha256=job.bundle_files[MANIFEST_FILE]["sha256"],
+                files=published,
+            )
+        )
+    job.evidence_id = evidence_id
+    job.state = "done"
+    job.updated_at = utcnow()
+    auth_service.record_audit(
+        db_session=db_session,
+        actor="server",
+        kind="evidence.published",
+        subject_id=job_id,
+        evidence_id=evidence_id,
+    )
+    db_session.commit()
+    log.info("evidence %s published for job %s", evidence_id, job_id)
+    return evidence_id

@@ -1,0 +1,1 @@
+"""hosts: models, service, router and API schemas."""

@@ -1,0 +1,69 @@
+"""Worker registration, heartbeat, and the host list."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from api.deps import BearerDep, CurrentSubmitter, CurrentWorker, SessionDep, SettingsDep
+from api.deps import bearer_token as _bearer_token
+from api.hosts import service
+from api.hosts.schemas import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    HostOut,
+    RegisterRequest,
+    RegisterResponse,
+)
+from api.runs import service as run_service
+
+router = APIRouter(tags=["hosts"])
+
+
+@router.post(
+    "/workers/register", status_code=status.HTTP_201_CREATED, response_model=RegisterResponse
+)
+def register(body: RegisterRequest, db_session: SessionDep, credentials: BearerDep):
+    """Spend a one-use enrollment token; the secret in the answer is shown only once."""
+    host, secret = service.register_host(
+        db_session=db_session,
+        enrollment_token=_bearer_token(credentials),
+        name=body.name,
+        fingerprint=body.fingerprint.model_dump(mode="json"),
+        labels=body.labels,
+        repositories={k: v.model_dump() for k, v in body.repositories.items()},
+        models=body.models,
+    )
+    return RegisterResponse(worker_id=host.id, secret=secret)
+
+
+@router.post("/workers/heartbeat", response_model=HeartbeatResponse)
+def heartbeat(
+    body: HeartbeatRequest, db_session: SessionDep, settings: SettingsDep, host: CurrentWorker
+):
+    cancel = run_service.heartbeat(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        run_id=body.run_id,
+        attempt=body.attempt,
+        progress=body.progress.model_dump(mode="json") if body.progress else None,
+    )
+    return HeartbeatResponse(cancel=cancel)
+
+
+@router.get("/hosts", response_model=list[HostOut])
+def list_hosts(db_session: SessionDep, _submitter: CurrentSubmitter):
+    return [
+        HostOut(
+            id=host.id,
+            name=host.name,
+            labels=host.labels,
+            auto_labels=service.auto_labels(host),
+            repositories=host.repositories,
+            models=host.models,
+            fingerprint=host.fingerprint,
+            last_heartbeat_at=host.last_heartbeat_at,
+            health=host.health,
+        )
+        for host in service.list_hosts(db_session=db_session)
+    ]

@@ -1,0 +1,1 @@
+"""jobs: models, service, router and API schemas."""

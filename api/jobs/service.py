@@ -1,0 +1,214 @@
+"""Jobs: validation against the settings and the registered hosts, creation, state, cancel."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from api.auth import service as auth_service
+from api.database import utcnow
+from api.errors import Forbidden, Invalid, NotFound, validation_message
+from api.hosts import service as host_service
+from api.jobs.models import Job
+from api.jobs.schemas import JobOut
+from api.runs.models import TERMINAL_RUN_STATES, Run, RunAttempt
+from api.runs.schemas import AttemptOut, RunOut
+from api.settings import Settings
+from evidence.canonical import sha256_json
+from evidence.schemas import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+def validate_job_spec(
+    *, db_session: Session, settings: Settings, payload: dict[str, Any]
+) -> JobSpec:
+    """The spec as JobSpec, or Invalid with one message that says what to change."""
+    try:
+        spec = JobSpec.model_validate(payload)
+    except ValidationError as error:
+        raise Invalid(validation_message("job spec", error)) from None
+    if len(spec.contexts) > settings.max_contexts:
+        raise Invalid(f"{len(spec.contexts)} contexts; at most {settings.max_contexts} allowed")
+    too_long = [c for c in spec.contexts if c > settings.max_context_tokens]
+    if too_long:
+        raise Invalid(
+            f"contexts {too_long} exceed the limit of {settings.max_context_tokens} tokens"
+        )
+    if spec.rounds > settings.max_rounds:
+        raise Invalid(f"rounds={spec.rounds}; at most {settings.max_rounds} allowed")
+    if spec.decode_tokens > settings.max_decode_tokens:
+        raise Invalid(
+            f"decode_tokens={spec.decode_tokens}; at most {settings.max_decode_tokens} allowed"
+        )
+    if spec.hosts > settings.max_hosts_per_job:
+        raise Invalid(f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed")
+    if spec.repository is None and any(v.recipe or v.ref for v in spec.variants):
+        raise Invalid("variants name a ref or recipe but the job names no repository")
+
+    hosts = host_service.list_hosts(db_session=db_session)
+    if not hosts:
+        raise Invalid("no host is registered yet; enroll one with `coldbench admin enroll`")
+    reasons = {host.name: host_service.why_host_cannot_run(host, spec) for host in hosts}
+    able = [name for name, reason in reasons.items() if reason is None]
+    if not able:
+        detail = "; ".join(f"{name} {reason}" for name, reason in reasons.items())
+        message = f"no registered host can run this job: {detail}"
+        if spec.repository is not None:
+            message += f" (allowed repositories: {host_service.describe_allow_lists(hosts)})"
+        raise Invalid(message)
+    if len(able) < spec.hosts:
+        raise Invalid(
+            f"hosts={spec.hosts} asks for distinct hosts but only {len(able)} can run it: "
+            f"{', '.join(able)}"
+        )
+    return spec
+
+
+def create_job(
+    *,
+    db_session: Session,
+    settings: Settings,
+    payload: dict[str, Any],
+    submitted_by: str | None = None,
+) -> Job:
+    """Validate, store the job and one queued run per requested host."""
+    spec = validate_job_spec(db_session=db_session, settings=settings, payload=payload)
+    spec_json = spec.model_dump(mode="json", by_alias=True)
+    job = Job(
+        id=auth_service.new_id(),
+        spec=spec_json,
+        spec_sha256=sha256_json(spec_json),
+        state="queued",
+        submitted_by=submitted_by,
+    )
+    db_session.add(job)
+    db_session.flush()
+    for slot in range(spec.hosts):
+        db_session.add(Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state="queued"))
+    auth_service.record_audit(
+        db_session=db_session,
+        actor=f"apikey:{submitted_by}" if submitted_by else "local",
+        kind="job.created",
+        subject_id=job.id,
+        spec_sha256=job.spec_sha256,
+    )
+    db_session.commit()
+    return job
+
+
+def get_job(*, db_session: Session, job_id: str) -> Job:
+    job = db_session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    return job
+
+
+def list_jobs(*, db_session: Session, limit: int = 100) -> list[Job]:
+    return list(db_session.scalars(sa.select(Job).order_by(Job.created_at.desc()).limit(limit)))
+
+
+def job_runs(*, db_session: Session, job_id: str) -> list[Run]:
+    return list(db_session.scalars(sa.select(Run).where(Run.job_id == job_id).order_by(Run.slot)))
+
+
+def cancel_job(*, db_session: Session, job_id: str, submitted_by: str | None) -> Job:
+    """Cancel a job: queued and leased runs stop (workers learn it from their heartbeat)."""
+    job = get_job(db_session=db_session, job_id=job_id)
+    if job.submitted_by is not None and submitted_by != job.submitted_by:
+        raise Forbidden("only the submitter of a job may cancel it")
+    if job.state in ("done", "failed", "cancelled"):
+        return job
+    now = utcnow()
+    for run in job_runs(db_session=db_session, job_id=job_id):
+        if run.state in ("queued", "leased"):
+            if run.state == "leased":
+                attempt = db_session.scalars(
+                    sa.select(RunAttempt).where(
+                        RunAttempt.run_id == run.id, RunAttempt.attempt == run.attempt
+                    )
+                ).one()
+                attempt.state = "cancelled"
+                attempt.ended_at = now
+            run.state = "cancelled"
+            run.reason = "job cancelled"
+    job.state = "cancelled"
+    job.updated_at = now
+    auth_service.record_audit(
+        db_session=db_session,
+        actor=f"apikey:{submitted_by}" if submitted_by else "local",
+        kind="job.cancelled",
+        subject_id=job.id,
+    )
+    db_session.commit()
+    return job
+
+
+def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
+    """Derive the job's state from its runs (no commit); True when analysis should start."""
+    job = db_session.get(Job, job_id)
+    if job is None or job.state in ("cancelled", "done", "analyzing"):
+        return False
+    states = [run.state for run in job_runs(db_session=db_session, job_id=job_id)]
+    if all(state in TERMINAL_RUN_STATES for state in states):
+        if "processed" in states:
+            new_state = "analyzing"
+        else:
+            new_state = "failed"
+            job.reason = "no run produced results"
+    elif all(state == "queued" for state in states):
+        new_state = "queued"
+    else:
+        new_state = "running"
+    if new_state != job.state:
+        job.state = new_state
+        job.updated_at = utcnow()
+    return new_state == "analyzing"
+
+
+def job_detail(*, db_session: Session, job_id: str) -> JobOut:
+    """The job with its runs, their attempts and progress (JSON API and pages)."""
+    from api.hosts.models import Host
+
+    job = get_job(db_session=db_session, job_id=job_id)
+    runs = job_runs(db_session=db_session, job_id=job_id)
+    attempts: dict[str, list[AttemptOut]] = {run.id: [] for run in runs}
+    for row in db_session.scalars(
+        sa.select(RunAttempt)
+        .where(RunAttempt.run_id.in_([run.id for run in runs]))
+        .order_by(RunAttempt.attempt)
+    ):
+        attempts[row.run_id].append(AttemptOut.model_validate(row, from_attributes=True))
+    host_names = dict(db_session.execute(sa.select(Host.id, Host.name)).all())
+    return JobOut(
+        id=job.id,
+        state=job.state,
+        spec=job.spec,
+        spec_sha256=job.spec_sha256,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        reason=job.reason,
+        evidence_id=job.evidence_id,
+        evidence_url=f"/e/{job.evidence_id}" if job.evidence_id else None,
+        runs=[
+            RunOut(
+                id=run.id,
+                slot=run.slot,
+                attempt=run.attempt,
+                state=run.state,
+                host_id=run.host_id,
+                host_name=host_names.get(run.host_id) if run.host_id else None,
+                progress=run.progress,
+                lease_expires_at=run.lease_expires_at,
+                completed_at=run.completed_at,
+                processed_at=run.processed_at,
+                reason=run.reason,
+                attempts=attempts[run.id],
+            )
+            for run in runs
+        ],
+    )

@@ -1,0 +1,1 @@
+"""runs: models, service, router and API schemas."""

@@ -1,0 +1,376 @@
+"""Runs: lease claims, heartbeats, completion and expiry.
+
+A run is one reproduction slot of a job. Each lease of it is an attempt (run_attempts): when a
+lease is lost (no heartbeat for lease_ttl_s, or past the run's hard timeout) the attempt is
+recorded as expired and the run is queued again as the next attempt, up to max_attempts. A run
+that reports its own failure is final: a benchmark failure is a result, not retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from api import dispatch
+from api.artifacts.models import Artifact
+from api.auth import service as auth_service
+from api.database import utcnow
+from api.errors import Conflict, Forbidden, Invalid, NotFound, validation_message
+from api.hosts import service as host_service
+from api.hosts.models import Host
+from api.jobs import service as job_service
+from api.jobs.models import Job
+from api.runs.models import Run, RunAttempt
+from api.settings import Settings
+from evidence.schemas import JobSpec, Manifest
+
+log = logging.getLogger(__name__)
+
+REQUIRED_FILES = ("records.jsonl", "provenance.json")
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    attempt: int
+    job_id: str
+    spec: dict[str, Any]
+    timeout_s: int
+    lease_ttl_s: int
+
+
+def get_run(*, db_session: Session, run_id: str) -> Run:
+    run = db_session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id!r}")
+    return run
+
+
+def get_attempt(*, db_session: Session, run_id: str, attempt: int) -> RunAttempt | None:
+    return db_session.scalars(
+        sa.select(RunAttempt).where(RunAttempt.run_id == run_id, RunAttempt.attempt == attempt)
+    ).one_or_none()
+
+
+def run_attempts(*, db_session: Session, run_id: str) -> list[RunAttempt]:
+    return list(
+        db_session.scalars(
+            sa.select(RunAttempt).where(RunAttempt.run_id == run_id).order_by(RunAttempt.attempt)
+        )
+    )
+
+
+def host_attempt(*, db_session: Session, host: Host, run_id: str, attempt: int) -> RunAttempt:
+    """The attempt `attempt` of run_id if this host held it; NotFound or Forbidden otherwise."""
+    get_run(db_session=db_session, run_id=run_id)
+    row = get_attempt(db_session=db_session, run_id=run_id, attempt=attempt)
+    if row is None or row.host_id != host.id:
+        raise Forbidden(f"run {run_id} attempt {attempt} is not leased to this worker")
+    return row
+
+
+def is_current(run: Run, host: Host, attempt: int) -> bool:
+    return run.state == "leased" and run.host_id == host.id and run.attempt == attempt
+
+
+# --- claiming ---------------------------------------------------------------------------
+
+
+def _try_claim(*, db_session: Session, settings: Settings, host: Host) -> Lease | None:
+    """One pass: claim the oldest queued run this host may take, or None (commits)."""
+    # Serialize claims of one host (one run per host at a time, distinct hosts per job).
+    db_session.scalars(sa.select(Host.id).where(Host.id == host.id).with_for_update()).one()
+    busy = db_session.scalar(
+        sa.select(sa.func.count()).where(Run.host_id == host.id, Run.state == "leased")
+    )
+    if busy:
+        db_session.rollback()
+        return None
+    touched = {
+        (job_id, slot)
+        for job_id, slot in db_session.execute(
+            sa.select(Run.job_id, Run.slot)
+            .join(RunAttempt, RunAttempt.run_id == Run.id)
+            .where(RunAttempt.host_id == host.id)
+        )
+    }
+    touched_jobs = {job_id for job_id, _ in touched}
+    candidates = db_session.execute(
+        sa.select(Run.id, Run.job_id, Run.slot, Job.spec)
+        .join(Job, Job.id == Run.job_id)
+        .where(Run.state == "queued", Job.state.in_(("queued", "running")))
+        .order_by(Job.created_at, Run.slot)
+        .limit(200)
+    ).all()
+    for run_id, job_id, slot, spec_json in candidates:
+        # `hosts: N` reproductions run on N distinct hosts: a host that held another slot of
+        # this job never takes a second one (it may take a requeued attempt of its own slot).
+        if job_id in touched_jobs and (job_id, slot) not in touched:
+            continue
+        spec = JobSpec.model_validate(spec_json)
+        if host_service.why_host_cannot_run(host, spec) is not None:
+            continue
+        run = db_session.scalars(
+            sa.select(Run)
+            .where(Run.id == run_id, Run.state == "queued")
+            .with_for_update(skip_locked=True)
+        ).one_or_none()
+        if run is None:
+            continue  # another claimer holds or took it
+        now = utcnow()
+        # The guard on state makes the claim atomic also where FOR UPDATE is a no-op (SQLite).
+        claimed = db_session.execute(
+            sa.update(Run)
+            .where(Run.id == run_id, Run.state == "queued")
+            .values(
+                state="leased",
+                host_id=host.id,
+                attempt=Run.attempt + 1,
+                leased_at=now,
+                lease_expires_at=now + timedelta(seconds=settings.lease_ttl_s),
+                deadline_at=now + timedelta(seconds=settings.run_timeout_s),
+                progress=None,
+            )
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if claimed != 1:
+            db_session.rollback()
+            return None
+        db_session.refresh(run)
+        db_session.add(RunAttempt(run_id=run.id, attempt=run.attempt, host_id=host.id))
+        host.health = "busy"
+        job_service.refresh_job_state(db_session=db_session, job_id=job_id)
+        auth_service.record_audit(
+            db_session=db_session,
+            actor=f"host:{host.id}",
+            kind="run.leased",
+            subject_id=run.id,
+            attempt=run.attempt,
+        )
+        db_session.commit()
+        log.info("run leased", extra={"run_id": run.id, "host_id": host.id})
+        return Lease(
+            run_id=run.id,
+            attempt=run.attempt,
+            job_id=job_id,
+            spec=spec_json,
+            timeout_s=settings.run_timeout_s,
+            lease_ttl_s=settings.lease_ttl_s,
+        )
+    db_session.commit()
+    return None
+
+
+def claim_lease(
+    *,
+    db_session: Session,
+    settings: Settings,
+    host: Host,
+    fingerprint: dict[str, Any],
+    labels: list[str],
+    wait_s: float,
+) -> Lease | None:
+    """Long-poll for a run this host may take; None after wait_s seconds without one."""
+    host_service.update_host_report(
+        db_session=db_session, host=host, fingerprint=fingerprint, labels=labels
+    )
+    if host.health == "lost":
+        host.health = "ready"
+    db_session.commit()
+    deadline = time.monotonic() + min(wait_s, settings.lease_wait_max_s)
+    while True:
+        for job_id in expire_leases(db_session=db_session, settings=settings):
+            dispatch.send_task("analyze_job", job_id)
+        lease = _try_claim(db_session=db_session, settings=settings, host=host)
+        if lease is not None or time.monotonic() >= deadline:
+            return lease
+        time.sleep(min(settings.lease_poll_s, max(0.0, deadline - time.monotonic())))
+
+
+# --- heartbeat --------------------------------------------------------------------------
+
+
+def heartbeat(
+    *,
+    db_session: Session,
+    settings: Settings,
+    host: Host,
+    run_id: str | None,
+    attempt: int | None,
+    progress: dict[str, Any] | None,
+) -> bool:
+    """Record that the host is alive (and the run's progress); True when it should stop."""
+    now = utcnow()
+    host.last_heartbeat_at = now
+    cancel = False
+    if run_id is not None:
+        if attempt is None:
+            raise Invalid("heartbeat names a run_id without its attempt")
+        host_attempt(db_session=db_session, host=host, run_id=run_id, attempt=attempt)
+        run = get_run(db_session=db_session, run_id=run_id)
+        if is_current(run, host, attempt):
+            run.lease_expires_at = now + timedelta(seconds=settings.lease_ttl_s)
+            if progress is not None:
+                run.progress = progress
+        else:
+            # Cancelled with its job, or this attempt was lost and requeued: stop working.
+            cancel = True
+    db_session.commit()
+    return cancel
+
+
+# --- completion -------------------------------------------------------------------------
+
+
+def complete_run(
+    *,
+    db_session: Session,
+    host: Host,
+    run_id: str,
+    attempt: int,
+    status: str,
+    reason: str | None,
+    manifest: dict[str, Any],
+) -> Run:
+    """Close an attempt; after the commit, send ingest (succeeded) or analysis (failed)."""
+    attempt_row = host_attempt(db_session=db_session, host=host, run_id=run_id, attempt=attempt)
+    run = get_run(db_session=db_session, run_id=run_id)
+    if not is_current(run, host, attempt):
+        if (
+            run.attempt == attempt
+            and run.host_id == host.id
+            and run.state in ("completed", "processed", "failed")
+            and attempt_row.state in ("completed", "failed")
+        ):
+            return run  # the same complete again (a retried request)
+        # Kept verbatim for audit, never ingested.
+        attempt_row.late_complete = {
+            "received_at": utcnow().isoformat(),
+            "status": status,
+            "reason": reason,
+            "manifest": manifest,
+        }
+        auth_service.record_audit(
+            db_session=db_session,
+            actor=f"host:{host.id}",
+            kind="run.late_complete",
+            subject_id=run_id,
+            attempt=attempt,
+        )
+        db_session.commit()
+        raise Conflict(
+            f"attempt {attempt} of run {run_id} is no longer current (run is {run.state}, "
+            f"attempt {run.attempt}); its data is kept for audit but not used"
+        )
+    try:
+        parsed = Manifest.model_validate(manifest)
+    except ValidationError as error:
+        raise Invalid(validation_message("manifest", error)) from None
+    now = utcnow()
+    if status == "succeeded":
+        uploaded = {
+            a.name: a
+            for a in db_session.scalars(
+                sa.select(Artifact).where(Artifact.run_id == run_id, Artifact.attempt == attempt)
+            )
+        }
+        problems = [f"{name} (required)" for name in REQUIRED_FILES if name not in parsed.files]
+        for name, entry in sorted(parsed.files.items()):
+            stored = uploaded.get(name)
+            if stored is None:
+                problems.append(f"{name} (not uploaded)")
+            elif stored.sha256 != entry.sha256 or stored.bytes != entry.bytes:
+                problems.append(f"{name} (uploaded with another digest or size)")
+        if problems:
+            raise Invalid(f"manifest files not uploaded as listed: {', '.join(problems)}")
+        run.state = "completed"
+        attempt_row.state = "completed"
+    elif status == "failed":
+        run.state = "failed"
+        attempt_row.state = "failed"
+        run.reason = reason or "the worker reported a failure without a reason"
+    else:
+        raise Invalid(f"status must be succeeded or failed, not {status!r}")
+    run.manifest = parsed.model_dump(mode="json")
+    run.completed_at = now
+    run.lease_expires_at = None
+    attempt_row.ended_at = now
+    attempt_row.reason = reason
+    host.health = "ready"
+    auth_service.record_audit(
+        db_session=db_session,
+        actor=f"host:{host.id}",
+        kind=f"run.{run.state}",
+        subject_id=run_id,
+        attempt=attempt,
+        reason=reason,
+    )
+    analyze = job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
+    db_session.commit()
+    if run.state == "completed":
+        dispatch.send_task("ingest_run", run.id)
+    elif analyze:
+        dispatch.send_task("analyze_job", run.job_id)
+    return run
+
+
+# --- expiry -----------------------------------------------------------------------------
+
+
+def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
+    """Requeue runs whose lease or hard timeout passed; returns job ids to analyze (commits)."""
+    now = utcnow()
+    expired = list(
+        db_session.scalars(
+            sa.select(Run)
+            .where(
+                Run.state == "leased",
+                sa.or_(Run.lease_expires_at < now, Run.deadline_at < now),
+            )
+            .with_for_update(skip_locked=True)
+        )
+    )
+    to_analyze = []
+    for run in expired:
+        timed_out = run.deadline_at is not None and run.deadline_at < now
+        why = (
+            f"run timeout of {settings.run_timeout_s} s passed"
+            if timed_out
+            else f"no heartbeat for {settings.lease_ttl_s} s"
+        )
+        attempt_row = get_attempt(db_session=db_session, run_id=run.id, attempt=run.attempt)
+        if attempt_row is not None:
+            attempt_row.state = "expired"
+            attempt_row.ended_at = now
+            attempt_row.reason = why
+        host = db_session.get(Host, run.host_id) if run.host_id else None
+        if host is not None:
+            host.health = "lost"
+        if run.attempt < settings.max_attempts:
+            run.state = "queued"
+            run.host_id = None
+        else:
+            run.state = "expired"
+            run.reason = f"lost {run.attempt} attempts; last: {why}"
+        run.lease_expires_at = None
+        run.deadline_at = None
+        auth_service.record_audit(
+            db_session=db_session,
+            actor="server",
+            kind="run.attempt_expired",
+            subject_id=run.id,
+            attempt=run.attempt,
+            reason=why,
+            requeued=run.state == "queued",
+        )
+        if job_service.refresh_job_state(db_session=db_session, job_id=run.job_id):
+            to_analyze.append(run.job_id)
+    db_session.commit()
+    return to_analyze

@@ -1,0 +1,70 @@
+"""Settings of the central service: one pydantic-settings class, environment prefix COLDBENCH_."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+STATE_DIR = Path(".coldbench")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="COLDBENCH_", extra="ignore")
+
+    # Empty means the embedded default: a SQLite file under .coldbench/, upgraded at start.
+    database_url: str = ""
+    # Empty means the embedded default: kombu's SQLAlchemy transport on .coldbench/broker.db.
+    redis_url: str = ""
+    artifact_dir: Path = STATE_DIR / "artifacts"
+    state_dir: Path = STATE_DIR
+
+    max_artifact_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    max_contexts: int = Field(16, ge=1)
+    max_rounds: int = Field(100, ge=1)
+    max_decode_tokens: int = Field(1024, ge=0)
+    max_context_tokens: int = Field(262_144, ge=1)
+    max_hosts_per_job: int = Field(16, ge=1)
+
+    lease_ttl_s: int = Field(60, ge=1)
+    lease_wait_max_s: int = Field(25, ge=0)
+    lease_poll_s: float = Field(0.5, gt=0)
+    run_timeout_s: int = Field(6 * 3600, ge=1)
+    max_attempts: int = Field(3, ge=1)
+
+    # Celery: how long an unacknowledged task waits in Redis before it is delivered again
+    # (a worker killed mid-task); must exceed the longest task.
+    celery_visibility_timeout_s: int = Field(3600, ge=1)
+    ingest_batch_size: int = Field(500, ge=1)
+    # Pause between ingest batches: keeps a large ingest from starving the database of write
+    # slots; tests use it to kill a Celery worker while an ingest is half done.
+    ingest_batch_pause_s: float = Field(0.0, ge=0)
+
+    @property
+    def is_embedded(self) -> bool:
+        return not self.database_url
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.state_dir / 'coldbench.db').resolve()}"
+
+    @property
+    def broker_url(self) -> str:
+        if self.redis_url:
+            return self.redis_url
+        return f"sqla+sqlite:///{(self.state_dir / 'broker.db').resolve()}"
+
+    @property
+    def result_backend_url(self) -> str:
+        if self.redis_url:
+            return self.redis_url
+        return f"db+sqlite:///{(self.state_dir / 'results.db').resolve()}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

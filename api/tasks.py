@@ -1,0 +1,106 @@
+"""Celery tasks. Each is idempotent, acknowledged late, and sends follow-up tasks only after
+its own transaction has committed (through `api.dispatch`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from api import dispatch
+from api.artifacts.store import ArtifactStore
+from api.celery_app import celery_app
+from api.database import make_engine, make_sessionmaker
+from api.evidence import service as evidence_service
+from api.jobs.models import Job
+from api.runs import ingest
+from api.runs import service as run_service
+from api.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+TASK_OPTIONS = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    # A database that is briefly unreachable (a restart, a failover) is retried, not lost.
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": True,
+    "max_retries": 5,
+}
+
+
+@lru_cache
+def _sessionmaker() -> sessionmaker[Session]:
+    return make_sessionmaker(make_engine(get_settings().sqlalchemy_url))
+
+
+@contextmanager
+def _session() -> Iterator[Session]:
+    db_session = _sessionmaker()()
+    try:
+        yield db_session
+    finally:
+        db_session.close()
+
+
+def _settings() -> Settings:
+    return get_settings()
+
+
+def _store() -> ArtifactStore:
+    return ArtifactStore(get_settings().artifact_dir)
+
+
+@celery_app.task(name="coldbench.ingest_run", **TASK_OPTIONS)
+def ingest_run(run_id: str) -> None:
+    """Verify, parse, validate and insert a completed run's records; run -> processed."""
+    with _session() as db_session:
+        job_id = ingest.ingest_run(
+            db_session=db_session, settings=_settings(), store=_store(), run_id=run_id
+        )
+    if job_id is not None:
+        dispatch.send_task("analyze_job", job_id)
+
+
+@celery_app.task(name="coldbench.analyze_job", **TASK_OPTIONS)
+def analyze_job(job_id: str) -> None:
+    """Statistics recomputed on the server from the job's raw cells; bundle files rendered."""
+    with _session() as db_session:
+        ready = evidence_service.analyze_job(db_session=db_session, store=_store(), job_id=job_id)
+    if ready:
+        dispatch.send_task("render_evidence", job_id)
+
+
+@celery_app.task(name="coldbench.render_evidence", **TASK_OPTIONS)
+def render_evidence(job_id: str) -> None:
+    """Bundle zip into the store; the evidence row with its id; job -> done."""
+    with _session() as db_session:
+        evidence_service.render_evidence(db_session=db_session, store=_store(), job_id=job_id)
+
+
+@celery_app.task(name="coldbench.expire_leases", **TASK_OPTIONS)
+def expire_leases() -> None:
+    """Beat: requeue runs whose lease or hard timeout passed."""
+    with _session() as db_session:
+        job_ids = run_service.expire_leases(db_session=db_session, settings=_settings())
+    for job_id in job_ids:
+        dispatch.send_task("analyze_job", job_id)
+
+
+@celery_app.task(name="coldbench.reprocess_unprocessed", **TASK_OPTIONS)
+def reprocess_unprocessed() -> None:
+    """Beat: send again what a crash or a lost message left undone (all tasks idempotent)."""
+    with _session() as db_session:
+        run_ids = ingest.unprocessed_run_ids(db_session=db_session)
+        stuck = db_session.execute(
+            sa.select(Job.id, Job.bundle_files).where(Job.state == "analyzing")
+        ).all()
+    for run_id in run_ids:
+        dispatch.send_task("ingest_run", run_id)
+    for job_id, bundle_files in stuck:
+        dispatch.send_task("render_evidence" if bundle_files else "analyze_job", job_id)

@@ -1,0 +1,323 @@
+"""`coldbench demo`: the whole loop on the embedded default, in one command.
+
+Creates `.coldbench/` (SQLite database, broker file, artifact store), writes the `tiny` model,
+starts the API, a Celery worker and beat, and one local worker agent as child processes, enrolls
+the agent, submits an A/B job and an ablation of the candidate's engine flags, shows live
+progress, and prints the evidence URLs and bundle paths. Every child runs in its own process
+group and is stopped on exit, on error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer()
+
+# The candidate's engine flags, each an optimization the ablation measures by leaving it out.
+# On a CPU host the wider prefill step is what pays; the others are kept honest by the
+# silent-no-op check (they must dispatch to be counted).
+BASELINE_FLAGS: dict[str, Any] = {"prefill_step_size": 32}
+CANDIDATE_FEATURES = ["prefill_step_size=128", "clear_cache=false", "compile"]
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class Children:
+    """Child processes, each in its own session so one signal stops all of its descendants."""
+
+    log_dir: Path
+    env: dict[str, str]
+    started: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str]) -> Child:
+        log_path = self.log_dir / f"{name}.log"
+        log = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        process = subprocess.Popen(
+            [sys.executable, "-m", "coldbench", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+        child = Child(name, process, log_path)
+        self.started.append(child)
+        return child
+
+    def check_alive(self) -> None:
+        for child in self.started:
+            if child.process.poll() is not None:
+                tail = child.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(
+                    f"{child.name} exited with code {child.process.returncode}; "
+                    f"its log ({child.log_path}) ends:\n{tail}"
+                )
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        # The agent first (it finishes the cell in flight), then the services behind it.
+        for child in reversed(self.started):
+            _signal_group(child.process, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in reversed(self.started):
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                child.process.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                _signal_group(child.process, signal.SIGKILL)
+                child.process.wait(timeout=5)
+            # Reap the rest of the group (Celery's pool children, uvicorn's reloaders).
+            _signal_group(child.process, signal.SIGKILL)
+        self.started.clear()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout_s: float = 300.0) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "coldbench", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"`coldbench {' '.join(args)}` failed ({result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()[-2000:]}"
+        )
+    return result.stdout
+
+
+def wait_healthy(base_url: str, children: Children, timeout_s: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children.check_alive()
+        try:
+            if httpx.get(f"{base_url}/healthz", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the API at {base_url} did not become healthy in {timeout_s:.0f} s")
+
+
+def demo_env(state_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            # The embedded default: empty URLs mean SQLite and kombu's SQLAlchemy transport
+            # under the state directory, whatever the caller's environment says.
+            "COLDBENCH_STATE_DIR": str(state_dir),
+            "COLDBENCH_DATABASE_URL": "",
+            "COLDBENCH_REDIS_URL": "",
+            "COLDBENCH_ARTIFACT_DIR": str(state_dir / "artifacts"),
+            "COLDBENCH_MODEL_DIR": str(state_dir / "models"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def write_worker_config(path: Path) -> None:
+    path.write_text(
+        'name = "demo-host"\nlabels = ["demo"]\n\n[models]\n',
+        encoding="utf-8",
+    )
+
+
+def job_specs(
+    contexts: list[int], rounds: int, decode_tokens: int, seed: int
+) -> list[dict[str, Any]]:
+    from coldbench.submit import parse_flag_value
+
+    candidate_flags = dict(BASELINE_FLAGS)
+    for feature in CANDIDATE_FEATURES:
+        name, _, value = feature.partition("=")
+        candidate_flags[name] = parse_flag_value(value) if value else True
+    common = {
+        "contexts": contexts,
+        "rounds": rounds,
+        "decode_tokens": decode_tokens,
+        "model": "preset:tiny",
+        "seed": seed,
+        "host_labels": ["demo"],
+    }
+    ab = {
+        **common,
+        "mode": "ab",
+        "variants": [
+            {"name": "stock", "flags": BASELINE_FLAGS},
+            {"name": "candidate", "flags": candidate_flags},
+        ],
+    }
+    ablation = {
+        **common,
+        "mode": "ablation",
+        "variants": [{"name": "candidate", "flags": BASELINE_FLAGS}],
+        "features": CANDIDATE_FEATURES,
+    }
+    return [ab, ablation]
+
+
+@app.command()
+def demo(
+    state_dir: Annotated[
+        Path, typer.Option("--dir", help="Where the demo keeps its state.")
+    ] = Path(".coldbench"),
+    port: Annotated[int, typer.Option(help="API port (0: a free one).")] = 0,
+    rounds: int = 4,
+    contexts: str = "128,256",
+    decode_tokens: int = 4,
+    seed: int = 0,
+    keep_running: Annotated[
+        bool, typer.Option(help="Keep serving the API and pages until Ctrl-C.")
+    ] = False,
+) -> None:
+    """Run the whole loop locally: server, Celery, one agent, an A/B job and an ablation."""
+    import httpx
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    state_dir = state_dir.resolve()
+    for sub in ("artifacts", "models", "logs", "agent", "evidence"):
+        (state_dir / sub).mkdir(parents=True, exist_ok=True)
+    env = demo_env(state_dir)
+    port = port or free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    children = Children(state_dir / "logs", env)
+    context_list = [int(c) for c in contexts.split(",") if c]
+    started_at = time.monotonic()
+
+    def interrupted(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    with ExitStack() as cleanup:
+        cleanup.callback(children.stop_all)
+        try:
+            console.print(f"[bold]coldbench demo[/] in {state_dir}")
+            console.print("database: migrating")
+            run_cli(["db", "upgrade"], env)
+            console.print("model: writing the tiny preset (cached after the first run)")
+            run_cli(["model", "create", "--preset", "tiny"], env)
+
+            children.start("server", ["server", "--host", "127.0.0.1", "--port", str(port)])
+            children.start("celery-worker", ["celery", "worker"])
+            children.start("celery-beat", ["celery", "beat"])
+            wait_healthy(base_url, children)
+            console.print(f"api: {base_url}")
+
+            enrollment = _token(run_cli(["admin", "enroll", "--labels", "demo"], env), "cbe_")
+            api_key = _token(run_cli(["admin", "apikey", "demo"], env), "cbk_")
+            config = state_dir / "agent" / "worker.toml"
+            write_worker_config(config)
+            secret_file = state_dir / "agent" / "secret"
+            enroll_args = [] if secret_file.exists() else ["--enroll", enrollment]
+            children.start(
+                "agent",
+                ["worker", "--api", base_url, "--config", str(config), *enroll_args],
+            )
+
+            headers = {"Authorization": f"Bearer {api_key}"}
+            with httpx.Client(base_url=base_url, headers=headers, timeout=30.0) as client:
+                jobs = []
+                for spec in job_specs(context_list, rounds, decode_tokens, seed):
+                    response = client.post("/api/v1/jobs", json=spec)
+                    if response.status_code != 201:
+                        raise RuntimeError(f"job refused ({response.status_code}): {response.text}")
+                    jobs.append(response.json()["id"])
+                    console.print(
+                        f"submitted {spec['mode']} job {jobs[-1]}: {base_url}/jobs/{jobs[-1]}"
+                    )
+                finished = _follow(client, jobs, children, console)
+
+            console.print()
+            for job in finished:
+                evidence_id = job.get("evidence_id")
+                if not evidence_id:
+                    console.print(
+                        f"[red]job {job['id']} ended {job.get('state')} without evidence[/]"
+                    )
+                    continue
+                bundle = state_dir / "evidence" / f"{evidence_id}.zip"
+                bundle.write_bytes(httpx.get(f"{base_url}/e/{evidence_id}.zip", timeout=60).content)
+                mode = job.get("spec", {}).get("mode", "")
+                console.print(f"[bold]{mode} evidence[/]: {base_url}/e/{evidence_id}")
+                console.print(f"  bundle: {bundle}  (check it: coldbench verify {bundle})")
+                summary = httpx.get(f"{base_url}/e/{evidence_id}.md", timeout=60).text
+                console.print(summary)
+            console.print(f"demo finished in {time.monotonic() - started_at:.0f} s")
+            if keep_running:
+                console.print(f"serving {base_url} until Ctrl-C")
+                while True:
+                    children.check_alive()
+                    time.sleep(1)
+        except KeyboardInterrupt:
+            console.print("\ninterrupted: stopping every child process")
+            raise typer.Exit(130) from None
+        except RuntimeError as error:
+            console.print(f"[red]demo failed:[/] {error}")
+            console.print(f"logs: {state_dir / 'logs'}")
+            raise typer.Exit(1) from None
+
+
+def _token(output: str, prefix: str) -> str:
+    match = re.search(rf"\b{re.escape(prefix)}[A-Za-z0-9_\-]+", output)
+    if not match:
+        raise RuntimeError(f"no {prefix}... token in the output: {output.strip()[:300]}")
+    return match.group(0)
+
+
+def _follow(
+    client: Any, job_ids: list[str], children: Children, console: Any
+) -> list[dict[str, Any]]:
+    from coldbench.submit import progress_line
+
+    last: dict[str, str] = {}
+    while True:
+        children.check_alive()
+        jobs = [client.get(f"/api/v1/jobs/{job_id}").json() for job_id in job_ids]
+        for job in jobs:
+            line = progress_line(job)
+            if last.get(job["id"]) != line:
+                console.print(line)
+                last[job["id"]] = line
+        if all(_is_final(job) for job in jobs):
+            return jobs
+        time.sleep(1.0)
+
+
+def _is_final(job: dict[str, Any]) -> bool:
+    state = job.get("state")
+    return state in ("failed", "cancelled") or (
+        state == "processed" and bool(job.get("evidence_id"))
+    )

@@ -1,0 +1,189 @@
+"""`coldbench submit`: a submitter's client of the central API.
+
+Builds a job spec from options (validated locally with the same `JobSpec` the server uses, so
+most mistakes are caught before anything is sent), posts it, and optionally waits for the
+evidence, printing progress and the shareable URL.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer()
+
+_TERMINAL_STATES = {"processed", "failed", "cancelled"}
+
+
+def parse_flag_value(text: str) -> bool | int | float | str:
+    """`true`/`false` -> bool, then int, then float, else the string itself."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_variant_option(text: str) -> dict[str, Any]:
+    """`NAME[:key=value[,key=value...]]` -> a VariantSpec-shaped dict.
+
+    `ref` and `recipe` are target keys; every other key is an engine flag.
+    """
+    name, _, rest = text.partition(":")
+    variant: dict[str, Any] = {"name": name, "flags": {}}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"variant {text!r}: expected key=value, got {item!r}")
+        if key in ("ref", "recipe"):
+            variant[key] = value
+        else:
+            variant["flags"][key] = parse_flag_value(value)
+    return variant
+
+
+def _contexts(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"contexts must be comma-separated integers, got {text!r}"
+        ) from None
+
+
+@app.command()
+def submit(
+    variant: Annotated[
+        list[str],
+        typer.Option(
+            "--variant", help="NAME[:ref=R,recipe=X,flag=value...]; the first is the baseline."
+        ),
+    ],
+    contexts: Annotated[
+        str, typer.Option(help="Comma-separated prompt lengths in tokens.")
+    ] = "128,256",
+    api: Annotated[str, typer.Option(envvar="COLDBENCH_API", help="Base URL of the server.")] = (
+        "http://127.0.0.1:8000"
+    ),
+    key: Annotated[
+        str | None, typer.Option(envvar="COLDBENCH_API_KEY", help="Submitter API key (cbk_...).")
+    ] = None,
+    repo: Annotated[str | None, typer.Option(help="Allow-listed repository name.")] = None,
+    adapter: Annotated[str, typer.Option(help="embedded, mlx-lm or openai-server.")] = "embedded",
+    rounds: int = 3,
+    decode_tokens: int = 8,
+    model: str = "preset:tiny",
+    mode: Annotated[str, typer.Option(help="ab, ablation or sweep.")] = "ab",
+    features: Annotated[
+        str, typer.Option(help="Ablation features: flag or flag=value, comma-separated.")
+    ] = "",
+    labels: Annotated[str, typer.Option(help="Host labels the job needs, comma-separated.")] = "",
+    hosts: Annotated[int, typer.Option(help="Reproductions on this many distinct hosts.")] = 1,
+    seed: int = 0,
+    wait: Annotated[bool, typer.Option(help="Wait for the evidence and print its URL.")] = False,
+    timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 3600.0,
+) -> None:
+    """Submit a job to the central API and print its id (and, with --wait, its evidence URL)."""
+    import httpx
+    from pydantic import ValidationError
+
+    from evidence.schemas import JobSpec
+
+    if not key:
+        typer.echo("error: no API key: pass --key or set COLDBENCH_API_KEY", err=True)
+        raise typer.Exit(2)
+    raw_spec: dict[str, Any] = {
+        "mode": mode,
+        "adapter": adapter,
+        "repository": repo,
+        "variants": [parse_variant_option(v) for v in variant],
+        "features": [f for f in features.split(",") if f],
+        "contexts": _contexts(contexts),
+        "rounds": rounds,
+        "decode_tokens": decode_tokens,
+        "model": model,
+        "seed": seed,
+        "host_labels": [label for label in labels.split(",") if label],
+        "hosts": hosts,
+    }
+    try:
+        spec = JobSpec.model_validate(raw_spec)
+    except ValidationError as error:
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"]) or "job"
+            typer.echo(f"error: {where}: {problem['msg']}", err=True)
+        raise typer.Exit(2) from None
+
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=api.rstrip("/"), headers=headers, timeout=30.0) as client:
+        try:
+            response = client.post("/api/v1/jobs", json=spec.model_dump(mode="json", by_alias=True))
+        except httpx.HTTPError as error:
+            typer.echo(f"error: cannot reach {api}: {error}", err=True)
+            raise typer.Exit(1) from None
+        if response.status_code != 201:
+            typer.echo(
+                f"error: the server refused the job ({response.status_code}): {_detail(response)}",
+                err=True,
+            )
+            raise typer.Exit(1)
+        job = response.json()
+        job_id = job["id"]
+        typer.echo(f"job {job_id} submitted: {api.rstrip('/')}/jobs/{job_id}")
+        if not wait:
+            return
+        job = wait_for_job(
+            client, job_id, timeout_s=timeout_s, echo=lambda line: typer.echo(line, err=True)
+        )
+    evidence_id = job.get("evidence_id")
+    if job.get("state") != "processed" or not evidence_id:
+        typer.echo(f"job {job_id} ended {job.get('state')} without evidence", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"evidence: {api.rstrip('/')}/e/{evidence_id}")
+
+
+def wait_for_job(
+    client: Any, job_id: str, *, timeout_s: float, echo: Any, poll_s: float = 1.0
+) -> dict[str, Any]:
+    """Poll `GET /api/v1/jobs/{id}` until the job ends, echoing progress lines as they change."""
+    deadline = time.monotonic() + timeout_s
+    last_line = ""
+    while True:
+        job = client.get(f"/api/v1/jobs/{job_id}").json()
+        line = progress_line(job)
+        if line != last_line:
+            echo(line)
+            last_line = line
+        if job.get("state") in _TERMINAL_STATES and (
+            job.get("state") != "processed" or job.get("evidence_id")
+        ):
+            return job
+        if time.monotonic() > deadline:
+            echo(f"gave up waiting after {timeout_s:.0f} s")
+            return job
+        time.sleep(poll_s)
+
+
+def progress_line(job: dict[str, Any]) -> str:
+    parts = [f"job {job.get('id')}: {job.get('state')}"]
+    for run in job.get("runs", []):
+        progress = run.get("progress") or {}
+        done, total = progress.get("cells_done"), progress.get("cells_total")
+        cells = f" {done}/{total} cells" if total else ""
+        parts.append(f"run {run.get('id')} [{run.get('state')}]{cells}")
+    return "; ".join(parts)
+
+
+def _detail(response: Any) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    return str(detail)[:2000]

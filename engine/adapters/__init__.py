@@ -1,0 +1,51 @@
+"""Adapters: how the variant process drives a target.
+
+An adapter module `engine/adapters/<module>.py` exposes `create(plan: Plan) -> Adapter`; the
+registry below maps the adapter names of a plan (DESIGN.md: `embedded`, `mlx-lm`,
+`openai-server`) to those modules and imports only the one a plan asks for.
+
+Contract of `Adapter.run_cell(round, order, context_tokens)`: return the measured part of a
+record (`engine.cell.run_cell`'s keys: `prompt_tokens` ... `counters`, `started_at`,
+`ended_at`, `status`, `reason`, optionally `output_margins`, `prompt_corpus_sha256`);
+`round == -1` means the discarded warm-up, which must use a prompt no measured cell uses
+(`PromptSource.warmup_prompt`). The runner adds `schema`, `run_id`, `variant`, `round`,
+`order`, `context_tokens`, `adapter`, `flags`, and turns an exception into an error record.
+`describe()` is the ready event's `target`: at least `adapter`, `engine_module_file` (the file
+the engine module was really imported from), `flags`, `mlx`, `mlx_lm`, `backend`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol
+
+from engine.plan import Plan
+
+ADAPTERS: dict[str, str] = {
+    "embedded": "engine.adapters.embedded",
+    "mlx-lm": "engine.adapters.mlx_lm",
+    "openai-server": "engine.adapters.openai_server",
+}
+
+
+class Adapter(Protocol):
+    def load(self) -> None: ...
+
+    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def create_adapter(plan: Plan) -> Adapter:
+    module_name = ADAPTERS.get(plan.adapter)
+    if module_name is None:
+        raise ValueError(f"unknown adapter {plan.adapter!r}; known: {', '.join(sorted(ADAPTERS))}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise
+        raise ValueError(f"adapter {plan.adapter!r} is not available in this checkout") from None
+    return module.create(plan)

@@ -1,0 +1,81 @@
+"""The `embedded` adapter: this project's engine (`engine.cell`) in the variant process."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import engine
+from engine import checkpoints
+from engine.backend import describe_backend, not_exercised
+from engine.cell import run_cell
+from engine.flags import Flags
+from engine.plan import Plan
+from engine.prompts import PromptSource
+
+
+class EmbeddedAdapter:
+    name = "embedded"
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.flags = Flags.parse(plan.flags)
+        self.model: Any = None
+        self.prompts: PromptSource | None = None
+        self.model_info: dict[str, Any] = {}
+
+    def load(self) -> None:
+        if self.plan.model.startswith("preset:"):
+            path = checkpoints.resolve_model(self.plan.model, {})
+        else:
+            path = Path(self.plan.model)
+        self.model, tokenizer, config = checkpoints.load_model(path)
+        self.prompts = PromptSource.from_tokenizer(
+            tokenizer, max_tokens=config.get("max_position_embeddings")
+        )
+        info = checkpoints.inspect_checkpoint(path)
+        info.pop("files", None)
+        self.model_info = info
+
+    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
+        assert self.prompts is not None, "load() first"
+        if round < 0:
+            prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
+        else:
+            prompt = self.prompts.prompt(self.plan.seed, round, context_tokens)
+        result = run_cell(
+            self.model,
+            prompt.ids,
+            context_tokens=context_tokens,
+            flags=self.flags,
+            decode_tokens=self.plan.decode_tokens,
+        )
+        result["prompt_corpus_sha256"] = prompt.corpus_sha256
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        import mlx.core as mx
+        import mlx_lm
+
+        return {
+            "variant": self.plan.variant,
+            "adapter": self.name,
+            "engine_module_file": str(Path(engine.__file__).resolve()),
+            "mlx_lm_module_file": str(Path(mlx_lm.__file__).resolve()),
+            "flags": self.flags.as_dict(),
+            "mlx": mx.__version__,
+            "mlx_lm": getattr(mlx_lm, "__version__", None),
+            "python": sys.version.split()[0],
+            "python_executable": sys.executable,
+            **describe_backend(),
+            "not_exercised": not_exercised(list(self.flags.non_default())),
+            "model": self.model_info,
+        }
+
+    def close(self) -> None:
+        self.model = None
+
+
+def create(plan: Plan) -> EmbeddedAdapter:
+    return EmbeddedAdapter(plan)

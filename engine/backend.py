@@ -1,0 +1,45 @@
+"""Which MLX backend runs here (`metal`, `cuda`, `cpu`) and which features it can exercise.
+
+A feature that needs another backend (a Metal or CUDA kernel on a CPU host) is recorded as not
+exercised with the reason, never as run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import mlx.core as mx
+
+# feature -> backends on which its fast path can dispatch (kernels/ registers its own here)
+FEATURE_BACKENDS: dict[str, tuple[str, ...]] = {}
+
+
+def detect_backend() -> str:
+    if mx.metal.is_available():
+        return "metal"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def describe_backend() -> dict[str, Any]:
+    backend = detect_backend()
+    info: dict[str, Any] = {"backend": backend, "default_device": str(mx.default_device())}
+    device_info = getattr(mx, "device_info", None)
+    if backend != "cpu" and device_info is not None:
+        with contextlib.suppress(RuntimeError):
+            info["device"] = {k: v for k, v in device_info().items() if isinstance(v, int | str)}
+    return info
+
+
+def not_exercised(features: list[str], backend: str | None = None) -> dict[str, str]:
+    """feature -> reason, for each requested feature this backend cannot run."""
+    backend = backend or detect_backend()
+    reasons = {}
+    for feature in features:
+        needs = FEATURE_BACKENDS.get(feature)
+        if needs and backend not in needs:
+            reasons[feature] = f"needs {' or '.join(needs)}; this host runs MLX on {backend}"
+    return reasons

@@ -1,0 +1,305 @@
+"""The cold-prefill cell (DESIGN.md's protocol): one timed prefill of exactly N tokens on a
+fresh KV cache, then `decode_tokens` greedy tokens timed separately.
+
+The hot loop stays plain: chunks go through the model and only the KV cache state is
+evaluated between chunks, so MLX never computes the lm_head of intermediate chunks (their
+logits are never asked for); the last chunk asks for the logits of its last position only.
+There is no host sync inside the loop beyond that `mx.eval`.
+
+`run_cell` returns the measured part of a record (DESIGN.md's fields from `prompt_tokens`
+on); the variant process adds `run_id`, `variant`, `round` and `order`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine.backend import not_exercised
+from engine.flags import Flags
+from engine.prompts import ids_sha256
+
+log = logging.getLogger(__name__)
+
+OUTPUT_HEAD = 16
+# Architectures whose model is `model.model` (embed_tokens, layers, norm) and an lm_head (or
+# tied embeddings) with nothing in between: the head can run on the last position alone, and
+# pre-norm blocks (input_layernorm, self_attn, post_attention_layernorm, mlp) can be split.
+_BACKBONE_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def cache_offset(prompt_cache: list[Any]) -> int | None:
+    """Tokens the cache already holds, by the cache's own accounting (None: no accounting)."""
+    offsets = [c.offset for c in prompt_cache if isinstance(getattr(c, "offset", None), int)]
+    return max(offsets) if offsets else None
+
+
+class Forward:
+    """The model's forward pass as the cell drives it; subclasses are the flags' paths."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.inner = getattr(model, "model", None)
+        model_type = getattr(getattr(model, "args", None), "model_type", None)
+        self.has_backbone = model_type in _BACKBONE_TYPES and all(
+            hasattr(self.inner, a) for a in ("embed_tokens", "layers", "norm")
+        )
+        self.dispatched = 0
+
+    def backbone(self, tokens: mx.array, prompt_cache: list[Any]) -> mx.array:
+        return self.inner(tokens, cache=prompt_cache)
+
+    def head(self, hidden: mx.array) -> mx.array:
+        if hasattr(self.model, "lm_head"):
+            return self.model.lm_head(hidden)
+        return self.inner.embed_tokens.as_linear(hidden)
+
+    def chunk(self, tokens: mx.array, prompt_cache: list[Any]) -> None:
+        """An intermediate chunk: fills the cache; its output is never evaluated."""
+        if self.has_backbone:
+            self.backbone(tokens, prompt_cache)
+        else:
+            self.model(tokens, cache=prompt_cache)
+
+    def last_logits(self, tokens: mx.array, prompt_cache: list[Any]) -> mx.array:
+        """Logits of the last position, shape (vocab,)."""
+        if self.has_backbone:
+            hidden = self.backbone(tokens, prompt_cache)
+            return self.head(hidden[:, -1:, :])[0, -1]
+        return self.model(tokens, cache=prompt_cache)[0, -1]
+
+
+class CompiledForward(Forward):
+    """`compile=true`: each layer's MLP half (post-attention norm, MLP, residual add) runs as
+    an `mx.compile`d function; attention stays eager because its KV-cache writes depend on
+    Python-side offsets. One compiled function per layer, kept for the model's lifetime so a
+    shape is traced once per process."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.reason: str | None = None
+        layers = list(getattr(self.inner, "layers", []) or [])
+        if not self.has_backbone:
+            self.reason = f"compile: architecture {_model_type(model)} has no split layer step"
+        elif any(getattr(layer, "use_sliding", False) for layer in layers) or not all(
+            all(hasattr(layer, a) for a in ("input_layernorm", "self_attn", "mlp"))
+            and hasattr(layer, "post_attention_layernorm")
+            for layer in layers
+        ):
+            self.reason = f"compile: layers of {_model_type(model)} are not plain pre-norm blocks"
+        self.steps = [] if self.reason else [mx.compile(_mlp_half(layer)) for layer in layers]
+
+    def backbone(self, tokens: mx.array, prompt_cache: list[Any]) -> mx.array:
+        if self.reason:
+            return super().backbone(tokens, prompt_cache)
+        h = self.inner.embed_tokens(tokens)
+        mask = create_attention_mask(h, prompt_cache[0])
+        for layer, layer_cache, step in zip(
+            self.inner.layers, prompt_cache, self.steps, strict=True
+        ):
+            h = h + layer.self_attn(layer.input_layernorm(h), mask, layer_cache)
+            h = step(h)
+            self.dispatched += 1
+        return self.inner.norm(h)
+
+
+def _mlp_half(layer: Any) -> Any:
+    def step(h: mx.array) -> mx.array:
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    return step
+
+
+def _model_type(model: Any) -> str:
+    return str(getattr(getattr(model, "args", None), "model_type", type(model).__name__))
+
+
+_FORWARDS: dict[int, tuple[Any, CompiledForward]] = {}
+
+
+def forward_for(model: Any, flags: Flags) -> Forward:
+    if not flags.compile:
+        return Forward(model)
+    kept = _FORWARDS.get(id(model))
+    if kept is None or kept[0] is not model:
+        kept = (model, CompiledForward(model))
+        _FORWARDS[id(model)] = kept
+    forward = kept[1]
+    forward.dispatched = 0
+    return forward
+
+
+def _top2_margin(logits: mx.array) -> mx.array:
+    top2 = mx.topk(logits.astype(mx.float32), 2)
+    return mx.max(top2) - mx.min(top2)
+
+
+def run_cell(
+    model: Any,
+    prompt_ids: list[int],
+    *,
+    context_tokens: int,
+    flags: Flags,
+    decode_tokens: int,
+    prompt_cache: list[Any] | None = None,
+) -> dict[str, Any]:
+    """Run one cell; never raises for a failure inside it (status `error` with the reason).
+
+    `prompt_cache` exists to prove the guard: a cell handed a cache that already holds tokens
+    is measured but marked invalid with the count.
+    """
+    started_at = now_iso()
+    counters: dict[str, Any] = {
+        "prefill_tokens": None,
+        "chunks": 0,
+        "chunk_width_max": 0,
+        "prefill_step_size.dispatched": 0,
+        "clear_cache.dispatched": 0,
+        "cache_clears": 0,
+        "compile.dispatched": 0,
+    }
+    result: dict[str, Any] = {
+        "prompt_tokens": len(prompt_ids),
+        "prompt_sha256": ids_sha256(prompt_ids),
+        "cached_tokens": None,
+        "prefill_s": None,
+        "prefill_tps": None,
+        "decode_tokens": None,
+        "decode_s": None,
+        "decode_tps": None,
+        "output_sha256": None,
+        "output_head": None,
+        "output_margins": None,
+        "peak_memory_bytes": None,
+        "counters": counters,
+    }
+    try:
+        # A requested feature this backend cannot run is recorded as such, never as run.
+        skipped = not_exercised(list(flags.non_default()))
+        for name, why in skipped.items():
+            counters[f"{name}.not_exercised"] = why
+        forward = forward_for(model, flags)
+        if isinstance(forward, CompiledForward) and forward.reason:
+            counters["compile.fallback"] = forward.reason
+        cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
+        cached = cache_offset(cache)
+        result["cached_tokens"] = cached
+        _measure(forward, cache, prompt_ids, flags, decode_tokens, result, counters)
+        counters["compile.dispatched"] = forward.dispatched if flags.compile else 0
+        result["status"], result["reason"] = _verdict(
+            result, counters, context_tokens, flags, decode_tokens
+        )
+    except Exception as error:  # noqa: BLE001 - a failed cell is a record, not a crash
+        log.exception("cell failed")
+        result["status"] = "error"
+        result["reason"] = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+    result["started_at"] = started_at
+    result["ended_at"] = now_iso()
+    return result
+
+
+def _measure(
+    forward: Forward,
+    cache: list[Any],
+    prompt_ids: list[int],
+    flags: Flags,
+    decode_tokens: int,
+    result: dict[str, Any],
+    counters: dict[str, Any],
+) -> None:
+    tokens = mx.array(prompt_ids, dtype=mx.int32)[None]
+    total = len(prompt_ids)
+    step = flags.prefill_step_size
+    mx.reset_peak_memory()
+    mx.synchronize()
+    start = time.perf_counter()
+    position = 0
+    while position + step < total:
+        forward.chunk(tokens[:, position : position + step], cache)
+        mx.eval([c.state for c in cache])
+        if flags.clear_cache:
+            mx.clear_cache()
+            counters["cache_clears"] += 1
+        else:
+            counters["clear_cache.dispatched"] += 1
+        counters["chunks"] += 1
+        position += step
+
+    logits = forward.last_logits(tokens[:, position:], cache)
+    token = mx.argmax(logits)
+    margin = _top2_margin(logits)
+    mx.eval(token, margin)
+    mx.synchronize()
+    prefill_s = time.perf_counter() - start
+    before, after = result["cached_tokens"], cache_offset(cache)
+    counters["prefill_tokens"] = None if after is None or before is None else after - before
+    counters["chunks"] += 1
+    counters["chunk_width_max"] = min(step, total)
+    counters["prefill_step_size.dispatched"] = total // step
+
+    outputs = [token]
+    margins = [margin]
+    decode_start = time.perf_counter()
+    for _ in range(max(decode_tokens - 1, 0)):
+        logits = forward.last_logits(token.reshape(1, 1), cache)
+        token = mx.argmax(logits)
+        margin = _top2_margin(logits)
+        mx.async_eval(token, margin)
+        outputs.append(token)
+        margins.append(margin)
+    mx.eval(outputs, margins)
+    mx.synchronize()
+    decode_s = time.perf_counter() - decode_start
+
+    output_ids = [int(t.item()) for t in outputs][:decode_tokens]
+    result["prefill_s"] = prefill_s
+    result["prefill_tps"] = total / prefill_s if prefill_s > 0 else None
+    result["decode_tokens"] = len(output_ids)
+    # The first output id comes from the prefill's logits; decode time covers the others.
+    steps = len(output_ids) - 1
+    result["decode_s"] = decode_s if steps > 0 else None
+    result["decode_tps"] = steps / decode_s if steps > 0 and decode_s > 0 else None
+    result["output_sha256"] = ids_sha256(output_ids)
+    result["output_head"] = output_ids[:OUTPUT_HEAD]
+    result["output_margins"] = [float(m.item()) for m in margins][: len(output_ids)]
+    result["peak_memory_bytes"] = int(mx.get_peak_memory())
+
+
+def _verdict(
+    result: dict[str, Any],
+    counters: dict[str, Any],
+    context_tokens: int,
+    flags: Flags,
+    decode_tokens: int,
+) -> tuple[str, str | None]:
+    cached = result["cached_tokens"]
+    if cached is None:
+        return "invalid", "the engine's KV cache reports no token count (cached_tokens unknown)"
+    if cached > 0:
+        return "invalid", f"cached_tokens={cached}: the KV cache was not fresh"
+    if result["prompt_tokens"] != context_tokens:
+        return "invalid", (
+            f"prompt has {result['prompt_tokens']} tokens, the cell asks for {context_tokens}"
+        )
+    if counters["prefill_tokens"] != context_tokens:
+        return "invalid", (
+            f"the engine prefilled {counters['prefill_tokens']} tokens of {context_tokens}"
+        )
+    if result["decode_tokens"] != decode_tokens:
+        return "invalid", f"decoded {result['decode_tokens']} tokens of {decode_tokens}"
+    for name in flags.non_default():
+        if f"{name}.not_exercised" in counters:
+            return "invalid", f"not exercised: {name} ({counters[f'{name}.not_exercised']})"
+        if counters.get(f"{name}.dispatched", 0) == 0:
+            return "invalid", f"silent no-op: {name}"
+    return "ok", None

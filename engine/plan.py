@@ -1,0 +1,136 @@
+"""The plan of one variant process (`python -m engine.runner --plan PLAN.json`).
+
+```json
+{"run_id": "r-1", "variant": "base", "adapter": "embedded", "model": "/abs/checkpoint",
+ "flags": {"prefill_step_size": 256}, "decode_tokens": 8, "seed": 0,
+ "records_path": "/abs/records.jsonl", "checkout": null, "server_command": null,
+ "cells": null, "warmup_tokens": null}
+```
+
+`model` is a checkpoint directory or `preset:NAME`; `cells` (a list of
+`{"round", "order", "context_tokens"}`) makes the process run them and exit (batch mode);
+`warmup_tokens` sets the warm-up prompt's length (default: the smallest batch cell's context,
+else 256). Every field is checked; a bad one is a ValueError of one line naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+DEFAULT_WARMUP_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    round: int
+    order: int
+    context_tokens: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> CellRequest:
+        if not isinstance(value, dict):
+            raise ValueError(f"a cell must be a JSON object, not {type(value).__name__}")
+        unknown = sorted(set(value) - {"round", "order", "context_tokens"})
+        if unknown:
+            raise ValueError(f"unknown cell field(s): {', '.join(unknown)}")
+        for key, least in (("round", 0), ("order", 0), ("context_tokens", 1)):
+            item = value.get(key)
+            if not isinstance(item, int) or isinstance(item, bool) or item < least:
+                raise ValueError(f"cell {key} must be an integer >= {least}, not {item!r}")
+        return cls(value["round"], value["order"], value["context_tokens"])
+
+
+@dataclass(frozen=True)
+class Plan:
+    run_id: str
+    variant: str
+    adapter: str
+    model: str
+    records_path: str
+    flags: dict[str, Any] = field(default_factory=dict)
+    decode_tokens: int = 8
+    seed: int = 0
+    checkout: str | None = None
+    server_command: list[str] | None = None
+    cells: list[CellRequest] | None = None
+    warmup_tokens: int | None = None
+
+    @classmethod
+    def load(cls, path: Path | str) -> Plan:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ValueError(f"cannot read plan {path}: {error.strerror or error}") from None
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"plan {path} is not valid JSON: {error}") from None
+        return cls.from_json(value)
+
+    @classmethod
+    def from_json(cls, value: Any) -> Plan:
+        if not isinstance(value, dict):
+            raise ValueError("a plan must be a JSON object")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown plan field(s): {', '.join(unknown)}")
+        missing = sorted(
+            k
+            for k in ("run_id", "variant", "adapter", "model", "records_path")
+            if not isinstance(value.get(k), str) or not value.get(k)
+        )
+        if missing:
+            raise ValueError(f"plan needs non-empty string field(s): {', '.join(missing)}")
+        if not _NAME.fullmatch(value["variant"]):
+            raise ValueError(f"plan variant {value['variant']!r} is not a valid name")
+        flags = value.get("flags") or {}
+        if not isinstance(flags, dict):
+            raise ValueError("plan flags must be an object of flag -> value")
+        for key, least in (("decode_tokens", 0), ("seed", 0), ("warmup_tokens", 1)):
+            item = value.get(key)
+            if item is not None and (
+                not isinstance(item, int) or isinstance(item, bool) or item < least
+            ):
+                raise ValueError(f"plan {key} must be an integer >= {least}, not {item!r}")
+        command = value.get("server_command")
+        if command is not None and (
+            not isinstance(command, list) or not all(isinstance(c, str) for c in command)
+        ):
+            raise ValueError("plan server_command must be a list of strings")
+        checkout = value.get("checkout")
+        if checkout is not None and not isinstance(checkout, str):
+            raise ValueError("plan checkout must be a path string")
+        cells = value.get("cells")
+        if cells is not None:
+            if not isinstance(cells, list):
+                raise ValueError("plan cells must be a list")
+            cells = [CellRequest.from_json(c) for c in cells]
+        return cls(
+            run_id=value["run_id"],
+            variant=value["variant"],
+            adapter=value["adapter"],
+            model=value["model"],
+            records_path=value["records_path"],
+            flags=dict(flags),
+            decode_tokens=value.get("decode_tokens", 8)
+            if value.get("decode_tokens") is not None
+            else 8,
+            seed=value.get("seed") or 0,
+            checkout=checkout,
+            server_command=command,
+            cells=cells,
+            warmup_tokens=value.get("warmup_tokens"),
+        )
+
+    def warmup_context(self) -> int:
+        if self.warmup_tokens is not None:
+            return self.warmup_tokens
+        if self.cells:
+            return min(c.context_tokens for c in self.cells)
+        return DEFAULT_WARMUP_TOKENS

@@ -1,0 +1,148 @@
+"""Synthetic model presets: real mlx-lm architectures with the dimensions of a named model.
+
+`tiny` and `tiny-moe` are for tests and the demo on a CPU; the `*-shape` presets carry a real
+model's dimensions (several GB of random weights) and are written only on benchmark hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    config: dict[str, Any]
+    default_dtype: str
+    tokenizer_vocab: int
+    # True when config.json's vocab_size is the trained tokenizer's size (tiny presets); the
+    # shaped presets keep the real model's (larger) embedding so the lm_head costs what it does.
+    vocab_from_tokenizer: bool = False
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(
+        name="tiny",
+        description="llama, 4 layers, width 256: tests and the demo",
+        config={
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 256,
+            "num_hidden_layers": 4,
+            "intermediate_size": 704,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        default_dtype="float32",
+        tokenizer_vocab=2048,
+        vocab_from_tokenizer=True,
+    ),
+    "tiny-moe": Preset(
+        name="tiny-moe",
+        description="qwen3_moe, 2 layers, width 256, 8 experts (top 2)",
+        config={
+            "model_type": "qwen3_moe",
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "hidden_size": 256,
+            "num_hidden_layers": 2,
+            "intermediate_size": 512,
+            "moe_intermediate_size": 128,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": False,
+        },
+        default_dtype="float32",
+        tokenizer_vocab=2048,
+        vocab_from_tokenizer=True,
+    ),
+    "llama-8b-shape": Preset(
+        name="llama-8b-shape",
+        description="Llama-3.1-8B dimensions, random weights (about 16 GB in bf16)",
+        config={
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "max_position_embeddings": 131072,
+            "vocab_size": 128256,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        default_dtype="bfloat16",
+        tokenizer_vocab=8192,
+        tags=("gpu-host-only",),
+    ),
+    "qwen3-30b-a3b-shape": Preset(
+        name="qwen3-30b-a3b-shape",
+        description="Qwen3-30B-A3B dimensions (128 experts, top 8), random weights (about 61 GB)",
+        config={
+            "model_type": "qwen3_moe",
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "hidden_size": 2048,
+            "num_hidden_layers": 48,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "max_position_embeddings": 40960,
+            "vocab_size": 151936,
+            "tie_word_embeddings": False,
+        },
+        default_dtype="bfloat16",
+        tokenizer_vocab=8192,
+        tags=("gpu-host-only",),
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}"
+        ) from None

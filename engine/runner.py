@@ -1,0 +1,162 @@
+"""The variant process: `python -m engine.runner --plan PLAN.json`.
+
+Loads the model once, runs one discarded warm-up (a record with status `warmup`, round -1, on a
+prompt never measured), prints `{"event": "ready", "target": {...}}`, then runs one cell per
+stdin line `{"round": R, "order": O, "context_tokens": N}` until `{"op": "exit"}` or EOF,
+appending each record to the plan's `records_path` (flush + fsync: a crash loses at most the
+cell in flight) and printing `{"event": "record", "record": {...}}`. With `cells` in the plan
+it runs those and exits (batch mode). The warm-up record is in the records file and in the
+ready event (`"warmup": {...}`), so stdout's first line is always `ready` or `error`. stdout
+carries only these JSON lines; logs go to stderr. A plan or load failure prints
+`{"event": "error", "reason": "..."}` and exits 2; a bad stdin line gets an error event and the
+process keeps serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import IO, Any
+
+from engine.cell import now_iso
+from engine.plan import CellRequest, Plan
+
+log = logging.getLogger("engine.runner")
+RECORD_SCHEMA = "coldbench.record/1"
+_MEASURED_NONE = (
+    "prompt_tokens",
+    "prompt_sha256",
+    "cached_tokens",
+    "prefill_s",
+    "prefill_tps",
+    "decode_tokens",
+    "decode_s",
+    "decode_tps",
+    "output_sha256",
+    "output_head",
+    "peak_memory_bytes",
+)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if isinstance(error, ValueError) and text else f"{type(error).__name__}: {text}"
+
+
+class VariantProcess:
+    def __init__(self, plan: Plan, adapter: Any, out: IO[str]) -> None:
+        self.plan = plan
+        self.adapter = adapter
+        self.out = out
+        self.records = open(plan.records_path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.out.write(json.dumps(event, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    def run(self, request: CellRequest, *, warmup: bool = False) -> dict[str, Any]:
+        round_ = -1 if warmup else request.round
+        order = -1 if warmup else request.order
+        record: dict[str, Any] = {
+            "schema": RECORD_SCHEMA,
+            "run_id": self.plan.run_id,
+            "variant": self.plan.variant,
+            "round": round_,
+            "order": order,
+            "context_tokens": request.context_tokens,
+            "adapter": self.plan.adapter,
+            "flags": self.plan.flags,
+        }
+        started_at = now_iso()
+        try:
+            measured = self.adapter.run_cell(round_, order, request.context_tokens)
+        except Exception as error:  # noqa: BLE001 - the cell fails, the process goes on
+            if isinstance(error, ValueError):  # bad input (e.g. context too large): one line
+                log.warning("cell %s refused: %s", request, _one_line(error))
+            else:
+                log.exception("cell %s failed", request)
+            measured = {key: None for key in _MEASURED_NONE}
+            measured |= {"counters": {}, "started_at": started_at, "ended_at": now_iso()}
+            measured |= {"status": "error", "reason": _one_line(error)[:500]}
+        record |= measured
+        if warmup and record["status"] != "error":
+            record["status"] = "warmup"
+            record["reason"] = "discarded warm-up" + (
+                f" (cell was {measured['status']}: {measured['reason']})"
+                if measured.get("status") not in (None, "ok")
+                else ""
+            )
+        elif warmup:
+            record["reason"] = f"warm-up: {record['reason']}"
+        self._append(record)
+        if not warmup:  # the warm-up travels in the ready event: stdout starts with "ready"
+            self.emit({"event": "record", "record": record})
+        return record
+
+    def _append(self, record: dict[str, Any]) -> None:
+        self.records.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self.records.flush()
+        os.fsync(self.records.fileno())
+
+    def serve(self, lines: IO[str]) -> None:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                message = json.loads(line)
+                if isinstance(message, dict) and message.get("op") == "exit":
+                    return
+                request = CellRequest.from_json(message)
+            except ValueError as error:
+                self.emit({"event": "error", "reason": f"bad cell request: {_one_line(error)}"})
+                continue
+            self.run(request)
+
+    def close(self) -> None:
+        self.records.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.runner", description=__doc__)
+    parser.add_argument("--plan", required=True, help="plan JSON file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("COLDBENCH_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    out = sys.stdout
+    try:
+        plan = Plan.load(args.plan)
+        from engine.adapters import create_adapter
+
+        adapter = create_adapter(plan)
+        process = VariantProcess(plan, adapter, out)
+        adapter.load()
+    except Exception as error:  # noqa: BLE001 - reported as one line, exit 2
+        log.exception("load failed")
+        out.write(json.dumps({"event": "error", "reason": _one_line(error)[:500]}) + "\n")
+        out.flush()
+        return 2
+    try:
+        warmup = process.run(CellRequest(0, 0, plan.warmup_context()), warmup=True)
+        process.emit({"event": "ready", "target": adapter.describe(), "warmup": warmup})
+        if plan.cells is not None:
+            for request in plan.cells:
+                process.run(request)
+        else:
+            process.serve(sys.stdin)
+    except BrokenPipeError:
+        log.warning("stdout closed: the orchestrator is gone; stopping")
+        return 1
+    finally:
+        process.close()
+        adapter.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

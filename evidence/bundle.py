@@ -1,0 +1,470 @@
+"""Evidence bundles: write a folder (and its zip), read either, verify every byte.
+
+A bundle is a flat folder: `records.jsonl`, `provenance.json` (canonical JSON), `build-*.log`,
+`job.json` (when the spec is known), `summary.json`, `summary.md`, `report.html` and
+`manifest.json`. The manifest lists every other file with its sha256 and size and carries the
+provenance inline. The evidence id is the first 24 hex digits of the sha256 of manifest.json's
+bytes, so it commits to every file of the bundle.
+
+Consequence worth knowing: the rendered views inside a bundle (summary.md, report.html) cannot
+show their own bundle's evidence id (it would have to hash itself). They say where to find it;
+the renderers take `evidence_id` so a server or the CLI can show it when rendering for display.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import stat
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from evidence.canonical import canonical_json, sha256_hex
+from evidence.records import RECORDS_FILE, parse_records, records_bytes
+from evidence.schemas import JobSpec, Manifest, Provenance, Record, is_valid_name
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+PROVENANCE_FILE = "provenance.json"
+SUMMARY_JSON_FILE = "summary.json"
+SUMMARY_MD_FILE = "summary.md"
+REPORT_FILE = "report.html"
+JOB_FILE = "job.json"
+REQUIRED_FILES = (RECORDS_FILE, PROVENANCE_FILE)
+EVIDENCE_ID_HEX = 24
+# A zip is read into memory: refuse archives that would inflate beyond this.
+MAX_BUNDLE_BYTES = 2 << 30
+# Zip entries get this fixed time so zipping the same folder twice gives the same bytes.
+_ZIP_TIME = (2020, 1, 1, 0, 0, 0)
+
+
+class BundleError(ValueError):
+    """A bundle could not be read at all (not a folder or zip, unsafe zip entry, too large)."""
+
+
+@dataclass
+class Verification:
+    """What `verify` found: `problems` is empty when the bundle is intact."""
+
+    evidence_id: str | None
+    file_count: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def is_intact(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class WrittenBundle:
+    path: Path
+    evidence_id: str
+    manifest: dict[str, Any]
+    summary: dict[str, Any]
+    zip_path: Path | None = None
+
+
+def evidence_id_of(manifest_bytes: bytes) -> str:
+    """The evidence id: first 24 hex digits of the sha256 of manifest.json's exact bytes."""
+    return sha256_hex(manifest_bytes)[:EVIDENCE_ID_HEX]
+
+
+def provenance_document(provenances: Sequence[Provenance]) -> dict[str, Any]:
+    """provenance.json's value: the run's provenance, or `{"runs": [...]}` for several runs."""
+    if not provenances:
+        raise ValueError("a bundle needs the provenance of at least one run")
+    dumped = [p.model_dump(mode="json", by_alias=True) for p in provenances]
+    return dumped[0] if len(dumped) == 1 else {"runs": dumped}
+
+
+def provenances_of(document: Mapping[str, Any]) -> list[Provenance]:
+    """Inverse of `provenance_document`; raises pydantic's ValidationError on a bad one."""
+    if set(document) == {"runs"} and isinstance(document["runs"], list):
+        return [Provenance.model_validate(run) for run in document["runs"]]
+    return [Provenance.model_validate(document)]
+
+
+def build_manifest(files: Mapping[str, bytes], provenance: Mapping[str, Any]) -> bytes:
+    """manifest.json's canonical bytes for these files (manifest.json itself excluded)."""
+    manifest = Manifest(
+        files={
+            name: {"sha256": sha256_hex(content), "bytes": len(content)}
+            for name, content in sorted(files.items())
+            if name != MANIFEST_FILE
+        },
+        provenance=dict(provenance),
+    )
+    return canonical_json(manifest.model_dump(mode="json"))
+
+
+def bundle_files(
+    *,
+    records: Sequence[Record] | bytes,
+    provenances: Sequence[Provenance],
+    build_logs: Mapping[str, bytes | str] | None = None,
+    spec: JobSpec | None = None,
+    summary: Mapping[str, Any] | None = None,
+    summary_md: str | None = None,
+    report_html: str | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> dict[str, bytes]:
+    """Every file of a bundle as bytes, manifest.json included (nothing touches the disk).
+
+    `records` may be the raw bytes of records.jsonl (kept as they are, after validation) or
+    parsed records (written canonically). Build logs are named `build-<variant>.log`; a bare
+    variant name is turned into that file name.
+    """
+    if isinstance(records, bytes):
+        _, problems = parse_records(records)
+        if problems:
+            raise ValueError(f"records.jsonl is not valid: {problems[0]}")
+        records_raw = records
+    else:
+        records_raw = records_bytes(records)
+    provenance = provenance_document(provenances)
+    files: dict[str, bytes] = {
+        RECORDS_FILE: records_raw,
+        PROVENANCE_FILE: canonical_json(provenance),
+    }
+    for name, log in (build_logs or {}).items():
+        file_name = name if name.endswith(".log") else f"build-{name}.log"
+        _check_file_name(file_name)
+        files[file_name] = log.encode("utf-8") if isinstance(log, str) else log
+    if spec is not None:
+        files[JOB_FILE] = canonical_json(spec.model_dump(mode="json", by_alias=True))
+    if summary is not None:
+        files[SUMMARY_JSON_FILE] = (
+            json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        ).encode("utf-8")
+    if summary_md is not None:
+        files[SUMMARY_MD_FILE] = summary_md.encode("utf-8")
+    if report_html is not None:
+        files[REPORT_FILE] = report_html.encode("utf-8")
+    for name, content in (extra_files or {}).items():
+        _check_file_name(name)
+        if name in files or name == MANIFEST_FILE:
+            raise ValueError(f"extra file {name!r} would replace a bundle file")
+        files[name] = content
+    files[MANIFEST_FILE] = build_manifest(files, provenance)
+    return files
+
+
+def _check_file_name(name: str) -> None:
+    if not is_valid_name(name):
+        raise ValueError(f"bundle file name {name!r} is not a plain file name")
+
+
+def write_folder(path: str | Path, files: Mapping[str, bytes]) -> Path:
+    """Write bundle files into a new (or empty) folder; refuses to mix with other files."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    existing = sorted(p.name for p in path.iterdir())
+    if existing:
+        raise BundleError(
+            f"{path} is not empty ({', '.join(existing[:3])}...): choose a new folder"
+        )
+    for name, content in files.items():
+        _check_file_name(name)
+        with open(path / name, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+    return path
+
+
+def zip_bytes(files: Mapping[str, bytes]) -> bytes:
+    """A deterministic zip of the bundle: sorted names, fixed times, regular-file modes."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(files):
+            info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = (stat.S_IFREG | 0o644) << 16
+            archive.writestr(info, files[name])
+    return buffer.getvalue()
+
+
+def build_bundle(
+    *,
+    records: Sequence[Record] | bytes,
+    provenances: Sequence[Provenance] | Provenance,
+    spec: JobSpec | None = None,
+    build_logs: Mapping[str, bytes | str] | None = None,
+    baseline: str | None = None,
+    features: Sequence[str] | None = None,
+    precision: float | None = None,
+    seed: int | None = None,
+    n_resamples: int | None = None,
+) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Every file of a complete bundle (summary computed, views rendered) and the summary.
+
+    `baseline`, `features`, `precision` and `seed` default to the job spec's (the spec or
+    `baseline` is required). Nothing touches the disk.
+    """
+    # Imported here: statistics and rendering pull in scipy, jinja2 and plotly.
+    from evidence.markdown import render_summary_md
+    from evidence.report import render_report_html
+    from evidence.stats import summarize
+
+    provenance_list = [provenances] if isinstance(provenances, Provenance) else list(provenances)
+    if isinstance(records, bytes):
+        parsed, problems = parse_records(records)
+        if problems:
+            raise ValueError(f"records.jsonl is not valid: {problems[0]}")
+    else:
+        parsed = list(records)
+    options: dict[str, Any] = {}
+    if precision is not None:
+        options["precision"] = precision
+    if seed is not None:
+        options["seed"] = seed
+    if n_resamples is not None:
+        options["n_resamples"] = n_resamples
+    summary = summarize(
+        parsed,
+        spec=spec,
+        baseline=baseline,
+        features=features,
+        provenances=provenance_list,
+        **options,
+    )
+    common: dict[str, Any] = {
+        "records": records,
+        "provenances": provenance_list,
+        "build_logs": build_logs,
+        "spec": spec,
+        "summary": summary,
+    }
+    # The report lists the digests of the data files it was rendered from.
+    data_files = bundle_files(**common)
+    digests = {name: sha256_hex(data) for name, data in data_files.items() if name != MANIFEST_FILE}
+    files = bundle_files(
+        **common,
+        summary_md=render_summary_md(summary, provenance_list, evidence_id=None),
+        report_html=render_report_html(
+            summary, parsed, provenance_list, None, file_digests=digests
+        ),
+    )
+    return files, summary
+
+
+def write_bundle(
+    path: str | Path,
+    *,
+    records: Sequence[Record] | bytes,
+    provenances: Sequence[Provenance] | Provenance,
+    spec: JobSpec | None = None,
+    build_logs: Mapping[str, bytes | str] | None = None,
+    baseline: str | None = None,
+    features: Sequence[str] | None = None,
+    precision: float | None = None,
+    seed: int | None = None,
+    n_resamples: int | None = None,
+    make_zip: bool = True,
+) -> WrittenBundle:
+    """Compute the summary, render summary.md and report.html, write the folder and its zip.
+
+    `path` must be a new or empty folder; the zip is written beside it as `<folder>.zip`.
+    """
+    files, summary = build_bundle(
+        records=records,
+        provenances=provenances,
+        spec=spec,
+        build_logs=build_logs,
+        baseline=baseline,
+        features=features,
+        precision=precision,
+        seed=seed,
+        n_resamples=n_resamples,
+    )
+    folder = write_folder(path, files)
+    zip_path = None
+    if make_zip:
+        zip_path = folder.with_name(folder.name + ".zip")
+        zip_path.write_bytes(zip_bytes(files))
+    manifest_bytes = files[MANIFEST_FILE]
+    evidence_id = evidence_id_of(manifest_bytes)
+    logger.info("wrote evidence bundle %s", evidence_id, extra={"path": str(folder)})
+    return WrittenBundle(
+        path=folder,
+        evidence_id=evidence_id,
+        manifest=json.loads(manifest_bytes),
+        summary=summary,
+        zip_path=zip_path,
+    )
+
+
+def read_bundle(path: str | Path) -> dict[str, bytes]:
+    """Every file of a bundle folder or zip, by name. Raises `BundleError` on unsafe input.
+
+    Zip entries with absolute names, `..`, backslashes, symbolic links, duplicates or a total
+    size above `MAX_BUNDLE_BYTES` are refused; so are symbolic links inside a folder.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return _read_folder(path)
+    if path.is_file():
+        if not zipfile.is_zipfile(path):
+            raise BundleError(f"{path} is neither a bundle folder nor a zip file")
+        return read_zip(path.read_bytes())
+    raise BundleError(f"{path} does not exist")
+
+
+def _read_folder(root: Path) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    total = 0
+    for current, dirs, names in os.walk(root, followlinks=False):
+        base = Path(current)
+        for name in sorted(dirs):
+            if (base / name).is_symlink():
+                raise BundleError(f"{(base / name).relative_to(root)}: symbolic link refused")
+        for name in sorted(names):
+            full = base / name
+            relative = full.relative_to(root).as_posix()
+            if full.is_symlink():
+                raise BundleError(f"{relative}: symbolic link refused")
+            if not full.is_file():
+                raise BundleError(f"{relative}: not a regular file")
+            total += full.stat().st_size
+            if total > MAX_BUNDLE_BYTES:
+                raise BundleError(f"bundle larger than {MAX_BUNDLE_BYTES} bytes")
+            files[relative] = full.read_bytes()
+    return files
+
+
+def _unsafe_member_name(name: str) -> bool:
+    parts = name.split("/")
+    return (
+        name.startswith("/")
+        or "\\" in name
+        or ":" in parts[0]  # drive letters
+        or any(part in ("..", ".") for part in parts)
+        or "" in parts[:-1]
+        or "\x00" in name
+    )
+
+
+def read_zip(data: bytes) -> dict[str, bytes]:
+    """Every regular file of a zipped bundle; the zip may hold the files at its top level or
+    inside one top-level folder."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile as error:
+        raise BundleError(f"not a readable zip file ({error})") from error
+    files: dict[str, bytes] = {}
+    total = 0
+    with archive:
+        for info in archive.infolist():
+            name = info.filename
+            if _unsafe_member_name(name):
+                raise BundleError(f"zip entry {name!r}: absolute or parent path refused")
+            mode = info.external_attr >> 16
+            if stat.S_ISLNK(mode):
+                raise BundleError(f"zip entry {name!r}: symbolic link refused")
+            if info.is_dir():
+                continue
+            if mode and not stat.S_ISREG(mode):
+                raise BundleError(f"zip entry {name!r}: not a regular file")
+            if name in files:
+                raise BundleError(f"zip entry {name!r}: appears twice")
+            total += info.file_size
+            if total > MAX_BUNDLE_BYTES:
+                raise BundleError(f"zip inflates beyond {MAX_BUNDLE_BYTES} bytes")
+            try:
+                files[name] = archive.read(info)
+            except (zipfile.BadZipFile, OSError, EOFError) as error:
+                raise BundleError(f"zip entry {name!r}: unreadable ({error})") from error
+    return _strip_common_folder(files)
+
+
+def _strip_common_folder(files: dict[str, bytes]) -> dict[str, bytes]:
+    if MANIFEST_FILE in files or not files:
+        return files
+    tops = {name.split("/", 1)[0] for name in files}
+    if len(tops) == 1 and all("/" in name for name in files):
+        top = tops.pop()
+        return {name[len(top) + 1 :]: content for name, content in files.items()}
+    return files
+
+
+def verify_files(files: Mapping[str, bytes]) -> Verification:
+    """Check a bundle held in memory: one problem per missing, extra or altered file, per
+    invalid record line, and for a provenance that is invalid or differs from the manifest's."""
+    problems: list[str] = []
+    manifest_bytes = files.get(MANIFEST_FILE)
+    if manifest_bytes is None:
+        return Verification(None, len(files), [f"{MANIFEST_FILE}: missing"])
+    evidence_id = evidence_id_of(manifest_bytes)
+    try:
+        manifest = Manifest.model_validate_json(manifest_bytes)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "manifest"
+        return Verification(
+            evidence_id, len(files), [f"{MANIFEST_FILE}: invalid ({where}: {first['msg']})"]
+        )
+    for name, entry in sorted(manifest.files.items()):
+        content = files.get(name)
+        if content is None:
+            problems.append(f"{name}: missing")
+            continue
+        digest = sha256_hex(content)
+        if len(content) != entry.bytes:
+            problems.append(f"{name}: altered ({len(content)} bytes, manifest says {entry.bytes})")
+        elif digest != entry.sha256:
+            problems.append(
+                f"{name}: altered (sha256 {digest[:16]}..., manifest says {entry.sha256[:16]}...)"
+            )
+    for name in sorted(set(files) - set(manifest.files) - {MANIFEST_FILE}):
+        problems.append(f"{name}: extra (not in the manifest)")
+    for name in REQUIRED_FILES:
+        if name not in manifest.files and name not in files:
+            problems.append(f"{name}: missing (every bundle has one)")
+    if RECORDS_FILE in files:
+        _, record_problems = parse_records(files[RECORDS_FILE])
+        problems.extend(record_problems)
+    if PROVENANCE_FILE in files:
+        problems.extend(_provenance_problems(files[PROVENANCE_FILE], manifest.provenance))
+    return Verification(evidence_id, len(files), problems)
+
+
+def _provenance_problems(raw: bytes, inline: Mapping[str, Any]) -> list[str]:
+    try:
+        document = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return [f"{PROVENANCE_FILE}: not JSON ({error})"]
+    if not isinstance(document, dict):
+        return [f"{PROVENANCE_FILE}: expected a JSON object"]
+    problems = []
+    try:
+        provenances_of(document)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "provenance"
+        problems.append(f"{PROVENANCE_FILE}: invalid ({where}: {first['msg']})")
+    if canonical_json(document) != canonical_json(dict(inline)):
+        problems.append(f"{MANIFEST_FILE}: inline provenance differs from {PROVENANCE_FILE}")
+    return problems
+
+
+def verify_bundle(path: str | Path) -> Verification:
+    """Verify a bundle folder or zip; unreadable or unsafe input is one problem, not a crash."""
+    try:
+        files = read_bundle(path)
+    except BundleError as error:
+        return Verification(None, 0, [str(error)])
+    return verify_files(files)
+
+
+def bundle_records(files: Mapping[str, bytes]) -> list[Record]:
+    """The valid records of a bundle (invalid lines are verify's business)."""
+    records, _ = parse_records(files.get(RECORDS_FILE, b""))
+    return records

@@ -1,0 +1,29 @@
+"""`coldbench verify PATH`: recompute every digest of an evidence bundle (folder or zip)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def verify(
+    path: Path = typer.Argument(..., help="An evidence bundle: its folder or its zip."),
+) -> None:
+    """Check an evidence bundle: every file's sha256, every record, the provenance.
+
+    Exits 0 and prints `intact: <evidence_id>, N files` when nothing was altered; otherwise
+    exits 1 with one line per missing, extra or altered file (and per invalid record).
+    """
+    from evidence.bundle import verify_bundle
+
+    result = verify_bundle(path)
+    if result.is_intact:
+        typer.echo(f"intact: {result.evidence_id}, {result.file_count} files")
+        return
+    for problem in result.problems:
+        typer.echo(problem)
+    raise typer.Exit(1)

@@ -1,0 +1,323 @@
+"""summary.md: the Markdown a reviewer pastes into a pull request (under 60,000 characters).
+
+Host and commits, the verdict tables (median tok/s, ratio [95% interval], verdict), the
+ablation table, parity, drift, reproductions, invalid-cell counts and the evidence id. Inside a
+bundle the file cannot name its own evidence id (the id hashes this file); it says where to
+find it instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from evidence.schemas import Provenance
+from evidence.stats import how_to_read
+
+MAX_CHARS = 60_000
+_MAX_LISTED = 20
+
+
+def fmt_tps(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.1f}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def fmt_interval(comparison: Mapping[str, Any]) -> str:
+    median = fmt_ratio(comparison.get("ratio_median"))
+    low, high = comparison.get("ci_low"), comparison.get("ci_high")
+    if low is None or high is None:
+        return median
+    return f"{median} [{low:.3f}, {high:.3f}]"
+
+
+def fmt_p(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2f}%"
+
+
+def fmt_verdict(comparison: Mapping[str, Any]) -> str:
+    verdict = str(comparison["verdict"])
+    if verdict == "inconclusive" and comparison.get("rounds_needed"):
+        return f"inconclusive (~{comparison['rounds_needed']} rounds for the precision)"
+    return verdict
+
+
+def evidence_id_line(evidence_id: str | None) -> str:
+    if evidence_id:
+        return f"Evidence id: `{evidence_id}`"
+    return (
+        "Evidence id: the first 24 hex digits of the sha256 of this bundle's manifest.json "
+        "(`coldbench verify <bundle>` prints it)."
+    )
+
+
+def _cell(text: object) -> str:
+    """A Markdown table cell: no pipes or line breaks from free text."""
+    return str(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return lines
+
+
+def median_tps(summary: Mapping[str, Any], context: int, variant: str, metric: str) -> float | None:
+    for row in summary["descriptive"]:
+        if row["context_tokens"] == context and row["variant"] == variant and row[metric]:
+            return row[metric]["median"]
+    return None
+
+
+def host_line(provenance: Provenance) -> str:
+    host = provenance.host
+    parts = [
+        host.machine_model,
+        host.chip or host.cpu,
+        host.gpu,
+        f"{host.cores} cores" if host.cores else None,
+        f"{host.memory_bytes / 2**30:.0f} GiB" if host.memory_bytes else None,
+        host.os,
+        f"backend {host.backend}" if host.backend else None,
+        f"power {host.power_source}" if host.power_source else None,
+        f"thermal {host.thermal_state}" if host.thermal_state else None,
+    ]
+    name = host.hostname or provenance.run_id
+    return f"{name} (run `{provenance.run_id}`): " + ", ".join(p for p in parts if p)
+
+
+def software_line(provenance: Provenance) -> str:
+    software = provenance.software
+    parts = [
+        f"Python {software.python}" if software.python else None,
+        f"mlx {software.mlx}" if software.mlx else None,
+        f"mlx-lm {software.mlx_lm}" if software.mlx_lm else None,
+        f"coldbench {software.coldbench}" if software.coldbench else None,
+    ]
+    return ", ".join(p for p in parts if p) or "unknown"
+
+
+def _flags(flags: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(flags.items())) or "defaults"
+
+
+def _comparison_rows(summary: Mapping[str, Any], key: str, metric: str) -> list[list[object]]:
+    rows = []
+    for c in summary[key]:
+        rows.append(
+            [
+                c["context_tokens"],
+                c["variant"],
+                fmt_tps(median_tps(summary, c["context_tokens"], c["baseline"], metric)),
+                fmt_tps(median_tps(summary, c["context_tokens"], c["variant"], metric)),
+                fmt_interval(c),
+                fmt_p(c["p_adjusted"]),
+                c["n"],
+                fmt_verdict(c),
+            ]
+        )
+    return rows
+
+
+_COMPARISON_HEADER = [
+    "context",
+    "variant",
+    "baseline tok/s",
+    "variant tok/s",
+    "ratio [95% CI]",
+    "p (Holm)",
+    "pairs",
+    "verdict",
+]
+
+
+def render_summary_md(
+    summary: Mapping[str, Any],
+    provenances: Sequence[Provenance],
+    *,
+    evidence_id: str | None = None,
+) -> str:
+    """summary.md for this summary; compacted (details dropped, then cut) above 60,000 chars."""
+    text = _render(summary, provenances, evidence_id, compact=False)
+    if len(text) > MAX_CHARS:
+        text = _render(summary, provenances, evidence_id, compact=True)
+    if len(text) > MAX_CHARS:
+        notice = "\n\n(cut at 60,000 characters: the full tables are in summary.json)\n"
+        text = text[: MAX_CHARS - len(notice)] + notice
+    return text
+
+
+def _render(
+    summary: Mapping[str, Any],
+    provenances: Sequence[Provenance],
+    evidence_id: str | None,
+    *,
+    compact: bool,
+) -> str:
+    lines: list[str] = []
+    variants = [v for v in summary["variants"] if v != summary["baseline"]]
+    lines.append(
+        f"## coldbench: {', '.join(variants) or 'no variant'} vs `{summary['baseline']}` "
+        f"({summary['mode']})"
+    )
+    lines += ["", evidence_id_line(evidence_id), ""]
+    for provenance in provenances:
+        lines.append(f"- Host: {host_line(provenance)}")
+        lines.append(f"- Software: {software_line(provenance)}")
+        model = provenance.model
+        weights = f", weights sha256 `{model.weights_sha256[:16]}`" if model.weights_sha256 else ""
+        lines.append(f"- Model: {model.name or model.path or 'unknown'}{weights}")
+    if provenances:
+        lines += ["", "Variants as built:", ""]
+        rows = []
+        seen = set()
+        for provenance in provenances:
+            for target in provenance.targets:
+                if target.variant in seen:
+                    continue
+                seen.add(target.variant)
+                commit = (target.commit or "n/a")[:12] + (" (dirty)" if target.dirty else "")
+                rows.append(
+                    [
+                        target.variant,
+                        target.repository or "embedded",
+                        target.ref or "n/a",
+                        commit,
+                        _flags(target.flags),
+                    ]
+                )
+        lines += _table(["variant", "repository", "ref", "commit", "flags"], rows)
+    settings = summary["settings"]
+    lines += [
+        "",
+        "### Cold prefill",
+        "",
+        *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons", "prefill_tps")),
+    ]
+    if not compact:
+        lines += [
+            "",
+            "### Decode",
+            "",
+            *_table(
+                _COMPARISON_HEADER, _comparison_rows(summary, "decode_comparisons", "decode_tps")
+            ),
+        ]
+    ablation = summary.get("ablation")
+    if ablation:
+        rows = [
+            [
+                e["context_tokens"],
+                e["feature"],
+                fmt_interval(e),
+                fmt_p(e["p_adjusted"]),
+                e["n"],
+                fmt_verdict(e),
+            ]
+            for e in ablation["entries"]
+        ]
+        lines += [
+            "",
+            "### Ablation (leave one out)",
+            "",
+            *_table(
+                [
+                    "context",
+                    "feature",
+                    "all / all-minus-f [95% CI]",
+                    "p (Holm)",
+                    "pairs",
+                    "verdict",
+                ],
+                rows,
+            ),
+            "",
+            f"_{ablation['note']}_",
+        ]
+    parity = summary["parity"]
+    counts = parity["counts"]
+    lines += [
+        "",
+        "### Output parity",
+        "",
+        f"{counts['exact']} exact, {counts['accepted']} accepted near-ties, "
+        f"{counts['diverged']} diverged, {counts['unknown']} unknown. Policy: {parity['policy']}.",
+    ]
+    diverged = [c for c in parity["cells"] if c["result"] == "diverged"]
+    if diverged:
+        lines.append("")
+        rows = [
+            [
+                c["variant"],
+                c["context_tokens"],
+                c["round"],
+                c["first_divergence"],
+                "n/a" if c["baseline_margin"] is None else f"{c['baseline_margin']:.4g}",
+            ]
+            for c in diverged[:_MAX_LISTED]
+        ]
+        lines += _table(
+            ["variant", "context", "round", "first divergence", "baseline margin"], rows
+        )
+        if len(diverged) > _MAX_LISTED:
+            lines.append(f"\n...and {len(diverged) - _MAX_LISTED} more in summary.json.")
+    drift = summary["drift"]
+    lines += ["", "### Drift of the baseline", ""]
+    for run in drift["runs"]:
+        flag = " **flagged**" if run["flagged"] else ""
+        interval = (
+            f" [{run['slope_ci_low']:+.2f}, {run['slope_ci_high']:+.2f}]"
+            if run.get("slope_ci_low") is not None
+            else ""
+        )
+        lines.append(
+            f"- run `{run['run_id']}`: {fmt_pct(run['slope_pct_per_hour'])} per hour{interval}, "
+            f"{fmt_pct(run['drift_pct_across_run'])} across the run "
+            f"(threshold {drift['threshold_pct']:.2f}%, {drift['threshold_source']}){flag}"
+        )
+    if not drift["runs"]:
+        lines.append("- no baseline cells to measure drift")
+    reproductions = summary.get("reproductions")
+    if reproductions and not compact:
+        hosts = [r["host"] or r["run_id"] for r in reproductions["comparisons"][0]["runs"]]
+        rows = []
+        for row in reproductions["comparisons"]:
+            cells = [f"{fmt_interval(r)} {r['verdict']}" for r in row["runs"]]
+            rows.append(
+                [row["context_tokens"], row["variant"], *cells, "yes" if row["agree"] else "**no**"]
+            )
+        lines += [
+            "",
+            "### Reproductions",
+            "",
+            *_table(["context", "variant", *hosts, "intervals overlap"], rows),
+        ]
+    invalid = summary["invalid"]
+    lines += ["", "### Invalid cells", ""]
+    if invalid["total"] == 0:
+        lines.append("None: every measured cell was cold, complete and executed what it asked for.")
+    else:
+        lines.append(f"{invalid['total']} cells excluded from the statistics:")
+        lines.append("")
+        for reason, count in list(invalid["by_reason"].items())[:_MAX_LISTED]:
+            lines.append(f"- {count} x {_cell(reason)}")
+    if invalid.get("pairs_with_different_prompts"):
+        lines.append(
+            f"- {invalid['pairs_with_different_prompts']} pairs dropped: different prompt ids"
+        )
+    commands = list(dict.fromkeys(p.command for p in provenances if p.command))
+    if commands:
+        lines += ["", "Reproduce:", "", "```sh", *commands, "```"]
+    lines += ["", "<details><summary>How to read this</summary>", ""]
+    lines += [f"- {sentence}" for sentence in how_to_read(settings)]
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""records.jsonl: one `Record` per line, read with line-numbered errors, written canonically."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from evidence.canonical import canonical_json
+from evidence.schemas import Record
+
+RECORDS_FILE = "records.jsonl"
+
+
+class RecordsError(ValueError):
+    """records.jsonl could not be read; the message names the line and the field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        shown = "; ".join(problems[:3])
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        super().__init__(f"{shown}{more}")
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "record"
+        parts.append(f"{field}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def parse_records(
+    text: str | bytes, *, source: str = RECORDS_FILE
+) -> tuple[list[Record], list[str]]:
+    """Every valid record, and one problem per bad line: `records.jsonl line 3: field: message`.
+
+    Blank lines are ignored (a trailing newline is normal); everything else must be a record.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return [], [f"{source}: not UTF-8 ({error.reason} at byte {error.start})"]
+    records: list[Record] = []
+    problems: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            problems.append(
+                f"{source} line {number}: not JSON ({error.msg} at column {error.colno})"
+            )
+            continue
+        if not isinstance(value, dict):
+            problems.append(f"{source} line {number}: expected a JSON object")
+            continue
+        try:
+            records.append(Record.model_validate(value))
+        except ValidationError as error:
+            problems.append(f"{source} line {number}: {_describe(error)}")
+    return records, problems
+
+
+def read_records(path: str | Path) -> list[Record]:
+    """All records of a records.jsonl file; raises `RecordsError` naming each bad line."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise RecordsError([f"{path}: cannot read ({error.strerror})"]) from error
+    records, problems = parse_records(raw, source=path.name)
+    if problems:
+        raise RecordsError(problems)
+    return records
+
+
+def records_from_dicts(values: Iterable[dict]) -> list[Record]:
+    """Validate records already parsed (e.g. the runner's `record` events)."""
+    records: list[Record] = []
+    problems: list[str] = []
+    for index, value in enumerate(values, start=1):
+        try:
+            records.append(Record.model_validate(value))
+        except ValidationError as error:
+            problems.append(f"record {index}: {_describe(error)}")
+    if problems:
+        raise RecordsError(problems)
+    return records
+
+
+def record_line(record: Record) -> bytes:
+    """One record as its canonical JSON line (with the newline)."""
+    return canonical_json(record.to_json_dict()) + b"\n"
+
+
+def records_bytes(records: Iterable[Record]) -> bytes:
+    return b"".join(record_line(record) for record in records)
+
+
+def write_records(path: str | Path, records: Iterable[Record]) -> None:
+    """Write records.jsonl atomically (temp file, fsync, rename): a crash leaves old or new."""
+    path = Path(path)
+    temp = path.with_name(path.name + ".tmp")
+    with open(temp, "wb") as handle:
+        handle.write(records_bytes(records))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)

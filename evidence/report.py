@@ -1,0 +1,401 @@
+"""report.html: one self-contained file that works offline (jinja2 + plotly).
+
+Every number is in an HTML table that reads without JavaScript; the charts are plotly figures
+drawn by plotly.js, inlined from the installed plotly package, or loaded from `plotly_js_src`
+when a server serves it as a static file. Nothing is fetched from another site.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly import colors as plotly_colors
+
+from evidence.markdown import (
+    evidence_id_line,
+    fmt_interval,
+    fmt_p,
+    fmt_pct,
+    fmt_tps,
+    fmt_verdict,
+    host_line,
+    median_tps,
+    software_line,
+)
+from evidence.schemas import Provenance, Record
+from evidence.stats import how_to_read
+
+TEMPLATES = Path(__file__).parent / "templates"
+_MAX_ROWS = 500
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@functools.cache
+def plotly_js() -> str:
+    """plotly.js from the installed plotly package (about 4.8 MB), for inlining or serving."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside <script>: no `</script>`, no HTML comment openers."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _css(verdict: str) -> str:
+    return {"faster": "faster", "slower": "slower", "inconclusive": "inconclusive"}.get(verdict, "")
+
+
+def _comparison_rows(summary: Mapping[str, Any], key: str, metric: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "context": c["context_tokens"],
+            "variant": c["variant"],
+            "baseline_tps": fmt_tps(
+                median_tps(summary, c["context_tokens"], c["baseline"], metric)
+            ),
+            "variant_tps": fmt_tps(median_tps(summary, c["context_tokens"], c["variant"], metric)),
+            "interval": fmt_interval(c),
+            "p": fmt_p(c["p_adjusted"]),
+            "n": c["n"],
+            "verdict": fmt_verdict(c),
+            "css": _css(c["verdict"]),
+        }
+        for c in summary[key]
+    ]
+
+
+def _range(stats: Mapping[str, float] | None, low: str, high: str) -> str:
+    return "n/a" if not stats else f"{fmt_tps(stats[low])} .. {fmt_tps(stats[high])}"
+
+
+def _descriptive_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for row in summary["descriptive"]:
+        prefill, decode, memory = row["prefill_tps"], row["decode_tps"], row["peak_memory_bytes"]
+        rows.append(
+            {
+                "context": row["context_tokens"],
+                "variant": row["variant"],
+                "n": row["n"],
+                "prefill_median": fmt_tps(prefill["median"] if prefill else None),
+                "prefill_iqr": _range(prefill, "q1", "q3"),
+                "prefill_range": _range(prefill, "min", "max"),
+                "decode_median": fmt_tps(decode["median"] if decode else None),
+                "decode_iqr": _range(decode, "q1", "q3"),
+                "memory": f"{memory['max'] / 2**20:,.1f} MiB" if memory else "n/a",
+            }
+        )
+    return rows
+
+
+def provenance_digests(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Every sha256 in a provenance document, by its dotted path."""
+    found: list[tuple[str, str]] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found += provenance_digests(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list):
+        for position, item in enumerate(value):
+            found += provenance_digests(item, f"{prefix}[{position}]")
+    elif isinstance(value, str) and _SHA256.match(value):
+        found.append((prefix, value))
+    return found
+
+
+def _provenance_view(provenance: Provenance) -> dict[str, Any]:
+    document = provenance.model_dump(mode="json", by_alias=True)
+    host = {k: v for k, v in document["host"].items() if v is not None}
+    software = {k: v for k, v in document["software"].items() if v is not None}
+    model = {k: v for k, v in document["model"].items() if v is not None and "sha256" not in k}
+    facts = [
+        ("created", document["created_at"]),
+        *((f"host.{k}", v) for k, v in host.items()),
+        *((f"software.{k}", v) for k, v in software.items() if "sha256" not in k),
+        *((f"model.{k}", v) for k, v in model.items()),
+    ]
+    return {
+        "run_id": provenance.run_id,
+        "host_line": host_line(provenance),
+        "software_line": software_line(provenance),
+        "facts": facts,
+        "targets": [
+            {
+                **target,
+                "flags": ", ".join(f"{k}={v}" for k, v in sorted(target["flags"].items()))
+                or "defaults",
+            }
+            for target in document["targets"]
+        ],
+        "digests": provenance_digests(document),
+        "command": provenance.command,
+    }
+
+
+def _layout(title_x: str, title_y: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "template": "plotly_white",
+        "xaxis": {"title": {"text": title_x}},
+        "yaxis": {"title": {"text": title_y}},
+        "margin": {"t": 30},
+        "legend": {"orientation": "h"},
+        **extra,
+    }
+
+
+def _spec(figure: go.Figure) -> Any:
+    return json.loads(pio.to_json(figure, validate=False))
+
+
+def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list[dict[str, Any]]:
+    """The report's plotly figures as {id, title, spec} (spec = plotly's JSON)."""
+    palette = plotly_colors.qualitative.Plotly
+    # One colour per variant in every chart.
+    color = {v: palette[i % len(palette)] for i, v in enumerate(summary["variants"])}
+    figures = []
+    tps = go.Figure(layout=_layout("context tokens", "prefill tok/s (median, bars: quartiles)"))
+    for variant in summary["variants"]:
+        rows = [r for r in summary["descriptive"] if r["variant"] == variant and r["prefill_tps"]]
+        tps.add_trace(
+            go.Scatter(
+                name=variant,
+                x=[r["context_tokens"] for r in rows],
+                y=[r["prefill_tps"]["median"] for r in rows],
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": [r["prefill_tps"]["q3"] - r["prefill_tps"]["median"] for r in rows],
+                    "arrayminus": [
+                        r["prefill_tps"]["median"] - r["prefill_tps"]["q1"] for r in rows
+                    ],
+                },
+                mode="lines+markers",
+                marker={"color": color[variant]},
+                line={"color": color[variant]},
+            )
+        )
+    tps.update_xaxes(type="log")
+    figures.append({"id": "fig-tps", "title": "Prefill tok/s against context", "spec": _spec(tps)})
+
+    ratio = go.Figure(layout=_layout("context tokens", "paired ratio to the baseline (95% CI)"))
+    strips = go.Figure(layout=_layout("variant @ context", "per-round paired ratio"))
+    by_variant: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for c in summary["comparisons"]:
+        by_variant[c["variant"]].append(c)
+        strips.add_trace(
+            go.Box(
+                name=f"{c['variant']} @ {c['context_tokens']}",
+                y=[r["ratio"] for r in c["ratios"]],
+                text=[f"run {r['run_id']} round {r['round']}" for r in c["ratios"]],
+                boxpoints="all",
+                jitter=0.4,
+                pointpos=0,
+                fillcolor="rgba(0,0,0,0)",
+                marker={"color": color.get(c["variant"], "#444")},
+                line={"width": 1, "color": color.get(c["variant"], "#444")},
+                showlegend=False,
+            )
+        )
+    for variant, rows in by_variant.items():
+        rows = [r for r in rows if r["ratio_median"] is not None]
+        ratio.add_trace(
+            go.Scatter(
+                name=variant,
+                x=[r["context_tokens"] for r in rows],
+                y=[r["ratio_median"] for r in rows],
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": [
+                        (r["ci_high"] or r["ratio_median"]) - r["ratio_median"] for r in rows
+                    ],
+                    "arrayminus": [
+                        r["ratio_median"] - (r["ci_low"] or r["ratio_median"]) for r in rows
+                    ],
+                },
+                mode="lines+markers",
+                marker={"color": color[variant]},
+                line={"color": color[variant]},
+            )
+        )
+    for figure in (ratio, strips):
+        figure.add_hline(y=1.0, line_dash="dash", line_color="#888")
+    ratio.update_xaxes(type="log")
+    figures.append(
+        {"id": "fig-ratio", "title": "Paired ratio against context", "spec": _spec(ratio)}
+    )
+    figures.append({"id": "fig-strips", "title": "Per-round ratios", "spec": _spec(strips)})
+
+    timeline = go.Figure(
+        layout=_layout("wall time (UTC)", "prefill tok/s / baseline median at that context")
+    )
+    measured = [r for r in records if r.status == "ok" and r.round >= 0 and r.prefill_tps]
+    reference: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for record in measured:
+        if record.variant == summary["baseline"]:
+            reference[(record.run_id, record.context_tokens)].append(record.prefill_tps or 0.0)
+    medians = {key: sorted(values)[len(values) // 2] for key, values in reference.items()}
+    for variant in summary["variants"]:
+        points = [
+            r
+            for r in sorted(measured, key=lambda r: r.started_at)
+            if r.variant == variant and (r.run_id, r.context_tokens) in medians
+        ]
+        if not points:
+            continue
+        timeline.add_trace(
+            go.Scatter(
+                name=variant,
+                x=[r.started_at.isoformat() for r in points],
+                y=[(r.prefill_tps or 0.0) / medians[(r.run_id, r.context_tokens)] for r in points],
+                text=[f"{r.run_id} round {r.round} ctx {r.context_tokens}" for r in points],
+                mode="lines+markers" if variant == summary["baseline"] else "markers",
+                marker={"color": color[variant]},
+                line={"color": color[variant]},
+            )
+        )
+    figures.append({"id": "fig-drift", "title": "Drift timeline", "spec": _spec(timeline)})
+
+    ablation = summary.get("ablation")
+    if ablation:
+        bars = go.Figure(layout=_layout("feature", "all / all-minus-feature (95% CI)"))
+        for context in summary["contexts"]:
+            rows = [
+                e
+                for e in ablation["entries"]
+                if e["context_tokens"] == context and e["ratio_median"] is not None
+            ]
+            bars.add_trace(
+                go.Bar(
+                    name=f"{context} tokens",
+                    x=[e["feature"] for e in rows],
+                    y=[e["ratio_median"] - 1 for e in rows],
+                    base=1,
+                    error_y={
+                        "type": "data",
+                        "symmetric": False,
+                        "array": [
+                            (e["ci_high"] or e["ratio_median"]) - e["ratio_median"] for e in rows
+                        ],
+                        "arrayminus": [
+                            e["ratio_median"] - (e["ci_low"] or e["ratio_median"]) for e in rows
+                        ],
+                    },
+                )
+            )
+        figures.append({"id": "fig-ablation", "title": "Ablation", "spec": _spec(bars)})
+    return figures
+
+
+def render_report_html(
+    summary: Mapping[str, Any],
+    records: Sequence[Record],
+    provenance_list: Sequence[Provenance],
+    evidence_id: str | None,
+    *,
+    plotly_js_src: str | None = None,
+    file_digests: Mapping[str, str] | None = None,
+) -> str:
+    """report.html for a summary. With `plotly_js_src` the page loads plotly.js from that URL
+    (a server's static file) instead of inlining it; `file_digests` lists bundle files."""
+    figures = build_figures(summary, records)
+    reproductions = summary.get("reproductions")
+    reproduction_rows = []
+    reproduction_hosts: list[str] = []
+    if reproductions:
+        reproduction_hosts = [
+            r["host"] or r["run_id"] for r in reproductions["comparisons"][0]["runs"]
+        ]
+        reproduction_rows = [
+            {
+                "context": row["context_tokens"],
+                "variant": row["variant"],
+                "cells": [f"{fmt_interval(r)} {r['verdict']}" for r in row["runs"]],
+                "agree": row["agree"],
+            }
+            for row in reproductions["comparisons"]
+        ]
+    ablation = summary.get("ablation")
+    context = {
+        "summary": summary,
+        "evidence_id": evidence_id,
+        "evidence_line": evidence_id_line(evidence_id).replace("`", ""),
+        "variants": [v for v in summary["variants"] if v != summary["baseline"]],
+        "provenances": [_provenance_view(p) for p in provenance_list],
+        "how_to_read": how_to_read(summary["settings"]),
+        "prefill_rows": _comparison_rows(summary, "comparisons", "prefill_tps"),
+        "decode_rows": _comparison_rows(summary, "decode_comparisons", "decode_tps"),
+        "descriptive_rows": _descriptive_rows(summary),
+        "ablation": ablation,
+        "ablation_rows": [
+            {
+                "context": e["context_tokens"],
+                "feature": e["feature"],
+                "interval": fmt_interval(e),
+                "p": fmt_p(e["p_adjusted"]),
+                "n": e["n"],
+                "verdict": fmt_verdict(e),
+                "css": _css(e["verdict"]),
+            }
+            for e in (ablation["entries"] if ablation else [])
+        ],
+        "drift_rows": [
+            {
+                "run_id": run["run_id"],
+                "n": run["n"],
+                "slope": fmt_pct(run.get("slope_pct_per_hour"))
+                + (
+                    f" [{run['slope_ci_low']:+.2f}, {run['slope_ci_high']:+.2f}]"
+                    if run.get("slope_ci_low") is not None
+                    else ""
+                ),
+                "across": fmt_pct(run.get("drift_pct_across_run")),
+                "threshold": f"{summary['drift']['threshold_pct']:.2f}%",
+                "flagged": run["flagged"],
+            }
+            for run in summary["drift"]["runs"]
+        ],
+        "bracketing_rows": [
+            {
+                "context": row["context_tokens"],
+                "variant": row["variant"],
+                "n": row["n"],
+                "interval": fmt_interval(row),
+            }
+            for row in summary["drift"]["bracketing"]
+        ],
+        "reproduction_rows": reproduction_rows,
+        "reproduction_hosts": reproduction_hosts,
+        "parity_rows": [c for c in summary["parity"]["cells"] if c["result"] != "exact"][
+            :_MAX_ROWS
+        ],
+        "invalid_cells": summary["invalid"]["cells"][:_MAX_ROWS],
+        "file_digests": sorted((file_digests or {}).items()),
+        "figures": figures,
+        "figures_json": _script_json(figures),
+        "plotly_js_src": plotly_js_src,
+        "plotly_js_inline": "" if plotly_js_src else plotly_js().replace("</script", "<\\/script"),
+    }
+    return _environment().get_template("report.html.j2").render(**context)

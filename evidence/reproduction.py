@@ -1,0 +1,88 @@
+"""Reproductions: the same job run on several hosts, compared host by host.
+
+Each run's records are analysed alone (its own pairs, Holm within the run). For each
+(context, variant) the hosts' results sit side by side; `agree` is false where two hosts'
+95% intervals do not overlap, which says the hosts measure different effects (a host
+difference, or drift) rather than noise around one effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from evidence.stats import CellIndex, StatsOptions, compare_matrix
+
+
+def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def reproduction_section(
+    index: CellIndex,
+    *,
+    run_ids: Sequence[str],
+    hosts: Mapping[str, str | None],
+    variants: Sequence[str],
+    baseline: str,
+    contexts: Sequence[int],
+    options: StatsOptions,
+) -> dict[str, Any] | None:
+    """summary.json's `reproductions`, or None for a single run."""
+    if len(run_ids) < 2:
+        return None
+    per_run = {}
+    for run_id in run_ids:
+        sub = CellIndex(cells={k: v for k, v in index.cells.items() if k[0] == run_id})
+        per_run[run_id], _ = compare_matrix(
+            sub,
+            variants=variants,
+            baseline=baseline,
+            contexts=contexts,
+            metric="prefill_tps",
+            options=options,
+        )
+    rows = []
+    for position, first in enumerate(per_run[run_ids[0]]):
+        results = []
+        for run_id in run_ids:
+            comparison = per_run[run_id][position]
+            results.append(
+                {
+                    "run_id": run_id,
+                    "host": hosts.get(run_id),
+                    **{
+                        key: comparison[key]
+                        for key in (
+                            "n",
+                            "ratio_median",
+                            "ci_low",
+                            "ci_high",
+                            "p_adjusted",
+                            "verdict",
+                        )
+                    },
+                }
+            )
+        intervals = [
+            (r["ci_low"], r["ci_high"])
+            for r in results
+            if r["ci_low"] is not None and r["ci_high"] is not None
+        ]
+        agree = all(
+            intervals_overlap(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1 :]
+        )
+        rows.append(
+            {
+                "context_tokens": first["context_tokens"],
+                "variant": first["variant"],
+                "baseline": baseline,
+                "runs": results,
+                "agree": agree,
+            }
+        )
+    return {
+        "rule": "agree is false where two runs' 95% intervals of the median ratio do not overlap",
+        "comparisons": rows,
+        "all_agree": all(row["agree"] for row in rows),
+    }

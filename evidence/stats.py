@@ -1,0 +1,564 @@
+"""Paired statistics over validated records, and the verdict rules of every comparison.
+
+Pairing. Only cells with status `ok` and round >= 0 enter statistics. A pair is the baseline's
+cell and the variant's cell of the same (run, round, context): the same prompt ids (a pair whose
+`prompt_sha256` values differ is dropped and counted). The paired ratio is variant tok/s over
+baseline tok/s; above 1 means the variant is faster. Prefill and decode are compared separately
+(`comparisons`, `decode_comparisons`).
+
+Per comparison:
+
+- `ratio_median`: the median of the paired ratios.
+- `ci_low`, `ci_high`: a 95% percentile bootstrap interval of that median
+  (`scipy.stats.bootstrap`, 2,000 resamples of the pairs, seeded per comparison from the job
+  seed, the metric, the context and the variant, so results repeat exactly).
+- `p_value`: two-sided Wilcoxon signed-rank test of the log ratios against 0.
+- `p_adjusted`: Holm's step-down correction across every comparison of the same family (the
+  prefill matrix, the decode matrix, the ablation entries), so claiming "faster" somewhere in a
+  large matrix does not become likely by chance.
+
+Verdict, with `alpha` = 0.05, `precision` = the job's requested precision (default 0.05, i.e.
++-5%) and `min_pairs` = 6 (below 6 pairs a two-sided signed-rank test cannot reach p < 0.05):
+
+1. fewer than `min_pairs` pairs: `inconclusive`.
+2. the interval excludes 1 and `p_adjusted` < alpha: `faster` (ci_low > 1) or `slower`
+   (ci_high < 1).
+3. the interval includes 1 and lies within [1 - precision, 1 + precision]:
+   `no established change` (any change larger than the precision is ruled out; a smaller one
+   is not).
+4. anything else: `inconclusive`. The interval is too wide for the precision, or it excludes 1
+   while the corrected test does not agree.
+
+`rounds_needed` (inconclusive only): the rounds at which, with the spread observed, the 95%
+interval of the median would be +-precision wide. With at least `min_pairs` pairs the observed
+interval is scaled: n x (half-width / ln(1 + precision))^2, half-width in log units. With fewer,
+the standard deviation s of the log ratios is used: ceil((1.96 x 1.2533 x s / ln(1 + precision))^2)
+(the median's standard error is 1.2533 times the mean's). Never less than `min_pairs`, nor than
+n + 1, nor than the smallest n at which the signed-rank test of m comparisons can pass Holm at
+all (2^(1-n) x m < alpha, e.g. 7 rounds for a matrix of 2). A ratio close to a precision bound
+may need more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+from evidence.schemas import JobSpec, Provenance, Record
+from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
+
+SUMMARY_FORMAT = "coldbench.summary/1"
+Metric = Literal["prefill_tps", "decode_tps"]
+Verdict = Literal["faster", "slower", "no established change", "inconclusive"]
+
+CONFIDENCE_LEVEL = 0.95
+ALPHA = 0.05
+DEFAULT_PRECISION = 0.05
+MIN_PAIRS = 6
+N_RESAMPLES = 2000
+BOOTSTRAP_METHOD = "percentile"
+CORRECTION = "holm"
+# A normal sample's median has a standard error 1.2533 (sqrt(pi/2)) times the mean's.
+_MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
+_Z = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class StatsOptions:
+    confidence_level: float = CONFIDENCE_LEVEL
+    alpha: float = ALPHA
+    precision: float = DEFAULT_PRECISION
+    min_pairs: int = MIN_PAIRS
+    n_resamples: int = N_RESAMPLES
+    seed: int = 0
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "confidence_level": self.confidence_level,
+            "alpha": self.alpha,
+            "precision": self.precision,
+            "min_pairs": self.min_pairs,
+            "bootstrap": {
+                "statistic": "median of paired ratios",
+                "method": BOOTSTRAP_METHOD,
+                "n_resamples": self.n_resamples,
+                "seed": self.seed,
+            },
+            "test": "Wilcoxon signed-rank, two-sided, on log paired ratios",
+            "correction": CORRECTION,
+        }
+
+
+@dataclass(frozen=True)
+class Pair:
+    run_id: str
+    round: int
+    context_tokens: int
+    ratio: float
+    variant_record: Record
+    baseline_record: Record
+
+
+@dataclass
+class CellIndex:
+    """The `ok` cells of a set of records by (run, variant, round, context), plus what was set
+    aside (duplicates)."""
+
+    cells: dict[tuple[str, str, int, int], Record] = field(default_factory=dict)
+    duplicates: list[Record] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, records: Iterable[Record]) -> CellIndex:
+        index = cls()
+        for record in records:
+            if record.status != "ok" or record.round < 0:
+                continue
+            key = (record.run_id, record.variant, record.round, record.context_tokens)
+            if key in index.cells:
+                index.duplicates.append(record)
+            else:
+                index.cells[key] = record
+        return index
+
+    def of_variant(self, variant: str) -> dict[tuple[str, int, int], Record]:
+        return {
+            (run, rnd, ctx): rec for (run, v, rnd, ctx), rec in self.cells.items() if v == variant
+        }
+
+
+def pairs_for(
+    index: CellIndex, variant: str, baseline: str, metric: Metric, context_tokens: int
+) -> tuple[list[Pair], int]:
+    """Paired ratios variant/baseline at one context, and how many pairs had differing prompts."""
+    base = index.of_variant(baseline)
+    pairs: list[Pair] = []
+    mismatched = 0
+    for key, record in sorted(index.of_variant(variant).items()):
+        if key[2] != context_tokens or key not in base:
+            continue
+        partner = base[key]
+        if (
+            record.prompt_sha256
+            and partner.prompt_sha256
+            and record.prompt_sha256 != partner.prompt_sha256
+        ):
+            mismatched += 1
+            continue
+        numerator, denominator = getattr(record, metric), getattr(partner, metric)
+        if numerator is None or denominator is None or numerator <= 0 or denominator <= 0:
+            continue
+        pairs.append(Pair(key[0], key[1], key[2], numerator / denominator, record, partner))
+    return pairs, mismatched
+
+
+def comparison_seed(seed: int, *parts: object) -> int:
+    """A per-comparison seed: adding a variant or context does not change the others' draws."""
+    text = ":".join(str(p) for p in (seed, *parts))
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
+
+
+def median_interval(
+    ratios: Sequence[float], *, seed: int, options: StatsOptions
+) -> tuple[float | None, float | None]:
+    """Seeded percentile bootstrap interval of the median; None below two values."""
+    values = np.asarray(ratios, dtype=float)
+    if values.size < 2:
+        return None, None
+    if np.ptp(values) == 0:
+        return float(values[0]), float(values[0])
+    result = scipy_stats.bootstrap(
+        (values,),
+        lambda sample, axis: np.median(sample, axis=axis),
+        n_resamples=options.n_resamples,
+        confidence_level=options.confidence_level,
+        method=BOOTSTRAP_METHOD,
+        rng=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def signed_rank_p(ratios: Sequence[float]) -> float | None:
+    """Two-sided Wilcoxon signed-rank p-value of the log ratios; 1.0 when all ratios are 1."""
+    logs = np.log(np.asarray(ratios, dtype=float))
+    if logs.size == 0:
+        return None
+    if not np.any(logs != 0):
+        return 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = float(scipy_stats.wilcoxon(logs).pvalue)
+    return p if math.isfinite(p) else None
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment (family-wise error); None entries are not part of the family."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    m = len(tested)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def log_spread(ratios: Sequence[float]) -> float | None:
+    """Standard deviation of the log ratios (None below two values or when all are equal)."""
+    logs = np.log(np.asarray(ratios, dtype=float))
+    if logs.size < 2:
+        return None
+    sd = float(np.std(logs, ddof=1))
+    return sd if sd > 0 else None
+
+
+def rounds_for_test(family_size: int, alpha: float) -> int:
+    """Smallest n at which a two-sided signed-rank test can pass Holm among `family_size`:
+    its smallest p-value is 2 / 2^n (every sign alike)."""
+    return math.floor(1 + math.log2(max(family_size, 1) / alpha)) + 1
+
+
+def rounds_needed(
+    ratios: Sequence[float],
+    ci_low: float | None,
+    ci_high: float | None,
+    options: StatsOptions,
+    family_size: int = 1,
+) -> int | None:
+    """Rounds for a +-precision interval, from the observed spread (module docstring)."""
+    n = len(ratios)
+    target = math.log1p(options.precision)
+    if n >= options.min_pairs and ci_low and ci_high and ci_high > ci_low:
+        half_width = (math.log(ci_high) - math.log(ci_low)) / 2
+        needed = math.ceil(n * (half_width / target) ** 2)
+    else:
+        spread = log_spread(ratios)
+        if spread is None:
+            return options.min_pairs if n >= 2 else None
+        needed = math.ceil((_Z * _MEDIAN_SE_FACTOR * spread / target) ** 2)
+    return max(needed, options.min_pairs, n + 1, rounds_for_test(family_size, options.alpha))
+
+
+def decide(
+    n: int,
+    ci_low: float | None,
+    ci_high: float | None,
+    p_adjusted: float | None,
+    options: StatsOptions,
+) -> Verdict:
+    """The verdict rules of the module docstring."""
+    if n < options.min_pairs or ci_low is None or ci_high is None:
+        return "inconclusive"
+    if p_adjusted is not None and p_adjusted < options.alpha:
+        if ci_low > 1:
+            return "faster"
+        if ci_high < 1:
+            return "slower"
+    if ci_low <= 1 <= ci_high and (
+        ci_low >= 1 - options.precision and ci_high <= 1 + options.precision
+    ):
+        return "no established change"
+    return "inconclusive"
+
+
+def compare_pairs(
+    pairs: Sequence[Pair],
+    *,
+    context_tokens: int,
+    variant: str,
+    baseline: str,
+    seed: int,
+    options: StatsOptions,
+) -> dict[str, Any]:
+    """One comparison before correction (`p_adjusted` and `verdict` are set by `finish`)."""
+    ratios = [pair.ratio for pair in pairs]
+    ci_low, ci_high = median_interval(ratios, seed=seed, options=options)
+    return {
+        "context_tokens": context_tokens,
+        "variant": variant,
+        "baseline": baseline,
+        "n": len(ratios),
+        "ratio_median": float(np.median(ratios)) if ratios else None,
+        "ci_low": ci_low,
+        "ci_high": ci_high,
+        "p_value": signed_rank_p(ratios),
+        "p_adjusted": None,
+        "verdict": "inconclusive",
+        "rounds_needed": None,
+        "ratios": [{"run_id": p.run_id, "round": p.round, "ratio": p.ratio} for p in pairs],
+    }
+
+
+def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dict[str, Any]]:
+    """Correct the family's p-values (Holm), then decide each verdict and rounds needed."""
+    adjusted = holm([c["p_value"] for c in comparisons])
+    for comparison, p_adjusted in zip(comparisons, adjusted, strict=True):
+        comparison["p_adjusted"] = p_adjusted
+        comparison["verdict"] = decide(
+            comparison["n"], comparison["ci_low"], comparison["ci_high"], p_adjusted, options
+        )
+        if comparison["verdict"] == "inconclusive":
+            ratios = [r["ratio"] for r in comparison["ratios"]]
+            comparison["rounds_needed"] = rounds_needed(
+                ratios,
+                comparison["ci_low"],
+                comparison["ci_high"],
+                options,
+                family_size=sum(1 for p in adjusted if p is not None),
+            )
+    return comparisons
+
+
+def compare_matrix(
+    index: CellIndex,
+    *,
+    variants: Sequence[str],
+    baseline: str,
+    contexts: Sequence[int],
+    metric: Metric,
+    options: StatsOptions,
+) -> tuple[list[dict[str, Any]], int]:
+    """Every (context, variant) against the baseline, corrected as one family."""
+    comparisons = []
+    mismatched = 0
+    for context in contexts:
+        for variant in variants:
+            if variant == baseline:
+                continue
+            pairs, bad = pairs_for(index, variant, baseline, metric, context)
+            mismatched += bad
+            comparisons.append(
+                compare_pairs(
+                    pairs,
+                    context_tokens=context,
+                    variant=variant,
+                    baseline=baseline,
+                    seed=comparison_seed(options.seed, metric, context, variant, baseline),
+                    options=options,
+                )
+            )
+    return finish(comparisons, options), mismatched
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    array = np.asarray(values, dtype=float)
+    q1, median, q3 = np.percentile(array, [25, 50, 75])
+    return {
+        "median": float(median),
+        "q1": float(q1),
+        "q3": float(q3),
+        "min": float(array.min()),
+        "max": float(array.max()),
+    }
+
+
+def describe(
+    index: CellIndex, *, variants: Sequence[str], contexts: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Per (context, variant): n and quartiles of prefill and decode tok/s, peak memory."""
+    groups: dict[tuple[int, str], list[Record]] = defaultdict(list)
+    for (_, variant, _, context), record in index.cells.items():
+        groups[(context, variant)].append(record)
+    rows = []
+    for context in contexts:
+        for variant in variants:
+            records = groups.get((context, variant), [])
+            memory = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
+            rows.append(
+                {
+                    "context_tokens": context,
+                    "variant": variant,
+                    "n": len(records),
+                    "prefill_tps": _quantiles([r.prefill_tps for r in records if r.prefill_tps]),
+                    "decode_tps": _quantiles(
+                        [r.decode_tps for r in records if r.decode_tps is not None]
+                    ),
+                    "peak_memory_bytes": {
+                        "median": int(np.median(memory)),
+                        "max": int(max(memory)),
+                    }
+                    if memory
+                    else None,
+                }
+            )
+    return rows
+
+
+def invalid_section(records: Iterable[Record], duplicates: Sequence[Record]) -> dict[str, Any]:
+    """Cells kept out of statistics, counted per reason (warm-ups are expected, not invalid)."""
+    cells = []
+    for record in records:
+        if record.status in ("invalid", "error"):
+            reason = record.reason or record.status
+        elif record.status == "ok" and record.round < 0:
+            reason = "ok cell outside any round"
+        else:
+            continue
+        cells.append(_invalid_cell(record, reason))
+    cells.extend(_invalid_cell(r, "duplicate cell (the first was kept)") for r in duplicates)
+    by_reason = Counter(cell["reason"] for cell in cells)
+    return {
+        "total": len(cells),
+        "by_reason": dict(sorted(by_reason.items(), key=lambda item: (-item[1], item[0]))),
+        "cells": cells,
+    }
+
+
+def _invalid_cell(record: Record, reason: str) -> dict[str, Any]:
+    return {
+        "run_id": record.run_id,
+        "variant": record.variant,
+        "round": record.round,
+        "context_tokens": record.context_tokens,
+        "status": record.status,
+        "reason": reason[:300],
+    }
+
+
+def _order_of_first_appearance(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def summarize(
+    records: Sequence[Record],
+    *,
+    spec: JobSpec | None = None,
+    baseline: str | None = None,
+    features: Sequence[str] | None = None,
+    provenances: Sequence[Provenance] = (),
+    precision: float | None = None,
+    seed: int | None = None,
+    n_resamples: int = N_RESAMPLES,
+    margin_threshold: float | None = None,
+) -> dict[str, Any]:
+    """summary.json's value for these records (pure; equal inputs give equal output).
+
+    The baseline, ablation features, precision and seed come from `spec` unless given. Without a
+    spec, `baseline` is required.
+    """
+    from evidence.ablation import ablation_section
+    from evidence.drift import drift_section
+    from evidence.parity import PARITY_MARGIN_THRESHOLD, parity_section
+    from evidence.reproduction import reproduction_section
+
+    if baseline is None:
+        if spec is None:
+            raise ValueError("summarize needs the job spec or the baseline variant's name")
+        baseline = baseline_name(spec)
+    if features is None:
+        features = ablation_features(spec) if spec is not None else []
+    else:
+        features = [parse_feature(f)[0] for f in features]
+    if precision is None:
+        precision = spec.precision if spec is not None else DEFAULT_PRECISION
+    if seed is None:
+        seed = spec.seed if spec is not None else 0
+    options = StatsOptions(precision=precision, seed=seed, n_resamples=n_resamples)
+
+    measured = [r for r in records if r.round >= 0]
+    planned = [v.name for v in expand_variants(spec)] if spec is not None else []
+    variants = _order_of_first_appearance([*planned, baseline, *(r.variant for r in measured)])
+    contexts = sorted(
+        {*(spec.contexts if spec is not None else []), *(r.context_tokens for r in measured)}
+    )
+    index = CellIndex.of(records)
+    comparisons, mismatched = compare_matrix(
+        index,
+        variants=variants,
+        baseline=baseline,
+        contexts=contexts,
+        metric="prefill_tps",
+        options=options,
+    )
+    decode_comparisons, _ = compare_matrix(
+        index,
+        variants=variants,
+        baseline=baseline,
+        contexts=contexts,
+        metric="decode_tps",
+        options=options,
+    )
+    run_ids = _order_of_first_appearance(r.run_id for r in records)
+    hosts = {p.run_id: p.host.hostname for p in provenances}
+    invalid = invalid_section(records, index.duplicates)
+    invalid["pairs_with_different_prompts"] = mismatched
+    return {
+        "format": SUMMARY_FORMAT,
+        "mode": spec.mode if spec is not None else ("ablation" if features else "ab"),
+        "baseline": baseline,
+        "variants": variants,
+        "contexts": contexts,
+        "features": list(features),
+        "settings": options.settings(),
+        "runs": [
+            {
+                "run_id": run_id,
+                "host": hosts.get(run_id),
+                "records": sum(1 for r in records if r.run_id == run_id),
+                "ok": sum(1 for key in index.cells if key[0] == run_id),
+            }
+            for run_id in run_ids
+        ],
+        "warmups": sum(1 for r in records if r.status == "warmup"),
+        "descriptive": describe(index, variants=variants, contexts=contexts),
+        "comparisons": comparisons,
+        "decode_comparisons": decode_comparisons,
+        "ablation": ablation_section(index, features=features, contexts=contexts, options=options),
+        "parity": parity_section(
+            index,
+            variants=variants,
+            baseline=baseline,
+            margin_threshold=PARITY_MARGIN_THRESHOLD
+            if margin_threshold is None
+            else margin_threshold,
+        ),
+        "drift": drift_section(
+            index, baseline=baseline, variants=variants, comparisons=comparisons, options=options
+        ),
+        "reproductions": reproduction_section(
+            index,
+            run_ids=run_ids,
+            hosts=hosts,
+            variants=variants,
+            baseline=baseline,
+            contexts=contexts,
+            options=options,
+        ),
+        "invalid": invalid,
+    }
+
+
+def how_to_read(settings: Mapping[str, Any]) -> list[str]:
+    """The verdict rules in plain words, for summary.md and report.html."""
+    precision_pct = f"{100 * settings['precision']:g}%"
+    level = f"{100 * settings['confidence_level']:g}%"
+    return [
+        "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
+        "round (paired); above 1 is faster. The table shows the median ratio and a "
+        f"{level} bootstrap interval of that median.",
+        f"faster / slower: the interval excludes 1 and the signed-rank p-value, corrected "
+        f"(Holm) across the whole matrix, is below {settings['alpha']:g}.",
+        f"no established change: the interval includes 1 and lies within 1 +- "
+        f"{precision_pct}, so any change larger than {precision_pct} is ruled out; a smaller "
+        "one is not.",
+        f"inconclusive: fewer than {settings['min_pairs']} pairs, or an interval too wide for "
+        f"+-{precision_pct} (the rounds that would reach it are estimated from the observed "
+        "spread), or an interval and a corrected test that disagree. An interval that includes "
+        "1 establishes nothing more than that.",
+        "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "
+        "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
+        "interact and are not additive.",
+    ]
+
+
+def verdict_counts(comparisons: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    return dict(Counter(c["verdict"] for c in comparisons))

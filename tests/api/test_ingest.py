@@ -1,0 +1,145 @@
+"""Ingest of completed runs, in-process on SQLite and PostgreSQL: verify, validate, insert once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from api import tasks
+from api.runs import ingest
+from api.runs.models import Cell, Run
+from api.settings import Settings
+from tests.api.conftest import SentTasks
+from tests.api.factories import make_host, make_job, record
+from tests.api.test_endpoints import complete, lease, upload, upload_run
+
+
+@pytest.fixture
+def completed_run(client: TestClient, db_session: Session, settings: Settings) -> Run:
+    _, secret = make_host(db_session, "a")
+    make_job(db_session, settings)
+    run_id = lease(client, secret).json()["run_id"]
+    manifest = upload_run(client, secret, run_id)
+    assert complete(client, secret, run_id, manifest).status_code == 200
+    return db_session.get(Run, run_id)
+
+
+def _cells(db_session: Session, run_id: str) -> int:
+    return db_session.scalar(sa.select(sa.func.count()).where(Cell.run_id == run_id))
+
+
+def _ingest(db_session: Session, settings: Settings, client: TestClient, run_id: str) -> object:
+    return ingest.ingest_run(
+        db_session=db_session, settings=settings, store=client.app.state.store, run_id=run_id
+    )
+
+
+def test_ingest_inserts_every_record_once(
+    client: TestClient, db_session: Session, settings: Settings, completed_run: Run
+) -> None:
+    settings.ingest_batch_size = 3
+    job_id = _ingest(db_session, settings, client, completed_run.id)
+    assert job_id == completed_run.job_id  # the only run: the job is ready for analysis
+    # 2 warm-ups + 2 variants x 2 contexts x 2 rounds
+    assert _cells(db_session, completed_run.id) == 10
+    db_session.refresh(completed_run)
+    assert completed_run.state == "processed" and completed_run.ingest_errors is None
+    # A redelivered task finds nothing to do.
+    assert _ingest(db_session, settings, client, completed_run.id) is None
+    assert _cells(db_session, completed_run.id) == 10
+
+
+def test_reingest_after_a_partial_ingest_never_duplicates(
+    client: TestClient, db_session: Session, settings: Settings, completed_run: Run
+) -> None:
+    _ingest(db_session, settings, client, completed_run.id)
+    # As if the worker died after some batches: half the cells, the run still completed.
+    ids = db_session.scalars(sa.select(Cell.id).where(Cell.run_id == completed_run.id)).all()
+    db_session.execute(sa.delete(Cell).where(Cell.id.in_(ids[::2])))
+    completed_run.state = "completed"
+    db_session.commit()
+    _ingest(db_session, settings, client, completed_run.id)
+    rows = db_session.execute(
+        sa.select(Cell.variant, Cell.round, Cell.context_tokens, Cell.status).where(
+            Cell.run_id == completed_run.id, Cell.status != "warmup"
+        )
+    ).all()
+    assert len(rows) == 8 and len(set(rows)) == 8
+    assert _cells(db_session, completed_run.id) == 10
+
+
+def test_invalid_lines_are_reported_and_the_rest_ingested(
+    client: TestClient, db_session: Session, settings: Settings
+) -> None:
+    _, secret = make_host(db_session, "a")
+    make_job(db_session, settings)
+    run_id = lease(client, secret).json()["run_id"]
+    good = record(run_id, "base", 0, 64)
+    lines = [
+        json.dumps(good),
+        "not json",
+        json.dumps({**good, "round": 1, "cached_tokens": 5}),
+        json.dumps({**good, "round": 2, "run_id": "someone-else"}),
+    ]
+    files = {
+        "records.jsonl": ("\n".join(lines) + "\n").encode(),
+        "provenance.json": b"{}",
+    }
+    for name, content in files.items():
+        upload(client, secret, run_id, name, content)
+    from tests.api.factories import manifest_for
+
+    assert complete(client, secret, run_id, manifest_for(files)).status_code == 200
+    _ingest(db_session, settings, client, run_id)
+    run = db_session.get(Run, run_id)
+    assert run.state == "processed" and _cells(db_session, run_id) == 1
+    errors = run.ingest_errors
+    assert errors[0].startswith("line 2: not JSON")
+    assert errors[1].startswith("line 3: invalid record") and "cached_tokens=5" in errors[1]
+    assert "line 4: run_id 'someone-else' is not this run" in errors[2]
+
+
+def test_altered_store_fails_the_run(
+    client: TestClient, db_session: Session, settings: Settings, completed_run: Run
+) -> None:
+    from api.artifacts.models import Artifact
+
+    records = db_session.scalars(
+        sa.select(Artifact).where(
+            Artifact.run_id == completed_run.id, Artifact.name == "records.jsonl"
+        )
+    ).one()
+    path = client.app.state.store.path(records.sha256)
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes() + b"\n")
+    _ingest(db_session, settings, client, completed_run.id)
+    db_session.refresh(completed_run)
+    assert completed_run.state == "failed"
+    assert "records.jsonl altered in the store" in completed_run.reason
+    assert _cells(db_session, completed_run.id) == 0
+
+
+def test_reprocess_sends_what_was_never_ingested(
+    completed_run: Run, db_session: Session, sent_tasks: SentTasks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tasks, "_session", lambda: _borrowed(db_session))
+    sent_tasks.calls.clear()
+    tasks.reprocess_unprocessed.run()
+    assert sent_tasks.named("ingest_run") == [(completed_run.id,)]
+
+
+class _borrowed:
+    """The test's session as a context manager that does not close it."""
+
+    def __init__(self, db_session: Session) -> None:
+        self.db_session = db_session
+
+    def __enter__(self) -> Session:
+        return self.db_session
+
+    def __exit__(self, *exc: object) -> None:
+        return None

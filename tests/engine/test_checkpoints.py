@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from typer.testing import CliRunner
+
+from coldbench.cli import app
+from engine import checkpoints, corpus
+
+# Pinned: the corpus must be the same bytes on every host (a changed generator changes every
+# prompt and every tokenizer digest, so it must be a deliberate, versioned change).
+CORPUS_SHA256 = "c4a0185d3de2139451f4daa52bd691bbf097052f663403423218972dca2441a1"
+
+
+def test_corpus_is_pinned() -> None:
+    assert corpus.corpus_sha256() == CORPUS_SHA256
+    assert len(corpus.paragraphs()) == corpus.PARAGRAPHS
+
+
+def test_tiny_loads_through_mlx_lm(tiny_model_dir: Path) -> None:
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(tiny_model_dir))
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["hidden_size"] <= 256
+    ids = tokenizer.encode(corpus.paragraph(0), add_special_tokens=False)
+    assert 10 < len(ids) < len(corpus.paragraph(0))
+    assert tokenizer.decode(ids) == corpus.paragraph(0)
+    logits = model(mx.array([ids[:16]]))
+    assert logits.shape == (1, 16, config["vocab_size"])
+    # specials have zero lm_head rows: never the greedy choice
+    top = mx.argmax(logits[0], axis=-1).tolist()
+    assert min(top) >= len(checkpoints.SPECIAL_TOKENS)
+    assert len(set(top)) > 1  # a random model that does not just repeat one token
+
+
+def test_same_seed_same_digests_other_seed_differs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    again = checkpoints.create_checkpoint("tiny", tmp_path / "again")
+    other = checkpoints.create_checkpoint("tiny", tmp_path / "other", seed=1, shard_bytes=4 << 20)
+    first = checkpoints.inspect_checkpoint(tiny_model_dir)
+    second = checkpoints.inspect_checkpoint(again)
+    third = checkpoints.inspect_checkpoint(other)
+    for key in ("config_sha256", "weights_sha256", "tokenizer_sha256", "parameters"):
+        assert first[key] == second[key], key
+    assert third["weights_sha256"] != first["weights_sha256"]
+    assert third["tokenizer_sha256"] == first["tokenizer_sha256"]
+    assert third["parameters"] == first["parameters"] == 4_000_000
+    # the seed-1 copy is sharded with an index, and still loads through mlx-lm
+    index = json.loads((other / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    model, _, _ = checkpoints.load_model(other)
+    assert model(mx.array([[5, 6, 7]])).shape[-1] == 2048
+
+
+def test_digest_cache_follows_file_changes(tmp_path: Path) -> None:
+    path = checkpoints.create_checkpoint("tiny", tmp_path / "m")
+    before = checkpoints.inspect_checkpoint(path)
+    assert (path / checkpoints.DIGEST_CACHE_NAME).is_file()
+    config = json.loads((path / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-6
+    (path / "config.json").write_text(json.dumps(config))
+    after = checkpoints.inspect_checkpoint(path)
+    assert after["config_sha256"] != before["config_sha256"]
+    assert after["weights_sha256"] == before["weights_sha256"]
+
+
+def test_moe_and_quantized_presets_load(tmp_path: Path) -> None:
+    moe = checkpoints.create_checkpoint("tiny-moe", tmp_path / "moe")
+    info = checkpoints.inspect_checkpoint(moe)
+    assert info["architecture"] == "qwen3_moe"
+    model, _, config = checkpoints.load_model(moe)
+    assert config["num_experts"] == 8
+    assert model(mx.array([[5, 6, 7]])).shape == (1, 3, config["vocab_size"])
+    quantized = checkpoints.create_checkpoint("tiny", tmp_path / "q4", quantize_bits=4)
+    model, _, config = checkpoints.load_model(quantized)
+    assert config["quantization"]["bits"] == 4
+    assert type(model.model.layers[0].mlp.up_proj).__name__ == "QuantizedLinear"
+    assert checkpoints.inspect_checkpoint(quantized)["parameters"] == 4_000_000
+
+
+def test_resolve_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    assert checkpoints.resolve_model("preset:tiny", {}) == tiny_model_dir
+    assert checkpoints.resolve_model("mine", {"mine": str(tiny_model_dir)}) == tiny_model_dir
+    with pytest.raises(ValueError, match=r"unknown model 'llama-3b'; known: preset:llama-8b-shape"):
+        checkpoints.resolve_model("llama-3b", {"mine": str(tiny_model_dir)})
+    with pytest.raises(ValueError, match="unknown model 'preset:huge'"):
+        checkpoints.resolve_model("preset:huge", {})
+    with pytest.raises(checkpoints.CheckpointError, match="no config.json"):
+        checkpoints.resolve_model("gone", {"gone": str(tmp_path)})
+
+
+def test_inspect_cli(tiny_model_dir: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["model", "inspect", str(tiny_model_dir)])
+    assert result.exit_code == 0, result.output
+    info = checkpoints.inspect_checkpoint(tiny_model_dir)
+    for key in ("config_sha256", "weights_sha256", "tokenizer_sha256"):
+        assert info[key] in result.output
+    assert "llama" in result.output and "4,000,000" in result.output
+    as_json = runner.invoke(app, ["model", "inspect", str(tiny_model_dir), "--json"])
+    assert json.loads(as_json.output)["weights_sha256"] == info["weights_sha256"]
+
+
+def test_create_cli_writes_and_refuses_to_overwrite(tmp_path: Path, coldbench_cmd) -> None:
+    out = tmp_path / "cli-tiny"
+    done = subprocess.run(
+        [*coldbench_cmd, "model", "create", "--preset", "tiny", "--out", str(out), "--seed", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(out)
+    assert json.loads((out / "config.json").read_text())["coldbench"]["seed"] == 3
+    again = CliRunner().invoke(app, ["model", "create", "--preset", "tiny", "--out", str(out)])
+    assert again.exit_code == 2
+    assert "already exists" in again.output
+
+
+def _corrupt(tmp_path: Path, tiny_model_dir: Path, how: str) -> Path:
+    import shutil
+
+    path = tmp_path / how
+    shutil.copytree(tiny_model_dir, path)
+    if how == "truncated":
+        (path / "model.safetensors").write_bytes(b"\x10\x00\x00")
+    elif how == "badconfig":
+        (path / "config.json").write_text("{not json")
+    elif how == "noweights":
+        (path / "model.safetensors").unlink()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["model", "create", "--preset", "nope"], "unknown preset 'nope'; known presets:"),
+        (["model", "create", "--preset", "tiny", "--dtype", "int3"], "unknown dtype 'int3'"),
+        (["model", "create", "--preset", "tiny", "--quantize", "7"], "--quantize 7"),
+        (["model", "inspect", "/nonexistent/ckpt"], "does not exist"),
+    ],
+)
+def test_cli_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    if "create" in args:
+        args = [*args, "--out", str(tmp_path / "x")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.output
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("truncated", "corrupt safetensors file"),
+        ("badconfig", "is not valid JSON"),
+        ("noweights", "has no model*.safetensors"),
+    ],
+)
+def test_corrupt_checkpoint_is_one_line(
+    tmp_path: Path, tiny_model_dir: Path, how: str, message: str
+) -> None:
+    path = _corrupt(tmp_path, tiny_model_dir, how)
+    result = CliRunner().invoke(app, ["model", "inspect", str(path)])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    with pytest.raises(checkpoints.CheckpointError, match=message.replace("*", r"\*")):
+        checkpoints.load_model(path)

@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evidence.schemas import Record
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _plan(tmp_path: Path, model: Path | str, **overrides: Any) -> Path:
+    plan = {
+        "run_id": "r-1",
+        "variant": "base",
+        "adapter": "embedded",
+        "model": str(model),
+        "flags": {"prefill_step_size": 32},
+        "decode_tokens": 3,
+        "seed": 0,
+        "records_path": str(tmp_path / "records.jsonl"),
+        "checkout": None,
+        "server_command": None,
+        "cells": None,
+        "warmup_tokens": 32,
+    } | overrides
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def _start(plan: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def _send(process: subprocess.Popen[str], message: dict[str, Any] | str) -> None:
+    assert process.stdin is not None
+    process.stdin.write((message if isinstance(message, str) else json.dumps(message)) + "\n")
+    process.stdin.flush()
+
+
+def _read(process: subprocess.Popen[str]) -> dict[str, Any]:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line, process.stderr.read() if process.stderr else "no output"
+    return json.loads(line)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_serve_mode_records_match_stdout(tiny_model_dir: Path, tmp_path: Path) -> None:
+    process = _start(_plan(tmp_path, tiny_model_dir))
+    try:
+        ready = _read(process)
+        assert ready["event"] == "ready"
+        target = ready["target"]
+        assert target["engine_module_file"] == str(REPO / "engine" / "__init__.py")
+        assert target["adapter"] == "embedded" and target["backend"] == "cpu"
+        assert target["flags"] == {"prefill_step_size": 32, "clear_cache": True, "compile": False}
+        assert target["model"]["weights_sha256"] and target["mlx"] and target["mlx_lm"]
+        assert ready["warmup"]["status"] == "warmup" and ready["warmup"]["round"] == -1
+        _send(process, {"round": 0, "order": 1, "context_tokens": 64})
+        first = _read(process)["record"]
+        _send(process, "{oops")
+        assert _read(process) == {
+            "event": "error",
+            "reason": "bad cell request: Expecting property name enclosed in double quotes: "
+            "line 1 column 2 (char 1)",
+        }
+        _send(process, {"round": 1, "order": 0, "context_tokens": 9000})
+        too_long = _read(process)["record"]
+        _send(process, {"op": "exit"})
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+    assert first["status"] == "ok" and first["counters"]["chunks"] == 2
+    assert too_long["status"] == "error"
+    assert too_long["reason"] == (
+        "context 9000 tokens exceeds the model's maximum of 8192 (max_position_embeddings)"
+    )
+    on_disk = _records(tmp_path / "records.jsonl")
+    assert on_disk == [ready["warmup"], first, too_long]
+    for record in on_disk:
+        Record.model_validate(record)
+    assert ready["warmup"]["prompt_sha256"] != first["prompt_sha256"]
+
+
+def test_batch_mode_runs_the_cells_and_exits(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cells = [
+        {"round": 0, "order": 0, "context_tokens": 64},
+        {"round": 1, "order": 0, "context_tokens": 64},
+    ]
+    plan = _plan(tmp_path, "preset:tiny", cells=cells, warmup_tokens=None, flags={})
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["event"] for e in events] == ["ready", "record", "record"]
+    assert events[0]["target"]["model"]["path"] == str(tiny_model_dir)  # preset:tiny resolved
+    records = _records(tmp_path / "records.jsonl")
+    assert records[1:] == [e["record"] for e in events[1:]]
+    assert records[0]["context_tokens"] == 64  # warm-up at the smallest batch context
+    assert [r["status"] for r in records] == ["warmup", "ok", "ok"]
+    assert records[1]["prompt_sha256"] != records[2]["prompt_sha256"]
+
+
+def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path: Path) -> None:
+    process = _start(_plan(tmp_path, tiny_model_dir, flags={}))
+    try:
+        assert _read(process)["event"] == "ready"
+        _send(process, {"round": 0, "order": 0, "context_tokens": 64})
+        kept = _read(process)["record"]
+        _send(process, {"round": 1, "order": 0, "context_tokens": 4096})  # seconds on a CPU
+        time.sleep(0.5)
+        process.kill()
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [-1, 0]
+    assert json.loads(lines[-1]) == kept
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"model": "/nonexistent/ckpt"}, "checkpoint /nonexistent/ckpt does not exist"),
+        ({"flags": {"turbo": True}}, "unknown engine flag 'turbo'"),
+        ({"adapter": "vllm"}, "unknown adapter 'vllm'; known: embedded, mlx-lm, openai-server"),
+        ({"model": "preset:huge"}, "unknown model 'preset:huge'"),
+        ({"decode_tokens": -1}, "plan decode_tokens must be an integer >= 0"),
+        ({"extra": 1}, "unknown plan field(s): extra"),
+    ],
+)
+def test_load_failure_is_one_error_event_and_exit_2(
+    tmp_path: Path, overrides: dict[str, Any], reason: str
+) -> None:
+    overrides = dict(overrides)
+    plan = _plan(tmp_path, overrides.pop("model", str(tmp_path)), **overrides)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1
+    event = json.loads(lines[0])
+    assert event["event"] == "error" and reason in event["reason"], event

@@ -1,0 +1,257 @@
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from evidence.bundle import (
+    MANIFEST_FILE,
+    BundleError,
+    bundle_files,
+    evidence_id_of,
+    read_bundle,
+    read_zip,
+    verify_bundle,
+    verify_files,
+    write_folder,
+    zip_bytes,
+)
+from evidence.canonical import canonical_json, sha256_hex
+from tests.evidence.builders import provenance, simulate_run
+
+
+@pytest.fixture
+def files() -> dict[str, bytes]:
+    return bundle_files(
+        records=simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=3),
+        provenances=[provenance()],
+        build_logs={"base": "built base\n", "fast": b"built fast\n"},
+        summary={"comparisons": []},
+        summary_md="# summary\n",
+        report_html="<!doctype html><title>r</title>",
+    )
+
+
+@pytest.fixture
+def folder(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    return write_folder(tmp_path / "bundle", files)
+
+
+def test_manifest_lists_every_other_file_with_digest_and_size(files: dict[str, bytes]) -> None:
+    manifest = json.loads(files[MANIFEST_FILE])
+    assert set(manifest["files"]) == set(files) - {MANIFEST_FILE}
+    assert "build-base.log" in manifest["files"]
+    for name, entry in manifest["files"].items():
+        assert entry == {"sha256": sha256_hex(files[name]), "bytes": len(files[name])}
+    assert manifest["provenance"] == json.loads(files["provenance.json"])
+    assert files["provenance.json"] == canonical_json(manifest["provenance"])
+    assert files[MANIFEST_FILE] == canonical_json(manifest)
+
+
+def test_intact_folder_and_zip_verify_with_the_same_evidence_id(
+    tmp_path: Path, folder: Path, files: dict[str, bytes]
+) -> None:
+    result = verify_bundle(folder)
+    assert result.problems == []
+    assert result.evidence_id == sha256_hex(files[MANIFEST_FILE])[:24]
+    assert result.file_count == len(files)
+    archive = tmp_path / "bundle.zip"
+    archive.write_bytes(zip_bytes(files))
+    assert verify_bundle(archive).evidence_id == result.evidence_id
+    assert zip_bytes(files) == zip_bytes(dict(reversed(list(files.items()))))
+
+
+def test_zip_with_one_top_folder_reads_like_the_folder(files: dict[str, bytes]) -> None:
+    nested = zip_bytes({f"bundle/{name}": content for name, content in files.items()})
+    assert read_zip(nested) == files
+
+
+@pytest.mark.parametrize(
+    "name", ["records.jsonl", "provenance.json", "report.html", "build-fast.log"]
+)
+def test_one_flipped_byte_in_any_file_names_that_file(folder: Path, name: str) -> None:
+    path = folder / name
+    content = bytearray(path.read_bytes())
+    content[len(content) // 2] ^= 0x01
+    path.write_bytes(bytes(content))
+    problems = verify_bundle(folder).problems
+    assert any(p.startswith(f"{name}: altered (sha256") for p in problems), problems
+
+
+def test_truncation_missing_and_extra_files_are_each_named(folder: Path) -> None:
+    summary = folder / "summary.md"
+    summary.write_bytes(summary.read_bytes()[:-3])
+    (folder / "build-base.log").unlink()
+    (folder / "notes.txt").write_text("added later")
+    problems = verify_bundle(folder).problems
+    assert problems == [
+        "build-base.log: missing",
+        "summary.md: altered (7 bytes, manifest says 10)",
+        "notes.txt: extra (not in the manifest)",
+    ]
+
+
+def test_manifest_edits_change_the_id_or_are_caught(folder: Path, files: dict[str, bytes]) -> None:
+    original_id = evidence_id_of(files[MANIFEST_FILE])
+    manifest = json.loads(files[MANIFEST_FILE])
+    manifest["files"]["records.jsonl"]["sha256"] = "0" * 64
+    (folder / MANIFEST_FILE).write_bytes(canonical_json(manifest))
+    result = verify_bundle(folder)
+    assert result.evidence_id != original_id
+    assert [p.split(" (")[0] for p in result.problems] == ["records.jsonl: altered"]
+
+    manifest = json.loads(files[MANIFEST_FILE])
+    manifest["provenance"]["run_id"] = "forged"
+    (folder / MANIFEST_FILE).write_bytes(canonical_json(manifest))
+    assert verify_bundle(folder).problems == [
+        "manifest.json: inline provenance differs from provenance.json"
+    ]
+
+    (folder / MANIFEST_FILE).write_text("{not json")
+    problems = verify_bundle(folder).problems
+    assert len(problems) == 1 and problems[0].startswith("manifest.json: invalid")
+
+    (folder / MANIFEST_FILE).unlink()
+    assert verify_bundle(folder).problems == ["manifest.json: missing"]
+
+
+def test_consistent_forgery_of_records_is_still_refused_by_validation(
+    files: dict[str, bytes],
+) -> None:
+    forged = dict(files)
+    lines = forged["records.jsonl"].splitlines(keepends=True)
+    value = json.loads(lines[2])
+    value["cached_tokens"] = 5  # a warm cell passed off as cold
+    lines[2] = json.dumps(value).encode() + b"\n"
+    forged["records.jsonl"] = b"".join(lines)
+    manifest = json.loads(forged[MANIFEST_FILE])
+    manifest["files"]["records.jsonl"] = {
+        "sha256": sha256_hex(forged["records.jsonl"]),
+        "bytes": len(forged["records.jsonl"]),
+    }
+    forged[MANIFEST_FILE] = canonical_json(manifest)
+    problems = verify_files(forged).problems
+    assert len(problems) == 1
+    assert problems[0].startswith("records.jsonl line 3: ") and "cached_tokens=5" in problems[0]
+
+
+def _zip_with(name: str, *, mode: int = stat.S_IFREG | 0o644) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        info = zipfile.ZipInfo(name)
+        info.external_attr = mode << 16
+        archive.writestr(info, b"x")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name", ["../evil.txt", "/etc/passwd", "a/../../evil", "C:/x", "a\\..\\b"])
+def test_zip_with_unsafe_names_is_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(BundleError, match="absolute or parent path refused"):
+        read_zip(_zip_with(name))
+    archive = tmp_path / "evil.zip"
+    archive.write_bytes(_zip_with(name))
+    result = verify_bundle(archive)
+    assert len(result.problems) == 1 and "refused" in result.problems[0]
+    assert not (tmp_path.parent / "evil.txt").exists()
+
+
+def test_zip_with_a_symlink_is_refused() -> None:
+    with pytest.raises(BundleError, match="symbolic link refused"):
+        read_zip(_zip_with("records.jsonl", mode=stat.S_IFLNK | 0o777))
+
+
+def test_folder_with_a_symlink_is_refused(folder: Path, tmp_path: Path) -> None:
+    (tmp_path / "outside.txt").write_text("secret")
+    os.symlink(tmp_path / "outside.txt", folder / "link.txt")
+    with pytest.raises(BundleError, match="link.txt: symbolic link refused"):
+        read_bundle(folder)
+
+
+def test_not_a_bundle_is_one_problem(tmp_path: Path) -> None:
+    (tmp_path / "plain.txt").write_text("hello")
+    assert (
+        verify_bundle(tmp_path / "plain.txt")
+        .problems[0]
+        .endswith("neither a bundle folder nor a zip file")
+    )
+    assert verify_bundle(tmp_path / "absent").problems[0].endswith("does not exist")
+
+
+def test_write_folder_refuses_a_non_empty_folder(folder: Path, files: dict[str, bytes]) -> None:
+    with pytest.raises(BundleError, match="not empty"):
+        write_folder(folder, files)
+
+
+def test_bundle_refuses_unsafe_build_log_names() -> None:
+    with pytest.raises(ValueError, match="not a plain file name"):
+        bundle_files(records=b"", provenances=[provenance()], build_logs={"../x.log": b""})
+
+
+def test_several_runs_keep_every_provenance(files: dict[str, bytes]) -> None:
+    both = bundle_files(
+        records=b"", provenances=[provenance(), provenance(run_id="r-2", hostname="studio-2")]
+    )
+    assert [run["run_id"] for run in json.loads(both["provenance.json"])["runs"]] == ["r-1", "r-2"]
+    assert verify_files(both).problems == []
+
+
+def test_cli_verify_exit_codes_and_lines(folder: Path, coldbench_cmd: list[str]) -> None:
+    ok = subprocess.run([*coldbench_cmd, "verify", str(folder)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("intact: ") and ok.stdout.strip().endswith(", 8 files")
+    (folder / "report.html").write_text("changed")
+    (folder / "extra.bin").write_bytes(b"\0")
+    bad = subprocess.run([*coldbench_cmd, "verify", str(folder)], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert bad.stdout.splitlines() == [
+        "report.html: altered (7 bytes, manifest says 31)",
+        "extra.bin: extra (not in the manifest)",
+    ]
+
+
+def test_write_bundle_end_to_end(tmp_path: Path, coldbench_cmd: list[str]) -> None:
+    from evidence.bundle import write_bundle
+    from evidence.schemas import JobSpec
+
+    spec = JobSpec.model_validate(
+        {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64, 256], "rounds": 8}
+    )
+    records = simulate_run(effects={"base": 1.0, "fast": 1.08}, rounds=8, noise=0.01)
+    written = write_bundle(
+        tmp_path / "evidence",
+        records=records,
+        provenances=provenance(),
+        spec=spec,
+        build_logs={"base": "ok\n", "fast": "ok\n"},
+        n_resamples=300,
+    )
+    assert sorted(p.name for p in written.path.iterdir()) == [
+        "build-base.log",
+        "build-fast.log",
+        "job.json",
+        "manifest.json",
+        "provenance.json",
+        "records.jsonl",
+        "report.html",
+        "summary.json",
+        "summary.md",
+    ]
+    assert verify_bundle(written.path).problems == []
+    assert written.zip_path is not None
+    assert verify_bundle(written.zip_path).evidence_id == written.evidence_id
+    assert written.evidence_id == evidence_id_of((written.path / MANIFEST_FILE).read_bytes())
+    assert json.loads((written.path / "summary.json").read_text()) == written.summary
+    assert [c["verdict"] for c in written.summary["comparisons"]] == ["faster", "faster"]
+    records_digest = written.manifest["files"]["records.jsonl"]["sha256"]
+    assert records_digest in (written.path / "report.html").read_text()
+    assert "| 64 | fast |" in (written.path / "summary.md").read_text()
+    ok = subprocess.run(
+        [*coldbench_cmd, "verify", str(written.zip_path)], capture_output=True, text=True
+    )
+    assert ok.stdout.strip() == f"intact: {written.evidence_id}, 9 files"

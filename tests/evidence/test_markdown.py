@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from evidence.markdown import MAX_CHARS, render_summary_md
+from evidence.schemas import JobSpec
+from evidence.stats import summarize
+from tests.evidence.builders import provenance, record, simulate_run
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("COLDBENCH_UPDATE_GOLDEN") == "1"
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"{path} missing: run with COLDBENCH_UPDATE_GOLDEN=1 once"
+    assert text == path.read_text(encoding="utf-8")
+
+
+def ab_summary() -> tuple[dict, list]:
+    """A fixed, seeded A/B job on two hosts with invalid cells and one parity divergence."""
+    first = simulate_run(
+        effects={"base": 1.0, "fast": 1.06, "same": 1.0}, rounds=8, seed=11, run_id="r-1"
+    )
+    second = simulate_run(
+        effects={"base": 1.0, "fast": 1.05, "same": 1.0}, rounds=8, seed=12, run_id="r-2"
+    )
+    extra = [
+        record(
+            variant="fast",
+            round=8,
+            context_tokens=256,
+            prompt_tokens=256,
+            status="invalid",
+            reason="silent no-op: prefill_step_size",
+        ),
+        record(
+            variant="same",
+            round=8,
+            context_tokens=64,
+            cached_tokens=64,
+            status="invalid",
+            reason="cached_tokens=64 (prefix cache hit)",
+        ),
+        record(
+            variant="base",
+            round=8,
+            context_tokens=64,
+            status="error",
+            prefill_s=None,
+            prefill_tps=None,
+            reason="RuntimeError: out of memory | retry",
+        ),
+    ]
+    diverged = next(r for r in first if r.variant == "same" and r.round == 3)
+    diverged.output_head = [5, 6, 9, 9]
+    provenances = [provenance("r-1", "studio-1"), provenance("r-2", "studio-2")]
+    spec = JobSpec.model_validate(
+        {
+            "variants": [{"name": "base"}, {"name": "fast"}, {"name": "same"}],
+            "contexts": [64, 256],
+            "rounds": 8,
+            "seed": 3,
+        }
+    )
+    return summarize(first + second + extra, spec=spec, provenances=provenances), provenances
+
+
+def test_summary_md_golden_ab() -> None:
+    summary, provenances = ab_summary()
+    text = render_summary_md(summary, provenances)
+    _check_golden("summary_ab.md", text)
+    assert len(text) < MAX_CHARS
+    assert "| 256 | fast |" in text and "faster" in text
+    assert "RuntimeError: out of memory \\| retry" in text
+    assert "### Reproductions" in text
+
+
+def test_summary_md_golden_ablation() -> None:
+    spec = JobSpec.model_validate(
+        {
+            "mode": "ablation",
+            "variants": [{"name": "cand"}],
+            "contexts": [256],
+            "rounds": 8,
+            "features": ["compile", "clear_cache=false"],
+        }
+    )
+    records = simulate_run(
+        effects={
+            "none": 1.0,
+            "all": 1.10,
+            "all-minus-compile": 1.02,
+            "all-minus-clear_cache": 1.09,
+        },
+        contexts=(256,),
+        rounds=8,
+        seed=4,
+    )
+    text = render_summary_md(summarize(records, spec=spec), [provenance()], evidence_id="0" * 24)
+    _check_golden("summary_ablation.md", text)
+    assert "Evidence id: `000000000000000000000000`" in text
+    assert "### Ablation (leave one out)" in text and "not additive" in text
+
+
+def test_huge_matrix_stays_under_the_limit() -> None:
+    variants = {f"v{i:02d}": 1.0 + i / 1000 for i in range(60)}
+    records = simulate_run(effects=variants, contexts=tuple(range(64, 64 * 21, 64)), rounds=2)
+    summary = summarize(records, baseline="v00", n_resamples=50)
+    assert len(summary["comparisons"]) == 59 * 20
+    text = render_summary_md(summary, [provenance()])
+    assert len(text) <= MAX_CHARS
+    assert "### Decode" not in text  # dropped first when too long

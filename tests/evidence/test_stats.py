@@ -1,0 +1,232 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evidence.canonical import canonical_json
+from evidence.schemas import JobSpec
+from evidence.stats import (
+    CellIndex,
+    StatsOptions,
+    compare_matrix,
+    decide,
+    holm,
+    summarize,
+)
+from tests.evidence.builders import record, simulate_run
+
+FAST = StatsOptions(n_resamples=200)
+
+
+def _matrix(records, *, contexts=(256,), options=FAST, baseline="base"):
+    variants = list(dict.fromkeys(r.variant for r in records))
+    comparisons, _ = compare_matrix(
+        CellIndex.of(records),
+        variants=variants,
+        baseline=baseline,
+        contexts=contexts,
+        metric="prefill_tps",
+        options=options,
+    )
+    return comparisons
+
+
+def test_a_a_false_positive_rate_is_at_or_below_nominal() -> None:
+    verdicts = []
+    for seed in range(200):
+        records = simulate_run(
+            effects={"base": 1.0, "same": 1.0}, contexts=(256,), rounds=12, noise=0.02, seed=seed
+        )
+        verdicts.append(
+            _matrix(records, options=StatsOptions(n_resamples=200, seed=seed))[0]["verdict"]
+        )
+    false_positives = sum(v in ("faster", "slower") for v in verdicts)
+    assert false_positives / len(verdicts) <= 0.05
+    # With 2% noise per cell and 12 pairs the interval mostly rules out changes beyond +-5%.
+    assert verdicts.count("no established change") / len(verdicts) >= 0.85
+
+
+def test_five_percent_shift_with_two_percent_noise_over_twelve_rounds_is_faster() -> None:
+    for seed in range(20):
+        records = simulate_run(
+            effects={"base": 1.0, "fast": 1.05}, contexts=(256,), rounds=12, noise=0.02, seed=seed
+        )
+        (comparison,) = _matrix(records)
+        assert comparison["verdict"] == "faster", (seed, comparison)
+        assert comparison["ci_low"] > 1 and comparison["n"] == 12
+        assert 1.02 < comparison["ratio_median"] < 1.08
+
+
+def test_slower_variant_is_slower() -> None:
+    records = simulate_run(effects={"base": 1.0, "slow": 0.9}, contexts=(256,), rounds=8, seed=3)
+    (comparison,) = _matrix(records)
+    assert comparison["verdict"] == "slower" and comparison["ci_high"] < 1
+
+
+def test_holm_correction_is_applied_across_the_matrix() -> None:
+    # Six pairs all faster: the smallest two-sided signed-rank p is 2/2^6 = 0.03125.
+    effects = {"base": 1.0, "fast": 1.10}
+    single = _matrix(simulate_run(effects=effects, contexts=(256,), rounds=6, noise=0.002))
+    assert single[0]["p_value"] == pytest.approx(0.03125)
+    assert single[0]["verdict"] == "faster"
+    matrix = _matrix(
+        simulate_run(effects=effects, contexts=(64, 128, 256), rounds=6, noise=0.002),
+        contexts=(64, 128, 256),
+    )
+    for comparison in matrix:
+        assert comparison["p_adjusted"] == pytest.approx(3 * 0.03125)
+        assert comparison["ci_low"] > 1
+        assert comparison["verdict"] == "inconclusive"
+        assert comparison["rounds_needed"] >= 7  # 2^(1-7) x 3 < 0.05: the test can pass
+
+
+def test_holm_step_down() -> None:
+    assert holm([0.01, 0.04, None, 0.03]) == pytest.approx([0.03, 0.06, None, 0.06])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert holm([0.2, 0.01]) == pytest.approx([0.2, 0.02])
+
+
+@pytest.mark.parametrize(
+    ("n", "low", "high", "p", "verdict"),
+    [
+        (12, 1.01, 1.08, 0.001, "faster"),
+        (12, 0.90, 0.97, 0.001, "slower"),
+        (12, 1.01, 1.08, 0.2, "inconclusive"),  # interval excludes 1, corrected test disagrees
+        (12, 0.97, 1.03, 0.4, "no established change"),
+        (12, 0.97, 1.03, 0.01, "no established change"),
+        (12, 0.96, 1.07, 0.4, "inconclusive"),  # includes 1 but wider than +-5%
+        (5, 1.01, 1.08, 0.001, "inconclusive"),  # too few pairs
+        (12, None, None, None, "inconclusive"),
+    ],
+)
+def test_verdict_rules(n, low, high, p, verdict) -> None:
+    assert decide(n, low, high, p, StatsOptions()) == verdict
+
+
+def test_wide_interval_is_inconclusive_with_the_rounds_needed() -> None:
+    needed = []
+    for seed in range(20):
+        records = simulate_run(
+            effects={"base": 1.0, "same": 1.0}, contexts=(256,), rounds=6, noise=0.10, seed=seed
+        )
+        (comparison,) = _matrix(records, options=StatsOptions(n_resamples=200, seed=seed))
+        if comparison["verdict"] == "inconclusive":
+            assert comparison["rounds_needed"] >= 7
+            needed.append(comparison["rounds_needed"])
+    assert len(needed) >= 18
+    # Log-ratio spread about 0.14: (1.96 * 1.2533 * 0.14 / ln 1.05)^2 is about 50 rounds.
+    assert 20 <= sorted(needed)[len(needed) // 2] <= 100
+
+
+def test_too_few_pairs_is_inconclusive() -> None:
+    records = simulate_run(
+        effects={"base": 1.0, "fast": 1.2}, contexts=(256,), rounds=3, noise=0.001
+    )
+    (comparison,) = _matrix(records)
+    assert comparison["n"] == 3 and comparison["verdict"] == "inconclusive"
+    assert comparison["rounds_needed"] == 6
+
+
+def test_invalid_cells_are_excluded_and_counted_per_reason() -> None:
+    records = simulate_run(effects={"base": 1.0, "fast": 1.05}, contexts=(256,), rounds=8)
+    invalid = [
+        record(
+            variant="fast",
+            round=8,
+            context_tokens=256,
+            prompt_tokens=256,
+            status="invalid",
+            reason="silent no-op: prefill_step_size",
+        ),
+        record(
+            variant="fast",
+            round=9,
+            context_tokens=256,
+            prompt_tokens=256,
+            status="invalid",
+            reason="silent no-op: prefill_step_size",
+        ),
+        record(
+            variant="fast",
+            round=10,
+            context_tokens=256,
+            prompt_tokens=256,
+            cached_tokens=32,
+            status="invalid",
+            reason="cached_tokens=32",
+        ),
+        record(variant="base", round=8, context_tokens=256, prompt_tokens=256),
+    ]
+    summary = summarize(records + invalid, baseline="base", n_resamples=200)
+    assert summary["invalid"]["total"] == 3
+    assert summary["invalid"]["by_reason"] == {
+        "silent no-op: prefill_step_size": 2,
+        "cached_tokens=32": 1,
+    }
+    assert summary["comparisons"][0]["n"] == 8  # the lone base cell of round 8 has no partner
+    assert summary["warmups"] == 1
+
+
+def test_pairs_with_different_prompts_are_dropped_and_counted() -> None:
+    records = simulate_run(effects={"base": 1.0, "fast": 1.05}, contexts=(256,), rounds=7)
+    victim = next(r for r in records if r.variant == "fast" and r.round == 2)
+    victim.prompt_sha256 = "f" * 64
+    summary = summarize(records, baseline="base", n_resamples=200)
+    assert summary["comparisons"][0]["n"] == 6
+    assert summary["invalid"]["pairs_with_different_prompts"] == 1
+
+
+def test_summary_is_deterministic_json_with_the_contract_keys() -> None:
+    spec = JobSpec.model_validate(
+        {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64, 256], "seed": 7}
+    )
+    records = simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=6)
+    first = summarize(records, spec=spec, n_resamples=300)
+    assert canonical_json(first) == canonical_json(summarize(records, spec=spec, n_resamples=300))
+    assert first["settings"]["correction"] == "holm"
+    assert first["settings"]["bootstrap"]["seed"] == 7
+    required = {
+        "context_tokens",
+        "variant",
+        "baseline",
+        "n",
+        "ratio_median",
+        "ci_low",
+        "ci_high",
+        "p_adjusted",
+        "verdict",
+    }
+    for key in ("comparisons", "decode_comparisons"):
+        assert len(first[key]) == 2
+        for comparison in first[key]:
+            assert required <= set(comparison)
+            assert comparison["verdict"] in {
+                "faster",
+                "slower",
+                "no established change",
+                "inconclusive",
+            }
+    assert first["ablation"] is None and first["reproductions"] is None
+    json.dumps(first, allow_nan=False)
+
+
+def test_summary_without_spec_or_baseline_is_refused() -> None:
+    with pytest.raises(ValueError, match="baseline"):
+        summarize([])
+
+
+def test_decode_is_compared_separately() -> None:
+    records = simulate_run(
+        effects={"base": 1.0, "fast": 1.0},
+        decode_effects={"base": 1.0, "fast": 0.8},
+        contexts=(256,),
+        rounds=8,
+    )
+    summary = summarize(records, baseline="base", n_resamples=200)
+    assert summary["comparisons"][0]["verdict"] == "no established change"
+    assert summary["decode_comparisons"][0]["verdict"] == "slower"
+    row = next(d for d in summary["descriptive"] if d["variant"] == "fast")
+    assert row["n"] == 8 and row["decode_tps"]["median"] < 45
+    assert row["prefill_tps"]["q1"] <= row["prefill_tps"]["median"] <= row["prefill_tps"]["q3"]
+    assert row["peak_memory_bytes"]["max"] == 256 * 1000 + 17 * 4

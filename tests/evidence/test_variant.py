@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import pytest
+
+from evidence.schemas import JobSpec
+from evidence.variant import baseline_name, expand_variants, parse_flag_value
+
+
+def _spec(**overrides: object) -> JobSpec:
+    values: dict[str, object] = {
+        "mode": "ablation",
+        "variants": [{"name": "cand", "ref": "feature", "flags": {"compile": False, "x": 1}}],
+        "features": ["compile", "clear_cache=false", "prefill_step_size=4096"],
+        "contexts": [256],
+    }
+    values.update(overrides)
+    return JobSpec.model_validate(values)
+
+
+def test_ablation_expands_none_all_and_leave_one_out() -> None:
+    variants = expand_variants(_spec())
+    by_name = {v.name: v.flags for v in variants}
+    assert [v.name for v in variants] == [
+        "none",
+        "all",
+        "all-minus-compile",
+        "all-minus-clear_cache",
+        "all-minus-prefill_step_size",
+    ]
+    assert by_name["none"] == {"x": 1}
+    assert by_name["all"] == {
+        "x": 1,
+        "compile": True,
+        "clear_cache": False,
+        "prefill_step_size": 4096,
+    }
+    assert by_name["all-minus-clear_cache"] == {"x": 1, "compile": True, "prefill_step_size": 4096}
+    assert all(v.ref == "feature" for v in variants)
+    assert baseline_name(_spec()) == "none"
+
+
+def test_other_variants_are_kept_and_clashing_names_refused() -> None:
+    spec = _spec(variants=[{"name": "cand"}, {"name": "upstream", "ref": "main"}])
+    assert [v.name for v in expand_variants(spec)][-1] == "upstream"
+    with pytest.raises(ValueError, match="clashes"):
+        expand_variants(_spec(variants=[{"name": "cand"}, {"name": "all"}]))
+
+
+def test_repeated_feature_flag_is_refused() -> None:
+    with pytest.raises(ValueError, match="same flag twice: compile"):
+        expand_variants(_spec(features=["compile", "compile=false"]))
+
+
+def test_ab_mode_keeps_the_spec_and_its_baseline() -> None:
+    spec = JobSpec.model_validate(
+        {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [64], "baseline": "b"}
+    )
+    assert [v.name for v in expand_variants(spec)] == ["a", "b"]
+    assert baseline_name(spec) == "b"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("true", True), ("False", False), ("4096", 4096), ("0.5", 0.5), ("fast", "fast")],
+)
+def test_flag_values_parse_to_bool_int_float_or_str(text: str, value: object) -> None:
+    parsed = parse_flag_value(text)
+    assert parsed == value and type(parsed) is type(value)

@@ -1,0 +1,85 @@
+"""A variant process that speaks engine/runner.py's protocol but misbehaves on request.
+
+Only for driving the orchestrator's fault paths (a hung cell, a crash mid-cell, a model that
+does not load), which the real runner cannot be made to do on purpose. The plan's `flags`
+choose the fault: `hang_round`, `crash_round`, `fail_load`, `cell_s`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+
+
+def _record(plan: dict, cell: dict, status: str = "ok", reason: str | None = None) -> dict:
+    now = datetime.now(UTC).isoformat()
+    n = cell["context_tokens"]
+    return {
+        "schema": "coldbench.record/1",
+        "run_id": plan["run_id"],
+        "variant": plan["variant"],
+        "round": cell["round"],
+        "order": cell["order"],
+        "context_tokens": n,
+        "prompt_tokens": n,
+        "prompt_sha256": hashlib.sha256(f"{cell['round']}:{n}".encode()).hexdigest(),
+        "cached_tokens": 0,
+        "prefill_s": 0.01,
+        "prefill_tps": n / 0.01,
+        "decode_tokens": 0,
+        "decode_s": None,
+        "decode_tps": None,
+        "output_sha256": None,
+        "output_head": None,
+        "peak_memory_bytes": None,
+        "counters": {"pid": os.getpid()},
+        "started_at": now,
+        "ended_at": now,
+        "status": status,
+        "reason": reason,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--plan", required=True)
+    with open(parser.parse_args().plan) as handle:
+        plan = json.load(handle)
+    flags = plan.get("flags") or {}
+    if flags.get("fail_load"):
+        print(json.dumps({"event": "error", "reason": "cannot load model: corrupt weights"}))
+        sys.stdout.flush()
+        sys.exit(2)
+    out = open(plan["records_path"], "a")  # noqa: SIM115 - open for the process's life
+    warmup = _record(plan, {"round": -1, "order": -1, "context_tokens": 8}, "warmup", "warm-up")
+    out.write(json.dumps(warmup) + "\n")
+    out.flush()
+    print(
+        json.dumps(
+            {"event": "ready", "target": {"engine_module_file": __file__, "pid": os.getpid()}}
+        )
+    )
+    sys.stdout.flush()
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("op") == "exit":
+            break
+        if message["round"] == flags.get("hang_round"):
+            time.sleep(3600)
+        if message["round"] == flags.get("crash_round"):
+            os._exit(3)
+        time.sleep(float(flags.get("cell_s", 0)))
+        record = _record(plan, message)
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+        print(json.dumps({"event": "record", "record": record}))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.worker.conftest import git
+from worker.checkout import (
+    CheckoutError,
+    check_ref,
+    prepare,
+    resolve_ref,
+    tree_state,
+    update_mirror,
+)
+from worker.config import RepositoryConfig
+
+
+def test_refs_resolve_to_commits_in_a_bare_mirror(
+    stub_repo: Path, stub_repository: RepositoryConfig, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    main = prepare(stub_repository, "main", state_dir=state)
+    feature = prepare(stub_repository, "feature", state_dir=state)
+    assert main.commit == git(stub_repo, "rev-parse", "main")
+    assert feature.commit == git(stub_repo, "rev-parse", "feature")
+    assert (state / "mirrors" / "stub.git" / "HEAD").exists()
+    assert git(state / "mirrors" / "stub.git", "rev-parse", "--is-bare-repository") == "true"
+    assert main.path != feature.path
+    assert (main.path / "mlx_lm" / "__init__.py").read_text() == 'STUB = "main"\n'
+    assert (feature.path / "mlx_lm" / "__init__.py").read_text() == 'STUB = "feature"\n'
+    assert tree_state(main.path) == (False, None)
+    assert main.source_dirty is False
+    # A tag and a full commit id resolve too.
+    mirror = state / "mirrors" / "stub.git"
+    assert resolve_ref(mirror, "v1") == feature.commit
+    assert resolve_ref(mirror, feature.commit) == feature.commit
+
+
+def test_mirror_fetches_new_commits_and_worktrees_are_reused(
+    stub_repo: Path, stub_repository: RepositoryConfig, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    first = prepare(stub_repository, "main", state_dir=state)
+    (stub_repo / "extra.txt").write_text("x\n")
+    git(stub_repo, "add", "extra.txt")
+    git(stub_repo, "commit", "-q", "-m", "more")
+    second = prepare(stub_repository, "main", state_dir=state)
+    assert second.commit != first.commit
+    assert second.commit == git(stub_repo, "rev-parse", "main")
+    again = prepare(stub_repository, "main", state_dir=state)
+    assert again.path == second.path
+
+
+def test_dirty_worktree_and_dirty_source_are_reported(
+    stub_repo: Path, stub_repository: RepositoryConfig, tmp_path: Path
+) -> None:
+    (stub_repo / "mlx_lm" / "__init__.py").write_text("STUB = 'uncommitted'\n")
+    checkout = prepare(stub_repository, "main", state_dir=tmp_path / "state")
+    assert checkout.source_dirty is True
+    # Uncommitted source changes are not measured: the worktree holds the commit.
+    assert tree_state(checkout.path) == (False, None)
+    (checkout.path / "mlx_lm" / "__init__.py").write_text("STUB = 'patched by a build'\n")
+    dirty, digest = tree_state(checkout.path)
+    assert dirty is True and digest is not None and len(digest) == 64
+
+
+@pytest.mark.parametrize(
+    "ref", ["--upload-pack=touch /tmp/pwned", "-b", "main..feature", "a b", "x;rm", "", "ref/"]
+)
+def test_option_like_and_malformed_refs_are_refused(
+    ref: str, stub_repository: RepositoryConfig, tmp_path: Path
+) -> None:
+    with pytest.raises(CheckoutError, match="refused"):
+        check_ref(ref)
+    with pytest.raises(CheckoutError, match="refused"):
+        prepare(stub_repository, ref, state_dir=tmp_path / "state")
+    # Refused before any git call: nothing was mirrored.
+    assert not (tmp_path / "state").exists()
+
+
+def test_unknown_ref_and_unreachable_repository(
+    stub_repository: RepositoryConfig, tmp_path: Path
+) -> None:
+    with pytest.raises(CheckoutError, match="'no-such-branch' not found"):
+        prepare(stub_repository, "no-such-branch", state_dir=tmp_path / "state")
+    gone = RepositoryConfig(name="gone", url=str(tmp_path / "missing"), recipes={})
+    with pytest.raises(CheckoutError, match="git clone failed"):
+        update_mirror(gone, state_dir=tmp_path / "state")
+    assert not (tmp_path / "state" / "mirrors" / "gone.git").exists()

@@ -1,0 +1,127 @@
+"""The orchestrator's fault paths, driven by a runner that misbehaves on request.
+
+The real engine runner is exercised end to end in test_cli.py and test_agent.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from evidence.records import parse_records
+from worker.schedule import plan_rounds
+from worker.variants import Progress, VariantError, VariantLaunch, run_schedule
+
+RUNNER = "tests.worker.misbehaving_runner"
+
+
+def _launch(name: str, **flags: object) -> VariantLaunch:
+    plan = {"run_id": "r-test", "variant": name, "flags": flags}
+    return VariantLaunch(name=name, python=sys.executable, plan=plan, module=RUNNER)
+
+
+def test_cells_run_in_schedule_order_and_are_spooled(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64, 128], seed=1, rounds=3)
+    seen: list[Progress] = []
+    outcome = run_schedule(
+        [_launch("a"), _launch("b")],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        on_progress=seen.append,
+    )
+    expected = [(c.variant, c.round, c.order) for r in rounds for c in r]
+    measured = [r for r in outcome.records if r["round"] >= 0]
+    assert [(r["variant"], r["round"], r["order"]) for r in measured] == expected
+    assert outcome.cells_done == outcome.cells_total == 12 and not outcome.stopped
+    # One process per variant for the whole run (the model loads once).
+    assert len({r["counters"]["pid"] for r in measured if r["variant"] == "a"}) == 1
+    # records.jsonl on disk: warm-ups plus every cell, valid records.
+    records, problems = parse_records((tmp_path / "records.jsonl").read_bytes())
+    assert not problems
+    assert sum(r.status == "warmup" for r in records) == 2 and len(records) == 14
+    assert seen[-1].cells_done == 12 and seen[-1].eta_s == 0
+    assert any(p.variant == "b" and p.context_tokens in (64, 128) for p in seen)
+    assert outcome.targets["a"]["engine_module_file"].endswith("misbehaving_runner.py")
+
+
+def test_hung_cell_times_out_and_the_variant_restarts(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=0, rounds=3)
+    outcome = run_schedule(
+        [_launch("a"), _launch("b", hang_round=1)],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=2,
+    )
+    by_key = {(r["variant"], r["round"]): r for r in outcome.records if r["round"] >= 0}
+    hung = by_key[("b", 1)]
+    assert hung["status"] == "error" and hung["reason"] == "cell timeout: no record after 2 s"
+    assert by_key[("b", 2)]["status"] == "ok"
+    assert by_key[("b", 0)]["counters"]["pid"] != by_key[("b", 2)]["counters"]["pid"]
+    records, problems = parse_records((tmp_path / "records.jsonl").read_bytes())
+    assert not problems and len([r for r in records if r.round >= 0]) == 6
+
+
+def test_crash_mid_cell_is_an_error_record(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a"], [64], seed=0, rounds=2)
+    outcome = run_schedule(
+        [_launch("a", crash_round=0)], rounds, workdir=tmp_path, cell_timeout_s=30
+    )
+    first = [r for r in outcome.records if r["round"] == 0][0]
+    assert first["status"] == "error" and "exited with code 3" in first["reason"]
+    assert [r["status"] for r in outcome.records if r["round"] == 1] == ["ok"]
+
+
+def test_load_failure_stops_before_any_timing(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=0, rounds=2)
+    with pytest.raises(VariantError, match="variant b: cannot load model: corrupt weights"):
+        run_schedule(
+            [_launch("a"), _launch("b", fail_load=True)],
+            rounds,
+            workdir=tmp_path,
+            cell_timeout_s=30,
+        )
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["status"] == "warmup" for line in lines)
+
+
+def test_stop_request_finishes_the_cell_in_flight_then_stops(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=0, rounds=5)
+    done: list[int] = []
+
+    def progress(p: Progress) -> None:
+        done.append(p.cells_done)
+
+    outcome = run_schedule(
+        [_launch("a"), _launch("b")],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        on_progress=progress,
+        should_stop=lambda: bool(done) and done[-1] >= 3,
+    )
+    assert outcome.stopped and outcome.cells_done == 3
+    assert len([r for r in outcome.records if r["round"] >= 0]) == 3
+
+
+def test_fresh_process_runs_every_cell_in_a_new_process(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a"], [64, 128], seed=0, rounds=2)
+    outcome = run_schedule(
+        [_launch("a")], rounds, workdir=tmp_path, cell_timeout_s=30, fresh_process=True
+    )
+    measured = [r for r in outcome.records if r["round"] >= 0]
+    assert len({r["counters"]["pid"] for r in measured}) == 4
+    assert sum(r["status"] == "warmup" for r in outcome.records) == 4
+
+
+def test_bracketing_controls_go_to_their_own_file(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b", "c", "d"], [64, 128], seed=0, rounds=1, baseline="a")
+    outcome = run_schedule(
+        [_launch(n) for n in "abcd"], rounds, workdir=tmp_path, cell_timeout_s=30
+    )
+    assert len(outcome.controls) == 2 and all(r["variant"] == "a" for r in outcome.controls)
+    assert len([r for r in outcome.records if r["round"] >= 0]) == 8
+    assert len((tmp_path / "controls.jsonl").read_text().splitlines()) == 2

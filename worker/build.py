@@ -1,0 +1,296 @@
+"""Isolated builds per (repository, commit, recipe), cached by digest, checked after building.
+
+Each build gets its own venv with `--system-site-packages` plus the host interpreter's own
+site-packages (MLX comes from the host; a host that is itself a venv needs the second). The
+recipe's argv runs in the checkout with its env (`{python}` replaced by the venv's python; no
+shell, no command from the job), its output goes to a log. Then the engine module is imported
+exactly as a variant process will import it, and the file it came from must lie inside the
+checkout: seed 002's install-path defect (code built or loaded from somewhere else) fails the
+build instead of producing numbers for the wrong code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from evidence.canonical import sha256_file, sha256_json
+from worker.checkout import Checkout, tree_state
+from worker.config import Recipe, RepositoryConfig
+from worker.variants import child_env
+
+log = logging.getLogger(__name__)
+
+BUILD_TIMEOUT_S = 1800.0
+MARKER = "coldbench-build.json"
+NATIVE_SUFFIXES = (".so", ".dylib", ".pyd")
+# Packages installed into the build venv must win over the host's copy of the same package
+# (a venv's own site-packages always should). Editable installs register meta-path finders that
+# Python consults after the path-based finder, so without this line the host's installed
+# mlx_lm would shadow the checkout's editable one: the install-path defect, reproduced.
+_PRECEDENCE_PTH = (
+    "import sys; sys.meta_path.sort(key=lambda f: 0 if str(getattr(f, '__module__', ''))"
+    ".startswith('__editable__') else 1)\n"
+)
+_IMPORT_PROBE = (
+    "import importlib, json, sys; m = importlib.import_module(sys.argv[1]); "
+    "print(json.dumps({'file': getattr(m, '__file__', None), 'executable': sys.executable}))"
+)
+
+
+@dataclass
+class Build:
+    repository: str
+    commit: str
+    recipe: str
+    command: list[str]
+    venv: str
+    python: str
+    checkout: str
+    log_path: str
+    log_sha256: str | None
+    ok: bool
+    reason: str | None
+    engine_module_file: str | None = None
+    native_modules: dict[str, str] = field(default_factory=dict)
+    dirty: bool | None = None
+    diff_sha256: str | None = None
+    build_s: float | None = None
+    cached: bool = False
+
+
+def build_key(repository: RepositoryConfig, checkout: Checkout, recipe: Recipe) -> str:
+    return sha256_json(
+        {
+            "repository": repository.name,
+            "url": repository.url,
+            "module": repository.module,
+            "commit": checkout.commit,
+            "checkout": str(checkout.path),
+            "recipe": {"name": recipe.name, "command": list(recipe.command), "env": recipe.env},
+            "host_python": sys.executable,
+            "python_version": sys.version,
+        }
+    )
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _host_site_paths() -> list[str]:
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    return list(dict.fromkeys(p for p in paths if p and Path(p).is_dir()))
+
+
+def create_venv(venv: Path) -> Path:
+    """A venv that sees the host's packages (MLX), with its own installs taking precedence."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    python = _venv_python(venv)
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    site = Path(purelib)
+    # `zz`: processed after the venv's own .pth files, so host paths come after the venv's.
+    (site / "zz-coldbench-host-site.pth").write_text("\n".join(_host_site_paths()) + "\n")
+    (site / "zz-coldbench-precedence.pth").write_text(_PRECEDENCE_PTH)
+    return python
+
+
+def native_modules(root: Path) -> dict[str, str]:
+    """sha256 of every native extension under the checkout (what really got built)."""
+    found: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for filename in filenames:
+            if filename.endswith(NATIVE_SUFFIXES) or ".so." in filename:
+                path = Path(dirpath, filename)
+                found[str(path.relative_to(root))] = sha256_file(path)[0]
+    return dict(sorted(found.items()))
+
+
+def imported_file(python: Path, module: str, *, cwd: Path) -> str | None:
+    """The file `module` is imported from by `python`, in a variant process's environment."""
+    env = child_env()
+    done = subprocess.run(
+        [str(python), "-c", _IMPORT_PROBE, module],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or ["import failed"])[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])["file"]
+
+
+def is_inside(path: str | None, root: Path) -> bool:
+    if not path:
+        return False
+    return Path(path).resolve().is_relative_to(root.resolve())
+
+
+def install_path_problem(module_file: str | None, module: str, checkout: Path) -> str | None:
+    if is_inside(module_file, checkout):
+        return None
+    return (
+        f"install-path check failed: {module} was imported from {module_file}, "
+        f"not from the checkout {checkout}"
+    )
+
+
+def _run_recipe(recipe: Recipe, *, python: Path, venv: Path, cwd: Path, log_path: Path) -> int:
+    command = [arg.replace("{python}", str(python)) for arg in recipe.command]
+    env = {
+        **os.environ,
+        "VIRTUAL_ENV": str(venv),
+        "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_NO_INPUT": "1",
+        **recipe.env,
+    }
+    env.pop("PYTHONHOME", None)
+    with open(log_path, "ab") as log_file:
+        header = {
+            "recipe": recipe.name,
+            "command": command,
+            "cwd": str(cwd),
+            "env": recipe.env,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        log_file.write(f"# coldbench build {json.dumps(header, sort_keys=True)}\n".encode())
+        log_file.flush()
+        try:
+            done = subprocess.run(
+                command,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT_S,
+                check=False,
+            )
+            code = done.returncode
+        except FileNotFoundError as error:
+            log_file.write(f"# command not found: {error}\n".encode())
+            code = 127
+        except subprocess.TimeoutExpired:
+            log_file.write(f"# build timed out after {BUILD_TIMEOUT_S:.0f} s\n".encode())
+            code = 124
+        log_file.write(f"# exit code {code}\n".encode())
+    return code
+
+
+def build(
+    repository: RepositoryConfig,
+    checkout: Checkout,
+    recipe: Recipe,
+    *,
+    state_dir: Path,
+    log_path: Path,
+) -> Build:
+    """Build (or reuse) the venv of (repository, commit, recipe) and check its import path.
+
+    Never raises for a failing build: the result says `ok=False` with the reason and the log.
+    """
+    key = build_key(repository, checkout, recipe)
+    venv = state_dir / "venvs" / key[:32]
+    marker = venv / MARKER
+    python = _venv_python(venv)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [arg.replace("{python}", str(python)) for arg in recipe.command]
+    result = Build(
+        repository=repository.name,
+        commit=checkout.commit,
+        recipe=recipe.name,
+        command=command,
+        venv=str(venv),
+        python=str(python),
+        checkout=str(checkout.path),
+        log_path=str(log_path),
+        log_sha256=None,
+        ok=False,
+        reason=None,
+    )
+    cached_log = venv / "build.log"
+    if marker.exists():
+        try:
+            cached = Build(**json.loads(marker.read_text()))
+        except (TypeError, ValueError):
+            cached = None
+        if cached is not None and cached.ok:
+            # Reuse, but check again: the host's environment may have changed underneath.
+            shutil.copyfile(cached_log, log_path)
+            with open(log_path, "ab") as log_file:
+                log_file.write(f"# reused cached build {venv.name}\n".encode())
+            result = cached
+            result.cached = True
+            result.log_path = str(log_path)
+            return _check(result, repository, checkout, log_path)
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
+    started = time.monotonic()
+    try:
+        python = create_venv(venv)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
+        with open(log_path, "ab") as log_file:
+            log_file.write(f"# creating the venv failed: {error}\n".encode())
+        result.reason = f"build failed: could not create the venv ({error})"
+        result.log_sha256 = sha256_file(log_path)[0]
+        return result
+    code = _run_recipe(recipe, python=python, venv=venv, cwd=checkout.path, log_path=log_path)
+    result.build_s = round(time.monotonic() - started, 3)
+    if code != 0:
+        result.reason = f"build failed: recipe {recipe.name} exited with code {code}"
+        result.log_sha256 = sha256_file(log_path)[0]
+        return result
+    result = _check(result, repository, checkout, log_path)
+    if result.ok:
+        shutil.copyfile(log_path, cached_log)
+        marker.write_text(json.dumps(asdict(result), indent=2, sort_keys=True))
+    return result
+
+
+def _check(
+    result: Build, repository: RepositoryConfig, checkout: Checkout, log_path: Path
+) -> Build:
+    python = Path(result.python)
+    try:
+        module_file = imported_file(python, repository.module, cwd=python.parent)
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as error:
+        module_file = None
+        problem: str | None = f"install-path check failed: import {repository.module}: {error}"
+    else:
+        problem = install_path_problem(module_file, repository.module, checkout.path)
+    result.engine_module_file = module_file
+    result.native_modules = native_modules(checkout.path)
+    result.dirty, result.diff_sha256 = tree_state(checkout.path)
+    with open(log_path, "ab") as log_file:
+        log_file.write(f"# {repository.module} imported from {module_file}\n".encode())
+        if problem:
+            log_file.write(f"# {problem}\n".encode())
+    result.ok = problem is None
+    result.reason = problem
+    result.log_sha256 = sha256_file(log_path)[0]
+    return result

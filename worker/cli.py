@@ -1,0 +1,353 @@
+"""`coldbench run` (the whole matrix on this machine, no server) and `coldbench worker`."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from evidence.schemas import JobSpec, VariantSpec
+
+app = typer.Typer(add_completion=False)
+
+TARGET_KEYS = ("ref", "recipe")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def parse_variant(text: str) -> VariantSpec:
+    """`NAME[:key=value[,key=value...]]`; `ref` and `recipe` are target keys, others flags."""
+    from pydantic import ValidationError
+
+    from evidence.schemas import VariantSpec
+    from evidence.variant import parse_flag_value
+
+    name, _, rest = text.partition(":")
+    fields: dict[str, Any] = {"name": name, "flags": {}}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"--variant {text!r}: expected key=value, got {item!r}")
+        if key in TARGET_KEYS:
+            fields[key] = value
+        elif key in fields["flags"]:
+            raise ValueError(f"--variant {text!r}: {key} given twice")
+        else:
+            fields["flags"][key] = parse_flag_value(value)
+    try:
+        return VariantSpec.model_validate(fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"--variant {text!r}: {where}: {first['msg']}") from None
+
+
+def parse_contexts(text: str) -> list[int]:
+    try:
+        contexts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--contexts {text!r}: give token counts like 128,256") from None
+    if not contexts or any(c < 1 for c in contexts):
+        raise ValueError(f"--contexts {text!r}: give positive token counts like 128,256")
+    return contexts
+
+
+def build_spec(
+    *,
+    model: str,
+    contexts: str,
+    rounds: int,
+    decode_tokens: int,
+    variants: list[str],
+    seed: int,
+    mode: str,
+    features: str | None,
+    repository: str | None,
+    recipe: str | None,
+    fresh_process: bool,
+) -> JobSpec:
+    from pydantic import ValidationError
+
+    from evidence.schemas import JobSpec
+
+    parsed = [parse_variant(v) for v in variants] or [parse_variant("base")]
+    if recipe is not None:
+        parsed = [v.model_copy(update={"recipe": v.recipe or recipe}) for v in parsed]
+    raw = {
+        "mode": mode,
+        "adapter": "mlx-lm" if repository else "embedded",
+        "repository": repository,
+        "variants": [v.model_dump() for v in parsed],
+        "features": [f for f in (features or "").split(",") if f],
+        "contexts": parse_contexts(contexts),
+        "rounds": rounds,
+        "decode_tokens": decode_tokens,
+        "model": model,
+        "seed": seed,
+        "fresh_process": fresh_process,
+    }
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "job"
+        raise ValueError(f"{where}: {first['msg']}") from None
+    from evidence.variant import expand_variants
+
+    expand_variants(spec)  # refuses clashing ablation names now, not after the builds
+    if repository is None and any(v.ref or v.recipe for v in spec.variants):
+        raise ValueError("ref= and recipe= name commits of a repository: add --repo PATH")
+    return spec
+
+
+def _verdict_table(summary: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="prefill: variant vs baseline (paired, same prompts)")
+    for column in ("context", "variant", "n", "ratio", "95% interval", "verdict"):
+        table.add_column(column)
+    for row in summary.get("comparisons", []):
+        ratio = row.get("ratio_median")
+        low, high = row.get("ci_low"), row.get("ci_high")
+        table.add_row(
+            str(row["context_tokens"]),
+            f"{row['variant']} / {row.get('baseline') or summary.get('baseline')}",
+            str(row.get("n")),
+            "-" if ratio is None else f"{ratio:.3f}",
+            "-" if low is None or high is None else f"[{low:.3f}, {high:.3f}]",
+            str(row.get("verdict")),
+        )
+    return table
+
+
+@app.command("run")
+def run(
+    model: Annotated[str, typer.Option(help="A checkpoint folder or preset:NAME.")] = "preset:tiny",
+    contexts: Annotated[str, typer.Option(help="Context lengths in tokens, e.g. 128,256.")] = (
+        "128,256"
+    ),
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (pairing units).")] = 3,
+    decode_tokens: Annotated[int, typer.Option(min=0, help="Greedy tokens after prefill.")] = 8,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variant",
+            help="NAME[:key=value,...]; repeat. The first is the baseline. Keys ref and recipe "
+            "pick a commit and a build recipe of --repo; the rest are engine flags.",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of prompts, order and bootstrap.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Bundle folder to write (new).")] = None,
+    mode: Annotated[str, typer.Option(help="ab, ablation or sweep.")] = "ab",
+    features: Annotated[
+        str | None, typer.Option(help="Ablation features: flag or flag=value, comma-separated.")
+    ] = None,
+    repo: Annotated[
+        Path | None, typer.Option(help="A git repository of the engine (mlx-lm or a fork).")
+    ] = None,
+    recipe: Annotated[
+        str | None, typer.Option(help="Build recipe for --repo variants (default: editable).")
+    ] = None,
+    module: Annotated[str, typer.Option(help="Engine module of --repo.")] = "mlx_lm",
+    fresh_process: Annotated[
+        bool, typer.Option("--fresh-process", help="A new process for every cell.")
+    ] = False,
+    cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
+    state_dir: Annotated[
+        Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
+    ] = Path(".coldbench"),
+) -> None:
+    """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle."""
+    import logging
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from worker.config import ConfigError, local_repository
+    from worker.fingerprint import host_fingerprint, host_labels
+    from worker.run import RunRefused, execute_run
+    from worker.variants import Progress as CellProgress
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=True)
+    if mode not in ("ab", "ablation", "sweep"):
+        _fail(f"--mode {mode!r}: choose ab, ablation or sweep")
+    repositories = {}
+    try:
+        if repo is not None:
+            repository = local_repository(repo, module=module)
+            repositories[repository.name] = repository
+        spec = build_spec(
+            model=model,
+            contexts=contexts,
+            rounds=rounds,
+            decode_tokens=decode_tokens,
+            variants=list(variant or []),
+            seed=seed,
+            mode=mode,
+            features=features,
+            repository=next(iter(repositories), None),
+            recipe=recipe,
+            fresh_process=fresh_process,
+        )
+    except (ValueError, ConfigError) as error:
+        _fail(str(error))
+    models: dict[str, Path] = {}
+    if not model.startswith("preset:"):
+        path = Path(model).expanduser()
+        if not (path / "config.json").is_file():
+            _fail(f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME")
+        models[path.name] = path.resolve()
+        spec = spec.model_copy(update={"model": path.name})
+    started = datetime.now(UTC)
+    run_id = f"local-{started:%Y%m%dT%H%M%S}"
+    out = out or Path(f"evidence-{run_id}")
+    if out.exists() and any(out.iterdir()):
+        _fail(f"--out {out}: folder exists and is not empty; choose a new one")
+    workdir = state_dir.resolve() / "runs" / run_id
+    host = host_fingerprint()
+    command = shlex.join(["coldbench", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else None
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[left]}"),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("preparing", total=None, left="")
+
+        def on_phase(text: str) -> None:
+            bar.update(task, description=text)
+
+        def on_progress(progress: CellProgress) -> None:
+            where = (
+                f"{progress.variant} @ {progress.context_tokens} tokens"
+                if progress.variant
+                else "done"
+            )
+            left = "" if progress.eta_s is None else f"~{progress.eta_s:.0f} s left"
+            if progress.invalid:
+                left += f"  ({len(progress.invalid)} not ok)"
+            bar.update(
+                task,
+                description=where,
+                total=progress.cells_total,
+                completed=progress.cells_done,
+                left=left,
+            )
+
+        try:
+            outcome = execute_run(
+                spec,
+                run_id=run_id,
+                workdir=workdir,
+                state_dir=state_dir.resolve(),
+                host=host,
+                labels=host_labels(host, []),
+                repositories=repositories,
+                models=models,
+                command=command,
+                cell_timeout_s=cell_timeout_s,
+                on_progress=on_progress,
+                on_phase=on_phase,
+            )
+        except RunRefused as error:
+            _fail(str(error))
+        except KeyboardInterrupt:
+            console.print(f"interrupted; records so far are in {workdir}")
+            raise typer.Exit(130) from None
+
+    from evidence.bundle import write_folder, zip_bytes
+
+    folder = write_folder(out, outcome.files)
+    folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
+    out_console = Console()
+    if outcome.summary:
+        out_console.print(_verdict_table(outcome.summary))
+        invalid = (outcome.summary.get("invalid") or {}).get("count")
+        if invalid:
+            out_console.print(f"{invalid} cells not ok (see summary.md)")
+    out_console.print(f"evidence {outcome.evidence_id}")
+    out_console.print(f"bundle {folder.resolve()}")
+    if outcome.status != "succeeded":
+        typer.echo(f"error: run failed: {outcome.reason}", err=True)
+        raise typer.Exit(1)
+
+
+def _valid_token(token: str) -> bool:
+    return re.fullmatch(r"cbe_[A-Za-z0-9_-]{8,200}", token) is not None
+
+
+@app.command("worker")
+def worker(
+    api: Annotated[str, typer.Option(help="The coldbench server, e.g. https://bench.example.org")],
+    config: Annotated[Path, typer.Option(help="This host's worker.toml.")] = Path("worker.toml"),
+    enroll: Annotated[
+        str | None, typer.Option(help="One-use enrollment token (first start only).")
+    ] = None,
+    heartbeat_s: Annotated[float, typer.Option(min=0.1, help="Heartbeat period.")] = 15.0,
+    lease_wait_s: Annotated[int, typer.Option(min=0, max=25, help="Lease long-poll.")] = 25,
+    max_runs: Annotated[
+        int | None, typer.Option(min=1, help="Exit after this many runs (default: never).")
+    ] = None,
+    idle_exit_s: Annotated[
+        float | None, typer.Option(min=0.0, help="Exit after this long without work.")
+    ] = None,
+    host_lock: Annotated[
+        Path | None,
+        typer.Option(help="Lock file shared by every agent of this host (default: in /tmp)."),
+    ] = None,
+    cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+) -> None:
+    """Run this host's agent: lease jobs from the server, measure them, upload the evidence."""
+    import logging
+
+    from worker.agent import Agent, AgentError, AgentOptions
+    from worker.config import ConfigError, load_host_config
+
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not re.fullmatch(r"https?://[^\s]+", api):
+        _fail(f"--api {api!r}: give an http:// or https:// URL")
+    try:
+        host_config = load_host_config(config)
+    except ConfigError as error:
+        _fail(str(error))
+    options = AgentOptions(
+        heartbeat_s=heartbeat_s,
+        lease_wait_s=lease_wait_s,
+        max_runs=max_runs,
+        idle_exit_s=idle_exit_s,
+        host_lock_path=host_lock,
+        cell_timeout_s=cell_timeout_s,
+    )
+    agent = Agent(api, host_config, options=options)
+    try:
+        if enroll is not None:
+            if not _valid_token(enroll):
+                _fail("--enroll: not an enrollment token (they look like cbe_...)")
+            secret = agent.enroll(enroll)
+            typer.echo(
+                f"enrolled as {secret['worker_id']}; secret kept in {host_config.secret_path}",
+                err=True,
+            )
+        else:
+            agent.load_secret()
+        code = agent.run_forever()
+    except AgentError as error:
+        _fail(str(error), code=1)
+    raise typer.Exit(code)

@@ -1,0 +1,221 @@
+"""provenance.json of a run: host, software, what each variant really ran, model, job, command.
+
+Each target names the commit it was built from and the file its engine module was imported
+from as reported by the variant process itself (not what the build expected), so a reviewer
+can see that `pr` really ran the branch's code.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from evidence.canonical import sha256_hex, sha256_json
+from evidence.schemas import (
+    HostInfo,
+    JobSpec,
+    ModelInfo,
+    Provenance,
+    SoftwareInfo,
+    TargetInfo,
+    VariantSpec,
+)
+from worker.build import Build
+from worker.checkout import Checkout
+
+log = logging.getLogger(__name__)
+
+# Keys a variant process's `ready` line may use for the file its engine module came from.
+_MODULE_FILE_KEYS = ("engine_module_file", "module_file", "mlx_lm_file", "file")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def coldbench_version() -> str | None:
+    found = _version("coldbench")
+    if found:
+        return found
+    try:  # running from a checkout that is not installed
+        return str(importlib.import_module("coldbench").__version__)
+    except (ImportError, AttributeError):
+        return None
+
+
+@functools.cache
+def pip_freeze_sha256(python: str = sys.executable) -> str | None:
+    """Digest of `pip freeze` of an interpreter: any package change changes it."""
+    try:
+        done = subprocess.run(
+            [python, "-m", "pip", "freeze", "--all"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    lines = sorted(line for line in done.stdout.splitlines() if line.strip())
+    return sha256_hex("\n".join(lines).encode())
+
+
+def software_info() -> SoftwareInfo:
+    return SoftwareInfo(
+        python=platform.python_version(),
+        mlx=_version("mlx"),
+        mlx_lm=_version("mlx-lm"),
+        coldbench=coldbench_version(),
+        pip_freeze_sha256=pip_freeze_sha256(sys.executable),
+        python_executable=sys.executable,
+    )
+
+
+def module_file_of(ready_target: Mapping[str, Any] | None) -> str | None:
+    for key in _MODULE_FILE_KEYS:
+        value = (ready_target or {}).get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def target_info(
+    variant: VariantSpec,
+    *,
+    adapter: str,
+    ready_target: Mapping[str, Any] | None,
+    checkout: Checkout | None = None,
+    build: Build | None = None,
+) -> TargetInfo:
+    """What one variant ran: its code (repository, commit, build) and what the process saw."""
+    ready = dict(ready_target or {})
+    info = TargetInfo(
+        variant=variant.name,
+        adapter=adapter,  # type: ignore[arg-type]
+        flags=dict(variant.flags),
+        engine_module_file=module_file_of(ready),
+        ready=ready,
+    )
+    if checkout is not None:
+        info.repository = checkout.url
+        info.ref = checkout.ref
+        info.commit = checkout.commit
+        info.source_dirty = checkout.source_dirty  # type: ignore[attr-defined]
+        info.checkout = str(checkout.path)  # type: ignore[attr-defined]
+    if build is not None:
+        info.recipe = build.recipe
+        info.build_command = list(build.command)
+        info.build_log_sha256 = build.log_sha256
+        info.native_modules = dict(build.native_modules)
+        info.dirty = build.dirty
+        info.diff_sha256 = build.diff_sha256
+        info.build_python = build.python  # type: ignore[attr-defined]
+        info.build_cached = build.cached  # type: ignore[attr-defined]
+        # The build checked its import path; the variant process reports its own. Both must
+        # lie inside the checkout, and the evidence keeps both.
+        info.build_module_file = build.engine_module_file  # type: ignore[attr-defined]
+    return info
+
+
+def model_info(name: str, path: Path) -> ModelInfo:
+    from engine.checkpoints import inspect_checkpoint
+
+    inspected = inspect_checkpoint(path)
+    return ModelInfo(
+        name=name,
+        path=str(path),
+        architecture=inspected.get("architecture"),
+        parameters=inspected.get("parameters"),
+        quantization=inspected.get("quantization"),
+        config_sha256=inspected.get("config_sha256"),
+        weights_sha256=inspected.get("weights_sha256"),
+        tokenizer_sha256=inspected.get("tokenizer_sha256"),
+        dtype=inspected.get("dtype"),
+    )
+
+
+def job_spec_sha256(spec: JobSpec) -> str:
+    return sha256_json(spec.model_dump(mode="json", by_alias=True))
+
+
+def _variant_option(variant: VariantSpec) -> str:
+    pairs = []
+    if variant.ref is not None:
+        pairs.append(f"ref={variant.ref}")
+    if variant.recipe is not None:
+        pairs.append(f"recipe={variant.recipe}")
+    pairs += [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in variant.flags.items()
+    ]
+    return variant.name + (":" + ",".join(pairs) if pairs else "")
+
+
+def reproduce_command(spec: JobSpec, *, repository_url: str | None = None) -> str:
+    """The `coldbench run` line that repeats this run's plan on one machine."""
+    argv = [
+        "coldbench",
+        "run",
+        "--model",
+        spec.model,
+        "--contexts",
+        ",".join(str(c) for c in spec.contexts),
+        "--rounds",
+        str(spec.rounds),
+        "--decode-tokens",
+        str(spec.decode_tokens),
+        "--seed",
+        str(spec.seed),
+        "--mode",
+        spec.mode,
+    ]
+    if spec.features:
+        argv += ["--features", ",".join(spec.features)]
+    if repository_url:
+        argv += ["--repo", repository_url]
+    for variant in spec.variants:
+        argv += ["--variant", _variant_option(variant)]
+    if spec.fresh_process:
+        argv.append("--fresh-process")
+    argv += ["--out", "evidence-repro"]
+    return shlex.join(argv)
+
+
+def run_provenance(
+    *,
+    run_id: str,
+    host: HostInfo,
+    software: SoftwareInfo,
+    targets: Sequence[TargetInfo],
+    model: ModelInfo,
+    spec: JobSpec | None,
+    command: str,
+    labels: Sequence[str] = (),
+) -> Provenance:
+    if labels:
+        # The labels the run was matched by belong to the host as it was then.
+        host = host.model_copy(update={"labels": list(labels)})
+    return Provenance(
+        run_id=run_id,
+        created_at=datetime.now(UTC),
+        host=host,
+        software=software,
+        targets=list(targets),
+        model=model,
+        job_spec_sha256=job_spec_sha256(spec) if spec is not None else None,
+        command=command,
+    )

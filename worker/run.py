@@ -1,0 +1,398 @@
+"""One run on this host: prepare every variant, run the balanced rounds, write the bundle.
+
+Shared by `coldbench run` (a maintainer's machine, no server) and the agent (a leased job), so
+both produce identical evidence. Order of work: resolve the model; for a repository target
+mirror it, resolve each ref to a commit and build each (repository, commit, recipe) in
+isolation; start one variant process per variant (every model loaded, every build checked)
+before the first timed cell; then the rounds; then provenance and the bundle.
+
+A build failure is a result: the run completes as failed with its build logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evidence.schemas import HostInfo, JobSpec, VariantSpec
+from evidence.variant import baseline_name, expand_variants
+from worker.build import Build, build, install_path_problem
+from worker.checkout import Checkout, CheckoutError, check_ref, prepare
+from worker.config import Recipe, RepositoryConfig
+from worker.provenance import (
+    model_info,
+    module_file_of,
+    reproduce_command,
+    run_provenance,
+    software_info,
+    target_info,
+)
+from worker.schedule import plan_rounds
+from worker.variants import (
+    CONTROLS_FILE,
+    RECORDS_FILE,
+    Progress,
+    ScheduleOutcome,
+    VariantError,
+    VariantLaunch,
+    run_schedule,
+)
+
+log = logging.getLogger(__name__)
+
+CELL_TIMEOUT_S = 600.0
+
+
+class RunRefused(ValueError):
+    """The job cannot run on this host (repository not allow-listed, recipe unknown, ...)."""
+
+
+@dataclass
+class PreparedVariant:
+    spec: VariantSpec
+    launch: VariantLaunch
+    adapter: str
+    checkout: Checkout | None = None
+    build: Build | None = None
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    status: str  # "succeeded" | "failed"
+    reason: str | None
+    files: dict[str, bytes]  # every bundle file, manifest.json included
+    evidence_id: str | None
+    summary: dict[str, Any] | None
+    cells_done: int = 0
+    cells_total: int = 0
+    stopped: bool = False
+    workdir: Path | None = None
+    build_logs: dict[str, bytes] = field(default_factory=dict)
+
+
+def check_job(spec: JobSpec, repositories: Mapping[str, RepositoryConfig]) -> None:
+    """Refuse what this host must never run, before anything is cloned or built."""
+    if spec.adapter == "embedded":
+        if spec.repository:
+            raise RunRefused("an embedded job names no repository")
+        return
+    if spec.adapter != "mlx-lm":
+        raise RunRefused(f"adapter {spec.adapter} is not offered by this worker")
+    repository = repositories.get(spec.repository or "")
+    if repository is None:
+        raise RunRefused(f"repository {spec.repository!r} is not on this host's allow-list")
+    for variant in expand_variants(spec):
+        if variant.ref is None:
+            raise RunRefused(f"variant {variant.name} names no ref of {repository.name}")
+        try:
+            check_ref(variant.ref)
+        except CheckoutError as error:
+            raise RunRefused(str(error)) from None
+        recipe_for(repository, variant)
+
+
+def recipe_for(repository: RepositoryConfig, variant: VariantSpec) -> Recipe:
+    if variant.recipe is not None:
+        recipe = repository.recipes.get(variant.recipe)
+        if recipe is None:
+            raise RunRefused(
+                f"recipe {variant.recipe!r} is not defined for {repository.name} on this host "
+                f"(defined: {', '.join(sorted(repository.recipes)) or 'none'})"
+            )
+        return recipe
+    if len(repository.recipes) == 1:
+        return next(iter(repository.recipes.values()))
+    if "default" in repository.recipes:
+        return repository.recipes["default"]
+    raise RunRefused(
+        f"variant {variant.name}: name a recipe of {repository.name} "
+        f"({', '.join(sorted(repository.recipes))})"
+    )
+
+
+def _plan(
+    spec: JobSpec, variant: VariantSpec, *, run_id: str, model: Path, adapter: str
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "variant": variant.name,
+        "adapter": adapter,
+        "model": str(model),
+        "flags": dict(variant.flags),
+        "decode_tokens": spec.decode_tokens,
+        "seed": spec.seed,
+        "checkout": None,
+        "server_command": None,
+    }
+
+
+def prepare_variants(
+    spec: JobSpec,
+    *,
+    run_id: str,
+    model: Path,
+    repositories: Mapping[str, RepositoryConfig],
+    state_dir: Path,
+    workdir: Path,
+    on_phase: Callable[[str], None] | None = None,
+) -> tuple[list[PreparedVariant], dict[str, bytes], str | None]:
+    """(variants, build logs by file name, failure reason or None). Builds before any timing."""
+    check_job(spec, repositories)
+    prepared: list[PreparedVariant] = []
+    logs: dict[str, bytes] = {}
+    if spec.adapter == "embedded":
+        for variant in expand_variants(spec):
+            plan = _plan(spec, variant, run_id=run_id, model=model, adapter="embedded")
+            launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
+            prepared.append(PreparedVariant(variant, launch, "embedded"))
+        return prepared, logs, None
+
+    repository = repositories[spec.repository or ""]
+    builds: dict[tuple[str, str], Build] = {}
+    for variant in expand_variants(spec):
+        assert variant.ref is not None  # check_job
+        recipe = recipe_for(repository, variant)
+        if on_phase:
+            on_phase(f"checkout {repository.name}@{variant.ref}")
+        try:
+            checkout = prepare(repository, variant.ref, state_dir=state_dir)
+        except CheckoutError as error:
+            return prepared, logs, f"variant {variant.name}: {error}"
+        key = (checkout.commit, recipe.name)
+        log_name = f"build-{variant.name}.log"
+        if key not in builds:
+            if on_phase:
+                on_phase(f"build {repository.name}@{checkout.commit[:12]} ({recipe.name})")
+            builds[key] = build(
+                repository,
+                checkout,
+                recipe,
+                state_dir=state_dir,
+                log_path=workdir / "builds" / log_name,
+            )
+            logs[log_name] = Path(builds[key].log_path).read_bytes()
+        else:
+            logs[log_name] = Path(builds[key].log_path).read_bytes()
+        result = builds[key]
+        plan = _plan(spec, variant, run_id=run_id, model=model, adapter=repository.adapter)
+        plan["checkout"] = str(checkout.path)
+        launch = VariantLaunch(name=variant.name, python=result.python, plan=plan)
+        prepared.append(PreparedVariant(variant, launch, repository.adapter, checkout, result))
+        if not result.ok:
+            return prepared, logs, f"variant {variant.name}: {result.reason}"
+    return prepared, logs, None
+
+
+def _records_bytes(path: Path) -> bytes:
+    return path.read_bytes() if path.exists() else b""
+
+
+def assemble_bundle(
+    *,
+    spec: JobSpec,
+    records_raw: bytes,
+    controls_raw: bytes,
+    provenance: Any,
+    build_logs: Mapping[str, bytes],
+) -> tuple[dict[str, bytes], dict[str, Any] | None]:
+    """Every bundle file (evidence/'s summary, Markdown, report, manifest) and the summary."""
+    from evidence.bundle import bundle_files
+    from evidence.records import parse_records
+    from evidence.stats import summarize
+
+    records, problems = parse_records(records_raw)
+    if problems:
+        raise ValueError(f"records.jsonl is not valid: {problems[0]}")
+    summary = None
+    summary_md = report_html = None
+    if any(r.round >= 0 for r in records):
+        summary = summarize(records, spec=spec, provenances=[provenance])
+        try:
+            from evidence.markdown import render_summary_md
+            from evidence.report import render_report_html
+        except ModuleNotFoundError:  # evidence's renderers not landed in this checkout yet
+            log.warning("evidence renderers unavailable: summary.md and report.html skipped")
+        else:
+            summary_md = render_summary_md(summary, [provenance], evidence_id=None)
+            report_html = render_report_html(summary, records, [provenance], None)
+    extra = {CONTROLS_FILE: controls_raw} if controls_raw else {}
+    files = bundle_files(
+        spec=spec,
+        records=records_raw,
+        provenances=[provenance],
+        build_logs=dict(build_logs),
+        summary=summary,
+        summary_md=summary_md,
+        report_html=report_html,
+        extra_files=extra,
+    )
+    return files, summary
+
+
+def execute_run(
+    spec: JobSpec,
+    *,
+    run_id: str,
+    workdir: Path,
+    state_dir: Path,
+    host: HostInfo,
+    labels: Sequence[str] = (),
+    repositories: Mapping[str, RepositoryConfig] | None = None,
+    models: Mapping[str, Path] | None = None,
+    command: str | None = None,
+    cell_timeout_s: float = CELL_TIMEOUT_S,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> RunOutcome:
+    """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`."""
+    from engine.checkpoints import resolve_model
+    from evidence.bundle import MANIFEST_FILE, evidence_id_of
+
+    repositories = dict(repositories or {})
+    check_job(spec, repositories)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if on_phase:
+        on_phase(f"model {spec.model}")
+    try:
+        model = resolve_model(spec.model, {k: str(v) for k, v in (models or {}).items()})
+    except ValueError as error:
+        raise RunRefused(str(error).splitlines()[0]) from None
+    prepared, build_logs, failure = prepare_variants(
+        spec,
+        run_id=run_id,
+        model=model,
+        repositories=repositories,
+        state_dir=state_dir,
+        workdir=workdir,
+        on_phase=on_phase,
+    )
+    baseline = baseline_name(spec)
+    outcome: ScheduleOutcome | None = None
+    if failure is None:
+        rounds = plan_rounds(
+            [v.name for v in expand_variants(spec)],
+            spec.contexts,
+            seed=spec.seed,
+            rounds=spec.rounds,
+            baseline=baseline,
+        )
+        if on_phase:
+            on_phase("rounds")
+        try:
+            outcome = run_schedule(
+                [p.launch for p in prepared],
+                rounds,
+                workdir=workdir,
+                cell_timeout_s=cell_timeout_s,
+                fresh_process=spec.fresh_process,
+                on_progress=on_progress,
+                should_stop=should_stop,
+            )
+        except VariantError as error:
+            failure = str(error)
+    ready = outcome.targets if outcome else {}
+    for p in prepared:
+        module_file = module_file_of(ready.get(p.spec.name))
+        if failure is None and p.checkout is not None and module_file:
+            problem = install_path_problem(module_file, "the engine module", p.checkout.path)
+            if problem:
+                failure = f"variant {p.spec.name}: {problem}"
+    targets = [
+        target_info(
+            p.spec,
+            adapter=p.adapter,
+            ready_target=ready.get(p.spec.name),
+            checkout=p.checkout,
+            build=p.build,
+        )
+        for p in prepared
+    ]
+    if not targets:
+        targets = [
+            target_info(v, adapter=spec.adapter, ready_target=None) for v in expand_variants(spec)
+        ]
+    repository = repositories.get(spec.repository or "")
+    provenance = run_provenance(
+        run_id=run_id,
+        host=host,
+        software=software_info(),
+        targets=targets,
+        model=model_info(spec.model, model),
+        spec=spec,
+        command=command or reproduce_command(spec, repository_url=repository and repository.url),
+        labels=labels,
+    )
+    stopped = bool(outcome and outcome.stopped)
+    if failure is None and stopped:
+        failure = f"stopped after {outcome.cells_done} of {outcome.cells_total} cells"
+    files, summary = assemble_bundle(
+        spec=spec,
+        records_raw=_records_bytes(workdir / RECORDS_FILE),
+        controls_raw=_records_bytes(workdir / CONTROLS_FILE),
+        provenance=provenance,
+        build_logs=build_logs,
+    )
+    return RunOutcome(
+        run_id=run_id,
+        status="failed" if failure else "succeeded",
+        reason=failure,
+        files=files,
+        evidence_id=evidence_id_of(files[MANIFEST_FILE]),
+        summary=summary,
+        cells_done=outcome.cells_done if outcome else 0,
+        cells_total=outcome.cells_total if outcome else 0,
+        stopped=stopped,
+        workdir=workdir,
+        build_logs=dict(build_logs),
+    )
+
+
+def refused_files(raw_spec: Any, *, run_id: str, host: HostInfo, reason: str) -> dict[str, bytes]:
+    """The bundle of a run that never measured (refused or crashed): no records, provenance
+    saying who refused what and why, so the server and the submitter can see it."""
+    from evidence.bundle import bundle_files
+    from evidence.schemas import ModelInfo, TargetInfo
+
+    targets: list[TargetInfo] = []
+    model = ModelInfo()
+    spec: JobSpec | None = None
+    with contextlib.suppress(ValueError):
+        spec = JobSpec.model_validate(raw_spec)
+    if spec is not None:
+        model = ModelInfo(name=spec.model)
+        try:
+            targets = [
+                TargetInfo(
+                    variant=v.name,
+                    adapter=spec.adapter,
+                    repository=spec.repository,
+                    ref=v.ref,
+                    recipe=v.recipe,
+                    flags=dict(v.flags),
+                )
+                for v in expand_variants(spec)
+            ]
+        except ValueError:
+            targets = []
+    provenance = run_provenance(
+        run_id=run_id,
+        host=host,
+        software=software_info(),
+        targets=targets,
+        model=model,
+        spec=spec,
+        command=reproduce_command(spec) if spec is not None else "",
+    )
+    return bundle_files(
+        records=b"",
+        provenances=[provenance],
+        spec=spec,
+        extra_files={"reason.txt": (reason + "\n").encode()},
+    )

@@ -1,0 +1,393 @@
+"""Drive the engine's variant processes through a run's balanced schedule.
+
+One `python -m engine.runner` per variant stays alive for the whole run (the model loads once,
+one warm-up is discarded), and cells are sent in the schedule's order so variants interleave.
+With `fresh_process` every cell gets its own process instead. Records are appended to the
+run's spool files as they arrive (flush + fsync), so a crash loses at most the cell in flight.
+A cell that outlives its timeout kills its process; the variant restarts for its next cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.util import find_spec
+from pathlib import Path
+from typing import IO, Any
+
+from worker.schedule import Cell
+
+log = logging.getLogger(__name__)
+
+RECORDS_FILE = "records.jsonl"
+CONTROLS_FILE = "controls.jsonl"
+READY_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 10.0
+
+
+class VariantError(RuntimeError):
+    """A variant process could not start or answer; the message names the variant."""
+
+
+@dataclass(frozen=True)
+class VariantLaunch:
+    """How to start one variant's process: its interpreter and the plan it reads."""
+
+    name: str
+    python: str
+    plan: dict[str, Any]  # engine/runner.py's PLAN.json, without records_path and cells
+    env: dict[str, str] = field(default_factory=dict)
+    module: str = "engine.runner"  # tests swap in a misbehaving runner to drive the faults
+
+
+@dataclass
+class Progress:
+    cells_done: int
+    cells_total: int
+    variant: str | None
+    context_tokens: int | None
+    eta_s: float | None
+    invalid: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ScheduleOutcome:
+    records: list[dict[str, Any]]  # matrix cells and warm-ups, in the order they finished
+    controls: list[dict[str, Any]]
+    targets: dict[str, dict[str, Any]]  # variant -> the `target` its ready line reported
+    cells_done: int
+    cells_total: int
+    stopped: bool  # stopped early on request (SIGTERM, cancel)
+
+
+def engine_root() -> Path:
+    """The folder holding `engine/`, put on children's PYTHONPATH so any interpreter finds it."""
+    spec = find_spec("engine")
+    if spec is None or not spec.submodule_search_locations:
+        raise VariantError("the engine package is not importable from this interpreter")
+    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(engine_root()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def append_line(handle: IO[bytes], value: dict[str, Any]) -> None:
+    """Durable append: the line is on disk before the next cell starts."""
+    handle.write(json.dumps(value, sort_keys=True).encode() + b"\n")
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+class VariantProcess:
+    """One running `engine.runner`: its stdout lines arrive on a queue read by a thread."""
+
+    def __init__(self, launch: VariantLaunch, *, workdir: Path, instance: int) -> None:
+        self.launch = launch
+        self.spool_path = workdir / "spool" / f"{launch.name}.{instance}.jsonl"
+        self.stderr_path = workdir / "logs" / f"{launch.name}.{instance}.stderr.log"
+        self.plan_path = workdir / "plans" / f"{launch.name}.{instance}.json"
+        for path in (self.spool_path, self.stderr_path, self.plan_path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        plan = {**launch.plan, "records_path": str(self.spool_path), "cells": None}
+        self.plan_path.write_text(json.dumps(plan, indent=2, sort_keys=True))
+        self.target: dict[str, Any] | None = None
+        self.early_records: list[dict[str, Any]] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [launch.python, "-m", launch.module, "--plan", str(self.plan_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=child_env(launch.env),
+            # Its own session: a Ctrl-C or SIGTERM meant for the orchestrator does not kill the
+            # cell in flight; the orchestrator decides when its children stop.
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read_stdout, daemon=True, name=f"out-{launch.name}").start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self._lines.put(raw.decode("utf-8", "replace").strip())
+        self._lines.put(None)
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return self.stderr_path.read_bytes()[-limit:].decode("utf-8", "replace").strip()
+        return ""
+
+    def _next_event(self, deadline: float) -> dict[str, Any]:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                raise TimeoutError from None
+            if line is None:
+                code = self.proc.wait()
+                raise VariantError(
+                    f"variant {self.launch.name}: process exited with code {code}: "
+                    f"{self.stderr_tail(500) or 'no stderr'}"
+                )
+            if not line.startswith("{"):
+                log.debug("variant %s stdout: %s", self.launch.name, line)
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                log.debug("variant %s stdout: %s", self.launch.name, line)
+                continue
+            if isinstance(event, dict):
+                return event
+
+    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                event = self._next_event(deadline)
+            except TimeoutError:
+                self.kill()
+                raise VariantError(
+                    f"variant {self.launch.name}: not ready after {timeout_s:.0f} s"
+                ) from None
+            kind = event.get("event")
+            if kind == "ready":
+                self.target = dict(event.get("target") or {})
+                if isinstance(event.get("warmup"), dict):
+                    self.early_records.append(event["warmup"])
+                return self.target
+            if kind == "error":
+                self.kill()
+                raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
+            if kind == "record":
+                self.early_records.append(event["record"])
+
+    def run_cell(self, cell: Cell, timeout_s: float) -> dict[str, Any]:
+        """Send one cell, wait for its record; on timeout kill the process and raise."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(cell.message()).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as error:
+            raise VariantError(f"variant {self.launch.name}: process gone ({error})") from None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            event = self._next_event(deadline)
+            if event.get("event") == "record":
+                record = event["record"]
+                if record.get("round") == cell.round and record.get("order") == cell.order:
+                    return record
+                self.early_records.append(record)
+            elif event.get("event") == "error":
+                raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
+
+    def warmup_records(self) -> list[dict[str, Any]]:
+        """The warm-up the runner wrote before `ready` (from stdout or else its spool file)."""
+        seen = [r for r in self.early_records if r.get("status") == "warmup"]
+        if seen:
+            return seen
+        found = []
+        with contextlib.suppress(OSError):
+            for line in self.spool_path.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    value = json.loads(line)
+                    if isinstance(value, dict) and value.get("status") == "warmup":
+                        found.append(value)
+        return found
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Ask the runner to exit; terminate, then kill, if it does not."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b'{"op": "exit"}\n')
+                self.proc.stdin.flush()
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=timeout_s / 2)
+                except subprocess.TimeoutExpired:
+                    self.kill()
+        self._stderr.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        with contextlib.suppress(OSError):
+            self._stderr.close()
+
+
+def _timeout_record(launch: VariantLaunch, cell: Cell, started: datetime, why: str) -> dict:
+    """The record of a cell that never reported: status error, unknown values null."""
+    plan = launch.plan
+    return {
+        "schema": "coldbench.record/1",
+        "run_id": plan.get("run_id", ""),
+        "variant": launch.name,
+        "round": cell.round,
+        "order": cell.order,
+        "context_tokens": cell.context_tokens,
+        "prompt_tokens": None,
+        "prompt_sha256": None,
+        "cached_tokens": None,
+        "prefill_s": None,
+        "prefill_tps": None,
+        "decode_tokens": None,
+        "decode_s": None,
+        "decode_tps": None,
+        "output_sha256": None,
+        "output_head": None,
+        "peak_memory_bytes": None,
+        "counters": {},
+        "started_at": started.isoformat(),
+        "ended_at": datetime.now(UTC).isoformat(),
+        "status": "error",
+        "reason": why,
+        "adapter": plan.get("adapter"),
+        "flags": plan.get("flags") or {},
+    }
+
+
+def run_schedule(
+    launches: Sequence[VariantLaunch],
+    rounds: Sequence[Sequence[Cell]],
+    *,
+    workdir: Path,
+    cell_timeout_s: float,
+    fresh_process: bool = False,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> ScheduleOutcome:
+    """Run every cell of every round in order; always stops the processes it started.
+
+    The cell in flight always finishes; `should_stop` is asked between cells. Records go to
+    `workdir/records.jsonl` (matrix cells and warm-ups) and `workdir/controls.jsonl`
+    (bracketing controls) as they arrive.
+    """
+    by_name = {launch.name: launch for launch in launches}
+    cells = [cell for round_ in rounds for cell in round_]
+    missing = sorted({c.variant for c in cells} - set(by_name))
+    if missing:
+        raise VariantError(f"schedule names variants without a launch: {', '.join(missing)}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    outcome = ScheduleOutcome([], [], {}, 0, len(cells), False)
+    processes: dict[str, VariantProcess] = {}
+    instances: dict[str, int] = {}
+    invalid: list[dict[str, Any]] = []
+    cell_seconds: list[float] = []
+
+    def start(name: str) -> VariantProcess:
+        instances[name] = instances.get(name, 0) + 1
+        process = VariantProcess(by_name[name], workdir=workdir, instance=instances[name])
+        try:
+            target = process.wait_ready(ready_timeout_s)
+        except BaseException:
+            process.kill()
+            raise
+        outcome.targets.setdefault(name, target)
+        for warmup in process.warmup_records():
+            append_line(records_out, warmup)
+            outcome.records.append(warmup)
+        return process
+
+    def report(cell: Cell | None) -> None:
+        if on_progress is None:
+            return
+        left = outcome.cells_total - outcome.cells_done
+        mean = sum(cell_seconds) / len(cell_seconds) if cell_seconds else None
+        on_progress(
+            Progress(
+                cells_done=outcome.cells_done,
+                cells_total=outcome.cells_total,
+                variant=cell.variant if cell else None,
+                context_tokens=cell.context_tokens if cell else None,
+                eta_s=None if mean is None else mean * left,
+                invalid=list(invalid),
+            )
+        )
+
+    with (
+        open(workdir / RECORDS_FILE, "ab") as records_out,
+        open(workdir / CONTROLS_FILE, "ab") as controls_out,
+    ):
+        try:
+            if not fresh_process:
+                # Load every model before the first timed cell, so a variant that cannot load
+                # fails the run before any measurement.
+                for launch in launches:
+                    processes[launch.name] = start(launch.name)
+            report(cells[0] if cells else None)
+            for cell in cells:
+                if should_stop is not None and should_stop():
+                    outcome.stopped = True
+                    break
+                report(cell)
+                process = processes.get(cell.variant)
+                if process is None or process.proc.poll() is not None:
+                    process = processes[cell.variant] = start(cell.variant)
+                started = datetime.now(UTC)
+                clock = time.monotonic()
+                try:
+                    record = process.run_cell(cell, cell_timeout_s)
+                except TimeoutError:
+                    process.kill()
+                    del processes[cell.variant]
+                    record = _timeout_record(
+                        by_name[cell.variant],
+                        cell,
+                        started,
+                        f"cell timeout: no record after {cell_timeout_s:.0f} s",
+                    )
+                except VariantError as error:
+                    # The process died mid-cell: the cell is an error, the variant restarts.
+                    process.kill()
+                    del processes[cell.variant]
+                    record = _timeout_record(by_name[cell.variant], cell, started, str(error))
+                cell_seconds.append(time.monotonic() - clock)
+                if cell.is_control:
+                    append_line(controls_out, record)
+                    outcome.controls.append(record)
+                else:
+                    append_line(records_out, record)
+                    outcome.records.append(record)
+                    if record.get("status") not in ("ok", "warmup"):
+                        invalid.append(
+                            {
+                                "variant": cell.variant,
+                                "round": cell.round,
+                                "context_tokens": cell.context_tokens,
+                                "reason": record.get("reason") or record.get("status"),
+                            }
+                        )
+                outcome.cells_done += 1
+                if fresh_process:
+                    processes.pop(cell.variant).stop()
+                report(cell)
+            report(None)
+        finally:
+            for process in processes.values():
+                process.stop()
+    return outcome
