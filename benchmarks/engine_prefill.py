@@ -14,7 +14,8 @@ token) of:
 
 Measurements interleave: every round runs every method once per context in an order rotated
 by the round (and per context), on a prompt of fresh ids chosen by (seed, round, context), so
-drift and cache effects hit all methods alike. Each method gets one untimed warm-up first.
+drift and cache effects hit all methods alike; MLX's buffer cache is emptied before every
+timed call, so no method inherits another's buffers. Each method gets one untimed warm-up.
 Medians of the rounds are printed with the ratios the issue sets targets for: cell/bare (the
 harness adds nothing: within 2%) and best/stock (>= 1.3x at 4K on the H200).
 
@@ -45,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
+from mlx_lm.generate import generate_step, generation_stream  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 PrefillTimer = Callable[[nn.Module, list[int]], float]
@@ -57,8 +58,9 @@ INVALID: dict[tuple[int, str], str] = {}
 
 def build_in_memory(preset_name: str, dtype: str, seed: int) -> tuple[nn.Module, dict[str, Any]]:
     """The preset's architecture with random weights, built here instead of read from disk."""
-    from engine.presets import get_preset
     from mlx_lm.utils import _get_classes
+
+    from engine.presets import get_preset
 
     preset = get_preset(preset_name)
     config = dict(preset.config)
@@ -92,13 +94,17 @@ def stock_prefill_s(model: nn.Module, ids: list[int], *, step: int) -> float:
     prompt = mx.array(ids, dtype=mx.uint32)
     cache = make_prompt_cache(model)
     mx.eval(prompt)
+    mx.synchronize(generation_stream)
     mx.synchronize()
     started = time.perf_counter()
     steps = generate_step(prompt, model, max_tokens=2, prompt_cache=cache, prefill_step_size=step)
     next(steps)
     elapsed = time.perf_counter() - started
     steps.close()
-    mx.synchronize()  # the second token generate_step queued must not leak into the next timing
+    # generate_step works on its own stream and has already queued the second token there:
+    # wait for it, so it cannot leak into the next method's timing.
+    mx.synchronize(generation_stream)
+    mx.synchronize()
     return elapsed
 
 
@@ -175,6 +181,10 @@ def measure(
         for position, context in enumerate(contexts):
             ids = prompt_ids(seed, round_index, context, vocab)
             for name in rotated(names, round_index + position):
+                # Every method starts from an empty buffer cache: otherwise what the previous
+                # method left there decides how fast the first chunks allocate.
+                mx.clear_cache()
+                mx.synchronize()
                 results[context][name].append(methods[name](model, ids))
         log(f"round {round_index + 1}/{rounds} done")
     return results
@@ -258,15 +268,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         off = {"prefill_step_size": step, "clear_cache": True, "compile": False}
         methods["cell"] = lambda m, ids: cell_prefill_s(m, ids, flags=off)
         for best_step in (int(s) for s in args.best_steps.split(",")):
-            bare_name = f"bare:step={best_step},clear_cache=false"
-            methods[bare_name] = lambda m, ids, s=best_step: bare_prefill_s(
-                m, ids, step=s, clear_cache=False
-            )
-            for compiled in (False, True) if args.try_compile else (False,):
-                flags = {"prefill_step_size": best_step, "clear_cache": False, "compile": compiled}
-                name = f"cell:step={best_step},clear_cache=false" + (",compile" if compiled else "")
-                methods[name] = lambda m, ids, f=flags: cell_prefill_s(m, ids, flags=f)
-                cell_methods[name] = bare_name
+            # clear_cache=true with wider chunks too: where one chunk holds the whole prompt
+            # there is no buffer cache to keep, and clear_cache=false would be a silent no-op.
+            for keep_cache in (True, False):
+                bare_name = f"bare:step={best_step},clear_cache={str(not keep_cache).lower()}"
+                if best_step == step and not keep_cache:
+                    bare_name = "bare"
+                else:
+                    methods[bare_name] = lambda m, ids, s=best_step, c=not keep_cache: (
+                        bare_prefill_s(m, ids, step=s, clear_cache=c)
+                    )
+                for compiled in (False, True) if args.try_compile and keep_cache else (False,):
+                    if best_step == step and not keep_cache and not compiled:
+                        continue  # that is `cell`, flags off
+                    flags = {
+                        "prefill_step_size": best_step,
+                        "clear_cache": not keep_cache,
+                        "compile": compiled,
+                    }
+                    name = f"cell:step={best_step},clear_cache={str(not keep_cache).lower()}"
+                    name += ",compile" if compiled else ""
+                    methods[name] = lambda m, ids, f=flags: cell_prefill_s(m, ids, flags=f)
+                    cell_methods[name] = bare_name
 
     results = measure(
         model, methods, contexts=contexts, rounds=args.rounds, seed=args.seed, vocab=vocab, log=log
