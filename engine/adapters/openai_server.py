@@ -153,7 +153,7 @@ class OpenAIServerAdapter:
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: close() ends all of it
+                preexec_fn=_own_session_dying_with_parent,
             )
         except OSError as exc:
             self.close()
@@ -312,6 +312,18 @@ class OpenAIServerAdapter:
 
 def create(plan: Plan) -> OpenAIServerAdapter:
     return OpenAIServerAdapter(plan)
+
+
+def _own_session_dying_with_parent() -> None:
+    """In the server's child before exec: its own process group (close() ends all of it) and,
+    on Linux, SIGTERM when the variant process dies without reaching close()."""
+    os.setsid()
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _load_tokenizer(path: Path) -> Any:
