@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -25,6 +29,8 @@ from api.errors import ServiceError
 from api.evidence.router import router as evidence_router
 from api.hosts.router import router as hosts_router
 from api.jobs.router import router as jobs_router
+from api.pages.router import router as pages_router
+from api.pages.templates import web_dir
 from api.runs.models import RUN_STATES, Run
 from api.runs.router import router as runs_router
 from api.settings import Settings, get_settings
@@ -72,8 +78,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.is_embedded:
         # The embedded default owns its SQLite file: bring it to the current schema.
         upgrade_database(settings.sqlalchemy_url)
-    engine = make_engine(settings.sqlalchemy_url)
+    engine = make_engine(
+        settings.sqlalchemy_url,
+        **(
+            {}
+            if settings.sqlalchemy_url.startswith("sqlite")
+            else {"pool_size": settings.db_pool_size, "max_overflow": settings.db_max_overflow}
+        ),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        yield
+        engine.dispose()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="coldbench",
         summary="Cold-prefill benchmark jobs, worker leases, checksummed evidence.",
         version="1",
@@ -93,6 +114,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (hosts_router, runs_router, artifacts_router, jobs_router):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(evidence_router)
+    app.include_router(pages_router)
+    app.mount("/static", StaticFiles(directory=web_dir() / "static"), name="static")
 
     @app.get("/healthz", include_in_schema=False)
     def healthz(db_session: SessionDep) -> dict[str, str]:

@@ -30,13 +30,6 @@ def make_celery(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         timezone="UTC",
-        broker_transport_options={
-            # An unacknowledged task (its worker was killed) is delivered again after this.
-            "visibility_timeout": visibility_s,
-            # Look for such tasks often enough that a short timeout is honoured.
-            "unacked_restore_interval": max(1, min(10, visibility_s // 2)),
-            "unacked_restore_throttle": 1,
-        },
         beat_schedule={
             "expire-leases": {
                 "task": "coldbench.expire_leases",
@@ -49,6 +42,16 @@ def make_celery(settings: Settings) -> Celery:
         },
         include=["api.tasks"],
     )
+    if settings.redis_url:
+        app.conf.broker_transport_options = {
+            # An unacknowledged task (its worker was killed) is delivered again after this.
+            "visibility_timeout": visibility_s,
+            # Look for such tasks often enough that a short timeout is honoured.
+            "unacked_restore_interval": max(1, min(10, visibility_s // 2)),
+            "unacked_restore_throttle": 1,
+        }
+        if settings.celery_key_prefix:
+            app.conf.broker_transport_options["global_keyprefix"] = settings.celery_key_prefix
     return app
 
 

@@ -27,6 +27,13 @@ class Settings(BaseSettings):
     max_decode_tokens: int = Field(1024, ge=0)
     max_context_tokens: int = Field(262_144, ge=1)
     max_hosts_per_job: int = Field(16, ge=1)
+    max_variants: int = Field(32, ge=1)
+
+    # Threads serving synchronous endpoints: every long-polling host holds one for up to
+    # lease_wait_max_s, so this bounds how many hosts one API process serves at once.
+    api_threads: int = Field(200, ge=8)
+    db_pool_size: int = Field(10, ge=1)
+    db_max_overflow: int = Field(40, ge=0)
 
     lease_ttl_s: int = Field(60, ge=1)
     lease_wait_max_s: int = Field(25, ge=0)
@@ -37,10 +44,18 @@ class Settings(BaseSettings):
     # Celery: how long an unacknowledged task waits in Redis before it is delivered again
     # (a worker killed mid-task); must exceed the longest task.
     celery_visibility_timeout_s: int = Field(3600, ge=1)
+    # Prefix of every Redis key Celery uses: lets several deployments (or test sessions)
+    # share one Redis database without taking each other's tasks.
+    celery_key_prefix: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,64}$")
     ingest_batch_size: int = Field(500, ge=1)
     # Pause between ingest batches: keeps a large ingest from starving the database of write
     # slots; tests use it to kill a Celery worker while an ingest is half done.
     ingest_batch_pause_s: float = Field(0.0, ge=0)
+
+    # Signs the browser's session and CSRF cookies (api/pages). Empty means a random secret
+    # kept in state_dir/web-secret; replicas behind one proxy must share one value.
+    web_secret: str = ""
+    web_session_ttl_s: int = Field(12 * 3600, ge=60)
 
     @property
     def is_embedded(self) -> bool:

@@ -244,6 +244,8 @@ def _measure(
     before, after = result["cached_tokens"], cache_offset(cache)
     counters["prefill_tokens"] = None if after is None or before is None else after - before
     counters["chunks"] += 1
+    # rows the lm_head ran on in the prefill: 1 where the backbone is split from the head
+    counters["lm_head_rows"] = 1 if forward.has_backbone else total - position
     counters["chunk_width_max"] = min(step, total)
     counters["prefill_step_size.dispatched"] = total // step
 

@@ -245,10 +245,15 @@ def _to_dtype_bytes(values: np.ndarray, dtype: str) -> bytes:
         return values.astype("<f4", copy=False).tobytes()
     if dtype == "float16":
         return values.astype("<f2").tobytes()
-    # bfloat16: round to nearest even on the upper 16 bits (the values are finite)
+    # bfloat16: round to nearest even on the upper 16 bits (the values are finite); in place,
+    # since `values` is a throwaway and an 8B model has tensors of half a billion elements
     bits = values.view(np.uint32)
-    rounded = (bits + (((bits >> 16) & 1) + np.uint32(0x7FFF))) >> 16
-    return rounded.astype("<u2").tobytes()
+    odd = bits >> 16
+    odd &= np.uint32(1)
+    bits += np.uint32(0x7FFF)
+    bits += odd
+    bits >>= 16
+    return bits.astype("<u2").tobytes()
 
 
 def _write_safetensors(path: Path, tensors: list[tuple[str, str, tuple[int, ...]]], blobs) -> None:

@@ -317,9 +317,14 @@ def render_report_html(
     *,
     plotly_js_src: str | None = None,
     file_digests: Mapping[str, str] | None = None,
+    page_header_html: str | None = None,
+    page_script_src: str | None = None,
 ) -> str:
     """report.html for a summary. With `plotly_js_src` the page loads plotly.js from that URL
-    (a server's static file) instead of inlining it; `file_digests` lists bundle files."""
+    (a server's static file) instead of inlining it; `file_digests` lists bundle files.
+
+    A server showing the report as a page adds `page_header_html` (trusted markup rendered
+    first in the body: its buttons) and `page_script_src` (one more script of its own)."""
     figures = build_figures(summary, records)
     reproductions = summary.get("reproductions")
     reproduction_rows = []
@@ -396,6 +401,8 @@ def render_report_html(
         "figures": figures,
         "figures_json": _script_json(figures),
         "plotly_js_src": plotly_js_src,
+        "page_header_html": page_header_html,
+        "page_script_src": page_script_src,
         "plotly_js_inline": "" if plotly_js_src else plotly_js().replace("</script", "<\\/script"),
     }
     return _environment().get_template("report.html.j2").render(**context)

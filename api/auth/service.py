@@ -105,3 +105,12 @@ def authenticate_submitter(*, db_session: Session, token: str) -> ApiKey | None:
     if key is None or key.revoked_at is not None or not _matches(token, key.key_sha256):
         return None
     return key
+
+
+def active_api_key(*, db_session: Session, key_id: str) -> ApiKey | None:
+    """The API key with this id unless it is unknown or revoked (browser sessions name keys
+    by id; a revoked key ends them)."""
+    key = db_session.get(ApiKey, key_id)
+    if key is None or key.revoked_at is not None:
+        return None
+    return key

@@ -1,4 +1,5 @@
-"""Evidence pages: `/e/{id}` (report.html) and its `.md`, `.json`, `.zip` siblings.
+"""Evidence pages: `/e/{id}` (the report page), `.html` (the bundle's report.html) and its
+`.md`, `.json`, `.zip` siblings.
 
 Readable by anyone who has the id: the id is derived from the manifest's sha256, so it is
 unguessable and names exactly one immutable set of files.
@@ -6,19 +7,23 @@ unguessable and names exactly one immutable set of files.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
 from api.deps import SessionDep, StoreDep
 from api.errors import NotFound
 from api.evidence import service
+from api.pages.router import evidence_page
 
 router = APIRouter(tags=["evidence"])
 
 
 @router.get("/e/{path}", response_class=FileResponse)
-def evidence_file(path: str, db_session: SessionDep, store: StoreDep):
+def evidence_file(path: str, request: Request, db_session: SessionDep, store: StoreDep):
     evidence_id, suffix = service.split_evidence_path(path)
+    if suffix == "" and not path.endswith(".html"):
+        # The page (plotly.js served by the app, buttons); `.html` is the bundle's own file.
+        return evidence_page(request, db_session, store, evidence_id)
     row = service.get_evidence(db_session=db_session, evidence_id=evidence_id)
     file_name, media_type = service.EVIDENCE_FILES[suffix]
     entry = row.files.get(file_name)

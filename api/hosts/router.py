@@ -52,7 +52,7 @@ def heartbeat(
 
 
 @router.get("/hosts", response_model=list[HostOut])
-def list_hosts(db_session: SessionDep, _submitter: CurrentSubmitter):
+def list_hosts(db_session: SessionDep, settings: SettingsDep, _submitter: CurrentSubmitter):
     return [
         HostOut(
             id=host.id,
@@ -63,7 +63,7 @@ def list_hosts(db_session: SessionDep, _submitter: CurrentSubmitter):
             models=host.models,
             fingerprint=host.fingerprint,
             last_heartbeat_at=host.last_heartbeat_at,
-            health=host.health,
+            health=service.host_health(host, settings=settings),
         )
         for host in service.list_hosts(db_session=db_session)
     ]

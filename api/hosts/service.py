@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -13,6 +14,8 @@ from api.auth import service as auth_service
 from api.database import utcnow
 from api.errors import NotAuthenticated
 from api.hosts.models import Host
+from api.runs.models import Run
+from api.settings import Settings
 from evidence.schemas import JobSpec
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,14 @@ def update_host_report(
     host.last_heartbeat_at = utcnow()
 
 
+def host_health(host: Host, *, settings: Settings) -> str:
+    """ready, busy or lost as last recorded; offline when not heard from for 2 lease lives."""
+    silent_after = timedelta(seconds=2 * settings.lease_ttl_s)
+    if host.last_heartbeat_at is None or utcnow() - host.last_heartbeat_at > silent_after:
+        return "offline"
+    return host.health
+
+
 def list_hosts(*, db_session: Session) -> list[Host]:
     return list(db_session.scalars(sa.select(Host).order_by(Host.name)))
 
@@ -118,3 +129,13 @@ def describe_allow_lists(hosts: list[Host]) -> str:
         ]
         parts.append(f"{host.name}: {', '.join(allowed) or 'none'}")
     return "; ".join(parts) or "no host is registered"
+
+
+def current_runs(*, db_session: Session) -> dict[str, Run]:
+    """host id -> the run it holds a lease on now (one run per host at a time)."""
+    leased = db_session.scalars(
+        sa.select(Run)
+        .where(Run.state == "leased", Run.host_id.is_not(None))
+        .order_by(Run.leased_at)
+    )
+    return {run.host_id: run for run in leased if run.host_id is not None}

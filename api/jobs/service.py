@@ -20,6 +20,7 @@ from api.runs.schemas import AttemptOut, RunOut
 from api.settings import Settings
 from evidence.canonical import sha256_json
 from evidence.schemas import JobSpec
+from evidence.variant import expand_variants
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,12 @@ def validate_job_spec(
         spec = JobSpec.model_validate(payload)
     except ValidationError as error:
         raise Invalid(validation_message("job spec", error)) from None
+    try:
+        variants = expand_variants(spec)
+    except ValueError as error:
+        raise Invalid(f"invalid job spec: {error}") from None
+    if len(variants) > settings.max_variants:
+        raise Invalid(f"{len(variants)} variants; at most {settings.max_variants} allowed")
     if len(spec.contexts) > settings.max_contexts:
         raise Invalid(f"{len(spec.contexts)} contexts; at most {settings.max_contexts} allowed")
     too_long = [c for c in spec.contexts if c > settings.max_context_tokens]

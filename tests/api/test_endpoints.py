@@ -182,11 +182,19 @@ def test_registration_token_is_single_use(client: TestClient, db_session: Sessio
     hosts = client.get("/api/v1/hosts", headers=bearer(make_api_key(db_session))).json()
     (mac,) = [h for h in hosts if h["name"] == "mac-1"]
     assert mac["labels"] == ["gpu:m3", "lab:home"]
-    assert "backend:metal" in mac["auto_labels"]
+    assert "backend:metal" in mac["auto_labels"] and mac["health"] == "ready"
     # Only the digest is stored.
     from api.hosts.models import Host
 
     assert db_session.get(Host, mac["id"]).secret_sha256 == sha256_hex(secret.encode())
+
+
+def test_silent_host_is_listed_offline(client: TestClient, db_session: Session) -> None:
+    host, _ = make_host(db_session, "quiet")
+    host.last_heartbeat_at = utcnow() - timedelta(minutes=10)
+    db_session.commit()
+    hosts = client.get("/api/v1/hosts", headers=bearer(make_api_key(db_session))).json()
+    assert [h["health"] for h in hosts] == ["offline"]
 
 
 def test_register_refuses_unsafe_names(client: TestClient, db_session: Session) -> None:
@@ -476,6 +484,14 @@ def test_reported_failure_is_final(
         ({"model": "llama-70b"}, "has no model 'llama-70b'"),
         ({"hosts": 2}, "only 1 can run it: studio-1"),
         ({"variants": [{"name": "a", "ref": "main"}]}, "names no repository"),
+        (
+            {"mode": "ablation", "features": ["compile", "compile=false"]},
+            "ablation features name the same flag twice: compile",
+        ),
+        (
+            {"variants": [{"name": f"v{i}"} for i in range(40)]},
+            "40 variants; at most 32 allowed",
+        ),
         ({"variants": [{"name": "a", "flags": {"x": "y"}, "command": "rm -rf /"}]}, "command"),
     ],
 )

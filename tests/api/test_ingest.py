@@ -143,3 +143,37 @@ class _borrowed:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_analysis_and_rendering_publish_evidence(
+    client: TestClient, db_session: Session, settings: Settings, completed_run: Run
+) -> None:
+    from api.evidence import service as evidence_service
+    from api.jobs.models import Job
+    from evidence.bundle import read_zip, verify_files
+
+    store = client.app.state.store
+    job_id = _ingest(db_session, settings, client, completed_run.id)
+    assert evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
+    job = db_session.get(Job, job_id)
+    # Recomputed here from the cells: the candidate's records are 10% faster in every round.
+    comparisons = job.summary["comparisons"]
+    assert {c["variant"] for c in comparisons} == {"cand"}
+    assert all(1.09 < c["ratio_median"] < 1.11 for c in comparisons), comparisons
+    evidence_id = evidence_service.render_evidence(
+        db_session=db_session, store=store, job_id=job_id
+    )
+    assert evidence_id and job.state == "done" and job.evidence_id == evidence_id
+    # Both tasks are idempotent.
+    assert (
+        evidence_service.render_evidence(db_session=db_session, store=store, job_id=job_id)
+        == evidence_id
+    )
+    assert not evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
+    report = client.get(f"/e/{evidence_id}")
+    assert report.status_code == 200 and "<html" in report.text.lower()
+    assert client.get(f"/e/{evidence_id}.md").status_code == 200
+    assert client.get(f"/e/{evidence_id}.json").json()["baseline"] == "base"
+    files = read_zip(client.get(f"/e/{evidence_id}.zip").content)
+    assert verify_files(files).is_intact
+    assert {"records.jsonl", "provenance.json", "build-base.log", "report.html"} <= set(files)

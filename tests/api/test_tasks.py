@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from fastapi.testclient import TestClient
 from api import dispatch
 from api.app import create_app
 from api.celery_app import make_celery
+from api.jobs.models import Job
 from api.runs.models import Cell, Run
 from api.settings import Settings
 from tests.api.factories import make_host, make_job
@@ -105,6 +107,12 @@ class Pipeline:
         with self.sessionmaker() as db_session:
             return db_session.get(Run, run_id).state
 
+    def evidence_id(self, run_id: str) -> str | None:
+        with self.sessionmaker() as db_session:
+            return db_session.scalar(
+                sa.select(Job.evidence_id).join(Run, Run.job_id == Job.id).where(Run.id == run_id)
+            )
+
     def cell_count(self, run_id: str) -> int:
         with self.sessionmaker() as db_session:
             return db_session.scalar(sa.select(sa.func.count()).where(Cell.run_id == run_id))
@@ -112,14 +120,17 @@ class Pipeline:
 
 @pytest.fixture
 def pipeline(live_db: str, live_sessionmaker: Any, tmp_path: Path) -> Iterator[Pipeline]:
+    # Several test sessions may share Redis db 15 at once: this test's keys carry its prefix,
+    # and only those are cleared.
+    prefix = f"coldbench-test-{secrets.token_hex(4)}:"
     broker = redis.Redis.from_url(REDIS_URL)
-    broker.flushdb()
     settings = Settings(
         database_url=live_db,
         redis_url=REDIS_URL,
         artifact_dir=tmp_path / "artifacts",
         state_dir=tmp_path / "state",
         celery_visibility_timeout_s=VISIBILITY_TIMEOUT_S,
+        celery_key_prefix=prefix,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLDBENCH_")}
     env.update(
@@ -128,6 +139,7 @@ def pipeline(live_db: str, live_sessionmaker: Any, tmp_path: Path) -> Iterator[P
         COLDBENCH_ARTIFACT_DIR=str(settings.artifact_dir),
         COLDBENCH_STATE_DIR=str(settings.state_dir),
         COLDBENCH_CELERY_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S),
+        COLDBENCH_CELERY_KEY_PREFIX=prefix,
     )
     sender = make_celery(settings)
 
@@ -143,7 +155,9 @@ def pipeline(live_db: str, live_sessionmaker: Any, tmp_path: Path) -> Iterator[P
         for worker in workers:
             worker.stop()
         app.state.engine.dispose()
-        broker.flushdb()
+        keys = list(broker.scan_iter(match=f"{prefix}*"))
+        if keys:
+            broker.delete(*keys)
         broker.close()
 
 
@@ -155,6 +169,11 @@ def test_upload_stored_without_a_worker_is_ingested_once_one_starts(pipeline: Pi
     wait_for(lambda: pipeline.run_state(run_id) == "processed", 60, "the run to be ingested")
     assert pipeline.cell_count(run_id) == 10
     assert "coldbench.ingest_run" in worker.output()
+    # The worker goes on: analysis from the raw cells, then the rendered evidence.
+    evidence_id = wait_for(lambda: pipeline.evidence_id(run_id), 90, "the evidence")
+    summary = pipeline.client.get(f"/e/{evidence_id}.json").json()
+    assert summary["baseline"] == "base" and summary["runs"][0]["run_id"] == run_id
+    assert pipeline.client.get(f"/e/{evidence_id}.zip").status_code == 200
 
 
 def test_worker_killed_mid_ingest_redelivers_without_duplicates(pipeline: Pipeline) -> None:

@@ -51,6 +51,7 @@ def test_reference_cell_is_a_valid_cold_record(reference: dict[str, Any], prompt
     counters = reference["counters"]
     assert counters["chunks"] == 1 and counters["chunk_width_max"] == CONTEXT
     assert counters["prefill_tokens"] == CONTEXT
+    assert counters["lm_head_rows"] == 1  # llama: the head ran on the last position only
     assert counters["prefill_step_size.dispatched"] == 0  # default 2048: no chunk that wide
     # the record the runner writes from it satisfies the evidence contract
     Record.model_validate(

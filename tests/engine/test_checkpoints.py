@@ -171,3 +171,16 @@ def test_corrupt_checkpoint_is_one_line(
     assert message in result.output and len(result.output.strip().splitlines()) == 1
     with pytest.raises(checkpoints.CheckpointError, match=message.replace("*", r"\*")):
         checkpoints.load_model(path)
+
+
+def test_bfloat16_rounding_matches_mlx_and_loads(tmp_path: Path) -> None:
+    import numpy as np
+
+    values = np.random.default_rng(0).standard_normal(4096).astype(np.float32) * 3
+    ours = checkpoints._to_dtype_bytes(values.copy(), "bfloat16")
+    theirs = np.array(mx.array(values).astype(mx.bfloat16).view(mx.uint16)).tobytes()
+    assert ours == theirs
+    path = checkpoints.create_checkpoint("tiny", tmp_path / "bf16", dtype="bfloat16")
+    model, _, config = checkpoints.load_model(path)
+    assert config["torch_dtype"] == "bfloat16"
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == mx.bfloat16

@@ -1,0 +1,251 @@
+"""The job form: its fields to a JobSpec payload, and every error to the field it concerns.
+
+Parsing errors of the form's own syntax (a context list, a flag list) are found here; the spec
+is then validated by JobSpec (pydantic, errors located by field path) and by the same
+`jobs.service.create_job` the JSON API calls, whose one-line messages are mapped to fields by
+what they name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from evidence.schemas import JobSpec
+from evidence.variant import parse_flag_value
+
+VARIANT_ROWS = 4
+DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
+CONTEXT_PRESETS = (4096, 8192, 16384, 32768, 65536, 131072)
+MODES = (
+    ("ab", "A/B: candidates against the baseline"),
+    ("ablation", "ablation: leave one feature out"),
+    ("sweep", "sweep: the same code over several flag settings"),
+)
+FORM_ERROR = "_form"
+_FLAG = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_SIZE = re.compile(r"^(\d+)\s*([kK])?$")
+
+
+@dataclass
+class JobForm:
+    """What the user typed (echoed back on errors) and what went wrong, by field name."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    contexts: list[int] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def add_error(self, name: str, message: str) -> None:
+        self.errors[name] = f"{self.errors[name]}; {message}" if name in self.errors else message
+
+
+def blank_form() -> JobForm:
+    values = {
+        "repository": "",
+        "recipe": "",
+        "mode": "ab",
+        "features": "",
+        "custom_contexts": "",
+        "rounds": "3",
+        "decode_tokens": "8",
+        "model": "preset:tiny",
+        "host_labels": "",
+        "hosts": "1",
+        "precision": "0.05",
+        "seed": "0",
+    }
+    for index in range(VARIANT_ROWS):
+        values[f"variant-{index}-name"] = DEFAULT_NAMES[index] if index < 2 else ""
+        values[f"variant-{index}-ref"] = ""
+        values[f"variant-{index}-flags"] = ""
+    return JobForm(values=values, contexts=[4096])
+
+
+def parse_context(text: str) -> int:
+    """`4096`, `4K` or `4k` (x 1024) -> tokens; ValueError naming the bad item."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text.strip()!r} is not a token count (e.g. 512, 4096 or 4K)")
+    value = int(match.group(1)) * (1024 if match.group(2) else 1)
+    if value < 1:
+        raise ValueError(f"{text.strip()!r}: a context needs at least 1 token")
+    return value
+
+
+def parse_flags(text: str) -> dict[str, Any]:
+    """`prefill_step_size=256, clear_cache=false` -> {"prefill_step_size": 256, ...}."""
+    flags: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in re.split(r"[,\n]", text))):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not value:
+            raise ValueError(f"{item!r}: write flags as name=value, e.g. clear_cache=false")
+        if not _FLAG.fullmatch(key):
+            raise ValueError(f"{key!r} is not a flag name (lowercase letters, digits, _)")
+        if key in flags:
+            raise ValueError(f"{key} given twice")
+        flags[key] = parse_flag_value(value)
+    return flags
+
+
+def _split_list(text: str) -> list[str]:
+    return [part.strip() for part in re.split(r"[,\s]+", text) if part.strip()]
+
+
+def _int_field(form: JobForm, name: str, label: str) -> int | None:
+    text = form.values.get(name, "").strip()
+    try:
+        return int(text)
+    except ValueError:
+        form.add_error(name, f"{label}: give a whole number")
+        return None
+
+
+def read_form(fields: Mapping[str, Any], preset_contexts: list[str]) -> JobForm:
+    """The submitted form as typed, with the context checkboxes already parsed."""
+    form = blank_form()
+    for name in form.values:
+        form.values[name] = str(fields.get(name, "")).strip()
+    form.contexts = []
+    for text in preset_contexts:
+        if text.isdigit() and int(text) in CONTEXT_PRESETS:
+            form.contexts.append(int(text))
+        else:
+            form.add_error("contexts", f"{text!r} is not one of the context presets")
+    return form
+
+
+def build_payload(form: JobForm) -> tuple[dict[str, Any], dict[int, int]]:
+    """The JobSpec payload, and which form row each spec variant came from.
+
+    Syntax errors go into form.errors; the payload is only meaningful when there are none.
+    """
+    values = form.values
+    contexts = list(form.contexts)
+    for item in _split_list(values["custom_contexts"]):
+        try:
+            contexts.append(parse_context(item))
+        except ValueError as error:
+            form.add_error("contexts", str(error))
+    if not contexts and "contexts" not in form.errors:
+        form.add_error("contexts", "choose at least one context length")
+    if len(set(contexts)) != len(contexts):
+        form.add_error("contexts", "each context length may appear once")
+
+    repository = values["repository"] or None
+    recipe = values["recipe"] or None
+    variants: list[dict[str, Any]] = []
+    rows: dict[int, int] = {}
+    for index in range(VARIANT_ROWS):
+        name = values[f"variant-{index}-name"]
+        ref = values[f"variant-{index}-ref"]
+        flags_text = values[f"variant-{index}-flags"]
+        if index > 0 and not (name or ref or flags_text):
+            continue  # an unused candidate row
+        try:
+            flags = parse_flags(flags_text)
+        except ValueError as error:
+            form.add_error(f"variant-{index}-flags", str(error))
+            flags = {}
+        variant: dict[str, Any] = {"name": name or DEFAULT_NAMES[index], "flags": flags}
+        if ref:
+            variant["ref"] = ref
+            if recipe:
+                variant["recipe"] = recipe
+        rows[len(variants)] = index
+        variants.append(variant)
+
+    payload: dict[str, Any] = {
+        "schema": "coldbench.job/1",
+        "mode": values["mode"] or "ab",
+        "adapter": "mlx-lm" if repository else "embedded",
+        "repository": repository,
+        "variants": variants,
+        "features": _split_list(values["features"]),
+        "contexts": contexts,
+        "model": values["model"] or "preset:tiny",
+        "host_labels": _split_list(values["host_labels"]),
+    }
+    for name, label in (
+        ("rounds", "rounds"),
+        ("decode_tokens", "decode tokens"),
+        ("hosts", "hosts"),
+        ("seed", "seed"),
+    ):
+        number = _int_field(form, name, label)
+        if number is not None:
+            payload[name] = number
+    try:
+        payload["precision"] = float(values["precision"])
+    except ValueError:
+        form.add_error("precision", "precision: give a fraction such as 0.05")
+    return payload, rows
+
+
+# JobSpec field (first element of a pydantic error location) -> form field.
+_SPEC_FIELDS = {
+    "contexts": "contexts",
+    "rounds": "rounds",
+    "decode_tokens": "decode_tokens",
+    "model": "model",
+    "host_labels": "host_labels",
+    "hosts": "hosts",
+    "features": "features",
+    "mode": "mode",
+    "repository": "repository",
+    "precision": "precision",
+    "seed": "seed",
+    "baseline": "variant-0-name",
+}
+
+
+def _field_of_location(location: tuple[Any, ...], rows: dict[int, int]) -> str:
+    if not location:
+        return FORM_ERROR
+    head = str(location[0])
+    if head == "variants" and len(location) >= 2 and isinstance(location[1], int):
+        row = rows.get(location[1], 0)
+        part = str(location[2]) if len(location) > 2 else "name"
+        if part == "recipe":
+            return "recipe"
+        return f"variant-{row}-{part if part in ('name', 'ref', 'flags') else 'name'}"
+    return _SPEC_FIELDS.get(head, FORM_ERROR)
+
+
+# Whole-spec rule (no location) or service message -> the field it is about.
+_MESSAGE_FIELDS = (
+    ("variant names must be unique", "variant-0-name"),
+    ("ablation mode needs", "features"),
+    ("needs a repository", "repository"),
+    ("name a ref or recipe but the job names no repository", "repository"),
+    ("contexts", "contexts"),
+    ("rounds=", "rounds"),
+    ("decode_tokens=", "decode_tokens"),
+    ("hosts=", "hosts"),
+    ("lacks labels", "host_labels"),
+    ("does not allow repository", "repository"),
+    ("defines no recipe", "recipe"),
+    ("has no model", "model"),
+)
+
+
+def fields_of_message(message: str) -> list[str]:
+    """The form fields a one-line service message concerns (the form itself if none)."""
+    found = [name for needle, name in _MESSAGE_FIELDS if needle in message]
+    return list(dict.fromkeys(found)) or [FORM_ERROR]
+
+
+def validate_payload(form: JobForm, payload: dict[str, Any], rows: dict[int, int]) -> None:
+    """JobSpec's own validation, each error placed beside its field."""
+    try:
+        JobSpec.model_validate(payload)
+    except ValidationError as error:
+        for item in error.errors():
+            message = item["msg"].removeprefix("Value error, ")
+            target = _field_of_location(tuple(item["loc"]), rows)
+            if target == FORM_ERROR:
+                target = fields_of_message(message)[0]
+            form.add_error(target, message)

@@ -1,0 +1,430 @@
+"""Page routes: thin, calling the same service functions as the JSON API.
+
+Identity: a submitter types their API key once at /login; it is checked by the auth service
+and the browser keeps a signed session cookie naming the key's id (HttpOnly, SameSite=Lax).
+Every POST carries the CSRF token of the double-submit cookie in a hidden field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+)
+from sqlalchemy.orm import Session
+
+from api.auth import service as auth_service
+from api.auth.models import ApiKey
+from api.deps import SessionDep, SettingsDep
+from api.errors import Invalid, NotFound, ServiceError
+from api.evidence import service as evidence_service
+from api.hosts import service as host_service
+from api.jobs import service as job_service
+from api.pages import form as job_form
+from api.pages import signing
+from api.pages.evidence import render_page
+from api.pages.templates import templates
+from api.settings import Settings
+from evidence.bundle import BundleError
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(include_in_schema=False)
+
+FINAL_JOB_STATES = ("done", "failed", "cancelled")
+# Pages are same-origin only: nothing is ever fetched from elsewhere, even by a bug.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+
+
+# --- identity and CSRF -------------------------------------------------------------------
+
+
+def _secret(request: Request) -> bytes:
+    state = request.app.state
+    if getattr(state, "web_secret", None) is None:
+        state.web_secret = signing.web_secret(state.settings)
+    return state.web_secret
+
+
+def _current_key(request: Request, db_session: Session, settings: Settings) -> ApiKey | None:
+    key_id = signing.session_key_id(
+        _secret(request), request.cookies.get(signing.SESSION_COOKIE), settings.web_session_ttl_s
+    )
+    if key_id is None:
+        return None
+    return auth_service.active_api_key(db_session=db_session, key_id=key_id)
+
+
+def _login_redirect(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/login?next={quote(target, safe='/')}", status_code=303)
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site: never `//host` or a scheme (an open redirect)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def _csrf_for(request: Request, key: ApiKey | None) -> tuple[str, bool]:
+    """(token, whether the cookie must be set): the cookie's token while it is still valid."""
+    cookie = request.cookies.get(signing.CSRF_COOKIE)
+    session_id = key.id if key else None
+    if cookie and signing.csrf_token_valid(_secret(request), cookie, session_id):
+        return cookie, False
+    return signing.csrf_token(_secret(request), session_id), True
+
+
+def _csrf_ok(request: Request, fields: Any, key: ApiKey | None) -> bool:
+    return signing.csrf_ok(
+        _secret(request),
+        request.cookies.get(signing.CSRF_COOKIE),
+        str(fields.get(signing.CSRF_FIELD, "")),
+        key.id if key else None,
+    )
+
+
+def _set_cookie(request: Request, response: Response, name: str, value: str, **extra: Any) -> None:
+    response.set_cookie(
+        name,
+        value,
+        httponly=True,
+        samesite="lax" if name == signing.SESSION_COOKIE else "strict",
+        secure=request.url.scheme == "https",
+        path="/",
+        **extra,
+    )
+
+
+def _page(
+    request: Request,
+    template: str,
+    context: dict[str, Any],
+    *,
+    key: ApiKey | None,
+    status_code: int = 200,
+    csrf: tuple[str, bool] | None = None,
+) -> HTMLResponse:
+    token, is_new = csrf or _csrf_for(request, key)
+    response = templates().TemplateResponse(
+        request,
+        template,
+        {"submitter": key, "csrf_token": token, "csrf_field": signing.CSRF_FIELD, **context},
+        status_code=status_code,
+    )
+    if is_new:
+        _set_cookie(request, response, signing.CSRF_COOKIE, token)
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def _forbidden(request: Request, key: ApiKey | None) -> HTMLResponse:
+    return _page(
+        request,
+        "error.html",
+        {
+            "title": "Form expired",
+            "message": "The form's security token is missing or does not match: "
+            "go back, reload the page and submit again.",
+        },
+        key=key,
+        status_code=403,
+    )
+
+
+def _not_found(request: Request, key: ApiKey | None, message: str) -> HTMLResponse:
+    return _page(
+        request, "error.html", {"title": "Not found", "message": message}, key=key, status_code=404
+    )
+
+
+# --- login -------------------------------------------------------------------------------
+
+
+@router.get("/login")
+def login_form(request: Request, db_session: SessionDep, settings: SettingsDep, next: str = "/"):
+    key = _current_key(request, db_session, settings)
+    return _page(request, "login.html", {"next": _safe_next(next), "error": None}, key=key)
+
+
+@router.post("/login")
+async def login(request: Request, db_session: SessionDep, settings: SettingsDep):
+    fields = await request.form()
+    if not _csrf_ok(request, fields, None):
+        return _forbidden(request, None)
+    target = _safe_next(str(fields.get("next", "/")))
+    token = str(fields.get("api_key", "")).strip()
+    key = auth_service.authenticate_submitter(db_session=db_session, token=token)
+    if key is None:
+        return _page(
+            request,
+            "login.html",
+            {
+                "next": target,
+                "error": "That API key is unknown or revoked: check it, or ask an admin for "
+                "one (coldbench admin apikey NAME).",
+            },
+            key=None,
+            status_code=401,
+        )
+    response = RedirectResponse(target, status_code=303)
+    _set_cookie(
+        request,
+        response,
+        signing.SESSION_COOKIE,
+        signing.session_cookie(_secret(request), key.id),
+        max_age=settings.web_session_ttl_s,
+    )
+    # A new CSRF token bound to the new session; the login form's one stops working.
+    _set_cookie(
+        request, response, signing.CSRF_COOKIE, signing.csrf_token(_secret(request), key.id)
+    )
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, db_session: SessionDep, settings: SettingsDep):
+    key = _current_key(request, db_session, settings)
+    if not _csrf_ok(request, await request.form(), key):
+        return _forbidden(request, key)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(signing.SESSION_COOKIE, path="/")
+    response.delete_cookie(signing.CSRF_COOKIE, path="/")
+    return response
+
+
+# --- the job form --------------------------------------------------------------------------
+
+
+def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]:
+    hosts = host_service.list_hosts(db_session=db_session)
+    repositories: dict[str, set[str]] = {}
+    models: set[str] = set()
+    labels: set[str] = set()
+    for host in hosts:
+        for name, entry in host.repositories.items():
+            repositories.setdefault(name, set()).update(entry.get("recipes", []))
+        models.update(host.models)
+        labels.update(host_service.effective_labels(host))
+    return {
+        "form": form,
+        "hosts": hosts,
+        "repositories": {name: sorted(recipes) for name, recipes in sorted(repositories.items())},
+        "recipes": sorted({r for recipes in repositories.values() for r in recipes}),
+        "models": ["preset:tiny", *sorted(models)],
+        "labels": sorted(labels),
+        "presets": job_form.CONTEXT_PRESETS,
+        "modes": job_form.MODES,
+        "variant_rows": range(job_form.VARIANT_ROWS),
+        "form_error": job_form.FORM_ERROR,
+    }
+
+
+@router.get("/")
+def new_job(request: Request, db_session: SessionDep, settings: SettingsDep):
+    key = _current_key(request, db_session, settings)
+    if key is None:
+        return _login_redirect(request)
+    context = _form_context(db_session, job_form.blank_form())
+    return _page(request, "form.html", context, key=key)
+
+
+@router.post("/")
+async def submit_job(request: Request, db_session: SessionDep, settings: SettingsDep):
+    key = _current_key(request, db_session, settings)
+    if key is None:
+        return _login_redirect(request)
+    fields = await request.form()
+    if not _csrf_ok(request, fields, key):
+        return _forbidden(request, key)
+    form = job_form.read_form(fields, [str(v) for v in fields.getlist("contexts")])
+    payload, rows = job_form.build_payload(form)
+    if not form.errors:
+        job_form.validate_payload(form, payload, rows)
+    if not form.errors:
+        try:
+            job = job_service.create_job(
+                db_session=db_session, settings=settings, payload=payload, submitted_by=key.id
+            )
+        except Invalid as error:
+            db_session.rollback()
+            for name in job_form.fields_of_message(error.message):
+                form.add_error(name, error.message)
+        else:
+            log.info("job %s submitted from the form by key %s", job.id, key.id)
+            return RedirectResponse(f"/jobs/{job.id}", status_code=303)
+    context = _form_context(db_session, form)
+    return _page(request, "form.html", context, key=key, status_code=422)
+
+
+# --- hosts and jobs ----------------------------------------------------------------------
+
+
+@router.get("/hosts")
+def hosts_page(request: Request, db_session: SessionDep, settings: SettingsDep):
+    key = _current_key(request, db_session, settings)
+    if key is None:
+        return _login_redirect(request)
+    hosts = host_service.list_hosts(db_session=db_session)
+    context = {
+        "hosts": hosts,
+        "auto_labels": {host.id: host_service.auto_labels(host) for host in hosts},
+        "current_runs": host_service.current_runs(db_session=db_session),
+        "lease_ttl_s": settings.lease_ttl_s,
+    }
+    return _page(request, "hosts.html", context, key=key)
+
+
+@router.get("/jobs")
+def jobs_page(request: Request, db_session: SessionDep, settings: SettingsDep):
+    key = _current_key(request, db_session, settings)
+    if key is None:
+        return _login_redirect(request)
+    jobs = job_service.list_jobs(db_session=db_session, limit=100)
+    return _page(request, "jobs.html", {"jobs": jobs}, key=key)
+
+
+def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
+    job = job_service.job_detail(db_session=db_session, job_id=job_id)
+    invalid = [
+        {**cell, "run_id": run.id, "host": run.host_name}
+        for run in job.runs
+        for cell in (run.progress or {}).get("invalid", [])
+    ]
+    return {"job": job, "invalid": invalid, "is_final": job.state in FINAL_JOB_STATES}
+
+
+@router.get("/jobs/{job_id}")
+def job_page(job_id: str, request: Request, db_session: SessionDep, settings: SettingsDep):
+    key = _current_key(request, db_session, settings)
+    if key is None:
+        return _login_redirect(request)
+    try:
+        context = _job_context(db_session, job_id)
+    except NotFound as error:
+        return _not_found(request, key, error.message)
+    return _page(request, "job.html", context, key=key)
+
+
+@router.get("/jobs/{job_id}/progress.json")
+def job_progress(job_id: str, request: Request, db_session: SessionDep, settings: SettingsDep):
+    """What the job page's script polls: the state and the re-rendered progress section."""
+    key = _current_key(request, db_session, settings)
+    if key is None:
+        return JSONResponse({"detail": "log in again at /login"}, status_code=401)
+    try:
+        context = _job_context(db_session, job_id)
+    except NotFound as error:
+        return JSONResponse({"detail": error.message}, status_code=404)
+    html = templates().get_template("_job_progress.html").render(**context)
+    job = context["job"]
+    return JSONResponse(
+        {
+            "state": job.state,
+            "is_final": context["is_final"],
+            "evidence_url": job.evidence_url,
+            "html": html,
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel_job(job_id: str, request: Request, db_session: SessionDep, settings: SettingsDep):
+    key = _current_key(request, db_session, settings)
+    if key is None:
+        return _login_redirect(request)
+    if not _csrf_ok(request, await request.form(), key):
+        return _forbidden(request, key)
+    try:
+        job_service.cancel_job(db_session=db_session, job_id=job_id, submitted_by=key.id)
+    except ServiceError as error:
+        return _page(
+            request,
+            "error.html",
+            {"title": "Cannot cancel", "message": error.message},
+            key=key,
+            status_code=error.status_code,
+        )
+    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+
+# --- evidence and static files -----------------------------------------------------------
+
+
+def evidence_page(request: Request, db_session: Session, store: Any, evidence_id: str) -> Response:
+    """`/e/{id}`: the report with plotly.js from /static, copy-Markdown and download buttons."""
+    row = evidence_service.get_evidence(db_session=db_session, evidence_id=evidence_id)
+    entry = row.files.get("bundle.zip")
+    if entry is None or not store.exists(entry["sha256"]):
+        raise NotFound(f"evidence {evidence_id} has no bundle.zip")
+    header = (
+        templates()
+        .get_template("_evidence_header.html")
+        .render(evidence_id=evidence_id, markdown="{markdown}")
+    )
+    try:
+        page = render_page(
+            evidence_id, store.path(entry["sha256"]), f"{request.base_url}e/{evidence_id}", header
+        )
+    except (BundleError, KeyError, ValueError):
+        # A bundle this version cannot re-render (older format): its own report.html, as is.
+        log.exception("evidence %s: page not rendered; serving the bundle's report", evidence_id)
+        report = row.files.get("report.html")
+        if report is None or not store.exists(report["sha256"]):
+            raise NotFound(f"evidence {evidence_id} has no readable report") from None
+        return FileResponse(
+            store.path(report["sha256"]),
+            media_type="text/html; charset=utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
+    headers = {
+        "ETag": page.etag,
+        "Cache-Control": "public, max-age=31536000, immutable",
+        "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+        "X-Content-Type-Options": "nosniff",
+    }
+    if request.headers.get("if-none-match") == page.etag:
+        return Response(status_code=304, headers=headers)
+    return Response(page.html, media_type="text/html; charset=utf-8", headers=headers)
+
+
+_plotly_cache: dict[str, bytes] = {}
+
+
+@router.get("/static/plotly.min.js")
+def plotly_js(request: Request):
+    """plotly.js from the installed plotly package (gzip when the browser takes it)."""
+    from evidence.report import plotly_js as plotly_source
+
+    if "raw" not in _plotly_cache:
+        _plotly_cache["raw"] = plotly_source().encode("utf-8")
+    headers = {
+        "Cache-Control": "public, max-age=86400",
+        "ETag": f'"plotly-{len(_plotly_cache["raw"])}"',
+        "Vary": "Accept-Encoding",
+    }
+    if request.headers.get("if-none-match") == headers["ETag"]:
+        return Response(status_code=304, headers=headers)
+    if "gzip" in request.headers.get("accept-encoding", ""):
+        if "gzip" not in _plotly_cache:
+            _plotly_cache["gzip"] = gzip.compress(_plotly_cache["raw"], compresslevel=6)
+        headers["Content-Encoding"] = "gzip"
+        return Response(_plotly_cache["gzip"], media_type="text/javascript", headers=headers)
+    return Response(_plotly_cache["raw"], media_type="text/javascript", headers=headers)

@@ -1,0 +1,57 @@
+"""The Jinja2 environment over `web/templates`, with filters for times and sizes."""
+
+from __future__ import annotations
+
+import functools
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+
+from starlette.templating import Jinja2Templates
+
+
+def web_dir() -> Path:
+    """The installed `web` package folder (templates/ and static/ live in it)."""
+    return Path(str(resources.files("web")))
+
+
+def fmt_time(value: datetime | None) -> str:
+    if value is None:
+        return "never"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_ago(value: datetime | None, now: datetime | None = None) -> str:
+    """`12 s ago`, `5 min ago`, `3 h ago`, `2 d ago`."""
+    if value is None:
+        return "never"
+    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    if seconds < 0:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds)} s ago"
+
+
+def fmt_bytes(value: int | None) -> str:
+    if not value:
+        return "n/a"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{size:,.1f} TiB"
+
+
+@functools.cache
+def templates() -> Jinja2Templates:
+    env_templates = Jinja2Templates(directory=str(web_dir() / "templates"))
+    env = env_templates.env
+    env.filters["time"] = fmt_time
+    env.filters["ago"] = fmt_ago
+    env.filters["bytes"] = fmt_bytes
+    env.trim_blocks = True
+    env.lstrip_blocks = True
+    return env_templates

@@ -1,0 +1,42 @@
+"""Service functions added for the pages: a host's current run, a session's API key."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from api.auth import service as auth_service
+from api.database import utcnow
+from api.hosts import service as host_service
+from api.runs import service as run_service
+from api.settings import Settings
+from tests.api.factories import fingerprint, make_api_key, make_host, make_job
+
+
+def test_current_runs_maps_each_leasing_host_to_its_run(
+    db_session: Session, settings: Settings
+) -> None:
+    busy, _ = make_host(db_session, "busy")
+    make_host(db_session, "idle")
+    job = make_job(db_session, settings)
+    assert host_service.current_runs(db_session=db_session) == {}
+    lease = run_service.claim_lease(
+        db_session=db_session,
+        settings=settings,
+        host=busy,
+        fingerprint=fingerprint(hostname="busy"),
+        labels=[],
+        wait_s=0,
+    )
+    current = host_service.current_runs(db_session=db_session)
+    assert list(current) == [busy.id]
+    assert current[busy.id].id == lease.run_id and current[busy.id].job_id == job.id
+
+
+def test_active_api_key_refuses_unknown_and_revoked(db_session: Session) -> None:
+    key = make_api_key(db_session)
+    key_id = key.split("_")[1]
+    assert auth_service.active_api_key(db_session=db_session, key_id=key_id).id == key_id
+    assert auth_service.active_api_key(db_session=db_session, key_id="0" * 16) is None
+    auth_service.active_api_key(db_session=db_session, key_id=key_id).revoked_at = utcnow()
+    db_session.commit()
+    assert auth_service.active_api_key(db_session=db_session, key_id=key_id) is None

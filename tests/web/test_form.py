@@ -1,0 +1,185 @@
+"""The job form: parsing, errors beside their fields, CSRF, and submission through the same
+service as the JSON API."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from api.jobs.models import Job
+from api.pages import form as job_form
+from tests.api.factories import make_host
+from tests.web.builders import csrf_of
+
+
+def test_parse_context_accepts_counts_and_k_suffix() -> None:
+    assert job_form.parse_context("512") == 512
+    assert job_form.parse_context(" 4K ") == 4096
+    assert job_form.parse_context("12k") == 12288
+    for bad in ("12x", "-4", "4M", "", "0"):
+        with pytest.raises(ValueError):
+            job_form.parse_context(bad)
+
+
+def test_parse_flags_types_and_errors() -> None:
+    assert job_form.parse_flags("prefill_step_size=256, clear_cache=false") == {
+        "prefill_step_size": 256,
+        "clear_cache": False,
+    }
+    assert job_form.parse_flags("") == {}
+    with pytest.raises(ValueError, match="name=value"):
+        job_form.parse_flags("compile")
+    with pytest.raises(ValueError, match="not a flag name"):
+        job_form.parse_flags("Bad-Name=1")
+    with pytest.raises(ValueError, match="twice"):
+        job_form.parse_flags("compile=true, compile=false")
+
+
+def test_service_messages_map_to_fields() -> None:
+    assert job_form.fields_of_message("contexts [300000] exceed the limit") == ["contexts"]
+    assert job_form.fields_of_message(
+        "no registered host can run this job: box lacks labels gpu:h200"
+    ) == ["host_labels"]
+    assert job_form.fields_of_message("rounds=500; at most 100 allowed") == ["rounds"]
+    assert job_form.fields_of_message("something else entirely") == [job_form.FORM_ERROR]
+
+
+def _fields(page_html: str, **overrides: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "csrf_token": csrf_of(page_html),
+        "repository": "",
+        "recipe": "",
+        "variant-0-name": "base",
+        "variant-0-flags": "prefill_step_size=64",
+        "variant-1-name": "cand",
+        "variant-1-flags": "prefill_step_size=64, clear_cache=false",
+        "mode": "ab",
+        "custom_contexts": "64, 128",
+        "rounds": "2",
+        "decode_tokens": "2",
+        "model": "preset:tiny",
+        "host_labels": "",
+        "hosts": "1",
+        "precision": "0.05",
+        "seed": "0",
+    }
+    fields.update(overrides)
+    return fields
+
+
+def _errors(html: str) -> dict[str, str]:
+    return dict(re.findall(r'<p class="error" id="err-([\w-]+)" role="alert">([^<]*)</p>', html))
+
+
+def _job_count(db_session: Session) -> int:
+    return db_session.scalar(sa.select(sa.func.count()).select_from(Job)) or 0
+
+
+def test_form_requires_login(client: TestClient) -> None:
+    response = client.get("/", follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"] == "/login?next=/"
+
+
+def test_form_lists_allow_listed_repositories_and_presets(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    html = web.get("/").text
+    assert re.search(r'<option value=""[^>]*>embedded engine', html)
+    assert '<option value="mlx-lm">mlx-lm (recipes: editable)</option>' in html
+    for size in job_form.CONTEXT_PRESETS:
+        assert f'name="contexts" value="{size}"' in html
+    assert 'name="viewport"' in html
+
+
+def test_submit_creates_the_job_and_redirects_to_its_page(
+    web: TestClient, db_session: Session, api_key: str
+) -> None:
+    make_host(db_session, "studio-1")
+    fields = _fields(web.get("/").text, contexts=["4096"])
+    response = web.post("/", data=fields, follow_redirects=False)
+    assert response.status_code == 303, _errors(response.text)
+    job_id = response.headers["location"].removeprefix("/jobs/")
+    job = db_session.get(Job, job_id)
+    assert job is not None
+    assert job.spec["contexts"] == [64, 128, 4096]
+    assert job.spec["variants"][1] == {
+        "name": "cand",
+        "ref": None,
+        "recipe": None,
+        "flags": {"prefill_step_size": 64, "clear_cache": False},
+    }
+    assert job.spec["adapter"] == "embedded" and job.spec["repository"] is None
+    assert job.submitted_by == api_key.split("_")[1]
+    page = web.get(response.headers["location"])
+    assert page.status_code == 200 and job_id in page.text
+
+
+def test_bad_context_list_is_shown_beside_contexts_and_nothing_is_created(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1")
+    before = _job_count(db_session)
+    response = web.post("/", data=_fields(web.get("/").text, custom_contexts="64, 12x"))
+    assert response.status_code == 422
+    errors = _errors(response.text)
+    assert "12x" in errors["contexts"] and "not a token count" in errors["contexts"]
+    assert 'value="64, 12x"' in response.text  # what was typed is kept
+    assert _job_count(db_session) == before
+
+
+def test_unsafe_ref_and_bad_flags_are_shown_beside_their_row(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    response = web.post(
+        "/",
+        data=_fields(
+            web.get("/").text,
+            repository="mlx-lm",
+            recipe="editable",
+            **{"variant-0-ref": "main", "variant-1-ref": "--upload-pack=x"},
+        ),
+    )
+    assert response.status_code == 422
+    assert "is not a plain branch" in _errors(response.text)["variant-1-ref"]
+    response = web.post("/", data=_fields(web.get("/").text, **{"variant-1-flags": "compile"}))
+    assert "name=value" in _errors(response.text)["variant-1-flags"]
+
+
+def test_service_refusals_land_beside_their_fields(web: TestClient, db_session: Session) -> None:
+    make_host(db_session, "studio-1", labels=["lab:home"])
+    response = web.post("/", data=_fields(web.get("/").text, host_labels="gpu:h200"))
+    assert response.status_code == 422
+    assert "lacks labels gpu:h200" in _errors(response.text)["host_labels"]
+    response = web.post("/", data=_fields(web.get("/").text, rounds="100000"))
+    assert "at most" in _errors(response.text)["rounds"]
+    response = web.post("/", data=_fields(web.get("/").text, hosts="2"))
+    assert "only 1 can run it" in _errors(response.text)["hosts"]
+    response = web.post("/", data=_fields(web.get("/").text, mode="ablation"))
+    assert "at least one feature" in _errors(response.text)["features"]
+    response = web.post("/", data=_fields(web.get("/").text, **{"variant-1-name": "base"}))
+    assert "unique" in _errors(response.text)["variant-0-name"]
+
+
+def test_missing_or_foreign_csrf_token_is_refused(
+    web: TestClient, client: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1")
+    before = _job_count(db_session)
+    fields = _fields(web.get("/").text)
+    assert web.post("/", data={**fields, "csrf_token": ""}).status_code == 403
+    # A token of another session (the login form's, bound to no session) does not pass.
+    anonymous = TestClient(client.app)
+    foreign = csrf_of(anonymous.get("/login").text)
+    assert web.post("/", data={**fields, "csrf_token": foreign}).status_code == 403
+    # The right field but no cookie (a cross-site post that cannot read the cookie's pair).
+    web.cookies.delete("cb_csrf")
+    assert web.post("/", data=fields).status_code == 403
+    assert _job_count(db_session) == before

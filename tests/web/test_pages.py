@@ -1,0 +1,217 @@
+"""Login, the hosts page, the job page and its progress JSON, the evidence page."""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from api.auth.models import ApiKey
+from api.database import utcnow
+from api.runs import service as run_service
+from api.settings import Settings
+from evidence.bundle import verify_files
+from tests.api.factories import fingerprint, make_host, make_job
+from tests.web.builders import csrf_of, publish_evidence
+
+EXTERNAL = re.compile(r"""(?:src|href|action)\s*=\s*["']?\s*(?:https?:)?//""", re.IGNORECASE)
+
+
+def test_login_with_a_wrong_key_says_so(client: TestClient) -> None:
+    page = client.get("/login")
+    response = client.post(
+        "/login",
+        data={"api_key": "cbk_0000000000000000_" + "x" * 30, "csrf_token": csrf_of(page.text)},
+    )
+    assert response.status_code == 401
+    assert "unknown or revoked" in response.text
+    assert "cb_session" not in response.cookies
+
+
+def test_login_redirects_only_within_the_site(client: TestClient, api_key: str) -> None:
+    page = client.get("/login?next=//evil.example/x")
+    response = client.post(
+        "/login",
+        data={"api_key": api_key, "csrf_token": csrf_of(page.text), "next": "//evil.example/x"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303 and response.headers["location"] == "/"
+    cookie = response.headers["set-cookie"]
+    assert "HttpOnly" in cookie and api_key not in cookie
+
+
+def test_login_needs_the_csrf_token(client: TestClient, api_key: str) -> None:
+    client.get("/login")
+    assert client.post("/login", data={"api_key": api_key}).status_code == 403
+
+
+def test_revoking_the_key_ends_the_browser_session(
+    web: TestClient, db_session: Session, api_key: str
+) -> None:
+    assert web.get("/hosts").status_code == 200
+    db_session.get(ApiKey, api_key.split("_")[1]).revoked_at = utcnow()
+    db_session.commit()
+    response = web.get("/hosts", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/login?next=/hosts"
+
+
+def test_logout_clears_the_session(web: TestClient) -> None:
+    page = web.get("/hosts")
+    response = web.post("/logout", data={"csrf_token": csrf_of(page.text)}, follow_redirects=False)
+    assert response.status_code == 303
+    assert web.get("/", follow_redirects=False).status_code == 303
+
+
+def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    host, _secret = make_host(db_session, "studio-1", labels=["lab:home"])
+    make_host(db_session, "idle-box")
+    job = make_job(db_session, settings)
+    lease = run_service.claim_lease(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        fingerprint=fingerprint(hostname="studio-1", chip="Apple M3 Ultra", cores=32),
+        labels=["lab:home"],
+        wait_s=0,
+    )
+    assert lease is not None
+    run_service.heartbeat(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        run_id=lease.run_id,
+        attempt=lease.attempt,
+        progress={"cells_done": 3, "cells_total": 8, "variant": "cand", "context_tokens": 64},
+    )
+    html = web.get("/hosts").text
+    row = re.search(r'<tr id="host-studio-1">(.*?)</tr>', html, re.S).group(1)
+    assert "Apple M3 Ultra" in row and "32 cores" in row
+    assert "lab:home" in row and "backend:cpu" in row
+    assert f"/jobs/{job.id}" in row and "3/8 cells" in row
+    assert "s ago" in row
+    idle = re.search(r'<tr id="host-idle-box">(.*?)</tr>', html, re.S).group(1)
+    assert "idle" in idle
+
+
+def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    host, _secret = make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    html = web.get(f"/jobs/{job.id}").text
+    assert 'id="job-state">queued' in html and "waiting for a host" in html
+    assert f'href="/jobs/{job.id}">Refresh' in html  # the no-JavaScript path
+    assert '<script src="/static/job.js">' in html
+    lease = run_service.claim_lease(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        fingerprint=fingerprint(hostname="studio-1"),
+        labels=[],
+        wait_s=0,
+    )
+    invalid = {
+        "variant": "cand",
+        "round": 0,
+        "context_tokens": 64,
+        "reason": "silent no-op: prefill_step_size",
+    }
+    run_service.heartbeat(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        run_id=lease.run_id,
+        attempt=lease.attempt,
+        progress={
+            "cells_done": 5,
+            "cells_total": 8,
+            "variant": "cand",
+            "context_tokens": 128,
+            "invalid": [invalid],
+        },
+    )
+    state = web.get(f"/jobs/{job.id}/progress.json").json()
+    assert state["is_final"] is False and state["evidence_url"] is None
+    assert "5 / 8 cells" in state["html"] and "studio-1" in state["html"]
+    assert "silent no-op: prefill_step_size" in state["html"]
+    assert "cand @ 128 tokens" in state["html"]
+    assert web.get("/jobs/0123456789abcdef").status_code == 404
+    anonymous = TestClient(web.app)
+    assert anonymous.get(f"/jobs/{job.id}/progress.json").status_code == 401
+
+
+def test_cancel_from_the_job_page(web: TestClient, db_session: Session, settings: Settings) -> None:
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    page = web.get(f"/jobs/{job.id}")
+    response = web.post(
+        f"/jobs/{job.id}/cancel", data={"csrf_token": csrf_of(page.text)}, follow_redirects=False
+    )
+    assert response.status_code == 303
+    assert web.get(f"/jobs/{job.id}/progress.json").json()["state"] == "cancelled"
+
+
+def test_evidence_page_serves_plotly_from_the_app_with_buttons(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    evidence_id = publish_evidence(db_session, settings, job)
+    anonymous = TestClient(web.app)  # evidence is readable by whoever has the id
+    response = anonymous.get(f"/e/{evidence_id}")
+    assert response.status_code == 200
+    html = response.text
+    assert len(html) < 1_000_000, "plotly.js must be served, not inlined"
+    assert '<script src="/static/plotly.min.js"></script>' in html
+    assert '<script src="/static/evidence.js"></script>' in html
+    assert 'id="cb-copy-md"' in html and f'href="/e/{evidence_id}.zip"' in html
+    markdown = re.search(r'<textarea id="cb-markdown" readonly>(.*?)</textarea>', html, re.S)
+    assert f"[`{evidence_id}`](http://testserver/e/{evidence_id})" in markdown.group(1)
+    assert "<table" in html and "fast" in html  # the tables read without JavaScript
+    assert not EXTERNAL.search(html)
+    assert "immutable" in response.headers["cache-control"]
+    assert "default-src 'self'" in response.headers["content-security-policy"]
+    again = anonymous.get(f"/e/{evidence_id}", headers={"If-None-Match": response.headers["etag"]})
+    assert again.status_code == 304
+    # The bundle's own report.html (plotly inlined, opens offline) stays at .html.
+    assert len(anonymous.get(f"/e/{evidence_id}.html").content) > 1_000_000
+    bundle = anonymous.get(f"/e/{evidence_id}.zip")
+    files = {
+        name: zipfile.ZipFile(io.BytesIO(bundle.content)).read(name)
+        for name in zipfile.ZipFile(io.BytesIO(bundle.content)).namelist()
+    }
+    assert verify_files(files).is_intact
+    assert anonymous.get("/e/" + "0" * 24).status_code == 404
+
+
+def test_evidence_page_puts_reproduction_hosts_side_by_side(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    evidence_id = publish_evidence(db_session, settings, job, hosts=("studio-1", "studio-2"))
+    html = web.get(f"/e/{evidence_id}").text
+    section = re.search(r'<section id="reproductions">(.*?)</section>', html, re.S).group(1)
+    header = re.search(r"<thead>(.*?)</thead>", section, re.S).group(1)
+    assert "studio-1" in header and "studio-2" in header and "intervals overlap" in header
+
+
+def test_static_files_and_pages_never_point_elsewhere(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    for path in ("/", "/hosts", "/jobs", f"/jobs/{job.id}", "/login"):
+        response = web.get(path)
+        assert response.status_code == 200, path
+        assert not EXTERNAL.search(response.text), path
+        assert "default-src 'self'" in response.headers["content-security-policy"]
+    plotly = web.get("/static/plotly.min.js")
+    assert plotly.status_code == 200 and len(plotly.content) > 1_000_000
+    for name in ("coldbench.css", "job.js", "evidence.js"):
+        assert web.get(f"/static/{name}").status_code == 200
