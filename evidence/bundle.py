@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import stat
 import zipfile
@@ -28,7 +29,7 @@ from pydantic import ValidationError
 
 from evidence.canonical import canonical_json, sha256_hex
 from evidence.records import RECORDS_FILE, parse_records, records_bytes
-from evidence.schemas import JobSpec, Manifest, Provenance, Record, is_valid_name
+from evidence.schemas import FileEntry, JobSpec, Manifest, Provenance, Record, is_valid_name
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def build_manifest(files: Mapping[str, bytes], provenance: Mapping[str, Any]) ->
     """manifest.json's canonical bytes for these files (manifest.json itself excluded)."""
     manifest = Manifest(
         files={
-            name: {"sha256": sha256_hex(content), "bytes": len(content)}
+            name: FileEntry(sha256=sha256_hex(content), bytes=len(content))
             for name, content in sorted(files.items())
             if name != MANIFEST_FILE
         },
@@ -428,40 +429,142 @@ def verify_files(files: Mapping[str, bytes]) -> Verification:
     for name in REQUIRED_FILES:
         if name not in manifest.files and name not in files:
             problems.append(f"{name}: missing (every bundle has one)")
+    records: list[Record] = []
     if RECORDS_FILE in files:
-        _, record_problems = parse_records(files[RECORDS_FILE])
+        records, record_problems = parse_records(files[RECORDS_FILE])
         problems.extend(record_problems)
     if PROVENANCE_FILE in files:
-        problems.extend(_provenance_problems(files[PROVENANCE_FILE], manifest.provenance))
+        provenance_problems, provenance_runs = _provenance_problems(
+            files[PROVENANCE_FILE], manifest.provenance
+        )
+        problems.extend(provenance_problems)
+        if provenance_runs is not None:
+            orphans = sorted({r.run_id for r in records} - provenance_runs)
+            problems.extend(f"{RECORDS_FILE}: run {run!r} has no provenance" for run in orphans)
+    if JOB_FILE in files:
+        try:
+            JobSpec.model_validate_json(files[JOB_FILE])
+        except ValidationError as error:
+            problems.append(f"{JOB_FILE}: invalid ({_first_error(error)})")
+    if SUMMARY_JSON_FILE in files:
+        try:
+            json.loads(files[SUMMARY_JSON_FILE])
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            problems.append(f"{SUMMARY_JSON_FILE}: not JSON ({error})")
     return Verification(evidence_id, len(files), problems)
 
 
-def _provenance_problems(raw: bytes, inline: Mapping[str, Any]) -> list[str]:
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "document"
+    return f"{where}: {first['msg']}"
+
+
+def _provenance_problems(
+    raw: bytes, inline: Mapping[str, Any]
+) -> tuple[list[str], set[str] | None]:
+    """Problems of provenance.json, and the run ids it covers (None when unreadable)."""
     try:
         document = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return [f"{PROVENANCE_FILE}: not JSON ({error})"]
+        return [f"{PROVENANCE_FILE}: not JSON ({error})"], None
     if not isinstance(document, dict):
-        return [f"{PROVENANCE_FILE}: expected a JSON object"]
+        return [f"{PROVENANCE_FILE}: expected a JSON object"], None
     problems = []
+    runs: set[str] | None = None
     try:
-        provenances_of(document)
+        runs = {p.run_id for p in provenances_of(document)}
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "provenance"
-        problems.append(f"{PROVENANCE_FILE}: invalid ({where}: {first['msg']})")
+        problems.append(f"{PROVENANCE_FILE}: invalid ({_first_error(error)})")
     if canonical_json(document) != canonical_json(dict(inline)):
         problems.append(f"{MANIFEST_FILE}: inline provenance differs from {PROVENANCE_FILE}")
-    return problems
+    return problems, runs
 
 
-def verify_bundle(path: str | Path) -> Verification:
-    """Verify a bundle folder or zip; unreadable or unsafe input is one problem, not a crash."""
+def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> list[str]:
+    """Recompute the statistics from records.jsonl (and job.json) and compare with summary.json.
+
+    Catches a summary whose numbers do not follow from the records it ships with. The same
+    coldbench version gives the same numbers; `rel_tol` absorbs last-digit float differences
+    across platforms.
+    """
+    from evidence.stats import summarize
+
+    if SUMMARY_JSON_FILE not in files:
+        return [f"{SUMMARY_JSON_FILE}: missing, nothing to recompute"]
+    try:
+        stored = json.loads(files[SUMMARY_JSON_FILE])
+        spec = JobSpec.model_validate_json(files[JOB_FILE]) if JOB_FILE in files else None
+        provenance_list = provenances_of(json.loads(files.get(PROVENANCE_FILE, b"{}")))
+    except (ValueError, ValidationError) as error:
+        return [f"cannot recompute: {' '.join(str(error).split())[:200]}"]
+    records, problems = parse_records(files.get(RECORDS_FILE, b""))
+    if problems:
+        return [f"cannot recompute: {problems[0]}"]
+    settings = stored.get("settings", {})
+    try:
+        recomputed = summarize(
+            records,
+            spec=spec,
+            baseline=stored.get("baseline"),
+            features=stored.get("features"),
+            provenances=provenance_list,
+            precision=settings.get("precision"),
+            seed=settings.get("bootstrap", {}).get("seed"),
+            n_resamples=settings.get("bootstrap", {}).get("n_resamples", 2000),
+            margin_threshold=stored.get("parity", {}).get("margin_threshold"),
+        )
+    except (ValueError, TypeError, KeyError) as error:
+        return [f"cannot recompute: {error}"]
+    recomputed = json.loads(json.dumps(recomputed))
+    difference = _first_difference(stored, recomputed, "", rel_tol)
+    if difference is None:
+        return []
+    return [f"{SUMMARY_JSON_FILE}: differs from the statistics of {RECORDS_FILE} at {difference}"]
+
+
+def _first_difference(a: Any, b: Any, path: str, rel_tol: float) -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if key not in a or key not in b:
+                return f"{path}.{key}".lstrip(".")
+            found = _first_difference(a[key], b[key], f"{path}.{key}", rel_tol)
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path} (length {len(a)} vs {len(b)})".lstrip(".")
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = _first_difference(x, y, f"{path}[{index}]", rel_tol)
+            if found:
+                return found
+        return None
+    numbers = (int, float)
+    if (
+        isinstance(a, numbers)
+        and isinstance(b, numbers)
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
+        return None if math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12) else path.lstrip(".")
+    return None if a == b else path.lstrip(".")
+
+
+def verify_bundle(path: str | Path, *, recompute: bool = False) -> Verification:
+    """Verify a bundle folder or zip; unreadable or unsafe input is one problem, not a crash.
+
+    With `recompute`, an otherwise intact bundle's summary.json is also checked against the
+    statistics recomputed from its records (`recompute_problems`).
+    """
     try:
         files = read_bundle(path)
     except BundleError as error:
         return Verification(None, 0, [str(error)])
-    return verify_files(files)
+    result = verify_files(files)
+    if recompute and result.is_intact:
+        result.problems.extend(recompute_problems(files))
+    return result
 
 
 def bundle_records(files: Mapping[str, bytes]) -> list[Record]:

@@ -12,15 +12,19 @@ app = typer.Typer(add_completion=False)
 @app.command()
 def verify(
     path: Path = typer.Argument(..., help="An evidence bundle: its folder or its zip."),
+    recompute: bool = typer.Option(
+        False, "--recompute", help="Also recompute the statistics from the records and compare."
+    ),
 ) -> None:
     """Check an evidence bundle: every file's sha256, every record, the provenance.
 
     Exits 0 and prints `intact: <evidence_id>, N files` when nothing was altered; otherwise
     exits 1 with one line per missing, extra or altered file (and per invalid record).
+    `--recompute` also checks that summary.json follows from records.jsonl.
     """
     from evidence.bundle import verify_bundle
 
-    result = verify_bundle(path)
+    result = verify_bundle(path, recompute=recompute)
     if result.is_intact:
         typer.echo(f"intact: {result.evidence_id}, {result.file_count} files")
         return

@@ -44,6 +44,15 @@ def _by_run(index: CellIndex, variant: str) -> dict[str, list[Record]]:
     return runs
 
 
+def _pct(log_rate: float) -> float | None:
+    # A run of seconds extrapolated to an hour can exceed what a float holds: unknown, not inf.
+    try:
+        value = 100 * math.expm1(log_rate)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def trend(records: Sequence[Record], threshold_pct: float) -> dict[str, Any]:
     """The baseline's drift line over one run's wall time."""
     if not records:
@@ -75,9 +84,9 @@ def trend(records: Sequence[Record], threshold_pct: float) -> dict[str, Any]:
     slope, stderr = float(fit.slope), float(fit.stderr)
     across = 100 * math.expm1(slope * span_h)
     result.update(
-        slope_pct_per_hour=100 * math.expm1(slope),
-        slope_ci_low=100 * math.expm1(slope - t_crit * stderr),
-        slope_ci_high=100 * math.expm1(slope + t_crit * stderr),
+        slope_pct_per_hour=_pct(slope),
+        slope_ci_low=_pct(slope - t_crit * stderr),
+        slope_ci_high=_pct(slope + t_crit * stderr),
         drift_pct_across_run=across,
         flagged=abs(across) > threshold_pct,
     )

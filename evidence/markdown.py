@@ -110,22 +110,31 @@ def _flags(flags: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(flags.items())) or "defaults"
 
 
-def _comparison_rows(summary: Mapping[str, Any], key: str, metric: str) -> list[list[object]]:
-    rows = []
-    for c in summary[key]:
-        rows.append(
-            [
-                c["context_tokens"],
-                c["variant"],
-                fmt_tps(median_tps(summary, c["context_tokens"], c["baseline"], metric)),
-                fmt_tps(median_tps(summary, c["context_tokens"], c["variant"], metric)),
-                fmt_interval(c),
-                fmt_p(c["p_adjusted"]),
-                c["n"],
-                fmt_verdict(c),
-            ]
-        )
-    return rows
+def verdict_rows(summary: Mapping[str, Any], key: str = "comparisons") -> list[dict[str, Any]]:
+    """The verdict table as display strings, one dict per comparison (`comparisons` or
+    `decode_comparisons`): what summary.md, report.html and a CLI table show."""
+    metric = "decode_tps" if key == "decode_comparisons" else "prefill_tps"
+    return [
+        {
+            "context": c["context_tokens"],
+            "variant": c["variant"],
+            "baseline_tps": fmt_tps(
+                median_tps(summary, c["context_tokens"], c["baseline"], metric)
+            ),
+            "variant_tps": fmt_tps(median_tps(summary, c["context_tokens"], c["variant"], metric)),
+            "interval": fmt_interval(c),
+            "p": fmt_p(c["p_adjusted"]),
+            "n": c["n"],
+            "verdict": fmt_verdict(c),
+            "verdict_code": c["verdict"],
+        }
+        for c in summary[key]
+    ]
+
+
+def _comparison_rows(summary: Mapping[str, Any], key: str) -> list[list[object]]:
+    columns = ("context", "variant", "baseline_tps", "variant_tps", "interval", "p", "n", "verdict")
+    return [[row[c] for c in columns] for row in verdict_rows(summary, key)]
 
 
 _COMPARISON_HEADER = [
@@ -201,16 +210,14 @@ def _render(
         "",
         "### Cold prefill",
         "",
-        *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons", "prefill_tps")),
+        *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
     ]
     if not compact:
         lines += [
             "",
             "### Decode",
             "",
-            *_table(
-                _COMPARISON_HEADER, _comparison_rows(summary, "decode_comparisons", "decode_tps")
-            ),
+            *_table(_COMPARISON_HEADER, _comparison_rows(summary, "decode_comparisons")),
         ]
     ablation = summary.get("ablation")
     if ablation:

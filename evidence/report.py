@@ -28,8 +28,8 @@ from evidence.markdown import (
     fmt_tps,
     fmt_verdict,
     host_line,
-    median_tps,
     software_line,
+    verdict_rows,
 )
 from evidence.schemas import Provenance, Record
 from evidence.stats import how_to_read
@@ -68,23 +68,8 @@ def _css(verdict: str) -> str:
     return {"faster": "faster", "slower": "slower", "inconclusive": "inconclusive"}.get(verdict, "")
 
 
-def _comparison_rows(summary: Mapping[str, Any], key: str, metric: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "context": c["context_tokens"],
-            "variant": c["variant"],
-            "baseline_tps": fmt_tps(
-                median_tps(summary, c["context_tokens"], c["baseline"], metric)
-            ),
-            "variant_tps": fmt_tps(median_tps(summary, c["context_tokens"], c["variant"], metric)),
-            "interval": fmt_interval(c),
-            "p": fmt_p(c["p_adjusted"]),
-            "n": c["n"],
-            "verdict": fmt_verdict(c),
-            "css": _css(c["verdict"]),
-        }
-        for c in summary[key]
-    ]
+def _comparison_rows(summary: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    return [{**row, "css": _css(row["verdict_code"])} for row in verdict_rows(summary, key)]
 
 
 def _range(stats: Mapping[str, float] | None, low: str, high: str) -> str:
@@ -350,8 +335,8 @@ def render_report_html(
         "variants": [v for v in summary["variants"] if v != summary["baseline"]],
         "provenances": [_provenance_view(p) for p in provenance_list],
         "how_to_read": how_to_read(summary["settings"]),
-        "prefill_rows": _comparison_rows(summary, "comparisons", "prefill_tps"),
-        "decode_rows": _comparison_rows(summary, "decode_comparisons", "decode_tps"),
+        "prefill_rows": _comparison_rows(summary, "comparisons"),
+        "decode_rows": _comparison_rows(summary, "decode_comparisons"),
         "descriptive_rows": _descriptive_rows(summary),
         "ablation": ablation,
         "ablation_rows": [

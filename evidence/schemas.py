@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-RECORD_SCHEMA = "coldbench.record/1"
-EVIDENCE_FORMAT = "coldbench.evidence/1"
-PROVENANCE_SCHEMA = "coldbench.provenance/1"
-JOB_SCHEMA = "coldbench.job/1"
+RECORD_SCHEMA: Final = "coldbench.record/1"
+EVIDENCE_FORMAT: Final = "coldbench.evidence/1"
+PROVENANCE_SCHEMA: Final = "coldbench.provenance/1"
+JOB_SCHEMA: Final = "coldbench.job/1"
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # Names that end up in file names, URLs and command lines: short, no separators, no dots first.

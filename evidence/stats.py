@@ -114,6 +114,9 @@ class CellIndex:
 
     cells: dict[tuple[str, str, int, int], Record] = field(default_factory=dict)
     duplicates: list[Record] = field(default_factory=list)
+    _by_variant: dict[str, dict[tuple[str, int, int], Record]] | None = field(
+        default=None, repr=False
+    )
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> CellIndex:
@@ -129,9 +132,13 @@ class CellIndex:
         return index
 
     def of_variant(self, variant: str) -> dict[tuple[str, int, int], Record]:
-        return {
-            (run, rnd, ctx): rec for (run, v, rnd, ctx), rec in self.cells.items() if v == variant
-        }
+        """The variant's cells by (run, round, context); grouped once per index."""
+        if self._by_variant is None:
+            grouped: dict[str, dict[tuple[str, int, int], Record]] = defaultdict(dict)
+            for (run, name, rnd, ctx), record in self.cells.items():
+                grouped[name][(run, rnd, ctx)] = record
+            self._by_variant = dict(grouped)
+        return self._by_variant.get(variant, {})
 
 
 def pairs_for(

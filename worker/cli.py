@@ -74,6 +74,7 @@ def build_spec(
     repository: str | None,
     recipe: str | None,
     fresh_process: bool,
+    precision: float = 0.05,
 ) -> JobSpec:
     from pydantic import ValidationError
 
@@ -94,6 +95,7 @@ def build_spec(
         "model": model,
         "seed": seed,
         "fresh_process": fresh_process,
+        "precision": precision,
     }
     try:
         spec = JobSpec.model_validate(raw)
@@ -161,6 +163,15 @@ def run(
     fresh_process: Annotated[
         bool, typer.Option("--fresh-process", help="A new process for every cell.")
     ] = False,
+    precision: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            max=0.5,
+            help="Verdict precision: 'no established change' needs the 95% interval within "
+            "1 +- this.",
+        ),
+    ] = 0.05,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
@@ -181,13 +192,22 @@ def run(
     console = Console(stderr=True)
     if mode not in ("ab", "ablation", "sweep"):
         _fail(f"--mode {mode!r}: choose ab, ablation or sweep")
+    models: dict[str, Path] = {}
+    model_name = model
+    if not model.startswith("preset:"):
+        path = Path(model).expanduser()
+        if not (path / "config.json").is_file():
+            _fail(f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME")
+        # Jobs name models; a folder becomes a name of this run's own model table.
+        model_name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
+        models[model_name] = path.resolve()
     repositories = {}
     try:
         if repo is not None:
             repository = local_repository(repo, module=module)
             repositories[repository.name] = repository
         spec = build_spec(
-            model=model,
+            model=model_name,
             contexts=contexts,
             rounds=rounds,
             decode_tokens=decode_tokens,
@@ -198,16 +218,10 @@ def run(
             repository=next(iter(repositories), None),
             recipe=recipe,
             fresh_process=fresh_process,
+            precision=precision,
         )
     except (ValueError, ConfigError) as error:
         _fail(str(error))
-    models: dict[str, Path] = {}
-    if not model.startswith("preset:"):
-        path = Path(model).expanduser()
-        if not (path / "config.json").is_file():
-            _fail(f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME")
-        models[path.name] = path.resolve()
-        spec = spec.model_copy(update={"model": path.name})
     started = datetime.now(UTC)
     run_id = f"local-{started:%Y%m%dT%H%M%S}"
     out = out or Path(f"evidence-{run_id}")
@@ -217,6 +231,7 @@ def run(
     host = host_fingerprint()
     command = shlex.join(["coldbench", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else None
 
+    refused: str | None = None
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -263,10 +278,13 @@ def run(
                 on_phase=on_phase,
             )
         except RunRefused as error:
-            _fail(str(error))
+            refused = str(error)
         except KeyboardInterrupt:
+            bar.stop()
             console.print(f"interrupted; records so far are in {workdir}")
             raise typer.Exit(130) from None
+    if refused is not None:
+        _fail(refused)
 
     from evidence.bundle import write_folder, zip_bytes
 

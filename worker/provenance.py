@@ -191,6 +191,8 @@ def reproduce_command(spec: JobSpec, *, repository_url: str | None = None) -> st
         argv += ["--variant", _variant_option(variant)]
     if spec.fresh_process:
         argv.append("--fresh-process")
+    if spec.precision != 0.05:
+        argv += ["--precision", str(spec.precision)]
     argv += ["--out", "evidence-repro"]
     return shlex.join(argv)
 

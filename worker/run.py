@@ -201,36 +201,36 @@ def assemble_bundle(
     provenance: Any,
     build_logs: Mapping[str, bytes],
 ) -> tuple[dict[str, bytes], dict[str, Any] | None]:
-    """Every bundle file (evidence/'s summary, Markdown, report, manifest) and the summary."""
-    from evidence.bundle import bundle_files
+    """Every bundle file and the summary, through evidence/ (as its `build_bundle` does, plus
+    the bracketing controls' own file when the rounds were long enough to have them)."""
+    from evidence.bundle import MANIFEST_FILE, bundle_files
+    from evidence.canonical import sha256_hex
+    from evidence.markdown import render_summary_md
     from evidence.records import parse_records
+    from evidence.report import render_report_html
     from evidence.stats import summarize
 
     records, problems = parse_records(records_raw)
     if problems:
         raise ValueError(f"records.jsonl is not valid: {problems[0]}")
-    summary = None
-    summary_md = report_html = None
-    if any(r.round >= 0 for r in records):
-        summary = summarize(records, spec=spec, provenances=[provenance])
-        try:
-            from evidence.markdown import render_summary_md
-            from evidence.report import render_report_html
-        except ModuleNotFoundError:  # evidence's renderers not landed in this checkout yet
-            log.warning("evidence renderers unavailable: summary.md and report.html skipped")
-        else:
-            summary_md = render_summary_md(summary, [provenance], evidence_id=None)
-            report_html = render_report_html(summary, records, [provenance], None)
-    extra = {CONTROLS_FILE: controls_raw} if controls_raw else {}
+    common: dict[str, Any] = {
+        "records": records_raw,
+        "provenances": [provenance],
+        "build_logs": dict(build_logs),
+        "spec": spec,
+        "extra_files": {CONTROLS_FILE: controls_raw} if controls_raw else None,
+    }
+    if not any(r.round >= 0 for r in records):
+        # Nothing was measured (a failed build, a refused job): data and logs only.
+        return bundle_files(**common), None
+    summary = summarize(records, spec=spec, provenances=[provenance])
+    data_files = bundle_files(**common, summary=summary)
+    digests = {name: sha256_hex(data) for name, data in data_files.items() if name != MANIFEST_FILE}
     files = bundle_files(
-        spec=spec,
-        records=records_raw,
-        provenances=[provenance],
-        build_logs=dict(build_logs),
+        **common,
         summary=summary,
-        summary_md=summary_md,
-        report_html=report_html,
-        extra_files=extra,
+        summary_md=render_summary_md(summary, [provenance], evidence_id=None),
+        report_html=render_report_html(summary, records, [provenance], None, file_digests=digests),
     )
     return files, summary
 

@@ -38,6 +38,10 @@ class EmbeddedAdapter:
         info.pop("files", None)
         self.model_info = info
 
+    def check_context(self, context_tokens: int) -> None:
+        assert self.prompts is not None, "load() first"
+        self.prompts.check_context(context_tokens)
+
     def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
         assert self.prompts is not None, "load() first"
         if round < 0:

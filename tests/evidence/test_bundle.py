@@ -252,6 +252,56 @@ def test_write_bundle_end_to_end(tmp_path: Path, coldbench_cmd: list[str]) -> No
     assert records_digest in (written.path / "report.html").read_text()
     assert "| 64 | fast |" in (written.path / "summary.md").read_text()
     ok = subprocess.run(
-        [*coldbench_cmd, "verify", str(written.zip_path)], capture_output=True, text=True
+        [*coldbench_cmd, "verify", "--recompute", str(written.zip_path)],
+        capture_output=True,
+        text=True,
     )
     assert ok.stdout.strip() == f"intact: {written.evidence_id}, 9 files"
+
+
+def _reseal(files: dict[str, bytes]) -> dict[str, bytes]:
+    """Rewrite the manifest over edited files: what a careful forger would do."""
+    from evidence.bundle import build_manifest
+
+    resealed = dict(files)
+    provenance_value = json.loads(files["provenance.json"])
+    resealed[MANIFEST_FILE] = build_manifest(resealed, provenance_value)
+    return resealed
+
+
+def test_recompute_catches_a_resealed_summary_whose_numbers_were_edited(tmp_path: Path) -> None:
+    from evidence.bundle import build_bundle, recompute_problems
+
+    records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
+    files, summary = build_bundle(
+        records=records, provenances=[provenance()], baseline="base", n_resamples=200
+    )
+    assert recompute_problems(files) == []
+    edited = json.loads(files["summary.json"])
+    edited["comparisons"][0]["verdict"] = "faster"
+    edited["comparisons"][0]["ci_low"] = 1.01
+    forged = _reseal({**files, "summary.json": json.dumps(edited).encode()})
+    assert verify_files(forged).problems == []  # internally consistent...
+    assert recompute_problems(forged) == [
+        "summary.json: differs from the statistics of records.jsonl at comparisons[0].ci_low"
+    ]
+    archive = tmp_path / "forged.zip"
+    archive.write_bytes(zip_bytes(forged))
+    assert len(verify_bundle(archive, recompute=True).problems) == 1
+
+
+def test_records_of_a_run_without_provenance_and_bad_job_json_are_named(
+    files: dict[str, bytes],
+) -> None:
+    stray = simulate_run(effects={"base": 1.0}, rounds=1, run_id="r-9")
+    forged = _reseal(
+        {
+            **files,
+            "records.jsonl": files["records.jsonl"]
+            + b"".join(json.dumps(r.to_json_dict()).encode() + b"\n" for r in stray),
+            "job.json": b'{"variants": []}',
+        }
+    )
+    problems = verify_files(forged).problems
+    assert "records.jsonl: run 'r-9' has no provenance" in problems
+    assert any(p.startswith("job.json: invalid (variants:") for p in problems)
