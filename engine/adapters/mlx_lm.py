@@ -156,6 +156,10 @@ class MlxLmAdapter:
         )
         logger.info("mlx-lm adapter: %s from %s", MODULE, self.engine_module_file)
 
+    def check_context(self, context_tokens: int) -> None:
+        assert self.prompts is not None, "load() first"
+        self.prompts.check_context(context_tokens)
+
     def describe(self) -> dict[str, Any]:
         return {
             "variant": self.plan.variant,

@@ -21,6 +21,7 @@ of those ids. The stdlib HTTP client is enough here and keeps engine/ free of HT
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import http.client
@@ -158,11 +159,18 @@ class OpenAIServerAdapter:
         except OSError as exc:
             self.close()
             raise ServerLoadError(f"cannot start server command {self.argv[0]!r}: {exc}") from exc
+        # The runner returns without close() when loading fails after this point (e.g. a
+        # context check): ending the server at interpreter exit covers that on every platform.
+        atexit.register(self.close)
         try:
             self.ready_path = self._wait_ready(self.ready_timeout_s)
         except BaseException:
             self.close()
             raise
+
+    def check_context(self, context_tokens: int) -> None:
+        assert self.prompts is not None, "load() first"
+        self.prompts.check_context(context_tokens)
 
     # -- lifecycle -----------------------------------------------------------------------
 

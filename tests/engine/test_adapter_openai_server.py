@@ -199,3 +199,33 @@ def test_mlx_lm_server_cells_are_cold_and_a_repeat_is_caught(
     assert repeat["status"] == "invalid"
     assert repeat["cached_tokens"] == 127  # everything but the last prompt token
     assert repeat["reason"] == "cached_tokens=127: the server reused its prompt cache"
+
+
+def test_a_context_the_model_cannot_serve_stops_the_server_too(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A marker argument finds this test's server among the machine's processes.
+    marker = ["--prompt-cache-size", "7031"]
+    plan = {
+        "run_id": "r-server",
+        "variant": "server",
+        "adapter": "openai-server",
+        "model": str(tiny_model_dir),
+        "records_path": str(tmp_path / "records.jsonl"),
+        "server_command": [*MLX_LM_SERVER, *marker],
+        "cells": [{"round": 0, "order": 0, "context_tokens": 100_000}],
+    }
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.runner", "--plan", str(plan_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    event = json.loads(done.stdout.splitlines()[-1])
+    assert event["event"] == "error"
+    assert "context 100000 tokens exceeds the model's maximum" in event["reason"]
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert " ".join(marker) not in processes
