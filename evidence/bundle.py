@@ -204,11 +204,13 @@ def build_bundle(
     precision: float | None = None,
     seed: int | None = None,
     n_resamples: int | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Every file of a complete bundle (summary computed, views rendered) and the summary.
 
     `baseline`, `features`, `precision` and `seed` default to the job spec's (the spec or
-    `baseline` is required). Nothing touches the disk.
+    `baseline` is required). `extra_files` (plain names) join the bundle and its manifest, e.g.
+    a worker's scheduling log. Nothing touches the disk.
     """
     # Imported here: statistics and rendering pull in scipy, jinja2 and plotly.
     from evidence.markdown import render_summary_md
@@ -243,6 +245,7 @@ def build_bundle(
         "build_logs": build_logs,
         "spec": spec,
         "summary": summary,
+        "extra_files": extra_files,
     }
     # The report lists the digests of the data files it was rendered from.
     data_files = bundle_files(**common)
@@ -269,6 +272,7 @@ def write_bundle(
     precision: float | None = None,
     seed: int | None = None,
     n_resamples: int | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
     make_zip: bool = True,
 ) -> WrittenBundle:
     """Compute the summary, render summary.md and report.html, write the folder and its zip.
@@ -285,6 +289,7 @@ def write_bundle(
         precision=precision,
         seed=seed,
         n_resamples=n_resamples,
+        extra_files=extra_files,
     )
     folder = write_folder(path, files)
     zip_path = None
