@@ -24,8 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(*first: Path) -> dict[str, str]:
-    """PYTHONPATH with the checkout first, then this repository (for engine/)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, first), str(REPO_ROOT)])}
+    """PYTHONPATH with the checkout first, then this repository (for engine/) and the rest."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, first), str(REPO_ROOT), *rest])}
 
 
 def _plan(tmp_path: Path, name: str, model: Path, checkout: Path, **extra: Any) -> Path:
