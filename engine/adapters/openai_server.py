@@ -13,10 +13,17 @@ count gets `cached_tokens = None` and an invalid cell, never an assumed 0. Prefi
 time to the first streamed token (request sent to first data event with text); decode time runs
 from there to the last token event.
 
-Prompts travel as text (OpenAI-style servers such as mlx_lm.server tokenize a string prompt):
-the ids are decoded with the checkpoint's tokenizer and re-encoded the way the server encodes a
-prompt, adjusting until the server will see exactly the cell's N tokens; the digest recorded is
-of those ids. The stdlib HTTP client is enough here and keeps engine/ free of HTTP packages.
+Prompts travel as text: mlx_lm.server (0.32) takes `prompt` only as a string and runs
+`tokenizer.encode` on it. The ids are decoded with the checkpoint's tokenizer and re-encoded the
+way the server encodes a prompt, adjusting until the server will see exactly the cell's N
+tokens; the digest recorded is of those ids. The stdlib HTTP client is enough here and keeps
+engine/ free of HTTP packages.
+
+What mlx_lm.server reports: with `stream_options.include_usage` its last event carries
+`usage.prompt_tokens_details.cached_tokens`, the length of the prefix it reused from its LRU
+prompt cache (keyed by prompt + generated ids). A repeated prompt reuses all but its last token
+(N-1); two different prompts that merely start with the same token reuse 1, which is why
+`engine.prompts` gives every round a different first token.
 """
 
 from __future__ import annotations
