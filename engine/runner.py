@@ -136,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         adapter = create_adapter(plan)
         process = VariantProcess(plan, adapter, out)
         adapter.load()
+        # batch mode: a context the model or corpus cannot serve fails before any cell runs
+        check = getattr(adapter, "check_context", None)
+        if check is not None:
+            for context in sorted({c.context_tokens for c in plan.cells or []}):
+                check(context)
     except Exception as error:  # noqa: BLE001 - reported as one line, exit 2
         log.exception("load failed")
         out.write(json.dumps({"event": "error", "reason": _one_line(error)[:500]}) + "\n")

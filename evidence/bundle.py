@@ -204,11 +204,13 @@ def build_bundle(
     precision: float | None = None,
     seed: int | None = None,
     n_resamples: int | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Every file of a complete bundle (summary computed, views rendered) and the summary.
 
     `baseline`, `features`, `precision` and `seed` default to the job spec's (the spec or
-    `baseline` is required). Nothing touches the disk.
+    `baseline` is required). `extra_files` (plain names) join the bundle and its manifest, e.g.
+    a worker's scheduling log. Nothing touches the disk.
     """
     # Imported here: statistics and rendering pull in scipy, jinja2 and plotly.
     from evidence.markdown import render_summary_md
@@ -243,6 +245,7 @@ def build_bundle(
         "build_logs": build_logs,
         "spec": spec,
         "summary": summary,
+        "extra_files": extra_files,
     }
     # The report lists the digests of the data files it was rendered from.
     data_files = bundle_files(**common)
@@ -269,6 +272,7 @@ def write_bundle(
     precision: float | None = None,
     seed: int | None = None,
     n_resamples: int | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
     make_zip: bool = True,
 ) -> WrittenBundle:
     """Compute the summary, render summary.md and report.html, write the folder and its zip.
@@ -285,6 +289,7 @@ def write_bundle(
         precision=precision,
         seed=seed,
         n_resamples=n_resamples,
+        extra_files=extra_files,
     )
     folder = write_folder(path, files)
     zip_path = None
@@ -517,18 +522,19 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
     except (ValueError, TypeError, KeyError) as error:
         return [f"cannot recompute: {error}"]
     recomputed = json.loads(json.dumps(recomputed))
-    difference = _first_difference(stored, recomputed, "", rel_tol)
+    difference = first_difference(stored, recomputed, "", rel_tol)
     if difference is None:
         return []
     return [f"{SUMMARY_JSON_FILE}: differs from the statistics of {RECORDS_FILE} at {difference}"]
 
 
-def _first_difference(a: Any, b: Any, path: str, rel_tol: float) -> str | None:
+def first_difference(a: Any, b: Any, path: str = "", rel_tol: float = 1e-9) -> str | None:
+    """Dotted path of the first place two JSON values differ (numbers within rel_tol), or None."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
             if key not in a or key not in b:
                 return f"{path}.{key}".lstrip(".")
-            found = _first_difference(a[key], b[key], f"{path}.{key}", rel_tol)
+            found = first_difference(a[key], b[key], f"{path}.{key}", rel_tol)
             if found:
                 return found
         return None
@@ -536,7 +542,7 @@ def _first_difference(a: Any, b: Any, path: str, rel_tol: float) -> str | None:
         if len(a) != len(b):
             return f"{path} (length {len(a)} vs {len(b)})".lstrip(".")
         for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            found = _first_difference(x, y, f"{path}[{index}]", rel_tol)
+            found = first_difference(x, y, f"{path}[{index}]", rel_tol)
             if found:
                 return found
         return None

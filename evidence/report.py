@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly import colors as plotly_colors
 
+from evidence.drift import as_utc
 from evidence.markdown import (
     evidence_id_line,
     fmt_interval,
@@ -245,7 +246,7 @@ def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list
     for variant in summary["variants"]:
         points = [
             r
-            for r in sorted(measured, key=lambda r: r.started_at)
+            for r in sorted(measured, key=lambda r: as_utc(r.started_at))
             if r.variant == variant and (r.run_id, r.context_tokens) in medians
         ]
         if not points:

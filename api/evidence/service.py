@@ -119,12 +119,21 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         job.updated_at = utcnow()
         db_session.commit()
         return False
-    files, summary = build_bundle(
-        records=records,
-        provenances=provenances,
-        spec=JobSpec.model_validate(job.spec),
-        build_logs=build_logs,
-    )
+    try:
+        files, summary = build_bundle(
+            records=records,
+            provenances=provenances,
+            spec=JobSpec.model_validate(job.spec),
+            build_logs=build_logs,
+        )
+    except ValueError as error:
+        # Deterministic: the same cells fail the same way, so retrying cannot help.
+        log.warning("analysis of job %s failed: %s", job_id, error)
+        job.state = "failed"
+        job.reason = f"analysis failed: {error}"
+        job.updated_at = utcnow()
+        db_session.commit()
+        return False
     stored = {}
     for name, content in files.items():
         blob = store.put_bytes(content)

@@ -10,6 +10,8 @@ record (`engine.cell.run_cell`'s keys: `prompt_tokens` ... `counters`, `started_
 `round == -1` means the discarded warm-up, which must use a prompt no measured cell uses
 (`PromptSource.warmup_prompt`). The runner adds `schema`, `run_id`, `variant`, `round`,
 `order`, `context_tokens`, `adapter`, `flags`, and turns an exception into an error record.
+An adapter may also define `check_context(context_tokens)` raising ValueError for a context
+it cannot serve: in batch mode the runner calls it for every context before the first cell.
 `describe()` is the ready event's `target`: at least `adapter`, `engine_module_file` (the file
 the engine module was really imported from), `flags`, `mlx`, `mlx_lm`, `backend`.
 """

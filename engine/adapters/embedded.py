@@ -38,6 +38,10 @@ class EmbeddedAdapter:
         info.pop("files", None)
         self.model_info = info
 
+    def check_context(self, context_tokens: int) -> None:
+        assert self.prompts is not None, "load() first"
+        self.prompts.check_context(context_tokens)
+
     def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
         assert self.prompts is not None, "load() first"
         if round < 0:
@@ -64,7 +68,7 @@ class EmbeddedAdapter:
             "engine_module_file": str(Path(engine.__file__).resolve()),
             "mlx_lm_module_file": str(Path(mlx_lm.__file__).resolve()),
             "flags": self.flags.as_dict(),
-            "mlx": mx.__version__,
+            "mlx": getattr(mx, "__version__", None),
             "mlx_lm": getattr(mlx_lm, "__version__", None),
             "python": sys.version.split()[0],
             "python_executable": sys.executable,

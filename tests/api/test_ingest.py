@@ -177,3 +177,24 @@ def test_analysis_and_rendering_publish_evidence(
     files = read_zip(client.get(f"/e/{evidence_id}.zip").content)
     assert verify_files(files).is_intact
     assert {"records.jsonl", "provenance.json", "build-base.log", "report.html"} <= set(files)
+
+
+def test_analysis_failure_is_final_with_its_reason(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    completed_run: Run,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from api.evidence import service as evidence_service
+    from api.jobs.models import Job
+
+    def refuse(**_kwargs: object) -> None:
+        raise ValueError("summary needs at least one ok cell")
+
+    monkeypatch.setattr("evidence.bundle.build_bundle", refuse)
+    job_id = _ingest(db_session, settings, client, completed_run.id)
+    store = client.app.state.store
+    assert not evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
+    job = db_session.get(Job, job_id)
+    assert job.state == "failed" and job.reason.endswith("needs at least one ok cell")

@@ -150,10 +150,14 @@ def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path
         ({"model": "preset:huge"}, "unknown model 'preset:huge'"),
         ({"decode_tokens": -1}, "plan decode_tokens must be an integer >= 0"),
         ({"extra": 1}, "unknown plan field(s): extra"),
+        (
+            {"model": "preset:tiny", "cells": [{"round": 0, "order": 0, "context_tokens": 9000}]},
+            "context 9000 tokens exceeds the model's maximum of 8192",
+        ),
     ],
 )
 def test_load_failure_is_one_error_event_and_exit_2(
-    tmp_path: Path, overrides: dict[str, Any], reason: str
+    tiny_model_dir: Path, tmp_path: Path, overrides: dict[str, Any], reason: str
 ) -> None:
     overrides = dict(overrides)
     plan = _plan(tmp_path, overrides.pop("model", str(tmp_path)), **overrides)

@@ -230,10 +230,12 @@ def test_write_bundle_end_to_end(tmp_path: Path, coldbench_cmd: list[str]) -> No
         spec=spec,
         build_logs={"base": "ok\n", "fast": "ok\n"},
         n_resamples=300,
+        extra_files={"controls.jsonl": b"{}\n"},
     )
     assert sorted(p.name for p in written.path.iterdir()) == [
         "build-base.log",
         "build-fast.log",
+        "controls.jsonl",
         "job.json",
         "manifest.json",
         "provenance.json",
@@ -256,7 +258,7 @@ def test_write_bundle_end_to_end(tmp_path: Path, coldbench_cmd: list[str]) -> No
         capture_output=True,
         text=True,
     )
-    assert ok.stdout.strip() == f"intact: {written.evidence_id}, 9 files"
+    assert ok.stdout.strip() == f"intact: {written.evidence_id}, 10 files"
 
 
 def _reseal(files: dict[str, bytes]) -> dict[str, bytes]:

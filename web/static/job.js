@@ -20,7 +20,7 @@
           section.dataset.final = "true";
           var cancel = document.querySelector("form.cancel");
           if (cancel) { cancel.remove(); }
-          if (note) { note.textContent = "The job is " + state.state + "."; }
+          if (note) { note.textContent = "Final state: " + state.state + "."; }
           return;
         }
         window.setTimeout(poll, 2000);

@@ -1,0 +1,360 @@
+"""The pages in a real browser: headless Chromium (Playwright) against a real stack.
+
+Child processes, all stopped at the end: `coldbench server` (embedded SQLite), `coldbench
+celery worker` (kombu's SQLAlchemy transport) and a `coldbench worker` agent enrolled with a
+one-use token, measuring the tiny model on this CPU. A job is submitted through the form, its
+progress watched, the evidence page opened, the Markdown copied and the bundle downloaded and
+verified with `coldbench verify`. Every request the browser makes must go to the test server.
+Screenshots land in tests/_artifacts/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ARTIFACTS = REPO_ROOT / "tests" / "_artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+LAPTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=coldbench-tests", "-c", "user.email=t@coldbench.invalid", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    )
+
+
+@dataclass
+class Stack:
+    base_url: str
+    api_key: str
+    root: Path
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: list[IO[bytes]] = field(default_factory=list)
+
+    def log(self, name: str, tail: int = 3000) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.logs.append(log)
+        self.children[name] = subprocess.Popen(
+            args,
+            cwd=self.root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        for child in self.children.values():
+            try:
+                child.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait(5)
+        for log in self.logs:
+            log.close()
+
+
+def _wait_until(condition: Any, timeout_s: float, what: str, stack: Stack) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {n}\n{stack.log(n)}" for n in ("server", "celery", "agent"))
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{logs}")
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, coldbench_cmd: list[str]
+) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("stack")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLDBENCH_")}
+    env["COLDBENCH_MODEL_DIR"] = str(tiny_model_dir.parent)  # preset:tiny resolves here
+
+    def admin(*args: str) -> str:
+        done = subprocess.run(
+            [*coldbench_cmd, "admin", *args],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    enrollment = admin("enroll", "--labels", "lab:test")
+    api_key = admin("apikey", "browser-tester")
+    # A repository on the host's allow-list: a small local git repository.
+    repo = root / "stub-repo"
+    (repo / "mlx_lm").mkdir(parents=True)
+    (repo / "mlx_lm" / "__init__.py").write_text('STUB = "main"\n')
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "stub")
+    (root / "worker.toml").write_text(
+        'name = "local-1"\nlabels = ["lab:home"]\nstate_dir = "agent-state"\n'
+        f'[repositories.stub]\nurl = "{repo}"\n'
+        "[repositories.stub.recipes.editable]\n"
+        'command = ["{python}", "-m", "pip", "install", "--no-deps", "-e", "."]\n'
+    )
+    port = _free_port()
+    stack = Stack(base_url=f"http://127.0.0.1:{port}", api_key=api_key, root=root)
+    try:
+        stack.start("server", [*coldbench_cmd, "server", "--port", str(port)], env)
+        stack.start("celery", [*coldbench_cmd, "celery", "worker", "--pool", "solo"], env)
+        with httpx.Client(base_url=stack.base_url, timeout=10) as http:
+
+            def healthy() -> bool:
+                try:
+                    return http.get("/healthz").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            _wait_until(healthy, 60, "the server", stack)
+            stack.start(
+                "agent",
+                [
+                    *coldbench_cmd,
+                    "worker",
+                    "--api",
+                    stack.base_url,
+                    "--config",
+                    "worker.toml",
+                    "--enroll",
+                    enrollment,
+                    "--heartbeat-s",
+                    "1",
+                    "--lease-wait-s",
+                    "2",
+                    # Its own lock: agents of other test runs on this machine must not queue it.
+                    "--host-lock",
+                    str(root / "host.lock"),
+                ],
+                env,
+            )
+            hosts = lambda: http.get(  # noqa: E731
+                "/api/v1/hosts", headers={"Authorization": f"Bearer {api_key}"}
+            ).json()
+            _wait_until(hosts, 90, "the agent to register", stack)
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield browser
+        browser.close()
+
+
+@dataclass
+class Session:
+    context: BrowserContext
+    page: Page
+    requests: list[str]
+    console_errors: list[str]
+
+    def foreign_requests(self, base_url: str) -> list[str]:
+        # data: and blob: URLs are made inside the page; they never touch the network.
+        return [
+            url
+            for url in self.requests
+            if not url.startswith(base_url + "/") and not url.startswith(("data:", "blob:"))
+        ]
+
+
+@pytest.fixture
+def session(browser: Browser, stack: Stack) -> Iterator[Session]:
+    """A logged-in browser context that records every request it makes."""
+    context = browser.new_context(viewport=LAPTOP, accept_downloads=True, base_url=stack.base_url)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=stack.base_url)
+    requests: list[str] = []
+    console_errors: list[str] = []
+    context.on("request", lambda request: requests.append(request.url))
+    page = context.new_page()
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.goto("/")
+    expect(page).to_have_url(re.compile(r"/login\?next=/$"))
+    page.fill("#api_key", stack.api_key)
+    page.click("button[type=submit]")
+    expect(page.locator("h1")).to_have_text("New benchmark job")
+    try:
+        yield Session(context, page, requests, console_errors)
+    finally:
+        context.close()
+
+
+def _shot(page: Page, name: str, *, full_page: bool = True) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    return path
+
+
+def _fill_job(page: Page, **values: str) -> None:
+    page.fill("input[name=variant-0-flags]", values.get("base_flags", "prefill_step_size=32"))
+    page.fill("input[name=variant-1-flags]", values.get("cand_flags", ""))
+    page.uncheck("input[name=contexts][value='4096']")
+    page.fill("#custom_contexts", values.get("contexts", "64, 128"))
+    page.fill("#rounds", "2")
+    page.fill("#decode_tokens", "2")
+    page.fill("#model", "preset:tiny")
+
+
+def test_submit_watch_progress_open_evidence_copy_and_verify(
+    session: Session, stack: Stack, coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    page = session.page
+    _fill_job(page, cand_flags="prefill_step_size=32, clear_cache=false")
+    # A third variant whose flag can never take effect on these prompts: a silent no-op the
+    # job page must show as it appears.
+    page.fill("input[name=variant-2-name]", "noop")
+    page.fill("input[name=variant-2-flags]", "prefill_step_size=4096")
+    _shot(page, "form-filled")
+    page.click("button.primary")
+    expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f]{16}$"))
+    job_id = page.url.rsplit("/", 1)[1]
+    page.evaluate("window.__sameDocument = true")  # gone if the page ever reloads
+
+    seen_done: list[int] = []
+    seen_states: list[str] = []
+    # Generous: this machine is shared, and under load a tiny job can take minutes.
+    deadline = time.monotonic() + 300
+    while not page.locator("#evidence-link").is_visible():
+        assert time.monotonic() < deadline, stack.log("agent") + stack.log("celery")
+        seen_states.append(page.locator("#job-state").inner_text())
+        cells = page.locator(".cells")
+        if cells.count():
+            seen_done.append(int(cells.first.get_attribute("data-done") or 0))
+            if len(set(seen_done)) == 2 and seen_done[-1] != seen_done[-2]:
+                _shot(page, "job-progress")  # the first time it moved
+        time.sleep(0.25)
+    assert page.evaluate("window.__sameDocument") is True, "the page updated itself in place"
+    assert "running" in seen_states, seen_states
+    assert seen_done and seen_done == sorted(seen_done), seen_done
+    assert len(set(seen_done)) >= 2, f"progress never moved: {seen_done}"
+    expect(page.locator("#job-state")).to_have_text("done")
+    # The silent no-op cells are listed with their reason.
+    expect(page.locator("table.invalid")).to_contain_text("silent no-op: prefill_step_size")
+    _shot(page, "job-done")
+
+    page.click("#evidence-link a >> nth=0")
+    expect(page).to_have_url(re.compile(r"/e/[0-9a-f]{24}$"))
+    evidence_id = page.url.rsplit("/", 1)[1]
+    expect(page.locator("h1")).to_contain_text("cand")
+    # plotly.js came from the app and drew every chart.
+    expect(page.locator("#fig-tps .main-svg").first).to_be_visible(timeout=60_000)
+    assert page.locator(".chart .main-svg").count() >= 4
+    _shot(page, "evidence-laptop")
+    page.screenshot(path=str(ARTIFACTS / "evidence-page.png"))
+
+    page.click("#cb-copy-md")
+    expect(page.locator("#cb-copy-status")).to_have_text("Copied.", timeout=20_000)
+    markdown = page.evaluate("navigator.clipboard.readText()")
+    assert f"[`{evidence_id}`]({stack.base_url}/e/{evidence_id})" in markdown
+    assert "| context |" in markdown or "|---|" in markdown
+
+    with page.expect_download() as download_info:
+        page.click("#cb-download")
+    bundle = tmp_path / download_info.value.suggested_filename
+    download_info.value.save_as(bundle)
+    assert bundle.name == f"coldbench-{evidence_id}.zip"
+    verified = subprocess.run(
+        [*coldbench_cmd, "verify", str(bundle)], capture_output=True, text=True, timeout=120
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert evidence_id in verified.stdout + verified.stderr
+
+    page.set_viewport_size(PHONE)
+    _shot(page, "evidence-phone", full_page=False)
+    page.goto(f"/jobs/{job_id}")
+    _shot(page, "job-phone", full_page=False)
+    page.goto("/hosts")
+    expect(page.locator("#host-local-1")).to_contain_text("lab:home")
+    _shot(page, "hosts-phone")
+    page.set_viewport_size(LAPTOP)
+    _shot(page, "hosts")
+
+    assert session.foreign_requests(stack.base_url) == []
+    assert not [e for e in session.console_errors if "Content Security Policy" in e]
+
+
+def test_form_errors_beside_fields_and_an_unknown_ref_fails_the_run(
+    session: Session, stack: Stack
+) -> None:
+    page = session.page
+    _fill_job(page, contexts="64, 12x")
+    page.click("button.primary")
+    error = page.locator("#contexts-field #err-contexts")
+    expect(error).to_contain_text("'12x' is not a token count")
+    expect(page.locator("#custom_contexts")).to_have_value("64, 12x")
+    expect(page.locator("#custom_contexts")).to_have_attribute("aria-invalid", "true")
+    _shot(page, "form-errors")
+    page.set_viewport_size(PHONE)
+    _shot(page, "form-errors-phone", full_page=False)
+    page.set_viewport_size(LAPTOP)
+
+    # An unknown ref is only known to be unknown on the host: the job is accepted and its run
+    # fails with the host's reason, shown on the job page.
+    page.fill("#custom_contexts", "64")
+    page.select_option("#repository", "stub")
+    page.fill("#recipe", "editable")
+    page.fill("input[name=variant-0-ref]", "no-such-branch")
+    page.fill("input[name=variant-1-ref]", "main")
+    page.fill("input[name=variant-1-flags]", "")
+    page.click("button.primary")
+    expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f]{16}$"))
+    expect(page.locator("#job-state")).to_have_text("failed", timeout=180_000)
+    expect(page.locator("table.runs")).to_contain_text("ref 'no-such-branch' not found")
+    _shot(page, "job-unknown-ref")
+    assert session.foreign_requests(stack.base_url) == []
