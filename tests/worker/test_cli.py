@@ -91,7 +91,7 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
     done = _run(
         coldbench_cmd,
         *("--contexts", "128", "--rounds", "7", "--decode-tokens", "1"),
-        *("--variant", "base:prefill_step_size=256", "--variant", "small:prefill_step_size=1"),
+        *("--variant", "base:prefill_step_size=128", "--variant", "small:prefill_step_size=1"),
         *("--out", str(out)),
         cwd=tmp_path,
     )
@@ -99,7 +99,13 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
     summary = json.loads((out / "summary.json").read_text())
     (row,) = summary["comparisons"]
     assert (row["variant"], row["context_tokens"]) == ("small", 128)
-    assert row["verdict"] == "slower", row
+    ratios = [
+        f"{r.prefill_tps / b.prefill_tps:.3f}"
+        for r in read_records(out / "records.jsonl")
+        for b in read_records(out / "records.jsonl")
+        if r.variant == "small" and b.variant == "base" and r.round == b.round >= 0
+    ]
+    assert row["verdict"] == "slower", (row, ratios)
     assert row["ci_high"] < 1
     records = read_records(out / "records.jsonl")
     widths = {r.variant: r.counters["chunk_width_max"] for r in records if r.round >= 0}
