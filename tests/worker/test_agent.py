@@ -174,7 +174,9 @@ def test_two_agents_run_each_job_exactly_once(service: Service, tmp_path: Path) 
     for job_id, job in jobs.items():
         (run,) = job["runs"]
         assert run["state"] in ("completed", "processed"), run
-        assert [a["state"] for a in run["attempts"]] == ["completed"], run
+        # Executed once: one completed attempt (any other is a lease that expired unused).
+        states = [a["state"] for a in run["attempts"]]
+        assert states.count("completed") == 1 and set(states) <= {"completed", "expired"}, run
         hosts.add(run["host_name"])
         measured = _measured(service, run["id"])
         cells = [(r["variant"], r["round"], r["context_tokens"]) for r in measured]
@@ -208,17 +210,23 @@ def test_killed_agent_run_is_requeued_and_finished_by_the_other(
     job = service.wait_jobs([job_id], timeout_s=180, done=("completed", "processed", "failed"))
     (run,) = job[job_id]["runs"]
     assert run["state"] in ("completed", "processed"), run
-    assert [(a["attempt"], a["state"]) for a in run["attempts"]] == [
-        (1, "expired"),
-        (2, "completed"),
-    ]
-    assert run["host_name"] == "host-b"
+    # host-a's attempt expired; the last one, host-b's, completed. (An earlier attempt may have
+    # gone to a stopped agent of another test whose long-poll was still open on the server.)
+    *lost, last = run["attempts"]
+    hosts = dict(service.rows("select id, name from hosts"))
+    assert [a["state"] for a in lost] == ["expired"] * len(lost)
+    assert "host-a" in {hosts[a["host_id"]] for a in lost}
+    assert (last["state"], hosts[last["host_id"]], run["host_name"]) == (
+        "completed",
+        "host-b",
+        "host-b",
+    )
     measured = _measured(service, run["id"])
     keys = [(r["variant"], r["round"], r["context_tokens"]) for r in measured]
     assert len(keys) == len(set(keys)) == 6  # every cell once: none lost, none twice
     # Nothing of the killed attempt was uploaded.
     attempts = service.rows("select distinct attempt from artifacts where run_id = :r", r=run["id"])
-    assert [a for (a,) in attempts] == [2]
+    assert [a for (a,) in attempts] == [last["attempt"]]
     assert stop_process(agent_b) == 0, _log(log_b)
 
 
