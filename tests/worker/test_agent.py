@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import stat
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.worker.conftest import git
 from tests.worker.service import Service, running_service, stop_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -260,4 +262,58 @@ def test_sigterm_and_cancel_stop_after_the_cell_in_flight(service: Service, tmp_
     (run,) = service.job(second)["runs"]
     assert run["state"] == "cancelled", run
     assert agent.poll() is None
+    assert stop_process(agent) == 0, _log(log)
+
+
+def test_branch_comparison_attributes_each_variant_to_its_commit_and_file(
+    service: Service, tmp_path: Path, mlx_lm_repo: tuple[Path, tuple[str, str]]
+) -> None:
+    """Two branches of an mlx-lm fork, built in isolation, measured, attributed."""
+    repo, (main, slow) = mlx_lm_repo
+    config = write_config(
+        tmp_path / "host-m" / "worker.toml",
+        name="host-m",
+        repositories={"fork": (str(repo), ["editable"])},
+    )
+    log = tmp_path / "host-m.log"
+    agent = service.start_agent(config, token=service.enrollment_token(), log=log)
+    _wait_enrolled(service, {"host-m"}, [agent], [log])
+    created = service.submit(
+        {
+            "adapter": "mlx-lm",
+            "repository": "fork",
+            "variants": [{"name": "main", "ref": main}, {"name": "pr", "ref": slow}],
+            "contexts": [128],
+            "rounds": 2,
+            "decode_tokens": 1,
+        }
+    )
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    job = service.wait_jobs([job_id], timeout_s=240, done=("completed", "processed", "failed"))
+    (run,) = job[job_id]["runs"]
+    assert run["state"] in ("completed", "processed"), (run, _log(log)[-3000:])
+
+    provenance = json.loads(service.artifact(run["id"], "provenance.json"))
+    targets = {t["variant"]: t for t in provenance.get("runs", [provenance])[0]["targets"]}
+    state = config.parent / "state"
+    for name, ref in (("main", main), ("pr", slow)):
+        commit = git(repo, "rev-parse", ref)
+        target = targets[name]
+        assert (target["repository"], target["ref"], target["commit"]) == (str(repo), ref, commit)
+        checkout = state / "worktrees" / "fork" / commit
+        # The file the variant process really imported: this commit's checkout, not the host's.
+        assert target["engine_module_file"] == str(checkout / "mlx_lm" / "__init__.py")
+        assert target["build_module_file"] == target["engine_module_file"]
+        assert target["dirty"] is False and target["recipe"] == "editable"
+        log_bytes = service.artifact(run["id"], f"build-{name}.log")
+        assert target["build_log_sha256"] == hashlib.sha256(log_bytes).hexdigest() or (
+            b"reused cached build" in log_bytes
+        )
+        assert b"mlx_lm imported from " + str(checkout).encode() in log_bytes
+    assert targets["main"]["commit"] != targets["pr"]["commit"]
+    measured = _measured(service, run["id"])
+    widths = {r["variant"]: r["counters"].get("chunk_width_max") for r in measured}
+    assert len(measured) == 4 and all(r["status"] == "ok" for r in measured)
+    assert widths["pr"] <= 32 < widths["main"]  # the branch's own prefill loop ran
     assert stop_process(agent) == 0, _log(log)
