@@ -23,6 +23,7 @@ from prometheus_client import (
 from api.artifacts.router import router as artifacts_router
 from api.artifacts.service import total_artifact_bytes
 from api.artifacts.store import ArtifactStore
+from api.auth.router import router as auth_router
 from api.database import make_engine, make_sessionmaker, upgrade_database
 from api.deps import SessionDep
 from api.errors import ServiceError
@@ -111,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"detail": error.message}, status_code=error.status_code, headers=headers
         )
 
-    for router in (hosts_router, runs_router, artifacts_router, jobs_router):
+    for router in (hosts_router, runs_router, artifacts_router, jobs_router, auth_router):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(evidence_router)
     app.include_router(pages_router)

@@ -63,5 +63,15 @@ def get_current_submitter(db_session: SessionDep, credentials: BearerDep) -> Api
     return key
 
 
+def require_admin(settings: SettingsDep, credentials: BearerDep) -> None:
+    if not settings.admin_token_sha256:
+        raise NotAuthenticated("the admin API is disabled: set COLDBENCH_ADMIN_TOKEN_SHA256")
+    if not auth_service.is_admin(
+        token=bearer_token(credentials), admin_token_sha256=settings.admin_token_sha256
+    ):
+        raise NotAuthenticated("invalid admin token")
+
+
 CurrentWorker = Annotated[Host, Depends(get_current_worker)]
 CurrentSubmitter = Annotated[ApiKey, Depends(get_current_submitter)]
+AdminKey = Annotated[None, Depends(require_admin)]

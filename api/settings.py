@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 STATE_DIR = Path(".coldbench")
@@ -20,6 +20,10 @@ class Settings(BaseSettings):
     redis_url: str = ""
     artifact_dir: Path = STATE_DIR / "artifacts"
     state_dir: Path = STATE_DIR
+
+    # sha256 hex of the admin token for the HTTP admin endpoints (enrollment tokens and API
+    # keys); empty disables them, leaving `coldbench admin` on the server as the only way.
+    admin_token_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
 
     max_artifact_bytes: int = Field(512 * 1024 * 1024, ge=1)
     max_contexts: int = Field(16, ge=1)
@@ -56,6 +60,13 @@ class Settings(BaseSettings):
     # kept in state_dir/web-secret; replicas behind one proxy must share one value.
     web_secret: str = ""
     web_session_ttl_s: int = Field(12 * 3600, ge=60)
+
+    @model_validator(mode="after")
+    def _artifacts_under_state_dir(self) -> Settings:
+        # Moving the state folder moves the default store with it.
+        if "artifact_dir" not in self.model_fields_set:
+            self.artifact_dir = self.state_dir / "artifacts"
+        return self
 
     @property
     def is_embedded(self) -> bool:

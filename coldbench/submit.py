@@ -14,7 +14,7 @@ import typer
 
 app = typer.Typer()
 
-_TERMINAL_STATES = {"processed", "failed", "cancelled"}
+_TERMINAL_STATES = {"done", "failed", "cancelled"}
 
 
 def parse_flag_value(text: str) -> bool | int | float | str:
@@ -142,7 +142,7 @@ def submit(
             client, job_id, timeout_s=timeout_s, echo=lambda line: typer.echo(line, err=True)
         )
     evidence_id = job.get("evidence_id")
-    if job.get("state") != "processed" or not evidence_id:
+    if job.get("state") != "done" or not evidence_id:
         typer.echo(f"job {job_id} ended {job.get('state')} without evidence", err=True)
         raise typer.Exit(1)
     typer.echo(f"evidence: {api.rstrip('/')}/e/{evidence_id}")
@@ -160,9 +160,7 @@ def wait_for_job(
         if line != last_line:
             echo(line)
             last_line = line
-        if job.get("state") in _TERMINAL_STATES and (
-            job.get("state") != "processed" or job.get("evidence_id")
-        ):
+        if job.get("state") in _TERMINAL_STATES:
             return job
         if time.monotonic() > deadline:
             echo(f"gave up waiting after {timeout_s:.0f} s")

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -49,7 +50,7 @@ class Forward:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.inner = getattr(model, "model", None)
+        self.inner: Any = getattr(model, "model", None)
         model_type = getattr(getattr(model, "args", None), "model_type", None)
         self.has_backbone = model_type in _BACKBONE_TYPES and all(
             hasattr(self.inner, a) for a in ("embed_tokens", "layers", "norm")
@@ -263,7 +264,7 @@ def _measure(
     mx.synchronize()
     decode_s = time.perf_counter() - decode_start
 
-    output_ids = [int(t.item()) for t in outputs][:decode_tokens]
+    output_ids: list[int] = [int(i) for i in np.array(mx.stack(outputs)).tolist()][:decode_tokens]
     result["prefill_s"] = prefill_s
     result["prefill_tps"] = total / prefill_s if prefill_s > 0 else None
     result["decode_tokens"] = len(output_ids)
@@ -273,7 +274,8 @@ def _measure(
     result["decode_tps"] = steps / decode_s if steps > 0 and decode_s > 0 else None
     result["output_sha256"] = ids_sha256(output_ids)
     result["output_head"] = output_ids[:OUTPUT_HEAD]
-    result["output_margins"] = [float(m.item()) for m in margins][: len(output_ids)]
+    margin_values: list[float] = [float(m) for m in np.array(mx.stack(margins)).tolist()]
+    result["output_margins"] = margin_values[: len(output_ids)]
     result["peak_memory_bytes"] = int(mx.get_peak_memory())
 
 

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -198,7 +198,8 @@ def weight_specs(config: dict[str, Any]) -> list[TensorSpec]:
     model = model_class(args_class.from_dict(config))
     specials = len(SPECIAL_TOKENS)
     specs: list[TensorSpec] = []
-    for name, array in tree_flatten(model.parameters()):
+    flat = cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
+    for name, array in flat:
         shape = tuple(int(d) for d in array.shape)
         if ".switch_mlp." in name:
             experts, rest = shape[0], shape[1:]
@@ -415,7 +416,7 @@ def load_model(path: Path | str) -> tuple[Any, Any, dict[str, Any]]:
     path = Path(path)
     _check_layout(path)
     try:
-        model, tokenizer, config = load(str(path), return_config=True)
+        model, tokenizer, config = load(str(path), return_config=True)  # type: ignore[misc]
     except Exception as error:  # noqa: BLE001 - any load failure becomes one clear line
         raise CheckpointError(f"cannot load checkpoint {path}: {_one_line(error)}") from error
     return model, tokenizer, config

@@ -522,18 +522,19 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
     except (ValueError, TypeError, KeyError) as error:
         return [f"cannot recompute: {error}"]
     recomputed = json.loads(json.dumps(recomputed))
-    difference = _first_difference(stored, recomputed, "", rel_tol)
+    difference = first_difference(stored, recomputed, "", rel_tol)
     if difference is None:
         return []
     return [f"{SUMMARY_JSON_FILE}: differs from the statistics of {RECORDS_FILE} at {difference}"]
 
 
-def _first_difference(a: Any, b: Any, path: str, rel_tol: float) -> str | None:
+def first_difference(a: Any, b: Any, path: str = "", rel_tol: float = 1e-9) -> str | None:
+    """Dotted path of the first place two JSON values differ (numbers within rel_tol), or None."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
             if key not in a or key not in b:
                 return f"{path}.{key}".lstrip(".")
-            found = _first_difference(a[key], b[key], f"{path}.{key}", rel_tol)
+            found = first_difference(a[key], b[key], f"{path}.{key}", rel_tol)
             if found:
                 return found
         return None
@@ -541,7 +542,7 @@ def _first_difference(a: Any, b: Any, path: str, rel_tol: float) -> str | None:
         if len(a) != len(b):
             return f"{path} (length {len(a)} vs {len(b)})".lstrip(".")
         for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            found = _first_difference(x, y, f"{path}[{index}]", rel_tol)
+            found = first_difference(x, y, f"{path}[{index}]", rel_tol)
             if found:
                 return found
         return None

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from logging.config import fileConfig
+from typing import Any, Literal
 
 from alembic import context
+from alembic.autogenerate.api import AutogenContext
+from sqlalchemy import Connection
 
 import api.models  # noqa: F401  (registers every table on Base.metadata)
 from api.database import Base, UTCDateTime, make_engine
@@ -40,14 +43,14 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-def _render_item(type_: str, obj: object, autogen_context: object) -> str | bool:
+def _render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
     # Migrations must not import application types: UTCDateTime is a DateTime(timezone=True).
     if type_ == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"
     return False
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

@@ -109,4 +109,5 @@ def run_artifacts(*, db_session: Session, run_id: str, attempt: int) -> list[Art
 
 
 def total_artifact_bytes(*, db_session: Session) -> int:
-    return int(db_session.scalar(sa.select(sa.func.coalesce(sa.func.sum(Artifact.bytes), 0))))
+    total = db_session.scalar(sa.select(sa.func.coalesce(sa.func.sum(Artifact.bytes), 0)))
+    return int(total or 0)

@@ -97,6 +97,11 @@ def authenticate_worker(*, db_session: Session, token: str) -> Host | None:
     return host
 
 
+def is_admin(*, token: str, admin_token_sha256: str) -> bool:
+    """The admin token is configured as a digest only; an empty digest disables it."""
+    return bool(admin_token_sha256) and _matches(token, admin_token_sha256)
+
+
 def authenticate_submitter(*, db_session: Session, token: str) -> ApiKey | None:
     match = _ID_TOKEN.fullmatch(token)
     if match is None or match.group(1) != "cbk":

@@ -126,7 +126,7 @@ def _try_claim(*, db_session: Session, settings: Settings, host: Host) -> Lease 
             continue  # another claimer holds or took it
         now = utcnow()
         # The guard on state makes the claim atomic also where FOR UPDATE is a no-op (SQLite).
-        claimed = db_session.execute(
+        claimed: int = db_session.execute(  # type: ignore[attr-defined]
             sa.update(Run)
             .where(Run.id == run_id, Run.state == "queued")
             .values(

@@ -68,7 +68,7 @@ class EmbeddedAdapter:
             "engine_module_file": str(Path(engine.__file__).resolve()),
             "mlx_lm_module_file": str(Path(mlx_lm.__file__).resolve()),
             "flags": self.flags.as_dict(),
-            "mlx": mx.__version__,
+            "mlx": getattr(mx, "__version__", None),
             "mlx_lm": getattr(mlx_lm, "__version__", None),
             "python": sys.version.split()[0],
             "python_executable": sys.executable,

@@ -570,3 +570,40 @@ def test_evidence_routes_serve_stored_files(
     assert zipped.content == b"PK" and "attachment" in zipped.headers["content-disposition"]
     assert client.get("/e/" + "cd" * 12).status_code == 404
     assert client.get("/e/..%2f..%2fetc").status_code == 404
+
+
+# --- admin -----------------------------------------------------------------------------
+
+ADMIN_TOKEN = "an admin token chosen by the operator"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/v1/admin/enrollments", {"labels": ["lab:x"]}),
+        ("/api/v1/admin/apikeys", {"name": "b"}),
+    ],
+)
+def test_admin_endpoints_need_the_admin_token(
+    client: TestClient, world: World, settings: Settings, path: str, body: dict[str, Any]
+) -> None:
+    disabled = client.post(path, json=body, headers=bearer(ADMIN_TOKEN))
+    assert disabled.status_code == 401 and "disabled" in disabled.json()["detail"]
+    settings.admin_token_sha256 = sha256_hex(ADMIN_TOKEN.encode())
+    assert client.post(path, json=body).status_code == 401
+    for wrong in ("x", world.submitter, world.worker):
+        assert client.post(path, json=body, headers=bearer(wrong)).status_code == 401
+    created = client.post(path, json=body, headers=bearer(ADMIN_TOKEN))
+    assert created.status_code == 201
+    secret = created.json().get("token") or created.json()["key"]
+    assert secret.startswith(("cbe_", "cbk_"))
+
+
+def test_admin_enrollment_token_registers_a_host(client: TestClient, settings: Settings) -> None:
+    settings.admin_token_sha256 = sha256_hex(ADMIN_TOKEN.encode())
+    token = client.post(
+        "/api/v1/admin/enrollments", json={"labels": ["lab:x"]}, headers=bearer(ADMIN_TOKEN)
+    ).json()["token"]
+    body = {"name": "remote", "fingerprint": {}, "labels": [], "repositories": {}, "models": []}
+    registered = client.post("/api/v1/workers/register", json=body, headers=bearer(token))
+    assert registered.status_code == 201

@@ -213,3 +213,14 @@ def test_feature_needing_another_backend_is_recorded_not_exercised(
     assert result["status"] == "invalid"
     assert result["reason"] == f"not exercised: compile ({why})"
     assert backend.not_exercised(["compile"], backend="metal") == {}
+
+
+def test_zero_decode_tokens_is_a_prefill_only_cell(
+    tiny_model: tuple[Any, Any, dict[str, Any]], prompt: list[int]
+) -> None:
+    result = run_cell(tiny_model[0], prompt, context_tokens=CONTEXT, flags=Flags(), decode_tokens=0)
+    assert result["status"] == "ok", result["reason"]
+    assert result["output_head"] == [] and result["output_margins"] == []
+    assert result["output_sha256"] == ids_sha256([])
+    assert result["decode_tokens"] == 0 and result["decode_s"] is None
+    assert result["prefill_tps"] > 0

@@ -116,3 +116,19 @@ def test_huge_matrix_stays_under_the_limit() -> None:
     assert len(text) <= MAX_CHARS
     assert "### Decode" not in text  # dropped first when too long
     assert "| 1024 | v25 |" in text and "cut at 60,000" not in text
+
+
+def test_summary_json_golden_ab() -> None:
+    """The summary of the fixed seeded job; numbers compared to 1e-9 relative (platforms may
+    differ in the last digit of a float)."""
+    import json
+
+    from evidence.bundle import first_difference
+
+    summary, _ = ab_summary()
+    text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+    path = GOLDEN / "summary_ab.json"
+    if UPDATE:
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"{path} missing: run with COLDBENCH_UPDATE_GOLDEN=1 once"
+    assert first_difference(json.loads(path.read_text()), json.loads(text)) is None

@@ -1,0 +1,101 @@
+"""`coldbench demo` end to end (a short variant): every child is real and every child stops."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _processes_with_state_dir(state_dir: Path) -> list[int]:
+    """Pids whose environment names this demo's state directory: the demo's own children."""
+    needle = f"COLDBENCH_STATE_DIR={state_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_gone(state_dir: Path, timeout_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _processes_with_state_dir(state_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def test_demo_produces_verified_evidence_and_stops_every_child(
+    tmp_path: Path, coldbench_cmd: list[str]
+) -> None:
+    state_dir = tmp_path / "state"
+    result = subprocess.run(
+        [
+            *coldbench_cmd,
+            "demo",
+            "--dir",
+            str(state_dir),
+            "--rounds",
+            "2",
+            "--contexts",
+            "128",
+            "--decode-tokens",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    urls = re.findall(r"(ab|ablation) evidence: (http://127\.0\.0\.1:\d+/e/[0-9a-f]+)", output)
+    assert [mode for mode, _ in urls] == ["ab", "ablation"], output[-4000:]
+    bundles = sorted((state_dir / "evidence").glob("*.zip"))
+    assert len(bundles) == 2
+    for bundle in bundles:
+        verify = subprocess.run(
+            [*coldbench_cmd, "verify", str(bundle)], capture_output=True, text=True, timeout=120
+        )
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert bundle.stem in verify.stdout
+    assert "| 128 | candidate |" in output  # the A/B verdict table was printed
+    assert _wait_gone(state_dir) == []
+
+
+def test_ctrl_c_stops_every_child(tmp_path: Path, coldbench_cmd: list[str]) -> None:
+    state_dir = tmp_path / "state"
+    demo = subprocess.Popen(
+        [*coldbench_cmd, "demo", "--dir", str(state_dir), "--rounds", "2", "--contexts", "128"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        # Interrupt once the agent runs: the server, Celery and the agent are all up then.
+        deadline = time.monotonic() + 240
+        agent_log = state_dir / "logs" / "agent.log"
+        while not (agent_log.exists() and agent_log.stat().st_size > 0):
+            assert demo.poll() is None, demo.stdout.read() if demo.stdout else ""
+            assert time.monotonic() < deadline, "the agent never started"
+            time.sleep(0.5)
+        assert len(_processes_with_state_dir(state_dir)) >= 4
+        demo.send_signal(signal.SIGINT)
+        output, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, output[-3000:]
+    assert "stopping every child process" in output
+    assert _wait_gone(state_dir) == []
