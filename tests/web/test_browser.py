@@ -10,6 +10,7 @@ Screenshots land in tests/_artifacts/ (git-ignored).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -24,6 +25,7 @@ from typing import IO, Any
 import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.conftest import REPO_ROOT
 
@@ -254,7 +256,12 @@ WIDER_THAN_VIEWPORT = """() => {
 
 def _assert_fits(page: Page) -> None:
     """Nothing makes the page wider than the screen (wide tables scroll inside themselves)."""
-    page.wait_for_timeout(500)  # plotly redraws its charts after a resize
+    # plotly redraws its charts some time after a resize: slow on a loaded machine.
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(
+            "document.documentElement.scrollWidth <= document.documentElement.clientWidth",
+            timeout=20_000,
+        )
     assert page.evaluate(WIDER_THAN_VIEWPORT) == []
 
 
@@ -290,6 +297,9 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     while not page.locator("#evidence-link").is_visible():
         assert time.monotonic() < deadline, stack.log("agent") + stack.log("celery")
         seen_states.append(page.locator("#job-state").inner_text())
+        assert seen_states[-1] not in ("failed", "cancelled"), (
+            page.locator("#progress").inner_text() + stack.log("agent") + stack.log("celery")
+        )
         cells = page.locator(".cells")
         if cells.count():
             seen_done.append(int(cells.first.get_attribute("data-done") or 0))
@@ -315,6 +325,7 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     _shot(page, "evidence-laptop")
     page.screenshot(path=str(ARTIFACTS / "evidence-page.png"))
 
+    page.bring_to_front()  # the clipboard API wants a focused document
     page.click("#cb-copy-md")
     expect(page.locator("#cb-copy-status")).to_have_text("Copied.", timeout=20_000)
     markdown = page.evaluate("navigator.clipboard.readText()")
