@@ -10,7 +10,6 @@ Screenshots land in tests/_artifacts/ (git-ignored).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -25,7 +24,6 @@ from typing import IO, Any
 import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.conftest import REPO_ROOT
 
@@ -256,12 +254,12 @@ WIDER_THAN_VIEWPORT = """() => {
 
 def _assert_fits(page: Page) -> None:
     """Nothing makes the page wider than the screen (wide tables scroll inside themselves)."""
-    # plotly redraws its charts some time after a resize: slow on a loaded machine.
-    with contextlib.suppress(PlaywrightTimeout):
-        page.wait_for_function(
-            "document.documentElement.scrollWidth <= document.documentElement.clientWidth",
-            timeout=20_000,
-        )
+    # plotly redraws its charts some time after a resize: slow on a loaded machine. (Polled
+    # from here: wait_for_function evaluates strings in the page, which its CSP forbids.)
+    deadline = time.monotonic() + 20
+    fits = "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+    while not page.evaluate(fits) and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
     assert page.evaluate(WIDER_THAN_VIEWPORT) == []
 
 
