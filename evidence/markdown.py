@@ -283,7 +283,7 @@ def _render(
         flag = " **flagged**" if run["flagged"] else ""
         interval = (
             f" [{run['slope_ci_low']:+.2f}, {run['slope_ci_high']:+.2f}]"
-            if run.get("slope_ci_low") is not None
+            if run.get("slope_ci_low") is not None and run.get("slope_ci_high") is not None
             else ""
         )
         lines.append(

@@ -359,7 +359,7 @@ def render_report_html(
                 "slope": fmt_pct(run.get("slope_pct_per_hour"))
                 + (
                     f" [{run['slope_ci_low']:+.2f}, {run['slope_ci_high']:+.2f}]"
-                    if run.get("slope_ci_low") is not None
+                    if run.get("slope_ci_low") is not None and run.get("slope_ci_high") is not None
                     else ""
                 ),
                 "across": fmt_pct(run.get("drift_pct_across_run")),
