@@ -44,13 +44,9 @@ def _by_run(index: CellIndex, variant: str) -> dict[str, list[Record]]:
     return runs
 
 
-def _pct(log_rate: float) -> float | None:
-    # A run of seconds extrapolated to an hour can exceed what a float holds: unknown, not inf.
-    try:
-        value = 100 * math.expm1(log_rate)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
+def _pct(log_rate: float) -> float:
+    # A run of seconds extrapolated to an hour can overflow a float: clamp (exp(700) ~ 1e304).
+    return 100 * math.expm1(max(-700.0, min(700.0, log_rate)))
 
 
 def trend(records: Sequence[Record], threshold_pct: float) -> dict[str, Any]:
@@ -82,7 +78,7 @@ def trend(records: Sequence[Record], threshold_pct: float) -> dict[str, Any]:
     fit = scipy_stats.linregress(hours, residuals)
     t_crit = float(scipy_stats.t.ppf(0.975, len(records) - 2))
     slope, stderr = float(fit.slope), float(fit.stderr)
-    across = 100 * math.expm1(slope * span_h)
+    across = _pct(slope * span_h)
     result.update(
         slope_pct_per_hour=_pct(slope),
         slope_ci_low=_pct(slope - t_crit * stderr),

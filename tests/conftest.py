@@ -47,3 +47,78 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("models")
     os.environ["COLDBENCH_MODEL_DIR"] = str(root)
     return create_checkpoint("tiny", root / "tiny-0-float32")
+
+
+# The `slow-prefill` branch of `mlx_lm_repo`: the stock prefill loop with its chunks capped at
+# 32 tokens and a device sync after each one. Chunk widths are what the adapter's counters see,
+# so the change is visible in records, not only in timings.
+SLOW_PREFILL_OLD = "            n_to_process = min(prefill_step_size, remaining)\n"
+SLOW_PREFILL_NEW = (
+    "            # coldbench test branch: deliberately slow (32-token chunks, extra sync).\n"
+    "            n_to_process = min(prefill_step_size, remaining, 32)\n"
+)
+SLOW_PREFILL_SYNC_OLD = "            mx.eval([c.state for c in prompt_cache])\n"
+SLOW_PREFILL_SYNC_NEW = SLOW_PREFILL_SYNC_OLD + "            mx.synchronize()\n"
+
+
+@pytest.fixture(scope="session")
+def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, str]]:
+    """A local git repository of the installed mlx_lm package, as a fork would look.
+
+    Branch `main` holds the installed package files verbatim (plus a minimal pyproject.toml so
+    `pip install -e .` works); branch `slow-prefill` changes the prefill loop of
+    `mlx_lm/generate.py` (see SLOW_PREFILL_*). Returns (repository path, (main, slow-prefill)).
+    """
+    import shutil
+    import subprocess
+
+    import mlx_lm
+
+    source = Path(mlx_lm.__file__).resolve().parent
+    repo = tmp_path_factory.mktemp("mlx-lm-repo")
+    shutil.copytree(source, repo / "mlx_lm", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (repo / "pyproject.toml").write_text(
+        "[build-system]\n"
+        'requires = ["setuptools>=68"]\n'
+        'build-backend = "setuptools.build_meta"\n\n'
+        "[project]\n"
+        'name = "mlx-lm"\n'
+        f'version = "{mlx_lm.__version__}"\n'
+        'requires-python = ">=3.11"\n\n'
+        "[tool.setuptools.packages.find]\n"
+        'include = ["mlx_lm*"]\n\n'
+        "[tool.setuptools.package-data]\n"
+        '"*" = ["*"]\n'
+    )
+
+    def git(*args: str) -> None:
+        subprocess.run(
+            [
+                "git",
+                "-c",
+                "user.name=coldbench-tests",
+                "-c",
+                "user.email=tests@coldbench.invalid",
+                *args,
+            ],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+    git("init", "-q", "-b", "main")
+    git("add", "-A")
+    git("commit", "-q", "-m", f"mlx_lm {mlx_lm.__version__} as installed")
+    git("checkout", "-q", "-b", "slow-prefill")
+    generate_py = repo / "mlx_lm" / "generate.py"
+    text = generate_py.read_text()
+    # Exactly one hit each, or the installed mlx_lm changed and this fixture must follow it.
+    assert text.count(SLOW_PREFILL_OLD) == 1, "mlx_lm.generate prefill loop not found"
+    assert text.count(SLOW_PREFILL_SYNC_OLD) == 1, "mlx_lm.generate prefill eval not found"
+    text = text.replace(SLOW_PREFILL_OLD, SLOW_PREFILL_NEW)
+    text = text.replace(SLOW_PREFILL_SYNC_OLD, SLOW_PREFILL_SYNC_NEW)
+    generate_py.write_text(text)
+    git("commit", "-q", "-am", "Deliberately slow prefill: 32-token chunks and a sync per chunk")
+    git("checkout", "-q", "main")
+    return repo, ("main", "slow-prefill")

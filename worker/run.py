@@ -223,15 +223,23 @@ def assemble_bundle(
     if not any(r.round >= 0 for r in records):
         # Nothing was measured (a failed build, a refused job): data and logs only.
         return bundle_files(**common), None
-    summary = summarize(records, spec=spec, provenances=[provenance])
-    data_files = bundle_files(**common, summary=summary)
-    digests = {name: sha256_hex(data) for name, data in data_files.items() if name != MANIFEST_FILE}
-    files = bundle_files(
-        **common,
-        summary=summary,
-        summary_md=render_summary_md(summary, [provenance], evidence_id=None),
-        report_html=render_report_html(summary, records, [provenance], None, file_digests=digests),
-    )
+    try:
+        summary = summarize(records, spec=spec, provenances=[provenance])
+        data_files = bundle_files(**common, summary=summary)
+        digests = {n: sha256_hex(data) for n, data in data_files.items() if n != MANIFEST_FILE}
+        files = bundle_files(
+            **common,
+            summary=summary,
+            summary_md=render_summary_md(summary, [provenance], evidence_id=None),
+            report_html=render_report_html(
+                summary, records, [provenance], None, file_digests=digests
+            ),
+        )
+    except Exception:
+        # The measurements are the result; views can be rendered again from them (the server
+        # recomputes its own). A rendering bug must not throw away what was measured.
+        log.exception("summary or report rendering failed; bundling the data without them")
+        return bundle_files(**common), None
     return files, summary
 
 

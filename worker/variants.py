@@ -299,19 +299,24 @@ def run_schedule(
     invalid: list[dict[str, Any]] = []
     cell_seconds: list[float] = []
 
-    def start(name: str) -> VariantProcess:
+    def spawn(name: str) -> VariantProcess:
         instances[name] = instances.get(name, 0) + 1
-        process = VariantProcess(by_name[name], workdir=workdir, instance=instances[name])
+        return VariantProcess(by_name[name], workdir=workdir, instance=instances[name])
+
+    def ready(process: VariantProcess) -> VariantProcess:
         try:
             target = process.wait_ready(ready_timeout_s)
         except BaseException:
             process.kill()
             raise
-        outcome.targets.setdefault(name, target)
+        outcome.targets.setdefault(process.launch.name, target)
         for warmup in process.warmup_records():
             append_line(records_out, warmup)
             outcome.records.append(warmup)
         return process
+
+    def start(name: str) -> VariantProcess:
+        return ready(spawn(name))
 
     def report(cell: Cell | None) -> None:
         if on_progress is None:
@@ -337,8 +342,12 @@ def run_schedule(
             if not fresh_process:
                 # Load every model before the first timed cell, so a variant that cannot load
                 # fails the run before any measurement.
+                # They load side by side (imports and model loading are not timed), then each
+                # runs its warm-up as it becomes ready.
                 for launch in launches:
-                    processes[launch.name] = start(launch.name)
+                    processes[launch.name] = spawn(launch.name)
+                for process in list(processes.values()):
+                    ready(process)
             report(cells[0] if cells else None)
             for cell in cells:
                 if should_stop is not None and should_stop():

@@ -61,14 +61,18 @@ def record_upload(
     *, db_session: Session, host: Host, run_id: str, attempt: int, name: str, blob: StoredBlob
 ) -> tuple[Artifact, bool]:
     """The row for a stored blob; (row, created). Idempotent for the same name and digest."""
-    existing = check_upload(
-        db_session=db_session,
-        host=host,
-        run_id=run_id,
-        attempt=attempt,
-        name=name,
-        sha256=blob.sha256,
-    )
+
+    def recheck() -> Artifact | None:
+        return check_upload(
+            db_session=db_session,
+            host=host,
+            run_id=run_id,
+            attempt=attempt,
+            name=name,
+            sha256=blob.sha256,
+        )
+
+    existing = recheck()
     if existing is not None:
         return existing, False
     row = Artifact(
@@ -85,14 +89,7 @@ def record_upload(
     except IntegrityError:
         # A concurrent upload of the same name won the race; same answer as a repeat.
         db_session.rollback()
-        existing = check_upload(
-            db_session=db_session,
-            host=host,
-            run_id=run_id,
-            attempt=attempt,
-            name=name,
-            sha256=blob.sha256,
-        )
+        existing = recheck()
         assert existing is not None
         return existing, False
     return row, True

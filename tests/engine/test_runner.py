@@ -141,26 +141,8 @@ def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path
     assert json.loads(lines[-1]) == kept
 
 
-@pytest.mark.parametrize(
-    ("overrides", "reason"),
-    [
-        ({"model": "/nonexistent/ckpt"}, "checkpoint /nonexistent/ckpt does not exist"),
-        ({"flags": {"turbo": True}}, "unknown engine flag 'turbo'"),
-        ({"adapter": "vllm"}, "unknown adapter 'vllm'; known: embedded, mlx-lm, openai-server"),
-        ({"model": "preset:huge"}, "unknown model 'preset:huge'"),
-        ({"decode_tokens": -1}, "plan decode_tokens must be an integer >= 0"),
-        ({"extra": 1}, "unknown plan field(s): extra"),
-        (
-            {"model": "preset:tiny", "cells": [{"round": 0, "order": 0, "context_tokens": 9000}]},
-            "context 9000 tokens exceeds the model's maximum of 8192",
-        ),
-    ],
-)
-def test_load_failure_is_one_error_event_and_exit_2(
-    tiny_model_dir: Path, tmp_path: Path, overrides: dict[str, Any], reason: str
-) -> None:
-    overrides = dict(overrides)
-    plan = _plan(tmp_path, overrides.pop("model", str(tmp_path)), **overrides)
+def test_load_failure_in_a_child_process_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "/nonexistent/ckpt")
     done = subprocess.run(
         [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
         capture_output=True,
@@ -170,7 +152,44 @@ def test_load_failure_is_one_error_event_and_exit_2(
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 2
-    lines = done.stdout.splitlines()
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [
+        {
+            "event": "error",
+            "reason": "checkpoint /nonexistent/ckpt does not exist or is not a directory",
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"flags": {"turbo": True}}, "unknown engine flag 'turbo'"),
+        ({"adapter": "vllm"}, "unknown adapter 'vllm'; known: embedded, mlx-lm, openai-server"),
+        ({"model": "preset:huge"}, "unknown model 'preset:huge'"),
+        ({"decode_tokens": -1}, "plan decode_tokens must be an integer >= 0"),
+        ({"extra": 1}, "unknown plan field(s): extra"),
+        ({"cells": [{"round": 0, "order": -1, "context_tokens": 64}]}, "cell order must be"),
+        (
+            {"model": "preset:tiny", "cells": [{"round": 0, "order": 0, "context_tokens": 9000}]},
+            "context 9000 tokens exceeds the model's maximum of 8192",
+        ),
+    ],
+)
+def test_bad_plan_is_one_error_event_and_exit_2(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    overrides: dict[str, Any],
+    reason: str,
+) -> None:
+    from engine import runner
+
+    overrides = dict(overrides)
+    plan = _plan(tmp_path, overrides.pop("model", str(tmp_path)), **overrides)
+    assert runner.main(["--plan", str(plan)]) == 2
+    lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1
     event = json.loads(lines[0])
     assert event["event"] == "error" and reason in event["reason"], event
+    records = tmp_path / "records.jsonl"
+    assert not records.exists() or records.read_text() == ""  # no cell ran, no warm-up either

@@ -132,3 +132,15 @@ def test_summary_json_golden_ab() -> None:
         path.write_text(text, encoding="utf-8")
     assert path.exists(), f"{path} missing: run with COLDBENCH_UPDATE_GOLDEN=1 once"
     assert first_difference(json.loads(path.read_text()), json.loads(text)) is None
+
+
+def test_drift_interval_with_one_unknown_bound_renders() -> None:
+    # A run of seconds extrapolated to an hour: one bound overflows to None, the other not.
+    from evidence.report import render_report_html
+
+    summary, provenances = ab_summary()
+    summary["drift"]["runs"][0]["slope_ci_high"] = None
+    text = render_summary_md(summary, provenances)
+    assert summary["drift"]["runs"][0]["run_id"] in text
+    html = render_report_html(summary, [], provenances, None, plotly_js_src="/p.js")
+    assert "Drift of the baseline" in html

@@ -230,3 +230,28 @@ def test_decode_is_compared_separately() -> None:
     assert row["n"] == 8 and row["decode_tps"]["median"] < 45
     assert row["prefill_tps"]["q1"] <= row["prefill_tps"]["median"] <= row["prefill_tps"]["q3"]
     assert row["peak_memory_bytes"]["max"] == 256 * 1000 + 17 * 4
+
+
+def test_order_statistic_interval_interpolates_to_the_level() -> None:
+    from evidence.stats import order_statistic_interval
+
+    assert order_statistic_interval([5, 1, 4, 2, 3], 0.95) == (1, 5)  # too few: the range
+    low, high = order_statistic_interval(list(range(1, 7)), 0.95)
+    assert low == pytest.approx(1.357, abs=1e-3) and high == pytest.approx(5.643, abs=1e-3)
+    low, high = order_statistic_interval(list(range(1, 13)), 0.95)
+    assert 3 < low < 4 and 9 < high < 10
+
+
+def test_median_interval_covers_about_95_percent_with_six_pairs() -> None:
+    import numpy as np
+
+    from evidence.stats import median_interval
+
+    rng = np.random.default_rng(1)
+    options = StatsOptions(n_resamples=100)
+    covered = 0
+    for draw in range(1000):
+        ratios = np.exp(rng.normal(0, 0.03, size=6))
+        low, high = median_interval(ratios.tolist(), seed=draw, options=options)
+        covered += low <= 1 <= high
+    assert 0.93 <= covered / 1000 <= 0.99

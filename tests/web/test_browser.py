@@ -241,6 +241,28 @@ def _shot(page: Page, name: str, *, full_page: bool = True) -> Path:
     return path
 
 
+WIDER_THAN_VIEWPORT = """() => {
+  const width = document.documentElement.clientWidth;
+  if (document.documentElement.scrollWidth <= width) { return []; }
+  return Array.from(document.querySelectorAll("body *"))
+    .filter((e) => e.getBoundingClientRect().right > width + 1)
+    .filter((e) => !e.parentElement.closest("table, pre, .chart"))
+    .slice(0, 5)
+    .map((e) => e.tagName + "#" + e.id + "." + e.className + " " + e.getBoundingClientRect().right);
+}"""
+
+
+def _assert_fits(page: Page) -> None:
+    """Nothing makes the page wider than the screen (wide tables scroll inside themselves)."""
+    # plotly redraws its charts some time after a resize: slow on a loaded machine. (Polled
+    # from here: wait_for_function evaluates strings in the page, which its CSP forbids.)
+    deadline = time.monotonic() + 20
+    fits = "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+    while not page.evaluate(fits) and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert page.evaluate(WIDER_THAN_VIEWPORT) == []
+
+
 def _fill_job(page: Page, **values: str) -> None:
     page.fill("input[name=variant-0-flags]", values.get("base_flags", "prefill_step_size=32"))
     page.fill("input[name=variant-1-flags]", values.get("cand_flags", ""))
@@ -273,6 +295,9 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     while not page.locator("#evidence-link").is_visible():
         assert time.monotonic() < deadline, stack.log("agent") + stack.log("celery")
         seen_states.append(page.locator("#job-state").inner_text())
+        assert seen_states[-1] not in ("failed", "cancelled"), (
+            page.locator("#progress").inner_text() + stack.log("agent") + stack.log("celery")
+        )
         cells = page.locator(".cells")
         if cells.count():
             seen_done.append(int(cells.first.get_attribute("data-done") or 0))
@@ -298,6 +323,7 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     _shot(page, "evidence-laptop")
     page.screenshot(path=str(ARTIFACTS / "evidence-page.png"))
 
+    page.bring_to_front()  # the clipboard API wants a focused document
     page.click("#cb-copy-md")
     expect(page.locator("#cb-copy-status")).to_have_text("Copied.", timeout=20_000)
     markdown = page.evaluate("navigator.clipboard.readText()")
@@ -317,11 +343,14 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
 
     page.set_viewport_size(PHONE)
     _shot(page, "evidence-phone", full_page=False)
+    _assert_fits(page)
     page.goto(f"/jobs/{job_id}")
     _shot(page, "job-phone", full_page=False)
+    _assert_fits(page)
     page.goto("/hosts")
     expect(page.locator("#host-local-1")).to_contain_text("lab:home")
     _shot(page, "hosts-phone")
+    _assert_fits(page)
     page.set_viewport_size(LAPTOP)
     _shot(page, "hosts")
 
@@ -342,6 +371,7 @@ def test_form_errors_beside_fields_and_an_unknown_ref_fails_the_run(
     _shot(page, "form-errors")
     page.set_viewport_size(PHONE)
     _shot(page, "form-errors-phone", full_page=False)
+    _assert_fits(page)
     page.set_viewport_size(LAPTOP)
 
     # An unknown ref is only known to be unknown on the host: the job is accepted and its run

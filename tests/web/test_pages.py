@@ -215,3 +215,37 @@ def test_static_files_and_pages_never_point_elsewhere(
     assert plotly.status_code == 200 and len(plotly.content) > 1_000_000
     for name in ("coldbench.css", "job.js", "evidence.js"):
         assert web.get(f"/static/{name}").status_code == 200
+
+
+def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    host, _secret = make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    lease = run_service.claim_lease(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        fingerprint=fingerprint(hostname="studio-1"),
+        labels=[],
+        wait_s=0,
+    )
+    hostile = "<script>alert(1)</script>"
+    run_service.heartbeat(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        run_id=lease.run_id,
+        attempt=lease.attempt,
+        progress={
+            "cells_done": 1,
+            "cells_total": 2,
+            "invalid": [{"variant": "cand", "round": 0, "context_tokens": 64, "reason": hostile}],
+        },
+    )
+    for html in (
+        web.get(f"/jobs/{job.id}").text,
+        web.get(f"/jobs/{job.id}/progress.json").json()["html"],
+    ):
+        assert hostile not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html

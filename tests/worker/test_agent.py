@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import signal
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.worker.service import running_service, stop_process
+from tests.worker.conftest import git
+from tests.worker.service import Service, free_port, running_service, stop_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One server for this module's tests. A short lease: a long-poll of a stopped agent may
+    still claim a job for nobody (the server cannot know the client left), and a killed
+    agent's run must come back quickly; live agents heartbeat every second."""
+    with running_service(tmp_path_factory.mktemp("service"), lease_ttl_s=4) as running:
+        yield running
 
 
 def write_config(
@@ -40,67 +53,309 @@ def _log(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def test_enrollment_and_refusals(tmp_path: Path) -> None:
+def test_enrollment_and_refusals(service: Service, tmp_path: Path) -> None:
     """Secret kept 0600; a job outside the allow-list never reaches the host; a recipe the host
     lacks (its worker.toml changed after enrollment) is refused by the worker itself."""
-    # A short lease: a long-poll of the stopped agent may still claim the job for nobody (the
-    # server cannot know the client left); that lease must expire quickly.
-    with running_service(tmp_path, lease_ttl_s=5) as service:
-        config = write_config(
-            tmp_path / "host-a" / "worker.toml",
-            name="host-a",
-            repositories={"forked": (str(tmp_path / "nowhere"), ["editable", "fast"])},
-        )
-        agent_log = tmp_path / "agent-a.log"
-        agent = service.start_agent(
-            config, token=service.enrollment_token("lab:test"), log=agent_log
-        )
-        secret_path = config.with_name("worker.secret")
-        deadline = time.monotonic() + 60
-        while not secret_path.exists():
-            assert agent.poll() is None, _log(agent_log)
-            assert time.monotonic() < deadline, _log(agent_log)
-            time.sleep(0.2)
-        assert stat.S_IMODE(secret_path.stat().st_mode) == 0o600
-        assert json.loads(secret_path.read_text())["secret"].startswith("cbw_")
+    config = write_config(
+        tmp_path / "host-a" / "worker.toml",
+        name="host-a",
+        repositories={"forked": (str(tmp_path / "nowhere"), ["editable", "fast"])},
+    )
+    agent_log = tmp_path / "agent-a.log"
+    agent = service.start_agent(config, token=service.enrollment_token("lab:test"), log=agent_log)
+    secret_path = config.with_name("worker.secret")
+    deadline = time.monotonic() + 60
+    while not secret_path.exists():
+        assert agent.poll() is None, _log(agent_log)
+        assert time.monotonic() < deadline, _log(agent_log)
+        time.sleep(0.2)
+    assert stat.S_IMODE(secret_path.stat().st_mode) == 0o600
+    assert json.loads(secret_path.read_text())["secret"].startswith("cbw_")
 
-        # Outside the allow-list: the server refuses it at submission; no host ever sees it.
-        outside = service.submit(
-            {
-                "adapter": "mlx-lm",
-                "repository": "evil",
-                "variants": [{"name": "x", "ref": "main"}],
-                "contexts": [64],
-            }
-        )
-        assert outside.status_code == 422, outside.text
-        assert "does not allow repository 'evil'" in outside.text
+    # Outside the allow-list: the server refuses it at submission; no host ever sees it.
+    outside = service.submit(
+        {
+            "adapter": "mlx-lm",
+            "repository": "evil",
+            "variants": [{"name": "x", "ref": "main"}],
+            "contexts": [64],
+        }
+    )
+    assert outside.status_code == 422, outside.text
+    assert "does not allow repository 'evil'" in outside.text
 
-        # The host owner drops the `fast` recipe and restarts the agent (already enrolled).
-        stop_process(agent)
-        write_config(
-            config,
-            name="host-a",
-            repositories={"forked": (str(tmp_path / "nowhere"), ["editable"])},
-        )
-        agent = service.start_agent(config, token=None, log=agent_log)
-        created = service.submit(
-            {
-                "adapter": "mlx-lm",
-                "repository": "forked",
-                "variants": [{"name": "x", "ref": "main", "recipe": "fast"}],
-                "contexts": [64],
-                "rounds": 1,
-            }
-        )
+    # The host owner drops the `fast` recipe and restarts the agent (already enrolled).
+    stop_process(agent)
+    write_config(
+        config,
+        name="host-a",
+        repositories={"forked": (str(tmp_path / "nowhere"), ["editable"])},
+    )
+    agent = service.start_agent(config, token=None, log=agent_log)
+    created = service.submit(
+        {
+            "adapter": "mlx-lm",
+            "repository": "forked",
+            "variants": [{"name": "x", "ref": "main", "recipe": "fast"}],
+            "contexts": [64],
+            "rounds": 1,
+        }
+    )
+    assert created.status_code == 201, created.text
+    job = service.wait_jobs([created.json()["id"]], timeout_s=60, done=("failed",))
+    run = job[created.json()["id"]]["runs"][0]
+    assert "refused by host host-a" in run["reason"]
+    assert "recipe 'fast' is not defined for forked" in run["reason"]
+    # Refused before anything was cloned or built.
+    assert not (config.parent / "state" / "mirrors").exists()
+    assert not (config.parent / "state" / "venvs").exists()
+    assert b"refused" in service.artifact(run["id"], "reason.txt")
+    assert agent.poll() is None
+    assert stop_process(agent) == 0, _log(agent_log)
+
+
+def _embedded_job(
+    rounds: int, contexts: list[int], *, pair: bool = False, **extra: object
+) -> dict[str, object]:
+    """An embedded job; one variant unless `pair` (each variant costs a model load)."""
+    variants: list[dict[str, object]] = [{"name": "base"}]
+    if pair:
+        variants.append({"name": "cand", "flags": {"prefill_step_size": 32}})
+    return {
+        "variants": variants,
+        "contexts": contexts,
+        "rounds": rounds,
+        "decode_tokens": 1,
+        **extra,
+    }
+
+
+def _wait_enrolled(service: Service, names: set[str], procs: list, logs: list[Path]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        with service.http() as client:
+            hosts = {h["name"] for h in client.get("/hosts").json()}
+        if names <= hosts:
+            return
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.poll() is None, _log(log)
+        assert time.monotonic() < deadline, [_log(log) for log in logs]
+        time.sleep(0.3)
+
+
+def _measured(service: Service, run_id: str) -> list[dict]:
+    lines = service.artifact(run_id, "records.jsonl").decode().splitlines()
+    return [r for r in map(json.loads, lines) if r["round"] >= 0]
+
+
+def _wait_progress(service: Service, job_id: str, cells: int, proc, log: Path) -> dict:
+    deadline = time.monotonic() + 120
+    while True:
+        run = service.job(job_id)["runs"][0]
+        if (run.get("progress") or {}).get("cells_done", 0) >= cells:
+            return run
+        assert proc.poll() is None, _log(log)
+        assert time.monotonic() < deadline, (run, _log(log))
+        time.sleep(0.2)
+
+
+def test_two_agents_run_each_job_exactly_once(service: Service, tmp_path: Path) -> None:
+    procs, logs = [], []
+    for name in ("host-1", "host-2"):
+        config = write_config(tmp_path / name / "worker.toml", name=name)
+        logs.append(tmp_path / f"{name}.log")
+        procs.append(service.start_agent(config, token=service.enrollment_token(), log=logs[-1]))
+    _wait_enrolled(service, {"host-1", "host-2"}, procs, logs)
+    job_ids = []
+    for seed in range(3):
+        created = service.submit(_embedded_job(2, [64], seed=seed))
         assert created.status_code == 201, created.text
-        job = service.wait_jobs([created.json()["id"]], timeout_s=60, done=("failed",))
-        run = job[created.json()["id"]]["runs"][0]
-        assert "refused by host host-a" in run["reason"]
-        assert "recipe 'fast' is not defined for forked" in run["reason"]
-        # Refused before anything was cloned or built.
-        assert not (config.parent / "state" / "mirrors").exists()
-        assert not (config.parent / "state" / "venvs").exists()
-        assert b"refused" in service.artifact(run["id"], "reason.txt")
-        assert agent.poll() is None
-        assert stop_process(agent) == 0, _log(agent_log)
+        job_ids.append(created.json()["id"])
+    jobs = service.wait_jobs(job_ids, timeout_s=180, done=("completed", "processed", "failed"))
+    hosts = set()
+    for job_id, job in jobs.items():
+        (run,) = job["runs"]
+        assert run["state"] in ("completed", "processed"), run
+        # Executed once: one completed attempt (any other is a lease that expired unused).
+        states = [a["state"] for a in run["attempts"]]
+        assert states.count("completed") == 1 and set(states) <= {"completed", "expired"}, run
+        hosts.add(run["host_name"])
+        measured = _measured(service, run["id"])
+        cells = [(r["variant"], r["round"], r["context_tokens"]) for r in measured]
+        variants = [v["name"] for v in job["spec"]["variants"]]
+        assert sorted(cells) == sorted((v, r, 64) for v in variants for r in range(2)), job_id
+        assert all(r["run_id"] == run["id"] and r["status"] == "ok" for r in measured)
+        provenance = json.loads(service.artifact(run["id"], "provenance.json"))
+        provenance = provenance.get("runs", [provenance])[0]
+        assert provenance["host"]["labels"][0] == "backend:cpu"
+    assert hosts == {"host-1", "host-2"}
+    for proc, log in zip(procs, logs, strict=True):
+        assert stop_process(proc) == 0, _log(log)
+
+
+def test_killed_agent_run_is_requeued_and_finished_by_the_other(
+    service: Service, tmp_path: Path
+) -> None:
+    config_a = write_config(tmp_path / "host-a" / "worker.toml", name="host-a")
+    log_a = tmp_path / "host-a.log"
+    agent_a = service.start_agent(config_a, token=service.enrollment_token(), log=log_a)
+    _wait_enrolled(service, {"host-a"}, [agent_a], [log_a])
+    created = service.submit(_embedded_job(3, [64, 128]))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    _wait_progress(service, job_id, 2, agent_a, log_a)
+    stop_process(agent_a, sig=signal.SIGKILL)
+
+    config_b = write_config(tmp_path / "host-b" / "worker.toml", name="host-b")
+    log_b = tmp_path / "host-b.log"
+    agent_b = service.start_agent(config_b, token=service.enrollment_token(), log=log_b)
+    job = service.wait_jobs([job_id], timeout_s=180, done=("completed", "processed", "failed"))
+    (run,) = job[job_id]["runs"]
+    assert run["state"] in ("completed", "processed"), run
+    # host-a's attempt expired; the last one, host-b's, completed. (An earlier attempt may have
+    # gone to a stopped agent of another test whose long-poll was still open on the server.)
+    *lost, last = run["attempts"]
+    hosts = dict(service.rows("select id, name from hosts"))
+    assert [a["state"] for a in lost] == ["expired"] * len(lost)
+    assert "host-a" in {hosts[a["host_id"]] for a in lost}
+    assert (last["state"], hosts[last["host_id"]], run["host_name"]) == (
+        "completed",
+        "host-b",
+        "host-b",
+    )
+    measured = _measured(service, run["id"])
+    keys = [(r["variant"], r["round"], r["context_tokens"]) for r in measured]
+    assert len(keys) == len(set(keys)) == 6  # every cell once: none lost, none twice
+    # Nothing of the killed attempt was uploaded.
+    attempts = service.rows("select distinct attempt from artifacts where run_id = :r", r=run["id"])
+    assert [a for (a,) in attempts] == [last["attempt"]]
+    assert stop_process(agent_b) == 0, _log(log_b)
+
+
+def test_sigterm_and_cancel_stop_after_the_cell_in_flight(service: Service, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "host-t" / "worker.toml", name="host-t")
+    log = tmp_path / "host-t.log"
+    agent = service.start_agent(config, token=service.enrollment_token(), log=log)
+    _wait_enrolled(service, {"host-t"}, [agent], [log])
+
+    # SIGTERM: the cell in flight finishes, what was measured is uploaded, the run completes.
+    first = service.submit(_embedded_job(10, [64, 128])).json()["id"]
+    _wait_progress(service, first, 1, agent, log)
+    assert stop_process(agent, wait_s=60) == 0, _log(log)
+    (run,) = service.job(first)["runs"]
+    assert run["state"] == "failed", run
+    assert run["reason"].startswith("worker stopped (SIGTERM) after "), run
+    done = int(run["reason"].split(" after ")[1].split(" of ")[0])
+    assert 1 <= done < 20
+    assert len(_measured(service, run["id"])) == done
+
+    # Cancel: the heartbeat says stop; the agent stops after the cell and stays up.
+    agent = service.start_agent(config, token=None, log=log)
+    second = service.submit(_embedded_job(10, [64, 128])).json()["id"]
+    _wait_progress(service, second, 1, agent, log)
+    with service.http() as client:
+        assert client.post(f"/jobs/{second}/cancel").status_code == 200
+    deadline = time.monotonic() + 60
+    while "abandoned" not in _log(log) and "cancelled after" not in _log(log):
+        assert time.monotonic() < deadline, _log(log)
+        time.sleep(0.3)
+    (run,) = service.job(second)["runs"]
+    assert run["state"] == "cancelled", run
+    assert agent.poll() is None
+    assert stop_process(agent) == 0, _log(log)
+
+
+def test_branch_comparison_attributes_each_variant_to_its_commit_and_file(
+    service: Service, tmp_path: Path, mlx_lm_repo: tuple[Path, tuple[str, str]]
+) -> None:
+    """Two branches of an mlx-lm fork, built in isolation, measured, attributed."""
+    repo, (main, slow) = mlx_lm_repo
+    config = write_config(
+        tmp_path / "host-m" / "worker.toml",
+        name="host-m",
+        repositories={"fork": (str(repo), ["editable"])},
+    )
+    log = tmp_path / "host-m.log"
+    agent = service.start_agent(config, token=service.enrollment_token(), log=log)
+    _wait_enrolled(service, {"host-m"}, [agent], [log])
+    created = service.submit(
+        {
+            "adapter": "mlx-lm",
+            "repository": "fork",
+            "variants": [{"name": "main", "ref": main}, {"name": "pr", "ref": slow}],
+            "contexts": [128],
+            "rounds": 2,
+            "decode_tokens": 1,
+        }
+    )
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    job = service.wait_jobs([job_id], timeout_s=240, done=("completed", "processed", "failed"))
+    (run,) = job[job_id]["runs"]
+    assert run["state"] in ("completed", "processed"), (run, _log(log)[-3000:])
+
+    provenance = json.loads(service.artifact(run["id"], "provenance.json"))
+    targets = {t["variant"]: t for t in provenance.get("runs", [provenance])[0]["targets"]}
+    state = config.parent / "state"
+    for name, ref in (("main", main), ("pr", slow)):
+        commit = git(repo, "rev-parse", ref)
+        target = targets[name]
+        assert (target["repository"], target["ref"], target["commit"]) == (str(repo), ref, commit)
+        checkout = state / "worktrees" / "fork" / commit
+        # The file the variant process really imported: this commit's checkout, not the host's.
+        assert target["engine_module_file"] == str(checkout / "mlx_lm" / "__init__.py")
+        assert target["build_module_file"] == target["engine_module_file"]
+        assert target["dirty"] is False and target["recipe"] == "editable"
+        assert len(target["pip_freeze_sha256"]) == 64
+        log_bytes = service.artifact(run["id"], f"build-{name}.log")
+        assert target["build_log_sha256"] == hashlib.sha256(log_bytes).hexdigest() or (
+            b"reused cached build" in log_bytes
+        )
+        assert b"mlx_lm imported from " + str(checkout).encode() in log_bytes
+    assert targets["main"]["commit"] != targets["pr"]["commit"]
+    measured = _measured(service, run["id"])
+    widths = {r["variant"]: r["counters"].get("chunk_width_max") for r in measured}
+    assert len(measured) == 4 and all(r["status"] == "ok" for r in measured)
+    assert widths["pr"] <= 32 < widths["main"]  # the branch's own prefill loop ran
+    assert stop_process(agent) == 0, _log(log)
+
+
+def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
+    service: Service, tmp_path: Path
+) -> None:
+    """Uploads back off while nothing answers; the outbox survives the agent and is delivered
+    by the next one."""
+    from worker.agent import Agent, AgentOptions
+    from worker.config import load_host_config
+    from worker.fingerprint import host_fingerprint
+    from worker.run import refused_files
+
+    config = load_host_config(write_config(tmp_path / "host-o" / "worker.toml", name="host-o"))
+    options = AgentOptions(backoff_max_s=0.2)
+    first = Agent(service.url, config, options=options)
+    first.enroll(service.enrollment_token())
+    job_id = service.submit(_embedded_job(1, [64])).json()["id"]
+    host = host_fingerprint()
+    lease = None
+    while lease is None:
+        lease = first.lease(host)
+    assert lease["job_id"] == job_id
+    files = refused_files(lease["spec"], run_id=lease["run_id"], host=host, reason="test")
+
+    # Nothing listens on this port: every request fails to connect.
+    down = Agent(f"http://127.0.0.1:{free_port()}", config, options=options)
+    down.load_secret()
+    folder = down.save_outbox(lease["run_id"], lease["attempt"], files, status="failed", reason="x")
+    down.stopping.set()  # a stopping agent gives up after a few tries and keeps the outbox
+    started = time.monotonic()
+    down.flush_outbox()
+    assert (folder / "complete.json").is_file() and time.monotonic() - started < 10
+    assert down.heartbeat_once() is None  # a failed heartbeat is logged, never raised
+
+    again = Agent(service.url, config, options=options)
+    again.load_secret()
+    again.flush_outbox()
+    assert not folder.exists()
+    (run,) = service.job(job_id)["runs"]
+    assert (run["state"], run["reason"]) == ("failed", "x")
+    assert service.artifact(lease["run_id"], "reason.txt") == b"test\n"

@@ -1,0 +1,339 @@
+"""Prefill throughput of the coldbench cell against stock mlx-lm and a bare loop (not a test).
+
+In one process, on one model and the same prompts, it times the cold prefill (to the first
+token) of:
+
+- `stock`: mlx-lm's own `mlx_lm.generate.generate_step`, time to its first token;
+- `bare`: a bare loop doing the cell's work with nothing around it (same chunking, the same
+  buffer-cache policy), once per cell configuration measured (`bare` for flags off,
+  `bare:step=N,clear_cache=false` for the candidates of the best flags; compile is not
+  repeated there, so for a compiled candidate that ratio shows what compile adds);
+- `cell`: the coldbench cell (`engine.cell`) with flags off (stock-like: clear_cache=true,
+  compile=false, 2,048-token chunks);
+- `cell:<flags>`: the cell with each candidate of the best flags; the fastest median is `best`.
+
+Measurements interleave: every round runs every method once per context in an order rotated
+by the round (and per context), on a prompt of fresh ids chosen by (seed, round, context), so
+drift and cache effects hit all methods alike; MLX's buffer cache is emptied before every
+timed call, so no method inherits another's buffers. Each method gets one untimed warm-up.
+Medians of the rounds are printed with the ratios the issue sets targets for: cell/bare (the
+harness adds nothing: within 2%) and best/stock (>= 1.3x at 4K on the H200).
+
+    python benchmarks/engine_prefill.py --model DIR --contexts 256 --rounds 3
+    python benchmarks/engine_prefill.py --preset llama-8b-shape --in-memory \
+        --contexts 4096,16384,32768 --rounds 5 --json out.json
+
+`--in-memory` builds the preset's architecture from its config with random weights in the
+process (nothing written to disk); the cell code that runs is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx_lm.generate import generate_step, generation_stream  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+
+PrefillTimer = Callable[[nn.Module, list[int]], float]
+INVALID: dict[tuple[int, str], str] = {}
+
+
+# -- model and prompts ---------------------------------------------------------------------
+
+
+def build_in_memory(preset_name: str, dtype: str, seed: int) -> tuple[nn.Module, dict[str, Any]]:
+    """The preset's architecture with random weights, built here instead of read from disk."""
+    from mlx_lm.utils import _get_classes
+
+    from engine.presets import get_preset
+
+    preset = get_preset(preset_name)
+    config = dict(preset.config)
+    config.setdefault("vocab_size", preset.tokenizer_vocab)
+    model_class, args_class = _get_classes(config=config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    return model, config
+
+
+def load_model(path: str) -> tuple[nn.Module, dict[str, Any]]:
+    from mlx_lm.utils import load
+
+    model, _tokenizer, config = load(path, return_config=True)
+    return model, config
+
+
+def prompt_ids(seed: int, round_index: int, context: int, vocab: int) -> list[int]:
+    """Fresh ids per (seed, round, context), identical for every method of a round."""
+    rng = np.random.default_rng([seed, round_index + 1, context])
+    return rng.integers(0, vocab, size=context).tolist()
+
+
+# -- the timed methods ----------------------------------------------------------------------
+
+
+def stock_prefill_s(model: nn.Module, ids: list[int], *, step: int) -> float:
+    """mlx-lm's generate_step, started to its first token (as any mlx-lm user measures TTFT)."""
+    prompt = mx.array(ids, dtype=mx.uint32)
+    cache = make_prompt_cache(model)
+    mx.eval(prompt)
+    mx.synchronize(generation_stream)
+    mx.synchronize()
+    started = time.perf_counter()
+    steps = generate_step(prompt, model, max_tokens=2, prompt_cache=cache, prefill_step_size=step)
+    next(steps)
+    elapsed = time.perf_counter() - started
+    steps.close()
+    # generate_step works on its own stream and has already queued the second token there:
+    # wait for it, so it cannot leak into the next method's timing.
+    mx.synchronize(generation_stream)
+    mx.synchronize()
+    return elapsed
+
+
+def bare_prefill_s(model: nn.Module, ids: list[int], *, step: int, clear_cache: bool) -> float:
+    """The cell's prefill work with nothing around it, written out by hand.
+
+    Same chunking as `engine.cell` (full `step`-wide chunks, the remainder last), the backbone
+    alone on intermediate chunks with only the KV cache evaluated, the lm_head on the last
+    position of the last chunk, the greedy token; no counters, no margin, no record.
+    """
+    inner = model.model
+    tokens = mx.array(ids, dtype=mx.int32)[None]
+    cache = make_prompt_cache(model)
+    mx.eval(tokens)
+    mx.synchronize()
+    started = time.perf_counter()
+    position, n = 0, len(ids)
+    while position + step < n:
+        inner(tokens[:, position : position + step], cache=cache)
+        mx.eval([c.state for c in cache])
+        if clear_cache:
+            mx.clear_cache()
+        position += step
+    hidden = inner(tokens[:, position:], cache=cache)[:, -1:, :]
+    if hasattr(model, "lm_head"):
+        logits = model.lm_head(hidden)
+    else:
+        logits = inner.embed_tokens.as_linear(hidden)
+    token = mx.argmax(logits[0, -1])
+    mx.eval(token)
+    mx.synchronize()
+    return time.perf_counter() - started
+
+
+def cell_prefill_s(model: nn.Module, ids: list[int], *, flags: dict[str, Any]) -> float:
+    """The coldbench cell's own prefill_s for this prompt (one output token, no decode)."""
+    from engine.cell import run_cell
+    from engine.flags import Flags
+
+    record = run_cell(
+        model, ids, context_tokens=len(ids), flags=Flags.parse(flags), decode_tokens=1
+    )
+    if record["status"] != "ok":
+        # e.g. 8,192-token chunks on a 4,096-token prompt: the engine calls that a silent
+        # no-op, and so does this table (no figure for that candidate at that context).
+        INVALID.setdefault((len(ids), str(flags)), f"{record['status']}: {record['reason']}")
+        return math.nan
+    return float(record["prefill_s"])
+
+
+# -- the interleaved schedule ---------------------------------------------------------------
+
+
+def rotated(names: Sequence[str], shift: int) -> list[str]:
+    shift %= len(names)
+    return [*names[shift:], *names[:shift]]
+
+
+def measure(
+    model: nn.Module,
+    methods: dict[str, PrefillTimer],
+    *,
+    contexts: Sequence[int],
+    rounds: int,
+    seed: int,
+    vocab: int,
+    log: Callable[[str], None],
+) -> dict[int, dict[str, list[float]]]:
+    names = list(methods)
+    for name in names:  # compile kernels and graphs once per method, untimed
+        methods[name](model, prompt_ids(seed, -1, max(contexts), vocab))
+    results: dict[int, dict[str, list[float]]] = {c: {n: [] for n in names} for c in contexts}
+    for round_index in range(rounds):
+        for position, context in enumerate(contexts):
+            ids = prompt_ids(seed, round_index, context, vocab)
+            for name in rotated(names, round_index + position):
+                # Every method starts from an empty buffer cache: otherwise what the previous
+                # method left there decides how fast the first chunks allocate.
+                mx.clear_cache()
+                mx.synchronize()
+                results[context][name].append(methods[name](model, ids))
+        log(f"round {round_index + 1}/{rounds} done")
+    return results
+
+
+def paired_ratio(results: dict[str, list[float]], numerator: str, denominator: str) -> float | None:
+    """Median over rounds of the per-round tok/s ratio (same prompt): time(den) / time(num)."""
+    pairs = zip(results[numerator], results[denominator], strict=True)
+    ratios = [den / num for num, den in pairs if not (math.isnan(num) or math.isnan(den))]
+    return statistics.median(ratios) if ratios else None
+
+
+def median_tps(context: int, times: list[float]) -> float | None:
+    valid = [t for t in times if not math.isnan(t)]
+    return context / statistics.median(valid) if valid else None
+
+
+def summarize(
+    results: dict[int, dict[str, list[float]]], cell_methods: dict[str, str]
+) -> dict[int, dict[str, Any]]:
+    """Median tok/s per method, and per-round paired ratios (medians) for the targets."""
+    summary: dict[int, dict[str, Any]] = {}
+    for context, by_method in results.items():
+        tps = {name: median_tps(context, times) for name, times in by_method.items()}
+        candidates = [name for name in tps if name.startswith("cell:") and tps[name]]
+        best = max(candidates, key=lambda name: tps[name] or 0.0) if candidates else None
+        ratios: dict[str, float | None] = {}
+        if "cell" in tps:
+            ratios["cell/bare"] = paired_ratio(by_method, "cell", "bare")
+            ratios["cell/stock"] = paired_ratio(by_method, "cell", "stock")
+        if best is not None:
+            ratios["best/stock"] = paired_ratio(by_method, best, "stock")
+            ratios["best/bare-best"] = paired_ratio(by_method, best, cell_methods[best])
+        ratios["bare/stock"] = paired_ratio(by_method, "bare", "stock")
+        summary[context] = {"tps": tps, "best": best, "ratios": ratios}
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="checkpoint directory (Hugging Face layout)")
+    source.add_argument("--preset", help="engine preset name; needs --in-memory")
+    parser.add_argument("--in-memory", action="store_true", help="random weights, no disk")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--contexts", default="256")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step", type=int, default=2048, help="stock prefill_step_size")
+    parser.add_argument(
+        "--best-steps", default="2048,4096", help="prefill_step_size candidates for best flags"
+    )
+    parser.add_argument("--try-compile", action="store_true", help="compile=true candidates")
+    parser.add_argument("--no-cell", action="store_true", help="stock and bare loop only")
+    parser.add_argument("--json", help="write raw timings and the summary here")
+    args = parser.parse_args(argv)
+    if args.rounds < 3:
+        parser.error("--rounds must be >= 3 (medians of fewer establish nothing)")
+    contexts = [int(c) for c in args.contexts.split(",")]
+
+    def log(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    loaded_at = time.perf_counter()
+    if args.preset:
+        if not args.in_memory:
+            parser.error("--preset needs --in-memory (or write it with `coldbench model create`)")
+        model, config = build_in_memory(args.preset, args.dtype, args.seed)
+    else:
+        model, config = load_model(args.model)
+    vocab = int(config["vocab_size"])
+    log(f"model ready in {time.perf_counter() - loaded_at:.1f} s on {mx.default_device()}")
+
+    step = args.step
+    methods: dict[str, PrefillTimer] = {
+        "stock": lambda m, ids: stock_prefill_s(m, ids, step=step),
+    }
+    cell_methods: dict[str, str] = {}
+    methods["bare"] = lambda m, ids: bare_prefill_s(m, ids, step=step, clear_cache=True)
+    if not args.no_cell:
+        off = {"prefill_step_size": step, "clear_cache": True, "compile": False}
+        methods["cell"] = lambda m, ids: cell_prefill_s(m, ids, flags=off)
+        for best_step in (int(s) for s in args.best_steps.split(",")):
+            # clear_cache=true with wider chunks too: where one chunk holds the whole prompt
+            # there is no buffer cache to keep, and clear_cache=false would be a silent no-op.
+            for keep_cache in (True, False):
+                bare_name = f"bare:step={best_step},clear_cache={str(not keep_cache).lower()}"
+                if best_step == step and not keep_cache:
+                    bare_name = "bare"
+                else:
+                    methods[bare_name] = lambda m, ids, s=best_step, c=not keep_cache: (
+                        bare_prefill_s(m, ids, step=s, clear_cache=c)
+                    )
+                for compiled in (False, True) if args.try_compile and keep_cache else (False,):
+                    if best_step == step and not keep_cache and not compiled:
+                        continue  # that is `cell`, flags off
+                    flags = {
+                        "prefill_step_size": best_step,
+                        "clear_cache": not keep_cache,
+                        "compile": compiled,
+                    }
+                    name = f"cell:step={best_step},clear_cache={str(not keep_cache).lower()}"
+                    name += ",compile" if compiled else ""
+                    methods[name] = lambda m, ids, f=flags: cell_prefill_s(m, ids, flags=f)
+                    cell_methods[name] = bare_name
+
+    results = measure(
+        model, methods, contexts=contexts, rounds=args.rounds, seed=args.seed, vocab=vocab, log=log
+    )
+    summary = summarize(results, cell_methods)
+    print_table(summary, contexts)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "argv": sys.argv,
+                    "device": str(mx.default_device()),
+                    "machine": platform.platform(),
+                    "mlx": mx.__version__,
+                    "model_config": config,
+                    "timings_s": {str(c): r for c, r in results.items()},
+                    "summary": {str(c): s for c, s in summary.items()},
+                    "invalid": {f"{c} {f}": r for (c, f), r in INVALID.items()},
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+def print_table(summary: dict[int, dict[str, Any]], contexts: Sequence[int]) -> None:
+    names = list(summary[contexts[0]]["tps"])
+    width = max(len(n) for n in names) + 2
+    print(f"{'prefill tok/s (median)':<{width}}" + "".join(f"{c:>12,}" for c in contexts))
+    for name in names:
+        values = [summary[c]["tps"][name] for c in contexts]
+        cells = "".join(f"{v:>12,.0f}" if v is not None else f"{'-':>12}" for v in values)
+        print(f"{name:<{width}}{cells}")
+    ratio_names = sorted({r for c in contexts for r in summary[c]["ratios"]})
+    for ratio in ratio_names:
+        values = [summary[c]["ratios"].get(ratio) for c in contexts]
+        cells = "".join(f"{v:>12.3f}" if v is not None else f"{'-':>12}" for v in values)
+        print(f"{ratio:<{width}}{cells}")
+    for context in contexts:
+        print(f"best at {context:,}: {summary[context]['best']}")
+    for (context, flags), reason in sorted(INVALID.items()):
+        print(f"not valid at {context:,}: {flags}: {reason}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

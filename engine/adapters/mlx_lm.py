@@ -1,0 +1,298 @@
+"""The `mlx-lm` adapter: drive any checkout of mlx-lm (or a fork) through its Python API.
+
+The checkout's own `mlx_lm` must be the one that runs: it is put first on `sys.path`, a host
+copy that engine code imported earlier is dropped from `sys.modules`, and the adapter refuses to
+run (a load error, exit 2 in the variant process) when `mlx_lm.__file__` still lies outside the
+checkout, the install-path defect of seed 002. The imported file is recorded in the target and
+in every record's counters (`engine_module_file`).
+
+A cell runs the checkout's `mlx_lm.generate.generate_step` on a fresh prompt cache with the
+variant's `prefill_step_size`. Prefill time is the time to the first token (its value is
+materialised, so every prefill chunk has run); decode time is measured separately, from the
+first token to the last. Chunk widths come from the prompt progress callback, i.e. from the
+loop that actually ran in the checkout, not from what stock mlx-lm would do.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import mlx.core as mx
+
+from engine import checkpoints
+from engine.backend import describe_backend
+from engine.cell import now_iso
+from engine.plan import Plan
+from engine.prompts import PromptSource, ids_sha256
+
+logger = logging.getLogger(__name__)
+
+NAME = "mlx-lm"
+MODULE = "mlx_lm"
+# generate_step's own default; a request for any other value must show up in chunk widths.
+DEFAULT_PREFILL_STEP_SIZE = 2048
+SUPPORTED_FLAGS = ("prefill_step_size",)
+OUTPUT_HEAD = 16
+
+
+class MlxLmLoadError(ValueError):
+    """The checkout, its module or the model cannot be used: the variant must not run."""
+
+
+@dataclass(frozen=True)
+class MlxLmFlags:
+    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE
+    requested: frozenset[str] = field(default_factory=frozenset)
+
+
+def parse_flags(flags: Mapping[str, Any] | None) -> MlxLmFlags:
+    """Accept only what generate_step can honour; anything else is refused, never ignored."""
+    flags = dict(flags or {})
+    unknown = sorted(set(flags) - set(SUPPORTED_FLAGS))
+    if unknown:
+        raise MlxLmLoadError(
+            f"mlx-lm adapter does not support flag(s) {', '.join(unknown)}; "
+            f"supported: {', '.join(SUPPORTED_FLAGS)}"
+        )
+    requested = frozenset(name for name in flags if flags[name] != getattr(MlxLmFlags(), name))
+    step = flags.get("prefill_step_size", DEFAULT_PREFILL_STEP_SIZE)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise MlxLmLoadError(f"prefill_step_size must be a positive integer, got {step!r}")
+    return MlxLmFlags(prefill_step_size=step, requested=requested)
+
+
+def _is_inside(path: str | Path | None, root: Path) -> bool:
+    if path is None:
+        return False
+    return Path(path).resolve().is_relative_to(root)
+
+
+def import_from_checkout(checkout: str | Path, module: str = MODULE) -> ModuleType:
+    """Import `module` from `checkout` or raise MlxLmLoadError saying where it came from."""
+    root = Path(checkout).resolve()
+    if not root.is_dir():
+        raise MlxLmLoadError(f"mlx-lm checkout not found: {root}")
+    if sys.path[:1] != [str(root)]:
+        sys.path.insert(0, str(root))
+    loaded = sys.modules.get(module)
+    if loaded is not None and not _is_inside(getattr(loaded, "__file__", None), root):
+        # Engine code may have imported the host's copy before this adapter ran; the variant
+        # must run the checkout's code, so forget the host's modules and import again.
+        logger.info("dropping %s imported from %s before the checkout", module, loaded.__file__)
+        for name in [n for n in sys.modules if n == module or n.startswith(module + ".")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+    try:
+        imported = importlib.import_module(module)
+    except Exception as exc:
+        raise MlxLmLoadError(f"cannot import {module} from checkout {root}: {exc}") from exc
+    imported_file = getattr(imported, "__file__", None)
+    if not _is_inside(imported_file, root):
+        raise MlxLmLoadError(
+            f"refusing to run: {module} was imported from {imported_file}, not from inside "
+            f"the checkout {root} (install the checkout into the interpreter running the variant)"
+        )
+    return imported
+
+
+class MlxLmAdapter:
+    """One checkout + model per variant process; `run_cell` is one cold prefill and decode."""
+
+    name = NAME
+
+    def __init__(self, plan: Plan) -> None:
+        if not plan.checkout:
+            raise MlxLmLoadError("mlx-lm adapter needs the plan's checkout (a path)")
+        self.plan = plan
+        self.flags = parse_flags(plan.flags)
+        self.checkout = Path(plan.checkout).resolve()
+        self.engine_module_file: str | None = None
+        self.model: Any = None
+        self.prompts: PromptSource | None = None
+
+    def load(self) -> None:
+        mlx_lm = import_from_checkout(self.checkout)
+        self.engine_module_file = str(Path(mlx_lm.__file__).resolve())
+        self.mlx_lm_version = getattr(mlx_lm, "__version__", None)
+        try:
+            generate = importlib.import_module(f"{MODULE}.generate")
+            cache = importlib.import_module(f"{MODULE}.models.cache")
+            utils = importlib.import_module(f"{MODULE}.utils")
+        except Exception as exc:
+            raise MlxLmLoadError(f"checkout {self.checkout} lacks mlx_lm's API: {exc}") from exc
+        for part in (generate, cache, utils):
+            if not _is_inside(part.__file__, self.checkout):
+                raise MlxLmLoadError(
+                    f"refusing to run: {part.__name__} was imported from {part.__file__}, "
+                    f"not from inside the checkout {self.checkout}"
+                )
+        if not hasattr(generate, "generate_step"):
+            raise MlxLmLoadError(f"{generate.__file__} has no generate_step")
+        self.generate_step = generate.generate_step
+        self.make_prompt_cache = cache.make_prompt_cache
+        if self.plan.model.startswith("preset:"):
+            model_path = checkpoints.resolve_model(self.plan.model, {})
+        else:
+            model_path = Path(self.plan.model)
+        if not (model_path / "config.json").is_file():
+            raise MlxLmLoadError(f"model checkpoint not found (no config.json): {model_path}")
+        try:
+            # The checkout's own loader and model code: a fork may change either.
+            self.model, tokenizer, config = utils.load(str(model_path), return_config=True)
+        except Exception as exc:
+            raise MlxLmLoadError(
+                f"cannot load model {model_path} with {utils.__file__}: {exc}"
+            ) from exc
+        self.prompts = PromptSource.from_tokenizer(
+            tokenizer, max_tokens=config.get("max_position_embeddings")
+        )
+        logger.info("mlx-lm adapter: %s from %s", MODULE, self.engine_module_file)
+
+    def check_context(self, context_tokens: int) -> None:
+        assert self.prompts is not None, "load() first"
+        self.prompts.check_context(context_tokens)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "variant": self.plan.variant,
+            "adapter": NAME,
+            "engine_module": MODULE,
+            "engine_module_file": self.engine_module_file,
+            "checkout": str(self.checkout),
+            "flags": {"prefill_step_size": self.flags.prefill_step_size},
+            "mlx": mx.__version__,
+            "mlx_lm": self.mlx_lm_version,
+            "python": sys.version.split()[0],
+            "python_executable": sys.executable,
+            **describe_backend(),
+        }
+
+    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
+        assert self.prompts is not None, "load() first"
+        if round < 0:
+            prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
+        else:
+            prompt = self.prompts.prompt(self.plan.seed, round, context_tokens)
+        started_at = now_iso()
+        result = self.measure(prompt.ids, context_tokens=context_tokens)
+        result["prompt_corpus_sha256"] = prompt.corpus_sha256
+        result["started_at"], result["ended_at"] = started_at, now_iso()
+        return result
+
+    def measure(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        context_tokens: int,
+        prompt_cache: list[Any] | None = None,
+    ) -> dict[str, Any]:
+        """Time one prefill + decode; `prompt_cache` lets a test hand in a warm cache."""
+        step = self.flags.prefill_step_size
+        decode_tokens = self.plan.decode_tokens
+        cache = self.make_prompt_cache(self.model) if prompt_cache is None else prompt_cache
+        # The checkout's own accounting of what the cache already holds; a cold cell has none.
+        offsets = [c.offset for c in cache if isinstance(getattr(c, "offset", None), int)]
+        cached_tokens = max(offsets) if offsets else None
+        progress: list[int] = []
+        prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
+        mx.eval(prompt)
+        mx.reset_peak_memory()
+        mx.synchronize()
+        started = time.perf_counter()
+        steps = self.generate_step(
+            prompt,
+            self.model,
+            # generate_step's first token ends the prefill; with 0 decode tokens it is dropped.
+            max_tokens=max(decode_tokens, 1),
+            prompt_cache=cache,
+            prefill_step_size=step,
+            prompt_progress_callback=lambda done, _total: progress.append(int(done)),
+        )
+        first_token, _ = next(steps)  # an int: every prefill chunk has been evaluated
+        first_token_at = time.perf_counter()
+        output = [int(first_token)]
+        output.extend(int(token) for token, _ in steps)
+        mx.synchronize()
+        ended = time.perf_counter()
+        output = output[:decode_tokens]
+
+        n = len(prompt_ids)
+        widths = [b - a for a, b in zip([0, *progress], progress, strict=False) if b > a]
+        prefill_s = first_token_at - started
+        decode_steps = len(output) - 1  # the first token came out of the prefill
+        decode_s = ended - first_token_at if decode_steps > 0 else None
+        counters: dict[str, Any] = {
+            "prefill_tokens": progress[-1] if progress else None,
+            "chunks": len(widths),
+            "chunk_width_max": max(widths, default=0),
+            "chunks_stock": _stock_chunks(n, step),
+            "prefill_step_size.dispatched": sum(1 for w in widths if w == step),
+            "engine_module_file": self.engine_module_file,
+        }
+        result: dict[str, Any] = {
+            "prompt_tokens": n,
+            "prompt_sha256": ids_sha256(prompt_ids),
+            "cached_tokens": cached_tokens,
+            "prefill_s": prefill_s,
+            "prefill_tps": n / prefill_s if prefill_s > 0 else None,
+            "decode_tokens": len(output),
+            "decode_s": decode_s,
+            "decode_tps": decode_steps / decode_s if decode_steps > 0 and decode_s else None,
+            "output_sha256": ids_sha256(output),
+            "output_head": output[:OUTPUT_HEAD],
+            "peak_memory_bytes": int(mx.get_peak_memory()),
+            "counters": counters,
+        }
+        result["status"], result["reason"] = self._verdict(result, counters, context_tokens)
+        return result
+
+    def _verdict(
+        self, result: dict[str, Any], counters: dict[str, Any], context_tokens: int
+    ) -> tuple[str, str | None]:
+        cached = result["cached_tokens"]
+        if cached is None:
+            return (
+                "invalid",
+                "the checkout's KV cache reports no token count (cached_tokens unknown)",
+            )
+        if cached > 0:
+            return "invalid", f"cached_tokens={cached}: the KV cache was not fresh"
+        if result["prompt_tokens"] != context_tokens:
+            return "invalid", (
+                f"prompt has {result['prompt_tokens']} tokens, the cell asks for {context_tokens}"
+            )
+        if counters["prefill_tokens"] not in (None, context_tokens):
+            return "invalid", (
+                f"generate_step prefilled {counters['prefill_tokens']} tokens of {context_tokens}"
+            )
+        if result["decode_tokens"] != self.plan.decode_tokens:
+            return (
+                "invalid",
+                f"decoded {result['decode_tokens']} tokens of {self.plan.decode_tokens}",
+            )
+        if (
+            "prefill_step_size" in self.flags.requested
+            and not counters["prefill_step_size.dispatched"]
+        ):
+            return "invalid", "silent no-op: prefill_step_size"
+        return "ok", None
+
+    def close(self) -> None:
+        self.model = None
+
+
+def create(plan: Plan) -> MlxLmAdapter:
+    return MlxLmAdapter(plan)
+
+
+def _stock_chunks(prompt_tokens: int, step: int) -> int:
+    """Chunks stock generate_step delivers: ceil((n-1)/step) of at most `step`, then 1 token."""
+    return -(-(prompt_tokens - 1) // step) + 1 if prompt_tokens > 1 else 1

@@ -1,0 +1,198 @@
+"""The mlx-lm adapter drives real checkouts of mlx-lm, and proves which one ran.
+
+`mlx_lm_repo` (tests/conftest.py) is a git repository of the installed mlx_lm with a
+`slow-prefill` branch; each branch is checked out into its own worktree and run by its own
+variant process. Every adapter import happens in a child process: the adapter rewrites
+`sys.path` and `sys.modules`, which the test process must keep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.adapters.mlx_lm import MlxLmLoadError, parse_flags
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(*first: Path) -> dict[str, str]:
+    """PYTHONPATH with the checkout first, then this repository (for engine/) and the rest."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, first), str(REPO_ROOT), *rest])}
+
+
+def _plan(tmp_path: Path, name: str, model: Path, checkout: Path, **extra: Any) -> Path:
+    plan = {
+        "run_id": "r-mlx-lm",
+        "variant": name,
+        "adapter": "mlx-lm",
+        "model": str(model),
+        "flags": {},
+        "decode_tokens": 3,
+        "seed": 5,
+        "records_path": str(tmp_path / f"{name}.jsonl"),
+        "checkout": str(checkout),
+        "server_command": None,
+        "cells": [
+            {"round": 0, "order": 0, "context_tokens": 128},
+            {"round": 1, "order": 0, "context_tokens": 128},
+        ],
+        **extra,
+    }
+    path = tmp_path / f"{name}.plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def _start(plan: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _finish(process: subprocess.Popen[str]) -> tuple[int, list[dict[str, Any]], str]:
+    stdout, stderr = process.communicate(timeout=180)
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return process.returncode, events, stderr
+
+
+def _worktree(repo: Path, branch: str, path: Path) -> Path:
+    subprocess.run(
+        ["git", "worktree", "add", "-q", "--detach", str(path), branch],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    )
+    return path
+
+
+def test_only_prefill_step_size_is_accepted() -> None:
+    assert parse_flags({"prefill_step_size": 64}).prefill_step_size == 64
+    assert parse_flags(None).requested == frozenset()
+    with pytest.raises(MlxLmLoadError, match="does not support flag.*compile.*prefill_step_size"):
+        parse_flags({"compile": True})
+    for bad in (0, -4, "64", True, 1.5):
+        with pytest.raises(MlxLmLoadError, match="prefill_step_size must be a positive integer"):
+            parse_flags({"prefill_step_size": bad})
+
+
+@pytest.mark.slow
+def test_each_branch_runs_its_own_code(
+    mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    repo, (main, slow) = mlx_lm_repo
+    checkouts = {
+        "main": _worktree(repo, main, tmp_path / "wt-main"),
+        "slow": _worktree(repo, slow, tmp_path / "wt-slow"),
+    }
+    # A third variant asks the slow branch for 64-token chunks, which it never delivers.
+    plans = {
+        name: _plan(tmp_path, name, tiny_model_dir, checkout)
+        for name, checkout in checkouts.items()
+    }
+    plans["slow-64"] = _plan(
+        tmp_path, "slow-64", tiny_model_dir, checkouts["slow"], flags={"prefill_step_size": 64}
+    )
+    # slow-64 runs without the checkout on PYTHONPATH: engine/ imports the host's mlx_lm first,
+    # and the adapter must still end up running the worktree's copy.
+    envs = {"main": _env(checkouts["main"]), "slow": _env(checkouts["slow"]), "slow-64": _env()}
+    processes = {name: _start(plan, envs[name]) for name, plan in plans.items()}
+    records: dict[str, list[dict[str, Any]]] = {}
+    for name, process in processes.items():
+        code, events, stderr = _finish(process)
+        assert code == 0, stderr[-2000:]
+        target = events[0]["target"]
+        checkout = checkouts[name.split("-")[0]].resolve()
+        assert target["adapter"] == "mlx-lm"
+        assert target["engine_module_file"] == str(checkout / "mlx_lm" / "__init__.py")
+        lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+        records[name] = [r for r in map(json.loads, lines) if r["status"] != "warmup"]
+        assert len(records[name]) == 2
+        for record in records[name]:
+            assert record["cached_tokens"] == 0
+            assert record["counters"]["engine_module_file"] == target["engine_module_file"]
+
+    # main: stock generate_step, 127 prompt tokens in one chunk and the last token alone.
+    for record in records["main"]:
+        assert record["status"] == "ok", record["reason"]
+        assert record["counters"]["chunks"] == record["counters"]["chunks_stock"] == 2
+        assert record["counters"]["chunk_width_max"] == 127
+    # slow-prefill: its 32-token cap is visible in the chunks the loop delivered.
+    for record in records["slow"]:
+        assert record["status"] == "ok", record["reason"]
+        assert record["counters"]["chunks"] == 5  # 32 + 32 + 32 + 31, then 1
+        assert record["counters"]["chunks_stock"] == 2
+        assert record["counters"]["chunk_width_max"] == 32
+    # Same weights, same prompts, same greedy ids: only the loop differs.
+    assert [r["output_sha256"] for r in records["main"]] == [
+        r["output_sha256"] for r in records["slow"]
+    ]
+    for record in records["slow-64"]:
+        assert record["status"] == "invalid"
+        assert record["reason"] == "silent no-op: prefill_step_size"
+        assert record["counters"]["prefill_step_size.dispatched"] == 0
+
+
+def test_a_checkout_whose_module_is_not_imported_is_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A fork in src/ layout that was never installed: `import mlx_lm` finds the host's copy.
+    checkout = tmp_path / "fork"
+    (checkout / "src" / "mlx_lm").mkdir(parents=True)
+    (checkout / "src" / "mlx_lm" / "__init__.py").write_text("")
+    plan = _plan(tmp_path, "fork", tiny_model_dir, checkout)
+    code, events, _stderr = _finish(_start(plan, _env(REPO_ROOT)))
+    assert code == 2
+    assert events[-1]["event"] == "error"
+    reason = events[-1]["reason"]
+    assert "refusing to run: mlx_lm was imported from" in reason
+    assert f"not from inside the checkout {checkout.resolve()}" in reason
+    assert not (tmp_path / "fork.jsonl").exists() or not (tmp_path / "fork.jsonl").read_text()
+
+
+def test_a_reused_prompt_cache_is_invalid(
+    mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path
+) -> None:
+    repo, _branches = mlx_lm_repo
+    script = textwrap.dedent(
+        f"""
+        import json
+        from engine.adapters.mlx_lm import create
+        from engine.plan import Plan
+        plan = Plan.from_json({{
+            "run_id": "r", "variant": "v", "adapter": "mlx-lm", "decode_tokens": 2,
+            "model": {str(tiny_model_dir)!r}, "checkout": {str(repo)!r}, "records_path": "-",
+        }})
+        adapter = create(plan)
+        adapter.load()
+        cache = adapter.make_prompt_cache(adapter.model)
+        ids = list(range(40, 104))
+        first = adapter.measure(ids, context_tokens=64, prompt_cache=cache)
+        again = adapter.measure(ids, context_tokens=64, prompt_cache=cache)
+        print(json.dumps([first, again]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(repo), timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, again = json.loads(done.stdout.splitlines()[-1])
+    assert first["status"] == "ok" and first["cached_tokens"] == 0
+    # 64 prompt tokens plus both generated ones: generate_step feeds each token it yields
+    # back into the cache before yielding it.
+    assert again["cached_tokens"] == 66
+    assert again["status"] == "invalid"
+    assert again["reason"] == "cached_tokens=66: the KV cache was not fresh"
