@@ -293,7 +293,7 @@ def run(
     out_console = Console()
     if outcome.summary:
         out_console.print(_verdict_table(outcome.summary))
-        invalid = (outcome.summary.get("invalid") or {}).get("count")
+        invalid = (outcome.summary.get("invalid") or {}).get("total")
         if invalid:
             out_console.print(f"{invalid} cells not ok (see summary.md)")
     out_console.print(f"evidence {outcome.evidence_id}")

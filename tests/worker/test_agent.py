@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.worker.conftest import git
-from tests.worker.service import Service, running_service, stop_process
+from tests.worker.service import Service, free_port, running_service, stop_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -317,3 +317,44 @@ def test_branch_comparison_attributes_each_variant_to_its_commit_and_file(
     assert len(measured) == 4 and all(r["status"] == "ok" for r in measured)
     assert widths["pr"] <= 32 < widths["main"]  # the branch's own prefill loop ran
     assert stop_process(agent) == 0, _log(log)
+
+
+def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
+    service: Service, tmp_path: Path
+) -> None:
+    """Uploads back off while nothing answers; the outbox survives the agent and is delivered
+    by the next one."""
+    from worker.agent import Agent, AgentOptions
+    from worker.config import load_host_config
+    from worker.fingerprint import host_fingerprint
+    from worker.run import refused_files
+
+    config = load_host_config(write_config(tmp_path / "host-o" / "worker.toml", name="host-o"))
+    options = AgentOptions(backoff_max_s=0.2)
+    first = Agent(service.url, config, options=options)
+    first.enroll(service.enrollment_token())
+    job_id = service.submit(_embedded_job(1, [64])).json()["id"]
+    host = host_fingerprint()
+    lease = None
+    while lease is None:
+        lease = first.lease(host)
+    assert lease["job_id"] == job_id
+    files = refused_files(lease["spec"], run_id=lease["run_id"], host=host, reason="test")
+
+    # Nothing listens on this port: every request fails to connect.
+    down = Agent(f"http://127.0.0.1:{free_port()}", config, options=options)
+    down.load_secret()
+    folder = down.save_outbox(lease["run_id"], lease["attempt"], files, status="failed", reason="x")
+    down.stopping.set()  # a stopping agent gives up after a few tries and keeps the outbox
+    started = time.monotonic()
+    down.flush_outbox()
+    assert (folder / "complete.json").is_file() and time.monotonic() - started < 10
+    assert down.heartbeat_once() is None  # a failed heartbeat is logged, never raised
+
+    again = Agent(service.url, config, options=options)
+    again.load_secret()
+    again.flush_outbox()
+    assert not folder.exists()
+    (run,) = service.job(job_id)["runs"]
+    assert (run["state"], run["reason"]) == ("failed", "x")
+    assert service.artifact(lease["run_id"], "reason.txt") == b"test\n"

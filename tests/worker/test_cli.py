@@ -143,3 +143,37 @@ def test_existing_bundle_is_never_overwritten(coldbench_cmd: list[str], tmp_path
     done = _run(coldbench_cmd, "--out", str(out), cwd=tmp_path)
     assert done.returncode == 2 and "not empty" in done.stderr
     assert (out / "records.jsonl").read_text() == "precious\n"
+
+
+def test_repo_build_failure_completes_the_run_as_failed_with_its_log(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    """`--repo` goes through the same checkout and build as the agent; a branch that does not
+    build fails the run (exit 1) and the bundle keeps the build log."""
+    from tests.worker.conftest import git
+
+    repo = tmp_path / "broken"
+    (repo / "mlx_lm").mkdir(parents=True)
+    (repo / "mlx_lm" / "__init__.py").write_text("")
+    (repo / "setup.py").write_text("raise SystemExit('this branch does not build')\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "broken build")
+    out = tmp_path / "failed"
+    done = _run(
+        coldbench_cmd,
+        *("--repo", str(repo), "--variant", "main:ref=main", "--contexts", "64", "--rounds", "1"),
+        *("--out", str(out)),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "run failed: variant main: build failed: recipe editable exited with code" in (
+        done.stderr
+    )
+    log = (out / "build-main.log").read_text()
+    assert "this branch does not build" in log
+    provenance = json.loads((out / "provenance.json").read_text())
+    (target,) = provenance["targets"]
+    assert target["commit"] == git(repo, "rev-parse", "main") and target["recipe"] == "editable"
+    assert target["build_log_sha256"] and verify_bundle(out).is_intact
+    assert read_records(out / "records.jsonl") == []
