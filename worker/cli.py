@@ -111,13 +111,17 @@ def build_spec(
     return spec
 
 
-def _verdict_table(summary: dict[str, Any]) -> Any:
+def _verdict_table(
+    summary: dict[str, Any],
+    rows: list[dict[str, Any]] | None = None,
+    title: str = "prefill: variant vs baseline (paired, same prompts)",
+) -> Any:
     from rich.table import Table
 
-    table = Table(title="prefill: variant vs baseline (paired, same prompts)")
+    table = Table(title=title)
     for column in ("context", "variant", "n", "ratio", "95% interval", "verdict"):
         table.add_column(column)
-    for row in summary.get("comparisons", []):
+    for row in summary.get("comparisons", []) if rows is None else rows:
         ratio = row.get("ratio_median")
         low, high = row.get("ci_low"), row.get("ci_high")
         table.add_row(
@@ -293,6 +297,10 @@ def run(
     out_console = Console()
     if outcome.summary:
         out_console.print(_verdict_table(outcome.summary))
+        entries = (outcome.summary.get("ablation") or {}).get("entries") or []
+        if entries:
+            title = "ablation: all vs all-minus-<feature> (contributions are not additive)"
+            out_console.print(_verdict_table(outcome.summary, entries, title))
         invalid = (outcome.summary.get("invalid") or {}).get("total")
         if invalid:
             out_console.print(f"{invalid} cells not ok (see summary.md)")

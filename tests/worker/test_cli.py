@@ -177,3 +177,32 @@ def test_repo_build_failure_completes_the_run_as_failed_with_its_log(
     assert target["commit"] == git(repo, "rev-parse", "main") and target["recipe"] == "editable"
     assert target["build_log_sha256"] and verify_bundle(out).is_intact
     assert read_records(out / "records.jsonl") == []
+
+
+def test_ablation_expands_variants_and_brackets_long_rounds(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "ablation"
+    done = _run(
+        coldbench_cmd,
+        *("--mode", "ablation", "--features", "compile,clear_cache=false"),
+        *("--variant", "base:prefill_step_size=32", "--contexts", "64,128", "--rounds", "1"),
+        *("--decode-tokens", "1", "--out", str(out)),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ablation: all vs all-minus-<feature>" in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["variants"] == ["none", "all", "all-minus-compile", "all-minus-clear_cache"]
+    assert {e["feature"] for e in summary["ablation"]["entries"]} == {"compile", "clear_cache"}
+    records = read_records(out / "records.jsonl")
+    flags = {r.variant: r.flags for r in records if r.round == 0}
+    assert flags["all"] == {"prefill_step_size": 32, "compile": True, "clear_cache": False}
+    assert flags["none"] == {"prefill_step_size": 32}
+    assert all(r.status == "ok" for r in records if r.round == 0)
+    # 8 cells in the round: the baseline opens and closes it in controls.jsonl.
+    controls = read_records(out / "controls.jsonl")
+    assert [c.variant for c in controls] == ["none", "none"]
+    orders = sorted(r.order for r in records if r.round == 0)
+    assert orders == list(range(1, 9)) and {c.order for c in controls} == {0, 9}
+    assert verify_bundle(out).is_intact

