@@ -125,6 +125,8 @@ def target_info(
         info.dirty = build.dirty
         info.diff_sha256 = build.diff_sha256
         info.build_python = build.python  # type: ignore[attr-defined]
+        # What the build venv holds on top of the host's packages (the checkout's install).
+        info.pip_freeze_sha256 = pip_freeze_sha256(build.python)  # type: ignore[attr-defined]
         info.build_cached = build.cached  # type: ignore[attr-defined]
         # The build checked its import path; the variant process reports its own. Both must
         # lie inside the checkout, and the evidence keeps both.

@@ -306,6 +306,7 @@ def test_branch_comparison_attributes_each_variant_to_its_commit_and_file(
         assert target["engine_module_file"] == str(checkout / "mlx_lm" / "__init__.py")
         assert target["build_module_file"] == target["engine_module_file"]
         assert target["dirty"] is False and target["recipe"] == "editable"
+        assert len(target["pip_freeze_sha256"]) == 64
         log_bytes = service.artifact(run["id"], f"build-{name}.log")
         assert target["build_log_sha256"] == hashlib.sha256(log_bytes).hexdigest() or (
             b"reused cached build" in log_bytes
