@@ -51,6 +51,26 @@ def fmt_verdict(comparison: Mapping[str, Any]) -> str:
     return verdict
 
 
+# Below this a per-hour rate is an extrapolation far beyond the data: show only the change
+# across the run.
+MIN_RATE_SPAN_H = 0.25
+
+
+def drift_rate_text(run: Mapping[str, Any]) -> str:
+    """`+1.20% per hour [-0.50, +2.90]`, or why no hourly rate is shown."""
+    if run.get("slope_pct_per_hour") is None:
+        return "no trend (fewer than 3 baseline cells)"
+    span_h = run.get("span_hours") or 0.0
+    if span_h < MIN_RATE_SPAN_H:
+        return f"no hourly rate (a {span_h * 60:.0f}-minute run)"
+    interval = (
+        f" [{run['slope_ci_low']:+.2f}, {run['slope_ci_high']:+.2f}]"
+        if run.get("slope_ci_low") is not None and run.get("slope_ci_high") is not None
+        else ""
+    )
+    return f"{fmt_pct(run['slope_pct_per_hour'])} per hour{interval}"
+
+
 def evidence_id_line(evidence_id: str | None) -> str:
     if evidence_id:
         return f"Evidence id: `{evidence_id}`"
@@ -281,13 +301,8 @@ def _render(
     lines += ["", "### Drift of the baseline", ""]
     for run in drift["runs"]:
         flag = " **flagged**" if run["flagged"] else ""
-        interval = (
-            f" [{run['slope_ci_low']:+.2f}, {run['slope_ci_high']:+.2f}]"
-            if run.get("slope_ci_low") is not None and run.get("slope_ci_high") is not None
-            else ""
-        )
         lines.append(
-            f"- run `{run['run_id']}`: {fmt_pct(run['slope_pct_per_hour'])} per hour{interval}, "
+            f"- run `{run['run_id']}`: {drift_rate_text(run)}, "
             f"{fmt_pct(run['drift_pct_across_run'])} across the run "
             f"(threshold {drift['threshold_pct']:.2f}%, {drift['threshold_source']}){flag}"
         )

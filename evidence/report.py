@@ -22,6 +22,7 @@ from plotly import colors as plotly_colors
 
 from evidence.drift import as_utc
 from evidence.markdown import (
+    drift_rate_text,
     evidence_id_line,
     fmt_interval,
     fmt_p,
@@ -356,12 +357,7 @@ def render_report_html(
             {
                 "run_id": run["run_id"],
                 "n": run["n"],
-                "slope": fmt_pct(run.get("slope_pct_per_hour"))
-                + (
-                    f" [{run['slope_ci_low']:+.2f}, {run['slope_ci_high']:+.2f}]"
-                    if run.get("slope_ci_low") is not None and run.get("slope_ci_high") is not None
-                    else ""
-                ),
+                "slope": drift_rate_text(run),
                 "across": fmt_pct(run.get("drift_pct_across_run")),
                 "threshold": f"{summary['drift']['threshold_pct']:.2f}%",
                 "flagged": run["flagged"],

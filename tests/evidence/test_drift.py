@@ -34,3 +34,21 @@ def test_drift_larger_than_the_claimed_effect_is_flagged_and_bracketing_holds() 
     (bracket,) = drift["bracketing"]
     assert bracket["variant"] == "fast" and bracket["n"] == 12
     assert bracket["ratio_median"] == pytest.approx(1.05, abs=0.02)
+
+
+def test_a_run_of_seconds_gets_no_hourly_rate_and_no_overflow() -> None:
+    from evidence.markdown import drift_rate_text
+
+    # Eight seconds in which the machine doubles its speed: an hourly rate would be absurd.
+    records = simulate_run(
+        effects={"base": 1.0, "fast": 1.0},
+        contexts=(64,),
+        rounds=8,
+        cell_s=0.5,
+        drift_per_hour=1e100,
+    )
+    (run,) = summarize(records, baseline="base", n_resamples=100)["drift"]["runs"]
+    assert run["flagged"] and run["drift_pct_across_run"] > 50
+    assert drift_rate_text(run) == "no hourly rate (a 0-minute run)"
+    steady = summarize(simulate_run(effects={"base": 1.0}, rounds=12, cell_s=120), baseline="base")
+    assert drift_rate_text(steady["drift"]["runs"][0]).endswith("]")
