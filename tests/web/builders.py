@@ -42,6 +42,7 @@ def publish_evidence(
     *,
     hosts: tuple[str, ...] = ("studio-1",),
     effects: dict[str, float] | None = None,
+    host_effects: dict[str, dict[str, float]] | None = None,
 ) -> str:
     """Evidence of a simulated run per host, stored and published the way the API's
     render_evidence does (bundle files and zip in the store, an Evidence row)."""
@@ -51,7 +52,11 @@ def publish_evidence(
     for index, host in enumerate(hosts):
         run_id = f"r-{index + 1}"
         records += simulate_run(
-            effects=effects, contexts=(64, 128), rounds=6, run_id=run_id, seed=index
+            effects=(host_effects or {}).get(host, effects),
+            contexts=(64, 128),
+            rounds=6,
+            run_id=run_id,
+            seed=index,
         )
         provenances.append(provenance(run_id=run_id, hostname=host))
     files, _summary = build_bundle(records=records, provenances=provenances, baseline="base")

@@ -194,11 +194,22 @@ def test_evidence_page_puts_reproduction_hosts_side_by_side(
 ) -> None:
     make_host(db_session, "studio-1")
     job = make_job(db_session, settings)
-    evidence_id = publish_evidence(db_session, settings, job, hosts=("studio-1", "studio-2"))
+    # studio-2 measures the candidate slower: the hosts' intervals cannot agree.
+    evidence_id = publish_evidence(
+        db_session,
+        settings,
+        job,
+        hosts=("studio-1", "studio-2"),
+        host_effects={"studio-2": {"base": 1.0, "fast": 0.8}},
+    )
     html = web.get(f"/e/{evidence_id}").text
     section = re.search(r'<section id="reproductions">(.*?)</section>', html, re.S).group(1)
     header = re.search(r"<thead>(.*?)</thead>", section, re.S).group(1)
     assert "studio-1" in header and "studio-2" in header and "intervals overlap" in header
+    rows = re.findall(r"<tr>(.*?)</tr>", re.search(r"<tbody>(.*?)</tbody>", section, re.S)[1])
+    assert rows and all('<td class="flag">no</td>' in row for row in rows)
+    # Each host's own interval, side by side in the same row.
+    assert all(len(re.findall(r"\[\d\.\d+, \d\.\d+\]", row)) == 2 for row in rows)
 
 
 def test_static_files_and_pages_never_point_elsewhere(
