@@ -173,12 +173,10 @@ def write_worker_config(path: Path) -> None:
 def job_specs(
     contexts: list[int], rounds: int, decode_tokens: int, seed: int
 ) -> list[dict[str, Any]]:
-    from coldbench.submit import parse_flag_value
+    from evidence.variant import parse_feature
 
     candidate_flags = dict(BASELINE_FLAGS)
-    for feature in CANDIDATE_FEATURES:
-        name, _, value = feature.partition("=")
-        candidate_flags[name] = parse_flag_value(value) if value else True
+    candidate_flags.update(parse_feature(feature) for feature in CANDIDATE_FEATURES)
     common = {
         "contexts": contexts,
         "rounds": rounds,

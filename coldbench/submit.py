@@ -17,46 +17,6 @@ app = typer.Typer()
 _TERMINAL_STATES = {"done", "failed", "cancelled"}
 
 
-def parse_flag_value(text: str) -> bool | int | float | str:
-    """`true`/`false` -> bool, then int, then float, else the string itself."""
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_variant_option(text: str) -> dict[str, Any]:
-    """`NAME[:key=value[,key=value...]]` -> a VariantSpec-shaped dict.
-
-    `ref` and `recipe` are target keys; every other key is an engine flag.
-    """
-    name, _, rest = text.partition(":")
-    variant: dict[str, Any] = {"name": name, "flags": {}}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"variant {text!r}: expected key=value, got {item!r}")
-        if key in ("ref", "recipe"):
-            variant[key] = value
-        else:
-            variant["flags"][key] = parse_flag_value(value)
-    return variant
-
-
-def _contexts(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter(
-            f"contexts must be comma-separated integers, got {text!r}"
-        ) from None
-
-
 @app.command()
 def submit(
     variant: Annotated[
@@ -94,17 +54,24 @@ def submit(
     from pydantic import ValidationError
 
     from evidence.schemas import JobSpec
+    from worker.cli import parse_contexts, parse_variant
 
     if not key:
         typer.echo("error: no API key: pass --key or set COLDBENCH_API_KEY", err=True)
         raise typer.Exit(2)
+    try:
+        parsed_variants = [parse_variant(v).model_dump(exclude_none=True) for v in variant]
+        parsed_contexts = parse_contexts(contexts)
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
     raw_spec: dict[str, Any] = {
         "mode": mode,
         "adapter": adapter,
         "repository": repo,
-        "variants": [parse_variant_option(v) for v in variant],
+        "variants": parsed_variants,
         "features": [f for f in features.split(",") if f],
-        "contexts": _contexts(contexts),
+        "contexts": parsed_contexts,
         "rounds": rounds,
         "decode_tokens": decode_tokens,
         "model": model,

@@ -1,11 +1,13 @@
 """Variants of a job: ablation expansion (`none`, `all`, `all-minus-<flag>`) and the baseline.
 
 An ablation feature is `flag` (meaning `flag=true`) or `flag=value`, the value that turns the
-optimization on. From the job's first variant as template:
+optimization on. The job's first variant is the template: the configuration the optimizations
+are added to, so a feature is "off" at the template's own value of that flag (or the engine's
+default where the template does not set it). From it:
 
-- `none`: the template without any feature flag (the baseline),
+- `none`: the template as given (the baseline),
 - `all`: the template with every feature on,
-- `all-minus-<flag>`: every feature on except that one,
+- `all-minus-<flag>`: every feature on except that one, which keeps the template's value,
 
 followed by the job's other variants, kept as they are.
 """
@@ -58,8 +60,17 @@ def expand_variants(spec: JobSpec) -> list[VariantSpec]:
     if repeated:
         raise ValueError(f"ablation features name the same flag twice: {', '.join(repeated)}")
     template = spec.variants[0]
-    base_flags = {k: v for k, v in template.flags.items() if k not in flags}
+    # Dropping a template flag that is also a feature would measure against the engine's
+    # default instead of the configuration the maintainer named (e.g. a template chunk width of
+    # 32 silently becoming 2048 in `none` and every `all-minus-*`).
+    base_flags = dict(template.flags)
     on = dict(features)
+    unchanged = sorted(flag for flag, value in on.items() if template.flags.get(flag) == value)
+    if unchanged:
+        raise ValueError(
+            "ablation features already on in the first variant (nothing to leave out): "
+            + ", ".join(f"{flag}={on[flag]}" for flag in unchanged)
+        )
 
     def variant(name: str, extra: dict[str, FlagValue]) -> VariantSpec:
         if not is_valid_name(name):

@@ -27,7 +27,8 @@ def test_ablation_expands_none_all_and_leave_one_out() -> None:
         "all-minus-clear_cache",
         "all-minus-prefill_step_size",
     ]
-    assert by_name["none"] == {"x": 1}
+    # A feature is off at the template's own value (compile=False here), else at the default.
+    assert by_name["none"] == {"compile": False, "x": 1}
     assert by_name["all"] == {
         "x": 1,
         "compile": True,
@@ -35,6 +36,12 @@ def test_ablation_expands_none_all_and_leave_one_out() -> None:
         "prefill_step_size": 4096,
     }
     assert by_name["all-minus-clear_cache"] == {"x": 1, "compile": True, "prefill_step_size": 4096}
+    assert by_name["all-minus-compile"] == {
+        "x": 1,
+        "compile": False,
+        "clear_cache": False,
+        "prefill_step_size": 4096,
+    }
     assert all(v.ref == "feature" for v in variants)
     assert baseline_name(_spec()) == "none"
 
@@ -44,6 +51,21 @@ def test_other_variants_are_kept_and_clashing_names_refused() -> None:
     assert [v.name for v in expand_variants(spec)][-1] == "upstream"
     with pytest.raises(ValueError, match="clashes"):
         expand_variants(_spec(variants=[{"name": "cand"}, {"name": "all"}]))
+
+
+def test_template_chunk_width_is_kept_where_its_feature_is_off() -> None:
+    spec = _spec(
+        variants=[{"name": "cand", "flags": {"prefill_step_size": 32}}],
+        features=["prefill_step_size=64", "clear_cache=false"],
+    )
+    by_name = {v.name: v.flags for v in expand_variants(spec)}
+    assert by_name["none"] == {"prefill_step_size": 32}
+    assert by_name["all-minus-prefill_step_size"] == {"prefill_step_size": 32, "clear_cache": False}
+
+
+def test_feature_already_on_in_the_template_is_refused() -> None:
+    with pytest.raises(ValueError, match="already on in the first variant.*compile=True"):
+        expand_variants(_spec(variants=[{"name": "cand", "flags": {"compile": True}}]))
 
 
 def test_repeated_feature_flag_is_refused() -> None:
