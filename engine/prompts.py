@@ -85,6 +85,12 @@ class PromptSource:
         prompt = self._cut(seed, 0, context_tokens, _WARMUP_CLASS)
         return Prompt(**{**prompt.__dict__, "round": -1})
 
+    def cell_prompt(self, seed: int, round: int, context_tokens: int) -> Prompt:
+        """The prompt of one cell: the warm-up's for round -1, else the round's window."""
+        if round < 0:
+            return self.warmup_prompt(seed, context_tokens)
+        return self.prompt(seed, round, context_tokens)
+
     def check_context(self, context_tokens: int) -> None:
         if not isinstance(context_tokens, int) or context_tokens < 1:
             raise ValueError(f"context must be a positive number of tokens, not {context_tokens!r}")

@@ -44,10 +44,7 @@ class EmbeddedAdapter:
 
     def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
         assert self.prompts is not None, "load() first"
-        if round < 0:
-            prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
-        else:
-            prompt = self.prompts.prompt(self.plan.seed, round, context_tokens)
+        prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
         result = run_cell(
             self.model,
             prompt.ids,

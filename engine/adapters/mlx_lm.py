@@ -177,10 +177,7 @@ class MlxLmAdapter:
 
     def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
         assert self.prompts is not None, "load() first"
-        if round < 0:
-            prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
-        else:
-            prompt = self.prompts.prompt(self.plan.seed, round, context_tokens)
+        prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
         started_at = now_iso()
         result = self.measure(prompt.ids, context_tokens=context_tokens)
         result["prompt_corpus_sha256"] = prompt.corpus_sha256
