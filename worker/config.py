@@ -46,6 +46,9 @@ class RepositoryConfig:
     module: str = "mlx_lm"  # the engine module whose import path the build checks
     adapter: str = "mlx-lm"
     recipes: dict[str, Recipe] = field(default_factory=dict)
+    # openai-server only: the argv that starts the server, `{python}` (the build venv's
+    # interpreter), `{port}` and `{model}` filled in per variant. Host-owned, like recipes.
+    server_command: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -131,10 +134,30 @@ def _repository(name: str, raw: Any, base: Path) -> RepositoryConfig:
         rname: _recipe(rname, rraw, f"{where}.recipes.{rname}")
         for rname, rraw in recipes_raw.items()
     }
-    unknown = set(raw) - {"url", "module", "adapter", "recipes"}
+    server_command = None
+    if adapter == "openai-server":
+        if "server_command" not in raw:
+            raise ConfigError(
+                f"{where}.server_command is required for the openai-server adapter "
+                '(an argv list such as ["{python}", "-m", "mlx_lm.server", "--model", "{model}", '
+                '"--port", "{port}"])'
+            )
+        server_command = tuple(_string_list(raw["server_command"], f"{where}.server_command"))
+        if not server_command or "{port}" not in " ".join(server_command):
+            raise ConfigError(f"{where}.server_command must be a non-empty argv naming {{port}}")
+    elif "server_command" in raw:
+        raise ConfigError(f'{where}.server_command only applies to adapter = "openai-server"')
+    unknown = set(raw) - {"url", "module", "adapter", "recipes", "server_command"}
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    return RepositoryConfig(name=name, url=url, module=module, adapter=adapter, recipes=recipes)
+    return RepositoryConfig(
+        name=name,
+        url=url,
+        module=module,
+        adapter=adapter,
+        recipes=recipes,
+        server_command=server_command,
+    )
 
 
 def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = None) -> HostConfig:

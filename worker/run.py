@@ -82,11 +82,14 @@ def check_job(spec: JobSpec, repositories: Mapping[str, RepositoryConfig]) -> No
         if spec.repository:
             raise RunRefused("an embedded job names no repository")
         return
-    if spec.adapter != "mlx-lm":
-        raise RunRefused(f"adapter {spec.adapter} is not offered by this worker")
     repository = repositories.get(spec.repository or "")
     if repository is None:
         raise RunRefused(f"repository {spec.repository!r} is not on this host's allow-list")
+    if spec.adapter != repository.adapter:
+        raise RunRefused(
+            f"repository {repository.name} is driven through the {repository.adapter} adapter "
+            f"on this host, not {spec.adapter}"
+        )
     for variant in expand_variants(spec):
         if variant.ref is None:
             raise RunRefused(f"variant {variant.name} names no ref of {repository.name}")
@@ -182,6 +185,8 @@ def prepare_variants(
         result = builds[key]
         plan = _plan(spec, variant, run_id=run_id, model=model, adapter=repository.adapter)
         plan["checkout"] = str(checkout.path)
+        if repository.server_command is not None:
+            plan["server_command"] = list(repository.server_command)
         launch = VariantLaunch(name=variant.name, python=result.python, plan=plan)
         prepared.append(PreparedVariant(variant, launch, repository.adapter, checkout, result))
         if not result.ok:
