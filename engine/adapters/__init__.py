@@ -19,9 +19,12 @@ the engine module was really imported from), `flags`, `mlx`, `mlx_lm`, `backend`
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
+from engine.cell import now_iso
 from engine.plan import Plan
+from engine.prompts import Prompt
 
 ADAPTERS: dict[str, str] = {
     "embedded": "engine.adapters.embedded",
@@ -51,3 +54,15 @@ def create_adapter(plan: Plan) -> Adapter:
             raise
         raise ValueError(f"adapter {plan.adapter!r} is not available in this checkout") from None
     return module.create(plan)
+
+
+def measure_prompt(
+    measure: Callable[..., dict[str, Any]], prompt: Prompt, context_tokens: int
+) -> dict[str, Any]:
+    """Run an out-of-process adapter's `measure(ids, context_tokens=...)` on one cell's prompt,
+    stamping the wall-clock start and end and the corpus digest the prompt was cut from."""
+    started_at = now_iso()
+    result = measure(prompt.ids, context_tokens=context_tokens)
+    result["prompt_corpus_sha256"] = prompt.corpus_sha256
+    result["started_at"], result["ended_at"] = started_at, now_iso()
+    return result

@@ -28,8 +28,8 @@ from typing import Any
 import mlx.core as mx
 
 from engine import checkpoints
+from engine.adapters import measure_prompt
 from engine.backend import describe_backend
-from engine.cell import now_iso
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
 
@@ -178,11 +178,7 @@ class MlxLmAdapter:
     def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
         assert self.prompts is not None, "load() first"
         prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
-        started_at = now_iso()
-        result = self.measure(prompt.ids, context_tokens=context_tokens)
-        result["prompt_corpus_sha256"] = prompt.corpus_sha256
-        result["started_at"], result["ended_at"] = started_at, now_iso()
-        return result
+        return measure_prompt(self.measure, prompt, context_tokens)
 
     def measure(
         self,
