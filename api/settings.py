@@ -33,15 +33,20 @@ class Settings(BaseSettings):
     max_hosts_per_job: int = Field(16, ge=1)
     max_variants: int = Field(32, ge=1)
 
-    # Threads serving synchronous endpoints: every long-polling host holds one for up to
-    # lease_wait_max_s, so this bounds how many hosts one API process serves at once.
+    # Threads serving synchronous endpoints and the database work of async ones (a waiting
+    # lease request holds no thread).
     api_threads: int = Field(200, ge=8)
     db_pool_size: int = Field(10, ge=1)
     db_max_overflow: int = Field(40, ge=0)
 
     lease_ttl_s: int = Field(60, ge=1)
     lease_wait_max_s: int = Field(25, ge=0)
-    lease_poll_s: float = Field(0.5, gt=0)
+    # A waiting lease request is woken by a notification when work is queued; this bounds the
+    # wait between two claims when no notification comes (SQLite, a listener reconnecting).
+    lease_poll_s: float = Field(2.0, gt=0)
+    # How often each API process requeues runs whose lease or hard timeout passed (Celery beat
+    # does it too; either is enough).
+    lease_sweep_s: float = Field(5.0, gt=0)
     run_timeout_s: int = Field(6 * 3600, ge=1)
     max_attempts: int = Field(3, ge=1)
 
