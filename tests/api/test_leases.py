@@ -73,9 +73,7 @@ def test_twenty_concurrent_claimers_each_run_claimed_once(
         assert sorted(run.id for run in leased) == sorted(claimed)
         assert {run.attempt for run in leased} == {1}
         assert len({run.host_id for run in leased}) == len(leased)
-        assert db_session.scalar(sa.select(sa.func.count()).select_from(RunAttempt)) == len(
-            leased
-        )
+        assert db_session.scalar(sa.select(sa.func.count()).select_from(RunAttempt)) == len(leased)
     # SKIP LOCKED lets claimers pass each other; with 20 hosts and 15 runs most are taken.
     assert len(claimed) >= 10
 
@@ -156,9 +154,7 @@ def test_claims_do_not_expire_leases_the_sweep_does_and_wakes_waiters(
         db_session.commit()
         # A claim is only a claim: the expired lease is left to the sweep.
         host = db_session.get(Host, waiter.id)
-        assert (
-            run_service.claim_lease(db_session=db_session, settings=settings, host=host) is None
-        )
+        assert run_service.claim_lease(db_session=db_session, settings=settings, host=host) is None
         assert db_session.get(Run, first.run_id, populate_existing=True).state == "leased"
     result = _wait_in_loop(live_db, live_sessionmaker, waiter.id, settings, wait_s=15)
     time.sleep(0.5)
