@@ -23,7 +23,7 @@ from prometheus_client import (
 
 from api.artifacts.router import router as artifacts_router
 from api.artifacts.service import total_artifact_bytes
-from api.artifacts.store import ArtifactStore
+from api.artifacts.store import open_store
 from api.auth.router import router as auth_router
 from api.database import make_engine, make_sessionmaker, upgrade_database
 from api.deps import SessionDep
@@ -123,7 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.store = ArtifactStore(settings.artifact_dir)
+    app.state.store = open_store(settings)
     app.state.work_signal = work_signal
 
     @app.exception_handler(ServiceError)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 STATE_DIR = Path(".coldbench")
@@ -19,6 +19,18 @@ class Settings(BaseSettings):
     # Empty means the embedded default: kombu's SQLAlchemy transport on .coldbench/broker.db.
     redis_url: str = ""
     artifact_dir: Path = STATE_DIR / "artifacts"
+    # `s3://bucket/prefix`: artifacts in an S3-compatible bucket shared by every API replica and
+    # Celery worker (api/artifacts/store.py); empty means the local folder artifact_dir.
+    artifact_url: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?)?$")
+    # Endpoint of an S3-compatible service other than AWS (MinIO, Ceph, ...); credentials may
+    # also come from the usual AWS_* variables or an instance role when these are empty.
+    s3_endpoint_url: str = ""
+    s3_region: str = ""
+    s3_access_key_id: str = ""
+    s3_secret_access_key: SecretStr = SecretStr("")
+    # The local store refuses an upload (507, nothing kept) that would leave less free space
+    # than this on its filesystem.
+    artifact_min_free_bytes: int = Field(256 * 1024 * 1024, ge=0)
     state_dir: Path = STATE_DIR
 
     # sha256 hex of the admin token for the HTTP admin endpoints (enrollment tokens and API
