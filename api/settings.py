@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     # Prefix of every Redis key Celery uses: lets several deployments (or test sessions)
     # share one Redis database without taking each other's tasks.
     celery_key_prefix: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,64}$")
+    # Celery beat: how often lost leases are expired and stored-but-unprocessed work resent.
+    beat_expire_leases_s: float = Field(15.0, gt=0)
+    beat_reprocess_s: float = Field(60.0, gt=0)
     ingest_batch_size: int = Field(500, ge=1)
     # Pause between ingest batches: keeps a large ingest from starving the database of write
     # slots; tests use it to kill a Celery worker while an ingest is half done.

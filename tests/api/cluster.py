@@ -103,6 +103,14 @@ class Cluster:
             time.sleep(0.2)
         return process
 
+    def start_beat(self, env: dict[str, str] | None = None) -> Any:
+        return self._start(
+            "beat",
+            "celery",
+            "beat",
+            env={"COLDBENCH_STATE_DIR": str(self.tmp / "state-beat"), **(env or {})},
+        )
+
     def cli(self, *args: str) -> str:
         done = subprocess.run(
             [sys.executable, "-m", "coldbench", *args],
