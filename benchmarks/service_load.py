@@ -164,6 +164,7 @@ class Service:
     env: dict[str, str]
     tmp: Path
     admin_token: str
+    checkout: Path
     processes: list[subprocess.Popen[Any]] = field(default_factory=list)
 
     def start(self, name: str, *args: str) -> subprocess.Popen[Any]:
@@ -171,7 +172,7 @@ class Service:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "coldbench", *args],
                 env=self.env,
-                cwd=REPO,
+                cwd=self.checkout,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -193,7 +194,10 @@ class Service:
 
 
 @contextlib.contextmanager
-def running_service(postgres: str, redis_url: str, tmp: Path) -> Iterator[Service]:
+def running_service(
+    postgres: str, redis_url: str, tmp: Path, checkout: Path = REPO
+) -> Iterator[Service]:
+    """Server and Celery worker from `checkout` (its code on PYTHONPATH, started in it)."""
     import redis
 
     name = f"coldbench_load_{secrets.token_hex(4)}"
@@ -206,7 +210,7 @@ def running_service(postgres: str, redis_url: str, tmp: Path) -> Iterator[Servic
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLDBENCH_")}
     env.update(
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=str(checkout),
         COLDBENCH_DATABASE_URL=database_url,
         COLDBENCH_REDIS_URL=redis_url,
         COLDBENCH_CELERY_KEY_PREFIX=prefix,
@@ -215,11 +219,16 @@ def running_service(postgres: str, redis_url: str, tmp: Path) -> Iterator[Servic
         COLDBENCH_ADMIN_TOKEN_SHA256=sha256_hex(admin_token.encode()),
         COLDBENCH_MAX_HOSTS_PER_JOB="16",
     )
-    service = Service(f"http://127.0.0.1:{port}", database_url, env, tmp, admin_token)
+    service = Service(f"http://127.0.0.1:{port}", database_url, env, tmp, admin_token, checkout)
     try:
-        from api.database import upgrade_database
-
-        upgrade_database(database_url)
+        # The checkout's own migrations (a baseline may be older than this one).
+        subprocess.run(
+            [sys.executable, "-m", "coldbench", "db", "upgrade"],
+            env=env,
+            cwd=checkout,
+            check=True,
+            capture_output=True,
+        )
         service.start("server", "server", "--port", str(port), "--log-level", "warning")
         service.start("celery", "celery", "worker", "--pool", "solo", "--loglevel", "WARNING")
         deadline = time.monotonic() + 60
@@ -527,6 +536,11 @@ def render_report(service: Service, cells: int) -> dict[str, float]:
         measured = db_session.scalar(
             sa.select(sa.func.count()).where(Cell.job_id == job_id, Cell.status != "warmup")
         )
+    # A Celery worker has these imported after its first task: not part of a render.
+    import evidence.bundle
+    import evidence.report
+    import evidence.stats  # noqa: F401
+
     with sessionmaker() as db_session:
         started = time.perf_counter()
         ready = evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
@@ -551,35 +565,37 @@ def render_report(service: Service, cells: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=50, help="simulated agents")
-    parser.add_argument("--seconds", type=float, default=30, help="length of the agent phase")
-    parser.add_argument("--submitters", type=int, default=25, help="submissions in flight")
-    parser.add_argument("--jobs", type=int, default=200, help="jobs of the submit phase")
-    parser.add_argument("--render-cells", type=int, default=10_000)
-    parser.add_argument("--drain-s", type=float, default=180, help="longest wait for ingest")
-    parser.add_argument(
-        "--postgres",
-        default=os.environ.get(
-            "COLDBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-        ),
-    )
-    parser.add_argument(
-        "--redis", default=os.environ.get("COLDBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    )
-    args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
+def cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[str, Any]:
+    """One full load against the server and Celery worker of `checkout`; the figures."""
     figures = Figures()
     with (
         tempfile.TemporaryDirectory(prefix="coldbench-load-") as tmp,
-        running_service(args.postgres, args.redis, Path(tmp)) as service,
+        running_service(args.postgres, args.redis, Path(tmp), checkout) as service,
     ):
+        server_pid = service.processes[0].pid
+        cpu_before = cpu_s(server_pid)
         walls = asyncio.run(load(service, args, figures))
+        server_cpu = cpu_s(server_pid) - cpu_before
         counted = drain(service, figures, args.drain_s)
-        rendered = render_report(service, args.render_cells) if args.render_cells else {}
+        rendered = render_report(service, args.render_cells) if render else {}
     leases = len(figures.lease_s)
-    result = {
+    requests = (
+        len(figures.submit_s)
+        + len(figures.submit_under_load_s)
+        + len(figures.list_s)
+        + leases
+        + figures.empty_leases
+        + figures.heartbeats
+        + figures.uploads
+        + figures.completes
+    )
+    return {
         "workers": args.workers,
         "seconds": args.seconds,
         "leases": leases,
@@ -604,33 +620,96 @@ def main() -> None:
         "dup_records": counted["dup_records"],
         "not_ingested_in_time": counted["not_ingested_in_time"],
         "errors": len(figures.errors),
+        "first_errors": figures.errors[:5],
+        # Server CPU per request: what the service costs, whatever else loads the machine.
+        "server_cpu_ms_per_request": round(1000 * server_cpu / max(1, requests), 2),
+        "load_average_1m": round(os.getloadavg()[0], 2),
         **{k: round(v, 3) if isinstance(v, float) else v for k, v in rendered.items()},
     }
+
+
+def report(label: str, result: dict[str, Any]) -> None:
     print(
-        f"agents {args.workers}, {args.seconds:g} s: {leases} leases ({result['leases_per_s']}/s)"
+        f"{label}: agents {result['workers']}, {result['seconds']:g} s: {result['leases']} "
+        f"leases ({result['leases_per_s']}/s), load average {result['load_average_1m']}"
     )
     print(f"  lease p50 {result['lease_p50_ms']} ms, p99 {result['lease_p99_ms']} ms")
     print(
-        f"  submit at {args.submitters} in flight: p50 {result['submit_p50_ms']} ms, "
+        f"  submit at {result['submit_in_flight']} in flight: p50 {result['submit_p50_ms']} ms, "
         f"p99 {result['submit_p99_ms']} ms; during the agent phase p99 "
         f"{result['submit_under_load_p99_ms']} ms"
     )
     print(f"  GET /jobs x50: p50 {result['list_p50_ms']} ms, p99 {result['list_p99_ms']} ms")
     print(
         f"  uploads {result['uploads_per_s']}/s, ingest {result['ingest_records_per_s']} records/s"
+        f", server CPU {result['server_cpu_ms_per_request']} ms per request"
     )
     print(
         f"  lost runs {result['lost_runs']}, lost records {result['lost_records']}, "
         f"duplicated leases {result['dup_leases']}, duplicated records {result['dup_records']}"
+        f", errors {result['errors']}"
     )
-    if rendered:
+    if "render_cells" in result:
         print(
-            f"  report of {rendered['render_cells']} cells: analyse+render "
-            f"{rendered['render_analyze_s']:.2f} s, zip {rendered['render_zip_s']:.2f} s, "
-            f"served in {rendered['render_serve_s']:.3f} s"
+            f"  report of {result['render_cells']} cells: analyse+render "
+            f"{result['render_analyze_s']:.2f} s, zip {result['render_zip_s']:.2f} s, "
+            f"page rendered and served in {result['render_serve_s']:.2f} s"
         )
-    for error in figures.errors[:10]:
+    for error in result["first_errors"]:
         print(f"  error: {error}")
+
+
+RATIO_KEYS = (
+    "lease_p50_ms",
+    "lease_p99_ms",
+    "submit_p99_ms",
+    "submit_under_load_p99_ms",
+    "list_p99_ms",
+    "leases_per_s",
+    "server_cpu_ms_per_request",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=50, help="simulated agents")
+    parser.add_argument("--seconds", type=float, default=30, help="length of the agent phase")
+    parser.add_argument("--submitters", type=int, default=25, help="submissions in flight")
+    parser.add_argument("--jobs", type=int, default=200, help="jobs of the submit phase")
+    parser.add_argument("--render-cells", type=int, default=10_000, help="0 skips the report")
+    parser.add_argument("--drain-s", type=float, default=180, help="longest wait for ingest")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. a git worktree of an older commit): the same load against "
+        "its server first, then ratios this/baseline",
+    )
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get(
+            "COLDBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
+    parser.add_argument(
+        "--redis", default=os.environ.get("COLDBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    baseline = measure(args.baseline.resolve(), args, render=False) if args.baseline else None
+    if baseline is not None:
+        report(f"baseline {args.baseline}", baseline)
+    result = measure(REPO, args, render=args.render_cells > 0)
+    report("this checkout", result)
+    if baseline is not None:
+        ratios = {
+            f"ratio_{key}": round(result[key] / baseline[key], 3)
+            for key in RATIO_KEYS
+            if result.get(key) and baseline.get(key)
+        }
+        print("  this/baseline: " + ", ".join(f"{k[6:]} {v}" for k, v in ratios.items()))
+        result.update({f"baseline_{key}": baseline[key] for key in RATIO_KEYS})
+        result.update(ratios)
+    result.pop("first_errors")
     print(json.dumps(result, sort_keys=True))
 
 
