@@ -64,7 +64,7 @@ SLOW_PREFILL_SYNC_NEW = SLOW_PREFILL_SYNC_OLD + "            mx.synchronize()\n"
 NOOP_STEP_BRANCH = "noop-step"
 NOOP_STEP_OLD = "    prompt_progress_callback = prompt_progress_callback or (lambda *_: None)\n"
 NOOP_STEP_NEW = (
-    NOOP_STEP_OLD + "    prefill_step_size = 2048  # coldbench test branch: the argument is ignored\n"
+    NOOP_STEP_OLD + "    prefill_step_size = 2048  # coldbench test branch: argument ignored\n"
 )
 
 
