@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evidence.schemas import Provenance
-from evidence.stats import how_to_read
+from evidence.stats import how_to_read, inert_lines
 
 MAX_CHARS = 60_000
 _MAX_LISTED = 20
@@ -232,6 +232,9 @@ def _render(
         "",
         *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
     ]
+    inert = inert_lines(summary)
+    if inert:
+        lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
     if not compact:
         lines += [
             "",

@@ -34,7 +34,7 @@ from evidence.markdown import (
     verdict_rows,
 )
 from evidence.schemas import Provenance, Record
-from evidence.stats import how_to_read
+from evidence.stats import how_to_read, inert_lines
 
 TEMPLATES = Path(__file__).parent / "templates"
 _MAX_ROWS = 500
@@ -340,6 +340,7 @@ def render_report_html(
         "prefill_rows": _comparison_rows(summary, "comparisons"),
         "decode_rows": _comparison_rows(summary, "decode_comparisons"),
         "descriptive_rows": _descriptive_rows(summary),
+        "inert_lines": inert_lines(summary),
         "ablation": ablation,
         "ablation_rows": [
             {

@@ -394,7 +394,8 @@ def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
 def describe(
     index: CellIndex, *, variants: Sequence[str], contexts: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """Per (context, variant): n and quartiles of prefill and decode tok/s, peak memory."""
+    """Per (context, variant): n and quartiles of prefill and decode tok/s, peak memory, and
+    the flags the cells judged inert there (the request implied stock's execution)."""
     groups: dict[tuple[int, str], list[Record]] = defaultdict(list)
     for (_, variant, _, context), record in index.cells.items():
         groups[(context, variant)].append(record)
@@ -418,9 +419,36 @@ def describe(
                     }
                     if memory
                     else None,
+                    "inert": inert_flags(records),
                 }
             )
     return rows
+
+
+def inert_flags(records: Iterable[Record]) -> list[str]:
+    """Flags any of these cells listed as inert (engine/judge.py: `counters["inert"]`)."""
+    names: dict[str, None] = {}
+    for record in records:
+        listed = record.counters.get("inert")
+        if isinstance(listed, str):
+            names.update(dict.fromkeys(n for n in listed.split(",") if n))
+    return list(names)
+
+
+def inert_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One sentence per context where some variant's flags were inert, for summary.md and
+    report.html."""
+    by_context: dict[int, list[str]] = defaultdict(list)
+    for row in summary["descriptive"]:
+        if row.get("inert"):
+            by_context[row["context_tokens"]].append(
+                f"{row['variant']} ({', '.join(row['inert'])})"
+            )
+    return [
+        f"{context} tokens: {'; '.join(entries)}: at this context the request implies what the "
+        "stock value does, so these cells measured the stock execution"
+        for context, entries in sorted(by_context.items())
+    ]
 
 
 def invalid_section(records: Iterable[Record], duplicates: Sequence[Record]) -> dict[str, Any]:

@@ -255,3 +255,31 @@ def test_median_interval_covers_about_95_percent_with_six_pairs() -> None:
         low, high = median_interval(ratios.tolist(), seed=draw, options=options)
         covered += low <= 1 <= high
     assert 0.93 <= covered / 1000 <= 0.99
+
+
+def test_inert_flags_are_listed_per_context_and_variant() -> None:
+    from evidence.markdown import render_summary_md
+    from evidence.report import render_report_html
+
+    records = simulate_run(effects={"base": 1.0, "wide": 1.0}, contexts=(64, 4096), rounds=6)
+    # `wide` asked for 4096-token chunks: stock's single chunk at 64 tokens, not at 4096.
+    records = [
+        r.model_copy(update={"counters": {**r.counters, "inert": "prefill_step_size"}})
+        if r.variant == "wide" and r.context_tokens == 64
+        else r
+        for r in records
+    ]
+    summary = summarize(records, baseline="base", n_resamples=200)
+    inert = {(d["context_tokens"], d["variant"]): d["inert"] for d in summary["descriptive"]}
+    assert inert == {
+        (64, "base"): [],
+        (64, "wide"): ["prefill_step_size"],
+        (4096, "base"): [],
+        (4096, "wide"): [],
+    }
+    sentence = "64 tokens: wide (prefill_step_size): at this context the request implies"
+    markdown = render_summary_md(summary, [])
+    assert "Inert flags per context:" in markdown and f"- {sentence}" in markdown
+    assert "4096 tokens:" not in markdown
+    html = render_report_html(summary, records, [], None)
+    assert '<ul id="inert"><li>' + sentence in html
