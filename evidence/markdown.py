@@ -46,6 +46,8 @@ def fmt_pct(value: float | None) -> str:
 
 def fmt_verdict(comparison: Mapping[str, Any]) -> str:
     verdict = str(comparison["verdict"])
+    if verdict == "no valid pairs" and comparison.get("why"):
+        return f"no valid pairs: {comparison['why']}"
     if verdict == "inconclusive" and comparison.get("rounds_needed"):
         return f"inconclusive (~{comparison['rounds_needed']} rounds for the precision)"
     return verdict

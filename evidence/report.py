@@ -67,7 +67,12 @@ def _script_json(value: Any) -> str:
 
 
 def _css(verdict: str) -> str:
-    return {"faster": "faster", "slower": "slower", "inconclusive": "inconclusive"}.get(verdict, "")
+    return {
+        "faster": "faster",
+        "slower": "slower",
+        "inconclusive": "inconclusive",
+        "no valid pairs": "flag",
+    }.get(verdict, "")
 
 
 def _comparison_rows(summary: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
