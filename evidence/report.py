@@ -31,6 +31,7 @@ from evidence.markdown import (
     fmt_verdict,
     host_line,
     software_line,
+    variant_software_text,
     verdict_rows,
 )
 from evidence.schemas import Provenance, Record
@@ -138,6 +139,7 @@ def _provenance_view(provenance: Provenance) -> dict[str, Any]:
                 **target,
                 "flags": ", ".join(f"{k}={v}" for k, v in sorted(target["flags"].items()))
                 or "defaults",
+                "software_text": variant_software_text(target.get("software")).replace("`", ""),
             }
             for target in document["targets"]
         ],

@@ -28,7 +28,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine import checkpoints
-from engine.adapters import measure_prompt
+from engine.adapters import measure_prompt, process_software
 from engine.backend import describe_backend
 from engine.judge import (
     Expectation,
@@ -183,6 +183,7 @@ class MlxLmAdapter:
             "python": sys.version.split()[0],
             "python_executable": sys.executable,
             **describe_backend(),
+            "software": process_software(),
         }
 
     def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
