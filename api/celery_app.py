@@ -11,6 +11,7 @@ from celery import Celery
 
 from api.settings import Settings, get_settings
 
+
 def make_celery(settings: Settings) -> Celery:
     if not settings.redis_url:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
