@@ -17,7 +17,7 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -259,9 +259,11 @@ async def wait_for_lease(
     signal: WorkSignal,
     report: HostReport,
     wait_s: float,
+    gone: Callable[[], Awaitable[bool]] | None = None,
 ) -> Lease | None:
     """Long-poll on the event loop: claim, and between claims wait for a notification that
-    work was queued (bounded by lease_poll_s); None after wait_s seconds without a run.
+    work was queued (bounded by lease_poll_s); None after wait_s seconds without a run, or as
+    soon as `gone()` says the client left (a run claimed for nobody would wait for expiry).
 
     No database connection is held while waiting: each claim commits or rolls back.
     """
@@ -278,6 +280,8 @@ async def wait_for_lease(
         if lease is not None or remaining <= 0:
             return lease
         await signal.wait(since=seen, timeout_s=min(remaining, settings.lease_poll_s))
+        if gone is not None and await gone():
+            return None
 
 
 # --- heartbeat --------------------------------------------------------------------------
