@@ -197,3 +197,28 @@ def test_summary_md_opens_with_one_sentence_per_context_then_the_table() -> None
     assert all(f"- {sentence}" in head for sentence in sentences)
     assert "Host:" not in head
     assert text.index("### Cold prefill") < text.index("Host:") < text.index("How to read")
+
+
+def test_each_variant_shows_the_software_its_own_process_imported() -> None:
+    from evidence.report import render_report_html
+
+    summary, _ = ab_summary()
+    targets = [
+        {
+            "variant": name,
+            "commit": commit * 40,
+            "software": {
+                "mlx": "0.30.1",
+                "mlx_lm": version,
+                "coldbench": None,
+                "files": {"engine": f"/wt/{name}/engine/__init__.py"},
+            },
+        }
+        for name, commit, version in (("base", "a", "0.32.2"), ("fast", "b", "0.31.0"))
+    ]
+    prov = provenance(targets=targets)
+    text = render_summary_md(summary, [prov])
+    assert "| base | embedded | n/a | aaaaaaaaaaaa | defaults | mlx 0.30.1, mlx-lm 0.32.2; " in text
+    assert "engine `/wt/fast/engine/__init__.py`" in text and "mlx-lm 0.31.0" in text
+    html = render_report_html(summary, [], [prov], None)
+    assert "<td>mlx 0.30.1, mlx-lm 0.31.0; engine /wt/fast/engine/__init__.py</td>" in html
