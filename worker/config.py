@@ -10,6 +10,7 @@ is `evidence.options.OptionDeclaration`, the contract the API validates against 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -316,3 +317,63 @@ def load_host_config(path: Path) -> HostConfig:
         return parse_host_config(raw, base=path.resolve().parent, path=path.resolve())
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
+
+
+def server_repository(
+    *,
+    server_command: str,
+    options: list[str],
+    wipe: list[str],
+    first_token_timeout_s: float | None,
+    repo: Path | None = None,
+    module: str = "mlx_lm",
+) -> RepositoryConfig:
+    """The server repository of `coldbench run --adapter openai-server`, where the user is the
+    host: the same declarations as worker.toml (`--option NAME={inline TOML table}`), checked
+    by the same models. Without `repo`, the server runs from this interpreter (no builds)."""
+    import shlex
+
+    try:
+        command = shlex.split(server_command)
+    except ValueError as error:
+        raise ConfigError(f"--server-command: {error}") from None
+    declared: dict[str, Any] = {}
+    for text in options:
+        name, sep, table = text.partition("=")
+        if not sep or not table.strip():
+            raise ConfigError(
+                f"--option {text!r}: give NAME={{type = ..., argv = [...], proof = ...}}"
+            )
+        try:
+            declared[name] = tomllib.loads(f"option = {table}")["option"]
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"--option {name}: not an inline TOML table ({error})") from None
+    raw: dict[str, Any] = {
+        "url": str(repo) if repo is not None else "installed",
+        "module": module,
+        "adapter": "openai-server",
+        "recipes": {"editable": {"command": list(EDITABLE_COMMAND)}},
+        "server_command": command,
+        "options": declared,
+        "wipe": wipe,
+    }
+    if first_token_timeout_s is not None:
+        raw["first_token_timeout_s"] = first_token_timeout_s
+    try:
+        parsed = RepositoryFile.model_validate(raw)
+    except ValidationError as error:
+        message = describe_validation_error(error)
+        for key, flag in (
+            ("options.", "--option "),
+            ("server_command", "--server-command"),
+            ("wipe", "--wipe"),
+            ("first_token_timeout_s", "--first-token-timeout-s"),
+        ):
+            if message.startswith(key):
+                message = flag + message[len(key) :]
+                break
+        raise ConfigError(message) from None
+    if repo is not None:
+        checkout = local_repository(repo, module=module)
+        return dataclasses.replace(_repository(checkout.name, parsed, Path.cwd()), url=checkout.url)
+    return dataclasses.replace(_repository("installed-server", parsed, Path.cwd()), url=None)
