@@ -164,12 +164,16 @@ def run(
     recipe: Annotated[
         str | None, typer.Option(help="Build recipe for --repo variants (default: editable).")
     ] = None,
-    module: Annotated[str, typer.Option(help="Engine module of --repo.")] = "mlx_lm",
+    module: Annotated[
+        str | None,
+        typer.Option(help="Engine module of --repo (default: mlx_lm, or engine for embedded)."),
+    ] = None,
     adapter: Annotated[
         str | None,
         typer.Option(
-            help="embedded, mlx-lm or openai-server (default: mlx-lm with --repo, else "
-            "embedded)."
+            help="mlx-lm (--repo, the default with it), embedded (without --repo: this "
+            "engine; with it: a checkout of coldbench whose engine/ each variant runs) or "
+            "openai-server (--server-command, with or without --repo)."
         ),
     ] = None,
     server_command: Annotated[
@@ -183,8 +187,8 @@ def run(
         list[str] | None,
         typer.Option(
             "--option",
-            help="openai-server: declare an option as worker.toml does, NAME={type = \"bool\", "
-            "argv = [\"--flag\"], proof = \"regex\"}; repeat. Variants then ask NAME=VALUE.",
+            help='openai-server: declare an option as worker.toml does, NAME={type = "bool", '
+            'argv = ["--flag"], proof = "regex"}; repeat. Variants then ask NAME=VALUE.',
         ),
     ] = None,
     wipe: Annotated[
@@ -254,7 +258,7 @@ def run(
     if adapter != "openai-server" and server_given:
         _fail(f"{', '.join(server_given)}: only with --adapter openai-server")
     if adapter == "mlx-lm" and repo is None:
-        _fail("--adapter mlx-lm needs --repo PATH (a checkout of mlx-lm or a fork)")
+        _fail("--adapter mlx-lm drives a repository: add --repo PATH")
     try:
         if adapter == "openai-server":
             repository = server_repository(
@@ -267,7 +271,7 @@ def run(
             )
             repositories[repository.name] = repository
         elif repo is not None:
-            repository = local_repository(repo, module=module)
+            repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
             repositories[repository.name] = repository
         spec = build_spec(
             model=model_name,

@@ -25,7 +25,9 @@ from evidence.schemas import NAME_PATTERN
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-ADAPTERS = ("mlx-lm", "openai-server")
+ADAPTERS = ("embedded", "mlx-lm", "openai-server")
+# The module whose import path a build checks, by adapter (a repository may name another).
+DEFAULT_MODULES = {"embedded": "engine", "mlx-lm": "mlx_lm", "openai-server": "mlx_lm"}
 # What `coldbench run --repo PATH` builds with when no worker.toml names recipes.
 EDITABLE_COMMAND = (
     "{python}",
@@ -101,13 +103,24 @@ def default_recipes() -> dict[str, Recipe]:
     return {"editable": Recipe("editable", EDITABLE_COMMAND)}
 
 
-def local_repository(path: Path, *, module: str = "mlx_lm") -> RepositoryConfig:
-    """The repository of `coldbench run --repo PATH`: the maintainer's own checkout."""
+def local_repository(
+    path: Path, *, module: str | None = None, adapter: str = "mlx-lm"
+) -> RepositoryConfig:
+    """The repository of `coldbench run --repo PATH`: the maintainer's own checkout (for
+    `adapter="embedded"`, a checkout of coldbench whose engine/ the variants run)."""
+    if adapter not in ADAPTERS:
+        raise ConfigError(f"--adapter {adapter!r}: choose one of {', '.join(ADAPTERS)}")
     resolved = path.expanduser().resolve()
     if not (resolved / ".git").exists() and not (resolved / "HEAD").exists():
         raise ConfigError(f"--repo {path}: not a git repository (no .git found)")
     name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", resolved.name).strip("-.") or "repo"
-    return RepositoryConfig(name=name, url=str(resolved), module=module, recipes=default_recipes())
+    return RepositoryConfig(
+        name=name,
+        url=str(resolved),
+        module=module or DEFAULT_MODULES[adapter],
+        adapter=adapter,
+        recipes=default_recipes(),
+    )
 
 
 # -- the file, as pydantic models ------------------------------------------------------------
@@ -139,8 +152,8 @@ def check_wipe_path(raw: str) -> str:
 
 class RepositoryFile(_Table):
     url: str = Field(min_length=1)
-    module: str = "mlx_lm"
-    adapter: Literal["mlx-lm", "openai-server"] = "mlx-lm"
+    module: str | None = None  # default: the adapter's (DEFAULT_MODULES)
+    adapter: Literal["embedded", "mlx-lm", "openai-server"] = "mlx-lm"
     recipes: dict[PlainName, RecipeFile] = Field(default_factory=dict, validate_default=True)
     server_command: Argv | None = None
     options: dict[OptionName, OptionDeclaration] = Field(default_factory=dict)
@@ -158,8 +171,8 @@ class RepositoryFile(_Table):
 
     @field_validator("module")
     @classmethod
-    def _module_name(cls, module: str) -> str:
-        if not MODULE_PATTERN.fullmatch(module):
+    def _module_name(cls, module: str | None) -> str | None:
+        if module is not None and not MODULE_PATTERN.fullmatch(module):
             raise ValueError("must be a Python module name")
         return module
 
@@ -293,7 +306,7 @@ def _repository(name: str, repo: RepositoryFile, base: Path) -> RepositoryConfig
     return RepositoryConfig(
         name=name,
         url=url,
-        module=repo.module,
+        module=repo.module or DEFAULT_MODULES[repo.adapter],
         adapter=repo.adapter,
         recipes={
             rname: Recipe(name=rname, command=tuple(recipe.command), env=dict(recipe.env))
@@ -326,7 +339,7 @@ def server_repository(
     wipe: list[str],
     first_token_timeout_s: float | None,
     repo: Path | None = None,
-    module: str = "mlx_lm",
+    module: str | None = None,
 ) -> RepositoryConfig:
     """The server repository of `coldbench run --adapter openai-server`, where the user is the
     host: the same declarations as worker.toml (`--option NAME={inline TOML table}`), checked
@@ -374,6 +387,6 @@ def server_repository(
                 break
         raise ConfigError(message) from None
     if repo is not None:
-        checkout = local_repository(repo, module=module)
+        checkout = local_repository(repo, module=module, adapter="openai-server")
         return dataclasses.replace(_repository(checkout.name, parsed, Path.cwd()), url=checkout.url)
     return dataclasses.replace(_repository("installed-server", parsed, Path.cwd()), url=None)

@@ -112,11 +112,9 @@ def target_info(
         adapter=adapter,  # type: ignore[arg-type]
         flags=dict(variant.flags),
         engine_module_file=module_file_of(ready),
+        software=ready.get("software") if isinstance(ready.get("software"), dict) else None,
         ready=ready,
     )
-    if isinstance(ready.get("software"), dict):
-        # What the variant's own process (for a server: the server's interpreter) imported.
-        info.software = dict(ready["software"])  # type: ignore[attr-defined]
     if checkout is not None:
         info.repository = checkout.url
         info.ref = checkout.ref
@@ -191,8 +189,7 @@ def option_toml(declaration: OptionDeclaration) -> str:
 
 def server_arguments(repository: RepositoryConfig) -> list[str]:
     """The `coldbench run` arguments that declare a server repository as worker.toml did."""
-    argv = ["--adapter", "openai-server"]
-    argv += ["--server-command", shlex.join(repository.server_command or ())]
+    argv = ["--server-command", shlex.join(repository.server_command or ())]
     for name, declaration in sorted(repository.options.items()):
         argv += ["--option", f"{name}={option_toml(declaration)}"]
     for path in repository.wipe:
@@ -230,6 +227,9 @@ def reproduce_command(
         argv += ["--features", ",".join(spec.features)]
     if repository_url:
         argv += ["--repo", repository_url]
+    # `--repo` alone means an mlx-lm checkout, no `--repo` the embedded engine.
+    if spec.adapter != ("mlx-lm" if repository_url else "embedded"):
+        argv += ["--adapter", spec.adapter]
     if repository is not None and repository.adapter == "openai-server":
         argv += server_arguments(repository)
     for variant in spec.variants:

@@ -90,26 +90,33 @@ PROMPT_CACHE_REUSE = (
     "(mlx_lm.server: --prompt-cache-size 0)"
 )
 # Run by the server's own interpreter, with the server's environment: what it imports.
+# Same shape as engine.adapters.process_software (provenance reads both alike).
 SOFTWARE_PROBE = """
-import importlib, importlib.util, json, sys
-out = {"python": sys.version.split()[0], "python_executable": sys.executable}
-for key, name in (("mlx", "mlx.core"), ("mlx_lm", "mlx_lm")):
+import importlib, importlib.util, json, os, sys
+from importlib import metadata
+out = {"python": sys.version.split()[0], "python_executable": sys.executable, "files": {}}
+for key, name, dist in (("mlx", "mlx.core", "mlx"), ("mlx_lm", "mlx_lm", "mlx-lm")):
     try:
         module = importlib.import_module(name)
-        out[key] = getattr(module, "__version__", None)
-        out[key + "_file"] = getattr(module, "__file__", None)
+        out[key] = getattr(module, "__version__", None) or metadata.version(dist)
+        out["files"][key] = os.path.realpath(module.__file__)
     except Exception as error:
-        out[key], out[key + "_file"] = None, None
-        out[key + "_error"] = type(error).__name__ + ": " + str(error)[:200]
+        out[key] = None
+        out.setdefault("errors", {})[key] = type(error).__name__ + ": " + str(error)[:200]
+try:
+    out["coldbench"] = metadata.version("coldbench")
+except Exception:
+    out["coldbench"] = None
 target = sys.argv[1] if len(sys.argv) > 1 else ""
 if target.startswith("-m:"):
     try:
         spec = importlib.util.find_spec(target[3:])
-        out["server_module_file"] = spec.origin if spec else None
+        if spec is not None and spec.origin:
+            out["files"]["server"] = os.path.realpath(spec.origin)
     except Exception:
-        out["server_module_file"] = None
+        pass
 elif target:
-    out["server_module_file"] = target
+    out["files"]["server"] = os.path.realpath(target)
 print(json.dumps(out))
 """
 

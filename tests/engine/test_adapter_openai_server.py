@@ -377,8 +377,8 @@ def test_options_reach_the_server_and_their_proof_lines_are_counted(
     # What the server's interpreter imports, asked of that interpreter.
     software = target["software"]
     assert software["python_executable"] == sys.executable
-    assert software["mlx_lm_file"].endswith("mlx_lm/__init__.py") and software["mlx"]
-    assert software["server_module_file"].endswith("behaving_server.py")
+    assert software["files"]["mlx_lm"].endswith("mlx_lm/__init__.py") and software["mlx"]
+    assert software["files"]["server"].endswith("behaving_server.py")
 
 
 def test_an_option_the_server_ignores_is_a_silent_no_op(

@@ -108,8 +108,8 @@ def test_server_option_on_vs_off_with_a_planted_no_op(
         assert ready["server_command"][1] == str(wrapper)
         assert ready["wiped"][0]["path"] == str(cache) and ready["wiped"][0]["existed"]
         software = target["software"]
-        assert software["mlx_lm_file"].endswith("mlx_lm/__init__.py"), name
-        assert software["mlx"] and software["server_module_file"] == str(wrapper)
+        assert software["files"]["mlx_lm"].endswith("mlx_lm/__init__.py"), name
+        assert software["mlx"] and software["files"]["server"] == str(wrapper.resolve())
     assert targets["on"]["ready"]["server_command"][-1] == "--fast"
     assert targets["planted"]["ready"]["server_command"][-1] == "--fake-fast"
     # Each server's log is in the bundle, with the proof lines of the honest option.
