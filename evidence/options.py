@@ -37,7 +37,7 @@ def _placeholders_ok(text: str) -> bool:
     return all(found == "value" for found in re.findall(r"\{([^{}]*)\}", text))
 
 
-class OptionDeclaration(BaseModel):
+class HostOption(BaseModel):
     """One option of a server repository, declared by the host (worker.toml)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -85,7 +85,7 @@ class OptionDeclaration(BaseModel):
         return proof
 
     @model_validator(mode="after")
-    def _typed_and_effective(self) -> OptionDeclaration:
+    def _typed_and_effective(self) -> HostOption:
         if self.type == "int":
             if self.min is None or self.max is None:
                 raise ValueError("an int option needs min and max (the values a variant may ask)")
@@ -123,6 +123,11 @@ class OptionDeclaration(BaseModel):
             raise OptionError(f"option {name}={value}: allowed {self.min}..{self.max}")
         return value
 
+    def offer(self) -> dict[str, Any]:
+        """What registration may tell the API of this option: its type, bounds and whether it
+        is proven, never its argv or env (those stay the host's)."""
+        return {"type": self.type, "min": self.min, "max": self.max, "proof": bool(self.proof)}
+
     def applies(self, value: OptionValue) -> bool:
         """A bool option that is false is the stock server: nothing is added."""
         return not (self.type == "bool" and value is False)
@@ -146,7 +151,7 @@ class OptionDeclaration(BaseModel):
 
 
 def validate_option_values(
-    declared: Mapping[str, OptionDeclaration], values: Mapping[str, Any]
+    declared: Mapping[str, HostOption], values: Mapping[str, Any]
 ) -> dict[str, OptionValue]:
     """A variant's option values checked against a repository's declarations (OptionError)."""
     unknown = sorted(set(values) - set(declared))
@@ -159,7 +164,7 @@ def validate_option_values(
 
 
 def resolved_options(
-    declared: Mapping[str, OptionDeclaration], values: Mapping[str, Any]
+    declared: Mapping[str, HostOption], values: Mapping[str, Any]
 ) -> dict[str, dict[str, Any]]:
     """What a variant process needs per requested option: the value, its argv pieces and env,
     and the proof pattern (or None). Raises OptionError for a value the host does not allow."""

@@ -5,7 +5,7 @@ only pick among what it names.
 
 The file is read through pydantic models (`HostFile` and below): an unusable file is one line
 naming the key, e.g. `repositories.mlx-lm.options.fast.max: ...`. The option declaration type
-is `evidence.options.OptionDeclaration`, the contract the API validates against too.
+is `evidence.options.HostOption`, the contract the API validates against too.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from evidence.options import OPTION_NAME_PATTERN, OptionDeclaration
+from evidence.options import OPTION_NAME_PATTERN, HostOption
 from evidence.schemas import NAME_PATTERN
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
@@ -72,7 +72,7 @@ class RepositoryConfig:
     # interpreter), `{port}` and `{model}` filled in per variant. Host-owned, like recipes.
     server_command: tuple[str, ...] | None = None
     # openai-server only: what variants may ask of the server (`name=value`), host-declared.
-    options: dict[str, OptionDeclaration] = field(default_factory=dict)
+    options: dict[str, HostOption] = field(default_factory=dict)
     # openai-server only: the server's on-disk caches, deleted before every server start.
     wipe: tuple[str, ...] = ()
     first_token_timeout_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
@@ -156,7 +156,7 @@ class RepositoryFile(_Table):
     adapter: Literal["embedded", "mlx-lm", "openai-server"] = "mlx-lm"
     recipes: dict[PlainName, RecipeFile] = Field(default_factory=dict, validate_default=True)
     server_command: Argv | None = None
-    options: dict[OptionName, OptionDeclaration] = Field(default_factory=dict)
+    options: dict[OptionName, HostOption] = Field(default_factory=dict)
     wipe: list[str] = Field(default_factory=list)
     first_token_timeout_s: float = Field(DEFAULT_FIRST_TOKEN_TIMEOUT_S, gt=0, le=86_400)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence.canonical import sha256_hex, sha256_json
-from evidence.options import OptionDeclaration
+from evidence.options import HostOption
 from evidence.schemas import (
     HostInfo,
     JobSpec,
@@ -171,7 +171,7 @@ def _variant_option(variant: VariantSpec) -> str:
     return variant.name + (":" + ",".join(pairs) if pairs else "")
 
 
-def option_toml(declaration: OptionDeclaration) -> str:
+def option_toml(declaration: HostOption) -> str:
     """An option declaration as the inline TOML table `coldbench run --option` reads."""
     items = []
     for key, value in declaration.model_dump(exclude_none=True).items():
