@@ -258,7 +258,7 @@ def run(
     if adapter != "openai-server" and server_given:
         _fail(f"{', '.join(server_given)}: only with --adapter openai-server")
     if adapter == "mlx-lm" and repo is None:
-        _fail("--adapter mlx-lm drives a repository: add --repo PATH")
+        _fail("--adapter mlx-lm drives a checkout: add --repo PATH")
     try:
         if adapter == "openai-server":
             repository = server_repository(

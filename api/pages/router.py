@@ -14,7 +14,6 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import (
-    FileResponse,
     HTMLResponse,
     JSONResponse,
     RedirectResponse,
@@ -381,7 +380,11 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
     )
     try:
         page = render_page(
-            evidence_id, store.path(entry["sha256"]), f"{request.base_url}e/{evidence_id}", header
+            evidence_id,
+            entry["sha256"],
+            store.read_bytes,
+            f"{request.base_url}e/{evidence_id}",
+            header,
         )
     except (BundleError, KeyError, ValueError):
         # A bundle this version cannot re-render (older format): its own report.html, as is.
@@ -389,8 +392,8 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
         report = row.files.get("report.html")
         if report is None or not store.exists(report["sha256"]):
             raise NotFound(f"evidence {evidence_id} has no readable report") from None
-        return FileResponse(
-            store.path(report["sha256"]),
+        return Response(
+            store.read_bytes(report["sha256"]),
             media_type="text/html; charset=utf-8",
             headers={"Cache-Control": "no-cache"},
         )

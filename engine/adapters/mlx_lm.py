@@ -10,7 +10,9 @@ A cell runs the checkout's `mlx_lm.generate.generate_step` on a fresh prompt cac
 variant's `prefill_step_size`. Prefill time is the time to the first token (its value is
 materialised, so every prefill chunk has run); decode time is measured separately, from the
 first token to the last. Chunk widths come from the prompt progress callback, i.e. from the
-loop that actually ran in the checkout, not from what stock mlx-lm would do.
+loop that actually ran in the checkout, not from what stock mlx-lm would do. `engine.judge`
+compares them with the widths the requested step implies for generate_step (N-1 tokens in
+chunks, then the last alone: `generate_step_widths`) and with stock's.
 """
 
 from __future__ import annotations
