@@ -242,7 +242,7 @@ def run(
         models[model_name] = path.resolve()
     repositories = {}
     if adapter not in (None, "embedded", "mlx-lm", "openai-server"):
-        _fail(f"--adapter {adapter!r}: choose embedded, mlx-lm or openai-server")
+        _fail(f"--adapter {adapter!r}: choose one of embedded, mlx-lm, openai-server")
     server_given = [
         name
         for name, given in (
