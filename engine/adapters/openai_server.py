@@ -456,7 +456,8 @@ class OpenAIServerAdapter:
             cache="the server",
             reuse=PROMPT_CACHE_REUSE,
         )
-        status, reason = judgement.status, judgement.reason
+        status: str = judgement.status
+        reason: str | None = judgement.reason
         if stream["error"]:
             status, reason = "error", f"{stream['error']}; server log: {self.stderr_tail()}"
         elif prefill_s is None:
