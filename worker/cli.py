@@ -75,6 +75,7 @@ def build_spec(
     recipe: str | None,
     fresh_process: bool,
     precision: float = 0.05,
+    rounds_per_process: int | None = None,
 ) -> JobSpec:
     from pydantic import ValidationError
 
@@ -95,6 +96,7 @@ def build_spec(
         "model": model,
         "seed": seed,
         "fresh_process": fresh_process,
+        "rounds_per_process": rounds_per_process,
         "precision": precision,
     }
     try:
@@ -167,6 +169,14 @@ def run(
     fresh_process: Annotated[
         bool, typer.Option("--fresh-process", help="A new process for every cell.")
     ] = False,
+    rounds_per_process: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Rounds each variant's process measures before every variant gets a fresh "
+            "one (default: rounds // 12, at least 1: 12 or more independent process pairs).",
+        ),
+    ] = None,
     precision: Annotated[
         float,
         typer.Option(
@@ -223,6 +233,7 @@ def run(
             recipe=recipe,
             fresh_process=fresh_process,
             precision=precision,
+            rounds_per_process=rounds_per_process,
         )
     except (ValueError, ConfigError) as error:
         _fail(str(error))
