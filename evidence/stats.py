@@ -589,6 +589,9 @@ def summarize(
     options = StatsOptions(precision=precision, seed=seed, n_resamples=n_resamples)
 
     measured = [r for r in records if r.round >= 0]
+    # Records stamped with their process instance (process rotation): cluster-aware statistics
+    # and the new sections. Older records keep exactly the summary they always had.
+    by_process = any(r.process is not None for r in measured)
     planned = [v.name for v in expand_variants(spec)] if spec is not None else []
     variants = _order_of_first_appearance([*planned, baseline, *(r.variant for r in measured)])
     contexts = sorted(
@@ -615,14 +618,17 @@ def summarize(
     hosts = {p.run_id: p.host.hostname for p in provenances}
     invalid = invalid_section(records, index.duplicates)
     invalid["pairs_with_different_prompts"] = mismatched
-    return {
+    settings = options.settings()
+    if by_process:
+        settings["process_blocks"] = dict(PROCESS_BLOCK_SETTINGS)
+    summary: dict[str, Any] = {
         "format": SUMMARY_FORMAT,
         "mode": spec.mode if spec is not None else ("ablation" if features else "ab"),
         "baseline": baseline,
         "variants": variants,
         "contexts": contexts,
         "features": list(features),
-        "settings": options.settings(),
+        "settings": settings,
         "runs": [
             {
                 "run_id": run_id,
@@ -646,7 +652,12 @@ def summarize(
             else margin_threshold,
         ),
         "drift": drift_section(
-            index, baseline=baseline, variants=variants, comparisons=comparisons, options=options
+            index,
+            baseline=baseline,
+            variants=variants,
+            comparisons=comparisons,
+            options=options,
+            per_context=by_process,
         ),
         "reproductions": reproduction_section(
             index,
@@ -659,13 +670,51 @@ def summarize(
         ),
         "invalid": invalid,
     }
+    if by_process:
+        summary["noise_floor"] = noise_floor(comparisons)
+    return summary
+
+
+PROCESS_BLOCK_SETTINGS: dict[str, str] = {
+    "unit": "process pair: the pairs measured by one process of the variant and one of the "
+    "baseline (records' `process`)",
+    "interval": "hull of a two-stage bootstrap (process pairs, then pairs within them) of the "
+    "median ratio and the order-statistic interval of the process pairs' median ratios",
+    "test": "Wilcoxon signed-rank, two-sided, on the log median ratio of each process pair",
+}
+
+
+def noise_floor(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What this run can resolve: the between-process spread of the ratio (SD of the process
+    pairs' log median ratios) and the half-width of the intervals (an effect smaller than it
+    cannot exclude 1), medians over the comparisons that have them."""
+    spreads = [c["process_sd"] for c in comparisons if c.get("process_sd") is not None]
+    widths = [
+        (c["ci_high"] - c["ci_low"]) / 2
+        for c in comparisons
+        if c.get("ci_low") is not None and c.get("ci_high") is not None
+    ]
+    blocks = [c["blocks"] for c in comparisons if c.get("blocks")]
+    if not blocks:
+        return None
+    return {
+        "process_pairs": int(np.median(blocks)),
+        "rounds_per_process_pair": float(
+            np.median([c["n"] / c["blocks"] for c in comparisons if c.get("blocks")])
+        ),
+        "between_process_sd": float(np.median(spreads)) if spreads else None,
+        "resolvable": float(np.median(widths)) if widths else None,
+        "rule": "between_process_sd: median over comparisons of the SD of each process pair's "
+        "log median ratio; resolvable: median half-width of the 95% intervals (a smaller "
+        "effect cannot be told from 1)",
+    }
 
 
 def how_to_read(settings: Mapping[str, Any]) -> list[str]:
     """The verdict rules in plain words, for summary.md and report.html."""
     precision_pct = f"{100 * settings['precision']:g}%"
     level = f"{100 * settings['confidence_level']:g}%"
-    return [
+    lines = [
         "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
         "round (paired); above 1 is faster. The table shows the median ratio and a "
         f"{level} interval of that median (a seeded bootstrap, widened where needed to the "
@@ -683,6 +732,17 @@ def how_to_read(settings: Mapping[str, Any]) -> list[str]:
         "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
         "interact and are not additive.",
     ]
+    if "process_blocks" in settings:
+        lines.insert(
+            1,
+            "Each variant ran in a fresh process every few rounds, and a process has a speed "
+            "offset of its own (about 1% between identical processes), so the independent "
+            "unit is the process pair, not the round: the interval resamples process pairs and "
+            "then pairs within them, and the test ranks the process pairs' median ratios. The "
+            "noise floor under the prefill table says how much processes differed and how small "
+            "an effect this run can resolve.",
+        )
+    return lines
 
 
 def verdict_counts(comparisons: Iterable[Mapping[str, Any]]) -> dict[str, int]:
