@@ -76,6 +76,7 @@ def build_spec(
     fresh_process: bool,
     precision: float = 0.05,
     rounds_per_process: int | None = None,
+    adapter: str | None = None,
 ) -> JobSpec:
     from pydantic import ValidationError
 
@@ -86,7 +87,7 @@ def build_spec(
         parsed = [v.model_copy(update={"recipe": v.recipe or recipe}) for v in parsed]
     raw = {
         "mode": mode,
-        "adapter": "mlx-lm" if repository else "embedded",
+        "adapter": adapter or ("mlx-lm" if repository else "embedded"),
         "repository": repository,
         "variants": [v.model_dump() for v in parsed],
         "features": [f for f in (features or "").split(",") if f],
@@ -165,7 +166,17 @@ def run(
     recipe: Annotated[
         str | None, typer.Option(help="Build recipe for --repo variants (default: editable).")
     ] = None,
-    module: Annotated[str, typer.Option(help="Engine module of --repo.")] = "mlx_lm",
+    module: Annotated[
+        str | None,
+        typer.Option(help="Engine module of --repo (default: mlx_lm, or engine for embedded)."),
+    ] = None,
+    adapter: Annotated[
+        str | None,
+        typer.Option(
+            help="How --repo is driven: mlx-lm (default) or embedded (a checkout of coldbench "
+            "whose engine/ and kernels/ each variant runs)."
+        ),
+    ] = None,
     fresh_process: Annotated[
         bool, typer.Option("--fresh-process", help="A new process for every cell.")
     ] = False,
@@ -217,8 +228,10 @@ def run(
         models[model_name] = path.resolve()
     repositories = {}
     try:
+        if adapter is not None and repo is None and adapter != "embedded":
+            raise ValueError(f"--adapter {adapter} drives a repository: add --repo PATH")
         if repo is not None:
-            repository = local_repository(repo, module=module)
+            repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
             repositories[repository.name] = repository
         spec = build_spec(
             model=model_name,
@@ -234,6 +247,7 @@ def run(
             fresh_process=fresh_process,
             precision=precision,
             rounds_per_process=rounds_per_process,
+            adapter=adapter,
         )
     except (ValueError, ConfigError) as error:
         _fail(str(error))
