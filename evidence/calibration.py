@@ -52,6 +52,8 @@ class CalibrationJob(_Strict):
     status: str
     reason: str | None = None
     evidence_id: str | None = None
+    between_process_sd: float | None = None  # the job's noise floor (summary `noise_floor`)
+    statistics: dict[str, str] = Field(default_factory=dict)  # summary settings' process_blocks
     comparisons: list[CalibrationComparison] = Field(default_factory=list)
 
 
@@ -140,24 +142,23 @@ def job_of(
         )
         for c in (summary or {}).get("comparisons", [])
     ]
+    floor = (summary or {}).get("noise_floor") or {}
     return CalibrationJob(
         kind=kind,
         seed=seed,
         status=status,
         reason=reason,
         evidence_id=evidence_id,
+        between_process_sd=floor.get("between_process_sd"),
+        statistics=dict((summary or {}).get("settings", {}).get("process_blocks") or {}),
         comparisons=comparisons,
     )
 
 
 def calibrate_result(
-    *,
-    jobs: Sequence[CalibrationJob],
-    summaries: Sequence[Mapping[str, Any] | None],
-    planted_variant: str,
-    **fields: Any,
+    *, jobs: Sequence[CalibrationJob], planted_variant: str = "c", **fields: Any
 ) -> HostCalibration:
-    """Reduce the jobs (and their summaries, same order) to the host's calibration."""
+    """Reduce the jobs to the host's calibration (`fields`: the rest of `HostCalibration`)."""
     aa = [job for job in jobs if job.kind == "aa"]
     planted = [job for job in jobs if job.kind == "planted"]
     planted_verdicts: Counter[str] = Counter()
@@ -175,19 +176,8 @@ def calibrate_result(
         for c in job.comparisons
         if c.ci_low is not None and c.ci_high is not None
     ]
-    spreads = [
-        s["noise_floor"]["between_process_sd"]
-        for job, s in zip(jobs, summaries, strict=True)
-        if job.kind == "aa"
-        and s
-        and s.get("noise_floor")
-        and s["noise_floor"].get("between_process_sd") is not None
-    ]
-    statistics: dict[str, str] = {}
-    for summary in summaries:
-        if summary and summary.get("settings", {}).get("process_blocks"):
-            statistics = dict(summary["settings"]["process_blocks"])
-            break
+    spreads = [job.between_process_sd for job in aa if job.between_process_sd is not None]
+    statistics = next((job.statistics for job in jobs if job.statistics), {})
     return HostCalibration(
         aa_jobs=len(aa),
         aa_claims=sum(any(c.verdict in CLAIMS for c in job.comparisons) for job in aa),
@@ -196,7 +186,41 @@ def calibrate_result(
         planted_verdicts=dict(planted_verdicts),
         resolvable=float(np.median(widths)) if widths else None,
         between_process_sd=float(np.median(spreads)) if spreads else None,
-        statistics=statistics,
+        statistics=dict(statistics),
         jobs=list(jobs),
         **fields,
+    )
+
+
+def merge_calibrations(results: Sequence[HostCalibration]) -> HostCalibration:
+    """Several calibrations of one host and setting (e.g. one per GPU of a machine, run side
+    by side to save time) as one: their jobs together. Refuses results of other settings."""
+    if not results:
+        raise ValueError("nothing to merge")
+    first = results[0]
+    keys = (
+        "model",
+        "contexts",
+        "rounds",
+        "rounds_per_process",
+        "variants",
+        "decode_tokens",
+        "base_flags",
+        "planted_flags",
+    )
+    for other in results[1:]:
+        for key in keys:
+            if getattr(other, key) != getattr(first, key):
+                raise ValueError(
+                    f"cannot merge calibrations with different {key}: "
+                    f"{getattr(first, key)!r} and {getattr(other, key)!r}"
+                )
+    seeds = [job.seed for r in results for job in r.jobs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError("cannot merge calibrations that share job seeds (give each --seed apart)")
+    return calibrate_result(
+        jobs=[job for r in results for job in r.jobs],
+        created_at=min(r.created_at for r in results),
+        host=first.host,
+        **{key: getattr(first, key) for key in keys},
     )

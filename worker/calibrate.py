@@ -83,7 +83,6 @@ def run_calibration(
     started = datetime.now(UTC)
     stamp = f"{started:%Y%m%dT%H%M%S}"
     results: list[CalibrationJob] = []
-    summaries: list[dict[str, Any] | None] = []
     plan = [(kind, j) for j in range(jobs) for kind in ("aa", "planted")]
     for index, (kind, j) in enumerate(plan):
         job_seed = seed + index
@@ -117,7 +116,6 @@ def run_calibration(
             from evidence.bundle import write_folder
 
             write_folder(bundles_dir / run_id, outcome.files)
-        summaries.append(outcome.summary)
         results.append(
             job_of(
                 kind="aa" if kind == "aa" else "planted",
@@ -130,7 +128,6 @@ def run_calibration(
         )
     return calibrate_result(
         jobs=results,
-        summaries=summaries,
         planted_variant=PLANTED_VARIANT,
         created_at=started,
         host=host,

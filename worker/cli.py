@@ -351,13 +351,13 @@ def _model_option(model: str) -> tuple[str, dict[str, Path]]:
 @app.command("calibrate")
 def calibrate(
     planted_step: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=1,
             help="prefill_step_size of the planted variant: a chunk width known to cost a few "
-            "percent against --base-step at these contexts.",
+            "percent against --base-step at these contexts (required unless --merge).",
         ),
-    ],
+    ] = None,
     model: Annotated[str, typer.Option(help="A checkpoint folder or preset:NAME.")] = "preset:tiny",
     contexts: Annotated[str, typer.Option(help="Context lengths in tokens, e.g. 16384.")] = "256",
     rounds: Annotated[int, typer.Option(min=1, help="Rounds of every job.")] = 24,
@@ -389,13 +389,19 @@ def calibrate(
     config: Annotated[
         Path, typer.Option(help="This host's worker.toml (with --api: whose secret to use).")
     ] = Path("worker.toml"),
+    merge: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Measure nothing: merge these result files (e.g. one per GPU, run side by side "
+            "with seeds apart) into --out. Repeat."
+        ),
+    ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[Path, typer.Option(help="Spools of the jobs' runs.")] = Path(".coldbench"),
 ) -> None:
     """Calibrate this host: A/A jobs of three identical variants and jobs with a planted effect,
     through the same machinery as `coldbench run`; prints how often identical code was called
     different, whether the planted effect was found, and the smallest effect this host resolves."""
-    import json
     import logging
 
     from rich.console import Console
@@ -426,6 +432,26 @@ def calibrate(
             agent.load_secret()
         except (ConfigError, AgentError) as error:
             _fail(str(error))
+    if merge:
+        from pydantic import ValidationError
+
+        from evidence.calibration import HostCalibration, merge_calibrations
+
+        loaded = []
+        for path in merge:
+            try:
+                loaded.append(HostCalibration.model_validate_json(path.read_bytes()))
+            except (OSError, ValidationError) as error:
+                detail = " ".join(str(error).split())[:200]
+                _fail(f"--merge {path}: not a calibration result ({detail})")
+        try:
+            result = merge_calibrations(loaded)
+        except ValueError as error:
+            _fail(str(error))
+        _finish_calibration(result, out, agent, api)
+        return
+    if planted_step is None:
+        _fail("--planted-step: give the planted variant's chunk width (or --merge FILES)")
     model_name, models = _model_option(model)
     base_flags = {} if base_step is None else {"prefill_step_size": base_step}
     host = host_fingerprint()
@@ -456,6 +482,13 @@ def calibrate(
         )
     except (RunRefused, ValueError) as error:
         _fail(str(error).splitlines()[0])
+    _finish_calibration(result, out, agent, api)
+
+
+def _finish_calibration(result: Any, out: Path, agent: Any, api: str | None) -> None:
+    """Write the result, print its lines, report it when asked."""
+    import json
+
     out.write_text(json.dumps(result.to_json_dict(), indent=1, sort_keys=True) + "\n")
     for line in result.lines():
         typer.echo(line)
@@ -469,7 +502,7 @@ def calibrate(
         try:
             agent.report_calibration(result)
         except AgentError as error:
-            _fail(f"measured, but not reported: {error}", code=1)
+            _fail(f"result written, but not reported: {error}", code=1)
         typer.echo(f"reported to {api}")
 
 

@@ -3,7 +3,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from evidence.calibration import HostCalibration, calibrate_result, job_of
+from evidence.calibration import (
+    HostCalibration,
+    calibrate_result,
+    job_of,
+    merge_calibrations,
+)
 from evidence.schemas import HostInfo
 from evidence.stats import summarize
 from tests.evidence.builders import START, calibration_sample, simulate_run
@@ -26,7 +31,6 @@ def test_calibration_counts_claims_detections_and_the_resolvable_effect() -> Non
     ]
     result = calibrate_result(
         jobs=jobs,
-        summaries=summaries,
         planted_variant="c",
         created_at=START,
         host=HostInfo(hostname="cpu-box"),
@@ -57,3 +61,17 @@ def test_a_malformed_calibration_is_refused_naming_the_field() -> None:
         HostCalibration.model_validate({**calibration_sample(), "aa_claims": -1})
     with pytest.raises(ValidationError, match="extra"):
         HostCalibration.model_validate({**calibration_sample(), "command": "rm -rf /"})
+
+
+def test_calibrations_run_side_by_side_merge_into_one() -> None:
+    one = HostCalibration.model_validate(calibration_sample())
+    other_jobs = [job.model_copy(update={"seed": job.seed + 100}) for job in one.jobs]
+    two = one.model_copy(update={"jobs": other_jobs})
+    merged = merge_calibrations([one, two])
+    assert (merged.aa_jobs, merged.planted_jobs) == (2, 2)
+    assert merged.planted_detected == 2 and merged.aa_claims == 0
+    assert merged.resolvable == pytest.approx(0.008)
+    with pytest.raises(ValueError, match="share job seeds"):
+        merge_calibrations([one, one])
+    with pytest.raises(ValueError, match="different rounds"):
+        merge_calibrations([one, two.model_copy(update={"rounds": 12})])

@@ -89,3 +89,44 @@ def test_calibrate_refuses_bad_input_in_one_line(coldbench_cmd: list[str], tmp_p
         )
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
         assert not (tmp_path / "calibration.json").exists()
+
+
+def test_calibrate_merges_results_run_side_by_side(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    from tests.evidence.builders import calibration_sample
+
+    first = calibration_sample()
+    second = calibration_sample()
+    for job in second["jobs"]:
+        job["seed"] += 10
+    (tmp_path / "gpu0.json").write_text(json.dumps(first))
+    (tmp_path / "gpu1.json").write_text(json.dumps(second))
+    (tmp_path / "bad.json").write_text("{}")
+    done = subprocess.run(
+        [*coldbench_cmd, "calibrate", "--merge", "gpu0.json", "--merge", "gpu1.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    merged = HostCalibration.model_validate_json((tmp_path / "calibration.json").read_text())
+    assert (merged.aa_jobs, merged.planted_jobs, merged.planted_detected) == (2, 2, 2)
+    assert done.stdout.splitlines()[0] == "A/A jobs with a faster/slower verdict: 0 of 2 (0%)"
+    for args, message in (
+        (["--merge", "bad.json"], "--merge bad.json: not a calibration result"),
+        (["--merge", "gpu0.json", "--merge", "gpu0.json"], "share job seeds"),
+        ([], "--planted-step: give the planted variant's chunk width"),
+    ):
+        refused = subprocess.run(
+            [*coldbench_cmd, "calibrate", *args, "--out", "x.json"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
+        assert not (tmp_path / "x.json").exists()
