@@ -321,7 +321,12 @@ def run(
     folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
     out_console = Console()
     if outcome.summary:
+        from evidence.markdown import noise_floor_text
+
         out_console.print(_verdict_table(outcome.summary))
+        floor = noise_floor_text(outcome.summary)
+        if floor:
+            out_console.print(floor, soft_wrap=True)
         entries = (outcome.summary.get("ablation") or {}).get("entries") or []
         if entries:
             title = "ablation: all vs all-minus-<feature> (contributions are not additive)"

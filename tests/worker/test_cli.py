@@ -65,6 +65,7 @@ def test_aa_never_claims_a_difference(
     # Six rounds: a fresh process per variant every round (at least 12 blocks, at most one
     # per round), each warming both contexts before its round's first timed cell.
     assert all(r.process == r.round + 1 for r in measured)
+    assert "Noise floor: 6 process pairs of 1 round each" in done.stdout
     warmups = sorted(
         (r.variant, r.process, r.context_tokens) for r in records if r.status == "warmup"
     )
