@@ -722,7 +722,21 @@ def summarize(
     settings = options.settings()
     if by_process:
         settings["process_blocks"] = dict(PROCESS_BLOCK_SETTINGS)
+    extra: dict[str, Any] = {}
+    if spec is not None and spec.mode == "history":
+        from evidence.history import history_section
+
+        extra["history"] = history_section(
+            spec=spec, comparisons=comparisons, contexts=contexts, provenances=provenances
+        )
+    if spec is not None and spec.mode == "bisect":
+        from evidence.bisect import bisect_section
+
+        extra["bisect"] = bisect_section(
+            spec=spec, comparisons=comparisons, provenances=provenances
+        )
     summary: dict[str, Any] = {
+        **extra,
         "format": SUMMARY_FORMAT,
         "mode": spec.mode if spec is not None else ("ablation" if features else "ab"),
         "baseline": baseline,
