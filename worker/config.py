@@ -59,6 +59,13 @@ class HostConfig:
     repositories: dict[str, RepositoryConfig]
     state_dir: Path
     path: Path | None = None
+    # Synthetic presets jobs may name as `preset:NAME` (none by default: a large preset is a
+    # checkpoint of tens of GB written on first use).
+    allow_presets: tuple[str, ...] = ()
+
+    def model_names(self) -> list[str]:
+        """The models this host offers: its configured names and `preset:NAME` per allowed one."""
+        return sorted(self.models) + [f"preset:{name}" for name in sorted(self.allow_presets)]
 
     @property
     def secret_path(self) -> Path:
@@ -183,7 +190,16 @@ def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = No
     state_dir_raw = raw.get("state_dir", "coldbench-state")
     if not isinstance(state_dir_raw, str):
         raise ConfigError("state_dir must be a path")
-    unknown = set(raw) - {"name", "labels", "models", "repositories", "state_dir"}
+    allow_presets = _string_list(raw.get("allow_presets", []), "allow_presets")
+    from engine.presets import PRESETS
+
+    unknown_presets = sorted(set(allow_presets) - set(PRESETS))
+    if unknown_presets:
+        raise ConfigError(
+            f"allow_presets: unknown preset(s) {', '.join(unknown_presets)}; "
+            f"known: {', '.join(sorted(PRESETS))}"
+        )
+    unknown = set(raw) - {"name", "labels", "models", "repositories", "state_dir", "allow_presets"}
     if unknown:
         raise ConfigError(f"unknown top-level keys {sorted(unknown)}")
     return HostConfig(
@@ -193,6 +209,7 @@ def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = No
         repositories=repositories,
         state_dir=(base / Path(state_dir_raw).expanduser()).resolve(),
         path=path,
+        allow_presets=tuple(dict.fromkeys(allow_presets)),
     )
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evidence.schemas import NAME_PATTERN, HostInfo, Name
 
 Label = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]
-ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
+ModelName = Annotated[str, Field(pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
 
 
 class RepositoryEntry(BaseModel):

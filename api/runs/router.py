@@ -24,7 +24,6 @@ def claim_lease(
         settings=settings,
         host=host,
         fingerprint=body.fingerprint.model_dump(mode="json"),
-        labels=body.labels,
         wait_s=body.wait_s,
     )
     if lease is None:

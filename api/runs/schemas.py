@@ -7,14 +7,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.hosts.schemas import Label
 from evidence.schemas import HostInfo
 
 
 class LeaseRequest(BaseModel):
+    """No labels: a host's labels come from its enrollment and the admin, never from a lease."""
+
     model_config = ConfigDict(extra="forbid")
     fingerprint: HostInfo
-    labels: list[Label] = Field(default_factory=list, max_length=100)
     wait_s: int = Field(0, ge=0, le=25)
 
 

@@ -174,13 +174,10 @@ def claim_lease(
     settings: Settings,
     host: Host,
     fingerprint: dict[str, Any],
-    labels: list[str],
     wait_s: float,
 ) -> Lease | None:
     """Long-poll for a run this host may take; None after wait_s seconds without one."""
-    host_service.update_host_report(
-        db_session=db_session, host=host, fingerprint=fingerprint, labels=labels
-    )
+    host_service.update_host_report(db_session=db_session, host=host, fingerprint=fingerprint)
     if host.health == "lost":
         host.health = "ready"
     db_session.commit()
@@ -345,32 +342,39 @@ def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
             if timed_out
             else f"no heartbeat for {settings.lease_ttl_s} s"
         )
-        attempt_row = get_attempt(db_session=db_session, run_id=run.id, attempt=run.attempt)
-        if attempt_row is not None:
-            attempt_row.state = "expired"
-            attempt_row.ended_at = now
-            attempt_row.reason = why
-        host = db_session.get(Host, run.host_id) if run.host_id else None
-        if host is not None:
-            host.health = "lost"
-        if run.attempt < settings.max_attempts:
-            run.state = "queued"
-            run.host_id = None
-        else:
-            run.state = "expired"
-            run.reason = f"lost {run.attempt} attempts; last: {why}"
-        run.lease_expires_at = None
-        run.deadline_at = None
-        auth_service.record_audit(
-            db_session=db_session,
-            actor="server",
-            kind="run.attempt_expired",
-            subject_id=run.id,
-            attempt=run.attempt,
-            reason=why,
-            requeued=run.state == "queued",
-        )
-        if job_service.refresh_job_state(db_session=db_session, job_id=run.job_id):
+        if lose_attempt(db_session=db_session, settings=settings, run=run, why=why):
             to_analyze.append(run.job_id)
     db_session.commit()
     return to_analyze
+
+
+def lose_attempt(*, db_session: Session, settings: Settings, run: Run, why: str) -> bool:
+    """End the leased attempt of `run` as expired and queue the run again (or expire it after
+    max_attempts); True when the job should be analyzed. The caller commits."""
+    now = utcnow()
+    attempt_row = get_attempt(db_session=db_session, run_id=run.id, attempt=run.attempt)
+    if attempt_row is not None:
+        attempt_row.state = "expired"
+        attempt_row.ended_at = now
+        attempt_row.reason = why
+    host = db_session.get(Host, run.host_id) if run.host_id else None
+    if host is not None:
+        host.health = "lost"
+    if run.attempt < settings.max_attempts:
+        run.state = "queued"
+        run.host_id = None
+    else:
+        run.state = "expired"
+        run.reason = f"lost {run.attempt} attempts; last: {why}"
+    run.lease_expires_at = None
+    run.deadline_at = None
+    auth_service.record_audit(
+        db_session=db_session,
+        actor="server",
+        kind="run.attempt_expired",
+        subject_id=run.id,
+        attempt=run.attempt,
+        reason=why,
+        requeued=run.state == "queued",
+    )
+    return job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)

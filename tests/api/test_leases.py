@@ -44,7 +44,6 @@ def test_twenty_concurrent_claimers_each_run_claimed_once(
                     settings=settings,
                     host=host,
                     fingerprint=fingerprint(),
-                    labels=[],
                     wait_s=1,
                 )
         except BaseException as error:  # surfaced below
@@ -81,7 +80,6 @@ def test_long_poll_returns_a_run_queued_while_waiting(live_db: str, live_session
                 settings=settings,
                 host=db_session.get(Host, host.id),
                 fingerprint=fingerprint(),
-                labels=[],
                 wait_s=10,
             )
             result["waited_s"] = time.monotonic() - started
@@ -106,7 +104,6 @@ def test_empty_long_poll_gives_up_after_wait_s(live_db: str, live_sessionmaker: 
             settings=settings,
             host=host,
             fingerprint=fingerprint(),
-            labels=[],
             wait_s=1,
         )
     assert lease is None and 0.9 < time.monotonic() - started < 5

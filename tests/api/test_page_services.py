@@ -24,7 +24,6 @@ def test_current_runs_maps_each_leasing_host_to_its_run(
         settings=settings,
         host=busy,
         fingerprint=fingerprint(hostname="busy"),
-        labels=[],
         wait_s=0,
     )
     current = host_service.current_runs(db_session=db_session)

@@ -139,6 +139,7 @@ def stack(
     _git(repo, "commit", "-q", "-m", "stub")
     (root / "worker.toml").write_text(
         'name = "local-1"\nlabels = ["lab:home"]\nstate_dir = "agent-state"\n'
+        'allow_presets = ["tiny"]\n'
         f'[repositories.stub]\nurl = "{repo}"\n'
         "[repositories.stub.recipes.editable]\n"
         'command = ["{python}", "-m", "pip", "install", "--no-deps", "-e", "."]\n'

@@ -76,7 +76,6 @@ def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
         settings=settings,
         host=host,
         fingerprint=fingerprint(hostname="studio-1", chip="Apple M3 Ultra", cores=32),
-        labels=["lab:home"],
         wait_s=0,
     )
     assert lease is not None
@@ -112,7 +111,6 @@ def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
         settings=settings,
         host=host,
         fingerprint=fingerprint(hostname="studio-1"),
-        labels=[],
         wait_s=0,
     )
     invalid = {
@@ -238,7 +236,6 @@ def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
         settings=settings,
         host=host,
         fingerprint=fingerprint(hostname="studio-1"),
-        labels=[],
         wait_s=0,
     )
     hostile = "<script>alert(1)</script>"

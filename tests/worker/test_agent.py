@@ -35,7 +35,12 @@ def write_config(
     labels: tuple[str, ...] = (),
 ) -> Path:
     """A worker.toml: repositories maps name -> (url, recipe names, all `pip install -e .`)."""
-    lines = [f'name = "{name}"', f"labels = {json.dumps(list(labels))}", 'state_dir = "state"']
+    lines = [
+        f'name = "{name}"',
+        f"labels = {json.dumps(list(labels))}",
+        'state_dir = "state"',
+        'allow_presets = ["tiny"]',
+    ]
     for repo, (url, recipes) in (repositories or {}).items():
         lines += [f"[repositories.{repo}]", f'url = "{url}"', 'module = "mlx_lm"']
         for recipe in recipes:

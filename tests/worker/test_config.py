@@ -139,3 +139,16 @@ def test_worker_command_bad_input(coldbench_cmd: list[str], tmp_path: Path) -> N
     done = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml", "--enroll", token)
     assert done.returncode == 1 and "cannot reach http://127.0.0.1:9" in done.stderr
     assert not (tmp_path / "worker.secret").exists()
+
+
+def test_allow_presets_names_known_presets_only(tmp_path: Path) -> None:
+    from worker.config import ConfigError, parse_host_config
+
+    none = parse_host_config({"name": "h"}, base=tmp_path)
+    assert none.allow_presets == () and none.model_names() == []
+    allowed = parse_host_config(
+        {"name": "h", "allow_presets": ["tiny"], "models": {"llama": "m"}}, base=tmp_path
+    )
+    assert allowed.model_names() == ["llama", "preset:tiny"]
+    with pytest.raises(ConfigError, match="allow_presets: unknown preset"):
+        parse_host_config({"name": "h", "allow_presets": ["no-such"]}, base=tmp_path)
