@@ -17,8 +17,9 @@ from api.auth.schemas import (
 )
 from api.deps import AdminKey, SessionDep, SettingsDep
 from api.hosts import service as host_service
+from api.routing import StrictJSONRoute
 
-router = APIRouter(prefix="/admin", tags=["admin"])
+router = APIRouter(route_class=StrictJSONRoute, prefix="/admin", tags=["admin"])
 
 
 @router.post("/enrollments", status_code=status.HTTP_201_CREATED, response_model=EnrollmentResponse)

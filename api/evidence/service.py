@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
@@ -13,7 +15,7 @@ from api.artifacts import service as artifact_service
 from api.artifacts.store import ArtifactStore
 from api.auth import service as auth_service
 from api.database import utcnow
-from api.errors import NotFound, validation_message
+from api.errors import Conflict, NotFound, validation_message
 from api.evidence.models import Evidence
 from api.jobs import service as job_service
 from api.jobs.models import Job
@@ -31,6 +33,41 @@ EVIDENCE_FILES = {
     ".json": ("summary.json", "application/json"),
     ".zip": ("bundle.zip", "application/zip"),
 }
+
+
+# The bundle's report.html opens offline: its scripts and styles are inline, nothing is fetched.
+REPORT_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'none'"
+)
+# Markdown, JSON and zip are data: nothing in them may run if a browser renders one anyway.
+DATA_CSP = "default-src 'none'; frame-ancestors 'none'; sandbox"
+
+
+def served_headers(suffix: str) -> dict[str, str]:
+    """Security headers of an evidence file (`""` is report.html)."""
+    return {
+        "Content-Security-Policy": REPORT_CSP if suffix == "" else DATA_CSP,
+        "X-Content-Type-Options": "nosniff",
+    }
+
+
+def checked_file(*, store: ArtifactStore, evidence_id: str, file_name: str, entry: Any) -> Path:
+    """The stored file of an evidence row after its digest and size are checked again: NotFound
+    when it is gone, Conflict naming what changed when the bytes no longer match."""
+    if entry is None:
+        raise NotFound(f"evidence {evidence_id} has no {file_name}")
+    problem = store.verify(entry["sha256"], entry["bytes"])
+    if problem == "missing from the store":
+        raise NotFound(f"evidence {evidence_id} has no {file_name} (missing from the store)")
+    if problem is not None:
+        log.error("evidence %s: %s %s", evidence_id, file_name, problem)
+        raise Conflict(
+            f"evidence {evidence_id}: {file_name} no longer matches its digest "
+            f"{entry['sha256']} ({problem}); it is not served"
+        )
+    return store.path(entry["sha256"])
 
 
 def get_evidence(*, db_session: Session, evidence_id: str) -> Evidence:

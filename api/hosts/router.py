@@ -14,9 +14,10 @@ from api.hosts.schemas import (
     RegisterRequest,
     RegisterResponse,
 )
+from api.routing import StrictJSONRoute
 from api.runs import service as run_service
 
-router = APIRouter(tags=["hosts"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["hosts"])
 
 
 @router.post(

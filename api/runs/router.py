@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentWorker, SessionDep, SettingsDep
+from api.routing import StrictJSONRoute
 from api.runs import service
 from api.runs.schemas import CompleteRequest, CompleteResponse, LeaseRequest, LeaseResponse
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["runs"])
 
 
 @router.post(
