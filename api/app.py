@@ -96,6 +96,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        # An upload cut by a kill of this server (or a replica) left its temporary file.
+        swept = _app.state.store.sweep_temporary(older_than_s=settings.upload_tmp_max_age_s)
+        if swept:
+            log.info("removed %d abandoned upload temporaries", len(swept))
         yield
         engine.dispose()
 

@@ -11,6 +11,7 @@ import hmac
 import os
 import re
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,23 @@ class ArtifactStore:
 
     def put_bytes(self, data: bytes) -> StoredBlob:
         return self.put_chunks([data], expected_sha256=sha256_hex(data), max_bytes=len(data))
+
+    def sweep_temporary(self, *, older_than_s: float) -> list[str]:
+        """Remove upload temporaries not written to for `older_than_s` (an upload cut by a
+        killed server leaves one; an upload in flight keeps writing to its own); returns the
+        names removed. Blobs are never touched: they are renamed out of tmp/ only when whole."""
+        if not self.tmp_dir.is_dir():
+            return []
+        cutoff = time.time() - older_than_s
+        removed = []
+        for entry in sorted(self.tmp_dir.iterdir()):
+            try:
+                if entry.is_file() and entry.stat().st_mtime < cutoff:
+                    entry.unlink()
+                    removed.append(entry.name)
+            except FileNotFoundError:
+                continue  # committed or swept by another process meanwhile
+        return removed
 
     def read_bytes(self, sha256: str) -> bytes:
         return self.path(sha256).read_bytes()
