@@ -68,6 +68,15 @@ class _TooLarge(Exception):
     pass
 
 
+def _is_too_large(error: BaseException) -> bool:
+    """_TooLarge, also as the only kind inside the group a task group (BaseHTTPMiddleware's
+    receive) wraps it in."""
+    if isinstance(error, BaseExceptionGroup):
+        _, other = error.split(_TooLarge)
+        return other is None
+    return isinstance(error, _TooLarge)
+
+
 class BodyLimitMiddleware:
     """413 for a request body over `limit_for(scope)` bytes, before the app parses it."""
 
@@ -127,7 +136,9 @@ class BodyLimitMiddleware:
 
         try:
             await self.app(scope, limited_receive, guarded_send)
-        except _TooLarge:
+        except Exception as error:
+            if not _is_too_large(error):
+                raise
             if not answered:
                 answered = True
                 await self._refuse(send, limit)
