@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from prometheus_client import (
 
 from api.artifacts.router import router as artifacts_router
 from api.artifacts.service import total_artifact_bytes
-from api.artifacts.store import ArtifactStore
+from api.artifacts.store import open_store
 from api.auth.router import router as auth_router
 from api.database import make_engine, make_sessionmaker, upgrade_database
 from api.deps import SessionDep
@@ -36,8 +37,10 @@ from api.jobs.router import router as jobs_router
 from api.pages.router import router as pages_router
 from api.pages.templates import web_dir
 from api.routing import BodyLimitMiddleware, StrictJSONRoute, finite_or_text
+from api.runs import service as run_service
 from api.runs.models import RUN_STATES, Run
 from api.runs.router import router as runs_router
+from api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from api.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -93,15 +96,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ),
     )
 
+    work_signal = WorkSignal()
+    register_local(work_signal)
+
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
-        # An upload cut by a kill of this server (or a replica) left its temporary file.
-        swept = _app.state.store.sweep_temporary(older_than_s=settings.upload_tmp_max_age_s)
+        # An upload cut by a kill of this server (or a replica) left its spool file.
+        swept = app.state.store.sweep_temporary(older_than_s=settings.upload_tmp_max_age_s)
         if swept:
             log.info("removed %d abandoned upload temporaries", len(swept))
-        yield
-        engine.dispose()
+        background = [
+            asyncio.create_task(
+                run_service.sweep_leases(sessionmaker=app.state.sessionmaker, settings=settings)
+            )
+        ]
+        if engine.dialect.name == "postgresql":
+            background.append(
+                asyncio.create_task(listen_for_work(settings.sqlalchemy_url, work_signal))
+            )
+        try:
+            yield
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            engine.dispose()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -114,7 +134,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.store = ArtifactStore(settings.artifact_dir)
+    app.state.store = open_store(settings)
+    app.state.work_signal = work_signal
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, error: RequestValidationError) -> JSONResponse:

@@ -75,6 +75,7 @@ def build_spec(
     recipe: str | None,
     fresh_process: bool,
     precision: float = 0.05,
+    adapter: str | None = None,
 ) -> JobSpec:
     from pydantic import ValidationError
 
@@ -85,7 +86,7 @@ def build_spec(
         parsed = [v.model_copy(update={"recipe": v.recipe or recipe}) for v in parsed]
     raw = {
         "mode": mode,
-        "adapter": "mlx-lm" if repository else "embedded",
+        "adapter": adapter or ("mlx-lm" if repository else "embedded"),
         "repository": repository,
         "variants": [v.model_dump() for v in parsed],
         "features": [f for f in (features or "").split(",") if f],
@@ -163,7 +164,17 @@ def run(
     recipe: Annotated[
         str | None, typer.Option(help="Build recipe for --repo variants (default: editable).")
     ] = None,
-    module: Annotated[str, typer.Option(help="Engine module of --repo.")] = "mlx_lm",
+    module: Annotated[
+        str | None,
+        typer.Option(help="Engine module of --repo (default: mlx_lm, or engine for embedded)."),
+    ] = None,
+    adapter: Annotated[
+        str | None,
+        typer.Option(
+            help="How --repo is driven: mlx-lm (default) or embedded (a checkout of coldbench "
+            "whose engine/ and kernels/ each variant runs)."
+        ),
+    ] = None,
     fresh_process: Annotated[
         bool, typer.Option("--fresh-process", help="A new process for every cell.")
     ] = False,
@@ -207,8 +218,10 @@ def run(
         models[model_name] = path.resolve()
     repositories = {}
     try:
+        if adapter is not None and repo is None and adapter != "embedded":
+            raise ValueError(f"--adapter {adapter} drives a repository: add --repo PATH")
         if repo is not None:
-            repository = local_repository(repo, module=module)
+            repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
             repositories[repository.name] = repository
         spec = build_spec(
             model=model_name,
@@ -223,6 +236,7 @@ def run(
             recipe=recipe,
             fresh_process=fresh_process,
             precision=precision,
+            adapter=adapter,
         )
     except (ValueError, ConfigError) as error:
         _fail(str(error))

@@ -7,8 +7,7 @@ unguessable and names exactly one immutable set of files.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, Request, Response
 
 from api.deps import SessionDep, StoreDep
 from api.evidence import service
@@ -18,7 +17,7 @@ from api.routing import StrictJSONRoute
 router = APIRouter(route_class=StrictJSONRoute, tags=["evidence"])
 
 
-@router.get("/e/{path}", response_class=FileResponse)
+@router.get("/e/{path}", response_class=Response)
 def evidence_file(path: str, request: Request, db_session: SessionDep, store: StoreDep):
     evidence_id, suffix = service.split_evidence_path(path)
     if suffix == "" and not path.endswith(".html"):
@@ -27,7 +26,7 @@ def evidence_file(path: str, request: Request, db_session: SessionDep, store: St
     row = service.get_evidence(db_session=db_session, evidence_id=evidence_id)
     file_name, media_type = service.EVIDENCE_FILES[suffix]
     # Checked on every request: bytes altered in the store answer 409, never a cached copy.
-    path_in_store = service.checked_file(
+    data = service.checked_bytes(
         store=store, evidence_id=evidence_id, file_name=file_name, entry=row.files.get(file_name)
     )
     headers = {
@@ -36,4 +35,4 @@ def evidence_file(path: str, request: Request, db_session: SessionDep, store: St
     }
     if suffix == ".zip":
         headers["Content-Disposition"] = f'attachment; filename="coldbench-{evidence_id}.zip"'
-    return FileResponse(path_in_store, media_type=media_type, headers=headers)
+    return Response(data, media_type=media_type, headers=headers)

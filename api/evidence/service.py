@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,6 +20,7 @@ from api.evidence.models import Evidence
 from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Cell, Run
+from evidence.canonical import sha256_hex
 from evidence.schemas import JobSpec, Provenance, Record
 
 log = logging.getLogger(__name__)
@@ -53,21 +54,21 @@ def served_headers(suffix: str) -> dict[str, str]:
     }
 
 
-def checked_file(*, store: ArtifactStore, evidence_id: str, file_name: str, entry: Any) -> Path:
-    """The stored file of an evidence row after its digest and size are checked again: NotFound
-    when it is gone, Conflict naming what changed when the bytes no longer match."""
-    if entry is None:
+def checked_bytes(*, store: ArtifactStore, evidence_id: str, file_name: str, entry: Any) -> bytes:
+    """The stored bytes of an evidence file after their digest and size are checked again:
+    NotFound when the file is gone, Conflict naming what changed when it no longer matches."""
+    if entry is None or not store.exists(entry["sha256"]):
         raise NotFound(f"evidence {evidence_id} has no {file_name}")
-    problem = store.verify(entry["sha256"], entry["bytes"])
-    if problem == "missing from the store":
-        raise NotFound(f"evidence {evidence_id} has no {file_name} (missing from the store)")
-    if problem is not None:
-        log.error("evidence %s: %s %s", evidence_id, file_name, problem)
+    data = store.read_bytes(entry["sha256"])
+    actual = sha256_hex(data)
+    if not hmac.compare_digest(actual, entry["sha256"]) or len(data) != entry["bytes"]:
+        problem = f"now sha256 {actual}, {len(data)} bytes"
+        log.error("evidence %s: %s altered in the store (%s)", evidence_id, file_name, problem)
         raise Conflict(
             f"evidence {evidence_id}: {file_name} no longer matches its digest "
             f"{entry['sha256']} ({problem}); it is not served"
         )
-    return store.path(entry["sha256"])
+    return data
 
 
 def get_evidence(*, db_session: Session, evidence_id: str) -> Evidence:

@@ -162,6 +162,7 @@ def revoke_host(
     of the runs requeued or expired). Idempotent."""
     from api import dispatch
     from api.runs import service as run_service
+    from api.runs.wakeup import announce_work
 
     host = find_host(db_session=db_session, name_or_id=name_or_id)
     db_session.scalars(sa.select(Host.id).where(Host.id == host.id).with_for_update()).one()
@@ -181,6 +182,8 @@ def revoke_host(
             db_session=db_session, settings=settings, run=run, why="host revoked by the admin"
         ):
             analyze.append(run.job_id)
+    if any(run.state == "queued" for run in leased):
+        announce_work(db_session)  # waiting hosts may take it at once
     db_session.commit()
     for job_id in analyze:
         dispatch.send_task("analyze_job", job_id)

@@ -14,7 +14,6 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import (
-    FileResponse,
     HTMLResponse,
     JSONResponse,
     RedirectResponse,
@@ -373,11 +372,9 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
     """`/e/{id}`: the report with plotly.js from /static, copy-Markdown and download buttons."""
     row = evidence_service.get_evidence(db_session=db_session, evidence_id=evidence_id)
     # The bundle is re-checked before each render: altered bytes answer 409, not a page.
-    bundle_zip = evidence_service.checked_file(
-        store=store,
-        evidence_id=evidence_id,
-        file_name="bundle.zip",
-        entry=row.files.get("bundle.zip"),
+    entry = row.files.get("bundle.zip")
+    evidence_service.checked_bytes(
+        store=store, evidence_id=evidence_id, file_name="bundle.zip", entry=entry
     )
     header = (
         templates()
@@ -385,18 +382,24 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
         .render(evidence_id=evidence_id, markdown="{markdown}")
     )
     try:
-        page = render_page(evidence_id, bundle_zip, f"{request.base_url}e/{evidence_id}", header)
+        page = render_page(
+            evidence_id,
+            entry["sha256"],
+            store.read_bytes,
+            f"{request.base_url}e/{evidence_id}",
+            header,
+        )
     except (BundleError, KeyError, ValueError):
         # A bundle this version cannot re-render (older format, a damaged zip): its own
         # report.html, as is, once its digest is checked too.
         log.exception("evidence %s: page not rendered; serving the bundle's report", evidence_id)
-        report = evidence_service.checked_file(
+        report = evidence_service.checked_bytes(
             store=store,
             evidence_id=evidence_id,
             file_name="report.html",
             entry=row.files.get("report.html"),
         )
-        return FileResponse(
+        return Response(
             report,
             media_type="text/html; charset=utf-8",
             headers={"Cache-Control": "no-cache", **evidence_service.served_headers("")},

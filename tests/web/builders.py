@@ -8,7 +8,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.artifacts.store import ArtifactStore
+from api.artifacts.store import LocalArtifactStore
 from api.auth import service as auth_service
 from api.evidence.models import Evidence
 from api.jobs.models import Job
@@ -60,7 +60,7 @@ def publish_evidence(
         )
         provenances.append(provenance(run_id=run_id, hostname=host))
     files, _summary = build_bundle(records=records, provenances=provenances, baseline="base")
-    store = ArtifactStore(settings.artifact_dir)
+    store = LocalArtifactStore(settings.artifact_dir)
     stored: dict[str, Any] = {}
     for name in ("report.html", "summary.md", "summary.json", MANIFEST_FILE):
         blob = store.put_bytes(files[name])

@@ -75,8 +75,9 @@ def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
         db_session=db_session,
         settings=settings,
         host=host,
-        fingerprint=fingerprint(hostname="studio-1", chip="Apple M3 Ultra", cores=32),
-        wait_s=0,
+        report=run_service.HostReport(
+            fingerprint=fingerprint(hostname="studio-1", chip="Apple M3 Ultra", cores=32),
+        ),
     )
     assert lease is not None
     run_service.heartbeat(
@@ -110,8 +111,7 @@ def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
         db_session=db_session,
         settings=settings,
         host=host,
-        fingerprint=fingerprint(hostname="studio-1"),
-        wait_s=0,
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
     invalid = {
         "variant": "cand",
@@ -235,8 +235,7 @@ def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
         db_session=db_session,
         settings=settings,
         host=host,
-        fingerprint=fingerprint(hostname="studio-1"),
-        wait_s=0,
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
     hostile = "<script>alert(1)</script>"
     run_service.heartbeat(

@@ -80,6 +80,13 @@ def test_aa_never_claims_a_difference(
     targets = {t["variant"]: t for t in run["targets"]}
     engine_file = str((repo_root / "engine" / "__init__.py").resolve())
     assert targets["a"]["engine_module_file"] == engine_file
+    # each variant's own process says what it imported
+    for target in targets.values():
+        software = target["software"]
+        assert software["files"]["engine"] == engine_file
+        assert software["files"]["kernels"] == str(repo_root / "kernels" / "__init__.py")
+        assert software["mlx"] and software["mlx_lm"] and software["python"]
+    assert "software (its own process)" in (out / "summary.md").read_text()
     assert run["model"]["weights_sha256"] and run["job_spec_sha256"]
 
 
