@@ -68,9 +68,7 @@ def submit_and_lease(server: Server, key: str, secret: str, label: str) -> tuple
         created = client.post("/api/v1/jobs", json=job_payload(model="m", host_labels=[label]))
     assert created.status_code == 201, created.text
     with server.client(secret) as client:
-        lease = client.post(
-            "/api/v1/leases", json={"fingerprint": fingerprint(), "wait_s": 10}
-        )
+        lease = client.post("/api/v1/leases", json={"fingerprint": fingerprint(), "wait_s": 10})
     assert lease.status_code == 200, lease.text
     assert lease.json()["job_id"] == created.json()["id"]
     return created.json()["id"], lease.json()["run_id"]
