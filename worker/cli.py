@@ -218,8 +218,8 @@ def run(
         models[model_name] = path.resolve()
     repositories = {}
     try:
-        if adapter is not None and repo is None and adapter != "embedded":
-            raise ValueError(f"--adapter {adapter} drives a repository: add --repo PATH")
+        if adapter == "mlx-lm" and repo is None:
+            raise ValueError("--adapter mlx-lm drives a checkout: add --repo PATH")
         if repo is not None:
             repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
             repositories[repository.name] = repository

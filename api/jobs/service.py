@@ -242,6 +242,11 @@ def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
     return new_state == "analyzing"
 
 
+def job_summary(*, db_session: Session, job_id: str) -> dict[str, Any] | None:
+    """summary.json of the job's analysis, once it has one."""
+    return get_job(db_session=db_session, job_id=job_id).summary
+
+
 def job_detail(*, db_session: Session, job_id: str) -> JobOut:
     """The job with its runs, their attempts and progress (JSON API and pages)."""
     from api.hosts.models import Host

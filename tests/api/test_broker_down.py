@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api import dispatch
-from api.artifacts.store import ArtifactStore
+from api.artifacts.store import LocalArtifactStore
 from api.celery_app import make_celery
 from api.runs import ingest
 from api.runs.models import Run
@@ -86,13 +86,13 @@ def test_upload_cut_by_a_killed_server_is_swept(tmp_path: Path) -> None:
     # A real process streams an upload into the store and is killed mid-body.
     script = (
         "import sys, time\n"
-        "from api.artifacts.store import ArtifactStore\n"
+        "from api.artifacts.store import LocalArtifactStore\n"
         "def chunks():\n"
         "    yield b'x' * 65536\n"
         "    print('streaming', flush=True)\n"
         "    time.sleep(60)\n"
         "    yield b'y'\n"
-        f"ArtifactStore({str(root)!r}).put_chunks(chunks(), max_bytes=1 << 30)\n"
+        f"LocalArtifactStore({str(root)!r}).put_chunks(chunks(), max_bytes=1 << 30)\n"
     )
     child = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
@@ -102,7 +102,7 @@ def test_upload_cut_by_a_killed_server_is_swept(tmp_path: Path) -> None:
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(10)
-    store = ArtifactStore(root)
+    store = LocalArtifactStore(root)
     (left,) = list(store.tmp_dir.iterdir())
     assert left.stat().st_size == 65536
     in_flight = store.tmp_dir / "upload-in-flight"
@@ -115,7 +115,7 @@ def test_upload_cut_by_a_killed_server_is_swept(tmp_path: Path) -> None:
     assert not [p for p in root.rglob("*") if p.is_file() and p.parent != store.tmp_dir]
 
 
-def _abandoned(store: ArtifactStore) -> Path:
+def _abandoned(store: LocalArtifactStore) -> Path:
     store.tmp_dir.mkdir(parents=True, exist_ok=True)
     path = store.tmp_dir / "upload-abandoned"
     path.write_bytes(b"half an upload")
@@ -132,7 +132,7 @@ def test_server_start_and_the_beat_task_sweep_abandoned_uploads(
     from api import tasks
     from api.app import create_app
 
-    store = ArtifactStore(settings.artifact_dir)
+    store = LocalArtifactStore(settings.artifact_dir)
     path = _abandoned(store)
     with TestClient(create_app(settings)):
         assert not path.exists()

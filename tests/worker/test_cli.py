@@ -12,6 +12,7 @@ from evidence.bundle import verify_bundle
 from evidence.records import read_records
 
 pytestmark = pytest.mark.slow
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(coldbench_cmd: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -131,6 +132,12 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
         (["--model", "/nonexistent/model"], "not a checkpoint folder"),
         (["--model", "preset:nope"], "unknown model 'preset:nope'"),
         (["--mode", "ablation"], "ablation mode needs at least one feature"),
+        (["--adapter", "mlx-lm"], "--adapter mlx-lm drives a checkout: add --repo PATH"),
+        (["--adapter", "vllm", "--repo", "."], "--adapter 'vllm': choose one of embedded"),
+        (
+            ["--adapter", "embedded", "--repo", str(REPO_ROOT), "--variant", "a"],
+            "variant a names no ref of",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(
