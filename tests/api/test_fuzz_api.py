@@ -53,33 +53,37 @@ def test_no_operation_answers_5xx_for_any_principal(
     assert len(operations) >= 10
     failures: list[str] = []
     for operation in operations:
-        cases = st.one_of(
-            operation.as_strategy(GenerationMode.POSITIVE),
-            operation.as_strategy(GenerationMode.NEGATIVE),
-        )
-
-        @settings(
-            max_examples=EXAMPLES_PER_OPERATION,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            phases=[Phase.explicit, Phase.generate],  # report, do not spend minutes shrinking
-        )
-        @given(case=cases, who=st.sampled_from(sorted(principals)))
-        def probe(case: Any, who: str) -> None:
-            try:
-                response = case.call(
-                    headers={**(case.headers or {}), **principals[who]}, timeout=30
-                )
-            except Exception as error:  # noqa: BLE001 - every escape is a finding
-                failures.append(f"{operation.method.upper()} {operation.path} as {who}: {error!r}")
-                return
-            if response.status_code >= 500:
-                failures.append(
-                    f"{operation.method.upper()} {operation.path} as {who}: "
-                    f"{response.status_code} {response.text[:200]} <- {case.as_curl_command()}"
-                )
-
-        probe()
+        _probe(operation, principals, failures)()
     assert failures == [], "\n".join(failures[:20])
+
+
+def _probe(operation: Any, principals: dict[str, Any], failures: list[str]) -> Any:
+    """A bounded hypothesis test of one operation: its valid and invalid cases, any principal."""
+    label = f"{operation.method.upper()} {operation.path}"
+    cases = st.one_of(
+        operation.as_strategy(GenerationMode.POSITIVE),
+        operation.as_strategy(GenerationMode.NEGATIVE),
+    )
+
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],  # report, do not spend minutes shrinking
+    )
+    @given(case=cases, who=st.sampled_from(sorted(principals)))
+    def probe(case: Any, who: str) -> None:
+        try:
+            response = case.call(headers={**(case.headers or {}), **principals[who]}, timeout=30)
+        except Exception as error:  # noqa: BLE001 - every escape is a finding
+            failures.append(f"{label} as {who}: {error!r}")
+            return
+        if response.status_code >= 500:
+            failures.append(
+                f"{label} as {who}: {response.status_code} {response.text[:200]} "
+                f"<- {case.as_curl_command()}"
+            )
+
+    return probe
