@@ -362,7 +362,8 @@ def _read_folder(root: Path) -> dict[str, bytes]:
 def _unsafe_member_name(name: str) -> bool:
     parts = name.split("/")
     return (
-        name.startswith("/")
+        not name
+        or name.startswith("/")
         or "\\" in name
         or ":" in parts[0]  # drive letters
         or any(part in ("..", ".") for part in parts)
@@ -384,7 +385,7 @@ def read_zip(data: bytes) -> dict[str, bytes]:
         for info in archive.infolist():
             name = info.filename
             if _unsafe_member_name(name):
-                raise BundleError(f"zip entry {name!r}: absolute or parent path refused")
+                raise BundleError(f"zip entry {name!r}: empty, absolute or parent path refused")
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
                 raise BundleError(f"zip entry {name!r}: symbolic link refused")

@@ -264,7 +264,7 @@ def test_a_finished_run_shows_its_final_count_not_its_last_heartbeat(
         db_session=db_session,
         settings=settings,
         host=host,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1"), labels=[]),
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
     run_service.heartbeat(
         db_session=db_session,
