@@ -17,6 +17,7 @@ from api.errors import Conflict, Invalid, NotAuthenticated, NotFound
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
+from evidence.calibration import HostCalibration
 from evidence.schemas import JobSpec
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,23 @@ def revoke_host(
         dispatch.send_task("analyze_job", job_id)
     log.info("host revoked", extra={"host_id": host.id, "host_name": host.name})
     return host, [run.id for run in leased]
+
+
+def store_calibration(*, db_session: Session, host: Host, calibration: HostCalibration) -> None:
+    """Keep the host's latest calibration (it replaces any earlier one)."""
+    host.calibration = calibration.to_json_dict()
+    db_session.commit()
+
+
+def calibration_lines(host: Host) -> list[str]:
+    """The host page's lines for its calibration; empty when it never reported one."""
+    if not host.calibration:
+        return []
+    try:
+        return HostCalibration.model_validate(host.calibration).lines()
+    except ValueError:
+        log.warning("host %s: stored calibration no longer parses", host.name)
+        return []
 
 
 def host_health(host: Host, *, settings: Settings) -> str:

@@ -33,6 +33,7 @@ async def claim_lease(
         signal=request.app.state.work_signal,
         report=service.HostReport(fingerprint=body.fingerprint.model_dump(mode="json")),
         wait_s=body.wait_s,
+        gone=request.is_disconnected,
     )
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,7 +1,7 @@
 """Hosts can be revoked: revoked_at, and a name is unique among the hosts not revoked.
 
 Revision ID: 3b1f2c9d8e7a
-Revises: 7693a6ba4526
+Revises: c4l1b7a7e016
 Create Date: 2026-12-01 04:00:00
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "3b1f2c9d8e7a"
-down_revision: str | Sequence[str] | None = "7693a6ba4526"
+down_revision: str | Sequence[str] | None = "c4l1b7a7e016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
