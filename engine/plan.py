@@ -4,13 +4,15 @@
 {"run_id": "r-1", "variant": "base", "adapter": "embedded", "model": "/abs/checkpoint",
  "flags": {"prefill_step_size": 256}, "decode_tokens": 8, "seed": 0,
  "records_path": "/abs/records.jsonl", "checkout": null, "server_command": null,
- "cells": null, "warmup_tokens": null}
+ "cells": null, "warmup_tokens": null, "corpus": null, "corpus_path": null}
 ```
 
 `model` is a checkpoint directory or `preset:NAME`; `cells` (a list of
 `{"round", "order", "context_tokens"}`) makes the process run them and exit (batch mode);
 `warmup_tokens` sets the warm-up prompt's length (default: the smallest batch cell's context,
-else 256). Every field is checked; a bad one is a ValueError of one line naming it.
+else 256); `corpus` names the prompt corpus (null: the built-in one) and `corpus_path` is the
+host's file for it, which only the worker writes from the host's own configuration. Every field
+is checked; a bad one is a ValueError of one line naming it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.corpus import BUILTIN, check_corpus_name
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 DEFAULT_WARMUP_TOKENS = 256
@@ -59,6 +63,8 @@ class Plan:
     server_command: list[str] | None = None
     cells: list[CellRequest] | None = None
     warmup_tokens: int | None = None
+    corpus: str | None = None
+    corpus_path: str | None = None
 
     @classmethod
     def load(cls, path: Path | str) -> Plan:
@@ -106,6 +112,13 @@ class Plan:
         checkout = value.get("checkout")
         if checkout is not None and not isinstance(checkout, str):
             raise ValueError("plan checkout must be a path string")
+        corpus_name, corpus_path = value.get("corpus"), value.get("corpus_path")
+        if corpus_name is not None:
+            check_corpus_name(corpus_name)
+        if corpus_path is not None and not isinstance(corpus_path, str):
+            raise ValueError("plan corpus_path must be a path string")
+        if corpus_name not in (None, BUILTIN) and corpus_path is None:
+            raise ValueError(f"plan corpus {corpus_name!r} needs its corpus_path")
         cells = value.get("cells")
         if cells is not None:
             if not isinstance(cells, list):
@@ -126,6 +139,8 @@ class Plan:
             server_command=command,
             cells=cells,
             warmup_tokens=value.get("warmup_tokens"),
+            corpus=corpus_name,
+            corpus_path=corpus_path,
         )
 
     def warmup_context(self) -> int:

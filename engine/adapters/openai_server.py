@@ -48,6 +48,7 @@ from typing import Any
 from engine import checkpoints
 from engine.adapters import measure_prompt
 from engine.backend import describe_backend
+from engine.memory import MemoryGuard
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
 
@@ -147,9 +148,10 @@ class OpenAIServerAdapter:
         tokenizer = _load_tokenizer(model_path)
         self.tokenizer = tokenizer
         config = json.loads((model_path / "config.json").read_text())
-        self.prompts = PromptSource.from_tokenizer(
-            tokenizer, max_tokens=config.get("max_position_embeddings")
-        )
+        # the server holds the model on this host's device: the same estimate applies
+        memory = MemoryGuard.for_plan(self.plan, model_path)
+        memory.check(self.plan.warmup_context())
+        self.prompts = PromptSource.for_plan(self.plan, tokenizer, config, checks=[memory.check])
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the server
             prefix="coldbench-server-", suffix=".log", delete=False
         )
