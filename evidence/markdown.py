@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evidence.schemas import Provenance
-from evidence.stats import how_to_read
+from evidence.stats import how_to_read, inert_lines
 
 MAX_CHARS = 60_000
 _MAX_LISTED = 20
@@ -46,6 +46,8 @@ def fmt_pct(value: float | None) -> str:
 
 def fmt_verdict(comparison: Mapping[str, Any]) -> str:
     verdict = str(comparison["verdict"])
+    if verdict == "no valid pairs" and comparison.get("why"):
+        return f"no valid pairs: {comparison['why']}"
     if verdict == "inconclusive" and comparison.get("rounds_needed"):
         return f"inconclusive (~{comparison['rounds_needed']} rounds for the precision)"
     return verdict
@@ -126,6 +128,20 @@ def software_line(provenance: Provenance) -> str:
     return ", ".join(p for p in parts if p) or "unknown"
 
 
+def variant_software_text(software: Mapping[str, Any] | None) -> str:
+    """What a variant's own process imported: versions, then the engine's file."""
+    if not software:
+        return "not reported"
+    parts = [
+        f"mlx {software['mlx']}" if software.get("mlx") else None,
+        f"mlx-lm {software['mlx_lm']}" if software.get("mlx_lm") else None,
+        f"coldbench {software['coldbench']}" if software.get("coldbench") else None,
+    ]
+    files = software.get("files") or {}
+    imported = ", ".join(f"{name} `{path}`" for name, path in sorted(files.items()))
+    return "; ".join(p for p in [", ".join(p for p in parts if p), imported] if p) or "n/a"
+
+
 def _flags(flags: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(flags.items())) or "defaults"
 
@@ -201,7 +217,7 @@ def _render(
     lines += ["", evidence_id_line(evidence_id), ""]
     for provenance in provenances:
         lines.append(f"- Host: {host_line(provenance)}")
-        lines.append(f"- Software: {software_line(provenance)}")
+        lines.append(f"- Software (orchestrator): {software_line(provenance)}")
         model = provenance.model
         weights = f", weights sha256 `{model.weights_sha256[:16]}`" if model.weights_sha256 else ""
         lines.append(f"- Model: {model.name or model.path or 'unknown'}{weights}")
@@ -222,9 +238,13 @@ def _render(
                         target.ref or "n/a",
                         commit,
                         _flags(target.flags),
+                        variant_software_text(target.software),
                     ]
                 )
-        lines += _table(["variant", "repository", "ref", "commit", "flags"], rows)
+        lines += _table(
+            ["variant", "repository", "ref", "commit", "flags", "software (its own process)"],
+            rows,
+        )
     settings = summary["settings"]
     lines += [
         "",
@@ -232,6 +252,9 @@ def _render(
         "",
         *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
     ]
+    inert = inert_lines(summary)
+    if inert:
+        lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
     if not compact:
         lines += [
             "",

@@ -164,6 +164,9 @@ class TargetInfo(_Strict):
     native_modules: dict[str, Sha256Hex] = Field(default_factory=dict)
     engine_module_file: str | None = None  # the install-path check: the file really imported
     flags: dict[str, FlagValue] = Field(default_factory=dict)
+    # What the variant's own process imported (engine/adapters `process_software`): versions
+    # (`python`, `mlx`, `mlx_lm`, `coldbench`) and `files` (module name -> file).
+    software: dict[str, Any] | None = None
 
 
 class ModelInfo(_Strict):

@@ -24,6 +24,9 @@ Per comparison:
 Verdict, with `alpha` = 0.05, `precision` = the job's requested precision (default 0.05, i.e.
 +-5%) and `min_pairs` = 6 (below 6 pairs a two-sided signed-rank test cannot reach p < 0.05):
 
+0. no pair at all: `no valid pairs`, and `why` says which side had no valid cell there (with
+   the reasons its cells were set aside, e.g. `silent no-op: <flag>`), or that no round had
+   valid cells of both, or that the pairs' prompts differed.
 1. fewer than `min_pairs` pairs: `inconclusive`.
 2. the interval excludes 1 and `p_adjusted` < alpha: `faster` (ci_low > 1) or `slower`
    (ci_high < 1).
@@ -59,7 +62,7 @@ from evidence.variant import ablation_features, baseline_name, expand_variants, 
 
 SUMMARY_FORMAT = "coldbench.summary/1"
 Metric = Literal["prefill_tps", "decode_tps"]
-Verdict = Literal["faster", "slower", "no established change", "inconclusive"]
+Verdict = Literal["faster", "slower", "no established change", "inconclusive", "no valid pairs"]
 
 CONFIDENCE_LEVEL = 0.95
 ALPHA = 0.05
@@ -117,6 +120,8 @@ class CellIndex:
 
     cells: dict[tuple[str, str, int, int], Record] = field(default_factory=dict)
     duplicates: list[Record] = field(default_factory=list)
+    # measured cells kept out (invalid, error), by (variant, context): reason -> count
+    set_aside: dict[tuple[str, int], Counter[str]] = field(default_factory=dict)
     _by_variant: dict[str, dict[tuple[str, int, int], Record]] | None = field(
         default=None, repr=False
     )
@@ -125,6 +130,11 @@ class CellIndex:
     def of(cls, records: Iterable[Record]) -> CellIndex:
         index = cls()
         for record in records:
+            if record.status in ("invalid", "error") and record.round >= 0:
+                reasons = index.set_aside.setdefault(
+                    (record.variant, record.context_tokens), Counter()
+                )
+                reasons[record.reason or record.status] += 1
             if record.status != "ok" or record.round < 0:
                 continue
             key = (record.run_id, record.variant, record.round, record.context_tokens)
@@ -167,6 +177,27 @@ def pairs_for(
             continue
         pairs.append(Pair(key[0], key[1], key[2], numerator / denominator, record, partner))
     return pairs, mismatched
+
+
+def no_pairs_why(
+    index: CellIndex, variant: str, baseline: str, context_tokens: int, mismatched: int
+) -> str:
+    """Why a comparison at this context has no pair (for the `no valid pairs` verdict)."""
+    missing = []
+    for name in dict.fromkeys((variant, baseline)):
+        if not any(key[2] == context_tokens for key in index.of_variant(name)):
+            reasons = index.set_aside.get((name, context_tokens))
+            detail = (
+                ", ".join(f"{count} x {reason}" for reason, count in reasons.most_common(2))
+                if reasons
+                else "none measured"
+            )
+            missing.append(f"no valid cell of {name} ({detail})")
+    if missing:
+        return "; ".join(missing)
+    if mismatched:
+        return f"{mismatched} pairs had different prompt ids"
+    return f"no round has valid cells of both {variant} and {baseline} with this metric"
 
 
 def comparison_seed(seed: int, *parts: object) -> int:
@@ -338,6 +369,10 @@ def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dic
         comparison["verdict"] = decide(
             comparison["n"], comparison["ci_low"], comparison["ci_high"], p_adjusted, options
         )
+        if comparison["n"] == 0:
+            comparison["verdict"] = "no valid pairs"
+            comparison.setdefault("why", "no pair of valid cells")
+            continue
         if comparison["verdict"] == "inconclusive":
             ratios = [r["ratio"] for r in comparison["ratios"]]
             comparison["rounds_needed"] = rounds_needed(
@@ -364,16 +399,17 @@ def compare_matrix(
                 continue
             pairs, bad = pairs_for(index, variant, baseline, metric, context)
             mismatched += bad
-            comparisons.append(
-                compare_pairs(
-                    pairs,
-                    context_tokens=context,
-                    variant=variant,
-                    baseline=baseline,
-                    seed=comparison_seed(options.seed, metric, context, variant, baseline),
-                    options=options,
-                )
+            comparison = compare_pairs(
+                pairs,
+                context_tokens=context,
+                variant=variant,
+                baseline=baseline,
+                seed=comparison_seed(options.seed, metric, context, variant, baseline),
+                options=options,
             )
+            if not pairs:
+                comparison["why"] = no_pairs_why(index, variant, baseline, context, bad)
+            comparisons.append(comparison)
     return finish(comparisons, options), mismatched
 
 
@@ -394,7 +430,8 @@ def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
 def describe(
     index: CellIndex, *, variants: Sequence[str], contexts: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """Per (context, variant): n and quartiles of prefill and decode tok/s, peak memory."""
+    """Per (context, variant): n and quartiles of prefill and decode tok/s, peak memory, and
+    the flags the cells judged inert there (the request implied stock's execution)."""
     groups: dict[tuple[int, str], list[Record]] = defaultdict(list)
     for (_, variant, _, context), record in index.cells.items():
         groups[(context, variant)].append(record)
@@ -418,9 +455,36 @@ def describe(
                     }
                     if memory
                     else None,
+                    "inert": inert_flags(records),
                 }
             )
     return rows
+
+
+def inert_flags(records: Iterable[Record]) -> list[str]:
+    """Flags any of these cells listed as inert (engine/judge.py: `counters["inert"]`)."""
+    names: dict[str, None] = {}
+    for record in records:
+        listed = record.counters.get("inert")
+        if isinstance(listed, str):
+            names.update(dict.fromkeys(n for n in listed.split(",") if n))
+    return list(names)
+
+
+def inert_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One sentence per context where some variant's flags were inert, for summary.md and
+    report.html."""
+    by_context: dict[int, list[str]] = defaultdict(list)
+    for row in summary["descriptive"]:
+        if row.get("inert"):
+            by_context[row["context_tokens"]].append(
+                f"{row['variant']} ({', '.join(row['inert'])})"
+            )
+    return [
+        f"{context} tokens: {'; '.join(entries)}: at this context the request implies what the "
+        "stock value does, so these cells measured the stock execution"
+        for context, entries in sorted(by_context.items())
+    ]
 
 
 def invalid_section(records: Iterable[Record], duplicates: Sequence[Record]) -> dict[str, Any]:
@@ -585,6 +649,8 @@ def how_to_read(settings: Mapping[str, Any]) -> list[str]:
         f"+-{precision_pct} (the rounds that would reach it are estimated from the observed "
         "spread), or an interval and a corrected test that disagree. An interval that includes "
         "1 establishes nothing more than that.",
+        "no valid pairs: no round had valid cells of both the variant and the baseline at "
+        "that context; the row says which side had none and why its cells were set aside.",
         "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "
         "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
         "interact and are not additive.",

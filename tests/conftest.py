@@ -59,6 +59,13 @@ SLOW_PREFILL_NEW = (
 )
 SLOW_PREFILL_SYNC_OLD = "            mx.eval([c.state for c in prompt_cache])\n"
 SLOW_PREFILL_SYNC_NEW = SLOW_PREFILL_SYNC_OLD + "            mx.synchronize()\n"
+# The `noop-step` branch of `mlx_lm_repo`: generate_step accepts prefill_step_size and ignores it
+# (a planted no-op: stock 2048-token chunks whatever the caller asks).
+NOOP_STEP_BRANCH = "noop-step"
+NOOP_STEP_OLD = "    prompt_progress_callback = prompt_progress_callback or (lambda *_: None)\n"
+NOOP_STEP_NEW = (
+    NOOP_STEP_OLD + "    prefill_step_size = 2048  # coldbench test branch: argument ignored\n"
+)
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +74,8 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
 
     Branch `main` holds the installed package files verbatim (plus a minimal pyproject.toml so
     `pip install -e .` works); branch `slow-prefill` changes the prefill loop of
-    `mlx_lm/generate.py` (see SLOW_PREFILL_*). Returns (repository path, (main, slow-prefill)).
+    `mlx_lm/generate.py` (see SLOW_PREFILL_*); branch `noop-step` (NOOP_STEP_BRANCH) ignores
+    `prefill_step_size`. Returns (repository path, (main, slow-prefill)).
     """
     import shutil
     import subprocess
@@ -120,5 +128,10 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
     text = text.replace(SLOW_PREFILL_SYNC_OLD, SLOW_PREFILL_SYNC_NEW)
     generate_py.write_text(text)
     git("commit", "-q", "-am", "Deliberately slow prefill: 32-token chunks and a sync per chunk")
+    git("checkout", "-q", "-b", NOOP_STEP_BRANCH, "main")
+    text = generate_py.read_text()
+    assert text.count(NOOP_STEP_OLD) == 1, "mlx_lm.generate_step's callback default not found"
+    generate_py.write_text(text.replace(NOOP_STEP_OLD, NOOP_STEP_NEW))
+    git("commit", "-q", "-am", "Planted no-op: generate_step ignores prefill_step_size")
     git("checkout", "-q", "main")
     return repo, ("main", "slow-prefill")

@@ -109,6 +109,7 @@ def target_info(
         adapter=adapter,  # type: ignore[arg-type]
         flags=dict(variant.flags),
         engine_module_file=module_file_of(ready),
+        software=ready.get("software") if isinstance(ready.get("software"), dict) else None,
         ready=ready,
     )
     if checkout is not None:

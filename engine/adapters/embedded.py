@@ -8,6 +8,7 @@ from typing import Any
 
 import engine
 from engine import checkpoints
+from engine.adapters import process_software
 from engine.backend import describe_backend, not_exercised
 from engine.cell import run_cell
 from engine.flags import Flags
@@ -74,6 +75,7 @@ class EmbeddedAdapter:
             **describe_backend(),
             "not_exercised": not_exercised(list(self.flags.non_default())),
             "model": self.model_info,
+            "software": process_software(),
         }
 
     def close(self) -> None:

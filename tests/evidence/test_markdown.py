@@ -144,3 +144,28 @@ def test_drift_interval_with_one_unknown_bound_renders() -> None:
     assert summary["drift"]["runs"][0]["run_id"] in text
     html = render_report_html(summary, [], provenances, None, plotly_js_src="/p.js")
     assert "Drift of the baseline" in html
+
+
+def test_each_variant_shows_the_software_its_own_process_imported() -> None:
+    from evidence.report import render_report_html
+
+    summary, _ = ab_summary()
+    targets = [
+        {
+            "variant": name,
+            "commit": commit * 40,
+            "software": {
+                "mlx": "0.30.1",
+                "mlx_lm": version,
+                "coldbench": None,
+                "files": {"engine": f"/wt/{name}/engine/__init__.py"},
+            },
+        }
+        for name, commit, version in (("base", "a", "0.32.2"), ("fast", "b", "0.31.0"))
+    ]
+    prov = provenance(targets=targets)
+    text = render_summary_md(summary, [prov])
+    assert "| base | embedded | n/a | aaaaaaaaaaaa | defaults | mlx 0.30.1, mlx-lm 0.32.2; " in text
+    assert "engine `/wt/fast/engine/__init__.py`" in text and "mlx-lm 0.31.0" in text
+    html = render_report_html(summary, [], [prov], None)
+    assert "<td>mlx 0.30.1, mlx-lm 0.31.0; engine /wt/fast/engine/__init__.py</td>" in html

@@ -278,9 +278,9 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
 ) -> None:
     page = session.page
     _fill_job(page, cand_flags="prefill_step_size=32, clear_cache=false")
-    # A third variant whose flag can never take effect on these prompts: a silent no-op the
-    # job page must show as it appears.
-    page.fill("input[name=variant-2-name]", "noop")
+    # A third variant whose flag implies stock's single chunk on these prompts: inert, which
+    # the evidence page lists per context.
+    page.fill("input[name=variant-2-name]", "wide")
     page.fill("input[name=variant-2-flags]", "prefill_step_size=4096")
     _shot(page, "form-filled")
     page.click("button.primary")
@@ -309,14 +309,13 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     assert seen_done and seen_done == sorted(seen_done), seen_done
     assert len(set(seen_done)) >= 2, f"progress never moved: {seen_done}"
     expect(page.locator("#job-state")).to_have_text("done")
-    # The silent no-op cells are listed with their reason.
-    expect(page.locator("table.invalid")).to_contain_text("silent no-op: prefill_step_size")
     _shot(page, "job-done")
 
     page.click("#evidence-link a >> nth=0")
     expect(page).to_have_url(re.compile(r"/e/[0-9a-f]{24}$"))
     evidence_id = page.url.rsplit("/", 1)[1]
     expect(page.locator("h1")).to_contain_text("cand")
+    expect(page.locator("#inert")).to_contain_text("64 tokens: wide (prefill_step_size)")
     # plotly.js came from the app and drew every chart.
     expect(page.locator("#fig-tps .main-svg").first).to_be_visible(timeout=60_000)
     assert page.locator(".chart .main-svg").count() >= 4
