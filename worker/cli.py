@@ -61,6 +61,22 @@ def parse_contexts(text: str) -> list[int]:
     return contexts
 
 
+def local_corpus(option: str) -> tuple[str, Path]:
+    """`--corpus NAME=FILE` or `--corpus FILE` -> (name, resolved file); exits on bad input."""
+    from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
+
+    name, sep, file = option.partition("=")
+    if not sep:
+        file = option
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(option).stem).strip("-.")[:56] or "corpus"
+    path = Path(file).expanduser().resolve()
+    if not re.fullmatch(CORPUS_NAME_PATTERN, name) or name == BUILTIN_CORPUS:
+        _fail(f"--corpus {option}: {name!r} is not a corpus name (letters, digits, _ . -)")
+    if not path.is_file():
+        _fail(f"--corpus {option}: {path} is not a file")
+    return name, path
+
+
 def build_spec(
     *,
     model: str,
@@ -75,6 +91,7 @@ def build_spec(
     recipe: str | None,
     fresh_process: bool,
     precision: float = 0.05,
+    corpus: str = "builtin",
 ) -> JobSpec:
     from pydantic import ValidationError
 
@@ -96,6 +113,7 @@ def build_spec(
         "seed": seed,
         "fresh_process": fresh_process,
         "precision": precision,
+        "corpus": corpus,
     }
     try:
         spec = JobSpec.model_validate(raw)
@@ -180,6 +198,13 @@ def run(
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
     ] = Path(".coldbench"),
+    corpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompts from this UTF-8 text file instead of the built-in corpus: "
+            "NAME=FILE or FILE (named after the file)."
+        ),
+    ] = None,
 ) -> None:
     """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle."""
     import logging
@@ -205,6 +230,11 @@ def run(
         # Jobs name models; a folder becomes a name of this run's own model table.
         model_name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
         models[model_name] = path.resolve()
+    corpora: dict[str, Path] = {}
+    corpus_name = "builtin"
+    if corpus is not None:
+        corpus_name, corpus_file = local_corpus(corpus)
+        corpora[corpus_name] = corpus_file
     repositories = {}
     try:
         if repo is not None:
@@ -223,6 +253,7 @@ def run(
             recipe=recipe,
             fresh_process=fresh_process,
             precision=precision,
+            corpus=corpus_name,
         )
     except (ValueError, ConfigError) as error:
         _fail(str(error))
@@ -276,6 +307,7 @@ def run(
                 labels=host_labels(host, []),
                 repositories=repositories,
                 models=models,
+                corpora=corpora,
                 command=command,
                 cell_timeout_s=cell_timeout_s,
                 on_progress=on_progress,

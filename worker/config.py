@@ -1,5 +1,6 @@
-"""The host's own configuration (`worker.toml`): labels, models, the repository allow-list and
-its build recipes. Only the host owner writes it; a job can only pick among what it names.
+"""The host's own configuration (`worker.toml`): labels, models, prompt corpora, the repository
+allow-list and its build recipes. Only the host owner writes it; a job can only pick among what
+it names.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evidence.schemas import NAME_PATTERN
+from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN, NAME_PATTERN
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -59,6 +60,8 @@ class HostConfig:
     repositories: dict[str, RepositoryConfig]
     state_dir: Path
     path: Path | None = None
+    # `[corpora]`: prompt corpora a job may name (engine/corpus.py), name -> text file
+    corpora: dict[str, Path] = field(default_factory=dict)
 
     @property
     def secret_path(self) -> Path:
@@ -160,6 +163,25 @@ def _repository(name: str, raw: Any, base: Path) -> RepositoryConfig:
     )
 
 
+def _corpora(raw: Any, base: Path) -> dict[str, Path]:
+    """`[corpora]`: name = "path/to/file.txt" (relative to worker.toml); each file must exist."""
+    if not isinstance(raw, dict):
+        raise ConfigError('corpora must be a table of name = "path/to/text-file"')
+    corpora: dict[str, Path] = {}
+    for name, value in raw.items():
+        if not re.fullmatch(CORPUS_NAME_PATTERN, name) or name == BUILTIN_CORPUS:
+            raise ConfigError(
+                f"corpora.{name}: a plain name (letters, digits, _ . -), not {BUILTIN_CORPUS!r}"
+            )
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"corpora.{name}: the path of a UTF-8 text file")
+        file = (base / Path(value).expanduser()).resolve()
+        if not file.is_file():
+            raise ConfigError(f"corpora.{name}: {file} is not a file")
+        corpora[name] = file
+    return corpora
+
+
 def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = None) -> HostConfig:
     name = raw.get("name")
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
@@ -180,10 +202,13 @@ def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = No
     if not isinstance(repos_raw, dict):
         raise ConfigError("repositories must be a table")
     repositories = {rname: _repository(rname, rraw, base) for rname, rraw in repos_raw.items()}
+    corpora = _corpora(raw.get("corpora", {}), base)
+    # a job naming a corpus goes only to hosts that have it: the server matches this label
+    labels += [f"corpus:{name}" for name in corpora if f"corpus:{name}" not in labels]
     state_dir_raw = raw.get("state_dir", "coldbench-state")
     if not isinstance(state_dir_raw, str):
         raise ConfigError("state_dir must be a path")
-    unknown = set(raw) - {"name", "labels", "models", "repositories", "state_dir"}
+    unknown = set(raw) - {"name", "labels", "models", "repositories", "state_dir", "corpora"}
     if unknown:
         raise ConfigError(f"unknown top-level keys {sorted(unknown)}")
     return HostConfig(
@@ -193,6 +218,7 @@ def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = No
         repositories=repositories,
         state_dir=(base / Path(state_dir_raw).expanduser()).resolve(),
         path=path,
+        corpora=corpora,
     )
 
 

@@ -16,7 +16,7 @@ from api.errors import NotAuthenticated
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
-from evidence.schemas import JobSpec
+from evidence.schemas import BUILTIN_CORPUS, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def list_hosts(*, db_session: Session) -> list[Host]:
 
 
 def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
-    """None when the host satisfies the job's labels, repository, recipes and model."""
+    """None when the host satisfies the job's labels, repository, recipes, model and corpus."""
     missing = sorted(set(spec.host_labels) - effective_labels(host))
     if missing:
         return f"lacks labels {', '.join(missing)}"
@@ -116,6 +116,9 @@ def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
             return f"defines no recipe {', '.join(sorted(wanted - recipes))} for {spec.repository}"
     if not spec.model.startswith("preset:") and spec.model not in host.models:
         return f"has no model {spec.model!r}"
+    if spec.corpus != BUILTIN_CORPUS and f"corpus:{spec.corpus}" not in effective_labels(host):
+        # the worker labels itself `corpus:NAME` for each corpus of its worker.toml
+        return f"has no corpus {spec.corpus!r}"
     return None
 
 
