@@ -482,6 +482,8 @@ def test_reported_failure_is_final(
             "defines no recipe x for mlx-lm",
         ),
         ({"model": "llama-70b"}, "has no model 'llama-70b'"),
+        ({"corpus": "code"}, "has no corpus 'code'"),
+        ({"corpus": "../etc/passwd"}, "corpus"),
         ({"hosts": 2}, "only 1 can run it: studio-1"),
         ({"variants": [{"name": "a", "ref": "main"}]}, "names no repository"),
         (
@@ -503,6 +505,22 @@ def test_job_validation_messages(
     response = client.post("/api/v1/jobs", json=job_payload(**overrides), headers=bearer(key))
     assert response.status_code == 422, response.text
     assert message in response.json()["detail"]
+
+
+def test_a_job_naming_a_corpus_goes_to_a_host_that_has_it(
+    client: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "plain")
+    make_host(db_session, "with-code", labels=["corpus:code"])
+    key = make_api_key(db_session)
+    response = client.post(
+        "/api/v1/jobs", json=job_payload(corpus="code", hosts=2), headers=bearer(key)
+    )
+    assert response.status_code == 422, response.text
+    assert "only 1 can run it: with-code" in response.json()["detail"]
+    response = client.post("/api/v1/jobs", json=job_payload(corpus="code"), headers=bearer(key))
+    assert response.status_code == 201, response.text
+    assert response.json()["spec"]["corpus"] == "code"
 
 
 def test_job_without_any_host_is_refused(client: TestClient, db_session: Session) -> None:
