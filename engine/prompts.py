@@ -22,7 +22,6 @@ Every prompt carries the digest of the corpus it came from (`prompt_corpus_sha25
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +46,9 @@ ContextCheck = Callable[[int], None]
 
 def ids_sha256(ids: Sequence[int]) -> str:
     """sha256 of token ids as compact JSON (`[1,2,3]`): the prompt and output digests."""
-    text = json.dumps([int(i) for i in ids], separators=(",", ":"))
+    # the bytes of json.dumps(ids, separators=(",", ":")), built without the JSON encoder: a
+    # 262,144-token window is hashed in milliseconds instead of half a second
+    text = "[" + ",".join(map(str, map(int, ids))) + "]"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
