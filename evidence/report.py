@@ -33,6 +33,7 @@ from evidence.markdown import (
     software_line,
     variant_software_text,
     verdict_rows,
+    verdict_sentences,
 )
 from evidence.schemas import Provenance, Record
 from evidence.stats import how_to_read, inert_lines
@@ -347,6 +348,7 @@ def render_report_html(
         "variants": [v for v in summary["variants"] if v != summary["baseline"]],
         "provenances": [_provenance_view(p) for p in provenance_list],
         "how_to_read": how_to_read(summary["settings"]),
+        "headline": verdict_sentences(summary, compact=len(summary["variants"]) > 6),
         "prefill_rows": _comparison_rows(summary, "comparisons"),
         "decode_rows": _comparison_rows(summary, "decode_comparisons"),
         "descriptive_rows": _descriptive_rows(summary),

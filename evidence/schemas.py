@@ -124,6 +124,9 @@ class Manifest(_Strict):
 class HostInfo(_Strict):
     model_config = ConfigDict(extra="allow")
     hostname: str | None = None
+    # The host's name in the service's registry (worker.toml `name`), filled in by the server
+    # from its own records: machines cloned from one image often report the same hostname.
+    registered_name: str | None = None
     machine_model: str | None = None
     chip: str | None = None
     cpu: str | None = None

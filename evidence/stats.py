@@ -298,6 +298,32 @@ def rounds_for_test(family_size: int, alpha: float) -> int:
     return math.floor(1 + math.log2(max(family_size, 1) / alpha)) + 1
 
 
+def rounds_for_verdict(family_size: int, options: StatsOptions | None = None) -> int:
+    """Fewest rounds with which a comparison among `family_size` can reach any verdict but
+    inconclusive: `min_pairs` for an interval at all, and enough for the signed-rank test to
+    pass Holm (`faster`/`slower`). More are needed when the spread is wide."""
+    options = options or StatsOptions()
+    return max(options.min_pairs, rounds_for_test(family_size, options.alpha))
+
+
+def comparison_family_size(spec: JobSpec) -> int:
+    """How many prefill comparisons a job's verdicts are corrected over (Holm's m)."""
+    return len(spec.contexts) * max(len(expand_variants(spec)) - 1, 1)
+
+
+def too_few_rounds(spec: JobSpec) -> str | None:
+    """Why a job's rounds cannot reach a verdict, or None when they can (given little spread)."""
+    family = comparison_family_size(spec)
+    needed = rounds_for_verdict(family, StatsOptions(precision=spec.precision))
+    if spec.rounds >= needed:
+        return None
+    return (
+        f"{spec.rounds} round{'s' if spec.rounds != 1 else ''} cannot reach a verdict: "
+        f"{family} comparison{'s' if family != 1 else ''} corrected together (Holm) need at "
+        f"least {needed} rounds, more when the spread is wide"
+    )
+
+
 def rounds_needed(
     ratios: Sequence[float], options: StatsOptions, family_size: int = 1
 ) -> int | None:
@@ -518,6 +544,17 @@ def _invalid_cell(record: Record, reason: str) -> dict[str, Any]:
     }
 
 
+def host_names(provenances: Sequence[Provenance]) -> dict[str, str]:
+    """Each run's host as people should see it: its registered name, else its hostname, else
+    the run id; a name shared by several runs gets the run id added, so columns differ."""
+    names = {p.run_id: p.host.registered_name or p.host.hostname or p.run_id for p in provenances}
+    shared = {name for name in names.values() if list(names.values()).count(name) > 1}
+    return {
+        run_id: f"{name} (run {run_id})" if name in shared else name
+        for run_id, name in names.items()
+    }
+
+
 def _order_of_first_appearance(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
@@ -582,7 +619,7 @@ def summarize(
         options=options,
     )
     run_ids = _order_of_first_appearance(r.run_id for r in records)
-    hosts = {p.run_id: p.host.hostname for p in provenances}
+    hosts = host_names(provenances)
     invalid = invalid_section(records, index.duplicates)
     invalid["pairs_with_different_prompts"] = mismatched
     return {

@@ -135,3 +135,64 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
     git("commit", "-q", "-am", "Planted no-op: generate_step ignores prefill_step_size")
     git("checkout", "-q", "main")
     return repo, ("main", "slow-prefill")
+
+
+# The `step-64` commit of `coldbench_repo`: the embedded engine's default prefill step changed.
+ENGINE_STEP_OLD = "    prefill_step_size: int = 2048\n"
+ENGINE_STEP_NEW = "    prefill_step_size: int = 64  # coldbench test branch\n"
+
+
+@pytest.fixture(scope="session")
+def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, str]]:
+    """A small git copy of this repository's engine, as a branch of it would look.
+
+    `engine/`, `kernels/` and `evidence/` of this checkout plus a minimal pyproject.toml
+    (`pip install -e .` works) on branch `main`; branch `step-64` changes one engine flag's
+    default (`Flags.prefill_step_size` 2048 -> 64, see ENGINE_STEP_*). Returns (repository
+    path, (main, step-64)).
+    """
+    import shutil
+    import subprocess
+
+    repo = tmp_path_factory.mktemp("coldbench-repo")
+    for package in ("engine", "kernels", "evidence"):
+        shutil.copytree(
+            REPO_ROOT / package,
+            repo / package,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
+    (repo / "pyproject.toml").write_text(
+        "[build-system]\n"
+        'requires = ["setuptools>=68"]\n'
+        'build-backend = "setuptools.build_meta"\n\n'
+        "[project]\n"
+        'name = "coldbench-engine-copy"\n'
+        'version = "0.0.1"\n'
+        'requires-python = ">=3.11"\n\n'
+        "[tool.setuptools.packages.find]\n"
+        'include = ["engine*", "kernels*", "evidence*"]\n\n'
+        "[tool.setuptools.package-data]\n"
+        '"*" = ["*.j2", "*.json"]\n'
+    )
+
+    def git(*args: str) -> None:
+        subprocess.run(
+            ["git", "-c", "user.name=coldbench-tests", "-c", "user.email=tests@coldbench.invalid"]
+            + list(args),
+            cwd=repo,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+    git("init", "-q", "-b", "main")
+    git("add", "-A")
+    git("commit", "-q", "-m", "coldbench engine as in this checkout")
+    git("checkout", "-q", "-b", "step-64")
+    flags_py = repo / "engine" / "flags.py"
+    text = flags_py.read_text()
+    assert text.count(ENGINE_STEP_OLD) == 1, "engine.flags default step not found"
+    flags_py.write_text(text.replace(ENGINE_STEP_OLD, ENGINE_STEP_NEW))
+    git("commit", "-q", "-am", "Embedded engine: 64-token prefill chunks by default")
+    git("checkout", "-q", "main")
+    return repo, ("main", "step-64")

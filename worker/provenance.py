@@ -212,6 +212,8 @@ def reproduce_command(spec: JobSpec, *, repository_url: str | None = None) -> st
         argv += ["--corpus", f"{spec.corpus}=CORPUS_FILE"]
     if repository_url:
         argv += ["--repo", repository_url]
+        if spec.adapter != "mlx-lm":  # `--repo` alone means an mlx-lm checkout
+            argv += ["--adapter", spec.adapter]
     for variant in spec.variants:
         argv += ["--variant", _variant_option(variant)]
     if spec.fresh_process:

@@ -90,10 +90,8 @@ def check_job(
         )
     if spec.corpus != BUILTIN_CORPUS and not Path((corpora or {})[spec.corpus]).is_file():
         raise RunRefused(f"corpus {spec.corpus!r}: its file on this host is gone")
-    if spec.adapter == "embedded":
-        if spec.repository:
-            raise RunRefused("an embedded job names no repository")
-        return
+    if spec.adapter == "embedded" and not spec.repository:
+        return  # the engine installed beside this worker
     repository = repositories.get(spec.repository or "")
     if repository is None:
         raise RunRefused(f"repository {spec.repository!r} is not on this host's allow-list")
@@ -140,11 +138,12 @@ def _plan(
     adapter: str,
     corpora: Mapping[str, Path] | None = None,
 ) -> dict[str, Any]:
-    host_corpus = spec.corpus != BUILTIN_CORPUS
-    return {
-        # the host's own file for the corpus the job named (check_job: it exists here)
-        "corpus": spec.corpus if host_corpus else None,
-        "corpus_path": str((corpora or {})[spec.corpus]) if host_corpus else None,
+    plan: dict[str, Any] = {}
+    if spec.corpus != BUILTIN_CORPUS:
+        # the host's own file for the corpus the job named (check_job: it exists here); only
+        # then, so an engine from before corpora (an embedded ref) still reads the plan
+        plan = {"corpus": spec.corpus, "corpus_path": str((corpora or {})[spec.corpus])}
+    return plan | {
         "run_id": run_id,
         "variant": variant.name,
         "adapter": adapter,
@@ -172,7 +171,7 @@ def prepare_variants(
     check_job(spec, repositories, corpora)
     prepared: list[PreparedVariant] = []
     logs: dict[str, bytes] = {}
-    if spec.adapter == "embedded":
+    if spec.adapter == "embedded" and not spec.repository:
         for variant in expand_variants(spec):
             plan = _plan(
                 spec, variant, run_id=run_id, model=model, adapter="embedded", corpora=corpora
@@ -214,11 +213,36 @@ def prepare_variants(
         plan["checkout"] = str(checkout.path)
         if repository.server_command is not None:
             plan["server_command"] = list(repository.server_command)
-        launch = VariantLaunch(name=variant.name, python=result.python, plan=plan)
+        launch = VariantLaunch(
+            name=variant.name,
+            python=result.python,
+            plan=plan,
+            # an embedded repository's variant runs its worktree's engine/, not ours
+            pythonpath_first=str(checkout.path) if repository.adapter == "embedded" else None,
+        )
         prepared.append(PreparedVariant(variant, launch, repository.adapter, checkout, result))
         if not result.ok:
             return prepared, logs, f"variant {variant.name}: {result.reason}"
     return prepared, logs, None
+
+
+def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | None) -> str | None:
+    """The variant process's own report of what it imported, checked against its checkout:
+    the engine module (an embedded one must report it), and kernels/ where reported (commits
+    older than that report were checked by the build, in the same environment)."""
+    assert variant.checkout is not None
+    embedded = variant.adapter == "embedded"
+    software = (target or {}).get("software") or {}
+    files = {
+        "the engine module": module_file_of(target),
+        "kernels": (software.get("files") or {}).get("kernels") if embedded else None,
+    }
+    for module, module_file in files.items():
+        if module_file or (embedded and module == "the engine module"):
+            problem = install_path_problem(module_file, module, variant.checkout.path)
+            if problem:
+                return f"variant {variant.spec.name}: {problem}"
+    return None
 
 
 def _records_bytes(path: Path) -> bytes:
@@ -342,11 +366,8 @@ def execute_run(
             failure = str(error)
     ready = outcome.targets if outcome else {}
     for p in prepared:
-        module_file = module_file_of(ready.get(p.spec.name))
-        if failure is None and p.checkout is not None and module_file:
-            problem = install_path_problem(module_file, "the engine module", p.checkout.path)
-            if problem:
-                failure = f"variant {p.spec.name}: {problem}"
+        if failure is None and p.checkout is not None:
+            failure = _imported_elsewhere(p, ready.get(p.spec.name))
     targets = [
         target_info(
             p.spec,

@@ -10,7 +10,9 @@ A cell runs the checkout's `mlx_lm.generate.generate_step` on a fresh prompt cac
 variant's `prefill_step_size`. Prefill time is the time to the first token (its value is
 materialised, so every prefill chunk has run); decode time is measured separately, from the
 first token to the last. Chunk widths come from the prompt progress callback, i.e. from the
-loop that actually ran in the checkout, not from what stock mlx-lm would do.
+loop that actually ran in the checkout, not from what stock mlx-lm would do. `engine.judge`
+compares them with the widths the requested step implies for generate_step (N-1 tokens in
+chunks, then the last alone: `generate_step_widths`) and with stock's.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ class MlxLmAdapter:
 
     def load(self) -> None:
         mlx_lm = import_from_checkout(self.checkout)
-        self.engine_module_file = str(Path(mlx_lm.__file__).resolve())
+        self.engine_module_file = str(Path(mlx_lm.__file__ or "").resolve())
         self.mlx_lm_version = getattr(mlx_lm, "__version__", None)
         try:
             generate = importlib.import_module(f"{MODULE}.generate")
@@ -180,7 +182,7 @@ class MlxLmAdapter:
             "engine_module_file": self.engine_module_file,
             "checkout": str(self.checkout),
             "flags": {"prefill_step_size": self.flags.prefill_step_size},
-            "mlx": mx.__version__,
+            "mlx": getattr(mx, "__version__", None),
             "mlx_lm": self.mlx_lm_version,
             "python": sys.version.split()[0],
             "python_executable": sys.executable,

@@ -290,7 +290,8 @@ class OpenAIServerAdapter:
             cache="the server",
             reuse="the server reused its prompt cache",
         )
-        status, reason = judgement.status, judgement.reason
+        status: str = judgement.status
+        reason: str | None = judgement.reason
         if stream["error"]:
             status, reason = "error", stream["error"]
         elif prefill_s is None:

@@ -257,6 +257,23 @@ def test_median_interval_covers_about_95_percent_with_six_pairs() -> None:
     assert 0.93 <= covered / 1000 <= 0.99
 
 
+@pytest.mark.parametrize("family_size", [1, 2, 3, 4, 8, 40])
+def test_rounds_for_verdict_is_the_fewest_that_can_pass_holm(family_size: int) -> None:
+    from evidence.stats import MIN_PAIRS, rounds_for_verdict, signed_rank_p
+
+    options = StatsOptions()
+    n = rounds_for_verdict(family_size)
+
+    def can_pass(rounds: int) -> bool:
+        # Every pair alike: the smallest p-value the signed-rank test can give with `rounds`.
+        p = signed_rank_p([1.1] * rounds)
+        adjusted = holm([p] * family_size)[0]
+        return decide(rounds, 1.05, 1.15, adjusted, options) == "faster"
+
+    assert n >= MIN_PAIRS and can_pass(n)
+    assert n == MIN_PAIRS or not can_pass(n - 1)
+
+
 def test_inert_flags_are_listed_per_context_and_variant() -> None:
     from evidence.markdown import render_summary_md
     from evidence.report import render_report_html
