@@ -144,7 +144,7 @@ def device_memory() -> DeviceMemory:
 
     backend = detect_backend()
     if backend != "cpu":
-        info = getattr(mx, "device_info", lambda: {})()
+        info: dict[str, Any] = getattr(mx, "device_info", dict)()
         for key in ("max_recommended_working_set_size", "total_memory", "memory_size"):
             if isinstance(info.get(key), int) and info[key] > 0:
                 return DeviceMemory(int(info[key]), f"{backend} {key}")
