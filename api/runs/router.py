@@ -34,6 +34,7 @@ async def claim_lease(
             fingerprint=body.fingerprint.model_dump(mode="json"), labels=body.labels
         ),
         wait_s=body.wait_s,
+        gone=request.is_disconnected,
     )
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
