@@ -210,6 +210,20 @@ def verdict_sentences(
     return sentences
 
 
+def answer_sentences(summary: Mapping[str, Any], *, compact: bool = False) -> list[str]:
+    """What every page opens with: a history's steps, a bisection's result, or one verdict
+    sentence per context (summary.md, report.html and the job page all call this)."""
+    if summary.get("history"):
+        from evidence.history import history_sentences
+
+        return history_sentences(summary["history"])
+    if summary.get("bisect"):
+        from evidence.bisect import bisect_sentences
+
+        return bisect_sentences(summary["bisect"])
+    return verdict_sentences(summary, compact=compact)
+
+
 def verdict_rows(summary: Mapping[str, Any], key: str = "comparisons") -> list[dict[str, Any]]:
     """The verdict table as display strings, one dict per comparison (`comparisons` or
     `decode_comparisons`): what summary.md, report.html and a CLI table show."""
@@ -298,6 +312,77 @@ def render_summary_md(
     return text
 
 
+def history_lines(history: Mapping[str, Any]) -> list[str]:
+    """The history's steps (with their commit subjects) and the commits that did not build."""
+    from evidence.history import short
+
+    reference = history["reference"]
+    lines = [
+        f"### History against `{short(reference['commit'], reference['variant'])}`"
+        + (f" ({history['range']})" if history.get("range") else ""),
+        "",
+        f"_{history['rule']}._",
+        "",
+    ]
+    if history["steps"]:
+        rows = [
+            [
+                step["context_tokens"],
+                short(step["from_commit"], step["from_variant"]),
+                short(step["to_commit"], step["to_variant"]),
+                step["subject"] or "",
+                f"{step['from_ratio']:.3f} -> {step['to_ratio']:.3f}",
+                step["direction"],
+            ]
+            for step in history["steps"]
+        ]
+        lines += _table(
+            ["context", "step after", "at commit", "subject", "ratio", "direction"], rows
+        )
+    else:
+        lines.append("No step: every pair of neighbouring intervals overlaps.")
+    skipped = [c for c in history["commits"] if c["skipped"]]
+    if skipped:
+        lines.append("")
+        lines += [
+            f"- `{short(c['commit'], c['variant'])}` skipped: {_cell(c['skipped'])}"
+            for c in skipped
+        ]
+    return lines
+
+
+def bisect_lines(bisect: Mapping[str, Any]) -> list[str]:
+    """Every step of the bisection so far (with its evidence) and this one."""
+    rows = [
+        [
+            position,
+            step["lo"][:12],
+            (step["mid"] or "-")[:12],
+            step["hi"][:12],
+            step["decision"],
+            f"`{step['evidence_id']}`" + (f" ({step['location']})" if step.get("location") else ""),
+        ]
+        for position, step in enumerate(bisect["steps"], 1)
+    ]
+    rows.append(
+        [
+            bisect["step"],
+            (bisect["lo"] or "")[:12],
+            (bisect["mid"] or "-")[:12],
+            (bisect["hi"] or "")[:12],
+            bisect["decision"],
+            "this evidence",
+        ]
+    )
+    header = ["step", "lo (good)", "mid", "hi (bad)", "decision", "evidence"]
+    return [
+        f"### Bisection: first {bisect['direction']} commit at {bisect['context_tokens']} "
+        f"tokens between `{bisect['good']}` and `{bisect['bad']}`",
+        "",
+        *_table(header, rows),
+    ]
+
+
 def _render(
     summary: Mapping[str, Any],
     provenances: Sequence[Provenance],
@@ -312,8 +397,13 @@ def _render(
         f"({summary['mode']})"
     )
     settings = summary["settings"]
-    sentences = verdict_sentences(summary, compact=compact)
-    lines += ["", *(f"- {sentence}" for sentence in sentences)]
+    history = summary.get("history")
+    bisect = summary.get("bisect")
+    lines += ["", *(f"- {sentence}" for sentence in answer_sentences(summary, compact=compact))]
+    if history:
+        lines += ["", *history_lines(history)]
+    if bisect:
+        lines += ["", *bisect_lines(bisect)]
     lines += [
         "",
         "### Cold prefill",

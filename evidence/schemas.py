@@ -25,7 +25,7 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
-Mode = Literal["ab", "ablation", "sweep"]
+Mode = Literal["ab", "ablation", "sweep", "history", "bisect"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
 FlagValue = int | float | bool | str
 
@@ -166,6 +166,9 @@ class TargetInfo(_Strict):
     build_log_sha256: Sha256Hex | None = None
     native_modules: dict[str, Sha256Hex] = Field(default_factory=dict)
     engine_module_file: str | None = None  # the install-path check: the file really imported
+    subject: str | None = None  # the commit's subject line (history: steps name their commit)
+    # Why this variant was never measured (history mode: a commit that did not build).
+    skipped: str | None = None
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     # What the variant's own process imported (engine/adapters `process_software`): versions
     # (`python`, `mlx`, `mlx_lm`, `coldbench`) and `files` (module name -> file).
@@ -239,6 +242,55 @@ class VariantSpec(_Strict):
         return ref
 
 
+class HistorySpec(_Strict):
+    """Mode `history`: how the commits (the variants after the reference) were chosen, kept
+    so the evidence says what was asked. The variants themselves name every commit."""
+
+    range: str = Field(max_length=401)
+    every: int | None = Field(None, ge=1)
+    last: int | None = Field(None, ge=1)
+
+    @field_validator("range")
+    @classmethod
+    def _two_refs(cls, value: str) -> str:
+        start, sep, end = value.partition("..")
+        if not sep or not REF_PATTERN.fullmatch(start) or not REF_PATTERN.fullmatch(end):
+            raise ValueError(f"range {value!r} is not A..B with two plain refs")
+        return value
+
+
+class BisectStep(_Strict):
+    """One finished step of a bisection: the commits it compared and what it decided."""
+
+    lo: str = Field(pattern=r"^[0-9a-f]{40}$")
+    mid: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
+    hi: str = Field(pattern=r"^[0-9a-f]{40}$")
+    decision: str = Field(max_length=40)
+    evidence_id: str = Field(pattern=r"^[0-9a-f]{16,64}$")
+    # Where its report is: the service's `/e/<id>`, or a sibling bundle folder's report.html.
+    location: str | None = Field(
+        None, pattern=r"^(/e/[0-9a-f]{16,64}|\.\./[A-Za-z0-9_-]{1,64}/report\.html)$"
+    )
+
+
+class BisectSpec(_Strict):
+    """Mode `bisect`: find the first commit between `good` and `bad` that is `direction`.
+    Each step is a run of [lo, mid, hi] (or [lo, hi] when they are neighbours); `steps` are
+    the steps before this one, so the last step's evidence links to all of them."""
+
+    good: str = Field(max_length=200)
+    bad: str = Field(max_length=200)
+    direction: Literal["slower", "faster"]
+    steps: list[BisectStep] = Field(default_factory=list, max_length=64)
+
+    @field_validator("good", "bad")
+    @classmethod
+    def _plain_ref(cls, value: str) -> str:
+        if not REF_PATTERN.fullmatch(value):
+            raise ValueError(f"ref {value!r} is not a plain branch, tag or commit name")
+        return value
+
+
 class JobSpec(_Strict):
     """What a maintainer submits. Bounds on sizes are enforced by the API's settings."""
 
@@ -269,6 +321,11 @@ class JobSpec(_Strict):
     # Requested precision of verdicts: "no established change" needs the 95% interval of the
     # median ratio inside [1 - precision, 1 + precision] (evidence/stats.py).
     precision: float = Field(0.05, gt=0, le=0.5)
+    # Mode history: the first variant is the reference commit, the others the commits measured
+    # against it, oldest first (evidence/history.py).
+    history: HistorySpec | None = None
+    # Mode bisect: the variants are this step's lo, (mid,) hi commits (evidence/bisect.py).
+    bisect: BisectSpec | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -295,6 +352,33 @@ class JobSpec(_Strict):
             raise ValueError("ablation mode needs at least one feature")
         if self.adapter != "embedded" and not self.repository:
             raise ValueError(f"adapter {self.adapter} needs a repository")
+        if self.mode == "history":
+            if not self.repository:
+                raise ValueError("history mode needs a repository (its commits are the variants)")
+            if len(self.variants) < 2:
+                raise ValueError("history mode needs the reference commit and at least one other")
+            unnamed = [v.name for v in self.variants if not v.ref]
+            if unnamed:
+                raise ValueError(f"history mode: every variant is a commit; no ref: {unnamed}")
+            if self.baseline != names[0]:
+                raise ValueError("history mode: the baseline is the first variant (the reference)")
+            if self.features:
+                raise ValueError("history mode takes no ablation features")
+        elif self.history is not None:
+            raise ValueError(f"history settings given for mode {self.mode}")
+        if self.mode == "bisect":
+            if self.bisect is None:
+                raise ValueError("bisect mode needs bisect settings (good, bad, direction)")
+            if not self.repository:
+                raise ValueError("bisect mode needs a repository")
+            if len(self.contexts) != 1:
+                raise ValueError("bisect mode takes exactly one context")
+            if not 2 <= len(self.variants) <= 3 or any(not v.ref for v in self.variants):
+                raise ValueError("bisect mode: a step compares 2 or 3 commits (lo, mid, hi)")
+            if self.baseline != names[0]:
+                raise ValueError("bisect mode: the baseline is the first variant (lo)")
+        elif self.bisect is not None:
+            raise ValueError(f"bisect settings given for mode {self.mode}")
         return self
 
 

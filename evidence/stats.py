@@ -622,7 +622,21 @@ def summarize(
     hosts = host_names(provenances)
     invalid = invalid_section(records, index.duplicates)
     invalid["pairs_with_different_prompts"] = mismatched
+    extra: dict[str, Any] = {}
+    if spec is not None and spec.mode == "history":
+        from evidence.history import history_section
+
+        extra["history"] = history_section(
+            spec=spec, comparisons=comparisons, contexts=contexts, provenances=provenances
+        )
+    if spec is not None and spec.mode == "bisect":
+        from evidence.bisect import bisect_section
+
+        extra["bisect"] = bisect_section(
+            spec=spec, comparisons=comparisons, provenances=provenances
+        )
     return {
+        **extra,
         "format": SUMMARY_FORMAT,
         "mode": spec.mode if spec is not None else ("ablation" if features else "ab"),
         "baseline": baseline,

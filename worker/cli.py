@@ -93,6 +93,8 @@ def build_spec(
     precision: float = 0.05,
     corpus: str = "builtin",
     adapter: str | None = None,
+    history: dict[str, Any] | None = None,
+    bisect: dict[str, Any] | None = None,
 ) -> JobSpec:
     from pydantic import ValidationError
 
@@ -115,6 +117,8 @@ def build_spec(
         "fresh_process": fresh_process,
         "precision": precision,
         "corpus": corpus,
+        "history": history,
+        "bisect": bisect,
     }
     try:
         spec = JobSpec.model_validate(raw)
@@ -128,6 +132,160 @@ def build_spec(
     if repository is None and any(v.ref or v.recipe for v in spec.variants):
         raise ValueError("ref= and recipe= name commits of a repository: add --repo PATH")
     return spec
+
+
+def history_variants(
+    repository: Any,
+    *,
+    commit_range: str | None,
+    commits: str | None,
+    every: int | None,
+    last: int | None,
+    state_dir: Path,
+    flags: list[str],
+) -> list[str]:
+    """`--variant` values for a history: the reference commit first, then each commit, all
+    with the same flags (one configuration; `--variant NAME:flag=value` gives them)."""
+    from worker.checkout import history_commits, resolve_ref, update_mirror
+
+    if (commit_range is None) == (commits is None):
+        raise ValueError("--mode history needs --range A..B or --commits REF,REF,...")
+    if commits is not None and (every or last):
+        raise ValueError("--every and --last thin a --range, not a --commits list")
+    if len(flags) > 1:
+        raise ValueError("--mode history measures one configuration: give at most one --variant")
+    extra = ""
+    if flags:
+        _, _, extra = flags[0].partition(":")
+        if any(item.split("=")[0] in TARGET_KEYS for item in extra.split(",") if item):
+            raise ValueError("--mode history: the commits are the refs; --variant takes flags only")
+    if commit_range is not None:
+        reference, listed = history_commits(
+            repository, commit_range, state_dir=state_dir, every=every, last=last
+        )
+        shas = [sha for sha, _subject in listed]
+    else:
+        mirror = update_mirror(repository, state_dir=state_dir)
+        refs = [ref for ref in (commits or "").split(",") if ref]
+        if len(refs) < 2:
+            raise ValueError("--commits: give the reference and at least one other commit")
+        reference, *shas = [resolve_ref(mirror, ref) for ref in refs]
+    suffix = f",{extra}" if extra else ""
+    return [f"ref-{reference[:10]}:ref={reference}{suffix}"] + [
+        f"c{position:02d}-{sha[:10]}:ref={sha}{suffix}" for position, sha in enumerate(shas, 1)
+    ]
+
+
+def _bisect(
+    *,
+    repository: Any,
+    good: str,
+    bad: str,
+    direction: str,
+    base: dict[str, Any],
+    models: dict[str, Path],
+    corpora: dict[str, Path],
+    out: Path | None,
+    state_dir: Path,
+    cell_timeout_s: float,
+    console: Any,
+) -> None:
+    """Halve good..bad by paired lo/mid/hi steps, each its own run and bundle under `out`
+    (step-01, step-02, ...); the last step's evidence names the result (evidence/bisect.py)."""
+    from evidence.bisect import bisect_sentences
+    from evidence.bundle import write_folder, zip_bytes
+    from evidence.schemas import BisectStep
+    from worker.checkout import history_commits
+    from worker.fingerprint import host_fingerprint, host_labels
+    from worker.run import RunRefused, execute_run
+
+    if len(base["flags"]) > 1:
+        raise ValueError("--mode bisect measures one configuration: give at most one --variant")
+    _, _, extra = (base["flags"] or [""])[0].partition(":")
+    suffix = f",{extra}" if extra else ""
+    reference, listed = history_commits(repository, f"{good}..{bad}", state_dir=state_dir)
+    line = [reference] + [sha for sha, _subject in listed]  # good, ..., bad (first parents)
+    started = datetime.now(UTC)
+    out = out or Path(f"bisect-{started:%Y%m%dT%H%M%S}")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {out}: folder exists and is not empty; choose a new one")
+    host = host_fingerprint()
+    lo, hi = 0, len(line) - 1
+    steps: list[BisectStep] = []
+    while True:
+        mid = (lo + hi) // 2 if hi - lo > 1 else None
+        picked = [("lo", lo), *([("mid", mid)] if mid is not None else []), ("hi", hi)]
+        variants = [f"{role}-{line[i][:10]}:ref={line[i]}{suffix}" for role, i in picked]
+        spec = build_spec(
+            model=base["model"],
+            contexts=base["contexts"],
+            rounds=base["rounds"],
+            decode_tokens=base["decode_tokens"],
+            variants=variants,
+            seed=base["seed"],
+            mode="bisect",
+            features=None,
+            repository=repository.name,
+            recipe=None,
+            fresh_process=False,
+            precision=base["precision"],
+            corpus=base["corpus"],
+            bisect={
+                "good": good,
+                "bad": bad,
+                "direction": direction,
+                "steps": [s.model_dump() for s in steps],
+            },
+        )
+        name = f"step-{len(steps) + 1:02d}"
+        console.print(
+            f"{name}: {line[lo][:10]} .. {line[mid][:10] + ' .. ' if mid is not None else ''}"
+            f"{line[hi][:10]} ({hi - lo} commits apart)"
+        )
+        run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}-{name}"
+        try:
+            outcome = execute_run(
+                spec,
+                run_id=run_id,
+                workdir=state_dir / "runs" / run_id,
+                state_dir=state_dir,
+                host=host,
+                labels=host_labels(host, []),
+                repositories={repository.name: repository},
+                models=models,
+                corpora=corpora,
+                command=None,
+                cell_timeout_s=cell_timeout_s,
+            )
+        except RunRefused as error:
+            raise ValueError(str(error)) from None
+        folder = write_folder(out / name, outcome.files)
+        folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
+        if outcome.status != "succeeded" or not outcome.summary:
+            typer.echo(f"error: {name} failed: {outcome.reason} (bundle {folder})", err=True)
+            raise typer.Exit(1)
+        section = outcome.summary["bisect"]
+        console.print(f"  {section['decision']}: {section['why']}")
+        steps.append(
+            BisectStep(
+                lo=line[lo],
+                mid=line[mid] if mid is not None else None,
+                hi=line[hi],
+                decision=section["decision"],
+                evidence_id=outcome.evidence_id or "0" * 24,
+                location=f"../{name}/report.html",
+            )
+        )
+        if section["decision"] == "lower" and mid is not None:
+            hi = mid
+        elif section["decision"] == "upper" and mid is not None:
+            lo = mid
+        else:
+            break
+    for sentence in bisect_sentences(section):
+        typer.echo(sentence)
+    typer.echo(f"evidence {outcome.evidence_id}")
+    typer.echo(f"bundle {folder.resolve()}")
 
 
 def _verdict_table(
@@ -229,6 +387,26 @@ def run(
             "1 +- this.",
         ),
     ] = 0.05,
+    commit_range: Annotated[
+        str | None,
+        typer.Option(
+            "--range",
+            help="History: A..B, each commit on B's first-parent line after A against A.",
+        ),
+    ] = None,
+    every: Annotated[
+        int | None, typer.Option(min=1, help="History: every Nth commit (counted back from B).")
+    ] = None,
+    last: Annotated[int | None, typer.Option(min=1, help="History: the newest N commits.")] = None,
+    commits: Annotated[
+        str | None,
+        typer.Option(help="History: an explicit list REF,REF,...; the first is the reference."),
+    ] = None,
+    good: Annotated[str | None, typer.Option(help="Bisect: a ref that is not yet changed.")] = None,
+    bad: Annotated[str | None, typer.Option(help="Bisect: a ref that is changed.")] = None,
+    direction: Annotated[
+        str | None, typer.Option(help="Bisect: the change to find, slower or faster.")
+    ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
@@ -247,6 +425,7 @@ def run(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from worker.checkout import CheckoutError
     from worker.config import ConfigError, local_repository, server_repository
     from worker.fingerprint import host_fingerprint, host_labels
     from worker.run import RunRefused, execute_run
@@ -254,8 +433,13 @@ def run(
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
-    if mode not in ("ab", "ablation", "sweep"):
-        _fail(f"--mode {mode!r}: choose ab, ablation or sweep")
+    if mode not in ("ab", "ablation", "sweep", "history", "bisect"):
+        _fail(f"--mode {mode!r}: choose ab, ablation, sweep, history or bisect")
+    if mode != "bisect" and any(option is not None for option in (good, bad, direction)):
+        _fail("--good, --bad and --direction belong to --mode bisect")
+    history_options = (commit_range, every, last, commits)
+    if mode != "history" and any(option is not None for option in history_options):
+        _fail("--range, --every, --last and --commits belong to --mode history")
     models: dict[str, Path] = {}
     model_name = model
     if not model.startswith("preset:"):
@@ -303,6 +487,53 @@ def run(
         elif repo is not None:
             repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
             repositories[repository.name] = repository
+        history = None
+        if mode == "history":
+            if repo is None:
+                raise ValueError("--mode history needs --repo PATH (its commits are measured)")
+            variant = history_variants(
+                repositories[next(iter(repositories))],
+                commit_range=commit_range,
+                commits=commits,
+                every=every,
+                last=last,
+                state_dir=state_dir.resolve(),
+                flags=list(variant or []),
+            )
+            if commit_range:
+                history = {"range": commit_range, "every": every, "last": last}
+        if mode == "bisect":
+            if repo is None:
+                raise ValueError("--mode bisect needs --repo PATH (its commits are bisected)")
+            if good is None or bad is None or direction not in ("slower", "faster"):
+                raise ValueError(
+                    "--mode bisect needs --good REF, --bad REF and --direction slower|faster"
+                )
+            if len(parse_contexts(contexts)) != 1:
+                raise ValueError("--mode bisect takes exactly one context (--contexts N)")
+            _bisect(
+                repository=repositories[next(iter(repositories))],
+                good=good,
+                bad=bad,
+                direction=direction,
+                base={
+                    "model": model_name,
+                    "contexts": contexts,
+                    "rounds": rounds,
+                    "decode_tokens": decode_tokens,
+                    "seed": seed,
+                    "precision": precision,
+                    "flags": list(variant or []),
+                    "corpus": corpus_name,
+                },
+                models=models,
+                corpora=corpora,
+                out=out,
+                state_dir=state_dir.resolve(),
+                cell_timeout_s=cell_timeout_s,
+                console=console,
+            )
+            return
         spec = build_spec(
             model=model_name,
             contexts=contexts,
@@ -318,11 +549,13 @@ def run(
             precision=precision,
             corpus=corpus_name,
             adapter=adapter,
+            history=history,
         )
         from worker.run import check_job
 
-        check_job(spec, repositories)  # an option the declarations refuse fails here, not later
-    except (ValueError, ConfigError) as error:
+        # an option the declarations refuse (or a corpus it lacks) fails here, not later
+        check_job(spec, repositories, corpora)
+    except (ValueError, ConfigError, CheckoutError) as error:
         _fail(str(error))
     started = datetime.now(UTC)
     run_id = f"local-{started:%Y%m%dT%H%M%S}"
@@ -394,7 +627,12 @@ def run(
     folder = write_folder(out, outcome.files)
     folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
     out_console = Console()
-    if outcome.summary:
+    if outcome.summary and outcome.summary.get("history"):
+        from evidence.history import history_sentences
+
+        for sentence in history_sentences(outcome.summary["history"]):
+            out_console.print(sentence)
+    elif outcome.summary:
         out_console.print(_verdict_table(outcome.summary))
         entries = (outcome.summary.get("ablation") or {}).get("entries") or []
         if entries:
@@ -432,6 +670,21 @@ def worker(
     host_lock: Annotated[
         Path | None,
         typer.Option(help="Lock file shared by every agent of this host (default: in /tmp)."),
+    ] = None,
+    commit_range: Annotated[
+        str | None,
+        typer.Option(
+            "--range",
+            help="History: A..B, each commit on B's first-parent line after A against A.",
+        ),
+    ] = None,
+    every: Annotated[
+        int | None, typer.Option(min=1, help="History: every Nth commit (counted back from B).")
+    ] = None,
+    last: Annotated[int | None, typer.Option(min=1, help="History: the newest N commits.")] = None,
+    commits: Annotated[
+        str | None,
+        typer.Option(help="History: an explicit list REF,REF,...; the first is the reference."),
     ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",

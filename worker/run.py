@@ -31,7 +31,7 @@ from evidence.options import OptionError, resolved_options, validate_option_valu
 from evidence.schemas import BUILTIN_CORPUS, HostInfo, JobSpec, VariantSpec
 from evidence.variant import baseline_name, expand_variants
 from worker.build import Build, build, install_path_problem
-from worker.checkout import Checkout, CheckoutError, check_ref, prepare
+from worker.checkout import Checkout, CheckoutError, check_ref, commit_subject, prepare
 from worker.config import Recipe, RepositoryConfig
 from worker.provenance import (
     corpus_info,
@@ -71,6 +71,8 @@ class PreparedVariant:
     adapter: str
     checkout: Checkout | None = None
     build: Build | None = None
+    # History mode: a commit that did not check out or build is recorded and never launched.
+    skipped: str | None = None
 
 
 @dataclass
@@ -229,9 +231,18 @@ def prepare_variants(
         recipe = recipe_for(repository, variant)
         if on_phase:
             on_phase(f"checkout {repository.name}@{variant.ref}")
+        # In a history, a commit that fails is a result to record, not the end of the run;
+        # the reference commit must build (every point is measured against it).
+        may_skip = spec.mode == "history" and variant.name != baseline_name(spec)
         try:
             checkout = prepare(repository, variant.ref, state_dir=state_dir)
         except CheckoutError as error:
+            if may_skip:
+                launch = VariantLaunch(name=variant.name, python=sys.executable, plan={})
+                prepared.append(
+                    PreparedVariant(variant, launch, repository.adapter, skipped=str(error))
+                )
+                continue
             return prepared, logs, f"variant {variant.name}: {error}"
         key = (checkout.commit, recipe.name)
         log_name = f"build-{variant.name}.log"
@@ -262,9 +273,17 @@ def prepare_variants(
             # an embedded repository's variant runs its worktree's engine/, not ours
             pythonpath_first=str(checkout.path) if repository.adapter == "embedded" else None,
         )
+        if not result.ok and may_skip:
+            skipped = f"did not build: {result.reason}"
+            prepared.append(
+                PreparedVariant(variant, launch, repository.adapter, checkout, result, skipped)
+            )
+            continue
         prepared.append(PreparedVariant(variant, launch, repository.adapter, checkout, result))
         if not result.ok:
             return prepared, logs, f"variant {variant.name}: {result.reason}"
+    if spec.mode == "history" and all(p.skipped for p in prepared[1:]):
+        return prepared, logs, "no commit of the history built besides the reference"
     return prepared, logs, None
 
 
@@ -403,8 +422,9 @@ def execute_run(
     baseline = baseline_name(spec)
     outcome: ScheduleOutcome | None = None
     if failure is None:
+        measured = {p.spec.name for p in prepared if not p.skipped}
         rounds = plan_rounds(
-            [v.name for v in expand_variants(spec)],
+            [v.name for v in expand_variants(spec) if v.name in measured],
             spec.contexts,
             seed=spec.seed,
             rounds=spec.rounds,
@@ -414,7 +434,7 @@ def execute_run(
             on_phase("rounds")
         try:
             outcome = run_schedule(
-                [p.launch for p in prepared],
+                [p.launch for p in prepared if not p.skipped],
                 rounds,
                 workdir=workdir,
                 cell_timeout_s=cell_timeout_s,
@@ -426,18 +446,23 @@ def execute_run(
             failure = str(error)
     ready = outcome.targets if outcome else {}
     for p in prepared:
-        if failure is None and p.checkout is not None:
+        if failure is None and p.checkout is not None and not p.skipped:
             failure = _imported_elsewhere(p, ready.get(p.spec.name))
-    targets = [
-        target_info(
+    targets = []
+    for p in prepared:
+        target = target_info(
             p.spec,
             adapter=p.adapter,
             ready_target=ready.get(p.spec.name),
             checkout=p.checkout,
             build=p.build,
         )
-        for p in prepared
-    ]
+        target.skipped = p.skipped
+        if p.skipped and target.ref is None:
+            target.ref = p.spec.ref
+        if p.checkout is not None and spec.mode == "history":
+            target.subject = commit_subject(p.checkout)
+        targets.append(target)
     if not targets:
         targets = [
             target_info(v, adapter=spec.adapter, ready_target=None) for v in expand_variants(spec)

@@ -35,7 +35,7 @@ from api.pages.evidence import render_page
 from api.pages.templates import templates
 from api.settings import Settings
 from evidence.bundle import BundleError
-from evidence.markdown import verdict_rows, verdict_sentences
+from evidence.markdown import answer_sentences, verdict_rows
 from evidence.schemas import JobSpec
 from evidence.stats import too_few_rounds
 
@@ -316,7 +316,7 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
     if job.evidence_id and summary:
         # The evidence page's headline and verdict table, from the same summary.
         answer = {
-            "sentences": verdict_sentences(summary, compact=len(summary["variants"]) > 6),
+            "sentences": answer_sentences(summary, compact=len(summary["variants"]) > 6),
             "rows": verdict_rows(summary),
         }
     return {
