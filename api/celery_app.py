@@ -11,8 +11,6 @@ from celery import Celery
 
 from api.settings import Settings, get_settings
 
-EMBEDDED_BROKER_POLL_S = 0.1
-
 
 def make_celery(settings: Settings) -> Celery:
     if not settings.redis_url:
@@ -41,11 +39,6 @@ def make_celery(settings: Settings) -> Celery:
         },
         include=["api.tasks"],
     )
-    if not settings.redis_url:
-        # kombu's SQLAlchemy transport looks for tasks once a second by default; ingest,
-        # analysis and rendering are three hops, so a job waited up to 3 s for nothing. A
-        # query on the local SQLite broker every 0.1 s costs nothing measurable.
-        app.conf.broker_transport_options = {"polling_interval": EMBEDDED_BROKER_POLL_S}
     if settings.redis_url:
         app.conf.broker_transport_options = {
             # An unacknowledged task (its worker was killed) is delivered again after this.

@@ -73,6 +73,40 @@ def drift_rate_text(run: Mapping[str, Any]) -> str:
     return f"{fmt_pct(run['slope_pct_per_hour'])} per hour{interval}"
 
 
+def noise_floor_text(summary: Mapping[str, Any]) -> str | None:
+    """The noise floor this run measured, in one sentence; None for runs without process
+    instances in their records (measured before process rotation)."""
+    floor = summary.get("noise_floor")
+    if not floor:
+        return None
+    rounds = floor["rounds_per_process_pair"]
+    spread = floor.get("between_process_sd")
+    resolvable = floor.get("resolvable")
+    parts = [
+        f"Noise floor: {floor['process_pairs']} process pairs of {rounds:g} "
+        f"round{'s' if rounds != 1 else ''} each"
+    ]
+    if spread is not None:
+        parts.append(
+            f"the ratio varied by {100 * spread:.2f}% (SD) from one process pair to the next"
+        )
+    if resolvable is not None:
+        parts.append(
+            f"this run resolves effects of about +-{100 * resolvable:.2f}% and larger "
+            "(median half-width of the 95% intervals)"
+        )
+    return "; ".join(parts) + "."
+
+
+def drift_context_text(run: Mapping[str, Any]) -> list[str]:
+    """One phrase per context of the run's per-context drift lines (empty for older runs)."""
+    return [
+        f"{c['context_tokens']} tokens: {fmt_pct(c.get('drift_pct_across_run'))} across the run"
+        + (" **flagged**" if c.get("flagged") else "")
+        for c in run.get("by_context") or []
+    ]
+
+
 def evidence_id_line(evidence_id: str | None) -> str:
     if evidence_id:
         return f"Evidence id: `{evidence_id}`"
@@ -410,6 +444,9 @@ def _render(
         "",
         *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
     ]
+    floor = noise_floor_text(summary)
+    if floor:
+        lines += ["", floor]
     inert = inert_lines(summary)
     if inert:
         lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
@@ -533,6 +570,7 @@ def _render(
             f"{fmt_pct(run['drift_pct_across_run'])} across the run "
             f"(threshold {drift['threshold_pct']:.2f}%, {drift['threshold_source']}){flag}"
         )
+        lines += [f"  - {text}" for text in drift_context_text(run)]
     if not drift["runs"]:
         lines.append("- no baseline cells to measure drift")
     reproductions = summary.get("reproductions")

@@ -32,6 +32,7 @@ from evidence.markdown import (
     fmt_tps,
     fmt_verdict,
     host_line,
+    noise_floor_text,
     software_line,
     variant_software_text,
     verdict_rows,
@@ -457,16 +458,19 @@ def render_report_html(
             }
             for e in (ablation["entries"] if ablation else [])
         ],
+        "noise_floor": noise_floor_text(summary),
         "drift_rows": [
             {
-                "run_id": run["run_id"],
-                "n": run["n"],
-                "slope": drift_rate_text(run),
-                "across": fmt_pct(run.get("drift_pct_across_run")),
+                "run_id": run["run_id"]
+                + (f" @ {line['context_tokens']}" if line is not run else ""),
+                "n": line["n"],
+                "slope": drift_rate_text(line),
+                "across": fmt_pct(line.get("drift_pct_across_run")),
                 "threshold": f"{summary['drift']['threshold_pct']:.2f}%",
-                "flagged": run["flagged"],
+                "flagged": line["flagged"],
             }
             for run in summary["drift"]["runs"]
+            for line in [run, *(run.get("by_context") or [])]
         ],
         "bracketing_rows": [
             {

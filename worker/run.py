@@ -3,8 +3,9 @@
 Shared by `coldbench run` (a maintainer's machine, no server) and the agent (a leased job), so
 both produce identical evidence. Order of work: resolve the model; for a repository target
 mirror it, resolve each ref to a commit and build each (repository, commit, recipe) in
-isolation; start one variant process per variant (every model loaded, every build checked)
-before the first timed cell; then the rounds; then provenance and the bundle.
+isolation; then the rounds, cut into process blocks (a fresh process per variant per block,
+every model loaded and every context warmed before the block's first timed cell); then
+provenance and the bundle.
 
 A build failure is a result: the run completes as failed with its build logs. A failed run's
 bundle also holds `reason.txt`, and a server run's bundle each server's log (its last
@@ -28,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from evidence.options import OptionError, resolved_options, validate_option_values
-from evidence.schemas import BUILTIN_CORPUS, HostInfo, JobSpec, VariantSpec
+from evidence.schemas import (
+    BUILTIN_CORPUS,
+    HostInfo,
+    JobSpec,
+    VariantSpec,
+    effective_rounds_per_process,
+)
 from evidence.variant import baseline_name, expand_variants
 from worker.build import Build, build, install_path_problem
 from worker.checkout import Checkout, CheckoutError, check_ref, commit_subject, prepare
@@ -176,6 +183,7 @@ def _plan(
         "flags": dict(variant.flags),
         "decode_tokens": spec.decode_tokens,
         "seed": spec.seed,
+        "warmup_contexts": list(spec.contexts),
         "checkout": None,
         "server_command": None,
     }
@@ -439,6 +447,8 @@ def execute_run(
                 workdir=workdir,
                 cell_timeout_s=cell_timeout_s,
                 fresh_process=spec.fresh_process,
+                rounds_per_process=effective_rounds_per_process(spec),
+                seed=spec.seed,
                 on_progress=on_progress,
                 should_stop=should_stop,
             )

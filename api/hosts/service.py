@@ -16,6 +16,7 @@ from api.errors import NotAuthenticated
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
+from evidence.calibration import HostCalibration
 from evidence.schemas import BUILTIN_CORPUS, JobSpec
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,23 @@ def update_host_report(
     host.fingerprint = fingerprint
     host.labels = sorted(set(host.enrolled_labels) | set(labels))
     host.last_heartbeat_at = utcnow()
+
+
+def store_calibration(*, db_session: Session, host: Host, calibration: HostCalibration) -> None:
+    """Keep the host's latest calibration (it replaces any earlier one)."""
+    host.calibration = calibration.to_json_dict()
+    db_session.commit()
+
+
+def calibration_lines(host: Host) -> list[str]:
+    """The host page's lines for its calibration; empty when it never reported one."""
+    if not host.calibration:
+        return []
+    try:
+        return HostCalibration.model_validate(host.calibration).lines()
+    except ValueError:
+        log.warning("host %s: stored calibration no longer parses", host.name)
+        return []
 
 
 def host_health(host: Host, *, settings: Settings) -> str:

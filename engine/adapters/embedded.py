@@ -60,7 +60,7 @@ class EmbeddedAdapter:
             path = Path(self.plan.model)
         # refused before loading when even the warm-up cannot fit (engine.memory)
         memory = MemoryGuard.for_plan(self.plan, path)
-        memory.check(self.plan.warmup_context())
+        memory.check(min(self.plan.warmup_shapes()))
         self.model, tokenizer, config = checkpoints.load_model(path)
         self.prompts = PromptSource.for_plan(self.plan, tokenizer, config, checks=[memory.check])
         info = checkpoints.inspect_checkpoint(path)

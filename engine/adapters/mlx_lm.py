@@ -159,7 +159,7 @@ class MlxLmAdapter:
             raise MlxLmLoadError(f"model checkpoint not found (no config.json): {model_path}")
         # refused before loading when even the warm-up cannot fit (engine.memory)
         memory = MemoryGuard.for_plan(self.plan, model_path)
-        memory.check(self.plan.warmup_context())
+        memory.check(min(self.plan.warmup_shapes()))
         try:
             # The checkout's own loader and model code: a fork may change either.
             self.model, tokenizer, config = utils.load(str(model_path), return_config=True)

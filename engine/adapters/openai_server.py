@@ -236,7 +236,7 @@ class OpenAIServerAdapter:
         config = json.loads((model_path / "config.json").read_text())
         # the server holds the model on this host's device: the same estimate applies
         memory = MemoryGuard.for_plan(self.plan, model_path)
-        memory.check(self.plan.warmup_context())
+        memory.check(min(self.plan.warmup_shapes()))
         self.prompts = PromptSource.for_plan(self.plan, tokenizer, config, checks=[memory.check])
         self.wiped = [wipe_path(path) for path in self.plan.wipe]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
