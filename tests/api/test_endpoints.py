@@ -650,3 +650,33 @@ def test_a_host_reports_its_calibration_and_the_host_list_carries_it(
     assert bad.status_code == 422 and "planted_detected" in bad.text
     again = client.get("/api/v1/hosts", headers=bearer(world.submitter)).json()
     assert {h["name"]: h for h in again}["studio-1"]["calibration"]["resolvable"] == 0.008
+
+
+def test_the_agent_reports_a_calibration_with_its_own_secret(
+    client: TestClient, world: World, tmp_path: Any
+) -> None:
+    """worker.agent.Agent.report_calibration against this app (requests forwarded to it)."""
+    import httpx
+
+    from evidence.calibration import HostCalibration
+    from worker.agent import Agent, AgentError
+    from worker.config import HostConfig
+
+    config = HostConfig(name="studio-1", labels=(), models={}, repositories={}, state_dir=tmp_path)
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = client.request(
+            request.method, request.url.path, content=request.content, headers=request.headers
+        )
+        return httpx.Response(answer.status_code, content=answer.content)
+
+    transport = httpx.MockTransport(forward)
+    agent = Agent("http://testserver", config, transport=transport)
+    agent.secret = {"api": "http://testserver", "worker_id": world.host_id, "secret": world.worker}
+    agent.report_calibration(HostCalibration.model_validate(calibration_sample()))
+    hosts = client.get("/api/v1/hosts", headers=bearer(world.submitter)).json()
+    assert {h["name"]: h for h in hosts}["studio-1"]["calibration"]["aa_jobs"] == 10
+    stranger = Agent("http://testserver", config, transport=transport)
+    stranger.secret = {"api": "http://testserver", "worker_id": "x", "secret": "cbw_wrong"}
+    with pytest.raises(AgentError, match="calibration refused \\(401\\)"):
+        stranger.report_calibration(HostCalibration.model_validate(calibration_sample()))
