@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evidence.schemas import Provenance
+from evidence.schemas import CorpusInfo, Provenance
 from evidence.stats import how_to_read, inert_lines
 
 MAX_CHARS = 60_000
@@ -304,6 +304,39 @@ _COMPARISON_HEADER = [
 ]
 
 
+def corpus_line(corpus: CorpusInfo) -> str:
+    """`the built-in corpus, sha256 `c4a0185d3de21394`` or `host corpus `code`, sha256 ...`."""
+    which = "the built-in corpus" if corpus.source == "builtin" else f"host corpus `{corpus.name}`"
+    version = f" ({corpus.prompt_version})" if corpus.prompt_version else ""
+    return f"{which}, sha256 `{corpus.sha256[:16]}`{version}"
+
+
+def fmt_bytes(value: int | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value / 2**30:,.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.1f} MiB"
+
+
+def memory_rows(summary: Mapping[str, Any]) -> list[list[object]]:
+    """Per (context, variant): median prefill tok/s, the time per cell it implies (context /
+    median tok/s) and the largest peak memory, so memory can be read against context."""
+    rows: list[list[object]] = []
+    for row in summary["descriptive"]:
+        prefill, memory = row["prefill_tps"], row["peak_memory_bytes"]
+        median = prefill["median"] if prefill else None
+        rows.append(
+            [
+                row["context_tokens"],
+                row["variant"],
+                row["n"],
+                fmt_tps(median),
+                f"{row['context_tokens'] / median:,.3f}" if median else "n/a",
+                fmt_bytes(memory["max"] if memory else None),
+            ]
+        )
+    return rows
+
+
 def render_summary_md(
     summary: Mapping[str, Any],
     provenances: Sequence[Provenance],
@@ -433,6 +466,8 @@ def _render(
         model = provenance.model
         weights = f", weights sha256 `{model.weights_sha256[:16]}`" if model.weights_sha256 else ""
         lines.append(f"- Model: {model.name or model.path or 'unknown'}{weights}")
+        if provenance.corpus is not None:
+            lines.append(f"- Prompts: {corpus_line(provenance.corpus)}")
     if provenances:
         lines += ["", "Variants as built:", ""]
         rows = []
@@ -456,6 +491,19 @@ def _render(
         lines += _table(
             ["variant", "repository", "ref", "commit", "flags", "software (its own process)"],
             rows,
+        )
+    if not compact:
+        lines += ["", "### Prefill time and peak memory by context", ""]
+        lines += _table(
+            [
+                "context",
+                "variant",
+                "cells",
+                "prefill tok/s (median)",
+                "prefill s per cell",
+                "peak memory (max)",
+            ],
+            memory_rows(summary),
         )
     if not compact:
         lines += [

@@ -127,11 +127,14 @@ def _provenance_view(provenance: Provenance) -> dict[str, Any]:
     host = {k: v for k, v in document["host"].items() if v is not None}
     software = {k: v for k, v in document["software"].items() if v is not None}
     model = {k: v for k, v in document["model"].items() if v is not None and "sha256" not in k}
+    corpus = {k: v for k, v in (document.get("corpus") or {}).items() if k != "sha256" and v}
     facts = [
         ("created", document["created_at"]),
         *((f"host.{k}", v) for k, v in host.items()),
         *((f"software.{k}", v) for k, v in software.items() if "sha256" not in k),
         *((f"model.{k}", v) for k, v in model.items()),
+        # which prompt corpus ran (its digest is listed with the other digests)
+        *((f"corpus.{k}", v) for k, v in corpus.items()),
     ]
     return {
         "run_id": provenance.run_id,

@@ -420,6 +420,7 @@ class Agent:
                 labels=self.labels(host),
                 repositories=self.config.repositories,
                 models=self.config.models,
+                corpora=self.config.corpora,
                 cell_timeout_s=min(self.options.cell_timeout_s, timeout_s),
                 on_progress=self.on_progress,
                 should_stop=should_stop,

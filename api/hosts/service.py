@@ -18,7 +18,7 @@ from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
 from evidence.calibration import HostCalibration
-from evidence.schemas import JobSpec
+from evidence.schemas import BUILTIN_CORPUS, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def list_hosts(*, db_session: Session, include_revoked: bool = False) -> list[Ho
 
 
 def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
-    """None when the host satisfies the job's labels, repository, recipes and model."""
+    """None when the host satisfies the job's labels, repository, recipes, model and corpus."""
     missing = sorted(set(spec.host_labels) - effective_labels(host))
     if missing:
         return f"lacks labels {', '.join(missing)}"
@@ -243,6 +243,9 @@ def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
         # A preset is one of the host's models only where its worker.toml allows it
         # (allow_presets): a submitter must not make a host write a 61 GB checkpoint.
         return f"has no model {spec.model!r}"
+    if spec.corpus != BUILTIN_CORPUS and f"corpus:{spec.corpus}" not in effective_labels(host):
+        # the worker labels itself `corpus:NAME` for each corpus of its worker.toml
+        return f"has no corpus {spec.corpus!r}"
     return None
 
 
