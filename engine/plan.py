@@ -4,8 +4,9 @@
 {"run_id": "r-1", "variant": "base", "adapter": "embedded", "model": "/abs/checkpoint",
  "flags": {"prefill_step_size": 256}, "decode_tokens": 8, "seed": 0,
  "records_path": "/abs/records.jsonl", "checkout": null, "server_command": null,
- "cells": null, "warmup_tokens": null, "server_options": null, "wipe": [],
- "first_token_timeout_s": null}
+ "cells": null, "warmup_tokens": null, "warmup_contexts": [4096, 16384],
+ "server_options": null, "wipe": [], "first_token_timeout_s": null, "corpus": null,
+ "corpus_path": null}
 ```
 
 For the openai-server adapter, `server_options` maps each requested option to what the host's
@@ -16,8 +17,12 @@ for a cell's first streamed token.
 
 `model` is a checkpoint directory or `preset:NAME`; `cells` (a list of
 `{"round", "order", "context_tokens"}`) makes the process run them and exit (batch mode);
-`warmup_tokens` sets the warm-up prompt's length (default: the smallest batch cell's context,
-else 256). Every field is checked; a bad one is a ValueError of one line naming it.
+`warmup_contexts` lists the contexts warmed once each before the first timed cell (kernels
+compile per shape on Metal and CUDA, so every context of the matrix is warmed); without it,
+`warmup_tokens` names a single warm-up length, else every context of the batch `cells`, else
+256 tokens. `corpus` names the prompt corpus (null: the built-in one) and
+`corpus_path` is the host's file for it, which only the worker writes from the host's own
+configuration. Every field is checked; a bad one is a ValueError of one line naming it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.corpus import BUILTIN, check_corpus_name
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 DEFAULT_WARMUP_TOKENS = 256
@@ -66,9 +73,12 @@ class Plan:
     server_command: list[str] | None = None
     cells: list[CellRequest] | None = None
     warmup_tokens: int | None = None
+    warmup_contexts: list[int] | None = None
     server_options: dict[str, dict[str, Any]] | None = None
     wipe: list[str] = field(default_factory=list)
     first_token_timeout_s: float | None = None
+    corpus: str | None = None
+    corpus_path: str | None = None
 
     @classmethod
     def load(cls, path: Path | str) -> Plan:
@@ -129,6 +139,22 @@ class Plan:
         checkout = value.get("checkout")
         if checkout is not None and not isinstance(checkout, str):
             raise ValueError("plan checkout must be a path string")
+        corpus_name, corpus_path = value.get("corpus"), value.get("corpus_path")
+        if corpus_name is not None:
+            check_corpus_name(corpus_name)
+        if corpus_path is not None and not isinstance(corpus_path, str):
+            raise ValueError("plan corpus_path must be a path string")
+        if corpus_name not in (None, BUILTIN) and corpus_path is None:
+            raise ValueError(f"plan corpus {corpus_name!r} needs its corpus_path")
+        warmup_contexts = value.get("warmup_contexts")
+        if warmup_contexts is not None and (
+            not isinstance(warmup_contexts, list)
+            or not warmup_contexts
+            or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in warmup_contexts
+            )
+        ):
+            raise ValueError("plan warmup_contexts must be a non-empty list of integers >= 1")
         cells = value.get("cells")
         if cells is not None:
             if not isinstance(cells, list):
@@ -149,17 +175,23 @@ class Plan:
             server_command=command,
             cells=cells,
             warmup_tokens=value.get("warmup_tokens"),
+            warmup_contexts=sorted(set(warmup_contexts)) if warmup_contexts else None,
             server_options=options,
             wipe=list(wipe),
             first_token_timeout_s=None if timeout is None else float(timeout),
+            corpus=corpus_name,
+            corpus_path=corpus_path,
         )
 
-    def warmup_context(self) -> int:
+    def warmup_shapes(self) -> list[int]:
+        """The contexts to warm, each once, smallest first (module docstring)."""
+        if self.warmup_contexts:
+            return list(self.warmup_contexts)
         if self.warmup_tokens is not None:
-            return self.warmup_tokens
+            return [self.warmup_tokens]
         if self.cells:
-            return min(c.context_tokens for c in self.cells)
-        return DEFAULT_WARMUP_TOKENS
+            return sorted({c.context_tokens for c in self.cells})
+        return [DEFAULT_WARMUP_TOKENS]
 
 
 def _check_server_options(options: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evidence.schemas import Provenance
+from evidence.schemas import CorpusInfo, Provenance
 from evidence.stats import how_to_read, inert_lines
 
 MAX_CHARS = 60_000
@@ -71,6 +71,40 @@ def drift_rate_text(run: Mapping[str, Any]) -> str:
         else ""
     )
     return f"{fmt_pct(run['slope_pct_per_hour'])} per hour{interval}"
+
+
+def noise_floor_text(summary: Mapping[str, Any]) -> str | None:
+    """The noise floor this run measured, in one sentence; None for runs without process
+    instances in their records (measured before process rotation)."""
+    floor = summary.get("noise_floor")
+    if not floor:
+        return None
+    rounds = floor["rounds_per_process_pair"]
+    spread = floor.get("between_process_sd")
+    resolvable = floor.get("resolvable")
+    parts = [
+        f"Noise floor: {floor['process_pairs']} process pairs of {rounds:g} "
+        f"round{'s' if rounds != 1 else ''} each"
+    ]
+    if spread is not None:
+        parts.append(
+            f"the ratio varied by {100 * spread:.2f}% (SD) from one process pair to the next"
+        )
+    if resolvable is not None:
+        parts.append(
+            f"this run resolves effects of about +-{100 * resolvable:.2f}% and larger "
+            "(median half-width of the 95% intervals)"
+        )
+    return "; ".join(parts) + "."
+
+
+def drift_context_text(run: Mapping[str, Any]) -> list[str]:
+    """One phrase per context of the run's per-context drift lines (empty for older runs)."""
+    return [
+        f"{c['context_tokens']} tokens: {fmt_pct(c.get('drift_pct_across_run'))} across the run"
+        + (" **flagged**" if c.get("flagged") else "")
+        for c in run.get("by_context") or []
+    ]
 
 
 def evidence_id_line(evidence_id: str | None) -> str:
@@ -263,6 +297,39 @@ _COMPARISON_HEADER = [
 ]
 
 
+def corpus_line(corpus: CorpusInfo) -> str:
+    """`the built-in corpus, sha256 `c4a0185d3de21394`` or `host corpus `code`, sha256 ...`."""
+    which = "the built-in corpus" if corpus.source == "builtin" else f"host corpus `{corpus.name}`"
+    version = f" ({corpus.prompt_version})" if corpus.prompt_version else ""
+    return f"{which}, sha256 `{corpus.sha256[:16]}`{version}"
+
+
+def fmt_bytes(value: int | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value / 2**30:,.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.1f} MiB"
+
+
+def memory_rows(summary: Mapping[str, Any]) -> list[list[object]]:
+    """Per (context, variant): median prefill tok/s, the time per cell it implies (context /
+    median tok/s) and the largest peak memory, so memory can be read against context."""
+    rows: list[list[object]] = []
+    for row in summary["descriptive"]:
+        prefill, memory = row["prefill_tps"], row["peak_memory_bytes"]
+        median = prefill["median"] if prefill else None
+        rows.append(
+            [
+                row["context_tokens"],
+                row["variant"],
+                row["n"],
+                fmt_tps(median),
+                f"{row['context_tokens'] / median:,.3f}" if median else "n/a",
+                fmt_bytes(memory["max"] if memory else None),
+            ]
+        )
+    return rows
+
+
 def render_summary_md(
     summary: Mapping[str, Any],
     provenances: Sequence[Provenance],
@@ -377,6 +444,9 @@ def _render(
         "",
         *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
     ]
+    floor = noise_floor_text(summary)
+    if floor:
+        lines += ["", floor]
     inert = inert_lines(summary)
     if inert:
         lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
@@ -387,6 +457,8 @@ def _render(
         model = provenance.model
         weights = f", weights sha256 `{model.weights_sha256[:16]}`" if model.weights_sha256 else ""
         lines.append(f"- Model: {model.name or model.path or 'unknown'}{weights}")
+        if provenance.corpus is not None:
+            lines.append(f"- Prompts: {corpus_line(provenance.corpus)}")
     if provenances:
         lines += ["", "Variants as built:", ""]
         rows = []
@@ -410,6 +482,19 @@ def _render(
         lines += _table(
             ["variant", "repository", "ref", "commit", "flags", "software (its own process)"],
             rows,
+        )
+    if not compact:
+        lines += ["", "### Prefill time and peak memory by context", ""]
+        lines += _table(
+            [
+                "context",
+                "variant",
+                "cells",
+                "prefill tok/s (median)",
+                "prefill s per cell",
+                "peak memory (max)",
+            ],
+            memory_rows(summary),
         )
     if not compact:
         lines += [
@@ -485,6 +570,7 @@ def _render(
             f"{fmt_pct(run['drift_pct_across_run'])} across the run "
             f"(threshold {drift['threshold_pct']:.2f}%, {drift['threshold_source']}){flag}"
         )
+        lines += [f"  - {text}" for text in drift_context_text(run)]
     if not drift["runs"]:
         lines.append("- no baseline cells to measure drift")
     reproductions = summary.get("reproductions")

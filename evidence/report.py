@@ -32,6 +32,7 @@ from evidence.markdown import (
     fmt_tps,
     fmt_verdict,
     host_line,
+    noise_floor_text,
     software_line,
     variant_software_text,
     verdict_rows,
@@ -125,11 +126,14 @@ def _provenance_view(provenance: Provenance) -> dict[str, Any]:
     host = {k: v for k, v in document["host"].items() if v is not None}
     software = {k: v for k, v in document["software"].items() if v is not None}
     model = {k: v for k, v in document["model"].items() if v is not None and "sha256" not in k}
+    corpus = {k: v for k, v in (document.get("corpus") or {}).items() if k != "sha256" and v}
     facts = [
         ("created", document["created_at"]),
         *((f"host.{k}", v) for k, v in host.items()),
         *((f"software.{k}", v) for k, v in software.items() if "sha256" not in k),
         *((f"model.{k}", v) for k, v in model.items()),
+        # which prompt corpus ran (its digest is listed with the other digests)
+        *((f"corpus.{k}", v) for k, v in corpus.items()),
     ]
     return {
         "run_id": provenance.run_id,
@@ -454,16 +458,19 @@ def render_report_html(
             }
             for e in (ablation["entries"] if ablation else [])
         ],
+        "noise_floor": noise_floor_text(summary),
         "drift_rows": [
             {
-                "run_id": run["run_id"],
-                "n": run["n"],
-                "slope": drift_rate_text(run),
-                "across": fmt_pct(run.get("drift_pct_across_run")),
+                "run_id": run["run_id"]
+                + (f" @ {line['context_tokens']}" if line is not run else ""),
+                "n": line["n"],
+                "slope": drift_rate_text(line),
+                "across": fmt_pct(line.get("drift_pct_across_run")),
                 "threshold": f"{summary['drift']['threshold_pct']:.2f}%",
-                "flagged": run["flagged"],
+                "flagged": line["flagged"],
             }
             for run in summary["drift"]["runs"]
+            for line in [run, *(run.get("by_context") or [])]
         ],
         "bracketing_rows": [
             {

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from evidence.calibration import HostCalibration
 from evidence.canonical import sha256_hex
 from evidence.schemas import HostInfo, JobSpec
 from worker.config import HostConfig
@@ -247,6 +248,15 @@ class Agent:
     def load_secret(self) -> None:
         self.secret = read_secret(self.config.secret_path)
 
+    def report_calibration(self, result: HostCalibration) -> None:
+        """Send this host's calibration (`coldbench calibrate`) for /hosts to show."""
+        try:
+            response = self.client().put("/workers/calibration", json=result.to_json_dict())
+        except httpx.HTTPError as error:
+            raise AgentError(f"cannot reach {self.api_url}: {error}") from None
+        if response.status_code != 200:
+            raise AgentError(f"calibration refused ({response.status_code}): {_detail(response)}")
+
     # -- heartbeat thread --
 
     def _heartbeat_loop(self) -> None:
@@ -406,6 +416,7 @@ class Agent:
                 labels=self.labels(host),
                 repositories=self.config.repositories,
                 models=self.config.models,
+                corpora=self.config.corpora,
                 cell_timeout_s=min(self.options.cell_timeout_s, timeout_s),
                 on_progress=self.on_progress,
                 should_stop=should_stop,

@@ -61,6 +61,22 @@ def parse_contexts(text: str) -> list[int]:
     return contexts
 
 
+def local_corpus(option: str) -> tuple[str, Path]:
+    """`--corpus NAME=FILE` or `--corpus FILE` -> (name, resolved file); exits on bad input."""
+    from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
+
+    name, sep, file = option.partition("=")
+    if not sep:
+        file = option
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(option).stem).strip("-.")[:56] or "corpus"
+    path = Path(file).expanduser().resolve()
+    if not re.fullmatch(CORPUS_NAME_PATTERN, name) or name == BUILTIN_CORPUS:
+        _fail(f"--corpus {option}: {name!r} is not a corpus name (letters, digits, _ . -)")
+    if not path.is_file():
+        _fail(f"--corpus {option}: {path} is not a file")
+    return name, path
+
+
 def build_spec(
     *,
     model: str,
@@ -75,6 +91,8 @@ def build_spec(
     recipe: str | None,
     fresh_process: bool,
     precision: float = 0.05,
+    corpus: str = "builtin",
+    rounds_per_process: int | None = None,
     adapter: str | None = None,
     history: dict[str, Any] | None = None,
     bisect: dict[str, Any] | None = None,
@@ -98,7 +116,9 @@ def build_spec(
         "model": model,
         "seed": seed,
         "fresh_process": fresh_process,
+        "rounds_per_process": rounds_per_process,
         "precision": precision,
+        "corpus": corpus,
         "history": history,
         "bisect": bisect,
     }
@@ -166,6 +186,7 @@ def _bisect(
     direction: str,
     base: dict[str, Any],
     models: dict[str, Path],
+    corpora: dict[str, Path],
     out: Path | None,
     state_dir: Path,
     cell_timeout_s: float,
@@ -210,6 +231,7 @@ def _bisect(
             recipe=None,
             fresh_process=False,
             precision=base["precision"],
+            corpus=base["corpus"],
             bisect={
                 "good": good,
                 "bad": bad,
@@ -233,6 +255,7 @@ def _bisect(
                 labels=host_labels(host, []),
                 repositories={repository.name: repository},
                 models=models,
+                corpora=corpora,
                 command=None,
                 cell_timeout_s=cell_timeout_s,
             )
@@ -357,6 +380,14 @@ def run(
     fresh_process: Annotated[
         bool, typer.Option("--fresh-process", help="A new process for every cell.")
     ] = False,
+    rounds_per_process: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Rounds each variant's process measures before every variant gets a fresh "
+            "one (default: rounds // 12, at least 1: 12 or more independent process pairs).",
+        ),
+    ] = None,
     precision: Annotated[
         float,
         typer.Option(
@@ -390,6 +421,13 @@ def run(
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
     ] = Path(".coldbench"),
+    corpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompts from this UTF-8 text file instead of the built-in corpus: "
+            "NAME=FILE or FILE (named after the file)."
+        ),
+    ] = None,
 ) -> None:
     """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle."""
     import logging
@@ -421,6 +459,11 @@ def run(
         # Jobs name models; a folder becomes a name of this run's own model table.
         model_name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
         models[model_name] = path.resolve()
+    corpora: dict[str, Path] = {}
+    corpus_name = "builtin"
+    if corpus is not None:
+        corpus_name, corpus_file = local_corpus(corpus)
+        corpora[corpus_name] = corpus_file
     repositories = {}
     if adapter not in (None, "embedded", "mlx-lm", "openai-server"):
         _fail(f"--adapter {adapter!r}: choose one of embedded, mlx-lm, openai-server")
@@ -491,8 +534,10 @@ def run(
                     "seed": seed,
                     "precision": precision,
                     "flags": list(variant or []),
+                    "corpus": corpus_name,
                 },
                 models=models,
+                corpora=corpora,
                 out=out,
                 state_dir=state_dir.resolve(),
                 cell_timeout_s=cell_timeout_s,
@@ -512,12 +557,15 @@ def run(
             recipe=recipe,
             fresh_process=fresh_process,
             precision=precision,
+            corpus=corpus_name,
+            rounds_per_process=rounds_per_process,
             adapter=adapter,
             history=history,
         )
         from worker.run import check_job
 
-        check_job(spec, repositories)  # an option the declarations refuse fails here, not later
+        # an option the declarations refuse (or a corpus it lacks) fails here, not later
+        check_job(spec, repositories, corpora)
     except (ValueError, ConfigError, CheckoutError) as error:
         _fail(str(error))
     started = datetime.now(UTC)
@@ -570,6 +618,7 @@ def run(
                 labels=host_labels(host, []),
                 repositories=repositories,
                 models=models,
+                corpora=corpora,
                 command=command,
                 cell_timeout_s=cell_timeout_s,
                 on_progress=on_progress,
@@ -595,7 +644,12 @@ def run(
         for sentence in history_sentences(outcome.summary["history"]):
             out_console.print(sentence)
     elif outcome.summary:
+        from evidence.markdown import noise_floor_text
+
         out_console.print(_verdict_table(outcome.summary))
+        floor = noise_floor_text(outcome.summary)
+        if floor:
+            out_console.print(floor, soft_wrap=True)
         entries = (outcome.summary.get("ablation") or {}).get("entries") or []
         if entries:
             title = "ablation: all vs all-minus-<feature> (contributions are not additive)"
@@ -608,6 +662,176 @@ def run(
     if outcome.status != "succeeded":
         typer.echo(f"error: run failed: {outcome.reason}", err=True)
         raise typer.Exit(1)
+
+
+def _model_option(model: str) -> tuple[str, dict[str, Path]]:
+    """(the job's model name, this run's model table) for `--model DIR` or `preset:NAME`."""
+    if model.startswith("preset:"):
+        return model, {}
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        _fail(f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME")
+    # Jobs name models; a folder becomes a name of this run's own model table.
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
+    return name, {name: path.resolve()}
+
+
+@app.command("calibrate")
+def calibrate(
+    planted_step: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="prefill_step_size of the planted variant: a chunk width known to cost a few "
+            "percent against --base-step at these contexts (required unless --merge).",
+        ),
+    ] = None,
+    model: Annotated[str, typer.Option(help="A checkpoint folder or preset:NAME.")] = "preset:tiny",
+    contexts: Annotated[str, typer.Option(help="Context lengths in tokens, e.g. 16384.")] = "256",
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of every job.")] = 24,
+    jobs: Annotated[
+        int, typer.Option(min=1, max=100, help="A/A jobs, and as many planted-effect jobs.")
+    ] = 10,
+    base_step: Annotated[
+        int | None,
+        typer.Option(min=1, help="prefill_step_size of every other variant (default: stock)."),
+    ] = None,
+    rounds_per_process: Annotated[
+        int | None, typer.Option(min=1, help="As for coldbench run (default: rounds // 12).")
+    ] = None,
+    decode_tokens: Annotated[int, typer.Option(min=0, help="Greedy tokens after prefill.")] = 2,
+    variants: Annotated[
+        int,
+        typer.Option(
+            min=2, max=3, help="Variants per job: 3 (a, b, c) as the targets are set, or 2."
+        ),
+    ] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the first job (then +1 per job).")] = 0,
+    out: Annotated[Path, typer.Option(help="The result file (JSON).")] = Path("calibration.json"),
+    bundles: Annotated[
+        Path | None, typer.Option(help="Keep every job's evidence bundle in this folder.")
+    ] = None,
+    api: Annotated[
+        str | None, typer.Option(help="Report the result to this coldbench server as the host.")
+    ] = None,
+    config: Annotated[
+        Path, typer.Option(help="This host's worker.toml (with --api: whose secret to use).")
+    ] = Path("worker.toml"),
+    merge: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Measure nothing: merge these result files (e.g. one per GPU, run side by side "
+            "with seeds apart) into --out. Repeat."
+        ),
+    ] = None,
+    cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
+    state_dir: Annotated[Path, typer.Option(help="Spools of the jobs' runs.")] = Path(".coldbench"),
+) -> None:
+    """Calibrate this host: A/A jobs of three identical variants and jobs with a planted effect,
+    through the same machinery as `coldbench run`; prints how often identical code was called
+    different, whether the planted effect was found, and the smallest effect this host resolves."""
+    import logging
+
+    from rich.console import Console
+
+    from worker.calibrate import run_calibration
+    from worker.fingerprint import host_fingerprint, host_labels
+    from worker.run import RunRefused
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=True)
+    try:
+        context_list = parse_contexts(contexts)
+    except ValueError as error:
+        _fail(str(error))
+    if out.exists() and out.is_dir():
+        _fail(f"--out {out}: is a folder; give a file name")
+    if bundles is not None and bundles.exists() and any(bundles.iterdir()):
+        _fail(f"--bundles {bundles}: folder exists and is not empty; choose a new one")
+    if api is not None and not re.fullmatch(r"https?://[^\s]+", api):
+        _fail(f"--api {api!r}: give an http:// or https:// URL")
+    agent = None
+    if api is not None:  # before hours of measuring: the secret must be there
+        from worker.agent import Agent, AgentError
+        from worker.config import ConfigError, load_host_config
+
+        try:
+            agent = Agent(api, load_host_config(config))
+            agent.load_secret()
+        except (ConfigError, AgentError) as error:
+            _fail(str(error))
+    if merge:
+        from pydantic import ValidationError
+
+        from evidence.calibration import HostCalibration, merge_calibrations
+
+        loaded = []
+        for path in merge:
+            try:
+                loaded.append(HostCalibration.model_validate_json(path.read_bytes()))
+            except (OSError, ValidationError) as error:
+                detail = " ".join(str(error).split())[:200]
+                _fail(f"--merge {path}: not a calibration result ({detail})")
+        try:
+            result = merge_calibrations(loaded)
+        except ValueError as error:
+            _fail(str(error))
+        _finish_calibration(result, out, agent, api)
+        return
+    if planted_step is None:
+        _fail("--planted-step: give the planted variant's chunk width (or --merge FILES)")
+    model_name, models = _model_option(model)
+    base_flags = {} if base_step is None else {"prefill_step_size": base_step}
+    host = host_fingerprint()
+
+    def on_job(kind: str, index: int, total: int) -> None:
+        what = "A/A" if kind == "aa" else "planted effect"
+        console.print(f"job {index} of {total}: {what}")
+
+    try:
+        result = run_calibration(
+            model=model_name,
+            models=models,
+            contexts=context_list,
+            rounds=rounds,
+            jobs=jobs,
+            planted_flags={"prefill_step_size": planted_step},
+            base_flags=base_flags,
+            decode_tokens=decode_tokens,
+            seed=seed,
+            rounds_per_process=rounds_per_process,
+            variants=variants,
+            state_dir=state_dir.resolve(),
+            host=host,
+            labels=host_labels(host, []),
+            bundles_dir=bundles,
+            cell_timeout_s=cell_timeout_s,
+            on_job=on_job,
+        )
+    except (RunRefused, ValueError) as error:
+        _fail(str(error).splitlines()[0])
+    _finish_calibration(result, out, agent, api)
+
+
+def _finish_calibration(result: Any, out: Path, agent: Any, api: str | None) -> None:
+    """Write the result, print its lines, report it when asked."""
+    import json
+
+    out.write_text(json.dumps(result.to_json_dict(), indent=1, sort_keys=True) + "\n")
+    for line in result.lines():
+        typer.echo(line)
+    failed = [job for job in result.jobs if job.status != "succeeded"]
+    if failed:
+        typer.echo(f"{len(failed)} jobs failed: {failed[0].reason}")
+    typer.echo(f"result {out.resolve()}")
+    if agent is not None:
+        from worker.agent import AgentError
+
+        try:
+            agent.report_calibration(result)
+        except AgentError as error:
+            _fail(f"result written, but not reported: {error}", code=1)
+        typer.echo(f"reported to {api}")
 
 
 def _valid_token(token: str) -> bool:

@@ -16,7 +16,8 @@ from api.errors import NotAuthenticated
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
-from evidence.schemas import JobSpec
+from evidence.calibration import HostCalibration
+from evidence.schemas import BUILTIN_CORPUS, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,23 @@ def update_host_report(
     host.last_heartbeat_at = utcnow()
 
 
+def store_calibration(*, db_session: Session, host: Host, calibration: HostCalibration) -> None:
+    """Keep the host's latest calibration (it replaces any earlier one)."""
+    host.calibration = calibration.to_json_dict()
+    db_session.commit()
+
+
+def calibration_lines(host: Host) -> list[str]:
+    """The host page's lines for its calibration; empty when it never reported one."""
+    if not host.calibration:
+        return []
+    try:
+        return HostCalibration.model_validate(host.calibration).lines()
+    except ValueError:
+        log.warning("host %s: stored calibration no longer parses", host.name)
+        return []
+
+
 def host_health(host: Host, *, settings: Settings) -> str:
     """ready, busy or lost as last recorded; offline when not heard from for 2 lease lives."""
     silent_after = timedelta(seconds=2 * settings.lease_ttl_s)
@@ -102,7 +120,7 @@ def list_hosts(*, db_session: Session) -> list[Host]:
 
 
 def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
-    """None when the host satisfies the job's labels, repository, recipes and model."""
+    """None when the host satisfies the job's labels, repository, recipes, model and corpus."""
     missing = sorted(set(spec.host_labels) - effective_labels(host))
     if missing:
         return f"lacks labels {', '.join(missing)}"
@@ -116,6 +134,9 @@ def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
             return f"defines no recipe {', '.join(sorted(wanted - recipes))} for {spec.repository}"
     if not spec.model.startswith("preset:") and spec.model not in host.models:
         return f"has no model {spec.model!r}"
+    if spec.corpus != BUILTIN_CORPUS and f"corpus:{spec.corpus}" not in effective_labels(host):
+        # the worker labels itself `corpus:NAME` for each corpus of its worker.toml
+        return f"has no corpus {spec.corpus!r}"
     return None
 
 

@@ -289,6 +289,7 @@ def hosts_page(request: Request, db_session: SessionDep, settings: SettingsDep):
     context = {
         "hosts": hosts,
         "auto_labels": {host.id: host_service.auto_labels(host) for host in hosts},
+        "calibrations": {host.id: host_service.calibration_lines(host) for host in hosts},
         "current_runs": host_service.current_runs(db_session=db_session),
         "lease_ttl_s": settings.lease_ttl_s,
     }
