@@ -338,7 +338,7 @@ async def agent_cycle(
 ) -> None:
     """One lease and, when it brings a run, its heartbeat, `measure_s` of simulated measuring
     (a real run takes minutes), the uploads and the completion."""
-    body = {"fingerprint": fingerprint(name), "labels": [], "wait_s": 5}
+    body = {"fingerprint": fingerprint(name), "wait_s": 5}
     started = time.perf_counter()
     try:
         response = await send(client, "POST", "/api/v1/leases", json=body, headers=auth, timeout=30)
