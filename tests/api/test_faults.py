@@ -387,9 +387,7 @@ def test_a_long_poll_whose_agent_left_claims_nothing(
     secret = enroll(running, api, "fault:gone")
     with pytest.raises(httpx.ReadTimeout), api.client(secret, timeout=1.5) as client:
         # The agent gives up (killed, or its own timeout) while the server still waits.
-        client.post(
-            "/api/v1/leases", json={"fingerprint": fingerprint(), "labels": [], "wait_s": 20}
-        )
+        client.post("/api/v1/leases", json={"fingerprint": fingerprint(), "wait_s": 20})
     with api.client(api_key) as client:
         created = client.post(
             "/api/v1/jobs", json=job_payload(model="m", host_labels=["fault:gone"])
