@@ -35,10 +35,9 @@ from api.pages.templates import web_dir
 from api.runs.models import RUN_STATES, Run
 from api.runs.router import router as runs_router
 from api.settings import Settings, get_settings
+from evidence.protocol import API_PREFIX, ErrorBody
 
 log = logging.getLogger(__name__)
-
-API_PREFIX = "/api/v1"
 
 
 def _install_metrics(app: FastAPI) -> None:
@@ -108,8 +107,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, error: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
+        body = ErrorBody(detail=error.message, field=error.field)
         return JSONResponse(
-            {"detail": error.message}, status_code=error.status_code, headers=headers
+            body.model_dump(exclude_none=True), status_code=error.status_code, headers=headers
         )
 
     for router in (hosts_router, runs_router, artifacts_router, jobs_router, auth_router):

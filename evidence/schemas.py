@@ -10,7 +10,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 RECORD_SCHEMA: Final = "coldbench.record/1"
 EVIDENCE_FORMAT: Final = "coldbench.evidence/1"
@@ -28,6 +28,24 @@ CellStatus = Literal["ok", "invalid", "error", "warmup"]
 Mode = Literal["ab", "ablation", "sweep"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
 FlagValue = int | float | bool | str
+
+
+class SpecError(ValueError):
+    """A rule across fields, broken: raised in a model validator with the field it is about
+    (a dotted path such as `baseline` or `variants.1.ref`), which pydantic cannot locate."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def error_field(error: ValidationError) -> str | None:
+    """The dotted path of the field the first problem of `error` is about (None: the whole)."""
+    item = error.errors()[0]
+    if item["loc"]:
+        return ".".join(str(part) for part in item["loc"])
+    cause = (item.get("ctx") or {}).get("error")
+    return cause.field if isinstance(cause, SpecError) else None
 
 
 class _Strict(BaseModel):
@@ -259,15 +277,21 @@ class JobSpec(_Strict):
         names = [v.name for v in self.variants]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
+            again = next(i for i, n in enumerate(names) if n in names[:i])
+            raise SpecError(
+                f"variants.{again}.name",
+                f"variant names must be unique; repeated: {', '.join(duplicates)}",
+            )
         if self.baseline is None:
             self.baseline = names[0]
         elif self.baseline not in names:
-            raise ValueError(f"baseline {self.baseline!r} is not one of the variants {names}")
+            raise SpecError(
+                "baseline", f"baseline {self.baseline!r} is not one of the variants {names}"
+            )
         if self.mode == "ablation" and not self.features:
-            raise ValueError("ablation mode needs at least one feature")
+            raise SpecError("features", "ablation mode needs at least one feature")
         if self.adapter != "embedded" and not self.repository:
-            raise ValueError(f"adapter {self.adapter} needs a repository")
+            raise SpecError("repository", f"adapter {self.adapter} needs a repository")
         return self
 
 

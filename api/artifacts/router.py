@@ -8,16 +8,16 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from api.artifacts import service
-from api.artifacts.schemas import ArtifactOut
 from api.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
 from api.errors import TooLarge
+from evidence.protocol import CONTENT_SHA256_HEADER, ArtifactReceipt
 
 router = APIRouter(tags=["artifacts"])
 
 
 @router.put(
     "/runs/{run_id}/artifacts/{name}",
-    response_model=ArtifactOut,
+    response_model=ArtifactReceipt,
     status_code=status.HTTP_201_CREATED,
     responses={200: {"description": "the same name and digest were already stored"}},
 )
@@ -31,7 +31,7 @@ async def upload_artifact(
     store: StoreDep,
     host: CurrentWorker,
     attempt: Annotated[int, Query(ge=1)],
-    x_content_sha256: Annotated[str | None, Header()] = None,
+    x_content_sha256: Annotated[str | None, Header(alias=CONTENT_SHA256_HEADER)] = None,
     content_length: Annotated[int | None, Header()] = None,
 ):
     sha256 = service.validate_upload_request(name, x_content_sha256)
@@ -65,7 +65,7 @@ async def upload_artifact(
     )
     if not created:
         response.status_code = status.HTTP_200_OK
-    return ArtifactOut(
+    return ArtifactReceipt(
         run_id=run_id,
         attempt=attempt,
         name=row.name,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.hosts.schemas import Label
+from evidence.protocol import Label
 
 
 class EnrollmentRequest(BaseModel):

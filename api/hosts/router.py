@@ -7,14 +7,14 @@ from fastapi import APIRouter, status
 from api.deps import BearerDep, CurrentSubmitter, CurrentWorker, SessionDep, SettingsDep
 from api.deps import bearer_token as _bearer_token
 from api.hosts import service
-from api.hosts.schemas import (
+from api.hosts.schemas import HostOut
+from api.runs import service as run_service
+from evidence.protocol import (
     HeartbeatRequest,
     HeartbeatResponse,
-    HostOut,
     RegisterRequest,
     RegisterResponse,
 )
-from api.runs import service as run_service
 
 router = APIRouter(tags=["hosts"])
 
@@ -30,7 +30,7 @@ def register(body: RegisterRequest, db_session: SessionDep, credentials: BearerD
         name=body.name,
         fingerprint=body.fingerprint.model_dump(mode="json"),
         labels=body.labels,
-        repositories={k: v.model_dump() for k, v in body.repositories.items()},
+        repositories=body.repositories,
         models=body.models,
     )
     return RegisterResponse(worker_id=host.id, secret=secret)

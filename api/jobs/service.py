@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from api.auth import service as auth_service
 from api.database import utcnow
-from api.errors import Forbidden, Invalid, NotFound, validation_message
+from api.errors import Forbidden, Invalid, NotFound, invalid
 from api.hosts import service as host_service
 from api.jobs.models import Job
 from api.jobs.schemas import JobOut
@@ -32,46 +32,63 @@ def validate_job_spec(
     try:
         spec = JobSpec.model_validate(payload)
     except ValidationError as error:
-        raise Invalid(validation_message("job spec", error)) from None
+        raise invalid("job spec", error) from None
     try:
         variants = expand_variants(spec)
     except ValueError as error:
-        raise Invalid(f"invalid job spec: {error}") from None
+        raise Invalid(f"invalid job spec: {error}", field="features") from None
     if len(variants) > settings.max_variants:
-        raise Invalid(f"{len(variants)} variants; at most {settings.max_variants} allowed")
+        raise Invalid(
+            f"{len(variants)} variants; at most {settings.max_variants} allowed", field="variants"
+        )
     if len(spec.contexts) > settings.max_contexts:
-        raise Invalid(f"{len(spec.contexts)} contexts; at most {settings.max_contexts} allowed")
+        raise Invalid(
+            f"{len(spec.contexts)} contexts; at most {settings.max_contexts} allowed",
+            field="contexts",
+        )
     too_long = [c for c in spec.contexts if c > settings.max_context_tokens]
     if too_long:
         raise Invalid(
-            f"contexts {too_long} exceed the limit of {settings.max_context_tokens} tokens"
+            f"contexts {too_long} exceed the limit of {settings.max_context_tokens} tokens",
+            field="contexts",
         )
     if spec.rounds > settings.max_rounds:
-        raise Invalid(f"rounds={spec.rounds}; at most {settings.max_rounds} allowed")
+        raise Invalid(
+            f"rounds={spec.rounds}; at most {settings.max_rounds} allowed", field="rounds"
+        )
     if spec.decode_tokens > settings.max_decode_tokens:
         raise Invalid(
-            f"decode_tokens={spec.decode_tokens}; at most {settings.max_decode_tokens} allowed"
+            f"decode_tokens={spec.decode_tokens}; at most {settings.max_decode_tokens} allowed",
+            field="decode_tokens",
         )
     if spec.hosts > settings.max_hosts_per_job:
-        raise Invalid(f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed")
+        raise Invalid(
+            f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed", field="hosts"
+        )
     if spec.repository is None and any(v.recipe or v.ref for v in spec.variants):
-        raise Invalid("variants name a ref or recipe but the job names no repository")
+        raise Invalid(
+            "variants name a ref or recipe but the job names no repository", field="repository"
+        )
 
     hosts = host_service.list_hosts(db_session=db_session)
     if not hosts:
         raise Invalid("no host is registered yet; enroll one with `coldbench admin enroll`")
-    reasons = {host.name: host_service.why_host_cannot_run(host, spec) for host in hosts}
-    able = [name for name, reason in reasons.items() if reason is None]
+    refusals = {host.name: host_service.why_host_cannot_run(host, spec) for host in hosts}
+    able = [name for name, refusal in refusals.items() if refusal is None]
     if not able:
-        detail = "; ".join(f"{name} {reason}" for name, reason in reasons.items())
+        refused = [(name, r) for name, r in refusals.items() if r is not None]
+        detail = "; ".join(f"{name} {refusal.reason}" for name, refusal in refused)
         message = f"no registered host can run this job: {detail}"
         if spec.repository is not None:
             message += f" (allowed repositories: {host_service.describe_allow_lists(hosts)})"
-        raise Invalid(message)
+        # The field of the host that came closest (the first such host on a tie).
+        closest = max((refusal for _, refusal in refused), key=lambda r: r.depth)
+        raise Invalid(message, field=closest.field)
     if len(able) < spec.hosts:
         raise Invalid(
             f"hosts={spec.hosts} asks for distinct hosts but only {len(able)} can run it: "
-            f"{', '.join(able)}"
+            f"{', '.join(able)}",
+            field="hosts",
         )
     return spec
 

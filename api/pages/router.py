@@ -218,8 +218,8 @@ def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]
     models: set[str] = set()
     labels: set[str] = set()
     for host in hosts:
-        for name, entry in host.repositories.items():
-            repositories.setdefault(name, set()).update(entry.get("recipes", []))
+        for name, offer in host_service.repository_offers(host).items():
+            repositories.setdefault(name, set()).update(offer.recipes)
         models.update(host.models)
         labels.update(host_service.effective_labels(host))
     return {
@@ -227,6 +227,7 @@ def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]
         "hosts": hosts,
         "repositories": {name: sorted(recipes) for name, recipes in sorted(repositories.items())},
         "recipes": sorted({r for recipes in repositories.values() for r in recipes}),
+        "adapters": job_form.adapter_choices(host_service.adapters_by_repository(hosts)),
         "models": ["preset:tiny", *sorted(models)],
         "labels": sorted(labels),
         "presets": job_form.CONTEXT_PRESETS,
@@ -254,7 +255,8 @@ async def submit_job(request: Request, db_session: SessionDep, settings: Setting
     if not _csrf_ok(request, fields, key):
         return _forbidden(request, key)
     form = job_form.read_form(fields, [str(v) for v in fields.getlist("contexts")])
-    payload, rows = job_form.build_payload(form)
+    hosts = host_service.list_hosts(db_session=db_session)
+    payload, rows = job_form.build_payload(form, host_service.adapters_by_repository(hosts))
     if not form.errors:
         job_form.validate_payload(form, payload, rows)
     if not form.errors:
@@ -264,8 +266,7 @@ async def submit_job(request: Request, db_session: SessionDep, settings: Setting
             )
         except Invalid as error:
             db_session.rollback()
-            for name in job_form.fields_of_message(error.message):
-                form.add_error(name, error.message)
+            form.add_error(job_form.form_field(error.field, rows), error.message)
         else:
             log.info("job %s submitted from the form by key %s", job.id, key.id)
             return RedirectResponse(f"/jobs/{job.id}", status_code=303)

@@ -6,14 +6,14 @@ from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentWorker, SessionDep, SettingsDep
 from api.runs import service
-from api.runs.schemas import CompleteRequest, CompleteResponse, LeaseRequest, LeaseResponse
+from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
 
 router = APIRouter(tags=["runs"])
 
 
 @router.post(
     "/leases",
-    response_model=LeaseResponse,
+    response_model=Lease,
     responses={204: {"description": "nothing fitting this host arrived within wait_s"}},
 )
 def claim_lease(
@@ -26,10 +26,12 @@ def claim_lease(
         fingerprint=body.fingerprint.model_dump(mode="json"),
         labels=body.labels,
         wait_s=body.wait_s,
+        repositories=body.repositories,
+        models=body.models,
     )
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return LeaseResponse(**lease.__dict__)
+    return lease
 
 
 @router.post("/runs/{run_id}/complete", response_model=CompleteResponse)

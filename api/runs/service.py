@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -29,21 +28,12 @@ from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Run, RunAttempt
 from api.settings import Settings
+from evidence.protocol import Lease, RepositoryOffer
 from evidence.schemas import JobSpec, Manifest
 
 log = logging.getLogger(__name__)
 
 REQUIRED_FILES = ("records.jsonl", "provenance.json")
-
-
-@dataclass(frozen=True)
-class Lease:
-    run_id: str
-    attempt: int
-    job_id: str
-    spec: dict[str, Any]
-    timeout_s: int
-    lease_ttl_s: int
 
 
 def get_run(*, db_session: Session, run_id: str) -> Run:
@@ -176,10 +166,17 @@ def claim_lease(
     fingerprint: dict[str, Any],
     labels: list[str],
     wait_s: float,
+    repositories: dict[str, RepositoryOffer] | None = None,
+    models: list[str] | None = None,
 ) -> Lease | None:
     """Long-poll for a run this host may take; None after wait_s seconds without one."""
     host_service.update_host_report(
-        db_session=db_session, host=host, fingerprint=fingerprint, labels=labels
+        db_session=db_session,
+        host=host,
+        fingerprint=fingerprint,
+        labels=labels,
+        repositories=repositories,
+        models=models,
     )
     if host.health == "lost":
         host.health = "ready"
@@ -272,7 +269,7 @@ def complete_run(
     try:
         parsed = Manifest.model_validate(manifest)
     except ValidationError as error:
-        raise Invalid(validation_message("manifest", error)) from None
+        raise Invalid(validation_message("manifest", error), field="manifest") from None
     now = utcnow()
     if status == "succeeded":
         uploaded = {

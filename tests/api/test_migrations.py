@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
 
 from api.migration import alembic_config
+from evidence.protocol import RepositoryOffer
 from tests.api.conftest import POSTGRES_URL, _server_url
 
 
@@ -54,12 +57,48 @@ def test_postgres_upgrade_check_downgrade(empty_postgres: str, coldbench_cmd: li
     assert {"hosts", "jobs", "runs", "cells", "artifacts", "evidence"} <= _tables(empty_postgres)
     assert "bundle_files" in _columns(empty_postgres, "jobs")
     config = alembic_config(empty_postgres)
-    command.downgrade(config, "-1")
+    command.downgrade(config, "e5efff44487f")  # the initial schema, before bundle_files
     assert "bundle_files" not in _columns(empty_postgres, "jobs")
     command.downgrade(config, "base")
     assert _tables(empty_postgres) == {"alembic_version"}
     command.upgrade(config, "head")
     command.check(config)
+
+
+def _host_repositories(url: str) -> dict[str, Any]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            value = connection.execute(sa.text("SELECT repositories FROM hosts")).scalar_one()
+    finally:
+        engine.dispose()
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@pytest.mark.postgres
+def test_repository_offers_migration_up_and_down(empty_postgres: str) -> None:
+    """Hosts registered before adapters were reported get mlx-lm and no options; downgrade
+    gives back exactly what was stored."""
+    config = alembic_config(empty_postgres)
+    command.upgrade(config, "7693a6ba4526")
+    old = {"mlx-lm": {"recipes": ["editable"]}}
+    engine = sa.create_engine(empty_postgres)
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO hosts (id, name, secret_sha256, fingerprint, enrolled_labels, "
+                "labels, repositories, models, created_at, health) VALUES ('h1', 'studio-1', "
+                "'x', '{}', '[]', '[]', CAST(:repositories AS JSON), '[]', now(), 'ready')"
+            ),
+            {"repositories": json.dumps(old)},
+        )
+    engine.dispose()
+    command.upgrade(config, "3c1d2e9a7b45")
+    upgraded = _host_repositories(empty_postgres)
+    assert upgraded == {"mlx-lm": {"adapter": "mlx-lm", "options": {}, "recipes": ["editable"]}}
+    RepositoryOffer.model_validate(upgraded["mlx-lm"])
+    command.downgrade(config, "7693a6ba4526")
+    assert _host_repositories(empty_postgres) == old
 
 
 def test_sqlite_upgrade_check_downgrade(tmp_path: Path) -> None:
