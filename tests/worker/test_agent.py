@@ -418,4 +418,4 @@ def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
     assert not folder.exists()
     (run,) = service.job(job_id)["runs"]
     assert (run["state"], run["reason"]) == ("failed", "x")
-    assert service.artifact(lease["run_id"], "reason.txt") == b"test\n"
+    assert service.artifact(lease.run_id, "reason.txt") == b"test\n"
