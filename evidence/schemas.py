@@ -12,6 +12,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, parse_feature
+
 RECORD_SCHEMA: Final = "coldbench.record/1"
 EVIDENCE_FORMAT: Final = "coldbench.evidence/1"
 PROVENANCE_SCHEMA: Final = "coldbench.provenance/1"
@@ -27,7 +29,10 @@ REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
 Mode = Literal["ab", "ablation", "sweep"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
-FlagValue = int | float | bool | str
+# The variants an ablation runs (evidence/variant.py expands them; JobSpec checks the names).
+ABLATION_BASELINE: Final = "none"
+ABLATION_ALL: Final = "all"
+ABLATION_MINUS_PREFIX: Final = "all-minus-"
 
 
 class SpecError(ValueError):
@@ -218,7 +223,7 @@ class VariantSpec(_Strict):
     name: Name
     ref: str | None = None
     recipe: Name | None = None
-    flags: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], FlagValue] = Field(
+    flags: dict[Annotated[str, Field(pattern=FLAG_NAME_PATTERN)], FlagValue] = Field(
         default_factory=dict
     )
 
@@ -234,7 +239,11 @@ class VariantSpec(_Strict):
 
 
 class JobSpec(_Strict):
-    """What a maintainer submits. Bounds on sizes are enforced by the API's settings."""
+    """What a maintainer submits. Bounds on sizes are enforced by the API's settings.
+
+    Every rule across fields lives in `_cross_field_rules`, each error naming its field
+    (`SpecError`), so the CLI, submit, the API and the form refuse the same specs alike.
+    """
 
     schema_: Literal["coldbench.job/1"] = Field(JOB_SCHEMA, alias="schema")
     mode: Mode = "ab"
@@ -273,7 +282,7 @@ class JobSpec(_Strict):
         return sorted(contexts)
 
     @model_validator(mode="after")
-    def _names_and_baseline(self) -> JobSpec:
+    def _cross_field_rules(self) -> JobSpec:
         names = [v.name for v in self.variants]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -292,7 +301,60 @@ class JobSpec(_Strict):
             raise SpecError("features", "ablation mode needs at least one feature")
         if self.adapter != "embedded" and not self.repository:
             raise SpecError("repository", f"adapter {self.adapter} needs a repository")
+        if self.adapter == "embedded" and self.repository:
+            raise SpecError(
+                "adapter",
+                f"the embedded adapter runs coldbench's own engine and builds no repository; "
+                f"drive {self.repository} with mlx-lm or openai-server",
+            )
+        for index, variant in enumerate(self.variants):
+            if self.repository is None and (variant.ref or variant.recipe):
+                raise SpecError(
+                    f"variants.{index}.{'ref' if variant.ref else 'recipe'}",
+                    "variants name a ref or recipe but the job names no repository",
+                )
+            if self.repository is not None and variant.ref is None:
+                raise SpecError(
+                    f"variants.{index}.ref",
+                    f"variant {variant.name} names no ref of {self.repository}",
+                )
+        if self.mode == "ablation":
+            self._ablation_rules()
         return self
+
+    def _ablation_rules(self) -> None:
+        """What evidence/variant.py's expansion needs: distinct features, each changing the
+        first variant (the template), and names that fit and do not clash."""
+        features = [parse_feature(feature) for feature in self.features]
+        flags = [flag for flag, _ in features]
+        repeated = sorted({flag for flag in flags if flags.count(flag) > 1})
+        if repeated:
+            raise SpecError(
+                "features", f"ablation features name the same flag twice: {', '.join(repeated)}"
+            )
+        template = self.variants[0].flags
+        unchanged = [
+            (flag, on) for flag, on in features if flag in template and template[flag] == on
+        ]
+        if unchanged:
+            raise SpecError(
+                "features",
+                "ablation features already on in the first variant (nothing to leave out): "
+                + ", ".join(f"{flag}={on}" for flag, on in unchanged),
+            )
+        expanded = [ABLATION_BASELINE, ABLATION_ALL, *(ABLATION_MINUS_PREFIX + f for f in flags)]
+        for name in expanded:
+            if not is_valid_name(name):
+                raise SpecError(
+                    "features", f"variant name {name!r} is too long or not a plain name"
+                )
+        for index, kept in enumerate(self.variants[1:], start=1):
+            if kept.name in expanded:
+                raise SpecError(
+                    f"variants.{index}.name",
+                    f"variant {kept.name!r} clashes with a name the ablation expansion uses; "
+                    "rename it",
+                )
 
 
 def is_valid_name(value: str) -> bool:

@@ -33,10 +33,7 @@ def validate_job_spec(
         spec = JobSpec.model_validate(payload)
     except ValidationError as error:
         raise invalid("job spec", error) from None
-    try:
-        variants = expand_variants(spec)
-    except ValueError as error:
-        raise Invalid(f"invalid job spec: {error}", field="features") from None
+    variants = expand_variants(spec)
     if len(variants) > settings.max_variants:
         raise Invalid(
             f"{len(variants)} variants; at most {settings.max_variants} allowed", field="variants"
@@ -64,10 +61,6 @@ def validate_job_spec(
     if spec.hosts > settings.max_hosts_per_job:
         raise Invalid(
             f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed", field="hosts"
-        )
-    if spec.repository is None and any(v.recipe or v.ref for v in spec.variants):
-        raise Invalid(
-            "variants name a ref or recipe but the job names no repository", field="repository"
         )
 
     hosts = host_service.list_hosts(db_session=db_session)

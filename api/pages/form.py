@@ -8,7 +8,6 @@ about (`ServiceError.field`); `form_field` maps a JobSpec path to the form's inp
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from evidence.schemas import JobSpec, SpecError
-from evidence.variant import parse_flag_value
+from evidence.spec_text import parse_context, parse_flags, split_list
 
 VARIANT_ROWS = 4
 DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
@@ -27,8 +26,6 @@ MODES = (
     ("sweep", "sweep: the same code over several flag settings"),
 )
 FORM_ERROR = "_form"
-_FLAG = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_SIZE = re.compile(r"^(\d+)\s*([kK])?$")
 
 
 @dataclass
@@ -64,36 +61,6 @@ def blank_form() -> JobForm:
         values[f"variant-{index}-ref"] = ""
         values[f"variant-{index}-flags"] = ""
     return JobForm(values=values, contexts=[4096])
-
-
-def parse_context(text: str) -> int:
-    """`4096`, `4K` or `4k` (x 1024) -> tokens; ValueError naming the bad item."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"{text.strip()!r} is not a token count (e.g. 512, 4096 or 4K)")
-    value = int(match.group(1)) * (1024 if match.group(2) else 1)
-    if value < 1:
-        raise ValueError(f"{text.strip()!r}: a context needs at least 1 token")
-    return value
-
-
-def parse_flags(text: str) -> dict[str, Any]:
-    """`prefill_step_size=256, clear_cache=false` -> {"prefill_step_size": 256, ...}."""
-    flags: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in re.split(r"[,\n]", text))):
-        key, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or not value:
-            raise ValueError(f"{item!r}: write flags as name=value, e.g. clear_cache=false")
-        if not _FLAG.fullmatch(key):
-            raise ValueError(f"{key!r} is not a flag name (lowercase letters, digits, _)")
-        if key in flags:
-            raise ValueError(f"{key} given twice")
-        flags[key] = parse_flag_value(value)
-    return flags
-
-
-def _split_list(text: str) -> list[str]:
-    return [part.strip() for part in re.split(r"[,\s]+", text) if part.strip()]
 
 
 def _int_field(form: JobForm, name: str, label: str) -> int | None:
@@ -155,15 +122,13 @@ def build_payload(
     """
     values = form.values
     contexts = list(form.contexts)
-    for item in _split_list(values["custom_contexts"]):
+    for item in split_list(values["custom_contexts"]):
         try:
             contexts.append(parse_context(item))
         except ValueError as error:
             form.add_error("contexts", str(error))
     if not contexts and "contexts" not in form.errors:
         form.add_error("contexts", "choose at least one context length")
-    if len(set(contexts)) != len(contexts):
-        form.add_error("contexts", "each context length may appear once")
 
     repository = values["repository"] or None
     recipe = values["recipe"] or None
@@ -194,10 +159,10 @@ def build_payload(
         "adapter": choose_adapter(form, adapters or {}),
         "repository": repository,
         "variants": variants,
-        "features": _split_list(values["features"]),
+        "features": split_list(values["features"]),
         "contexts": contexts,
         "model": values["model"] or "preset:tiny",
-        "host_labels": _split_list(values["host_labels"]),
+        "host_labels": split_list(values["host_labels"]),
     }
     for name, label in (
         ("rounds", "rounds"),

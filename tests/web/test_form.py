@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
@@ -15,29 +14,6 @@ from api.jobs.models import Job
 from api.pages import form as job_form
 from tests.api.factories import make_host
 from tests.web.builders import csrf_of
-
-
-def test_parse_context_accepts_counts_and_k_suffix() -> None:
-    assert job_form.parse_context("512") == 512
-    assert job_form.parse_context(" 4K ") == 4096
-    assert job_form.parse_context("12k") == 12288
-    for bad in ("12x", "-4", "4M", "", "0"):
-        with pytest.raises(ValueError):
-            job_form.parse_context(bad)
-
-
-def test_parse_flags_types_and_errors() -> None:
-    assert job_form.parse_flags("prefill_step_size=256, clear_cache=false") == {
-        "prefill_step_size": 256,
-        "clear_cache": False,
-    }
-    assert job_form.parse_flags("") == {}
-    with pytest.raises(ValueError, match="name=value"):
-        job_form.parse_flags("compile")
-    with pytest.raises(ValueError, match="not a flag name"):
-        job_form.parse_flags("Bad-Name=1")
-    with pytest.raises(ValueError, match="twice"):
-        job_form.parse_flags("compile=true, compile=false")
 
 
 def test_error_fields_map_to_form_inputs() -> None:
