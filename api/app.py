@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,7 +23,7 @@ from prometheus_client import (
 
 from api.artifacts.router import router as artifacts_router
 from api.artifacts.service import total_artifact_bytes
-from api.artifacts.store import ArtifactStore
+from api.artifacts.store import open_store
 from api.auth.router import router as auth_router
 from api.database import make_engine, make_sessionmaker, upgrade_database
 from api.deps import SessionDep
@@ -32,8 +33,10 @@ from api.hosts.router import router as hosts_router
 from api.jobs.router import router as jobs_router
 from api.pages.router import router as pages_router
 from api.pages.templates import web_dir
+from api.runs import service as run_service
 from api.runs.models import RUN_STATES, Run
 from api.runs.router import router as runs_router
+from api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from api.settings import Settings, get_settings
 from evidence.protocol import API_PREFIX, ErrorBody
 
@@ -87,11 +90,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ),
     )
 
+    work_signal = WorkSignal()
+    register_local(work_signal)
+
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
-        yield
-        engine.dispose()
+        background = [
+            asyncio.create_task(
+                run_service.sweep_leases(sessionmaker=app.state.sessionmaker, settings=settings)
+            )
+        ]
+        if engine.dialect.name == "postgresql":
+            background.append(
+                asyncio.create_task(listen_for_work(settings.sqlalchemy_url, work_signal))
+            )
+        try:
+            yield
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            engine.dispose()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -102,7 +122,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.store = ArtifactStore(settings.artifact_dir)
+    app.state.store = open_store(settings)
+    app.state.work_signal = work_signal
 
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, error: ServiceError) -> JSONResponse:

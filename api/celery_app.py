@@ -11,9 +11,6 @@ from celery import Celery
 
 from api.settings import Settings, get_settings
 
-EXPIRE_LEASES_EVERY_S = 15.0
-REPROCESS_EVERY_S = 60.0
-
 
 def make_celery(settings: Settings) -> Celery:
     if not settings.redis_url:
@@ -33,11 +30,11 @@ def make_celery(settings: Settings) -> Celery:
         beat_schedule={
             "expire-leases": {
                 "task": "coldbench.expire_leases",
-                "schedule": EXPIRE_LEASES_EVERY_S,
+                "schedule": settings.beat_expire_leases_s,
             },
             "reprocess-unprocessed": {
                 "task": "coldbench.reprocess_unprocessed",
-                "schedule": REPROCESS_EVERY_S,
+                "schedule": settings.beat_reprocess_s,
             },
         },
         include=["api.tasks"],

@@ -45,6 +45,12 @@ class Invalid(ServiceError):
     status_code = 422
 
 
+class StoreFull(ServiceError):
+    """The artifact store has no room: nothing of the request was kept; retry later."""
+
+    status_code = 507
+
+
 def validation_message(what: str, error: ValidationError) -> str:
     """`invalid job spec: contexts: must be positive; rounds: ...` in one line."""
     parts = []

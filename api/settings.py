@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 STATE_DIR = Path(".coldbench")
@@ -19,6 +19,18 @@ class Settings(BaseSettings):
     # Empty means the embedded default: kombu's SQLAlchemy transport on .coldbench/broker.db.
     redis_url: str = ""
     artifact_dir: Path = STATE_DIR / "artifacts"
+    # `s3://bucket/prefix`: artifacts in an S3-compatible bucket shared by every API replica and
+    # Celery worker (api/artifacts/store.py); empty means the local folder artifact_dir.
+    artifact_url: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?)?$")
+    # Endpoint of an S3-compatible service other than AWS (MinIO, Ceph, ...); credentials may
+    # also come from the usual AWS_* variables or an instance role when these are empty.
+    s3_endpoint_url: str = ""
+    s3_region: str = ""
+    s3_access_key_id: str = ""
+    s3_secret_access_key: SecretStr = SecretStr("")
+    # The local store refuses an upload (507, nothing kept) that would leave less free space
+    # than this on its filesystem.
+    artifact_min_free_bytes: int = Field(256 * 1024 * 1024, ge=0)
     state_dir: Path = STATE_DIR
 
     # sha256 hex of the admin token for the HTTP admin endpoints (enrollment tokens and API
@@ -33,15 +45,20 @@ class Settings(BaseSettings):
     max_hosts_per_job: int = Field(16, ge=1)
     max_variants: int = Field(32, ge=1)
 
-    # Threads serving synchronous endpoints: every long-polling host holds one for up to
-    # lease_wait_max_s, so this bounds how many hosts one API process serves at once.
+    # Threads serving synchronous endpoints and the database work of async ones (a waiting
+    # lease request holds no thread).
     api_threads: int = Field(200, ge=8)
     db_pool_size: int = Field(10, ge=1)
     db_max_overflow: int = Field(40, ge=0)
 
     lease_ttl_s: int = Field(60, ge=1)
     lease_wait_max_s: int = Field(25, ge=0)
-    lease_poll_s: float = Field(0.5, gt=0)
+    # A waiting lease request is woken by a notification when work is queued; this bounds the
+    # wait between two claims when no notification comes (SQLite, a listener reconnecting).
+    lease_poll_s: float = Field(2.0, gt=0)
+    # How often each API process requeues runs whose lease or hard timeout passed (Celery beat
+    # does it too; either is enough).
+    lease_sweep_s: float = Field(5.0, gt=0)
     run_timeout_s: int = Field(6 * 3600, ge=1)
     max_attempts: int = Field(3, ge=1)
 
@@ -51,6 +68,9 @@ class Settings(BaseSettings):
     # Prefix of every Redis key Celery uses: lets several deployments (or test sessions)
     # share one Redis database without taking each other's tasks.
     celery_key_prefix: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,64}$")
+    # Celery beat: how often lost leases are expired and stored-but-unprocessed work resent.
+    beat_expire_leases_s: float = Field(15.0, gt=0)
+    beat_reprocess_s: float = Field(60.0, gt=0)
     ingest_batch_size: int = Field(500, ge=1)
     # Pause between ingest batches: keeps a large ingest from starving the database of write
     # slots; tests use it to kill a Celery worker while an ingest is half done.

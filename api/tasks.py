@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import dispatch
-from api.artifacts.store import ArtifactStore
+from api.artifacts.store import ArtifactStore, open_store
 from api.celery_app import celery_app
 from api.database import make_engine, make_sessionmaker
 from api.evidence import service as evidence_service
@@ -52,8 +52,9 @@ def _settings() -> Settings:
     return get_settings()
 
 
+@lru_cache
 def _store() -> ArtifactStore:
-    return ArtifactStore(get_settings().artifact_dir)
+    return open_store(get_settings())
 
 
 @celery_app.task(name="coldbench.ingest_run", **TASK_OPTIONS)

@@ -148,8 +148,8 @@ def cell_prefill_s(model: nn.Module, ids: list[int], *, flags: dict[str, Any]) -
         model, ids, context_tokens=len(ids), flags=Flags.parse(flags), decode_tokens=1
     )
     if record["status"] != "ok":
-        # e.g. 8,192-token chunks on a 4,096-token prompt: the engine calls that a silent
-        # no-op, and so does this table (no figure for that candidate at that context).
+        # A cell the engine's own rule (engine/judge.py) calls invalid gets no figure here
+        # either for that candidate at that context.
         INVALID.setdefault((len(ids), str(flags)), f"{record['status']}: {record['reason']}")
         return math.nan
     return float(record["prefill_s"])
@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods["cell"] = lambda m, ids: cell_prefill_s(m, ids, flags=off)
         for best_step in (int(s) for s in args.best_steps.split(",")):
             # clear_cache=true with wider chunks too: where one chunk holds the whole prompt
-            # there is no buffer cache to keep, and clear_cache=false would be a silent no-op.
+            # there is no buffer cache to keep, and clear_cache=false is inert (stock's run).
             for keep_cache in (True, False):
                 bare_name = f"bare:step={best_step},clear_cache={str(not keep_cache).lower()}"
                 if best_step == step and not keep_cache:

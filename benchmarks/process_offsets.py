@@ -26,7 +26,8 @@ Conditions (each a list entry of --conditions):
         --processes 3 --generations 2 --rounds 4          # a CPU smoke run
 
 The model is built in memory (random weights from the seed, the preset's real architecture),
-so a process starts in seconds; each process builds the identical model.
+so a process starts in seconds; each process builds the identical model. `--model DIR` loads a
+checkpoint from disk instead, as `coldbench run`'s variant processes do.
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ def worker(args: argparse.Namespace) -> int:
     from engine.cell import run_cell
     from engine.flags import Flags
 
-    model, config = build_in_memory(args.preset, args.dtype, args.seed)
+    if args.model:  # a checkpoint on disk, loaded as the variant process loads it
+        from engine.checkpoints import load_model
+
+        model, _tokenizer, config = load_model(args.model)
+    else:
+        model, config = build_in_memory(args.preset, args.dtype, args.seed)
     vocab = int(config["vocab_size"])
     flags = Flags()
 
@@ -140,6 +146,8 @@ def run_generation(args: argparse.Namespace, condition: str, generation: int) ->
     for slot in slots:
         cmd = [sys.executable, __file__, "--worker", "--preset", args.preset, "--dtype", args.dtype]
         cmd += ["--context", str(args.context), "--seed", str(args.seed)]
+        if args.model:
+            cmd += ["--model", args.model]
         if cpus[slot]:
             cmd += ["--cpus", cpus[slot]]
         if condition == "clear":
@@ -278,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     parser.add_argument("--clear", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--model", help="a checkpoint folder to load instead of --preset in memory")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--seed", type=int, default=41)

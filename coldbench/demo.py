@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,33 @@ CANDIDATE_FEATURES = ["prefill_step_size=64", "clear_cache=false", "compile"]
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How often the demo looks at its jobs: a state change is seen at most this late.
+FOLLOW_POLL_S = 0.2
+
+
+@dataclass
+class Clock:
+    """Seconds since the demo started, printed with every step, and where they went."""
+
+    console: Any
+    started_at: float = field(default_factory=time.monotonic)
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    _phase_started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[dim]{self.elapsed():6.1f} s[/] {text}")
+
+    def phase(self, name: str) -> None:
+        """End the current phase under `name` (its seconds are counted in the breakdown)."""
+        now = time.monotonic()
+        self.phases.append((name, now - self._phase_started))
+        self._phase_started = now
+
+    def breakdown(self) -> str:
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases)
 
 
 @dataclass
@@ -143,7 +171,7 @@ def wait_healthy(base_url: str, children: Children, timeout_s: float = 120.0) ->
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(FOLLOW_POLL_S)
     raise RuntimeError(f"the API at {base_url} did not become healthy in {timeout_s:.0f} s")
 
 
@@ -222,6 +250,7 @@ def demo(
     from rich.console import Console
 
     console = Console(stderr=True)
+    clock = Clock(console)
     state_dir = state_dir.resolve()
     for sub in ("artifacts", "models", "logs", "agent", "evidence"):
         (state_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -230,7 +259,6 @@ def demo(
     base_url = f"http://127.0.0.1:{port}"
     children = Children(state_dir / "logs", env)
     context_list = [int(c) for c in contexts.split(",") if c]
-    started_at = time.monotonic()
 
     def interrupted(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt
@@ -238,46 +266,64 @@ def demo(
     signal.signal(signal.SIGTERM, interrupted)
     with ExitStack() as cleanup:
         cleanup.callback(children.stop_all)
+        pool = cleanup.enter_context(ThreadPoolExecutor(max_workers=2))
         try:
-            console.print(f"[bold]coldbench demo[/] in {state_dir}")
-            console.print("database: migrating")
+            clock.say(f"[bold]coldbench demo[/] in {state_dir}")
             run_cli(["db", "upgrade"], env)
-            console.print("model: writing the tiny preset (cached after the first run)")
-            os.environ["COLDBENCH_MODEL_DIR"] = env["COLDBENCH_MODEL_DIR"]
-            from engine.checkpoints import resolve_model
-
-            console.print(f"  {resolve_model('preset:tiny', {})}")
-
+            clock.say("database: migrated")
+            clock.phase("migrate")
+            # Everything below until the agent starts is independent: the services start,
+            # the tokens are issued (two CLI processes) and the model is written at once.
             children.start("server", ["server", "--host", "127.0.0.1", "--port", str(port)])
             children.start("celery-worker", ["celery", "worker"])
             children.start("celery-beat", ["celery", "beat"])
-            wait_healthy(base_url, children)
-            console.print(f"api: {base_url}")
+            enrollment_out = pool.submit(run_cli, ["admin", "enroll", "--labels", "demo"], env)
+            api_key_out = pool.submit(run_cli, ["admin", "apikey", "demo"], env)
+            os.environ["COLDBENCH_MODEL_DIR"] = env["COLDBENCH_MODEL_DIR"]
+            from engine.checkpoints import resolve_model
 
-            enrollment = _token(run_cli(["admin", "enroll", "--labels", "demo"], env), "cbe_")
-            api_key = _token(run_cli(["admin", "apikey", "demo"], env), "cbk_")
+            clock.say(f"model: {resolve_model('preset:tiny', {})} (cached after the first run)")
+            enrollment = _token(enrollment_out.result(), "cbe_")
+            api_key = _token(api_key_out.result(), "cbk_")
+            clock.say("tokens: agent enrollment and submitter key issued")
+            wait_healthy(base_url, children)
+            clock.say(f"api: {base_url}")
+            clock.phase("services, model and tokens")
+
             config = state_dir / "agent" / "worker.toml"
             write_worker_config(config)
             secret_file = config.with_name(config.stem + ".secret")
             enroll_args = [] if secret_file.exists() else ["--enroll", enrollment]
             children.start(
                 "agent",
-                ["worker", "--api", base_url, "--config", str(config), *enroll_args],
+                [
+                    "worker",
+                    "--api",
+                    base_url,
+                    "--config",
+                    str(config),
+                    *enroll_args,
+                    # Progress on the console every 2 s instead of every 15.
+                    "--heartbeat-s",
+                    "2",
+                ],
             )
 
             headers = {"Authorization": f"Bearer {api_key}"}
             with httpx.Client(base_url=base_url, headers=headers, timeout=30.0) as client:
                 _wait_for_host(client, children)
+                clock.say("agent: registered")
+                clock.phase("agent start")
                 jobs = []
                 for spec in job_specs(context_list, rounds, decode_tokens, seed):
                     response = client.post("/api/v1/jobs", json=spec)
                     if response.status_code != 201:
                         raise RuntimeError(f"job refused ({response.status_code}): {response.text}")
                     jobs.append(response.json()["id"])
-                    console.print(
+                    clock.say(
                         f"submitted {spec['mode']} job {jobs[-1]}: {base_url}/jobs/{jobs[-1]}"
                     )
-                finished = _follow(client, jobs, children, console)
+                finished = _follow(client, jobs, children, clock)
 
             console.print()
             for job in finished:
@@ -295,7 +341,9 @@ def demo(
                 summary = httpx.get(f"{base_url}/e/{evidence_id}.md", timeout=60).text
                 # Plain output: rich would re-wrap the Markdown tables.
                 typer.echo(summary, err=True)
-            console.print(f"demo finished in {time.monotonic() - started_at:.0f} s")
+            clock.phase("bundles and summaries")
+            console.print(f"where the time went: {clock.breakdown()}")
+            console.print(f"demo finished in {clock.elapsed():.0f} s")
             if keep_running:
                 console.print(f"serving {base_url} until Ctrl-C")
                 while True:
@@ -318,7 +366,7 @@ def _wait_for_host(client: Any, children: Children, timeout_s: float = 120.0) ->
         response = client.get("/api/v1/hosts")
         if response.status_code == 200 and response.json():
             return
-        time.sleep(0.5)
+        time.sleep(FOLLOW_POLL_S)
     raise RuntimeError(f"the agent did not register within {timeout_s:.0f} s")
 
 
@@ -330,22 +378,34 @@ def _token(output: str, prefix: str) -> str:
 
 
 def _follow(
-    client: Any, job_ids: list[str], children: Children, console: Any
+    client: Any, job_ids: list[str], children: Children, clock: Clock
 ) -> list[dict[str, Any]]:
+    """Print each job's progress as it changes, and end a phase at each state change."""
     from coldbench.submit import progress_line
 
     last: dict[str, str] = {}
+    states: dict[str, str] = {}
     while True:
         children.check_alive()
         jobs = [client.get(f"/api/v1/jobs/{job_id}").json() for job_id in job_ids]
         for job in jobs:
             line = progress_line(job)
             if last.get(job["id"]) != line:
-                console.print(line)
+                clock.say(line)
                 last[job["id"]] = line
+        # A phase per (job, state) the demo waited in, e.g. "ab running 20.1 s".
+        current = " / ".join(
+            f"{job.get('spec', {}).get('mode', '?')} {job.get('state')}"
+            for job in jobs
+            if not _is_final(job)
+        )
+        if current != states.get("all"):
+            if "all" in states:
+                clock.phase(states["all"])
+            states["all"] = current
         if all(_is_final(job) for job in jobs):
             return jobs
-        time.sleep(1.0)
+        time.sleep(FOLLOW_POLL_S)
 
 
 def _is_final(job: dict[str, Any]) -> bool:

@@ -24,6 +24,16 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engine.backend import not_exercised
 from engine.flags import Flags
+from engine.judge import (
+    AtLeast,
+    Expectation,
+    Observation,
+    chunk_count,
+    judge_cell,
+    runs_text,
+    split_runs,
+    to_runs,
+)
 from engine.prompts import ids_sha256
 
 log = logging.getLogger(__name__)
@@ -195,11 +205,17 @@ def run_cell(
         cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
         cached = cache_offset(cache)
         result["cached_tokens"] = cached
-        _measure(forward, cache, prompt_ids, flags, decode_tokens, result, counters)
+        widths = _measure(forward, cache, prompt_ids, flags, decode_tokens, result, counters)
         counters["compile.dispatched"] = forward.dispatched if flags.compile else 0
-        result["status"], result["reason"] = _verdict(
-            result, counters, context_tokens, flags, decode_tokens
-        )
+        judge_cell(
+            context_tokens=context_tokens,
+            decode_tokens=decode_tokens,
+            cached_tokens=cached,
+            prompt_tokens=result["prompt_tokens"],
+            prefilled_tokens=counters["prefill_tokens"],
+            decoded_tokens=result["decode_tokens"],
+            execution=execution(flags, len(prompt_ids), widths, counters),
+        ).record(result)
     except Exception as error:  # noqa: BLE001 - a failed cell is a record, not a crash
         log.exception("cell failed")
         result["status"] = "error"
@@ -217,7 +233,8 @@ def _measure(
     decode_tokens: int,
     result: dict[str, Any],
     counters: dict[str, Any],
-) -> None:
+) -> list[int]:
+    """Time the prefill and decode into `result`; returns the prefill's chunk widths."""
     tokens = mx.array(prompt_ids, dtype=mx.int32)[None]
     total = len(prompt_ids)
     step = flags.prefill_step_size
@@ -225,6 +242,7 @@ def _measure(
     mx.synchronize()
     start = time.perf_counter()
     position = 0
+    widths: list[int] = []
     while position + step < total:
         forward.chunk(tokens[:, position : position + step], cache)
         mx.eval([c.state for c in cache])
@@ -234,6 +252,7 @@ def _measure(
         else:
             counters["clear_cache.dispatched"] += 1
         counters["chunks"] += 1
+        widths.append(step)
         position += step
 
     logits = forward.last_logits(tokens[:, position:], cache)
@@ -245,6 +264,8 @@ def _measure(
     before, after = result["cached_tokens"], cache_offset(cache)
     counters["prefill_tokens"] = None if after is None or before is None else after - before
     counters["chunks"] += 1
+    widths.append(total - position)
+    counters["chunk_widths"] = runs_text(to_runs(widths))
     # rows the lm_head ran on in the prefill: 1 where the backbone is split from the head
     counters["lm_head_rows"] = 1 if forward.has_backbone else total - position
     counters["chunk_width_max"] = min(step, total)
@@ -277,33 +298,37 @@ def _measure(
     margin_values: list[float] = [float(m) for m in np.array(mx.stack(margins)).tolist()]
     result["output_margins"] = margin_values[: len(output_ids)]
     result["peak_memory_bytes"] = int(mx.get_peak_memory())
+    return widths
 
 
-def _verdict(
-    result: dict[str, Any],
-    counters: dict[str, Any],
-    context_tokens: int,
-    flags: Flags,
-    decode_tokens: int,
-) -> tuple[str, str | None]:
-    cached = result["cached_tokens"]
-    if cached is None:
-        return "invalid", "the engine's KV cache reports no token count (cached_tokens unknown)"
-    if cached > 0:
-        return "invalid", f"cached_tokens={cached}: the KV cache was not fresh"
-    if result["prompt_tokens"] != context_tokens:
-        return "invalid", (
-            f"prompt has {result['prompt_tokens']} tokens, the cell asks for {context_tokens}"
-        )
-    if counters["prefill_tokens"] != context_tokens:
-        return "invalid", (
-            f"the engine prefilled {counters['prefill_tokens']} tokens of {context_tokens}"
-        )
-    if result["decode_tokens"] != decode_tokens:
-        return "invalid", f"decoded {result['decode_tokens']} tokens of {decode_tokens}"
+def execution(
+    flags: Flags, prompt_tokens: int, widths: list[int], counters: dict[str, Any]
+) -> list[tuple[Expectation, Observation]]:
+    """What each non-default flag implies for this prompt, and what the cell observed.
+
+    The loop above cuts N tokens into chunks of the step with the remainder last (the last
+    chunk carries the logits), so the widths a step implies are `split_runs(N, step)`.
+    """
+    stock = Flags()
+    planned = split_runs(prompt_tokens, flags.prefill_step_size)
+    pairs: list[tuple[Expectation, Observation]] = []
     for name in flags.non_default():
-        if f"{name}.not_exercised" in counters:
-            return "invalid", f"not exercised: {name} ({counters[f'{name}.not_exercised']})"
-        if counters.get(f"{name}.dispatched", 0) == 0:
-            return "invalid", f"silent no-op: {name}"
-    return "ok", None
+        skipped = counters.get(f"{name}.not_exercised")
+        if name == "prefill_step_size":
+            expectation = Expectation(
+                name, planned, split_runs(prompt_tokens, stock.prefill_step_size)
+            )
+            observed: Any = to_runs(widths)
+        elif name == "clear_cache":
+            # Stock empties the buffer cache after every chunk but the last.
+            expectation = Expectation(name, 0, chunk_count(planned) - 1)
+            observed = counters["cache_clears"]
+        elif name == "compile":
+            expectation = Expectation(name, AtLeast(1), 0)
+            observed = counters["compile.dispatched"]
+        else:  # a fast path (kernels/): its path must dispatch at least once
+            expectation = Expectation(name, AtLeast(1), 0)
+            observed = counters.get(f"{name}.dispatched", 0)
+        fallback = counters.get(f"{name}.fallback")
+        pairs.append((expectation, Observation(name, observed, fallback, skipped)))
+    return pairs

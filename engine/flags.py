@@ -6,8 +6,9 @@
 - `compile` (bool, default false): the per-layer MLP half runs through `mx.compile`.
 
 Counters (`engine.cell`): `<flag>.dispatched` counts how often the flag's non-default path ran
-(`prefill_step_size`: chunks exactly that wide). A flag set to a non-default value whose path
-never dispatched makes the cell invalid (`silent no-op: <flag>`).
+(`prefill_step_size`: chunks exactly that wide; `chunk_widths` lists them all). What each
+non-default value implies at a context, and whether the cell delivered it, is judged by
+`engine.judge` (`ok`, `ok` with the flag inert, `silent no-op: <flag>`).
 """
 
 from __future__ import annotations

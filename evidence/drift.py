@@ -89,19 +89,25 @@ def trend(records: Sequence[Record], threshold_pct: float) -> dict[str, Any]:
     return result
 
 
-def _neighbours(controls: Sequence[Record], moment: datetime) -> list[Record]:
-    before = [r for r in controls if as_utc(r.started_at) < moment]
-    after = [r for r in controls if as_utc(r.started_at) > moment]
-    return ([before[-1]] if before else []) + ([after[0]] if after else [])
+def _neighbours(controls: Sequence[tuple[datetime, Record]], moment: datetime) -> list[Record]:
+    """The last control (in record order) that started before `moment` and the first that
+    started after it; `controls` carry their start times, converted once per run."""
+    before = after = None
+    for started, record in controls:
+        if started < moment:
+            before = record
+        elif after is None and started > moment:
+            after = record
+    return [r for r in (before, after) if r is not None]
 
 
 def bracketing(
     index: CellIndex, *, baseline: str, variants: Sequence[str], options: StatsOptions
 ) -> list[dict[str, Any]]:
-    controls: dict[tuple[str, int], list[Record]] = defaultdict(list)
+    controls: dict[tuple[str, int], list[tuple[datetime, Record]]] = defaultdict(list)
     for run_id, records in _by_run(index, baseline).items():
         for record in records:
-            controls[(run_id, record.context_tokens)].append(record)
+            controls[(run_id, record.context_tokens)].append((as_utc(record.started_at), record))
     rows = []
     for variant in variants:
         if variant == baseline:

@@ -1,9 +1,9 @@
 """summary.md: the Markdown a reviewer pastes into a pull request (under 60,000 characters).
 
-Host and commits, the verdict tables (median tok/s, ratio [95% interval], verdict), the
-ablation table, parity, drift, reproductions, invalid-cell counts and the evidence id. Inside a
-bundle the file cannot name its own evidence id (the id hashes this file); it says where to
-find it instead.
+The answer first (one sentence per context, then the cold-prefill verdict table), then host
+and commits, the decode table, the ablation table, parity, drift, reproductions, invalid-cell
+counts and the evidence id. Inside a bundle the file cannot name its own evidence id (the id
+hashes this file); it says where to find it instead.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evidence.schemas import Provenance
-from evidence.stats import how_to_read
+from evidence.stats import how_to_read, inert_lines
 
 MAX_CHARS = 60_000
 _MAX_LISTED = 20
@@ -46,6 +46,8 @@ def fmt_pct(value: float | None) -> str:
 
 def fmt_verdict(comparison: Mapping[str, Any]) -> str:
     verdict = str(comparison["verdict"])
+    if verdict == "no valid pairs" and comparison.get("why"):
+        return f"no valid pairs: {comparison['why']}"
     if verdict == "inconclusive" and comparison.get("rounds_needed"):
         return f"inconclusive (~{comparison['rounds_needed']} rounds for the precision)"
     return verdict
@@ -111,8 +113,13 @@ def host_line(provenance: Provenance) -> str:
         f"power {host.power_source}" if host.power_source else None,
         f"thermal {host.thermal_state}" if host.thermal_state else None,
     ]
-    name = host.hostname or provenance.run_id
-    return f"{name} (run `{provenance.run_id}`): " + ", ".join(p for p in parts if p)
+    name = host.registered_name or host.hostname or provenance.run_id
+    machine = (
+        f"hostname `{host.hostname}`, "
+        if host.registered_name and host.hostname and host.hostname != host.registered_name
+        else ""
+    )
+    return f"{name} ({machine}run `{provenance.run_id}`): " + ", ".join(p for p in parts if p)
 
 
 def software_line(provenance: Provenance) -> str:
@@ -126,8 +133,81 @@ def software_line(provenance: Provenance) -> str:
     return ", ".join(p for p in parts if p) or "unknown"
 
 
+def variant_software_text(software: Mapping[str, Any] | None) -> str:
+    """What a variant's own process imported: versions, then the engine's file."""
+    if not software:
+        return "not reported"
+    parts = [
+        f"mlx {software['mlx']}" if software.get("mlx") else None,
+        f"mlx-lm {software['mlx_lm']}" if software.get("mlx_lm") else None,
+        f"coldbench {software['coldbench']}" if software.get("coldbench") else None,
+    ]
+    files = software.get("files") or {}
+    imported = ", ".join(f"{name} `{path}`" for name, path in sorted(files.items()))
+    return "; ".join(p for p in [", ".join(p for p in parts if p), imported] if p) or "n/a"
+
+
 def _flags(flags: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(flags.items())) or "defaults"
+
+
+def _pct(value: float) -> str:
+    return f"{abs(value) * 100:.1f}%"
+
+
+def _change(ratio: float) -> str:
+    """A ratio as the change it is: `3.2% slower`, `1.1% faster`, `no change`."""
+    if abs(ratio - 1) < 0.0005:  # shown as 0.0%
+        return "no change"
+    return f"{_pct(ratio - 1)} {'faster' if ratio > 1 else 'slower'}"
+
+
+def verdict_clause(comparison: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
+    """One comparison in words: `cand is 7.0% slower at 128 tokens, 95% interval 3.2% to
+    8.4%`. The interval is stated in the direction of the verdict."""
+    variant, context = comparison["variant"], comparison["context_tokens"]
+    verdict = comparison["verdict"]
+    low, high, median = comparison["ci_low"], comparison["ci_high"], comparison["ratio_median"]
+    level = f"{100 * settings['confidence_level']:g}%"
+    where = f"at {context} tokens"
+    if verdict in ("faster", "slower") and None not in (low, high, median):
+        near, far = (low - 1, high - 1) if verdict == "faster" else (1 - high, 1 - low)
+        return (
+            f"{variant} is {_pct(median - 1)} {verdict} {where}, "
+            f"{level} interval {_pct(near)} to {_pct(far)}"
+        )
+    if verdict == "no established change" and None not in (low, high):
+        return (
+            f"{variant}: no established change {where} ({level} interval {_change(low)} to "
+            f"{_change(high)}, inside +-{100 * settings['precision']:g}%)"
+        )
+    if not comparison["n"]:
+        return f"{variant}: inconclusive {where} (no valid pairs)"
+    needed = comparison.get("rounds_needed")
+    settle = f"; about {needed} rounds would settle it" if needed else ""
+    return f"{variant}: inconclusive {where} ({comparison['n']} pairs{settle})"
+
+
+def verdict_sentences(
+    summary: Mapping[str, Any], key: str = "comparisons", *, compact: bool = False
+) -> list[str]:
+    """The answer first: one sentence per context, every variant's verdict in it (`compact`:
+    only how many variants got each verdict there)."""
+    by_context: dict[int, list[Mapping[str, Any]]] = {}
+    for comparison in summary[key]:
+        by_context.setdefault(comparison["context_tokens"], []).append(comparison)
+    sentences = []
+    for context, comparisons in sorted(by_context.items()):
+        if compact:
+            counts: dict[str, int] = {}
+            for comparison in comparisons:
+                counts[comparison["verdict"]] = counts.get(comparison["verdict"], 0) + 1
+            text = ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
+            sentences.append(f"At {context} tokens: {text}.")
+        else:
+            clauses = [verdict_clause(c, summary["settings"]) for c in comparisons]
+            sentences.append(f"{'; '.join(clauses)}.")
+    return sentences
 
 
 def verdict_rows(summary: Mapping[str, Any], key: str = "comparisons") -> list[dict[str, Any]]:
@@ -198,10 +278,22 @@ def _render(
         f"## coldbench: {', '.join(variants) or 'no variant'} vs `{summary['baseline']}` "
         f"({summary['mode']})"
     )
+    settings = summary["settings"]
+    sentences = verdict_sentences(summary, compact=compact)
+    lines += ["", *(f"- {sentence}" for sentence in sentences)]
+    lines += [
+        "",
+        "### Cold prefill",
+        "",
+        *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
+    ]
+    inert = inert_lines(summary)
+    if inert:
+        lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
     lines += ["", evidence_id_line(evidence_id), ""]
     for provenance in provenances:
         lines.append(f"- Host: {host_line(provenance)}")
-        lines.append(f"- Software: {software_line(provenance)}")
+        lines.append(f"- Software (orchestrator): {software_line(provenance)}")
         model = provenance.model
         weights = f", weights sha256 `{model.weights_sha256[:16]}`" if model.weights_sha256 else ""
         lines.append(f"- Model: {model.name or model.path or 'unknown'}{weights}")
@@ -222,16 +314,13 @@ def _render(
                         target.ref or "n/a",
                         commit,
                         _flags(target.flags),
+                        variant_software_text(target.software),
                     ]
                 )
-        lines += _table(["variant", "repository", "ref", "commit", "flags"], rows)
-    settings = summary["settings"]
-    lines += [
-        "",
-        "### Cold prefill",
-        "",
-        *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
-    ]
+        lines += _table(
+            ["variant", "repository", "ref", "commit", "flags", "software (its own process)"],
+            rows,
+        )
     if not compact:
         lines += [
             "",

@@ -31,10 +31,12 @@ from evidence.markdown import (
     fmt_verdict,
     host_line,
     software_line,
+    variant_software_text,
     verdict_rows,
+    verdict_sentences,
 )
 from evidence.schemas import Provenance, Record
-from evidence.stats import how_to_read
+from evidence.stats import how_to_read, inert_lines
 
 TEMPLATES = Path(__file__).parent / "templates"
 _MAX_ROWS = 500
@@ -67,7 +69,12 @@ def _script_json(value: Any) -> str:
 
 
 def _css(verdict: str) -> str:
-    return {"faster": "faster", "slower": "slower", "inconclusive": "inconclusive"}.get(verdict, "")
+    return {
+        "faster": "faster",
+        "slower": "slower",
+        "inconclusive": "inconclusive",
+        "no valid pairs": "flag",
+    }.get(verdict, "")
 
 
 def _comparison_rows(summary: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
@@ -133,6 +140,7 @@ def _provenance_view(provenance: Provenance) -> dict[str, Any]:
                 **target,
                 "flags": ", ".join(f"{k}={v}" for k, v in sorted(target["flags"].items()))
                 or "defaults",
+                "software_text": variant_software_text(target.get("software")).replace("`", ""),
             }
             for target in document["targets"]
         ],
@@ -337,9 +345,11 @@ def render_report_html(
         "variants": [v for v in summary["variants"] if v != summary["baseline"]],
         "provenances": [_provenance_view(p) for p in provenance_list],
         "how_to_read": how_to_read(summary["settings"]),
+        "headline": verdict_sentences(summary, compact=len(summary["variants"]) > 6),
         "prefill_rows": _comparison_rows(summary, "comparisons"),
         "decode_rows": _comparison_rows(summary, "decode_comparisons"),
         "descriptive_rows": _descriptive_rows(summary),
+        "inert_lines": inert_lines(summary),
         "ablation": ablation,
         "ablation_rows": [
             {

@@ -147,6 +147,9 @@ class Manifest(_Strict):
 class HostInfo(_Strict):
     model_config = ConfigDict(extra="allow")
     hostname: str | None = None
+    # The host's name in the service's registry (worker.toml `name`), filled in by the server
+    # from its own records: machines cloned from one image often report the same hostname.
+    registered_name: str | None = None
     machine_model: str | None = None
     chip: str | None = None
     cpu: str | None = None
@@ -187,6 +190,9 @@ class TargetInfo(_Strict):
     native_modules: dict[str, Sha256Hex] = Field(default_factory=dict)
     engine_module_file: str | None = None  # the install-path check: the file really imported
     flags: dict[str, FlagValue] = Field(default_factory=dict)
+    # What the variant's own process imported (engine/adapters `process_software`): versions
+    # (`python`, `mlx`, `mlx_lm`, `coldbench`) and `files` (module name -> file).
+    software: dict[str, Any] | None = None
 
 
 class ModelInfo(_Strict):

@@ -24,6 +24,9 @@ Per comparison:
 Verdict, with `alpha` = 0.05, `precision` = the job's requested precision (default 0.05, i.e.
 +-5%) and `min_pairs` = 6 (below 6 pairs a two-sided signed-rank test cannot reach p < 0.05):
 
+0. no pair at all: `no valid pairs`, and `why` says which side had no valid cell there (with
+   the reasons its cells were set aside, e.g. `silent no-op: <flag>`), or that no round had
+   valid cells of both, or that the pairs' prompts differed.
 1. fewer than `min_pairs` pairs: `inconclusive`.
 2. the interval excludes 1 and `p_adjusted` < alpha: `faster` (ci_low > 1) or `slower`
    (ci_high < 1).
@@ -59,7 +62,7 @@ from evidence.variant import ablation_features, baseline_name, expand_variants, 
 
 SUMMARY_FORMAT = "coldbench.summary/1"
 Metric = Literal["prefill_tps", "decode_tps"]
-Verdict = Literal["faster", "slower", "no established change", "inconclusive"]
+Verdict = Literal["faster", "slower", "no established change", "inconclusive", "no valid pairs"]
 
 CONFIDENCE_LEVEL = 0.95
 ALPHA = 0.05
@@ -117,6 +120,8 @@ class CellIndex:
 
     cells: dict[tuple[str, str, int, int], Record] = field(default_factory=dict)
     duplicates: list[Record] = field(default_factory=list)
+    # measured cells kept out (invalid, error), by (variant, context): reason -> count
+    set_aside: dict[tuple[str, int], Counter[str]] = field(default_factory=dict)
     _by_variant: dict[str, dict[tuple[str, int, int], Record]] | None = field(
         default=None, repr=False
     )
@@ -125,6 +130,11 @@ class CellIndex:
     def of(cls, records: Iterable[Record]) -> CellIndex:
         index = cls()
         for record in records:
+            if record.status in ("invalid", "error") and record.round >= 0:
+                reasons = index.set_aside.setdefault(
+                    (record.variant, record.context_tokens), Counter()
+                )
+                reasons[record.reason or record.status] += 1
             if record.status != "ok" or record.round < 0:
                 continue
             key = (record.run_id, record.variant, record.round, record.context_tokens)
@@ -167,6 +177,27 @@ def pairs_for(
             continue
         pairs.append(Pair(key[0], key[1], key[2], numerator / denominator, record, partner))
     return pairs, mismatched
+
+
+def no_pairs_why(
+    index: CellIndex, variant: str, baseline: str, context_tokens: int, mismatched: int
+) -> str:
+    """Why a comparison at this context has no pair (for the `no valid pairs` verdict)."""
+    missing = []
+    for name in dict.fromkeys((variant, baseline)):
+        if not any(key[2] == context_tokens for key in index.of_variant(name)):
+            reasons = index.set_aside.get((name, context_tokens))
+            detail = (
+                ", ".join(f"{count} x {reason}" for reason, count in reasons.most_common(2))
+                if reasons
+                else "none measured"
+            )
+            missing.append(f"no valid cell of {name} ({detail})")
+    if missing:
+        return "; ".join(missing)
+    if mismatched:
+        return f"{mismatched} pairs had different prompt ids"
+    return f"no round has valid cells of both {variant} and {baseline} with this metric"
 
 
 def comparison_seed(seed: int, *parts: object) -> int:
@@ -267,6 +298,32 @@ def rounds_for_test(family_size: int, alpha: float) -> int:
     return math.floor(1 + math.log2(max(family_size, 1) / alpha)) + 1
 
 
+def rounds_for_verdict(family_size: int, options: StatsOptions | None = None) -> int:
+    """Fewest rounds with which a comparison among `family_size` can reach any verdict but
+    inconclusive: `min_pairs` for an interval at all, and enough for the signed-rank test to
+    pass Holm (`faster`/`slower`). More are needed when the spread is wide."""
+    options = options or StatsOptions()
+    return max(options.min_pairs, rounds_for_test(family_size, options.alpha))
+
+
+def comparison_family_size(spec: JobSpec) -> int:
+    """How many prefill comparisons a job's verdicts are corrected over (Holm's m)."""
+    return len(spec.contexts) * max(len(expand_variants(spec)) - 1, 1)
+
+
+def too_few_rounds(spec: JobSpec) -> str | None:
+    """Why a job's rounds cannot reach a verdict, or None when they can (given little spread)."""
+    family = comparison_family_size(spec)
+    needed = rounds_for_verdict(family, StatsOptions(precision=spec.precision))
+    if spec.rounds >= needed:
+        return None
+    return (
+        f"{spec.rounds} round{'s' if spec.rounds != 1 else ''} cannot reach a verdict: "
+        f"{family} comparison{'s' if family != 1 else ''} corrected together (Holm) need at "
+        f"least {needed} rounds, more when the spread is wide"
+    )
+
+
 def rounds_needed(
     ratios: Sequence[float], options: StatsOptions, family_size: int = 1
 ) -> int | None:
@@ -338,6 +395,10 @@ def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dic
         comparison["verdict"] = decide(
             comparison["n"], comparison["ci_low"], comparison["ci_high"], p_adjusted, options
         )
+        if comparison["n"] == 0:
+            comparison["verdict"] = "no valid pairs"
+            comparison.setdefault("why", "no pair of valid cells")
+            continue
         if comparison["verdict"] == "inconclusive":
             ratios = [r["ratio"] for r in comparison["ratios"]]
             comparison["rounds_needed"] = rounds_needed(
@@ -364,16 +425,17 @@ def compare_matrix(
                 continue
             pairs, bad = pairs_for(index, variant, baseline, metric, context)
             mismatched += bad
-            comparisons.append(
-                compare_pairs(
-                    pairs,
-                    context_tokens=context,
-                    variant=variant,
-                    baseline=baseline,
-                    seed=comparison_seed(options.seed, metric, context, variant, baseline),
-                    options=options,
-                )
+            comparison = compare_pairs(
+                pairs,
+                context_tokens=context,
+                variant=variant,
+                baseline=baseline,
+                seed=comparison_seed(options.seed, metric, context, variant, baseline),
+                options=options,
             )
+            if not pairs:
+                comparison["why"] = no_pairs_why(index, variant, baseline, context, bad)
+            comparisons.append(comparison)
     return finish(comparisons, options), mismatched
 
 
@@ -394,7 +456,8 @@ def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
 def describe(
     index: CellIndex, *, variants: Sequence[str], contexts: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """Per (context, variant): n and quartiles of prefill and decode tok/s, peak memory."""
+    """Per (context, variant): n and quartiles of prefill and decode tok/s, peak memory, and
+    the flags the cells judged inert there (the request implied stock's execution)."""
     groups: dict[tuple[int, str], list[Record]] = defaultdict(list)
     for (_, variant, _, context), record in index.cells.items():
         groups[(context, variant)].append(record)
@@ -418,9 +481,36 @@ def describe(
                     }
                     if memory
                     else None,
+                    "inert": inert_flags(records),
                 }
             )
     return rows
+
+
+def inert_flags(records: Iterable[Record]) -> list[str]:
+    """Flags any of these cells listed as inert (engine/judge.py: `counters["inert"]`)."""
+    names: dict[str, None] = {}
+    for record in records:
+        listed = record.counters.get("inert")
+        if isinstance(listed, str):
+            names.update(dict.fromkeys(n for n in listed.split(",") if n))
+    return list(names)
+
+
+def inert_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One sentence per context where some variant's flags were inert, for summary.md and
+    report.html."""
+    by_context: dict[int, list[str]] = defaultdict(list)
+    for row in summary["descriptive"]:
+        if row.get("inert"):
+            by_context[row["context_tokens"]].append(
+                f"{row['variant']} ({', '.join(row['inert'])})"
+            )
+    return [
+        f"{context} tokens: {'; '.join(entries)}: at this context the request implies what the "
+        "stock value does, so these cells measured the stock execution"
+        for context, entries in sorted(by_context.items())
+    ]
 
 
 def invalid_section(records: Iterable[Record], duplicates: Sequence[Record]) -> dict[str, Any]:
@@ -451,6 +541,17 @@ def _invalid_cell(record: Record, reason: str) -> dict[str, Any]:
         "context_tokens": record.context_tokens,
         "status": record.status,
         "reason": reason[:300],
+    }
+
+
+def host_names(provenances: Sequence[Provenance]) -> dict[str, str]:
+    """Each run's host as people should see it: its registered name, else its hostname, else
+    the run id; a name shared by several runs gets the run id added, so columns differ."""
+    names = {p.run_id: p.host.registered_name or p.host.hostname or p.run_id for p in provenances}
+    shared = {name for name in names.values() if list(names.values()).count(name) > 1}
+    return {
+        run_id: f"{name} (run {run_id})" if name in shared else name
+        for run_id, name in names.items()
     }
 
 
@@ -518,7 +619,7 @@ def summarize(
         options=options,
     )
     run_ids = _order_of_first_appearance(r.run_id for r in records)
-    hosts = {p.run_id: p.host.hostname for p in provenances}
+    hosts = host_names(provenances)
     invalid = invalid_section(records, index.duplicates)
     invalid["pairs_with_different_prompts"] = mismatched
     return {
@@ -585,6 +686,8 @@ def how_to_read(settings: Mapping[str, Any]) -> list[str]:
         f"+-{precision_pct} (the rounds that would reach it are estimated from the observed "
         "spread), or an interval and a corrected test that disagree. An interval that includes "
         "1 establishes nothing more than that.",
+        "no valid pairs: no round had valid cells of both the variant and the baseline at "
+        "that context; the row says which side had none and why its cells were set aside.",
         "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "
         "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
         "interact and are not additive.",

@@ -59,6 +59,13 @@ SLOW_PREFILL_NEW = (
 )
 SLOW_PREFILL_SYNC_OLD = "            mx.eval([c.state for c in prompt_cache])\n"
 SLOW_PREFILL_SYNC_NEW = SLOW_PREFILL_SYNC_OLD + "            mx.synchronize()\n"
+# The `noop-step` branch of `mlx_lm_repo`: generate_step accepts prefill_step_size and ignores it
+# (a planted no-op: stock 2048-token chunks whatever the caller asks).
+NOOP_STEP_BRANCH = "noop-step"
+NOOP_STEP_OLD = "    prompt_progress_callback = prompt_progress_callback or (lambda *_: None)\n"
+NOOP_STEP_NEW = (
+    NOOP_STEP_OLD + "    prefill_step_size = 2048  # coldbench test branch: argument ignored\n"
+)
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +74,8 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
 
     Branch `main` holds the installed package files verbatim (plus a minimal pyproject.toml so
     `pip install -e .` works); branch `slow-prefill` changes the prefill loop of
-    `mlx_lm/generate.py` (see SLOW_PREFILL_*). Returns (repository path, (main, slow-prefill)).
+    `mlx_lm/generate.py` (see SLOW_PREFILL_*); branch `noop-step` (NOOP_STEP_BRANCH) ignores
+    `prefill_step_size`. Returns (repository path, (main, slow-prefill)).
     """
     import shutil
     import subprocess
@@ -120,5 +128,71 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
     text = text.replace(SLOW_PREFILL_SYNC_OLD, SLOW_PREFILL_SYNC_NEW)
     generate_py.write_text(text)
     git("commit", "-q", "-am", "Deliberately slow prefill: 32-token chunks and a sync per chunk")
+    git("checkout", "-q", "-b", NOOP_STEP_BRANCH, "main")
+    text = generate_py.read_text()
+    assert text.count(NOOP_STEP_OLD) == 1, "mlx_lm.generate_step's callback default not found"
+    generate_py.write_text(text.replace(NOOP_STEP_OLD, NOOP_STEP_NEW))
+    git("commit", "-q", "-am", "Planted no-op: generate_step ignores prefill_step_size")
     git("checkout", "-q", "main")
     return repo, ("main", "slow-prefill")
+
+
+# The `step-64` commit of `coldbench_repo`: the embedded engine's default prefill step changed.
+ENGINE_STEP_OLD = "    prefill_step_size: int = 2048\n"
+ENGINE_STEP_NEW = "    prefill_step_size: int = 64  # coldbench test branch\n"
+
+
+@pytest.fixture(scope="session")
+def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, str]]:
+    """A small git copy of this repository's engine, as a branch of it would look.
+
+    `engine/`, `kernels/` and `evidence/` of this checkout plus a minimal pyproject.toml
+    (`pip install -e .` works) on branch `main`; branch `step-64` changes one engine flag's
+    default (`Flags.prefill_step_size` 2048 -> 64, see ENGINE_STEP_*). Returns (repository
+    path, (main, step-64)).
+    """
+    import shutil
+    import subprocess
+
+    repo = tmp_path_factory.mktemp("coldbench-repo")
+    for package in ("engine", "kernels", "evidence"):
+        shutil.copytree(
+            REPO_ROOT / package,
+            repo / package,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
+    (repo / "pyproject.toml").write_text(
+        "[build-system]\n"
+        'requires = ["setuptools>=68"]\n'
+        'build-backend = "setuptools.build_meta"\n\n'
+        "[project]\n"
+        'name = "coldbench-engine-copy"\n'
+        'version = "0.0.1"\n'
+        'requires-python = ">=3.11"\n\n'
+        "[tool.setuptools.packages.find]\n"
+        'include = ["engine*", "kernels*", "evidence*"]\n\n'
+        "[tool.setuptools.package-data]\n"
+        '"*" = ["*.j2", "*.json"]\n'
+    )
+
+    def git(*args: str) -> None:
+        subprocess.run(
+            ["git", "-c", "user.name=coldbench-tests", "-c", "user.email=tests@coldbench.invalid"]
+            + list(args),
+            cwd=repo,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+    git("init", "-q", "-b", "main")
+    git("add", "-A")
+    git("commit", "-q", "-m", "coldbench engine as in this checkout")
+    git("checkout", "-q", "-b", "step-64")
+    flags_py = repo / "engine" / "flags.py"
+    text = flags_py.read_text()
+    assert text.count(ENGINE_STEP_OLD) == 1, "engine.flags default step not found"
+    flags_py.write_text(text.replace(ENGINE_STEP_OLD, ENGINE_STEP_NEW))
+    git("commit", "-q", "-am", "Embedded engine: 64-token prefill chunks by default")
+    git("checkout", "-q", "main")
+    return repo, ("main", "step-64")

@@ -126,9 +126,10 @@ def native_modules(root: Path) -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
-def imported_file(python: Path, module: str, *, cwd: Path) -> str | None:
-    """The file `module` is imported from by `python`, in a variant process's environment."""
-    env = child_env()
+def imported_file(python: Path, module: str, *, cwd: Path, first: str | None = None) -> str | None:
+    """The file `module` is imported from by `python`, in a variant process's environment
+    (`first`: the worktree an embedded repository's variant puts first on its path)."""
+    env = child_env(first=first)
     done = subprocess.run(
         [str(python), "-c", _IMPORT_PROBE, module],
         cwd=cwd,
@@ -276,13 +277,21 @@ def _check(
     result: Build, repository: RepositoryConfig, checkout: Checkout, log_path: Path
 ) -> Build:
     python = Path(result.python)
-    try:
-        module_file = imported_file(python, repository.module, cwd=python.parent)
-    except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as error:
-        module_file = None
-        problem: str | None = f"install-path check failed: import {repository.module}: {error}"
-    else:
-        problem = install_path_problem(module_file, repository.module, checkout.path)
+    # An embedded repository's variants run its worktree's engine/ and kernels/: both checked.
+    embedded = repository.adapter == "embedded"
+    first = str(checkout.path) if embedded else None
+    problem: str | None = None
+    module_file: str | None = None
+    for module in (repository.module, "kernels") if embedded else (repository.module,):
+        try:
+            found = imported_file(python, module, cwd=python.parent, first=first)
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as error:
+            found, why = None, f"install-path check failed: import {module}: {error}"
+        else:
+            why = install_path_problem(found, module, checkout.path)
+        if module == repository.module:
+            module_file = found
+        problem = problem or why
     result.engine_module_file = module_file
     result.native_modules = native_modules(checkout.path)
     result.dirty, result.diff_sha256 = tree_state(checkout.path)

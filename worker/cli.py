@@ -56,6 +56,7 @@ def build_spec(
     recipe: str | None,
     fresh_process: bool,
     precision: float = 0.05,
+    adapter: str | None = None,
 ) -> JobSpec:
     from pydantic import ValidationError
 
@@ -67,7 +68,7 @@ def build_spec(
         parsed = [v.model_copy(update={"recipe": v.recipe or recipe}) for v in parsed]
     raw = {
         "mode": mode,
-        "adapter": "mlx-lm" if repository else "embedded",
+        "adapter": adapter or ("mlx-lm" if repository else "embedded"),
         "repository": repository,
         "variants": [v.model_dump() for v in parsed],
         "features": parse_features(features or ""),
@@ -141,7 +142,17 @@ def run(
     recipe: Annotated[
         str | None, typer.Option(help="Build recipe for --repo variants (default: editable).")
     ] = None,
-    module: Annotated[str, typer.Option(help="Engine module of --repo.")] = "mlx_lm",
+    module: Annotated[
+        str | None,
+        typer.Option(help="Engine module of --repo (default: mlx_lm, or engine for embedded)."),
+    ] = None,
+    adapter: Annotated[
+        str | None,
+        typer.Option(
+            help="How --repo is driven: mlx-lm (default) or embedded (a checkout of coldbench "
+            "whose engine/ and kernels/ each variant runs)."
+        ),
+    ] = None,
     fresh_process: Annotated[
         bool, typer.Option("--fresh-process", help="A new process for every cell.")
     ] = False,
@@ -185,8 +196,10 @@ def run(
         models[model_name] = path.resolve()
     repositories = {}
     try:
+        if adapter == "mlx-lm" and repo is None:
+            raise ValueError("--adapter mlx-lm drives a checkout: add --repo PATH")
         if repo is not None:
-            repository = local_repository(repo, module=module)
+            repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
             repositories[repository.name] = repository
         spec = build_spec(
             model=model_name,
@@ -201,6 +214,7 @@ def run(
             recipe=recipe,
             fresh_process=fresh_process,
             precision=precision,
+            adapter=adapter,
         )
     except (ValueError, ConfigError) as error:
         _fail(str(error))

@@ -14,7 +14,9 @@ from evidence.schemas import NAME_PATTERN
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-ADAPTERS = ("mlx-lm", "openai-server")
+ADAPTERS = ("embedded", "mlx-lm", "openai-server")
+# The module whose import path a build checks, by adapter (a repository may name another).
+DEFAULT_MODULES = {"embedded": "engine", "mlx-lm": "mlx_lm", "openai-server": "mlx_lm"}
 # What `coldbench run --repo PATH` builds with when no worker.toml names recipes.
 EDITABLE_COMMAND = (
     "{python}",
@@ -76,13 +78,24 @@ def default_recipes() -> dict[str, Recipe]:
     return {"editable": Recipe("editable", EDITABLE_COMMAND)}
 
 
-def local_repository(path: Path, *, module: str = "mlx_lm") -> RepositoryConfig:
-    """The repository of `coldbench run --repo PATH`: the maintainer's own checkout."""
+def local_repository(
+    path: Path, *, module: str | None = None, adapter: str = "mlx-lm"
+) -> RepositoryConfig:
+    """The repository of `coldbench run --repo PATH`: the maintainer's own checkout (for
+    `adapter="embedded"`, a checkout of coldbench whose engine/ the variants run)."""
+    if adapter not in ADAPTERS:
+        raise ConfigError(f"--adapter {adapter!r}: choose one of {', '.join(ADAPTERS)}")
     resolved = path.expanduser().resolve()
     if not (resolved / ".git").exists() and not (resolved / "HEAD").exists():
         raise ConfigError(f"--repo {path}: not a git repository (no .git found)")
     name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", resolved.name).strip("-.") or "repo"
-    return RepositoryConfig(name=name, url=str(resolved), module=module, recipes=default_recipes())
+    return RepositoryConfig(
+        name=name,
+        url=str(resolved),
+        module=module or DEFAULT_MODULES[adapter],
+        adapter=adapter,
+        recipes=default_recipes(),
+    )
 
 
 def _string_list(value: Any, where: str) -> list[str]:
@@ -121,12 +134,12 @@ def _repository(name: str, raw: Any, base: Path) -> RepositoryConfig:
         raise ConfigError(f"{where}.url must not start with '-'")
     if "://" not in url and not re.match(r"^[\w.-]+@[\w.-]+:", url):
         url = str((base / Path(url).expanduser()).resolve())  # a local path, relative to the file
-    module = raw.get("module", "mlx_lm")
-    if not isinstance(module, str) or not MODULE_PATTERN.fullmatch(module):
-        raise ConfigError(f"{where}.module must be a Python module name")
     adapter = raw.get("adapter", "mlx-lm")
     if adapter not in ADAPTERS:
         raise ConfigError(f"{where}.adapter must be one of {', '.join(ADAPTERS)}")
+    module = raw.get("module", DEFAULT_MODULES[adapter])
+    if not isinstance(module, str) or not MODULE_PATTERN.fullmatch(module):
+        raise ConfigError(f"{where}.module must be a Python module name")
     recipes_raw = raw.get("recipes", {})
     if not isinstance(recipes_raw, dict) or not recipes_raw:
         raise ConfigError(f"{where}.recipes: define at least one build recipe")

@@ -109,6 +109,7 @@ def target_info(
         adapter=adapter,  # type: ignore[arg-type]
         flags=dict(variant.flags),
         engine_module_file=module_file_of(ready),
+        software=ready.get("software") if isinstance(ready.get("software"), dict) else None,
         ready=ready,
     )
     if checkout is not None:
@@ -189,6 +190,8 @@ def reproduce_command(spec: JobSpec, *, repository_url: str | None = None) -> st
         argv += ["--features", ",".join(spec.features)]
     if repository_url:
         argv += ["--repo", repository_url]
+        if spec.adapter != "mlx-lm":  # `--repo` alone means an mlx-lm checkout
+            argv += ["--adapter", spec.adapter]
     for variant in spec.variants:
         argv += ["--variant", _variant_option(variant)]
     if spec.fresh_process:

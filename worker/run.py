@@ -78,10 +78,8 @@ class RunOutcome:
 
 def check_job(spec: JobSpec, repositories: Mapping[str, RepositoryConfig]) -> None:
     """Refuse what this host must never run, before anything is cloned or built."""
-    if spec.adapter == "embedded":
-        if spec.repository:
-            raise RunRefused("an embedded job names no repository")
-        return
+    if spec.adapter == "embedded" and not spec.repository:
+        return  # the engine installed beside this worker
     repository = repositories.get(spec.repository or "")
     if repository is None:
         raise RunRefused(f"repository {spec.repository!r} is not on this host's allow-list")
@@ -149,7 +147,7 @@ def prepare_variants(
     check_job(spec, repositories)
     prepared: list[PreparedVariant] = []
     logs: dict[str, bytes] = {}
-    if spec.adapter == "embedded":
+    if spec.adapter == "embedded" and not spec.repository:
         for variant in expand_variants(spec):
             plan = _plan(spec, variant, run_id=run_id, model=model, adapter="embedded")
             launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
@@ -187,11 +185,36 @@ def prepare_variants(
         plan["checkout"] = str(checkout.path)
         if repository.server_command is not None:
             plan["server_command"] = list(repository.server_command)
-        launch = VariantLaunch(name=variant.name, python=result.python, plan=plan)
+        launch = VariantLaunch(
+            name=variant.name,
+            python=result.python,
+            plan=plan,
+            # an embedded repository's variant runs its worktree's engine/, not ours
+            pythonpath_first=str(checkout.path) if repository.adapter == "embedded" else None,
+        )
         prepared.append(PreparedVariant(variant, launch, repository.adapter, checkout, result))
         if not result.ok:
             return prepared, logs, f"variant {variant.name}: {result.reason}"
     return prepared, logs, None
+
+
+def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | None) -> str | None:
+    """The variant process's own report of what it imported, checked against its checkout:
+    the engine module (an embedded one must report it), and kernels/ where reported (commits
+    older than that report were checked by the build, in the same environment)."""
+    assert variant.checkout is not None
+    embedded = variant.adapter == "embedded"
+    software = (target or {}).get("software") or {}
+    files = {
+        "the engine module": module_file_of(target),
+        "kernels": (software.get("files") or {}).get("kernels") if embedded else None,
+    }
+    for module, module_file in files.items():
+        if module_file or (embedded and module == "the engine module"):
+            problem = install_path_problem(module_file, module, variant.checkout.path)
+            if problem:
+                return f"variant {variant.spec.name}: {problem}"
+    return None
 
 
 def _records_bytes(path: Path) -> bytes:
@@ -312,11 +335,8 @@ def execute_run(
             failure = str(error)
     ready = outcome.targets if outcome else {}
     for p in prepared:
-        module_file = module_file_of(ready.get(p.spec.name))
-        if failure is None and p.checkout is not None and module_file:
-            problem = install_path_problem(module_file, "the engine module", p.checkout.path)
-            if problem:
-                failure = f"variant {p.spec.name}: {problem}"
+        if failure is None and p.checkout is not None:
+            failure = _imported_elsewhere(p, ready.get(p.spec.name))
     targets = [
         target_info(
             p.spec,

@@ -47,6 +47,8 @@ class VariantLaunch:
     plan: dict[str, Any]  # engine/runner.py's PLAN.json, without records_path and cells
     env: dict[str, str] = field(default_factory=dict)
     module: str = "engine.runner"  # tests swap in a misbehaving runner to drive the faults
+    # A worktree whose engine/ must win over the orchestrator's (embedded repositories)
+    pythonpath_first: str | None = None
 
 
 @dataclass
@@ -77,9 +79,13 @@ def engine_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations))).resolve().parent
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None, *, first: str | None = None) -> dict[str, str]:
+    """The environment of a child that runs engine code: the orchestrator's engine root first
+    on PYTHONPATH, or instead `first` (a worktree of an embedded repository, whose engine/
+    and kernels/ must be the ones imported), then the inherited PYTHONPATH."""
     env = dict(os.environ)
-    paths = [str(engine_root()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    head = [first] if first else [str(engine_root())]
+    paths = [*head, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
@@ -114,7 +120,7 @@ class VariantProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env=child_env(launch.env),
+            env=child_env(launch.env, first=launch.pythonpath_first),
             # Its own session: a Ctrl-C or SIGTERM meant for the orchestrator does not kill the
             # cell in flight; the orchestrator decides when its children stop.
             start_new_session=True,

@@ -1,39 +1,54 @@
-"""Content-addressed artifact store on the filesystem: `<root>/ab/cd/<sha256>`.
+"""Content-addressed artifact stores: a blob's name is its sha256, `ab/cd/<sha256>`.
 
-Bytes go to a temporary file while they are hashed and counted; only a complete file whose
-digest matches the one the client declared is fsynced and renamed into place, so a reader never
-sees a partial or unverified blob.
+Two implementations behind one interface (`ArtifactStore`), chosen by settings (`open_store`):
+
+- `LocalArtifactStore`: a folder, the embedded default (`COLDBENCH_ARTIFACT_DIR`);
+- `S3ArtifactStore`: an S3-compatible bucket (`COLDBENCH_ARTIFACT_URL=s3://bucket/prefix`), so
+  API replicas and Celery workers on several machines share one store.
+
+Both hash and count an upload while it is spooled to a temporary file; only a complete body
+whose digest matches the one the client declared is published under its digest, so a reader
+never sees a partial or unverified blob. A store that is full refuses with `StoreFull` (a clear
+507) and keeps nothing of the upload. `verify` re-reads a blob and compares digest and size.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import hashlib
 import hmac
 import os
 import re
+import shutil
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from api.errors import Invalid, TooLarge
+from api.errors import Invalid, StoreFull, TooLarge
 from evidence.canonical import sha256_file, sha256_hex
 
+if TYPE_CHECKING:
+    from api.settings import Settings
+
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class StoredBlob:
     sha256: str
     bytes: int
-    storage_path: str  # relative to the store root
+    storage_path: str  # relative to the store's root (or prefix)
 
 
-class _Hashing:
+class _Spool:
     """A temporary file that hashes and counts what is written, refusing past max_bytes."""
 
     def __init__(self, tmp_dir: Path, max_bytes: int) -> None:
-        import hashlib
-
         self.digest = hashlib.sha256()
         self.size = 0
         self.max_bytes = max_bytes
@@ -46,22 +61,122 @@ class _Hashing:
         if self.size > self.max_bytes:
             raise TooLarge(f"artifact exceeds the limit of {self.max_bytes} bytes")
         self.digest.update(chunk)
-        self.handle.write(chunk)
+        try:
+            self.handle.write(chunk)
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull("the artifact store is full; nothing stored") from None
+            raise
 
     def discard(self) -> None:
         self.handle.close()
         self.path.unlink(missing_ok=True)
 
 
-class ArtifactStore:
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self.tmp_dir = self.root / "tmp"
+def storage_path(sha256: str) -> str:
+    if not SHA256_PATTERN.fullmatch(sha256):
+        raise Invalid(f"not a sha256 hex digest: {sha256!r}")
+    return f"{sha256[:2]}/{sha256[2:4]}/{sha256}"
+
+
+class ArtifactStore(ABC):
+    """Write-once blobs by sha256. Subclasses publish a verified spool file and read blobs."""
+
+    def __init__(self, spool_dir: Path, *, min_free_bytes: int = 0) -> None:
+        self.spool_dir = Path(spool_dir)
+        self.min_free_bytes = min_free_bytes
 
     def storage_path(self, sha256: str) -> str:
-        if not SHA256_PATTERN.fullmatch(sha256):
-            raise Invalid(f"not a sha256 hex digest: {sha256!r}")
-        return f"{sha256[:2]}/{sha256[2:4]}/{sha256}"
+        return storage_path(sha256)
+
+    # -- what each store implements --
+
+    @abstractmethod
+    def exists(self, sha256: str) -> bool: ...
+
+    @abstractmethod
+    def read_bytes(self, sha256: str) -> bytes: ...
+
+    @abstractmethod
+    def _publish(self, spool: _Spool, sha256: str) -> None:
+        """Make the complete, verified spool file the blob `sha256` (consumes the spool)."""
+
+    def _check_space(self, size: int) -> None:  # noqa: B027 - optional: stores with a quota
+        """StoreFull when storing `size` more bytes would leave less than min_free_bytes."""
+
+    # -- shared: spooling, digest check, verification --
+
+    def _open_spool(self, max_bytes: int) -> _Spool:
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        return _Spool(self.spool_dir, max_bytes)
+
+    def _commit(self, spool: _Spool, expected_sha256: str | None) -> StoredBlob:
+        actual = spool.digest.hexdigest()
+        try:
+            if expected_sha256 is not None and not hmac.compare_digest(actual, expected_sha256):
+                raise Invalid(
+                    f"X-Content-SHA256 {expected_sha256} does not match the body's sha256 "
+                    f"{actual}; nothing stored"
+                )
+            spool.handle.flush()
+            os.fsync(spool.handle.fileno())
+            spool.handle.close()
+            if not self.exists(actual):
+                self._check_space(spool.size)
+                self._publish(spool, actual)
+        finally:
+            spool.discard()  # a no-op once published
+        return StoredBlob(actual, spool.size, self.storage_path(actual))
+
+    async def put_stream(
+        self, chunks: AsyncIterator[bytes], *, expected_sha256: str, max_bytes: int
+    ) -> StoredBlob:
+        """Store a request body; TooLarge, Invalid (digest mismatch) or StoreFull store
+        nothing."""
+        spool = self._open_spool(max_bytes)
+        try:
+            async for chunk in chunks:
+                spool.write(chunk)
+        except BaseException:
+            spool.discard()
+            raise
+        # Publishing may fsync or upload to a remote store: not on the event loop.
+        return await asyncio.to_thread(self._commit, spool, expected_sha256)
+
+    def put_chunks(
+        self, chunks: Iterable[bytes], *, expected_sha256: str | None = None, max_bytes: int
+    ) -> StoredBlob:
+        spool = self._open_spool(max_bytes)
+        try:
+            for chunk in chunks:
+                spool.write(chunk)
+        except BaseException:
+            spool.discard()
+            raise
+        return self._commit(spool, expected_sha256)
+
+    def put_bytes(self, data: bytes) -> StoredBlob:
+        return self.put_chunks([data], expected_sha256=sha256_hex(data), max_bytes=len(data))
+
+    def verify(self, sha256: str, size: int) -> str | None:
+        """None when the stored blob still has this digest and size, else what is wrong."""
+        if not self.exists(sha256):
+            return "missing from the store"
+        data = self.read_bytes(sha256)
+        actual = sha256_hex(data)
+        if not hmac.compare_digest(actual, sha256) or len(data) != size:
+            return f"altered in the store (now sha256 {actual}, {len(data)} bytes)"
+        return None
+
+
+class LocalArtifactStore(ArtifactStore):
+    """A folder: `<root>/ab/cd/<sha256>`, spooled under `<root>/tmp` (same filesystem, so
+    publishing is a rename)."""
+
+    def __init__(self, root: Path, *, min_free_bytes: int = 0) -> None:
+        super().__init__(Path(root) / "tmp", min_free_bytes=min_free_bytes)
+        self.root = Path(root)
+        self.tmp_dir = self.spool_dir
 
     def path(self, sha256: str) -> Path:
         return self.root / self.storage_path(sha256)
@@ -69,68 +184,127 @@ class ArtifactStore:
     def exists(self, sha256: str) -> bool:
         return self.path(sha256).is_file()
 
-    def _open_upload(self, max_bytes: int) -> _Hashing:
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        return _Hashing(self.tmp_dir, max_bytes)
+    def read_bytes(self, sha256: str) -> bytes:
+        return self.path(sha256).read_bytes()
 
-    def _commit(self, upload: _Hashing, expected_sha256: str | None) -> StoredBlob:
-        actual = upload.digest.hexdigest()
-        if expected_sha256 is not None and not hmac.compare_digest(actual, expected_sha256):
-            upload.discard()
-            raise Invalid(
-                f"X-Content-SHA256 {expected_sha256} does not match the body's sha256 {actual}; "
-                "nothing stored"
+    def verify(self, sha256: str, size: int) -> str | None:
+        path = self.path(sha256)
+        if not path.is_file():
+            return "missing from the store"
+        actual, actual_size = sha256_file(path)  # in chunks: blobs may be large
+        if not hmac.compare_digest(actual, sha256) or actual_size != size:
+            return f"altered in the store (now sha256 {actual}, {actual_size} bytes)"
+        return None
+
+    def _check_space(self, size: int) -> None:
+        free = shutil.disk_usage(self.root).free
+        if free - size < self.min_free_bytes:
+            raise StoreFull(
+                f"the artifact store is full: storing {size} bytes would leave {free - size} "
+                f"of the {self.min_free_bytes} bytes kept free; nothing stored"
             )
-        upload.handle.flush()
-        os.fsync(upload.handle.fileno())
-        upload.handle.close()
-        target = self.path(actual)
+
+    def _publish(self, spool: _Spool, sha256: str) -> None:
+        target = self.path(sha256)
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(upload.path, target)
+        os.replace(spool.path, target)
         directory = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(directory)
         finally:
             os.close(directory)
-        return StoredBlob(actual, upload.size, self.storage_path(actual))
 
-    async def put_stream(
-        self, chunks: AsyncIterator[bytes], *, expected_sha256: str, max_bytes: int
-    ) -> StoredBlob:
-        """Store a request body; TooLarge or Invalid (digest mismatch) store nothing."""
-        upload = self._open_upload(max_bytes)
+
+class S3ArtifactStore(ArtifactStore):
+    """An S3-compatible bucket: `s3://bucket/prefix/ab/cd/<sha256>`. Uploads are spooled to a
+    local temporary folder, verified, then put whole; a blob already there is not put again."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        spool_dir: Path,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        client: Any = None,
+    ) -> None:
+        super().__init__(spool_dir)
+        self.bucket, self.prefix = parse_s3_url(url)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            client = boto3.client(
+                "s3",
+                endpoint_url=endpoint_url or None,
+                region_name=region or None,
+                aws_access_key_id=access_key_id or None,
+                aws_secret_access_key=secret_access_key or None,
+                config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+            )
+        self.client = client
+
+    def key(self, sha256: str) -> str:
+        return f"{self.prefix}{self.storage_path(sha256)}"
+
+    def exists(self, sha256: str) -> bool:
+        from botocore.exceptions import ClientError
+
         try:
-            async for chunk in chunks:
-                upload.write(chunk)
-        except BaseException:
-            upload.discard()
+            self.client.head_object(Bucket=self.bucket, Key=self.key(sha256))
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
             raise
-        return self._commit(upload, expected_sha256)
-
-    def put_chunks(
-        self, chunks: Iterable[bytes], *, expected_sha256: str | None = None, max_bytes: int
-    ) -> StoredBlob:
-        upload = self._open_upload(max_bytes)
-        try:
-            for chunk in chunks:
-                upload.write(chunk)
-        except BaseException:
-            upload.discard()
-            raise
-        return self._commit(upload, expected_sha256)
-
-    def put_bytes(self, data: bytes) -> StoredBlob:
-        return self.put_chunks([data], expected_sha256=sha256_hex(data), max_bytes=len(data))
+        return True
 
     def read_bytes(self, sha256: str) -> bytes:
-        return self.path(sha256).read_bytes()
+        response = self.client.get_object(Bucket=self.bucket, Key=self.key(sha256))
+        return bytes(response["Body"].read())
 
-    def verify(self, sha256: str, size: int) -> str | None:
-        """None when the stored blob still has this digest and size, else what is wrong."""
-        path = self.path(sha256)
-        if not path.is_file():
-            return "missing from the store"
-        actual, actual_size = sha256_file(path)
-        if not hmac.compare_digest(actual, sha256) or actual_size != size:
-            return f"altered in the store (now sha256 {actual}, {actual_size} bytes)"
-        return None
+    def _publish(self, spool: _Spool, sha256: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            with open(spool.path, "rb") as body:
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=self.key(sha256),
+                    Body=body,
+                    ContentLength=spool.size,
+                    ContentType="application/octet-stream",
+                )
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code in ("QuotaExceeded", "EntityTooLarge", "InsufficientStorage"):
+                raise StoreFull(
+                    f"the artifact store refused the blob ({code}); nothing stored"
+                ) from None
+            raise
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix/")."""
+    match = re.fullmatch(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(.*))?", url)
+    if match is None:
+        raise ValueError(f"artifact URL {url!r} is not s3://bucket[/prefix]")
+    prefix = (match.group(2) or "").strip("/")
+    return match.group(1), f"{prefix}/" if prefix else ""
+
+
+def open_store(settings: Settings) -> ArtifactStore:
+    """The store the settings name: the S3 bucket of artifact_url, else the local folder."""
+    if settings.artifact_url:
+        return S3ArtifactStore(
+            settings.artifact_url,
+            spool_dir=settings.state_dir / "spool",
+            endpoint_url=settings.s3_endpoint_url,
+            region=settings.s3_region,
+            access_key_id=settings.s3_access_key_id,
+            secret_access_key=settings.s3_secret_access_key.get_secret_value(),
+        )
+    return LocalArtifactStore(
+        settings.artifact_dir, min_free_bytes=settings.artifact_min_free_bytes
+    )

@@ -7,8 +7,7 @@ unguessable and names exactly one immutable set of files.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, Request, Response
 
 from api.deps import SessionDep, StoreDep
 from api.errors import NotFound
@@ -18,7 +17,7 @@ from api.pages.router import evidence_page
 router = APIRouter(tags=["evidence"])
 
 
-@router.get("/e/{path}", response_class=FileResponse)
+@router.get("/e/{path}", response_class=Response)
 def evidence_file(path: str, request: Request, db_session: SessionDep, store: StoreDep):
     evidence_id, suffix = service.split_evidence_path(path)
     if suffix == "" and not path.endswith(".html"):
@@ -32,4 +31,4 @@ def evidence_file(path: str, request: Request, db_session: SessionDep, store: St
     headers = {"Cache-Control": "public, max-age=31536000, immutable"}
     if suffix == ".zip":
         headers["Content-Disposition"] = f'attachment; filename="coldbench-{evidence_id}.zip"'
-    return FileResponse(store.path(entry["sha256"]), media_type=media_type, headers=headers)
+    return Response(store.read_bytes(entry["sha256"]), media_type=media_type, headers=headers)

@@ -15,6 +15,7 @@ from api.auth import service as auth_service
 from api.database import utcnow
 from api.errors import NotFound, validation_message
 from api.evidence.models import Evidence
+from api.hosts.models import Host
 from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Cell, Run
@@ -99,6 +100,11 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
             problems.append(problem)
             continue
         assert provenance is not None
+        # The registry's name for the host: machines cloned from one image often report one
+        # hostname, and the report must still tell the hosts apart.
+        host = db_session.get(Host, run.host_id) if run.host_id else None
+        if host is not None:
+            provenance.host.registered_name = host.name
         provenances.append(provenance)
         for name, content in logs.items():
             # One run keeps the worker's names; several runs get the run id in each name.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, status
+from fastapi import APIRouter, Body, Query, status
 
 from api.deps import CurrentSubmitter, SessionDep, SettingsDep
 from api.jobs import service
@@ -27,17 +27,14 @@ def create_job(
 
 
 @router.get("/jobs", response_model=list[JobListItem])
-def list_jobs(db_session: SessionDep, _submitter: CurrentSubmitter, limit: int = 100):
-    return [
-        JobListItem(
-            id=job.id,
-            state=job.state,
-            mode=job.spec.get("mode", "ab"),
-            created_at=job.created_at,
-            evidence_id=job.evidence_id,
-        )
-        for job in service.list_jobs(db_session=db_session, limit=min(max(limit, 1), 500))
-    ]
+def list_jobs(
+    db_session: SessionDep,
+    _submitter: CurrentSubmitter,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    before: Annotated[str | None, Query(max_length=32, pattern=r"^[0-9a-f]+$")] = None,
+):
+    """Newest first; pass the last id of a page as `before` for the next one."""
+    return service.list_job_items(db_session=db_session, limit=limit, before=before)
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)

@@ -14,9 +14,10 @@ from api.database import utcnow
 from api.errors import Forbidden, Invalid, NotFound, invalid
 from api.hosts import service as host_service
 from api.jobs.models import Job
-from api.jobs.schemas import JobOut
+from api.jobs.schemas import JobListItem, JobOut
 from api.runs.models import TERMINAL_RUN_STATES, Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
+from api.runs.wakeup import announce_work
 from api.settings import Settings
 from evidence.canonical import sha256_json
 from evidence.schemas import JobSpec
@@ -114,6 +115,7 @@ def create_job(
         subject_id=job.id,
         spec_sha256=job.spec_sha256,
     )
+    announce_work(db_session)
     db_session.commit()
     return job
 
@@ -127,6 +129,43 @@ def get_job(*, db_session: Session, job_id: str) -> Job:
 
 def list_jobs(*, db_session: Session, limit: int = 100) -> list[Job]:
     return list(db_session.scalars(sa.select(Job).order_by(Job.created_at.desc()).limit(limit)))
+
+
+def list_job_items(
+    *, db_session: Session, limit: int = 100, before: str | None = None
+) -> list[JobListItem]:
+    """Newest first, one page: one query over the columns shown (never the whole spec).
+
+    `before` is the id of the last job of the previous page (keyset pagination).
+    """
+    query = (
+        sa.select(
+            Job.id,
+            Job.state,
+            Job.spec["mode"].as_string().label("mode"),
+            Job.created_at,
+            Job.evidence_id,
+        )
+        .order_by(Job.created_at.desc(), Job.id.desc())
+        .limit(limit)
+    )
+    if before is not None:
+        anchor = db_session.execute(
+            sa.select(Job.created_at, Job.id).where(Job.id == before)
+        ).one_or_none()
+        if anchor is None:
+            raise NotFound(f"no job {before!r} to page from")
+        query = query.where(sa.tuple_(Job.created_at, Job.id) < tuple(anchor))
+    return [
+        JobListItem(
+            id=row.id,
+            state=row.state,
+            mode=row.mode or "ab",
+            created_at=row.created_at,
+            evidence_id=row.evidence_id,
+        )
+        for row in db_session.execute(query)
+    ]
 
 
 def job_runs(*, db_session: Session, job_id: str) -> list[Run]:
@@ -187,6 +226,11 @@ def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
     return new_state == "analyzing"
 
 
+def job_summary(*, db_session: Session, job_id: str) -> dict[str, Any] | None:
+    """summary.json of the job's analysis, once it has one."""
+    return get_job(db_session=db_session, job_id=job_id).summary
+
+
 def job_detail(*, db_session: Session, job_id: str) -> JobOut:
     """The job with its runs, their attempts and progress (JSON API and pages)."""
     from api.hosts.models import Host
@@ -200,7 +244,10 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
         .order_by(RunAttempt.attempt)
     ):
         attempts[row.run_id].append(AttemptOut.model_validate(row, from_attributes=True))
-    host_names = dict(db_session.execute(sa.select(Host.id, Host.name)).all())
+    host_ids = {run.host_id for run in runs if run.host_id}
+    host_names = dict(
+        db_session.execute(sa.select(Host.id, Host.name).where(Host.id.in_(host_ids))).all()
+    )
     return JobOut(
         id=job.id,
         state=job.state,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from evidence.bundle import bundle_records, provenances_of, read_zip
 from evidence.canonical import sha256_hex
@@ -35,13 +35,18 @@ def pr_markdown(summary_md: str, evidence_id: str, page_url: str) -> str:
 
 @functools.lru_cache(maxsize=32)
 def render_page(
-    evidence_id: str, bundle_zip: Path, page_url: str, header_html: str
+    evidence_id: str,
+    bundle_sha256: str,
+    read: Callable[[str], bytes],
+    page_url: str,
+    header_html: str,
 ) -> EvidencePage:
     """report.html for the bundle with the page's header; `header_html` holds `{markdown}`.
 
-    Cached by the bundle's content-addressed path: the same key always renders the same page.
+    Cached by the bundle's digest (and the store's `read`): the same key always renders the
+    same page.
     """
-    files = read_zip(bundle_zip.read_bytes())
+    files = read_zip(read(bundle_sha256))
     summary = json.loads(files["summary.json"])
     provenances = provenances_of(json.loads(files["provenance.json"]))
     manifest = json.loads(files["manifest.json"])

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from evidence.schemas import JobSpec, SpecError
 from evidence.spec_text import parse_context, parse_flags, split_list
+from evidence.stats import rounds_for_verdict, too_few_rounds
 
 VARIANT_ROWS = 4
 DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
@@ -35,6 +36,8 @@ class JobForm:
     values: dict[str, str] = field(default_factory=dict)
     contexts: list[int] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    # Not an error: the job is accepted, but its rounds cannot reach a verdict.
+    rounds_warning: str | None = None
 
     def add_error(self, name: str, message: str) -> None:
         self.errors[name] = f"{self.errors[name]}; {message}" if name in self.errors else message
@@ -48,7 +51,8 @@ def blank_form() -> JobForm:
         "mode": "ab",
         "features": "",
         "custom_contexts": "",
-        "rounds": "3",
+        # The default matrix (one context, one candidate) can reach a verdict.
+        "rounds": str(rounds_for_verdict(1)),
         "decode_tokens": "8",
         "model": "preset:tiny",
         "host_labels": "",
@@ -219,10 +223,21 @@ def form_field(path: str | None, rows: dict[int, int]) -> str:
     return _field_of_location(location, rows)
 
 
+# The form's script looks the rounds up here for the comparisons a job would have (the rule
+# stays in evidence/stats.py); larger families fall back to the server's warning.
+MAX_FAMILY_LOOKUP = 256
+
+
+def rounds_by_family() -> dict[int, int]:
+    return {m: rounds_for_verdict(m) for m in range(1, MAX_FAMILY_LOOKUP + 1)}
+
+
 def validate_payload(form: JobForm, payload: dict[str, Any], rows: dict[int, int]) -> None:
-    """JobSpec's own validation, each error placed beside its field."""
+    """JobSpec's own validation, each error placed beside its field; a rounds warning when
+    the spec is valid but its rounds cannot reach a verdict."""
     try:
-        JobSpec.model_validate(payload)
+        spec = JobSpec.model_validate(payload)
+        form.rounds_warning = too_few_rounds(spec)
     except ValidationError as error:
         for item in error.errors():
             message = item["msg"].removeprefix("Value error, ")

@@ -14,12 +14,12 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import (
-    FileResponse,
     HTMLResponse,
     JSONResponse,
     RedirectResponse,
     Response,
 )
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from api.auth import service as auth_service
@@ -35,6 +35,9 @@ from api.pages.evidence import render_page
 from api.pages.templates import templates
 from api.settings import Settings
 from evidence.bundle import BundleError
+from evidence.markdown import verdict_rows, verdict_sentences
+from evidence.schemas import JobSpec
+from evidence.stats import too_few_rounds
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +237,7 @@ def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]
         "modes": job_form.MODES,
         "variant_rows": range(job_form.VARIANT_ROWS),
         "form_error": job_form.FORM_ERROR,
+        "rounds_by_family": job_form.rounds_by_family(),
     }
 
 
@@ -308,7 +312,28 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
         for run in job.runs
         for cell in (run.progress or {}).get("invalid", [])
     ]
-    return {"job": job, "invalid": invalid, "is_final": job.state in FINAL_JOB_STATES}
+    answer = None
+    summary = job_service.job_summary(db_session=db_session, job_id=job_id)
+    if job.evidence_id and summary:
+        # The evidence page's headline and verdict table, from the same summary.
+        answer = {
+            "sentences": verdict_sentences(summary, compact=len(summary["variants"]) > 6),
+            "rows": verdict_rows(summary),
+        }
+    return {
+        "job": job,
+        "invalid": invalid,
+        "is_final": job.state in FINAL_JOB_STATES,
+        "answer": answer,
+        "rounds_warning": _rounds_warning(job.spec),
+    }
+
+
+def _rounds_warning(spec: dict[str, Any]) -> str | None:
+    try:
+        return too_few_rounds(JobSpec.model_validate(spec))
+    except ValidationError:  # a job stored under an older schema: no warning
+        return None
 
 
 @router.get("/jobs/{job_id}")
@@ -382,7 +407,11 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
     )
     try:
         page = render_page(
-            evidence_id, store.path(entry["sha256"]), f"{request.base_url}e/{evidence_id}", header
+            evidence_id,
+            entry["sha256"],
+            store.read_bytes,
+            f"{request.base_url}e/{evidence_id}",
+            header,
         )
     except (BundleError, KeyError, ValueError):
         # A bundle this version cannot re-render (older format): its own report.html, as is.
@@ -390,8 +419,8 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
         report = row.files.get("report.html")
         if report is None or not store.exists(report["sha256"]):
             raise NotFound(f"evidence {evidence_id} has no readable report") from None
-        return FileResponse(
-            store.path(report["sha256"]),
+        return Response(
+            store.read_bytes(report["sha256"]),
             media_type="text/html; charset=utf-8",
             headers={"Cache-Control": "no-cache"},
         )

@@ -138,6 +138,13 @@ def ingest_run(
         return None
     run.state = "processed"
     run.processed_at = utcnow()
+    # The final count replaces the last heartbeat's (which may predate the last cells).
+    run.progress = {
+        **(run.progress or {}),
+        "cells_done": len(rows),
+        "cells_total": len(rows),
+        "final": True,
+    }
     run.ingest_errors = invalid or None
     auth_service.record_audit(
         db_session=db_session,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
 
 from api.deps import CurrentWorker, SessionDep, SettingsDep
 from api.runs import service
@@ -16,18 +16,27 @@ router = APIRouter(tags=["runs"])
     response_model=Lease,
     responses={204: {"description": "nothing fitting this host arrived within wait_s"}},
 )
-def claim_lease(
-    body: LeaseRequest, db_session: SessionDep, settings: SettingsDep, host: CurrentWorker
+async def claim_lease(
+    body: LeaseRequest,
+    request: Request,
+    db_session: SessionDep,
+    settings: SettingsDep,
+    host: CurrentWorker,
 ):
-    lease = service.claim_lease(
+    # Async: the long-poll waits on the event loop for a notification, holding no thread and
+    # no database connection; each claim runs in the thread pool.
+    lease = await service.wait_for_lease(
         db_session=db_session,
         settings=settings,
         host=host,
-        fingerprint=body.fingerprint.model_dump(mode="json"),
-        labels=body.labels,
+        signal=request.app.state.work_signal,
+        report=service.HostReport(
+            fingerprint=body.fingerprint.model_dump(mode="json"),
+            labels=body.labels,
+            repositories=body.repositories,
+            models=body.models,
+        ),
         wait_s=body.wait_s,
-        repositories=body.repositories,
-        models=body.models,
     )
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)

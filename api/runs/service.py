@@ -4,18 +4,28 @@ A run is one reproduction slot of a job. Each lease of it is an attempt (run_att
 lease is lost (no heartbeat for lease_ttl_s, or past the run's hard timeout) the attempt is
 recorded as expired and the run is queued again as the next attempt, up to max_attempts. A run
 that reports its own failure is final: a benchmark failure is a result, not retried.
+
+A lease request long-polls on the event loop (`wait_for_lease`): each claim is one short
+transaction, and between claims the request waits for `wakeup.announce_work` from whoever
+queued a run. Expiry is not part of a claim: the periodic sweep (`expire_leases`, run by Celery
+beat and by each API process, see `sweep_leases`) requeues lost runs and announces them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api import dispatch
 from api.artifacts.models import Artifact
@@ -27,6 +37,7 @@ from api.hosts.models import Host
 from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Run, RunAttempt
+from api.runs.wakeup import WorkSignal, announce_work
 from api.settings import Settings
 from evidence.protocol import Lease, RepositoryOffer
 from evidence.schemas import JobSpec, Manifest
@@ -72,53 +83,130 @@ def is_current(run: Run, host: Host, attempt: int) -> bool:
 
 # --- claiming ---------------------------------------------------------------------------
 
+# Queued runs looked at per query while searching for one this host may take: the oldest
+# first, then the next page, so a host that fits none of the oldest still finds newer work.
+CANDIDATE_PAGE = 200
+CANDIDATE_PAGES_MAX = 10
+_SPEC_CACHE_MAX = 4096
+_spec_cache: OrderedDict[str, tuple[JobSpec, dict[str, Any]]] = OrderedDict()
+_spec_cache_lock = threading.Lock()
 
-def _try_claim(*, db_session: Session, settings: Settings, host: Host) -> Lease | None:
-    """One pass: claim the oldest queued run this host may take, or None (commits)."""
-    # Serialize claims of one host (one run per host at a time, distinct hosts per job).
-    db_session.scalars(sa.select(Host.id).where(Host.id == host.id).with_for_update()).one()
-    busy = db_session.scalar(
-        sa.select(sa.func.count()).where(Run.host_id == host.id, Run.state == "leased")
-    )
-    if busy:
-        db_session.rollback()
-        return None
-    touched = {
-        (job_id, slot)
-        for job_id, slot in db_session.execute(
-            sa.select(Run.job_id, Run.slot)
-            .join(RunAttempt, RunAttempt.run_id == Run.id)
-            .where(RunAttempt.host_id == host.id)
+
+@dataclass(frozen=True)
+class HostReport:
+    """What a host says about itself with a lease request (repositories and models: None
+    from agents that do not send them, which keeps what the host registered)."""
+
+    fingerprint: dict[str, Any]
+    labels: list[str]
+    repositories: dict[str, RepositoryOffer] | None = None
+    models: list[str] | None = None
+
+
+def _job_specs(db_session: Session, job_ids: set[str]) -> dict[str, tuple[JobSpec, dict[str, Any]]]:
+    """Parsed specs by job id; a job's spec never changes, so each is parsed once per process."""
+    found: dict[str, tuple[JobSpec, dict[str, Any]]] = {}
+    with _spec_cache_lock:
+        for job_id in job_ids:
+            if job_id in _spec_cache:
+                found[job_id] = _spec_cache[job_id]
+    missing = job_ids - found.keys()
+    if missing:
+        rows = db_session.execute(sa.select(Job.id, Job.spec).where(Job.id.in_(missing))).all()
+        with _spec_cache_lock:
+            for job_id, spec_json in rows:
+                found[job_id] = (JobSpec.model_validate(spec_json), spec_json)
+                _spec_cache[job_id] = found[job_id]
+            while len(_spec_cache) > _SPEC_CACHE_MAX:
+                _spec_cache.popitem(last=False)
+    return found
+
+
+def _eligible_run_ids(db_session: Session, host: Host) -> list[str]:
+    """Queued runs this host may take, oldest job first (no locks taken)."""
+    after: tuple[Any, str, int] | None = None
+    for _ in range(CANDIDATE_PAGES_MAX):
+        query = (
+            sa.select(Run.id, Run.job_id, Run.slot, Job.created_at)
+            .join(Job, Job.id == Run.job_id)
+            .where(Run.state == "queued", Job.state.in_(("queued", "running")))
+            .order_by(Job.created_at, Job.id, Run.slot)
+            .limit(CANDIDATE_PAGE)
         )
-    }
-    touched_jobs = {job_id for job_id, _ in touched}
-    candidates = db_session.execute(
-        sa.select(Run.id, Run.job_id, Run.slot, Job.spec)
-        .join(Job, Job.id == Run.job_id)
-        .where(Run.state == "queued", Job.state.in_(("queued", "running")))
-        .order_by(Job.created_at, Run.slot)
-        .limit(200)
-    ).all()
-    for run_id, job_id, slot, spec_json in candidates:
+        if after is not None:
+            query = query.where(sa.tuple_(Job.created_at, Job.id, Run.slot) > after)
+        candidates = db_session.execute(query).all()
+        if not candidates:
+            return []
+        job_ids = {row.job_id for row in candidates}
         # `hosts: N` reproductions run on N distinct hosts: a host that held another slot of
-        # this job never takes a second one (it may take a requeued attempt of its own slot).
-        if job_id in touched_jobs and (job_id, slot) not in touched:
-            continue
-        spec = JobSpec.model_validate(spec_json)
-        if host_service.why_host_cannot_run(host, spec) is not None:
-            continue
-        run = db_session.scalars(
-            sa.select(Run)
-            .where(Run.id == run_id, Run.state == "queued")
-            .with_for_update(skip_locked=True)
-        ).one_or_none()
+        # a job never takes a second one (it may take a requeued attempt of its own slot).
+        touched = set(
+            db_session.execute(
+                sa.select(Run.job_id, Run.slot)
+                .join(RunAttempt, RunAttempt.run_id == Run.id)
+                .where(RunAttempt.host_id == host.id, Run.job_id.in_(job_ids))
+            ).all()
+        )
+        touched_jobs = {job_id for job_id, _ in touched}
+        specs = _job_specs(db_session, job_ids)
+        eligible = [
+            row.id
+            for row in candidates
+            if not (row.job_id in touched_jobs and (row.job_id, row.slot) not in touched)
+            and host_service.why_host_cannot_run(host, specs[row.job_id][0]) is None
+        ]
+        if eligible:
+            return eligible
+        last = candidates[-1]
+        after = (last.created_at, last.job_id, last.slot)
+    return []
+
+
+def claim_lease(
+    *, db_session: Session, settings: Settings, host: Host, report: HostReport | None = None
+) -> Lease | None:
+    """One short transaction: take the oldest queued run this host may run, or None.
+
+    Rows of other hosts' candidates are never locked: only the run being taken is, with
+    `FOR UPDATE SKIP LOCKED`, so concurrent claimers pass each other instead of queueing.
+    """
+    try:
+        if report is not None:
+            host_service.update_host_report(
+                db_session=db_session,
+                host=host,
+                fingerprint=report.fingerprint,
+                labels=report.labels,
+                repositories=report.repositories,
+                models=report.models,
+            )
+            if host.health == "lost":
+                host.health = "ready"
+        # Serialize the claims of one host: one run per host at a time.
+        db_session.execute(sa.select(Host.id).where(Host.id == host.id).with_for_update())
+        busy = db_session.scalar(
+            sa.select(Run.id).where(Run.host_id == host.id, Run.state == "leased").limit(1)
+        )
+        eligible = [] if busy else _eligible_run_ids(db_session, host)
+        run = None
+        if eligible:
+            run = db_session.scalars(
+                sa.select(Run)
+                .join(Job, Job.id == Run.job_id)
+                .where(Run.id.in_(eligible), Run.state == "queued")
+                .order_by(Job.created_at, Job.id, Run.slot)
+                .limit(1)
+                .with_for_update(of=Run, skip_locked=True)
+            ).one_or_none()
         if run is None:
-            continue  # another claimer holds or took it
+            db_session.commit()
+            return None
         now = utcnow()
         # The guard on state makes the claim atomic also where FOR UPDATE is a no-op (SQLite).
         claimed: int = db_session.execute(  # type: ignore[attr-defined]
             sa.update(Run)
-            .where(Run.id == run_id, Run.state == "queued")
+            .where(Run.id == run.id, Run.state == "queued")
             .values(
                 state="leased",
                 host_id=host.id,
@@ -136,7 +224,7 @@ def _try_claim(*, db_session: Session, settings: Settings, host: Host) -> Lease 
         db_session.refresh(run)
         db_session.add(RunAttempt(run_id=run.id, attempt=run.attempt, host_id=host.id))
         host.health = "busy"
-        job_service.refresh_job_state(db_session=db_session, job_id=job_id)
+        job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
         auth_service.record_audit(
             db_session=db_session,
             actor=f"host:{host.id}",
@@ -145,50 +233,47 @@ def _try_claim(*, db_session: Session, settings: Settings, host: Host) -> Lease 
             attempt=run.attempt,
         )
         db_session.commit()
-        log.info("run leased", extra={"run_id": run.id, "host_id": host.id})
-        return Lease(
-            run_id=run.id,
-            attempt=run.attempt,
-            job_id=job_id,
-            spec=spec_json,
-            timeout_s=settings.run_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-        )
-    db_session.commit()
-    return None
+    except BaseException:
+        db_session.rollback()
+        raise
+    log.info("run leased", extra={"run_id": run.id, "host_id": host.id})
+    return Lease(
+        run_id=run.id,
+        attempt=run.attempt,
+        job_id=run.job_id,
+        spec=_job_specs(db_session, {run.job_id})[run.job_id][1],
+        timeout_s=settings.run_timeout_s,
+        lease_ttl_s=settings.lease_ttl_s,
+    )
 
 
-def claim_lease(
+async def wait_for_lease(
     *,
     db_session: Session,
     settings: Settings,
     host: Host,
-    fingerprint: dict[str, Any],
-    labels: list[str],
+    signal: WorkSignal,
+    report: HostReport,
     wait_s: float,
-    repositories: dict[str, RepositoryOffer] | None = None,
-    models: list[str] | None = None,
 ) -> Lease | None:
-    """Long-poll for a run this host may take; None after wait_s seconds without one."""
-    host_service.update_host_report(
-        db_session=db_session,
-        host=host,
-        fingerprint=fingerprint,
-        labels=labels,
-        repositories=repositories,
-        models=models,
-    )
-    if host.health == "lost":
-        host.health = "ready"
-    db_session.commit()
-    deadline = time.monotonic() + min(wait_s, settings.lease_wait_max_s)
+    """Long-poll on the event loop: claim, and between claims wait for a notification that
+    work was queued (bounded by lease_poll_s); None after wait_s seconds without a run.
+
+    No database connection is held while waiting: each claim commits or rolls back.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(wait_s, settings.lease_wait_max_s)
+    pending_report: HostReport | None = report
     while True:
-        for job_id in expire_leases(db_session=db_session, settings=settings):
-            dispatch.send_task("analyze_job", job_id)
-        lease = _try_claim(db_session=db_session, settings=settings, host=host)
-        if lease is not None or time.monotonic() >= deadline:
+        seen = signal.generation
+        lease = await run_in_threadpool(
+            claim_lease, db_session=db_session, settings=settings, host=host, report=pending_report
+        )
+        pending_report = None
+        remaining = deadline - loop.time()
+        if lease is not None or remaining <= 0:
             return lease
-        time.sleep(min(settings.lease_poll_s, max(0.0, deadline - time.monotonic())))
+        await signal.wait(since=seen, timeout_s=min(remaining, settings.lease_poll_s))
 
 
 # --- heartbeat --------------------------------------------------------------------------
@@ -369,5 +454,30 @@ def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
         )
         if job_service.refresh_job_state(db_session=db_session, job_id=run.job_id):
             to_analyze.append(run.job_id)
+    if any(run.state == "queued" for run in expired):
+        announce_work(db_session)
     db_session.commit()
     return to_analyze
+
+
+async def sweep_leases(*, sessionmaker: Callable[[], Session], settings: Settings) -> None:
+    """Expire lost leases every lease_sweep_s for as long as the process runs.
+
+    Celery beat does the same; this keeps expiry going in a deployment without beat (the
+    embedded default, tests) and costs one indexed query per interval. Several sweepers at once
+    are safe: expired rows are taken with SKIP LOCKED.
+    """
+
+    def sweep_once() -> list[str]:
+        with sessionmaker() as db_session:
+            return expire_leases(db_session=db_session, settings=settings)
+
+    while True:
+        await asyncio.sleep(settings.lease_sweep_s)
+        try:
+            job_ids = await run_in_threadpool(sweep_once)
+        except Exception:  # noqa: BLE001 - a database hiccup: log it, sweep again next time
+            log.exception("lease sweep failed; retrying in %s s", settings.lease_sweep_s)
+            continue
+        for job_id in job_ids:
+            await run_in_threadpool(dispatch.send_task, "analyze_job", job_id)

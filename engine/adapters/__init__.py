@@ -13,13 +13,21 @@ record (`engine.cell.run_cell`'s keys: `prompt_tokens` ... `counters`, `started_
 An adapter may also define `check_context(context_tokens)` raising ValueError for a context
 it cannot serve: in batch mode the runner calls it for every context before the first cell.
 `describe()` is the ready event's `target`: at least `adapter`, `engine_module_file` (the file
-the engine module was really imported from), `flags`, `mlx`, `mlx_lm`, `backend`.
+the engine module was really imported from), `flags`, `mlx`, `mlx_lm`, `backend`, and
+`software` (`process_software()`): the versions and files imported inside the process that ran
+the cells, which provenance keeps per variant. Its shape, shared with the openai-server adapter
+(which reports what the server's interpreter imports): `python`, `python_executable`, `mlx`,
+`mlx_lm`, `coldbench` (versions, None when unknown) and `files` (name -> absolute path of the
+file the module was imported from: `engine`, `kernels`, `mlx`, `mlx_lm`).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, Protocol
 
 from engine.cell import now_iso
@@ -66,3 +74,41 @@ def measure_prompt(
     result["prompt_corpus_sha256"] = prompt.corpus_sha256
     result["started_at"], result["ended_at"] = started_at, now_iso()
     return result
+
+
+def _distribution(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def process_software(**modules: Any) -> dict[str, Any]:
+    """Versions and imported files in this process (`describe()["software"]`).
+
+    `modules` adds named modules to the files (e.g. the checkout's `mlx_lm`); `engine`,
+    `kernels` and `mlx` (mlx.core's extension) are always listed, `mlx_lm` when imported.
+    """
+    import mlx.core as mx
+
+    import engine
+    import kernels
+
+    found: dict[str, Any] = {"engine": engine, "kernels": kernels, "mlx": mx}
+    if "mlx_lm" in sys.modules:
+        found["mlx_lm"] = sys.modules["mlx_lm"]
+    found.update(modules)
+    files = {
+        name: str(Path(module.__file__).resolve())
+        for name, module in found.items()
+        if getattr(module, "__file__", None)
+    }
+    mlx_lm = found.get("mlx_lm")
+    return {
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "mlx": getattr(mx, "__version__", None) or _distribution("mlx"),
+        "mlx_lm": getattr(mlx_lm, "__version__", None) or _distribution("mlx-lm"),
+        "coldbench": _distribution("coldbench"),
+        "files": files,
+    }

@@ -1,4 +1,10 @@
-"""The `embedded` adapter: this project's engine (`engine.cell`) in the variant process."""
+"""The `embedded` adapter: this project's engine (`engine.cell`) in the variant process.
+
+With the plan's `checkout` (a worktree of a repository declared `adapter = "embedded"`), the
+variant must run that worktree's `engine/` and `kernels/`: the files this process imported for
+both must lie inside it, or the adapter refuses to run (a load error, exit 2), as the mlx-lm
+adapter does for its checkout.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from typing import Any
 
 import engine
 from engine import checkpoints
+from engine.adapters import process_software
 from engine.backend import describe_backend, not_exercised
 from engine.cell import run_cell
 from engine.flags import Flags
@@ -15,10 +22,30 @@ from engine.plan import Plan
 from engine.prompts import PromptSource
 
 
+class EmbeddedLoadError(ValueError):
+    """The engine this process imported is not the checkout's: the variant must not run."""
+
+
+def check_imported_from(checkout: str | Path) -> None:
+    """Raise EmbeddedLoadError unless `engine` and `kernels` came from inside `checkout`."""
+    import kernels
+
+    root = Path(checkout).resolve()
+    for module in (engine, kernels):
+        imported = Path(module.__file__ or "").resolve()
+        if not imported.is_relative_to(root):
+            raise EmbeddedLoadError(
+                f"refusing to run: {module.__name__} was imported from {imported}, not from "
+                f"inside the checkout {root} (the checkout must come first on the import path)"
+            )
+
+
 class EmbeddedAdapter:
     name = "embedded"
 
     def __init__(self, plan: Plan) -> None:
+        if plan.checkout:
+            check_imported_from(plan.checkout)
         self.plan = plan
         self.flags = Flags.parse(plan.flags)
         self.model: Any = None
@@ -63,6 +90,7 @@ class EmbeddedAdapter:
             "variant": self.plan.variant,
             "adapter": self.name,
             "engine_module_file": str(Path(engine.__file__).resolve()),
+            "checkout": str(Path(self.plan.checkout).resolve()) if self.plan.checkout else None,
             "mlx_lm_module_file": str(Path(mlx_lm.__file__).resolve()),
             "flags": self.flags.as_dict(),
             "mlx": getattr(mx, "__version__", None),
@@ -72,6 +100,7 @@ class EmbeddedAdapter:
             **describe_backend(),
             "not_exercised": not_exercised(list(self.flags.non_default())),
             "model": self.model_info,
+            "software": process_software(),
         }
 
     def close(self) -> None:

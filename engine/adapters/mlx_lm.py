@@ -10,7 +10,9 @@ A cell runs the checkout's `mlx_lm.generate.generate_step` on a fresh prompt cac
 variant's `prefill_step_size`. Prefill time is the time to the first token (its value is
 materialised, so every prefill chunk has run); decode time is measured separately, from the
 first token to the last. Chunk widths come from the prompt progress callback, i.e. from the
-loop that actually ran in the checkout, not from what stock mlx-lm would do.
+loop that actually ran in the checkout, not from what stock mlx-lm would do. `engine.judge`
+compares them with the widths the requested step implies for generate_step (N-1 tokens in
+chunks, then the last alone: `generate_step_widths`) and with stock's.
 """
 
 from __future__ import annotations
@@ -28,8 +30,18 @@ from typing import Any
 import mlx.core as mx
 
 from engine import checkpoints
-from engine.adapters import measure_prompt
+from engine.adapters import measure_prompt, process_software
 from engine.backend import describe_backend
+from engine.judge import (
+    Expectation,
+    Observation,
+    Runs,
+    join_runs,
+    judge_cell,
+    runs_text,
+    split_runs,
+    to_runs,
+)
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
 
@@ -173,6 +185,7 @@ class MlxLmAdapter:
             "python": sys.version.split()[0],
             "python_executable": sys.executable,
             **describe_backend(),
+            "software": process_software(),
         }
 
     def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
@@ -226,8 +239,10 @@ class MlxLmAdapter:
             "prefill_tokens": progress[-1] if progress else None,
             "chunks": len(widths),
             "chunk_width_max": max(widths, default=0),
+            "chunk_widths": runs_text(to_runs(widths)),
             "chunks_stock": _stock_chunks(n, step),
-            "prefill_step_size.dispatched": sum(1 for w in widths if w == step),
+            # chunks of exactly the requested width, the final one-token step excluded
+            "prefill_step_size.dispatched": sum(1 for w in widths[:-1] if w == step),
             "engine_module_file": self.engine_module_file,
         }
         result: dict[str, Any] = {
@@ -244,39 +259,25 @@ class MlxLmAdapter:
             "peak_memory_bytes": int(mx.get_peak_memory()),
             "counters": counters,
         }
-        result["status"], result["reason"] = self._verdict(result, counters, context_tokens)
+        execution = []
+        if "prefill_step_size" in self.flags.requested:
+            expectation = Expectation(
+                "prefill_step_size",
+                generate_step_widths(n, step),
+                generate_step_widths(n, DEFAULT_PREFILL_STEP_SIZE),
+            )
+            execution.append((expectation, Observation("prefill_step_size", to_runs(widths))))
+        judge_cell(
+            context_tokens=context_tokens,
+            decode_tokens=decode_tokens,
+            cached_tokens=cached_tokens,
+            prompt_tokens=n,
+            prefilled_tokens=counters["prefill_tokens"],
+            decoded_tokens=len(output),
+            execution=execution,
+            cache="the checkout's KV cache",
+        ).record(result)
         return result
-
-    def _verdict(
-        self, result: dict[str, Any], counters: dict[str, Any], context_tokens: int
-    ) -> tuple[str, str | None]:
-        cached = result["cached_tokens"]
-        if cached is None:
-            return (
-                "invalid",
-                "the checkout's KV cache reports no token count (cached_tokens unknown)",
-            )
-        if cached > 0:
-            return "invalid", f"cached_tokens={cached}: the KV cache was not fresh"
-        if result["prompt_tokens"] != context_tokens:
-            return "invalid", (
-                f"prompt has {result['prompt_tokens']} tokens, the cell asks for {context_tokens}"
-            )
-        if counters["prefill_tokens"] not in (None, context_tokens):
-            return "invalid", (
-                f"generate_step prefilled {counters['prefill_tokens']} tokens of {context_tokens}"
-            )
-        if result["decode_tokens"] != self.plan.decode_tokens:
-            return (
-                "invalid",
-                f"decoded {result['decode_tokens']} tokens of {self.plan.decode_tokens}",
-            )
-        if (
-            "prefill_step_size" in self.flags.requested
-            and not counters["prefill_step_size.dispatched"]
-        ):
-            return "invalid", "silent no-op: prefill_step_size"
-        return "ok", None
 
     def close(self) -> None:
         self.model = None
@@ -284,6 +285,12 @@ class MlxLmAdapter:
 
 def create(plan: Plan) -> MlxLmAdapter:
     return MlxLmAdapter(plan)
+
+
+def generate_step_widths(prompt_tokens: int, step: int) -> Runs:
+    """Chunk widths stock generate_step delivers for N tokens: N-1 tokens cut into chunks of
+    `step` (remainder last), then the last token alone, which yields the first output."""
+    return join_runs(split_runs(prompt_tokens - 1, step), ((1, 1),))
 
 
 def _stock_chunks(prompt_tokens: int, step: int) -> int:

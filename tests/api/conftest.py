@@ -166,3 +166,74 @@ def live_sessionmaker(live_db: str) -> Iterator[Any]:
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass
+class S3Server:
+    """`python -m moto.server` on loopback: a real S3-protocol server in its own process."""
+
+    endpoint_url: str
+    env: dict[str, str]
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        )
+
+    def new_bucket(self) -> str:
+        name = f"coldbench-{secrets.token_hex(4)}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url, timeout=1)
+                break
+            except httpx.HTTPError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto.server did not start") from None
+                time.sleep(0.2)
+        yield S3Server(
+            url,
+            {
+                "COLDBENCH_S3_ENDPOINT_URL": url,
+                "COLDBENCH_S3_REGION": "us-east-1",
+                "COLDBENCH_S3_ACCESS_KEY_ID": "test",
+                "COLDBENCH_S3_SECRET_ACCESS_KEY": "test",
+            },
+        )
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
+        log.close()

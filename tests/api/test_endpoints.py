@@ -277,6 +277,7 @@ def test_expired_lease_requeues_and_late_complete_is_refused(
     run = db_session.get(Run, world.run_id)
     run.lease_expires_at = utcnow() - timedelta(seconds=1)
     db_session.commit()
+    run_service.expire_leases(db_session=db_session, settings=settings)  # the periodic sweep
     taken = lease(client, world.other_worker).json()
     assert taken["run_id"] == world.run_id and taken["attempt"] == 2
     lost = db_session.scalars(

@@ -48,6 +48,8 @@ def test_ingest_inserts_every_record_once(
     assert _cells(db_session, completed_run.id) == 10
     db_session.refresh(completed_run)
     assert completed_run.state == "processed" and completed_run.ingest_errors is None
+    # The final count, not the last heartbeat's.
+    assert completed_run.progress["cells_done"] == 10 and completed_run.progress["final"]
     # A redelivered task finds nothing to do.
     assert _ingest(db_session, settings, client, completed_run.id) is None
     assert _cells(db_session, completed_run.id) == 10
@@ -177,6 +179,9 @@ def test_analysis_and_rendering_publish_evidence(
     files = read_zip(client.get(f"/e/{evidence_id}.zip").content)
     assert verify_files(files).is_intact
     assert {"records.jsonl", "provenance.json", "build-base.log", "report.html"} <= set(files)
+    # Hosts are named as registered (here "a"), whatever hostname the machine reported.
+    assert '"registered_name":"a"' in files["provenance.json"].decode()
+    assert job.summary["runs"][0]["host"] == "a"
 
 
 def test_analysis_failure_is_final_with_its_reason(

@@ -23,9 +23,7 @@ def test_current_runs_maps_each_leasing_host_to_its_run(
         db_session=db_session,
         settings=settings,
         host=busy,
-        fingerprint=fingerprint(hostname="busy"),
-        labels=[],
-        wait_s=0,
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="busy"), labels=[]),
     )
     current = host_service.current_runs(db_session=db_session)
     assert list(current) == [busy.id]

@@ -196,3 +196,66 @@ def test_a_reused_prompt_cache_is_invalid(
     assert again["cached_tokens"] == 66
     assert again["status"] == "invalid"
     assert again["reason"] == "cached_tokens=66: the KV cache was not fresh"
+
+
+# Each case: (branch, requested prefill_step_size, context) ->
+# (status, reason, inert flags, chunk widths delivered, prefill_step_size.dispatched).
+_STEP_CASES = {
+    # The planted no-op delivers stock chunks whatever is asked: invalid at every step size,
+    # including 1, where the final one-token step (which stock takes too) is no dispatch.
+    ("noop-step", 1, 64): ("invalid", "silent no-op: prefill_step_size", None, "63+1", 0),
+    ("noop-step", 64, 128): ("invalid", "silent no-op: prefill_step_size", None, "127+1", 0),
+    # An honest build: step 1 is 64 one-token chunks; 64 at 128 tokens is 64 + 63 + 1.
+    ("main", 1, 64): ("ok", None, None, "1x64", 63),
+    ("main", 64, 128): ("ok", None, None, "64+63+1", 1),
+    # A step wider than the prompt is what stock 2048 does at 128 tokens: ok, and inert.
+    ("main", 4096, 128): ("ok", None, "prefill_step_size", "127+1", 0),
+    # The planted no-op at such a step is indistinguishable from stock, and so is the request.
+    ("noop-step", 4096, 128): ("ok", None, "prefill_step_size", "127+1", 0),
+}
+
+
+def test_prefill_step_size_is_judged_by_the_chunk_widths_delivered(
+    mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from tests.conftest import NOOP_STEP_BRANCH
+
+    repo, (main, _slow) = mlx_lm_repo
+    branches = {"main": main, "noop-step": NOOP_STEP_BRANCH}
+    for name, branch in branches.items():
+        checkout = _worktree(repo, branch, tmp_path / f"wt-{name}")
+        cases = [(step, n) for (b, step, n) in _STEP_CASES if b == name]
+        script = textwrap.dedent(
+            f"""
+            import json
+            from engine.adapters.mlx_lm import create
+            from engine.plan import Plan
+            out = []
+            for step, n in {cases!r}:
+                adapter = create(Plan.from_json({{
+                    "run_id": "r", "variant": "v", "adapter": "mlx-lm", "decode_tokens": 2,
+                    "model": {str(tiny_model_dir)!r}, "checkout": {str(checkout)!r},
+                    "records_path": "-", "flags": {{"prefill_step_size": step}},
+                }}))
+                adapter.load()
+                out.append(adapter.measure(list(range(40, 40 + n)), context_tokens=n))
+            print(json.dumps(out))
+            """
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=_env(checkout),
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        results = json.loads(done.stdout.splitlines()[-1])
+        for (step, n), result in zip(cases, results, strict=True):
+            status, reason, inert, widths, dispatched = _STEP_CASES[(name, step, n)]
+            counters = result["counters"]
+            where = f"{name} at prefill_step_size={step}, {n} tokens: {counters}"
+            assert (result["status"], result["reason"]) == (status, reason), where
+            assert counters.get("inert") == inert, where
+            assert counters["chunk_widths"] == widths, where
+            assert counters["prefill_step_size.dispatched"] == dispatched, where

@@ -138,7 +138,7 @@ def test_server_without_cached_token_accounting_makes_cells_invalid(
     finally:
         adapter.close()
     assert cell["status"] == "invalid"
-    assert cell["reason"] == "server does not report cached tokens"
+    assert cell["reason"] == "the server does not report cached tokens (cached_tokens unknown)"
     assert cell["cached_tokens"] is None  # unknown, never assumed 0
     assert cell["decode_tokens"] == 4
     assert cell["prefill_s"] is not None and cell["prefill_s"] > 0

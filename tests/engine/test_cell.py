@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -101,21 +102,89 @@ def test_flag_changes_counters_and_keeps_greedy_output(
 
 
 @pytest.mark.parametrize(
-    ("flags", "reason"),
+    ("flags", "inert"),
     [
-        ({"clear_cache": False}, "silent no-op: clear_cache"),  # one chunk: nothing to keep
-        ({"prefill_step_size": 4096}, "silent no-op: prefill_step_size"),  # no chunk that wide
+        # one chunk: nothing to keep between chunks, exactly as stock
+        ({"clear_cache": False}, "clear_cache"),
+        # wider than the prompt, which stock 2048 also takes in one chunk
+        ({"prefill_step_size": 4096}, "prefill_step_size"),
+        ({"prefill_step_size": 4096, "clear_cache": False}, "prefill_step_size,clear_cache"),
     ],
 )
-def test_requested_flag_that_never_ran_is_a_silent_no_op(
+def test_a_request_that_implies_stock_here_is_ok_and_inert(
     tiny_model: tuple[Any, Any, dict[str, Any]],
     prompt: list[int],
+    reference: dict[str, Any],
     flags: dict[str, Any],
-    reason: str,
+    inert: str,
 ) -> None:
     result = _cell(tiny_model[0], prompt, **flags)
+    assert result["status"] == "ok", result["reason"]
+    assert result["counters"]["inert"] == inert
+    assert result["counters"]["chunk_widths"] == str(CONTEXT)
+    assert result["output_sha256"] == reference["output_sha256"]
+    assert "inert" not in reference["counters"]
+
+
+def test_a_step_wider_than_the_prompt_is_honest_where_stock_chunks(
+    tiny_model: tuple[Any, Any, dict[str, Any]], tiny_prompts: PromptSource
+) -> None:
+    # At 2100 tokens stock 2048 cuts 2048 + 52; 4096 takes one chunk (the H200's 8192 at 4K).
+    ids = tiny_prompts.prompt(0, 0, 2100).ids
+    result = run_cell(
+        tiny_model[0],
+        ids,
+        context_tokens=2100,
+        flags=Flags(prefill_step_size=4096),
+        decode_tokens=1,
+    )
+    assert result["status"] == "ok", result["reason"]
+    assert result["counters"]["chunk_widths"] == "2100"
+    assert "inert" not in result["counters"]
+
+
+@pytest.mark.parametrize("step", [1, 64])
+def test_a_planted_no_op_step_is_invalid(
+    tiny_model: tuple[Any, Any, dict[str, Any]],
+    prompt: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    step: int,
+) -> None:
+    from engine import cell
+
+    measure = cell._measure
+
+    def ignoring_the_step(forward: Any, cache: Any, ids: Any, flags: Flags, *rest: Any) -> Any:
+        return measure(
+            forward, cache, ids, dataclasses.replace(flags, prefill_step_size=2048), *rest
+        )
+
+    monkeypatch.setattr(cell, "_measure", ignoring_the_step)
+    result = _cell(tiny_model[0], prompt, prefill_step_size=step)
     assert result["status"] == "invalid"
-    assert result["reason"] == reason
+    assert result["reason"] == "silent no-op: prefill_step_size"
+    assert result["counters"]["chunk_widths"] == str(CONTEXT)
+
+
+def test_clear_cache_kept_where_stock_would_clear_is_judged_by_the_clears(
+    tiny_model: tuple[Any, Any, dict[str, Any]],
+    prompt: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine import cell
+
+    honest = _cell(tiny_model[0], prompt, prefill_step_size=64, clear_cache=False)
+    assert honest["status"] == "ok" and "inert" not in honest["counters"]
+    # a build whose loop clears whatever the flag says
+    measure = cell._measure
+
+    def clearing(forward: Any, cache: Any, ids: Any, flags: Flags, *rest: Any) -> Any:
+        return measure(forward, cache, ids, dataclasses.replace(flags, clear_cache=True), *rest)
+
+    monkeypatch.setattr(cell, "_measure", clearing)
+    planted = _cell(tiny_model[0], prompt, prefill_step_size=64, clear_cache=False)
+    assert planted["counters"]["cache_clears"] == 3
+    assert (planted["status"], planted["reason"]) == ("invalid", "silent no-op: clear_cache")
 
 
 def test_reused_cache_is_detected_invalid_with_its_count(

@@ -144,3 +144,81 @@ def test_drift_interval_with_one_unknown_bound_renders() -> None:
     assert summary["drift"]["runs"][0]["run_id"] in text
     html = render_report_html(summary, [], provenances, None, plotly_js_src="/p.js")
     assert "Drift of the baseline" in html
+
+
+SETTINGS = {"confidence_level": 0.95, "precision": 0.05}
+
+
+def _comparison(verdict: str, median: float, low: float, high: float, **extra) -> dict:
+    return {
+        "variant": "cand",
+        "context_tokens": 128,
+        "verdict": verdict,
+        "ratio_median": median,
+        "ci_low": low,
+        "ci_high": high,
+        "n": 8,
+        **extra,
+    }
+
+
+def test_verdict_clause_states_the_change_and_its_interval_in_the_verdicts_direction() -> None:
+    from evidence.markdown import verdict_clause
+
+    slower = _comparison("slower", 0.930, 0.916, 0.968)
+    assert verdict_clause(slower, SETTINGS) == (
+        "cand is 7.0% slower at 128 tokens, 95% interval 3.2% to 8.4%"
+    )
+    faster = _comparison("faster", 1.062, 1.049, 1.077)
+    assert verdict_clause(faster, SETTINGS) == (
+        "cand is 6.2% faster at 128 tokens, 95% interval 4.9% to 7.7%"
+    )
+    same = _comparison("no established change", 0.99, 0.973, 1.0002)
+    assert verdict_clause(same, SETTINGS) == (
+        "cand: no established change at 128 tokens (95% interval 2.7% slower to no change, "
+        "inside +-5%)"
+    )
+    unsure = _comparison("inconclusive", 0.99, 0.9, 1.1, rounds_needed=14)
+    assert verdict_clause(unsure, SETTINGS) == (
+        "cand: inconclusive at 128 tokens (8 pairs; about 14 rounds would settle it)"
+    )
+
+
+def test_summary_md_opens_with_one_sentence_per_context_then_the_table() -> None:
+    from evidence.markdown import verdict_sentences
+
+    summary, provenances = ab_summary()
+    sentences = verdict_sentences(summary)
+    assert len(sentences) == len(summary["contexts"])
+    assert sentences[0].startswith("fast is ") and "at 64 tokens" in sentences[0]
+    assert "same: no established change at 64 tokens" in sentences[0]
+    text = render_summary_md(summary, provenances)
+    head = text.split("### Cold prefill")[0]
+    assert all(f"- {sentence}" in head for sentence in sentences)
+    assert "Host:" not in head
+    assert text.index("### Cold prefill") < text.index("Host:") < text.index("How to read")
+
+
+def test_each_variant_shows_the_software_its_own_process_imported() -> None:
+    from evidence.report import render_report_html
+
+    summary, _ = ab_summary()
+    targets = [
+        {
+            "variant": name,
+            "commit": commit * 40,
+            "software": {
+                "mlx": "0.30.1",
+                "mlx_lm": version,
+                "coldbench": None,
+                "files": {"engine": f"/wt/{name}/engine/__init__.py"},
+            },
+        }
+        for name, commit, version in (("base", "a", "0.32.2"), ("fast", "b", "0.31.0"))
+    ]
+    prov = provenance(targets=targets)
+    text = render_summary_md(summary, [prov])
+    assert "| base | embedded | n/a | aaaaaaaaaaaa | defaults | mlx 0.30.1, mlx-lm 0.32.2; " in text
+    assert "engine `/wt/fast/engine/__init__.py`" in text and "mlx-lm 0.31.0" in text
+    html = render_report_html(summary, [], [prov], None)
+    assert "<td>mlx 0.30.1, mlx-lm 0.31.0; engine /wt/fast/engine/__init__.py</td>" in html

@@ -185,3 +185,39 @@ def test_report_draws_its_charts_offline_in_chromium(ablation_job, tmp_path) -> 
             browser.close()
     assert requested == [] and problems == []
     assert drawn == [True] * 5  # tok/s, ratio, strips, drift, ablation
+
+
+def test_the_answer_comes_first_and_how_to_read_after_the_verdict_tables(ablation_job) -> None:
+    from evidence.markdown import verdict_sentences
+
+    summary, records, provenances = ablation_job
+    html = render_report_html(summary, records, provenances, None)
+    body = html[html.index("<body>") :]
+    first_sentence = verdict_sentences(summary)[0]
+    answer = body.index('<section id="answer">')
+    assert body.index(first_sentence.split(",")[0]) > answer
+    assert answer < body.index("Cold prefill: verdicts") < body.index("How to read this")
+    assert body.index("Decode: verdicts") < body.index("How to read this")
+    # Hosts are named by their names, not a shared machine hostname.
+    assert body.index("<h1>") < answer
+
+
+def test_hosts_sharing_a_hostname_are_told_apart_by_their_registered_names() -> None:
+    from evidence.markdown import host_line
+
+    records = simulate_run(effects={"base": 1.0, "fast": 1.1}, rounds=6, run_id="r-1")
+    records += simulate_run(effects={"base": 1.0, "fast": 1.1}, rounds=6, run_id="r-2", seed=4)
+    first, second = provenance("r-1", "vm"), provenance("r-2", "vm")
+    first.host.registered_name, second.host.registered_name = "rack-a", "rack-b"
+    summary = summarize(records, baseline="base", provenances=[first, second], n_resamples=50)
+    hosts = [run["host"] for run in summary["reproductions"]["comparisons"][0]["runs"]]
+    assert hosts == ["rack-a", "rack-b"]
+    assert host_line(first).startswith("rack-a (hostname `vm`, run `r-1`)")
+    html = render_report_html(summary, records, [first, second], None)
+    assert "<th>rack-a</th><th>rack-b</th>" in html
+    # Without registered names, a shared hostname still gives two distinct columns.
+    unnamed = summarize(
+        records, baseline="base", provenances=[provenance("r-1", "vm"), provenance("r-2", "vm")]
+    )
+    hosts = [run["host"] for run in unnamed["reproductions"]["comparisons"][0]["runs"]]
+    assert hosts == ["vm (run r-1)", "vm (run r-2)"]

@@ -255,3 +255,83 @@ def test_median_interval_covers_about_95_percent_with_six_pairs() -> None:
         low, high = median_interval(ratios.tolist(), seed=draw, options=options)
         covered += low <= 1 <= high
     assert 0.93 <= covered / 1000 <= 0.99
+
+
+@pytest.mark.parametrize("family_size", [1, 2, 3, 4, 8, 40])
+def test_rounds_for_verdict_is_the_fewest_that_can_pass_holm(family_size: int) -> None:
+    from evidence.stats import MIN_PAIRS, rounds_for_verdict, signed_rank_p
+
+    options = StatsOptions()
+    n = rounds_for_verdict(family_size)
+
+    def can_pass(rounds: int) -> bool:
+        # Every pair alike: the smallest p-value the signed-rank test can give with `rounds`.
+        p = signed_rank_p([1.1] * rounds)
+        adjusted = holm([p] * family_size)[0]
+        return decide(rounds, 1.05, 1.15, adjusted, options) == "faster"
+
+    assert n >= MIN_PAIRS and can_pass(n)
+    assert n == MIN_PAIRS or not can_pass(n - 1)
+
+
+def test_inert_flags_are_listed_per_context_and_variant() -> None:
+    from evidence.markdown import render_summary_md
+    from evidence.report import render_report_html
+
+    records = simulate_run(effects={"base": 1.0, "wide": 1.0}, contexts=(64, 4096), rounds=6)
+    # `wide` asked for 4096-token chunks: stock's single chunk at 64 tokens, not at 4096.
+    records = [
+        r.model_copy(update={"counters": {**r.counters, "inert": "prefill_step_size"}})
+        if r.variant == "wide" and r.context_tokens == 64
+        else r
+        for r in records
+    ]
+    summary = summarize(records, baseline="base", n_resamples=200)
+    inert = {(d["context_tokens"], d["variant"]): d["inert"] for d in summary["descriptive"]}
+    assert inert == {
+        (64, "base"): [],
+        (64, "wide"): ["prefill_step_size"],
+        (4096, "base"): [],
+        (4096, "wide"): [],
+    }
+    sentence = "64 tokens: wide (prefill_step_size): at this context the request implies"
+    markdown = render_summary_md(summary, [])
+    assert "Inert flags per context:" in markdown and f"- {sentence}" in markdown
+    assert "4096 tokens:" not in markdown
+    html = render_report_html(summary, records, [], None)
+    assert '<ul id="inert"><li>' + sentence in html
+
+
+def test_a_row_with_no_valid_pair_says_so_and_why() -> None:
+    from evidence.markdown import render_summary_md
+
+    records = simulate_run(effects={"base": 1.0, "noop": 1.0}, contexts=(64, 128), rounds=6)
+    # every `noop` cell at 128 was invalid; at 64 they are fine
+    records = [
+        r.model_copy(update={"status": "invalid", "reason": "silent no-op: prefill_step_size"})
+        if r.variant == "noop" and r.context_tokens == 128
+        else r
+        for r in records
+    ]
+    summary = summarize(records, baseline="base", n_resamples=200)
+    by_context = {c["context_tokens"]: c for c in summary["comparisons"]}
+    assert by_context[64]["verdict"] != "no valid pairs" and "why" not in by_context[64]
+    row = by_context[128]
+    assert row["verdict"] == "no valid pairs" and row["n"] == 0
+    assert row["why"] == "no valid cell of noop (6 x silent no-op: prefill_step_size)"
+    assert row["rounds_needed"] is None
+    assert summary["decode_comparisons"][1]["verdict"] == "no valid pairs"
+    markdown = render_summary_md(summary, [])
+    assert "no valid pairs: no valid cell of noop (6 x silent no-op: prefill_step_size)" in markdown
+    # no cell of the variant at 128 at all, and the baseline's all errors there
+    records = [
+        r.model_copy(update={"status": "error", "reason": "RuntimeError: boom"})
+        if r.variant == "base" and r.context_tokens == 128
+        else r
+        for r in records
+        if not (r.variant == "noop" and r.context_tokens == 128)
+    ]
+    summary = summarize(records, baseline="base", n_resamples=200)
+    assert summary["comparisons"][1]["why"] == (
+        "no valid cell of noop (none measured); no valid cell of base (6 x RuntimeError: boom)"
+    )

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.artifacts.store import ArtifactStore
+from api.artifacts.store import LocalArtifactStore
 from api.auth import service as auth_service
 from api.evidence.models import Evidence
 from api.jobs.models import Job
@@ -43,9 +43,12 @@ def publish_evidence(
     hosts: tuple[str, ...] = ("studio-1",),
     effects: dict[str, float] | None = None,
     host_effects: dict[str, dict[str, float]] | None = None,
+    machine_hostname: str | None = None,
 ) -> str:
     """Evidence of a simulated run per host, stored and published the way the API's
-    render_evidence does (bundle files and zip in the store, an Evidence row)."""
+    render_evidence does (bundle files and zip in the store, an Evidence row, the job's
+    summary). `hosts` are registered names; `machine_hostname` is what every machine reports
+    (default: its registered name)."""
     effects = effects or {"base": 1.0, "fast": 1.2}
     records = []
     provenances = []
@@ -54,13 +57,15 @@ def publish_evidence(
         records += simulate_run(
             effects=(host_effects or {}).get(host, effects),
             contexts=(64, 128),
-            rounds=6,
+            rounds=8,  # enough for a verdict over two contexts (evidence.stats)
             run_id=run_id,
             seed=index,
         )
-        provenances.append(provenance(run_id=run_id, hostname=host))
-    files, _summary = build_bundle(records=records, provenances=provenances, baseline="base")
-    store = ArtifactStore(settings.artifact_dir)
+        measured = provenance(run_id=run_id, hostname=machine_hostname or host)
+        measured.host.registered_name = host
+        provenances.append(measured)
+    files, summary = build_bundle(records=records, provenances=provenances, baseline="base")
+    store = LocalArtifactStore(settings.artifact_dir)
     stored: dict[str, Any] = {}
     for name in ("report.html", "summary.md", "summary.json", MANIFEST_FILE):
         blob = store.put_bytes(files[name])
@@ -77,6 +82,7 @@ def publish_evidence(
         )
     )
     job.evidence_id = evidence_id
+    job.summary = summary
     job.state = "done"
     auth_service.record_audit(
         db_session=db_session, actor="test", kind="evidence.published", subject_id=job.id

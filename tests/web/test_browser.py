@@ -25,6 +25,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
+from evidence.stats import rounds_for_verdict
 from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -128,7 +129,7 @@ def stack(
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
-    enrollment = admin("enroll", "--labels", "lab:test")
+    enrollments = {name: admin("enroll", "--labels", "lab:test") for name in ("local-1", "local-2")}
     api_key = admin("apikey", "browser-tester")
     # A repository on the host's allow-list: a small local git repository.
     repo = root / "stub-repo"
@@ -137,12 +138,15 @@ def stack(
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "stub")
-    (root / "worker.toml").write_text(
-        'name = "local-1"\nlabels = ["lab:home"]\nstate_dir = "agent-state"\n'
-        f'[repositories.stub]\nurl = "{repo}"\n'
-        "[repositories.stub.recipes.editable]\n"
-        'command = ["{python}", "-m", "pip", "install", "--no-deps", "-e", "."]\n'
-    )
+    # Two agents on this one machine: both report its hostname, so only their registered
+    # names (local-1, local-2) tell them apart.
+    for name in ("local-1", "local-2"):
+        (root / f"{name}.toml").write_text(
+            f'name = "{name}"\nlabels = ["lab:home"]\nstate_dir = "{name}-state"\n'
+            f'[repositories.stub]\nurl = "{repo}"\n'
+            "[repositories.stub.recipes.editable]\n"
+            'command = ["{python}", "-m", "pip", "install", "--no-deps", "-e", "."]\n'
+        )
     port = _free_port()
     stack = Stack(base_url=f"http://127.0.0.1:{port}", api_key=api_key, root=root)
     try:
@@ -157,31 +161,33 @@ def stack(
                     return False
 
             _wait_until(healthy, 60, "the server", stack)
-            stack.start(
-                "agent",
-                [
-                    *coldbench_cmd,
-                    "worker",
-                    "--api",
-                    stack.base_url,
-                    "--config",
-                    "worker.toml",
-                    "--enroll",
-                    enrollment,
-                    "--heartbeat-s",
-                    "1",
-                    "--lease-wait-s",
-                    "2",
-                    # Its own lock: agents of other test runs on this machine must not queue it.
-                    "--host-lock",
-                    str(root / "host.lock"),
-                ],
-                env,
-            )
+            for name in ("local-1", "local-2"):
+                stack.start(
+                    "agent" if name == "local-1" else name,
+                    [
+                        *coldbench_cmd,
+                        "worker",
+                        "--api",
+                        stack.base_url,
+                        "--config",
+                        f"{name}.toml",
+                        "--enroll",
+                        enrollments[name],
+                        "--heartbeat-s",
+                        "1",
+                        "--lease-wait-s",
+                        "2",
+                        # Its own lock: agents of other test runs on this machine must not
+                        # queue it.
+                        "--host-lock",
+                        str(root / f"{name}.lock"),
+                    ],
+                    env,
+                )
             hosts = lambda: http.get(  # noqa: E731
                 "/api/v1/hosts", headers={"Authorization": f"Bearer {api_key}"}
             ).json()
-            _wait_until(hosts, 90, "the agent to register", stack)
+            _wait_until(lambda: len(hosts()) == 2, 90, "both agents to register", stack)
         yield stack
     finally:
         stack.stop()
@@ -278,10 +284,18 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
 ) -> None:
     page = session.page
     _fill_job(page, cand_flags="prefill_step_size=32, clear_cache=false")
-    # A third variant whose flag can never take effect on these prompts: a silent no-op the
-    # job page must show as it appears.
-    page.fill("input[name=variant-2-name]", "noop")
+    # A third variant whose flag implies stock's single chunk on these prompts: inert, which
+    # the evidence page lists per context.
+    page.fill("input[name=variant-2-name]", "wide")
     page.fill("input[name=variant-2-flags]", "prefill_step_size=4096")
+    # Two rounds for 2 contexts x 2 candidates: the form warns, as it is typed, that they
+    # cannot reach a verdict; the number it asks for makes the warning go.
+    warning = page.locator("#rounds-warning")
+    expect(warning).to_be_visible()
+    expect(warning).to_contain_text(f"need at least {rounds_for_verdict(4)} rounds")
+    _shot(page, "form-rounds-warning")
+    page.fill("#rounds", str(rounds_for_verdict(4)))
+    expect(warning).to_be_hidden()
     _shot(page, "form-filled")
     page.click("button.primary")
     expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f]{16}$"))
@@ -309,14 +323,29 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     assert seen_done and seen_done == sorted(seen_done), seen_done
     assert len(set(seen_done)) >= 2, f"progress never moved: {seen_done}"
     expect(page.locator("#job-state")).to_have_text("done")
-    # The silent no-op cells are listed with their reason.
-    expect(page.locator("table.invalid")).to_contain_text("silent no-op: prefill_step_size")
+    # The answer, once evidence exists: one sentence per context, then the verdict table.
+    expect(page.locator("#answer ul.headline li")).to_have_count(2)
+    expect(page.locator("#answer ul.headline li").first).to_contain_text("at 64 tokens")
+    expect(page.locator("#answer table.verdicts tbody tr")).to_have_count(4)
+    # A finished run shows its final count, not its last heartbeat's progress.
+    expect(page.locator(".cells.final")).to_contain_text("cells recorded")
+    assert "(last report)" not in page.locator("table.runs").inner_text()
+    job_sentences = page.locator("#answer ul.headline li").all_inner_texts()
     _shot(page, "job-done")
 
     page.click("#evidence-link a >> nth=0")
     expect(page).to_have_url(re.compile(r"/e/[0-9a-f]{24}$"))
     evidence_id = page.url.rsplit("/", 1)[1]
     expect(page.locator("h1")).to_contain_text("cand")
+    # The page opens with the answer: the same sentences, above the fold, before the rules.
+    assert page.locator("#answer ul.headline li").all_inner_texts() == job_sentences
+    answer_box = page.locator("#answer").bounding_box()
+    assert answer_box and answer_box["y"] < LAPTOP["height"] / 2, answer_box
+    table_box = page.locator("#verdicts table").first.bounding_box()
+    assert table_box and table_box["y"] < LAPTOP["height"], table_box
+    how_box = page.locator("#how-to-read").bounding_box()
+    assert how_box and how_box["y"] > table_box["y"] + table_box["height"]
+    expect(page.locator("#inert")).to_contain_text("64 tokens: wide (prefill_step_size)")
     # plotly.js came from the app and drew every chart.
     expect(page.locator("#fig-tps .main-svg").first).to_be_visible(timeout=60_000)
     assert page.locator(".chart .main-svg").count() >= 4
@@ -387,4 +416,30 @@ def test_form_errors_beside_fields_and_an_unknown_ref_fails_the_run(
     expect(page.locator("#job-state")).to_have_text("failed", timeout=180_000)
     expect(page.locator("table.runs")).to_contain_text("ref 'no-such-branch' not found")
     _shot(page, "job-unknown-ref")
+    assert session.foreign_requests(stack.base_url) == []
+
+
+def test_two_hosts_sharing_a_hostname_are_shown_by_their_registered_names(
+    session: Session, stack: Stack
+) -> None:
+    """Both agents run on this machine, so both report its hostname."""
+    page = session.page
+    expect(page.locator("#rounds")).to_have_value(str(rounds_for_verdict(1)))
+    _fill_job(page, contexts="64", cand_flags="prefill_step_size=64")
+    page.fill("#rounds", str(rounds_for_verdict(1)))
+    page.fill("#hosts", "2")
+    expect(page.locator("#rounds-warning")).to_be_hidden()
+    page.click("button.primary")
+    expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f]{16}$"))
+    expect(page.locator("#evidence-link")).to_be_visible(timeout=300_000)
+    hosts = page.locator("table.runs td[data-label=host]").all_inner_texts()
+    assert sorted(hosts) == ["local-1", "local-2"], hosts
+    page.click("#evidence-link a >> nth=0")
+    expect(page).to_have_url(re.compile(r"/e/[0-9a-f]{24}$"))
+    header = page.locator("#reproductions thead th").all_inner_texts()
+    assert sorted(header[2:4]) == ["local-1", "local-2"], header
+    lines = page.locator("#hosts li").all_inner_texts()
+    named = sorted(line.split(" (")[0] for line in lines if line.startswith("Host: "))
+    assert named == ["Host: local-1", "Host: local-2"], lines
+    _shot(page, "evidence-two-hosts")
     assert session.foreign_requests(stack.base_url) == []

@@ -250,3 +250,35 @@ def test_a_repository_hosts_drive_two_ways_needs_the_adapter_chosen(
     )
     response = web.post("/", data={**fields, "adapter": "mlx-lm"}, follow_redirects=False)
     assert response.status_code == 303, _errors(response.text)
+
+
+def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
+    web: TestClient, db_session: Session
+) -> None:
+    import html as html_lib
+    import json
+
+    from evidence.stats import rounds_for_verdict
+
+    make_host(db_session, "studio-1")
+    page = web.get("/").text
+    # One context, one candidate by default: the fewest rounds that can reach a verdict.
+    default = re.search(r'id="rounds" name="rounds" inputmode="numeric" value="(\d+)"', page)
+    assert default and int(default.group(1)) == rounds_for_verdict(1)
+    assert rounds_for_verdict(1) >= 6  # below six pairs nothing can pass
+    table = re.search(r'data-rounds-needed="([^"]+)"', page).group(1)
+    needed = json.loads(html_lib.unescape(table))
+    assert needed["2"] == rounds_for_verdict(2) and needed["8"] == rounds_for_verdict(8)
+    assert '<script src="/static/form.js"></script>' in page
+    assert web.get("/static/form.js").status_code == 200
+    # Too few rounds for two contexts: accepted, and the job page says why it cannot conclude.
+    response = web.post("/", data=_fields(page, rounds="3"), follow_redirects=False)
+    assert response.status_code == 303
+    job_page = web.get(response.headers["location"]).text
+    warning = re.search(r'id="rounds-warning">([^<]*)<', job_page)
+    assert warning and f"need at least {rounds_for_verdict(2)} rounds" in warning.group(1)
+    assert "3 rounds cannot reach a verdict: 2 comparisons" in warning.group(1)
+    enough = web.post(
+        "/", data=_fields(page, rounds=str(rounds_for_verdict(2))), follow_redirects=False
+    )
+    assert 'id="rounds-warning"' not in web.get(enough.headers["location"]).text

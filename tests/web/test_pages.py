@@ -75,9 +75,10 @@ def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
         db_session=db_session,
         settings=settings,
         host=host,
-        fingerprint=fingerprint(hostname="studio-1", chip="Apple M3 Ultra", cores=32),
-        labels=["lab:home"],
-        wait_s=0,
+        report=run_service.HostReport(
+            fingerprint=fingerprint(hostname="studio-1", chip="Apple M3 Ultra", cores=32),
+            labels=["lab:home"],
+        ),
     )
     assert lease is not None
     run_service.heartbeat(
@@ -111,9 +112,7 @@ def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
         db_session=db_session,
         settings=settings,
         host=host,
-        fingerprint=fingerprint(hostname="studio-1"),
-        labels=[],
-        wait_s=0,
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1"), labels=[]),
     )
     invalid = {
         "variant": "cand",
@@ -212,6 +211,83 @@ def test_evidence_page_puts_reproduction_hosts_side_by_side(
     assert all(len(re.findall(r"\[\d\.\d+, \d\.\d+\]", row)) == 2 for row in rows)
 
 
+def test_hosts_whose_machines_share_a_hostname_are_shown_by_their_registered_names(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    evidence_id = publish_evidence(
+        db_session, settings, job, hosts=("rack-a", "rack-b"), machine_hostname="vm"
+    )
+    html = web.get(f"/e/{evidence_id}").text
+    section = re.search(r'<section id="reproductions">(.*?)</section>', html, re.S).group(1)
+    header = re.search(r"<thead>(.*?)</thead>", section, re.S).group(1)
+    assert "<th>rack-a</th><th>rack-b</th>" in header and "<th>vm</th>" not in header
+    hosts = re.search(r'<ul id="hosts">(.*?)</ul>', html, re.S).group(1)
+    assert "Host: rack-a (hostname vm, run r-1)" in hosts
+    assert "Host: rack-b (hostname vm, run r-2)" in hosts
+
+
+def test_job_page_leads_with_the_answer_once_evidence_exists(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    assert 'id="answer"' not in web.get(f"/jobs/{job.id}").text
+    evidence_id = publish_evidence(db_session, settings, job)
+    evidence = web.get(f"/e/{evidence_id}").text
+    sentences = re.findall(
+        r"<li>(.*?)</li>", re.search(r'<ul class="headline">(.*?)</ul>', evidence, re.S).group(1)
+    )
+    assert (
+        len(sentences) == 2 and "fast is " in sentences[0] and "faster at 64 tokens" in sentences[0]
+    )
+    for html in (
+        web.get(f"/jobs/{job.id}").text,
+        web.get(f"/jobs/{job.id}/progress.json").json()["html"],
+    ):
+        answer = re.search(r'<section id="answer" class="answer">(.*?)</section>', html, re.S)
+        assert answer, "the job page shows the answer"
+        # The same sentences as the evidence page, then the verdict table.
+        assert re.findall(r"<li>(.*?)</li>", answer.group(1)) == sentences
+        assert answer.group(1).count("<tr>") == 1 + 2  # header + 2 contexts x 1 candidate
+        assert ">faster</td>" in answer.group(1)
+
+
+def test_a_finished_run_shows_its_final_count_not_its_last_heartbeat(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    from api.runs.models import Run
+
+    host, _secret = make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    lease = run_service.claim_lease(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1"), labels=[]),
+    )
+    run_service.heartbeat(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        run_id=lease.run_id,
+        attempt=lease.attempt,
+        progress={"cells_done": 87, "cells_total": 96},
+    )
+    run = db_session.get(Run, lease.run_id)
+    run.state = "completed"
+    db_session.commit()
+    html = web.get(f"/jobs/{job.id}/progress.json").json()["html"]
+    assert "87 / 96" not in html and "finished; counting its cells" in html
+    # What ingest writes when it has counted the run's records.
+    run.state = "processed"
+    run.progress = {**run.progress, "cells_done": 96, "cells_total": 96, "final": True}
+    db_session.commit()
+    html = web.get(f"/jobs/{job.id}/progress.json").json()["html"]
+    assert "96 cells recorded" in html and "87" not in html
+
+
 def test_static_files_and_pages_never_point_elsewhere(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
@@ -237,9 +313,7 @@ def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
         db_session=db_session,
         settings=settings,
         host=host,
-        fingerprint=fingerprint(hostname="studio-1"),
-        labels=[],
-        wait_s=0,
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1"), labels=[]),
     )
     hostile = "<script>alert(1)</script>"
     run_service.heartbeat(

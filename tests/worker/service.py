@@ -154,7 +154,7 @@ class Service:
             engine.dispose()
 
     def artifact(self, run_id: str, name: str) -> bytes:
-        from api.artifacts.store import ArtifactStore
+        from api.artifacts.store import LocalArtifactStore
 
         rows = self.rows(
             "select sha256 from artifacts where run_id = :run and name = :name "
@@ -163,7 +163,7 @@ class Service:
             name=name,
         )
         assert rows, f"{name} of {run_id} not uploaded"
-        return ArtifactStore(self.tmp / "artifacts").path(rows[0][0]).read_bytes()
+        return LocalArtifactStore(self.tmp / "artifacts").path(rows[0][0]).read_bytes()
 
 
 @contextlib.contextmanager

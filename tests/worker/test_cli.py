@@ -12,6 +12,7 @@ from evidence.bundle import verify_bundle
 from evidence.records import read_records
 
 pytestmark = pytest.mark.slow
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(coldbench_cmd: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -80,6 +81,13 @@ def test_aa_never_claims_a_difference(
     targets = {t["variant"]: t for t in run["targets"]}
     engine_file = str((repo_root / "engine" / "__init__.py").resolve())
     assert targets["a"]["engine_module_file"] == engine_file
+    # each variant's own process says what it imported
+    for target in targets.values():
+        software = target["software"]
+        assert software["files"]["engine"] == engine_file
+        assert software["files"]["kernels"] == str(repo_root / "kernels" / "__init__.py")
+        assert software["mlx"] and software["mlx_lm"] and software["python"]
+    assert "software (its own process)" in (out / "summary.md").read_text()
     assert run["model"]["weights_sha256"] and run["job_spec_sha256"]
 
 
@@ -124,6 +132,12 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
         (["--model", "/nonexistent/model"], "not a checkpoint folder"),
         (["--model", "preset:nope"], "unknown model 'preset:nope'"),
         (["--mode", "ablation"], "ablation mode needs at least one feature"),
+        (["--adapter", "mlx-lm"], "--adapter mlx-lm drives a checkout: add --repo PATH"),
+        (["--adapter", "vllm", "--repo", "."], "--adapter 'vllm': choose one of embedded"),
+        (
+            ["--adapter", "embedded", "--repo", str(REPO_ROOT), "--variant", "a"],
+            "variant a names no ref of",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(

@@ -1,0 +1,717 @@
+"""Load on the central service: simulated agents against a real `coldbench server`.
+
+Starts, on loopback, a fresh PostgreSQL database, `coldbench server` (one process) and a
+`coldbench celery worker` on Redis, then:
+
+1. submit: `--submitters` concurrent submitters (25) post `--jobs` jobs (work for the agents);
+2. list: 50 concurrent `GET /api/v1/jobs`, four times;
+3. agents: `--workers` simulated agents (50) register, then for `--seconds` lease (long-poll),
+   heartbeat, upload records.jsonl and provenance.json and complete, while one submitter keeps
+   work queued;
+4. drain: waits until Celery has ingested every completed run, then counts what was lost or
+   duplicated from the database;
+5. render: the report of a job of `--render-cells` cells (10,000), analysed and rendered by the
+   same code Celery runs.
+
+It stops by itself (every phase is bounded) and prints the figures, then one JSON line.
+
+    PYTHONPATH=. python benchmarks/service_load.py --workers 50 --seconds 30
+
+Needs PostgreSQL (`--postgres`, a server URL; a database is created and dropped) and Redis
+(`--redis`; keys carry a fresh prefix and are deleted afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "bench-model"
+VARIANTS = ("base", "cand")
+CONTEXTS = (64, 128)
+ROUNDS = 2
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def ms(value: float) -> float:
+    return round(value * 1000, 1)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def job_spec(hosts: int = 1, rounds: int = ROUNDS, contexts: tuple[int, ...] = CONTEXTS) -> dict:
+    return {
+        "schema": "coldbench.job/1",
+        "mode": "ab",
+        "variants": [{"name": VARIANTS[0], "flags": {}}, {"name": VARIANTS[1], "flags": {}}],
+        "contexts": list(contexts),
+        "rounds": rounds,
+        "decode_tokens": 2,
+        "model": MODEL,
+        "hosts": hosts,
+    }
+
+
+def record(run_id: str, variant: str, round_: int, context: int, order: int, tps: float) -> dict:
+    now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC).isoformat()
+    warmup = round_ < 0
+    return {
+        "schema": "coldbench.record/1",
+        "run_id": run_id,
+        "variant": variant,
+        "round": round_,
+        "order": order,
+        "context_tokens": context,
+        "prompt_tokens": context,
+        "prompt_sha256": sha256_hex(f"{round_}-{context}".encode()),
+        "cached_tokens": 0,
+        "prefill_s": context / tps,
+        "prefill_tps": tps,
+        "decode_tokens": 2,
+        "decode_s": 0.02,
+        "decode_tps": 100.0,
+        "output_sha256": sha256_hex(b"out"),
+        "output_head": [1, 2],
+        "peak_memory_bytes": 1 << 20,
+        "counters": {"chunks": 1},
+        "started_at": now,
+        "ended_at": now,
+        "status": "warmup" if warmup else "ok",
+        "reason": "warm-up" if warmup else None,
+    }
+
+
+def records_jsonl(
+    run_id: str, *, rounds: int = ROUNDS, contexts: tuple[int, ...] = CONTEXTS
+) -> tuple[bytes, int]:
+    """(records.jsonl, number of measured cells): one warm-up per variant, then every cell."""
+    lines = [record(run_id, v, -1, 16, -1, 1000.0) for v in VARIANTS]
+    order = 0
+    for round_ in range(rounds):
+        for context in contexts:
+            for index, variant in enumerate(VARIANTS):
+                tps = 1000.0 * (1.05 if index else 1.0) + (order % 7)
+                lines.append(record(run_id, variant, round_, context, order, tps))
+                order += 1
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines), order
+
+
+def provenance_json(run_id: str) -> bytes:
+    return json.dumps(
+        {
+            "schema": "coldbench.provenance/1",
+            "run_id": run_id,
+            "created_at": "2026-12-01T09:00:00+00:00",
+            "host": {"hostname": "bench", "backend": "cpu"},
+            "software": {"python": sys.version.split()[0]},
+            "targets": [{"variant": v} for v in VARIANTS],
+            "model": {"name": MODEL},
+        },
+        sort_keys=True,
+    ).encode()
+
+
+def fingerprint(name: str) -> dict[str, Any]:
+    return {"hostname": name, "backend": "cpu", "os": "Linux 6.1", "cores": 2}
+
+
+# --- the service as processes --------------------------------------------------------------
+
+
+@dataclass
+class Service:
+    url: str
+    database_url: str
+    env: dict[str, str]
+    tmp: Path
+    admin_token: str
+    checkout: Path
+    processes: list[subprocess.Popen[Any]] = field(default_factory=list)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[Any]:
+        with open(self.tmp / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "coldbench", *args],
+                env=self.env,
+                cwd=self.checkout,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+
+
+@contextlib.contextmanager
+def running_service(
+    postgres: str, redis_url: str, tmp: Path, checkout: Path = REPO
+) -> Iterator[Service]:
+    """Server and Celery worker from `checkout` (its code on PYTHONPATH, started in it)."""
+    import redis
+
+    name = f"coldbench_load_{secrets.token_hex(4)}"
+    admin = sa.create_engine(postgres, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    database_url = sa.engine.make_url(postgres).set(database=name).render_as_string(False)
+    prefix = f"coldbench-load-{secrets.token_hex(4)}:"
+    admin_token = secrets.token_urlsafe(24)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLDBENCH_")}
+    env.update(
+        PYTHONPATH=str(checkout),
+        COLDBENCH_DATABASE_URL=database_url,
+        COLDBENCH_REDIS_URL=redis_url,
+        COLDBENCH_CELERY_KEY_PREFIX=prefix,
+        COLDBENCH_STATE_DIR=str(tmp / "state"),
+        COLDBENCH_ARTIFACT_DIR=str(tmp / "artifacts"),
+        COLDBENCH_ADMIN_TOKEN_SHA256=sha256_hex(admin_token.encode()),
+        COLDBENCH_MAX_HOSTS_PER_JOB="16",
+    )
+    service = Service(f"http://127.0.0.1:{port}", database_url, env, tmp, admin_token, checkout)
+    try:
+        # The checkout's own migrations (a baseline may be older than this one).
+        subprocess.run(
+            [sys.executable, "-m", "coldbench", "db", "upgrade"],
+            env=env,
+            cwd=checkout,
+            check=True,
+            capture_output=True,
+        )
+        service.start("server", "server", "--port", str(port), "--log-level", "warning")
+        service.start("celery", "celery", "worker", "--pool", "solo", "--loglevel", "WARNING")
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(service.url + "/healthz", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise SystemExit((tmp / "server.log").read_text()[-3000:])
+            time.sleep(0.3)
+        yield service
+    finally:
+        service.stop_all()
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+        broker = redis.Redis.from_url(redis_url)
+        keys = list(broker.scan_iter(match=f"{prefix}*"))
+        if keys:
+            broker.delete(*keys)
+        broker.close()
+
+
+# --- the load ------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    submit_s: list[float] = field(default_factory=list)
+    submit_under_load_s: list[float] = field(default_factory=list)
+    list_s: list[float] = field(default_factory=list)
+    lease_s: list[float] = field(default_factory=list)  # lease requests that returned a run
+    empty_leases: int = 0
+    uploads: int = 0
+    completes: int = 0
+    heartbeats: int = 0
+    errors: list[str] = field(default_factory=list)
+    # (run_id, attempt) -> agents that received it; measured cells per completed run
+    leased_to: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    measured: dict[str, int] = field(default_factory=dict)
+    submitted_jobs: list[str] = field(default_factory=list)
+
+
+async def submit(client: httpx.AsyncClient, key: str, spec: dict, into: list[float]) -> str:
+    started = time.perf_counter()
+    response = await client.post(
+        "/api/v1/jobs", json=spec, headers={"Authorization": f"Bearer {key}"}
+    )
+    into.append(time.perf_counter() - started)
+    if response.status_code != 201:
+        raise RuntimeError(f"submit: {response.status_code} {response.text[:300]}")
+    return str(response.json()["id"])
+
+
+async def agent(
+    client: httpx.AsyncClient, name: str, secret: str, figures: Figures, stop_at: float
+) -> None:
+    auth = {"Authorization": f"Bearer {secret}"}
+    body = {"fingerprint": fingerprint(name), "labels": [], "wait_s": 5}
+    while time.monotonic() < stop_at:
+        started = time.perf_counter()
+        try:
+            response = await client.post("/api/v1/leases", json=body, headers=auth, timeout=30)
+        except httpx.HTTPError as error:
+            figures.errors.append(f"lease: {error!r}")
+            await asyncio.sleep(0.5)
+            continue
+        if response.status_code == 204:
+            figures.empty_leases += 1
+            continue
+        if response.status_code != 200:
+            figures.errors.append(f"lease: {response.status_code} {response.text[:200]}")
+            await asyncio.sleep(0.5)
+            continue
+        figures.lease_s.append(time.perf_counter() - started)
+        lease = response.json()
+        run_id, attempt = lease["run_id"], lease["attempt"]
+        figures.leased_to.setdefault((run_id, attempt), []).append(name)
+        beat = await client.post(
+            "/api/v1/workers/heartbeat",
+            json={"run_id": run_id, "attempt": attempt, "progress": None},
+            headers=auth,
+        )
+        figures.heartbeats += 1
+        if beat.status_code != 200:
+            figures.errors.append(f"heartbeat: {beat.status_code} {beat.text[:200]}")
+        records, cells = records_jsonl(run_id)
+        files = {"records.jsonl": records, "provenance.json": provenance_json(run_id)}
+        for file_name, content in files.items():
+            put = await client.put(
+                f"/api/v1/runs/{run_id}/artifacts/{file_name}",
+                params={"attempt": attempt},
+                content=content,
+                headers={**auth, "X-Content-SHA256": sha256_hex(content)},
+            )
+            if put.status_code not in (200, 201):
+                figures.errors.append(f"upload: {put.status_code} {put.text[:200]}")
+            figures.uploads += 1
+        manifest = {
+            "format": "coldbench.evidence/1",
+            "files": {n: {"sha256": sha256_hex(b), "bytes": len(b)} for n, b in files.items()},
+            "provenance": {},
+        }
+        done = await client.post(
+            f"/api/v1/runs/{run_id}/complete",
+            json={"attempt": attempt, "status": "succeeded", "reason": None, "manifest": manifest},
+            headers=auth,
+        )
+        if done.status_code == 200:
+            figures.completes += 1
+            figures.measured[run_id] = cells
+        else:
+            figures.errors.append(f"complete: {done.status_code} {done.text[:200]}")
+
+
+async def load(service: Service, args: argparse.Namespace, figures: Figures) -> dict[str, float]:
+    limits = httpx.Limits(max_connections=args.workers + args.submitters + 60)
+    async with httpx.AsyncClient(base_url=service.url, timeout=60, limits=limits) as client:
+        admin = {"Authorization": f"Bearer {service.admin_token}"}
+        key = (
+            await client.post("/api/v1/admin/apikeys", json={"name": "load"}, headers=admin)
+        ).json()["key"]
+        tokens = [
+            (await client.post("/api/v1/admin/enrollments", json={}, headers=admin)).json()["token"]
+            for _ in range(args.workers)
+        ]
+
+        async def register(index: int) -> tuple[str, str]:
+            name = f"load-{index:03d}"
+            response = await client.post(
+                "/api/v1/workers/register",
+                json={"name": name, "fingerprint": fingerprint(name), "models": [MODEL]},
+                headers={"Authorization": f"Bearer {tokens[index]}"},
+            )
+            response.raise_for_status()
+            return name, str(response.json()["secret"])
+
+        agents = await asyncio.gather(*(register(i) for i in range(args.workers)))
+
+        # 1. submissions at `submitters` in flight
+        remaining = list(range(args.jobs))
+
+        async def submitter() -> None:
+            while remaining:
+                remaining.pop()
+                figures.submitted_jobs.append(
+                    await submit(client, key, job_spec(), figures.submit_s)
+                )
+
+        started = time.perf_counter()
+        await asyncio.gather(*(submitter() for _ in range(args.submitters)))
+        submit_wall = time.perf_counter() - started
+
+        # 2. 50 concurrent job lists, four times
+        async def list_jobs() -> None:
+            t0 = time.perf_counter()
+            response = await client.get(
+                "/api/v1/jobs", params={"limit": 100}, headers={"Authorization": f"Bearer {key}"}
+            )
+            figures.list_s.append(time.perf_counter() - t0)
+            if response.status_code != 200:
+                figures.errors.append(f"list: {response.status_code}")
+
+        for _ in range(4):
+            await asyncio.gather(*(list_jobs() for _ in range(50)))
+
+        # 3. agents for `seconds`, one submitter keeping work queued
+        stop_at = time.monotonic() + args.seconds
+
+        async def top_up() -> None:
+            while time.monotonic() < stop_at:
+                outstanding = len(figures.submitted_jobs) - len(figures.leased_to)
+                if outstanding < 2 * args.workers:
+                    figures.submitted_jobs.append(
+                        await submit(client, key, job_spec(), figures.submit_under_load_s)
+                    )
+                else:
+                    await asyncio.sleep(0.05)
+
+        started = time.perf_counter()
+        await asyncio.gather(
+            top_up(), *(agent(client, name, secret, figures, stop_at) for name, secret in agents)
+        )
+        agents_wall = time.perf_counter() - started
+    return {"submit_wall_s": submit_wall, "agents_wall_s": agents_wall}
+
+
+def drain(service: Service, figures: Figures, timeout_s: float) -> dict[str, Any]:
+    """Wait for ingest of every completed run; count lost and duplicated from the database."""
+    engine = sa.create_engine(service.database_url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        with engine.connect() as connection:
+            while True:
+                pending = connection.execute(
+                    sa.text("select count(*) from runs where state = 'completed'")
+                ).scalar_one()
+                connection.commit()
+                if pending == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            runs = {
+                row.id: row
+                for row in connection.execute(
+                    sa.text("select id, state, attempt, completed_at, processed_at from runs")
+                )
+            }
+            cells = dict(
+                connection.execute(
+                    sa.text(
+                        "select run_id, count(*) from cells where status != 'warmup' "
+                        "group by run_id"
+                    )
+                ).all()
+            )
+            distinct_cells = dict(
+                connection.execute(
+                    sa.text(
+                        "select run_id, count(distinct (variant, round, context_tokens)) "
+                        "from cells where status != 'warmup' group by run_id"
+                    )
+                ).all()
+            )
+            attempts = dict(
+                connection.execute(
+                    sa.text("select run_id, count(*) from run_attempts group by run_id")
+                ).all()
+            )
+            window = connection.execute(
+                sa.text(
+                    "select min(completed_at), max(processed_at) from runs "
+                    "where state = 'processed'"
+                )
+            ).one()
+    finally:
+        engine.dispose()
+    # Lost: a run an agent completed that was not ingested, or a measured cell missing; a run
+    # left leased with nobody working on it.
+    lost_runs = sum(1 for run_id in figures.measured if runs[run_id].state != "processed")
+    lost_cells = sum(max(0, n - cells.get(run_id, 0)) for run_id, n in figures.measured.items())
+    stranded = sum(1 for run in runs.values() if run.state == "leased")
+    # Duplicated: one (run, attempt) leased to two agents, a run leased twice without an
+    # expiry, or a measured cell stored twice.
+    dup_leases = sum(1 for holders in figures.leased_to.values() if len(holders) > 1)
+    dup_attempts = sum(1 for run_id in figures.measured if attempts.get(run_id, 0) > 1)
+    dup_cells = sum(cells[r] - distinct_cells[r] for r in cells)
+    ingested = sum(cells.values())
+    ingest_s = (window[1] - window[0]).total_seconds() if window[0] and window[1] else float("nan")
+    return {
+        "lost_runs": lost_runs + stranded,
+        "lost_records": lost_cells,
+        "dup_leases": dup_leases + dup_attempts,
+        "dup_records": dup_cells,
+        "ingested_records": ingested,
+        "ingest_records_per_s": ingested / ingest_s if ingest_s and ingest_s > 0 else 0.0,
+        "not_ingested_in_time": sum(1 for r in runs.values() if r.state == "completed"),
+    }
+
+
+def render_report(service: Service, cells: int) -> dict[str, float]:
+    """A job of `cells` measured cells (5 hosts x 2 variants x 10 contexts x rounds), analysed
+    and rendered by the code the Celery tasks run; seconds of each step."""
+    from sqlalchemy.dialects import postgresql
+
+    from api.artifacts.models import Artifact
+    from api.artifacts.store import LocalArtifactStore
+    from api.database import make_engine, make_sessionmaker
+    from api.evidence import service as evidence_service
+    from api.jobs.models import Job
+    from api.runs import ingest
+    from api.runs.models import Cell, Run
+
+    hosts, contexts = 5, tuple(64 * (i + 1) for i in range(10))
+    rounds = max(1, cells // (hosts * len(VARIANTS) * len(contexts)))
+    store = LocalArtifactStore(service.tmp / "artifacts")
+    engine = make_engine(service.database_url)
+    sessionmaker = make_sessionmaker(engine)
+    spec = job_spec(hosts=hosts, rounds=rounds, contexts=contexts)
+    job_id = secrets.token_hex(8)
+    with sessionmaker() as db_session:
+        db_session.add(Job(id=job_id, spec=spec, spec_sha256="0" * 64, state="analyzing"))
+        db_session.flush()
+        for slot in range(hosts):
+            run_id = secrets.token_hex(8)
+            db_session.add(Run(id=run_id, job_id=job_id, slot=slot, attempt=1, state="processed"))
+            db_session.flush()
+            provenance = store.put_bytes(provenance_json(run_id))
+            db_session.add(
+                Artifact(
+                    run_id=run_id,
+                    attempt=1,
+                    name="provenance.json",
+                    sha256=provenance.sha256,
+                    bytes=provenance.bytes,
+                    storage_path=provenance.storage_path,
+                )
+            )
+            raw, _ = records_jsonl(run_id, rounds=rounds, contexts=contexts)
+            run = db_session.get(Run, run_id)
+            rows, problems = ingest.parse_cells(raw, run)
+            assert not problems, problems[:3]
+            for start in range(0, len(rows), 2000):
+                db_session.execute(postgresql.insert(Cell).values(rows[start : start + 2000]))
+        db_session.commit()
+        measured = db_session.scalar(
+            sa.select(sa.func.count()).where(Cell.job_id == job_id, Cell.status != "warmup")
+        )
+    # A Celery worker has these imported after its first task: not part of a render.
+    import evidence.bundle
+    import evidence.report
+    import evidence.stats  # noqa: F401
+
+    with sessionmaker() as db_session:
+        started = time.perf_counter()
+        ready = evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
+        analyze_s = time.perf_counter() - started
+        assert ready, db_session.get(Job, job_id).reason
+        started = time.perf_counter()
+        evidence_id = evidence_service.render_evidence(
+            db_session=db_session, store=store, job_id=job_id
+        )
+        zip_s = time.perf_counter() - started
+    started = time.perf_counter()
+    page = httpx.get(f"{service.url}/e/{evidence_id}", timeout=60)
+    serve_s = time.perf_counter() - started
+    assert page.status_code == 200, page.status_code
+    engine.dispose()
+    return {
+        "render_cells": measured,
+        "render_analyze_s": analyze_s,
+        "render_zip_s": zip_s,
+        "render_serve_s": serve_s,
+        "render_report_bytes": len(page.content),
+    }
+
+
+def cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[str, Any]:
+    """One full load against the server and Celery worker of `checkout`; the figures."""
+    figures = Figures()
+    with (
+        tempfile.TemporaryDirectory(prefix="coldbench-load-") as tmp,
+        running_service(args.postgres, args.redis, Path(tmp), checkout) as service,
+    ):
+        server_pid = service.processes[0].pid
+        cpu_before = cpu_s(server_pid)
+        walls = asyncio.run(load(service, args, figures))
+        server_cpu = cpu_s(server_pid) - cpu_before
+        counted = drain(service, figures, args.drain_s)
+        rendered = render_report(service, args.render_cells) if render else {}
+    leases = len(figures.lease_s)
+    requests = (
+        len(figures.submit_s)
+        + len(figures.submit_under_load_s)
+        + len(figures.list_s)
+        + leases
+        + figures.empty_leases
+        + figures.heartbeats
+        + figures.uploads
+        + figures.completes
+    )
+    return {
+        "workers": args.workers,
+        "seconds": args.seconds,
+        "leases": leases,
+        "leases_per_s": round(leases / walls["agents_wall_s"], 1),
+        "lease_p50_ms": ms(statistics.median(figures.lease_s)) if leases else None,
+        "lease_p99_ms": ms(percentile(figures.lease_s, 99)),
+        "empty_leases": figures.empty_leases,
+        "submit_in_flight": args.submitters,
+        "submits": len(figures.submit_s),
+        "submit_p50_ms": ms(statistics.median(figures.submit_s)),
+        "submit_p99_ms": ms(percentile(figures.submit_s, 99)),
+        "submit_under_load_p99_ms": ms(percentile(figures.submit_under_load_s, 99)),
+        "list_p50_ms": ms(statistics.median(figures.list_s)),
+        "list_p99_ms": ms(percentile(figures.list_s, 99)),
+        "uploads_per_s": round(figures.uploads / walls["agents_wall_s"], 1),
+        "completes": figures.completes,
+        "ingest_records_per_s": round(counted["ingest_records_per_s"], 1),
+        "ingested_records": counted["ingested_records"],
+        "lost_runs": counted["lost_runs"],
+        "lost_records": counted["lost_records"],
+        "dup_leases": counted["dup_leases"],
+        "dup_records": counted["dup_records"],
+        "not_ingested_in_time": counted["not_ingested_in_time"],
+        "errors": len(figures.errors),
+        "first_errors": figures.errors[:5],
+        # Server CPU per request: what the service costs, whatever else loads the machine.
+        "server_cpu_ms_per_request": round(1000 * server_cpu / max(1, requests), 2),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        **{k: round(v, 3) if isinstance(v, float) else v for k, v in rendered.items()},
+    }
+
+
+def report(label: str, result: dict[str, Any]) -> None:
+    print(
+        f"{label}: agents {result['workers']}, {result['seconds']:g} s: {result['leases']} "
+        f"leases ({result['leases_per_s']}/s), load average {result['load_average_1m']}"
+    )
+    print(f"  lease p50 {result['lease_p50_ms']} ms, p99 {result['lease_p99_ms']} ms")
+    print(
+        f"  submit at {result['submit_in_flight']} in flight: p50 {result['submit_p50_ms']} ms, "
+        f"p99 {result['submit_p99_ms']} ms; during the agent phase p99 "
+        f"{result['submit_under_load_p99_ms']} ms"
+    )
+    print(f"  GET /jobs x50: p50 {result['list_p50_ms']} ms, p99 {result['list_p99_ms']} ms")
+    print(
+        f"  uploads {result['uploads_per_s']}/s, ingest {result['ingest_records_per_s']} records/s"
+        f", server CPU {result['server_cpu_ms_per_request']} ms per request"
+    )
+    print(
+        f"  lost runs {result['lost_runs']}, lost records {result['lost_records']}, "
+        f"duplicated leases {result['dup_leases']}, duplicated records {result['dup_records']}"
+        f", errors {result['errors']}"
+    )
+    if "render_cells" in result:
+        print(
+            f"  report of {result['render_cells']} cells: analyse+render "
+            f"{result['render_analyze_s']:.2f} s, zip {result['render_zip_s']:.2f} s, "
+            f"page rendered and served in {result['render_serve_s']:.2f} s"
+        )
+    for error in result["first_errors"]:
+        print(f"  error: {error}")
+
+
+RATIO_KEYS = (
+    "lease_p50_ms",
+    "lease_p99_ms",
+    "submit_p99_ms",
+    "submit_under_load_p99_ms",
+    "list_p99_ms",
+    "leases_per_s",
+    "server_cpu_ms_per_request",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=50, help="simulated agents")
+    parser.add_argument("--seconds", type=float, default=30, help="length of the agent phase")
+    parser.add_argument("--submitters", type=int, default=25, help="submissions in flight")
+    parser.add_argument("--jobs", type=int, default=200, help="jobs of the submit phase")
+    parser.add_argument("--render-cells", type=int, default=10_000, help="0 skips the report")
+    parser.add_argument("--drain-s", type=float, default=180, help="longest wait for ingest")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. a git worktree of an older commit): the same load against "
+        "its server first, then ratios this/baseline",
+    )
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get(
+            "COLDBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
+    parser.add_argument(
+        "--redis", default=os.environ.get("COLDBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    baseline = measure(args.baseline.resolve(), args, render=False) if args.baseline else None
+    if baseline is not None:
+        report(f"baseline {args.baseline}", baseline)
+    result = measure(REPO, args, render=args.render_cells > 0)
+    report("this checkout", result)
+    if baseline is not None:
+        ratios = {
+            f"ratio_{key}": round(result[key] / baseline[key], 3)
+            for key in RATIO_KEYS
+            if result.get(key) and baseline.get(key)
+        }
+        print("  this/baseline: " + ", ".join(f"{k[6:]} {v}" for k, v in ratios.items()))
+        result.update({f"baseline_{key}": baseline[key] for key in RATIO_KEYS})
+        result.update(ratios)
+    result.pop("first_errors")
+    print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Artifact stores: the local folder and an S3-compatible bucket (moto's S3 server as a
+process) keep the same content addressing, digest checks and refusals."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from api.artifacts.store import ArtifactStore, LocalArtifactStore, S3ArtifactStore, open_store
+from api.errors import Invalid, StoreFull, TooLarge
+from api.settings import Settings
+from evidence.canonical import sha256_hex
+from tests.api.conftest import S3Server
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[ArtifactStore, Settings]]:
+    if request.param == "local":
+        settings = Settings(artifact_dir=tmp_path / "artifacts", state_dir=tmp_path / "state")
+    else:
+        s3: S3Server = request.getfixturevalue("s3_server")
+        settings = Settings(
+            artifact_url=f"s3://{s3.new_bucket()}/runs/a",
+            state_dir=tmp_path / "state",
+            s3_endpoint_url=s3.endpoint_url,
+            s3_region="us-east-1",
+            s3_access_key_id="test",
+            s3_secret_access_key="test",
+        )
+    yield open_store(settings), settings
+
+
+async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def _leftovers(store: ArtifactStore) -> list[Path]:
+    return list(store.spool_dir.glob("*")) if store.spool_dir.exists() else []
+
+
+def test_blobs_are_content_addressed_and_verified(store: tuple[ArtifactStore, Settings]) -> None:
+    blobs, _ = store
+    data = b'{"cell": 1}\n' * 1000
+    digest = sha256_hex(data)
+    stored = asyncio.run(
+        blobs.put_stream(_chunks(data[:100], data[100:]), expected_sha256=digest, max_bytes=1 << 20)
+    )
+    assert (stored.sha256, stored.bytes) == (digest, len(data))
+    assert stored.storage_path == f"{digest[:2]}/{digest[2:4]}/{digest}"
+    assert blobs.exists(digest) and blobs.read_bytes(digest) == data
+    assert blobs.verify(digest, len(data)) is None
+    assert blobs.put_bytes(data) == stored  # the same bytes again: the same blob
+    assert blobs.verify(sha256_hex(b"other"), 5) == "missing from the store"
+    assert _leftovers(blobs) == []
+
+
+def test_mismatch_and_oversize_store_nothing(store: tuple[ArtifactStore, Settings]) -> None:
+    blobs, _ = store
+    data = b"measured bytes"
+    wrong = sha256_hex(b"something else")
+    with pytest.raises(Invalid, match="does not match"):
+        asyncio.run(blobs.put_stream(_chunks(data), expected_sha256=wrong, max_bytes=100))
+    with pytest.raises(TooLarge):
+        asyncio.run(
+            blobs.put_stream(_chunks(data, data), expected_sha256=sha256_hex(data), max_bytes=20)
+        )
+    assert not blobs.exists(wrong) and not blobs.exists(sha256_hex(data))
+    assert _leftovers(blobs) == []
+
+
+def test_altered_blob_is_reported(store: tuple[ArtifactStore, Settings], tmp_path: Path) -> None:
+    blobs, _ = store
+    data = b"provenance"
+    digest = blobs.put_bytes(data).sha256
+    if isinstance(blobs, LocalArtifactStore):
+        blobs.path(digest).write_bytes(b"tampered!!")
+    else:
+        assert isinstance(blobs, S3ArtifactStore)
+        blobs.client.put_object(Bucket=blobs.bucket, Key=blobs.key(digest), Body=b"tampered!!")
+    problem = blobs.verify(digest, len(data))
+    assert problem is not None and problem.startswith("altered in the store")
+
+
+def test_s3_objects_live_under_the_prefix(s3_server: S3Server, tmp_path: Path) -> None:
+    bucket = s3_server.new_bucket()
+    settings = Settings(
+        artifact_url=f"s3://{bucket}/coldbench/",
+        state_dir=tmp_path,
+        s3_endpoint_url=s3_server.endpoint_url,
+        s3_access_key_id="test",
+        s3_secret_access_key="test",
+        s3_region="us-east-1",
+    )
+    digest = open_store(settings).put_bytes(b"x").sha256
+    keys = [
+        item["Key"]
+        for item in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])
+    ]
+    assert keys == [f"coldbench/{digest[:2]}/{digest[2:4]}/{digest}"]
+
+
+def test_bad_artifact_urls_are_refused() -> None:
+    with pytest.raises(ValueError, match="artifact_url"):
+        Settings(artifact_url="http://bucket/prefix")
+    with pytest.raises(ValueError, match="artifact_url"):
+        Settings(artifact_url="s3://UPPER/x")
+
+
+def test_a_full_local_store_refuses_with_a_clear_error_and_keeps_nothing(tmp_path: Path) -> None:
+    # A floor of free space no disk has: the store counts as full.
+    blobs = LocalArtifactStore(tmp_path / "artifacts", min_free_bytes=1 << 60)
+    data = b"records"
+    with pytest.raises(StoreFull, match="artifact store is full") as refused:
+        asyncio.run(blobs.put_stream(_chunks(data), expected_sha256=sha256_hex(data), max_bytes=99))
+    assert refused.value.status_code == 507 and "nothing stored" in refused.value.message
+    assert not blobs.exists(sha256_hex(data)) and _leftovers(blobs) == []

@@ -1,0 +1,136 @@
+"""Branches of coldbench's own engine (issue 11): a repository declared `adapter = "embedded"`.
+
+`coldbench_repo` (tests/conftest.py) is a small git copy of this repository's engine/, kernels/
+and evidence/ whose `step-64` commit changes one engine flag's default. Each variant's ref is
+checked out in its own worktree and installed into its own venv, and its process must run that
+worktree's engine/ and kernels/, not the orchestrator's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evidence.bundle import verify_bundle
+from evidence.records import read_records
+from worker.config import ConfigError, local_repository, parse_host_config
+
+pytestmark = pytest.mark.slow
+
+
+def _commit(repo: Path, ref: str) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", ref], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_two_commits_run_as_variants_each_attributed_to_its_commit_and_files(
+    coldbench_cmd: list[str],
+    coldbench_repo: tuple[Path, tuple[str, str]],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    repo, (main, step64) = coldbench_repo
+    out = tmp_path / "embedded"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--repo", str(repo), "--adapter", "embedded"),
+            *("--variant", f"main:ref={main}", "--variant", f"step:ref={step64}"),
+            *("--contexts", "128", "--rounds", "2", "--decode-tokens", "2"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert verify_bundle(out).is_intact
+    provenance = json.loads((out / "provenance.json").read_text())
+    run = provenance.get("runs", [provenance])[0]
+    assert "--adapter embedded" in run["command"]
+    targets = {t["variant"]: t for t in run["targets"]}
+    commits = {"main": _commit(repo, main), "step": _commit(repo, step64)}
+    checkouts = set()
+    for name, target in targets.items():
+        assert target["adapter"] == "embedded"
+        assert target["commit"] == commits[name]
+        checkout = Path(target["checkout"]).resolve()
+        checkouts.add(checkout)
+        assert not checkout.is_relative_to(Path(__file__).resolve().parents[2])
+        # the variant's own process imported the worktree's engine/ and kernels/
+        assert target["engine_module_file"] == str(checkout / "engine" / "__init__.py")
+        files = target["software"]["files"]
+        assert files["engine"] == str(checkout / "engine" / "__init__.py")
+        assert files["kernels"] == str(checkout / "kernels" / "__init__.py")
+        assert target["ready"]["checkout"] == str(checkout)
+        assert target["build_module_file"] == target["engine_module_file"]
+    assert len(checkouts) == 2
+    # the flag difference is in the counters: stock 2048 takes 128 tokens in one chunk, the
+    # branch's default of 64 in two
+    records = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
+    assert len(records) == 4 and all(r.status == "ok" for r in records), records
+    widths = {r.variant: r.counters["chunk_widths"] for r in records}
+    assert widths == {"main": "128", "step": "64x2"}
+    summary_md = (out / "summary.md").read_text()
+    assert commits["step"][:12] in summary_md and "step-64" in summary_md
+
+
+def test_a_variant_whose_engine_is_not_the_checkouts_refuses_to_run(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A checkout that holds an engine/ that is never imported: this checkout's comes first.
+    checkout = tmp_path / "other"
+    (checkout / "engine").mkdir(parents=True)
+    (checkout / "engine" / "__init__.py").write_text("")
+    plan = {
+        "run_id": "r",
+        "variant": "v",
+        "adapter": "embedded",
+        "model": str(tiny_model_dir),
+        "records_path": str(tmp_path / "v.jsonl"),
+        "checkout": str(checkout),
+        "cells": [{"round": 0, "order": 0, "context_tokens": 64}],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.runner", "--plan", str(tmp_path / "plan.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ,
+        check=False,
+    )
+    assert done.returncode == 2
+    event = json.loads(done.stdout.splitlines()[-1])
+    assert event["event"] == "error"
+    assert event["reason"].startswith("refusing to run: engine was imported from")
+    assert f"not from inside the checkout {checkout.resolve()}" in event["reason"]
+
+
+def test_embedded_repositories_in_worker_toml(tmp_path: Path) -> None:
+    raw = {
+        "name": "h200",
+        "repositories": {
+            "coldbench": {
+                "url": str(tmp_path),
+                "adapter": "embedded",
+                "recipes": {"editable": {"command": ["{python}", "-m", "pip", "install", "."]}},
+            }
+        },
+    }
+    repository = parse_host_config(raw, base=tmp_path).repositories["coldbench"]
+    assert (repository.adapter, repository.module) == ("embedded", "engine")
+    (tmp_path / ".git").mkdir()
+    assert local_repository(tmp_path, adapter="embedded").module == "engine"
+    assert local_repository(tmp_path).module == "mlx_lm"
+    with pytest.raises(ConfigError, match="--adapter 'vllm': choose one of embedded"):
+        local_repository(tmp_path, adapter="vllm")

@@ -1,0 +1,50 @@
+// Job form: warn, as the user types, when the rounds asked for cannot reach a verdict for the
+// matrix chosen. The rule lives on the server (evidence/stats.py rounds_for_verdict); it sends
+// the rounds needed per number of comparisons in data-rounds-needed. This script only counts
+// the comparisons: contexts x candidates (ablation: contexts x (features + 1)).
+(function () {
+  "use strict";
+  var rounds = document.getElementById("rounds");
+  var warning = document.getElementById("rounds-warning");
+  var form = rounds && rounds.form;
+  if (!rounds || !warning || !form) { return; }
+  var needed = JSON.parse(rounds.dataset.roundsNeeded || "{}");
+
+  function items(text) {
+    return text.split(/[,\s]+/).filter(function (part) { return part.length > 0; });
+  }
+  function comparisons() {
+    var contexts = form.querySelectorAll("input[name=contexts]:checked").length +
+      items(form.elements.custom_contexts.value).length;
+    var mode = form.querySelector("input[name=mode]:checked");
+    var candidates = 0;
+    if (mode && mode.value === "ablation") {
+      candidates = items(form.elements.features.value).length + 1;
+    } else {
+      for (var i = 1; form.elements["variant-" + i + "-name"]; i += 1) {
+        if (["name", "ref", "flags"].some(function (part) {
+          return form.elements["variant-" + i + "-" + part].value.trim() !== "";
+        })) { candidates += 1; }
+      }
+    }
+    return Math.max(contexts, 1) * Math.max(candidates, 1);
+  }
+  function update() {
+    var family = comparisons();
+    var need = needed[String(family)];
+    var asked = parseInt(rounds.value, 10);
+    if (!need || isNaN(asked) || asked >= need) {
+      warning.hidden = true;
+      warning.textContent = "";
+      return;
+    }
+    warning.textContent = asked + " round" + (asked === 1 ? "" : "s") +
+      " cannot reach a verdict: " + family + " comparison" + (family === 1 ? "" : "s") +
+      " corrected together (Holm) need at least " + need +
+      " rounds, more when the spread is wide. The job is still accepted.";
+    warning.hidden = false;
+  }
+  form.addEventListener("input", update);
+  form.addEventListener("change", update);
+  update();
+})();
