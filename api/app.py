@@ -34,11 +34,11 @@ from api.jobs.router import router as jobs_router
 from api.pages.router import router as pages_router
 from api.pages.templates import web_dir
 from api.runs import service as run_service
-from api.runs.models import RUN_STATES, Run
+from api.runs.models import Run
 from api.runs.router import router as runs_router
 from api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from api.settings import Settings, get_settings
-from evidence.protocol import API_PREFIX, ErrorBody
+from evidence.protocol import API_PREFIX, ErrorBody, RunState
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _install_metrics(app: FastAPI) -> None:
         counts = dict(
             db_session.execute(sa.select(Run.state, sa.func.count()).group_by(Run.state)).all()
         )
-        for state in RUN_STATES:
+        for state in RunState:
             runs_by_state.labels(state).set(counts.get(state, 0))
         artifact_bytes.set(total_artifact_bytes(db_session=db_session))
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer()
+from evidence.protocol import JobState
 
-_TERMINAL_STATES = {"done", "failed", "cancelled"}
+app = typer.Typer()
 
 
 @app.command()
@@ -119,7 +119,7 @@ def submit(
             client, job_id, timeout_s=timeout_s, echo=lambda line: typer.echo(line, err=True)
         )
     evidence_id = job.get("evidence_id")
-    if job.get("state") != "done" or not evidence_id:
+    if job.get("state") != JobState.DONE or not evidence_id:
         typer.echo(f"job {job_id} ended {job.get('state')} without evidence", err=True)
         raise typer.Exit(1)
     typer.echo(f"evidence: {api.rstrip('/')}/e/{evidence_id}")
@@ -137,7 +137,7 @@ def wait_for_job(
         if line != last_line:
             echo(line)
             last_line = line
-        if job.get("state") in _TERMINAL_STATES:
+        if JobState(job["state"]).is_final:
             return job
         if time.monotonic() > deadline:
             echo(f"gave up waiting after {timeout_s:.0f} s")

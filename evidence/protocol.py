@@ -15,6 +15,8 @@ The messages, in the order a host sends them (all under `API_PREFIX`, bearer-aut
 - `POST /runs/{run_id}/complete` `CompleteRequest` -> `CompleteResponse`
 
 Errors come back as `ErrorBody`: one line, and the request field it is about where there is one.
+Jobs and runs report their state as `JobState` and `RunState` (the API stores nothing else:
+its tables CHECK them), which `coldbench submit` and the pages read.
 
 ## What a host offers: repositories, adapters and options
 
@@ -34,6 +36,7 @@ picks a value, the host maps it. `worker/config.py` turns each declared option i
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -59,6 +62,53 @@ ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
 # Flag and option names, as in a VariantSpec's flags.
 OptionName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 RunStatus = Literal["succeeded", "failed"]
+
+
+class JobState(StrEnum):
+    """queued -> running -> analyzing -> done; failed when no run produced data; cancelled."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    ANALYZING = "analyzing"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+class RunState(StrEnum):
+    """queued -> leased -> completed (raw stored) -> processed (ingested); failed is a benchmark
+    result and final; expired when every attempt was lost; cancelled with its job.
+
+    An attempt (one lease of a run) is leased, then completed, failed, expired or cancelled.
+    """
+
+    QUEUED = "queued"
+    LEASED = "leased"
+    COMPLETED = "completed"
+    PROCESSED = "processed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_RUN_STATES
+
+
+FINAL_RUN_STATES: Final = frozenset(
+    {RunState.PROCESSED, RunState.FAILED, RunState.EXPIRED, RunState.CANCELLED}
+)
+ATTEMPT_STATES: Final = (
+    RunState.LEASED,
+    RunState.COMPLETED,
+    RunState.FAILED,
+    RunState.EXPIRED,
+    RunState.CANCELLED,
+)
 
 
 class _Request(BaseModel):

@@ -19,6 +19,7 @@ from api.hosts.models import Host
 from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Cell, Run
+from evidence.protocol import JobState, RunState
 from evidence.schemas import JobSpec, Provenance, Record
 
 log = logging.getLogger(__name__)
@@ -82,14 +83,14 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
     from evidence.bundle import build_bundle
 
     job = db_session.get(Job, job_id)
-    if job is None or job.state != "analyzing":
+    if job is None or job.state != JobState.ANALYZING:
         return False
     if job.bundle_files is not None:
         return True
     runs = [
         run
         for run in job_service.job_runs(db_session=db_session, job_id=job_id)
-        if run.state == "processed"
+        if run.state == RunState.PROCESSED
     ]
     provenances: list[Provenance] = []
     build_logs: dict[str, bytes] = {}
@@ -120,7 +121,7 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         )
     ]
     if not provenances or not records:
-        job.state = "failed"
+        job.state = JobState.FAILED
         job.reason = "; ".join(problems) or "the job's runs produced no records"
         job.updated_at = utcnow()
         db_session.commit()
@@ -135,7 +136,7 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
     except ValueError as error:
         # Deterministic: the same cells fail the same way, so retrying cannot help.
         log.warning("analysis of job %s failed: %s", job_id, error)
-        job.state = "failed"
+        job.state = JobState.FAILED
         job.reason = f"analysis failed: {error}"
         job.updated_at = utcnow()
         db_session.commit()
@@ -188,7 +189,7 @@ def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -
             )
         )
     job.evidence_id = evidence_id
-    job.state = "done"
+    job.state = JobState.DONE
     job.updated_at = utcnow()
     auth_service.record_audit(
         db_session=db_session,

@@ -17,7 +17,7 @@ from api.errors import NotAuthenticated
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
-from evidence.protocol import RepositoryOffer
+from evidence.protocol import RepositoryOffer, RunState
 from evidence.schemas import JobSpec
 from evidence.variant import parse_feature
 
@@ -223,7 +223,7 @@ def current_runs(*, db_session: Session) -> dict[str, Run]:
     """host id -> the run it holds a lease on now (one run per host at a time)."""
     leased = db_session.scalars(
         sa.select(Run)
-        .where(Run.state == "leased", Run.host_id.is_not(None))
+        .where(Run.state == RunState.LEASED, Run.host_id.is_not(None))
         .order_by(Run.leased_at)
     )
     return {run.host_id: run for run in leased if run.host_id is not None}

@@ -15,11 +15,12 @@ from api.errors import Forbidden, Invalid, NotFound, invalid
 from api.hosts import service as host_service
 from api.jobs.models import Job
 from api.jobs.schemas import JobListItem, JobOut
-from api.runs.models import TERMINAL_RUN_STATES, Run, RunAttempt
+from api.runs.models import Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
 from api.runs.wakeup import announce_work
 from api.settings import Settings
 from evidence.canonical import sha256_json
+from evidence.protocol import JobState, RunState
 from evidence.schemas import JobSpec
 from evidence.variant import expand_variants
 
@@ -101,13 +102,15 @@ def create_job(
         id=auth_service.new_id(),
         spec=spec_json,
         spec_sha256=sha256_json(spec_json),
-        state="queued",
+        state=JobState.QUEUED,
         submitted_by=submitted_by,
     )
     db_session.add(job)
     db_session.flush()
     for slot in range(spec.hosts):
-        db_session.add(Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state="queued"))
+        db_session.add(
+            Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state=RunState.QUEUED)
+        )
     auth_service.record_audit(
         db_session=db_session,
         actor=f"apikey:{submitted_by}" if submitted_by else "local",
@@ -177,22 +180,22 @@ def cancel_job(*, db_session: Session, job_id: str, submitted_by: str | None) ->
     job = get_job(db_session=db_session, job_id=job_id)
     if job.submitted_by is not None and submitted_by != job.submitted_by:
         raise Forbidden("only the submitter of a job may cancel it")
-    if job.state in ("done", "failed", "cancelled"):
+    if JobState(job.state).is_final:
         return job
     now = utcnow()
     for run in job_runs(db_session=db_session, job_id=job_id):
-        if run.state in ("queued", "leased"):
-            if run.state == "leased":
+        if run.state in (RunState.QUEUED, RunState.LEASED):
+            if run.state == RunState.LEASED:
                 attempt = db_session.scalars(
                     sa.select(RunAttempt).where(
                         RunAttempt.run_id == run.id, RunAttempt.attempt == run.attempt
                     )
                 ).one()
-                attempt.state = "cancelled"
+                attempt.state = RunState.CANCELLED
                 attempt.ended_at = now
-            run.state = "cancelled"
+            run.state = RunState.CANCELLED
             run.reason = "job cancelled"
-    job.state = "cancelled"
+    job.state = JobState.CANCELLED
     job.updated_at = now
     auth_service.record_audit(
         db_session=db_session,
@@ -207,23 +210,23 @@ def cancel_job(*, db_session: Session, job_id: str, submitted_by: str | None) ->
 def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
     """Derive the job's state from its runs (no commit); True when analysis should start."""
     job = db_session.get(Job, job_id)
-    if job is None or job.state in ("cancelled", "done", "analyzing"):
+    if job is None or job.state in (JobState.CANCELLED, JobState.DONE, JobState.ANALYZING):
         return False
     states = [run.state for run in job_runs(db_session=db_session, job_id=job_id)]
-    if all(state in TERMINAL_RUN_STATES for state in states):
-        if "processed" in states:
-            new_state = "analyzing"
+    if all(RunState(state).is_final for state in states):
+        if RunState.PROCESSED in states:
+            new_state = JobState.ANALYZING
         else:
-            new_state = "failed"
+            new_state = JobState.FAILED
             job.reason = "no run produced results"
-    elif all(state == "queued" for state in states):
-        new_state = "queued"
+    elif all(state == RunState.QUEUED for state in states):
+        new_state = JobState.QUEUED
     else:
-        new_state = "running"
+        new_state = JobState.RUNNING
     if new_state != job.state:
         job.state = new_state
         job.updated_at = utcnow()
-    return new_state == "analyzing"
+    return new_state == JobState.ANALYZING
 
 
 def job_summary(*, db_session: Session, job_id: str) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ from api.pages.templates import templates
 from api.settings import Settings
 from evidence.bundle import BundleError
 from evidence.markdown import verdict_rows, verdict_sentences
+from evidence.protocol import JobState
 from evidence.schemas import JobSpec
 from evidence.stats import too_few_rounds
 
@@ -43,7 +44,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(include_in_schema=False)
 
-FINAL_JOB_STATES = ("done", "failed", "cancelled")
 # Pages are same-origin only: nothing is ever fetched from elsewhere, even by a bug.
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
@@ -323,7 +323,7 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
     return {
         "job": job,
         "invalid": invalid,
-        "is_final": job.state in FINAL_JOB_STATES,
+        "is_final": JobState(job.state).is_final,
         "answer": answer,
         "rounds_warning": _rounds_warning(job.spec),
     }

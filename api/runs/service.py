@@ -39,7 +39,7 @@ from api.jobs.models import Job
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, announce_work
 from api.settings import Settings
-from evidence.protocol import Lease, RepositoryOffer
+from evidence.protocol import JobState, Lease, RepositoryOffer, RunState
 from evidence.schemas import JobSpec, Manifest
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def host_attempt(*, db_session: Session, host: Host, run_id: str, attempt: int) 
 
 
 def is_current(run: Run, host: Host, attempt: int) -> bool:
-    return run.state == "leased" and run.host_id == host.id and run.attempt == attempt
+    return run.state == RunState.LEASED and run.host_id == host.id and run.attempt == attempt
 
 
 # --- claiming ---------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def _eligible_run_ids(db_session: Session, host: Host) -> list[str]:
         query = (
             sa.select(Run.id, Run.job_id, Run.slot, Job.created_at)
             .join(Job, Job.id == Run.job_id)
-            .where(Run.state == "queued", Job.state.in_(("queued", "running")))
+            .where(Run.state == RunState.QUEUED, Job.state.in_((JobState.QUEUED, JobState.RUNNING)))
             .order_by(Job.created_at, Job.id, Run.slot)
             .limit(CANDIDATE_PAGE)
         )
@@ -186,7 +186,7 @@ def claim_lease(
         # Serialize the claims of one host: one run per host at a time.
         db_session.execute(sa.select(Host.id).where(Host.id == host.id).with_for_update())
         busy = db_session.scalar(
-            sa.select(Run.id).where(Run.host_id == host.id, Run.state == "leased").limit(1)
+            sa.select(Run.id).where(Run.host_id == host.id, Run.state == RunState.LEASED).limit(1)
         )
         eligible = [] if busy else _eligible_run_ids(db_session, host)
         run = None
@@ -194,7 +194,7 @@ def claim_lease(
             run = db_session.scalars(
                 sa.select(Run)
                 .join(Job, Job.id == Run.job_id)
-                .where(Run.id.in_(eligible), Run.state == "queued")
+                .where(Run.id.in_(eligible), Run.state == RunState.QUEUED)
                 .order_by(Job.created_at, Job.id, Run.slot)
                 .limit(1)
                 .with_for_update(of=Run, skip_locked=True)
@@ -206,9 +206,9 @@ def claim_lease(
         # The guard on state makes the claim atomic also where FOR UPDATE is a no-op (SQLite).
         claimed: int = db_session.execute(  # type: ignore[attr-defined]
             sa.update(Run)
-            .where(Run.id == run.id, Run.state == "queued")
+            .where(Run.id == run.id, Run.state == RunState.QUEUED)
             .values(
-                state="leased",
+                state=RunState.LEASED,
                 host_id=host.id,
                 attempt=Run.attempt + 1,
                 leased_at=now,
@@ -328,8 +328,8 @@ def complete_run(
         if (
             run.attempt == attempt
             and run.host_id == host.id
-            and run.state in ("completed", "processed", "failed")
-            and attempt_row.state in ("completed", "failed")
+            and run.state in (RunState.COMPLETED, RunState.PROCESSED, RunState.FAILED)
+            and attempt_row.state in (RunState.COMPLETED, RunState.FAILED)
         ):
             return run  # the same complete again (a retried request)
         # Kept verbatim for audit, never ingested.
@@ -372,11 +372,11 @@ def complete_run(
                 problems.append(f"{name} (uploaded with another digest or size)")
         if problems:
             raise Invalid(f"manifest files not uploaded as listed: {', '.join(problems)}")
-        run.state = "completed"
-        attempt_row.state = "completed"
+        run.state = RunState.COMPLETED
+        attempt_row.state = RunState.COMPLETED
     elif status == "failed":
-        run.state = "failed"
-        attempt_row.state = "failed"
+        run.state = RunState.FAILED
+        attempt_row.state = RunState.FAILED
         run.reason = reason or "the worker reported a failure without a reason"
     else:
         raise Invalid(f"status must be succeeded or failed, not {status!r}")
@@ -396,7 +396,7 @@ def complete_run(
     )
     analyze = job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
     db_session.commit()
-    if run.state == "completed":
+    if run.state == RunState.COMPLETED:
         dispatch.send_task("ingest_run", run.id)
     elif analyze:
         dispatch.send_task("analyze_job", run.job_id)
@@ -413,7 +413,7 @@ def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
         db_session.scalars(
             sa.select(Run)
             .where(
-                Run.state == "leased",
+                Run.state == RunState.LEASED,
                 sa.or_(Run.lease_expires_at < now, Run.deadline_at < now),
             )
             .with_for_update(skip_locked=True)
@@ -429,17 +429,17 @@ def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
         )
         attempt_row = get_attempt(db_session=db_session, run_id=run.id, attempt=run.attempt)
         if attempt_row is not None:
-            attempt_row.state = "expired"
+            attempt_row.state = RunState.EXPIRED
             attempt_row.ended_at = now
             attempt_row.reason = why
         host = db_session.get(Host, run.host_id) if run.host_id else None
         if host is not None:
             host.health = "lost"
         if run.attempt < settings.max_attempts:
-            run.state = "queued"
+            run.state = RunState.QUEUED
             run.host_id = None
         else:
-            run.state = "expired"
+            run.state = RunState.EXPIRED
             run.reason = f"lost {run.attempt} attempts; last: {why}"
         run.lease_expires_at = None
         run.deadline_at = None
@@ -450,11 +450,11 @@ def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
             subject_id=run.id,
             attempt=run.attempt,
             reason=why,
-            requeued=run.state == "queued",
+            requeued=run.state == RunState.QUEUED,
         )
         if job_service.refresh_job_state(db_session=db_session, job_id=run.job_id):
             to_analyze.append(run.job_id)
-    if any(run.state == "queued" for run in expired):
+    if any(run.state == RunState.QUEUED for run in expired):
         announce_work(db_session)
     db_session.commit()
     return to_analyze
