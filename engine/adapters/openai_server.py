@@ -288,7 +288,8 @@ class OpenAIServerAdapter:
             cache="the server",
             reuse="the server reused its prompt cache",
         )
-        status, reason = judgement.status, judgement.reason
+        status: str = judgement.status  # the judge's ok/invalid, or error below
+        reason = judgement.reason
         if stream["error"]:
             status, reason = "error", stream["error"]
         elif prefill_s is None:
