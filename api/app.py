@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 import sqlalchemy as sa
@@ -20,6 +19,7 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.artifacts.router import router as artifacts_router
 from api.artifacts.service import total_artifact_bytes
@@ -43,6 +43,38 @@ from evidence.protocol import API_PREFIX, ErrorBody, RunState
 log = logging.getLogger(__name__)
 
 
+class _RequestCounter:
+    """Counts requests by method, route template and status.
+
+    Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hides a
+    client's disconnect from the endpoint, and a long-polling lease must see it (a run claimed
+    for an agent that left would wait for its lease to expire).
+    """
+
+    def __init__(self, app: ASGIApp, counter: Counter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            # The route template, not the path: run ids must not explode the label set.
+            template = getattr(scope.get("route"), "path", "unmatched")
+            self.counter.labels(scope["method"], template, str(status)).inc()
+
+
 def _install_metrics(app: FastAPI) -> None:
     registry = CollectorRegistry()
     requests = Counter(
@@ -56,14 +88,7 @@ def _install_metrics(app: FastAPI) -> None:
         "coldbench_artifact_bytes", "Bytes of all stored artifacts", registry=registry
     )
 
-    @app.middleware("http")
-    async def _count_requests(request: Request, call_next: Any) -> Any:
-        response = await call_next(request)
-        route = request.scope.get("route")
-        # The route template, not the path: run ids must not explode the label set.
-        template = getattr(route, "path", "unmatched")
-        requests.labels(request.method, template, str(response.status_code)).inc()
-        return response
+    app.add_middleware(_RequestCounter, counter=requests)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(db_session: SessionDep) -> PlainTextResponse:

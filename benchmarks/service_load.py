@@ -272,14 +272,37 @@ class Figures:
     submitted_jobs: list[str] = field(default_factory=list)
 
 
-async def submit(client: httpx.AsyncClient, key: str, spec: dict, into: list[float]) -> str:
+async def send(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """One request, sent again (up to 3 times) when the connection broke before an answer: a
+    kept-alive connection the server closed meanwhile is a client-side hiccup, not a result.
+    Every call the agents make is idempotent on the server (the same upload, the same
+    complete); a lease lost this way would show as a run left leased (counted as lost)."""
+    for attempt in range(3):
+        try:
+            return await client.request(method, url, **kwargs)
+        except httpx.TransportError:
+            if attempt == 2:
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
+async def submit(
+    client: httpx.AsyncClient, key: str, spec: dict, into: list[float], errors: list[str]
+) -> str | None:
+    """A job's id, or None (the error recorded)."""
     started = time.perf_counter()
-    response = await client.post(
-        "/api/v1/jobs", json=spec, headers={"Authorization": f"Bearer {key}"}
-    )
+    try:
+        response = await send(
+            client, "POST", "/api/v1/jobs", json=spec, headers={"Authorization": f"Bearer {key}"}
+        )
+    except httpx.HTTPError as error:
+        errors.append(f"submit: {error!r}")
+        return None
     into.append(time.perf_counter() - started)
     if response.status_code != 201:
-        raise RuntimeError(f"submit: {response.status_code} {response.text[:300]}")
+        errors.append(f"submit: {response.status_code} {response.text[:300]}")
+        return None
     return str(response.json()["id"])
 
 
@@ -287,61 +310,78 @@ async def agent(
     client: httpx.AsyncClient, name: str, secret: str, figures: Figures, stop_at: float
 ) -> None:
     auth = {"Authorization": f"Bearer {secret}"}
-    body = {"fingerprint": fingerprint(name), "labels": [], "wait_s": 5}
     while time.monotonic() < stop_at:
-        started = time.perf_counter()
         try:
-            response = await client.post("/api/v1/leases", json=body, headers=auth, timeout=30)
+            await agent_cycle(client, name, auth, figures)
         except httpx.HTTPError as error:
-            figures.errors.append(f"lease: {error!r}")
+            figures.errors.append(f"{name}: {error!r}")
             await asyncio.sleep(0.5)
-            continue
-        if response.status_code == 204:
-            figures.empty_leases += 1
-            continue
-        if response.status_code != 200:
-            figures.errors.append(f"lease: {response.status_code} {response.text[:200]}")
-            await asyncio.sleep(0.5)
-            continue
-        figures.lease_s.append(time.perf_counter() - started)
-        lease = response.json()
-        run_id, attempt = lease["run_id"], lease["attempt"]
-        figures.leased_to.setdefault((run_id, attempt), []).append(name)
-        beat = await client.post(
-            "/api/v1/workers/heartbeat",
-            json={"run_id": run_id, "attempt": attempt, "progress": None},
-            headers=auth,
+
+
+async def agent_cycle(
+    client: httpx.AsyncClient, name: str, auth: dict[str, str], figures: Figures
+) -> None:
+    """One lease and, when it brings a run, its heartbeat, uploads and completion."""
+    body = {"fingerprint": fingerprint(name), "labels": [], "wait_s": 5}
+    started = time.perf_counter()
+    try:
+        response = await send(client, "POST", "/api/v1/leases", json=body, headers=auth, timeout=30)
+    except httpx.HTTPError as error:
+        figures.errors.append(f"lease: {error!r}")
+        await asyncio.sleep(0.5)
+        return
+    if response.status_code == 204:
+        figures.empty_leases += 1
+        return
+    if response.status_code != 200:
+        figures.errors.append(f"lease: {response.status_code} {response.text[:200]}")
+        await asyncio.sleep(0.5)
+        return
+    figures.lease_s.append(time.perf_counter() - started)
+    lease = response.json()
+    run_id, attempt = lease["run_id"], lease["attempt"]
+    figures.leased_to.setdefault((run_id, attempt), []).append(name)
+    beat = await send(
+        client,
+        "POST",
+        "/api/v1/workers/heartbeat",
+        json={"run_id": run_id, "attempt": attempt, "progress": None},
+        headers=auth,
+    )
+    figures.heartbeats += 1
+    if beat.status_code != 200:
+        figures.errors.append(f"heartbeat: {beat.status_code} {beat.text[:200]}")
+    records, cells = records_jsonl(run_id)
+    files = {"records.jsonl": records, "provenance.json": provenance_json(run_id)}
+    for file_name, content in files.items():
+        put = await send(
+            client,
+            "PUT",
+            f"/api/v1/runs/{run_id}/artifacts/{file_name}",
+            params={"attempt": attempt},
+            content=content,
+            headers={**auth, "X-Content-SHA256": sha256_hex(content)},
         )
-        figures.heartbeats += 1
-        if beat.status_code != 200:
-            figures.errors.append(f"heartbeat: {beat.status_code} {beat.text[:200]}")
-        records, cells = records_jsonl(run_id)
-        files = {"records.jsonl": records, "provenance.json": provenance_json(run_id)}
-        for file_name, content in files.items():
-            put = await client.put(
-                f"/api/v1/runs/{run_id}/artifacts/{file_name}",
-                params={"attempt": attempt},
-                content=content,
-                headers={**auth, "X-Content-SHA256": sha256_hex(content)},
-            )
-            if put.status_code not in (200, 201):
-                figures.errors.append(f"upload: {put.status_code} {put.text[:200]}")
-            figures.uploads += 1
-        manifest = {
-            "format": "coldbench.evidence/1",
-            "files": {n: {"sha256": sha256_hex(b), "bytes": len(b)} for n, b in files.items()},
-            "provenance": {},
-        }
-        done = await client.post(
-            f"/api/v1/runs/{run_id}/complete",
-            json={"attempt": attempt, "status": "succeeded", "reason": None, "manifest": manifest},
-            headers=auth,
-        )
-        if done.status_code == 200:
-            figures.completes += 1
-            figures.measured[run_id] = cells
-        else:
-            figures.errors.append(f"complete: {done.status_code} {done.text[:200]}")
+        if put.status_code not in (200, 201):
+            figures.errors.append(f"upload: {put.status_code} {put.text[:200]}")
+        figures.uploads += 1
+    manifest = {
+        "format": "coldbench.evidence/1",
+        "files": {n: {"sha256": sha256_hex(b), "bytes": len(b)} for n, b in files.items()},
+        "provenance": {},
+    }
+    done = await send(
+        client,
+        "POST",
+        f"/api/v1/runs/{run_id}/complete",
+        json={"attempt": attempt, "status": "succeeded", "reason": None, "manifest": manifest},
+        headers=auth,
+    )
+    if done.status_code == 200:
+        figures.completes += 1
+        figures.measured[run_id] = cells
+    else:
+        figures.errors.append(f"complete: {done.status_code} {done.text[:200]}")
 
 
 async def load(service: Service, args: argparse.Namespace, figures: Figures) -> dict[str, float]:
@@ -349,16 +389,22 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
     async with httpx.AsyncClient(base_url=service.url, timeout=60, limits=limits) as client:
         admin = {"Authorization": f"Bearer {service.admin_token}"}
         key = (
-            await client.post("/api/v1/admin/apikeys", json={"name": "load"}, headers=admin)
+            await send(
+                client, "POST", "/api/v1/admin/apikeys", json={"name": "load"}, headers=admin
+            )
         ).json()["key"]
         tokens = [
-            (await client.post("/api/v1/admin/enrollments", json={}, headers=admin)).json()["token"]
+            (
+                await send(client, "POST", "/api/v1/admin/enrollments", json={}, headers=admin)
+            ).json()["token"]
             for _ in range(args.workers)
         ]
 
         async def register(index: int) -> tuple[str, str]:
             name = f"load-{index:03d}"
-            response = await client.post(
+            response = await send(
+                client,
+                "POST",
                 "/api/v1/workers/register",
                 json={"name": name, "fingerprint": fingerprint(name), "models": [MODEL]},
                 headers={"Authorization": f"Bearer {tokens[index]}"},
@@ -374,9 +420,9 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
         async def submitter() -> None:
             while remaining:
                 remaining.pop()
-                figures.submitted_jobs.append(
-                    await submit(client, key, job_spec(), figures.submit_s)
-                )
+                job_id = await submit(client, key, job_spec(), figures.submit_s, figures.errors)
+                if job_id is not None:
+                    figures.submitted_jobs.append(job_id)
 
         started = time.perf_counter()
         await asyncio.gather(*(submitter() for _ in range(args.submitters)))
@@ -385,8 +431,12 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
         # 2. 50 concurrent job lists, four times
         async def list_jobs() -> None:
             t0 = time.perf_counter()
-            response = await client.get(
-                "/api/v1/jobs", params={"limit": 100}, headers={"Authorization": f"Bearer {key}"}
+            response = await send(
+                client,
+                "GET",
+                "/api/v1/jobs",
+                params={"limit": 100},
+                headers={"Authorization": f"Bearer {key}"},
             )
             figures.list_s.append(time.perf_counter() - t0)
             if response.status_code != 200:
@@ -402,9 +452,11 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
             while time.monotonic() < stop_at:
                 outstanding = len(figures.submitted_jobs) - len(figures.leased_to)
                 if outstanding < 2 * args.workers:
-                    figures.submitted_jobs.append(
-                        await submit(client, key, job_spec(), figures.submit_under_load_s)
+                    job_id = await submit(
+                        client, key, job_spec(), figures.submit_under_load_s, figures.errors
                     )
+                    if job_id is not None:
+                        figures.submitted_jobs.append(job_id)
                 else:
                     await asyncio.sleep(0.05)
 

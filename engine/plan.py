@@ -4,8 +4,15 @@
 {"run_id": "r-1", "variant": "base", "adapter": "embedded", "model": "/abs/checkpoint",
  "flags": {"prefill_step_size": 256}, "decode_tokens": 8, "seed": 0,
  "records_path": "/abs/records.jsonl", "checkout": null, "server_command": null,
- "cells": null, "warmup_tokens": null}
+ "cells": null, "warmup_tokens": null, "server_options": null, "wipe": [],
+ "first_token_timeout_s": null}
 ```
+
+For the openai-server adapter, `server_options` maps each requested option to what the host's
+declaration resolved it to (`{"value": 4096, "argv": [...], "env": {...}, "proof": "regex" or
+null}`; the worker validates the variant's values, the engine only applies them), `wipe` lists
+the cache folders deleted before the server starts, and `first_token_timeout_s` bounds the wait
+for a cell's first streamed token.
 
 `model` is a checkpoint directory or `preset:NAME`; `cells` (a list of
 `{"round", "order", "context_tokens"}`) makes the process run them and exit (batch mode);
@@ -59,6 +66,9 @@ class Plan:
     server_command: list[str] | None = None
     cells: list[CellRequest] | None = None
     warmup_tokens: int | None = None
+    server_options: dict[str, dict[str, Any]] | None = None
+    wipe: list[str] = field(default_factory=list)
+    first_token_timeout_s: float | None = None
 
     @classmethod
     def load(cls, path: Path | str) -> Plan:
@@ -103,6 +113,19 @@ class Plan:
             not isinstance(command, list) or not all(isinstance(c, str) for c in command)
         ):
             raise ValueError("plan server_command must be a list of strings")
+        options = value.get("server_options")
+        if options is not None:
+            _check_server_options(options)
+        wipe = value.get("wipe") or []
+        if not isinstance(wipe, list) or not all(
+            isinstance(p, str) and p.startswith("/") and p.rstrip("/") for p in wipe
+        ):
+            raise ValueError("plan wipe must be a list of absolute paths other than /")
+        timeout = value.get("first_token_timeout_s")
+        if timeout is not None and (
+            not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0
+        ):
+            raise ValueError(f"plan first_token_timeout_s must be above 0, not {timeout!r}")
         checkout = value.get("checkout")
         if checkout is not None and not isinstance(checkout, str):
             raise ValueError("plan checkout must be a path string")
@@ -126,6 +149,9 @@ class Plan:
             server_command=command,
             cells=cells,
             warmup_tokens=value.get("warmup_tokens"),
+            server_options=options,
+            wipe=list(wipe),
+            first_token_timeout_s=None if timeout is None else float(timeout),
         )
 
     def warmup_context(self) -> int:
@@ -134,3 +160,25 @@ class Plan:
         if self.cells:
             return min(c.context_tokens for c in self.cells)
         return DEFAULT_WARMUP_TOKENS
+
+
+def _check_server_options(options: Any) -> None:
+    if not isinstance(options, dict):
+        raise ValueError("plan server_options must be an object of option -> resolution")
+    for name, item in options.items():
+        if not isinstance(item, dict) or set(item) != {"value", "argv", "env", "proof"}:
+            raise ValueError(f"plan server_options.{name} needs value, argv, env and proof")
+        argv, env, proof = item["argv"], item["env"], item["proof"]
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise ValueError(f"plan server_options.{name}.argv must be a list of strings")
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ValueError(f"plan server_options.{name}.env must map names to strings")
+        if proof is not None:
+            if not isinstance(proof, str):
+                raise ValueError(f"plan server_options.{name}.proof must be a string or null")
+            try:
+                re.compile(proof)
+            except re.error as error:
+                raise ValueError(f"plan server_options.{name}.proof: {error}") from None

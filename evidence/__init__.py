@@ -1,6 +1,7 @@
 """evidence: the shared data contract and everything computed from raw records.
 
-Owns the versioned schemas (record, manifest, provenance, job spec), canonical JSON and
+Owns the versioned schemas (record, manifest, provenance, job spec), host-declared server
+options (`options.py`: the declaration, value validation, argv/env rendering), canonical JSON and
 digests, evidence bundles (write, read, verify; folder and zip), statistics, ablation, parity,
 drift, reproductions, and rendering (summary.json, summary.md, report.html).
 

@@ -283,6 +283,8 @@ def _check(
     problem: str | None = None
     module_file: str | None = None
     for module in (repository.module, "kernels") if embedded else (repository.module,):
+        found: str | None
+        why: str | None
         try:
             found = imported_file(python, module, cwd=python.parent, first=first)
         except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as error:

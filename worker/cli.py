@@ -149,9 +149,33 @@ def run(
     adapter: Annotated[
         str | None,
         typer.Option(
-            help="How --repo is driven: mlx-lm (default) or embedded (a checkout of coldbench "
-            "whose engine/ and kernels/ each variant runs)."
+            help="mlx-lm (--repo, the default with it), embedded (without --repo: this "
+            "engine; with it: a checkout of coldbench whose engine/ each variant runs) or "
+            "openai-server (--server-command, with or without --repo)."
         ),
+    ] = None,
+    server_command: Annotated[
+        str | None,
+        typer.Option(
+            help="openai-server: the server's argv with {python}, {model} and {port}, e.g. "
+            "'{python} -m mlx_lm server --model {model} --port {port} --prompt-cache-size 0'."
+        ),
+    ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option",
+            help='openai-server: declare an option as worker.toml does, NAME={type = "bool", '
+            'argv = ["--flag"], proof = "regex"}; repeat. Variants then ask NAME=VALUE.',
+        ),
+    ] = None,
+    wipe: Annotated[
+        list[str] | None,
+        typer.Option("--wipe", help="openai-server: a cache folder deleted before each start."),
+    ] = None,
+    first_token_timeout_s: Annotated[
+        float | None,
+        typer.Option(min=0.001, help="openai-server: seconds to the first token (default 300)."),
     ] = None,
     fresh_process: Annotated[
         bool, typer.Option("--fresh-process", help="A new process for every cell.")
@@ -176,7 +200,7 @@ def run(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from worker.config import ConfigError, local_repository
+    from worker.config import ConfigError, local_repository, server_repository
     from worker.fingerprint import host_fingerprint, host_labels
     from worker.run import RunRefused, execute_run
     from worker.variants import Progress as CellProgress
@@ -195,10 +219,36 @@ def run(
         model_name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
         models[model_name] = path.resolve()
     repositories = {}
+    if adapter not in (None, "embedded", "mlx-lm", "openai-server"):
+        _fail(f"--adapter {adapter!r}: choose one of embedded, mlx-lm, openai-server")
+    server_given = [
+        name
+        for name, given in (
+            ("--server-command", server_command),
+            ("--option", option),
+            ("--wipe", wipe),
+            ("--first-token-timeout-s", first_token_timeout_s),
+        )
+        if given
+    ]
+    if adapter == "openai-server" and server_command is None:
+        _fail("--adapter openai-server needs --server-command (with {port})")
+    if adapter != "openai-server" and server_given:
+        _fail(f"{', '.join(server_given)}: only with --adapter openai-server")
+    if adapter == "mlx-lm" and repo is None:
+        _fail("--adapter mlx-lm drives a checkout: add --repo PATH")
     try:
-        if adapter == "mlx-lm" and repo is None:
-            raise ValueError("--adapter mlx-lm drives a checkout: add --repo PATH")
-        if repo is not None:
+        if adapter == "openai-server":
+            repository = server_repository(
+                server_command=server_command or "",
+                options=list(option or []),
+                wipe=list(wipe or []),
+                first_token_timeout_s=first_token_timeout_s,
+                repo=repo,
+                module=module,
+            )
+            repositories[repository.name] = repository
+        elif repo is not None:
             repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
             repositories[repository.name] = repository
         spec = build_spec(
@@ -216,6 +266,9 @@ def run(
             precision=precision,
             adapter=adapter,
         )
+        from worker.run import check_job
+
+        check_job(spec, repositories)  # an option the declarations refuse fails here, not later
     except (ValueError, ConfigError) as error:
         _fail(str(error))
     started = datetime.now(UTC)

@@ -1,15 +1,26 @@
-"""The host's own configuration (`worker.toml`): labels, models, the repository allow-list and
-its build recipes. Only the host owner writes it; a job can only pick among what it names.
+"""The host's own configuration (`worker.toml`): labels, models, the repository allow-list, its
+build recipes and, for server repositories, the server command, its options, the cache paths
+wiped before each start and the first-token bound. Only the host owner writes it; a job can
+only pick among what it names.
+
+The file is read through pydantic models (`HostFile` and below): an unusable file is one line
+naming the key, e.g. `repositories.mlx-lm.options.fast.max: ...`. The option declaration type
+is `evidence.options.HostOption`, the contract the API validates against too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from evidence.options import OPTION_NAME_PATTERN, HostOption
 from evidence.schemas import NAME_PATTERN
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
@@ -28,6 +39,13 @@ EDITABLE_COMMAND = (
     "-e",
     ".",
 )
+# A server that streams no token this long after the request is treated as dead (its
+# generation thread gone); hosts serving long contexts on slow machines raise it.
+DEFAULT_FIRST_TOKEN_TIMEOUT_S = 300.0
+SERVER_COMMAND_EXAMPLE = (
+    '["{python}", "-m", "mlx_lm", "server", "--model", "{model}", "--port", "{port}", '
+    '"--prompt-cache-size", "0"]'
+)
 
 
 class ConfigError(ValueError):
@@ -44,13 +62,20 @@ class Recipe:
 @dataclass(frozen=True)
 class RepositoryConfig:
     name: str
-    url: str  # a URL git understands or an absolute local path
+    # A URL git understands or an absolute local path; None only for `coldbench run
+    # --adapter openai-server` without --repo: the server runs from this interpreter.
+    url: str | None
     module: str = "mlx_lm"  # the engine module whose import path the build checks
     adapter: str = "mlx-lm"
     recipes: dict[str, Recipe] = field(default_factory=dict)
     # openai-server only: the argv that starts the server, `{python}` (the build venv's
     # interpreter), `{port}` and `{model}` filled in per variant. Host-owned, like recipes.
     server_command: tuple[str, ...] | None = None
+    # openai-server only: what variants may ask of the server (`name=value`), host-declared.
+    options: dict[str, HostOption] = field(default_factory=dict)
+    # openai-server only: the server's on-disk caches, deleted before every server start.
+    wipe: tuple[str, ...] = ()
+    first_token_timeout_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -98,114 +123,199 @@ def local_repository(
     )
 
 
-def _string_list(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where} must be a list of strings")
-    return value
+# -- the file, as pydantic models ------------------------------------------------------------
+
+PlainName = Annotated[str, Field(pattern=NAME_PATTERN)]
+OptionName = Annotated[str, Field(pattern=OPTION_NAME_PATTERN)]
+Argv = Annotated[list[str], Field(min_length=1)]
 
 
-def _recipe(name: str, raw: Any, where: str) -> Recipe:
-    if not re.fullmatch(NAME_PATTERN, name):
-        raise ConfigError(f"{where}: recipe name {name!r} must be a plain name")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a table with `command` and optional `env`")
-    command = _string_list(raw.get("command"), f"{where}.command")
-    if not command:
-        raise ConfigError(f"{where}.command is empty")
-    env = raw.get("env", {})
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise ConfigError(f"{where}.env must map names to strings")
-    unknown = set(raw) - {"command", "env"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    return Recipe(name=name, command=tuple(command), env=dict(env))
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
-def _repository(name: str, raw: Any, base: Path) -> RepositoryConfig:
-    where = f"repositories.{name}"
-    if not re.fullmatch(NAME_PATTERN, name):
-        raise ConfigError(f"{where}: repository name must be a plain name")
-    if not isinstance(raw, dict) or not isinstance(raw.get("url"), str) or not raw["url"]:
-        raise ConfigError(f"{where}.url is required (a git URL or a local path)")
-    url = raw["url"]
-    if url.startswith("-"):
-        raise ConfigError(f"{where}.url must not start with '-'")
-    if "://" not in url and not re.match(r"^[\w.-]+@[\w.-]+:", url):
-        url = str((base / Path(url).expanduser()).resolve())  # a local path, relative to the file
-    adapter = raw.get("adapter", "mlx-lm")
-    if adapter not in ADAPTERS:
-        raise ConfigError(f"{where}.adapter must be one of {', '.join(ADAPTERS)}")
-    module = raw.get("module", DEFAULT_MODULES[adapter])
-    if not isinstance(module, str) or not MODULE_PATTERN.fullmatch(module):
-        raise ConfigError(f"{where}.module must be a Python module name")
-    recipes_raw = raw.get("recipes", {})
-    if not isinstance(recipes_raw, dict) or not recipes_raw:
-        raise ConfigError(f"{where}.recipes: define at least one build recipe")
-    recipes = {
-        rname: _recipe(rname, rraw, f"{where}.recipes.{rname}")
-        for rname, rraw in recipes_raw.items()
-    }
-    server_command = None
-    if adapter == "openai-server":
-        if "server_command" not in raw:
-            raise ConfigError(
-                f"{where}.server_command is required for the openai-server adapter "
-                '(an argv list such as ["{python}", "-m", "mlx_lm.server", "--model", "{model}", '
-                '"--port", "{port}"])'
-            )
-        server_command = tuple(_string_list(raw["server_command"], f"{where}.server_command"))
-        if not server_command or "{port}" not in " ".join(server_command):
-            raise ConfigError(f"{where}.server_command must be a non-empty argv naming {{port}}")
-    elif "server_command" in raw:
-        raise ConfigError(f'{where}.server_command only applies to adapter = "openai-server"')
-    unknown = set(raw) - {"url", "module", "adapter", "recipes", "server_command"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    return RepositoryConfig(
-        name=name,
-        url=url,
-        module=module,
-        adapter=adapter,
-        recipes=recipes,
-        server_command=server_command,
-    )
+class RecipeFile(_Table):
+    command: Argv
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+def check_wipe_path(raw: str) -> str:
+    """An absolute cache folder that is not `/`, the home folder or above it (ValueError)."""
+    expanded = os.path.normpath(os.path.expanduser(raw))
+    if not os.path.isabs(expanded):
+        raise ValueError(f"{raw!r} must be an absolute path (or start with ~/)")
+    home = os.path.normpath(os.path.expanduser("~"))
+    if expanded == os.sep or home == expanded or home.startswith(expanded.rstrip(os.sep) + os.sep):
+        raise ValueError(f"{raw!r} would delete / or the home folder: name the cache folder")
+    return expanded
+
+
+class RepositoryFile(_Table):
+    url: str = Field(min_length=1)
+    module: str | None = None  # default: the adapter's (DEFAULT_MODULES)
+    adapter: Literal["embedded", "mlx-lm", "openai-server"] = "mlx-lm"
+    recipes: dict[PlainName, RecipeFile] = Field(default_factory=dict, validate_default=True)
+    server_command: Argv | None = None
+    options: dict[OptionName, HostOption] = Field(default_factory=dict)
+    wipe: list[str] = Field(default_factory=list)
+    first_token_timeout_s: float = Field(DEFAULT_FIRST_TOKEN_TIMEOUT_S, gt=0, le=86_400)
+
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+    @field_validator("url")
+    @classmethod
+    def _not_an_option(cls, url: str) -> str:
+        if url.startswith("-"):
+            raise ValueError("must not start with '-'")
+        return url
+
+    @field_validator("module")
+    @classmethod
+    def _module_name(cls, module: str | None) -> str | None:
+        if module is not None and not MODULE_PATTERN.fullmatch(module):
+            raise ValueError("must be a Python module name")
+        return module
+
+    @field_validator("recipes")
+    @classmethod
+    def _some_recipe(cls, recipes: dict[str, RecipeFile]) -> dict[str, RecipeFile]:
+        if not recipes:
+            raise ValueError("define at least one build recipe")
+        return recipes
+
+    @field_validator("wipe")
+    @classmethod
+    def _wipe_paths(cls, wipe: list[str]) -> list[str]:
+        return [check_wipe_path(path) for path in wipe]
+
+    @field_validator("server_command")
+    @classmethod
+    def _names_port(cls, command: list[str] | None) -> list[str] | None:
+        if command is not None and not any("{port}" in arg for arg in command):
+            raise ValueError("must be a non-empty argv naming {port} (the adapter picks it)")
+        return command
+
+    @model_validator(mode="after")
+    def _server_keys_need_a_server(self) -> RepositoryFile:
+        if self.adapter == "openai-server":
+            if self.server_command is None:
+                raise ValueError(
+                    "server_command is required for the openai-server adapter "
+                    f"(an argv list such as {SERVER_COMMAND_EXAMPLE})"
+                )
+            return self
+        given = [
+            key
+            for key in ("server_command", "options", "wipe", "first_token_timeout_s")
+            if key in self.model_fields_set
+        ]
+        if given:
+            raise ValueError(f'{", ".join(given)}: apply only to adapter = "openai-server"')
+        return self
+
+
+class HostFile(_Table):
+    name: PlainName
+    labels: list[str] = Field(default_factory=list)
+    models: dict[PlainName, str] = Field(default_factory=dict)
+    repositories: dict[PlainName, RepositoryFile] = Field(default_factory=dict)
+    state_dir: str = "coldbench-state"
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: list[str]) -> list[str]:
+        bad = [label for label in labels if not LABEL_PATTERN.fullmatch(label)]
+        if bad:
+            raise ValueError(f"not a valid label: {', '.join(bad)}")
+        return labels
+
+
+# Pydantic's wording for the error types a hand-written worker.toml runs into, said the way
+# a host owner would fix them.
+_MESSAGES = {
+    "missing": "is required",
+    "extra_forbidden": "unknown key (a typo?)",
+    "list_type": "must be a list of strings",
+    "string_type": "must be a string",
+    "dict_type": "must be a table",
+    "model_type": "must be a table",
+    "model_attributes_type": "must be a table",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "literal_error": "must be one of {expected}",
+    "too_short": "must not be empty",
+}
+
+
+def _key(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc if not str(part).startswith("function-"))
+
+
+def describe_validation_error(error: ValidationError, *, prefix: str = "") -> str:
+    """The first problem of a worker.toml as `key.path: what is wrong` (one line)."""
+    first = error.errors(include_url=False)[0]
+    is_key = bool(first["loc"]) and first["loc"][-1] == "[key]"
+    loc = tuple(part for part in first["loc"] if part != "[key]")
+    key = ".".join(p for p in (prefix, _key(loc)) if p)
+    kind = first["type"]
+    ctx = first.get("ctx") or {}
+    if kind == "value_error":
+        message = str(ctx.get("error") or first["msg"])
+    elif kind == "string_pattern_mismatch":
+        if is_key and len(loc) >= 2 and loc[-2] == "options":
+            message = "an option name is lower case: a-z, 0-9 and _ (like a flag)"
+        else:
+            message = f"{first['input']!r} is not a plain name (letters, digits, _ . + -)"
+    elif kind in ("greater_than", "less_than_equal"):
+        bound = ctx.get("gt", ctx.get("le"))
+        message = f"must be {'above' if kind == 'greater_than' else 'at most'} {bound}"
+    elif kind in _MESSAGES:
+        message = _MESSAGES[kind].format(expected=ctx.get("expected", "")).strip()
+    else:
+        message = first["msg"]
+    return f"{key}: {message}" if key else message
 
 
 def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = None) -> HostConfig:
-    name = raw.get("name")
-    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
-        raise ConfigError("name: give the host a plain name (letters, digits, _ . + -)")
-    labels = _string_list(raw.get("labels", []), "labels")
-    bad = [label for label in labels if not LABEL_PATTERN.fullmatch(label)]
-    if bad:
-        raise ConfigError(f"labels: not a valid label: {', '.join(bad)}")
-    models_raw = raw.get("models", {})
-    if not isinstance(models_raw, dict):
-        raise ConfigError("models must be a table of name = path")
-    models: dict[str, Path] = {}
-    for model_name, model_path in models_raw.items():
-        if not re.fullmatch(NAME_PATTERN, model_name) or not isinstance(model_path, str):
-            raise ConfigError(f"models.{model_name}: a plain name mapped to a path")
-        models[model_name] = (base / Path(model_path).expanduser()).resolve()
-    repos_raw = raw.get("repositories", {})
-    if not isinstance(repos_raw, dict):
-        raise ConfigError("repositories must be a table")
-    repositories = {rname: _repository(rname, rraw, base) for rname, rraw in repos_raw.items()}
-    state_dir_raw = raw.get("state_dir", "coldbench-state")
-    if not isinstance(state_dir_raw, str):
-        raise ConfigError("state_dir must be a path")
-    unknown = set(raw) - {"name", "labels", "models", "repositories", "state_dir"}
-    if unknown:
-        raise ConfigError(f"unknown top-level keys {sorted(unknown)}")
+    try:
+        parsed = HostFile.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error)) from None
+    repositories = {
+        name: _repository(name, repo, base) for name, repo in parsed.repositories.items()
+    }
     return HostConfig(
-        name=name,
-        labels=tuple(labels),
-        models=models,
+        name=parsed.name,
+        labels=tuple(parsed.labels),
+        models={n: (base / Path(p).expanduser()).resolve() for n, p in parsed.models.items()},
         repositories=repositories,
-        state_dir=(base / Path(state_dir_raw).expanduser()).resolve(),
+        state_dir=(base / Path(parsed.state_dir).expanduser()).resolve(),
         path=path,
+    )
+
+
+def _repository(name: str, repo: RepositoryFile, base: Path) -> RepositoryConfig:
+    url = repo.url
+    if "://" not in url and not re.match(r"^[\w.-]+@[\w.-]+:", url):
+        url = str((base / Path(url).expanduser()).resolve())  # a local path, relative to the file
+    return RepositoryConfig(
+        name=name,
+        url=url,
+        module=repo.module or DEFAULT_MODULES[repo.adapter],
+        adapter=repo.adapter,
+        recipes={
+            rname: Recipe(name=rname, command=tuple(recipe.command), env=dict(recipe.env))
+            for rname, recipe in repo.recipes.items()
+        },
+        server_command=tuple(repo.server_command) if repo.server_command else None,
+        options=dict(repo.options),
+        wipe=tuple(repo.wipe),
+        first_token_timeout_s=repo.first_token_timeout_s,
     )
 
 
@@ -220,3 +330,63 @@ def load_host_config(path: Path) -> HostConfig:
         return parse_host_config(raw, base=path.resolve().parent, path=path.resolve())
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
+
+
+def server_repository(
+    *,
+    server_command: str,
+    options: list[str],
+    wipe: list[str],
+    first_token_timeout_s: float | None,
+    repo: Path | None = None,
+    module: str | None = None,
+) -> RepositoryConfig:
+    """The server repository of `coldbench run --adapter openai-server`, where the user is the
+    host: the same declarations as worker.toml (`--option NAME={inline TOML table}`), checked
+    by the same models. Without `repo`, the server runs from this interpreter (no builds)."""
+    import shlex
+
+    try:
+        command = shlex.split(server_command)
+    except ValueError as error:
+        raise ConfigError(f"--server-command: {error}") from None
+    declared: dict[str, Any] = {}
+    for text in options:
+        name, sep, table = text.partition("=")
+        if not sep or not table.strip():
+            raise ConfigError(
+                f"--option {text!r}: give NAME={{type = ..., argv = [...], proof = ...}}"
+            )
+        try:
+            declared[name] = tomllib.loads(f"option = {table}")["option"]
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"--option {name}: not an inline TOML table ({error})") from None
+    raw: dict[str, Any] = {
+        "url": str(repo) if repo is not None else "installed",
+        "module": module,
+        "adapter": "openai-server",
+        "recipes": {"editable": {"command": list(EDITABLE_COMMAND)}},
+        "server_command": command,
+        "options": declared,
+        "wipe": wipe,
+    }
+    if first_token_timeout_s is not None:
+        raw["first_token_timeout_s"] = first_token_timeout_s
+    try:
+        parsed = RepositoryFile.model_validate(raw)
+    except ValidationError as error:
+        message = describe_validation_error(error)
+        for key, flag in (
+            ("options.", "--option "),
+            ("server_command", "--server-command"),
+            ("wipe", "--wipe"),
+            ("first_token_timeout_s", "--first-token-timeout-s"),
+        ):
+            if message.startswith(key):
+                message = flag + message[len(key) :]
+                break
+        raise ConfigError(message) from None
+    if repo is not None:
+        checkout = local_repository(repo, module=module, adapter="openai-server")
+        return dataclasses.replace(_repository(checkout.name, parsed, Path.cwd()), url=checkout.url)
+    return dataclasses.replace(_repository("installed-server", parsed, Path.cwd()), url=None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import logging
 import platform
 import shlex
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence.canonical import sha256_hex, sha256_json
+from evidence.options import HostOption
 from evidence.schemas import (
     HostInfo,
     JobSpec,
@@ -32,6 +34,7 @@ from evidence.schemas import (
 )
 from worker.build import Build
 from worker.checkout import Checkout
+from worker.config import RepositoryConfig
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +171,42 @@ def _variant_option(variant: VariantSpec) -> str:
     return variant.name + (":" + ",".join(pairs) if pairs else "")
 
 
-def reproduce_command(spec: JobSpec, *, repository_url: str | None = None) -> str:
+def option_toml(declaration: HostOption) -> str:
+    """An option declaration as the inline TOML table `coldbench run --option` reads."""
+    items = []
+    for key, value in declaration.model_dump(exclude_none=True).items():
+        if key == "env":
+            if not value:
+                continue
+            text = "{" + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+            items.append(f"{key} = {text}}}")
+        elif key == "argv" and not value:
+            continue
+        else:
+            items.append(f"{key} = {json.dumps(list(value) if key == 'argv' else value)}")
+    return "{" + ", ".join(items) + "}"
+
+
+def server_arguments(repository: RepositoryConfig) -> list[str]:
+    """The `coldbench run` arguments that declare a server repository as worker.toml did."""
+    argv = ["--server-command", shlex.join(repository.server_command or ())]
+    for name, declaration in sorted(repository.options.items()):
+        argv += ["--option", f"{name}={option_toml(declaration)}"]
+    for path in repository.wipe:
+        argv += ["--wipe", path]
+    argv += ["--first-token-timeout-s", f"{repository.first_token_timeout_s:g}"]
+    return argv
+
+
+def reproduce_command(
+    spec: JobSpec,
+    *,
+    repository_url: str | None = None,
+    repository: RepositoryConfig | None = None,
+) -> str:
     """The `coldbench run` line that repeats this run's plan on one machine."""
+    if repository is not None:
+        repository_url = repository.url
     argv = [
         "coldbench",
         "run",
@@ -190,8 +227,11 @@ def reproduce_command(spec: JobSpec, *, repository_url: str | None = None) -> st
         argv += ["--features", ",".join(spec.features)]
     if repository_url:
         argv += ["--repo", repository_url]
-        if spec.adapter != "mlx-lm":  # `--repo` alone means an mlx-lm checkout
-            argv += ["--adapter", spec.adapter]
+    # `--repo` alone means an mlx-lm checkout, no `--repo` the embedded engine.
+    if spec.adapter != ("mlx-lm" if repository_url else "embedded"):
+        argv += ["--adapter", spec.adapter]
+    if repository is not None and repository.adapter == "openai-server":
+        argv += server_arguments(repository)
     for variant in spec.variants:
         argv += ["--variant", _variant_option(variant)]
     if spec.fresh_process:

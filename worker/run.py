@@ -6,7 +6,15 @@ mirror it, resolve each ref to a commit and build each (repository, commit, reci
 isolation; start one variant process per variant (every model loaded, every build checked)
 before the first timed cell; then the rounds; then provenance and the bundle.
 
-A build failure is a result: the run completes as failed with its build logs.
+A build failure is a result: the run completes as failed with its build logs. A failed run's
+bundle also holds `reason.txt`, and a server run's bundle each server's log (its last
+`SERVER_LOG_BYTES`), so a reviewer sees why without the host.
+
+Server variants (adapter `openai-server`) name host-declared options like flags; they are
+validated here against the repository's declarations (`evidence.options`) and handed to the
+variant process resolved (argv pieces, env, proof), with the repository's wipe paths and
+first-token bound. A repository without a URL is the one of `coldbench run --adapter
+openai-server` without `--repo`: its server runs from this interpreter, nothing is built.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evidence.options import OptionError, resolved_options, validate_option_values
 from evidence.schemas import HostInfo, JobSpec, VariantSpec
 from evidence.variant import baseline_name, expand_variants
 from worker.build import Build, build, install_path_problem
@@ -46,6 +55,8 @@ from worker.variants import (
 log = logging.getLogger(__name__)
 
 CELL_TIMEOUT_S = 600.0
+# Each server's log in a bundle: its end, where a failure explains itself.
+SERVER_LOG_BYTES = 256 * 1024
 
 
 class RunRefused(ValueError):
@@ -89,6 +100,18 @@ def check_job(spec: JobSpec, repositories: Mapping[str, RepositoryConfig]) -> No
             f"on this host, not {spec.adapter}"
         )
     for variant in expand_variants(spec):
+        if repository.adapter == "openai-server":
+            try:
+                validate_option_values(repository.options, variant.flags)
+            except OptionError as error:
+                raise RunRefused(f"variant {variant.name}: {error}") from None
+        if repository.url is None:
+            if variant.ref is not None or variant.recipe is not None:
+                raise RunRefused(
+                    f"variant {variant.name}: the installed server has no refs or recipes "
+                    "(give --repo to build commits)"
+                )
+            continue
         if variant.ref is None:
             raise RunRefused(f"variant {variant.name} names no ref of {repository.name}")
         try:
@@ -133,6 +156,17 @@ def _plan(
     }
 
 
+def _server_plan(plan: dict[str, Any], repository: RepositoryConfig, variant: VariantSpec) -> None:
+    """The host's server command, the variant's options resolved against the host's
+    declarations (checked in check_job), the wipe paths and the first-token bound."""
+    options = resolved_options(repository.options, variant.flags)
+    plan["server_command"] = list(repository.server_command or ())
+    plan["server_options"] = options
+    plan["flags"] = {name: option["value"] for name, option in options.items()}
+    plan["wipe"] = list(repository.wipe)
+    plan["first_token_timeout_s"] = repository.first_token_timeout_s
+
+
 def prepare_variants(
     spec: JobSpec,
     *,
@@ -155,6 +189,14 @@ def prepare_variants(
         return prepared, logs, None
 
     repository = repositories[spec.repository or ""]
+    if repository.url is None:
+        # The installed server of `coldbench run --adapter openai-server`: nothing to build.
+        for variant in expand_variants(spec):
+            plan = _plan(spec, variant, run_id=run_id, model=model, adapter=repository.adapter)
+            _server_plan(plan, repository, variant)
+            launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
+            prepared.append(PreparedVariant(variant, launch, repository.adapter))
+        return prepared, logs, None
     builds: dict[tuple[str, str], Build] = {}
     for variant in expand_variants(spec):
         assert variant.ref is not None  # check_job
@@ -183,8 +225,8 @@ def prepare_variants(
         result = builds[key]
         plan = _plan(spec, variant, run_id=run_id, model=model, adapter=repository.adapter)
         plan["checkout"] = str(checkout.path)
-        if repository.server_command is not None:
-            plan["server_command"] = list(repository.server_command)
+        if repository.adapter == "openai-server":
+            _server_plan(plan, repository, variant)
         launch = VariantLaunch(
             name=variant.name,
             python=result.python,
@@ -221,6 +263,20 @@ def _records_bytes(path: Path) -> bytes:
     return path.read_bytes() if path.exists() else b""
 
 
+def server_logs(workdir: Path, *, limit: int = SERVER_LOG_BYTES) -> dict[str, bytes]:
+    """Each server's log of this run (one per variant process), its last `limit` bytes."""
+    logs: dict[str, bytes] = {}
+    for path in sorted((workdir / "spool").glob("*.server.log")):
+        data = path.read_bytes()
+        if len(data) > limit:
+            cut = data[-limit:]
+            # Start at a line: a reader should not meet half a line first.
+            cut = cut[cut.find(b"\n") + 1 :] if b"\n" in cut else cut
+            data = f"[first {len(data) - len(cut)} bytes cut]\n".encode() + cut
+        logs["server-" + path.name.removesuffix(".server.log") + ".log"] = data
+    return logs
+
+
 def assemble_bundle(
     *,
     spec: JobSpec,
@@ -228,6 +284,7 @@ def assemble_bundle(
     controls_raw: bytes,
     provenance: Any,
     build_logs: Mapping[str, bytes],
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> tuple[dict[str, bytes], dict[str, Any] | None]:
     """Every bundle file and the summary, through evidence/ (as its `build_bundle` does, plus
     the bracketing controls' own file when the rounds were long enough to have them)."""
@@ -241,12 +298,15 @@ def assemble_bundle(
     records, problems = parse_records(records_raw)
     if problems:
         raise ValueError(f"records.jsonl is not valid: {problems[0]}")
+    extra = dict(extra_files or {})
+    if controls_raw:
+        extra[CONTROLS_FILE] = controls_raw
     common: dict[str, Any] = {
         "records": records_raw,
         "provenances": [provenance],
         "build_logs": dict(build_logs),
         "spec": spec,
-        "extra_files": {CONTROLS_FILE: controls_raw} if controls_raw else None,
+        "extra_files": extra or None,
     }
     if not any(r.round >= 0 for r in records):
         # Nothing was measured (a failed build, a refused job): data and logs only.
@@ -359,18 +419,22 @@ def execute_run(
         targets=targets,
         model=model_info(spec.model, model),
         spec=spec,
-        command=command or reproduce_command(spec, repository_url=repository and repository.url),
+        command=command or reproduce_command(spec, repository=repository),
         labels=labels,
     )
     stopped = bool(outcome and outcome.stopped)
     if failure is None and stopped:
         failure = f"stopped after {outcome.cells_done} of {outcome.cells_total} cells"
+    extra_files = server_logs(workdir)
+    if failure:
+        extra_files["reason.txt"] = (failure + "\n").encode()
     files, summary = assemble_bundle(
         spec=spec,
         records_raw=_records_bytes(workdir / RECORDS_FILE),
         controls_raw=_records_bytes(workdir / CONTROLS_FILE),
         provenance=provenance,
         build_logs=build_logs,
+        extra_files=extra_files,
     )
     return RunOutcome(
         run_id=run_id,

@@ -37,6 +37,7 @@ async def claim_lease(
             models=body.models,
         ),
         wait_s=body.wait_s,
+        gone=request.is_disconnected,
     )
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)

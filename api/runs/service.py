@@ -17,7 +17,7 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -85,8 +85,11 @@ def is_current(run: Run, host: Host, attempt: int) -> bool:
 
 # Queued runs looked at per query while searching for one this host may take: the oldest
 # first, then the next page, so a host that fits none of the oldest still finds newer work.
-CANDIDATE_PAGE = 200
-CANDIDATE_PAGES_MAX = 10
+CANDIDATE_PAGE = 100
+CANDIDATE_PAGES_MAX = 20
+# Runs offered to the final SKIP LOCKED pick: enough that 50 concurrent claimers find one
+# unlocked, few enough to keep the statement small.
+ELIGIBLE_MAX = 64
 _SPEC_CACHE_MAX = 4096
 _spec_cache: OrderedDict[str, tuple[JobSpec, dict[str, Any]]] = OrderedDict()
 _spec_cache_lock = threading.Lock()
@@ -139,17 +142,22 @@ def _eligible_run_ids(db_session: Session, host: Host) -> list[str]:
         if not candidates:
             return []
         job_ids = {row.job_id for row in candidates}
+        specs = _job_specs(db_session, job_ids)
         # `hosts: N` reproductions run on N distinct hosts: a host that held another slot of
         # a job never takes a second one (it may take a requeued attempt of its own slot).
-        touched = set(
-            db_session.execute(
-                sa.select(Run.job_id, Run.slot)
-                .join(RunAttempt, RunAttempt.run_id == Run.id)
-                .where(RunAttempt.host_id == host.id, Run.job_id.in_(job_ids))
-            ).all()
+        shared = {job_id for job_id in job_ids if specs[job_id][0].hosts > 1}
+        touched = (
+            set(
+                db_session.execute(
+                    sa.select(Run.job_id, Run.slot)
+                    .join(RunAttempt, RunAttempt.run_id == Run.id)
+                    .where(RunAttempt.host_id == host.id, Run.job_id.in_(shared))
+                ).all()
+            )
+            if shared
+            else set()
         )
         touched_jobs = {job_id for job_id, _ in touched}
-        specs = _job_specs(db_session, job_ids)
         eligible = [
             row.id
             for row in candidates
@@ -157,7 +165,7 @@ def _eligible_run_ids(db_session: Session, host: Host) -> list[str]:
             and host_service.why_host_cannot_run(host, specs[row.job_id][0]) is None
         ]
         if eligible:
-            return eligible
+            return eligible[:ELIGIBLE_MAX]
         last = candidates[-1]
         after = (last.created_at, last.job_id, last.slot)
     return []
@@ -168,8 +176,9 @@ def claim_lease(
 ) -> Lease | None:
     """One short transaction: take the oldest queued run this host may run, or None.
 
-    Rows of other hosts' candidates are never locked: only the run being taken is, with
-    `FOR UPDATE SKIP LOCKED`, so concurrent claimers pass each other instead of queueing.
+    Rows of other hosts' candidates are never locked: only the run being taken is, by one
+    `UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED)`, so concurrent claimers pass
+    each other instead of queueing. About ten statements in all.
     """
     try:
         if report is not None:
@@ -183,30 +192,33 @@ def claim_lease(
             )
             if host.health == "lost":
                 host.health = "ready"
-        # Serialize the claims of one host: one run per host at a time.
-        db_session.execute(sa.select(Host.id).where(Host.id == host.id).with_for_update())
-        busy = db_session.scalar(
-            sa.select(Run.id).where(Run.host_id == host.id, Run.state == RunState.LEASED).limit(1)
-        )
+            db_session.flush()
+        # Serialize the claims of one host (one run per host at a time): lock its row and
+        # look for a run it holds in one statement.
+        busy = db_session.execute(
+            sa.select(sa.exists().where(Run.host_id == host.id, Run.state == RunState.LEASED))
+            .select_from(Host)
+            .where(Host.id == host.id)
+            .with_for_update(of=Host)
+        ).scalar()
         eligible = [] if busy else _eligible_run_ids(db_session, host)
-        run = None
-        if eligible:
-            run = db_session.scalars(
-                sa.select(Run)
-                .join(Job, Job.id == Run.job_id)
-                .where(Run.id.in_(eligible), Run.state == RunState.QUEUED)
-                .order_by(Job.created_at, Job.id, Run.slot)
-                .limit(1)
-                .with_for_update(of=Run, skip_locked=True)
-            ).one_or_none()
-        if run is None:
+        if not eligible:
             db_session.commit()
             return None
         now = utcnow()
-        # The guard on state makes the claim atomic also where FOR UPDATE is a no-op (SQLite).
-        claimed: int = db_session.execute(  # type: ignore[attr-defined]
+        chosen = (
+            sa.select(Run.id)
+            .join(Job, Job.id == Run.job_id)
+            .where(Run.id.in_(eligible), Run.state == RunState.QUEUED)
+            .order_by(Job.created_at, Job.id, Run.slot)
+            .limit(1)
+            .with_for_update(of=Run, skip_locked=True)
+            .scalar_subquery()
+        )
+        # The guard on state keeps the claim atomic also where FOR UPDATE is a no-op (SQLite).
+        claimed = db_session.execute(
             sa.update(Run)
-            .where(Run.id == run.id, Run.state == RunState.QUEUED)
+            .where(Run.id == chosen, Run.state == RunState.QUEUED)
             .values(
                 state=RunState.LEASED,
                 host_id=host.id,
@@ -216,32 +228,41 @@ def claim_lease(
                 deadline_at=now + timedelta(seconds=settings.run_timeout_s),
                 progress=None,
             )
-            .execution_options(synchronize_session=False)
-        ).rowcount
-        if claimed != 1:
-            db_session.rollback()
+            .returning(Run.id, Run.job_id, Run.attempt)
+            # Objects of this session (tests share one) see the new values.
+            .execution_options(synchronize_session="fetch")
+        ).one_or_none()
+        if claimed is None:
+            db_session.commit()  # every eligible run was taken meanwhile
             return None
-        db_session.refresh(run)
-        db_session.add(RunAttempt(run_id=run.id, attempt=run.attempt, host_id=host.id))
+        run_id, job_id, attempt = claimed
+        db_session.add(RunAttempt(run_id=run_id, attempt=attempt, host_id=host.id))
         host.health = "busy"
-        job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
+        # A claimed run makes its job running (refresh_job_state's rule, without reading
+        # every run of the job).
+        db_session.execute(
+            sa.update(Job)
+            .where(Job.id == job_id, Job.state == JobState.QUEUED)
+            .values(state=JobState.RUNNING, updated_at=now)
+            .execution_options(synchronize_session="fetch")
+        )
         auth_service.record_audit(
             db_session=db_session,
             actor=f"host:{host.id}",
             kind="run.leased",
-            subject_id=run.id,
-            attempt=run.attempt,
+            subject_id=run_id,
+            attempt=attempt,
         )
         db_session.commit()
     except BaseException:
         db_session.rollback()
         raise
-    log.info("run leased", extra={"run_id": run.id, "host_id": host.id})
+    log.info("run leased", extra={"run_id": run_id, "host_id": host.id})
     return Lease(
-        run_id=run.id,
-        attempt=run.attempt,
-        job_id=run.job_id,
-        spec=_job_specs(db_session, {run.job_id})[run.job_id][1],
+        run_id=run_id,
+        attempt=attempt,
+        job_id=job_id,
+        spec=_job_specs(db_session, {job_id})[job_id][1],
         timeout_s=settings.run_timeout_s,
         lease_ttl_s=settings.lease_ttl_s,
     )
@@ -255,9 +276,11 @@ async def wait_for_lease(
     signal: WorkSignal,
     report: HostReport,
     wait_s: float,
+    gone: Callable[[], Awaitable[bool]] | None = None,
 ) -> Lease | None:
     """Long-poll on the event loop: claim, and between claims wait for a notification that
-    work was queued (bounded by lease_poll_s); None after wait_s seconds without a run.
+    work was queued (bounded by lease_poll_s); None after wait_s seconds without a run, or as
+    soon as `gone()` says the client left (a run claimed for nobody would wait for expiry).
 
     No database connection is held while waiting: each claim commits or rolls back.
     """
@@ -274,6 +297,8 @@ async def wait_for_lease(
         if lease is not None or remaining <= 0:
             return lease
         await signal.wait(since=seen, timeout_s=min(remaining, settings.lease_poll_s))
+        if gone is not None and await gone():
+            return None
 
 
 # --- heartbeat --------------------------------------------------------------------------

@@ -132,7 +132,7 @@ class MlxLmAdapter:
 
     def load(self) -> None:
         mlx_lm = import_from_checkout(self.checkout)
-        self.engine_module_file = str(Path(str(mlx_lm.__file__)).resolve())
+        self.engine_module_file = str(Path(mlx_lm.__file__ or "").resolve())
         self.mlx_lm_version = getattr(mlx_lm, "__version__", None)
         try:
             generate = importlib.import_module(f"{MODULE}.generate")
@@ -180,7 +180,7 @@ class MlxLmAdapter:
             "engine_module_file": self.engine_module_file,
             "checkout": str(self.checkout),
             "flags": {"prefill_step_size": self.flags.prefill_step_size},
-            "mlx": getattr(mx, "__version__", None),  # mlx.core's stubs do not declare it
+            "mlx": getattr(mx, "__version__", None),
             "mlx_lm": self.mlx_lm_version,
             "python": sys.version.split()[0],
             "python_executable": sys.executable,

@@ -23,7 +23,26 @@ What mlx_lm.server reports: with `stream_options.include_usage` its last event c
 `usage.prompt_tokens_details.cached_tokens`, the length of the prefix it reused from its LRU
 prompt cache (keyed by prompt + generated ids). A repeated prompt reuses all but its last token
 (N-1); two different prompts that merely start with the same token reuse 1, which is why
-`engine.prompts` gives every round a different first token.
+`engine.prompts` gives every round a different first token. A checkpoint whose tokenizer adds
+BOS starts every prompt with the same token, so every cell after the first reuses 1 token:
+such servers are started with their prompt cache off (`--prompt-cache-size 0` for
+mlx_lm.server), which the reason of such a cell says.
+
+Host-owned options (plan `server_options`, resolved by the worker from worker.toml): their argv
+pieces are appended to the command and their env set for the server; nothing else of a variant
+reaches the command line. An option's `proof` is a regular expression over the server's own
+output lines (stdout and stderr, unbuffered, in `<records>.server.log`) written during a cell:
+its matches are the counter `<option>.dispatched`, and `engine.judge` calls a requested option
+whose proof never matched a `silent no-op`. `wipe` paths (the server's on-disk caches) are
+deleted before the server starts, and the describe() target says what was removed.
+
+Fail fast: while a cell streams, a watchdog ends it when the server process exits or when no
+token has arrived `first_token_timeout_s` after the request (a dead generation thread), and the
+cell is an `error` whose reason carries the tail of the server's log.
+
+Provenance of what ran: the server's own interpreter (the command's `{python}`, or a script's
+`#!` interpreter) is asked, with the server's environment, which mlx and mlx_lm it imports
+(versions and files) and where the server module comes from: describe()'s `software`.
 """
 
 from __future__ import annotations
@@ -35,11 +54,13 @@ import http.client
 import json
 import logging
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,7 +69,7 @@ from typing import Any
 from engine import checkpoints
 from engine.adapters import measure_prompt
 from engine.backend import describe_backend
-from engine.judge import judge_cell
+from engine.judge import AtLeast, Expectation, Observation, judge_cell
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
 
@@ -58,8 +79,46 @@ NAME = "openai-server"
 READY_TIMEOUT_S = float(os.environ.get("COLDBENCH_SERVER_READY_TIMEOUT_S", "180"))
 REQUEST_TIMEOUT_S = float(os.environ.get("COLDBENCH_SERVER_REQUEST_TIMEOUT_S", "1800"))
 READY_PATHS = ("/v1/models", "/health")
+DEFAULT_FIRST_TOKEN_TIMEOUT_S = 300.0
 STDERR_TAIL_CHARS = 2000
 PROMPT_FIT_ATTEMPTS = 8
+WATCH_INTERVAL_S = 0.2
+PROBE_TIMEOUT_S = 120.0
+# What a cell with cached tokens means, and the usual fix, in the reason a reviewer reads.
+PROMPT_CACHE_REUSE = (
+    "the server reused its prompt cache; start it with its prompt cache off "
+    "(mlx_lm.server: --prompt-cache-size 0)"
+)
+# Run by the server's own interpreter, with the server's environment: what it imports.
+# Same shape as engine.adapters.process_software (provenance reads both alike).
+SOFTWARE_PROBE = """
+import importlib, importlib.util, json, os, sys
+from importlib import metadata
+out = {"python": sys.version.split()[0], "python_executable": sys.executable, "files": {}}
+for key, name, dist in (("mlx", "mlx.core", "mlx"), ("mlx_lm", "mlx_lm", "mlx-lm")):
+    try:
+        module = importlib.import_module(name)
+        out[key] = getattr(module, "__version__", None) or metadata.version(dist)
+        out["files"][key] = os.path.realpath(module.__file__)
+    except Exception as error:
+        out[key] = None
+        out.setdefault("errors", {})[key] = type(error).__name__ + ": " + str(error)[:200]
+try:
+    out["coldbench"] = metadata.version("coldbench")
+except Exception:
+    out["coldbench"] = None
+target = sys.argv[1] if len(sys.argv) > 1 else ""
+if target.startswith("-m:"):
+    try:
+        spec = importlib.util.find_spec(target[3:])
+        if spec is not None and spec.origin:
+            out["files"]["server"] = os.path.realpath(spec.origin)
+    except Exception:
+        pass
+elif target:
+    out["files"]["server"] = os.path.realpath(target)
+print(json.dumps(out))
+"""
 
 
 class ServerLoadError(ValueError):
@@ -119,49 +178,77 @@ class OpenAIServerAdapter:
     name = NAME
 
     def __init__(self, plan: Plan, *, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
-        if plan.flags:
+        self.options: dict[str, dict[str, Any]] = dict(plan.server_options or {})
+        not_options = sorted(set(plan.flags) - set(self.options))
+        if not_options:
             raise ServerLoadError(
-                f"openai-server adapter takes no engine flags (configure the server command); "
-                f"got {', '.join(sorted(plan.flags))}"
+                "openai-server adapter takes no engine flags, only the server options the host "
+                f"declares; not a server option here: {', '.join(not_options)}"
             )
         if plan.server_command is None:
             raise ServerLoadError("openai-server adapter needs the plan's server_command")
         self.plan = plan
         self.ready_timeout_s = ready_timeout_s
+        self.first_token_timeout_s = plan.first_token_timeout_s or DEFAULT_FIRST_TOKEN_TIMEOUT_S
         self.process: subprocess.Popen[bytes] | None = None
         self.prompts: PromptSource | None = None
         self.port = free_loopback_port()
         self.ready_path: str | None = None
         self._log: Any = None
-        self.log_path: Path | None = None
+        # Beside the variant's records, kept after the server ends: the run bundles it.
+        records = Path(plan.records_path)
+        self.log_path: Path = records.with_name(records.stem + ".server.log")
+        self.wiped: list[dict[str, Any]] = []
+        self.software: dict[str, Any] | None = None
+        self._probe: subprocess.Popen[str] | None = None
+        self.proofs = {
+            name: re.compile(option["proof"])
+            for name, option in sorted(self.options.items())
+            if option.get("proof")
+        }
         # Checked before anything starts: a bad command is a load error, not a stray process.
-        self.argv = server_argv(plan.server_command, port=self.port, model="{model}")
+        self.argv = self._argv(model="{model}")
+
+    def _argv(self, *, model: str) -> list[str]:
+        """The host's command with its placeholders filled, then each requested option's argv
+        pieces (already rendered from validated values by the worker), in option-name order."""
+        argv = server_argv(self.plan.server_command or [], port=self.port, model=model)
+        for name in sorted(self.options):
+            argv += list(self.options[name]["argv"])
+        return argv
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"  # proof lines reach the log as they are printed
+        for name in sorted(self.options):
+            env.update(self.options[name]["env"])
+        return env
 
     def load(self) -> None:
         if self.plan.model.startswith("preset:"):
             model_path = checkpoints.resolve_model(self.plan.model, {})
         else:
             model_path = Path(self.plan.model)
-        self.argv = server_argv(
-            self.plan.server_command or [], port=self.port, model=str(model_path)
-        )
+        self.argv = self._argv(model=str(model_path))
         tokenizer = _load_tokenizer(model_path)
         self.tokenizer = tokenizer
         config = json.loads((model_path / "config.json").read_text())
         self.prompts = PromptSource.from_tokenizer(
             tokenizer, max_tokens=config.get("max_position_embeddings")
         )
-        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the server
-            prefix="coldbench-server-", suffix=".log", delete=False
-        )
-        self.log_path = Path(self._log.name)
+        self.wiped = [wipe_path(path) for path in self.plan.wipe]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
         logger.info("starting server: %s", " ".join(self.argv))
+        env = self._env()
+        self._start_probe(env)
         try:
             self.process = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
+                env=env,
                 preexec_fn=_own_session_dying_with_parent,
             )
         except OSError as exc:
@@ -175,6 +262,41 @@ class OpenAIServerAdapter:
         except BaseException:
             self.close()
             raise
+        self.software = self._finish_probe()
+
+    def _start_probe(self, env: dict[str, str]) -> None:
+        """Ask the server's interpreter what it imports, while the server loads."""
+        interpreter, target = server_interpreter(self.plan.server_command or [], self.argv)
+        if interpreter is None:
+            self.software = {"probe": "the server command is not a Python interpreter or script"}
+            return
+        try:
+            self._probe = subprocess.Popen(
+                [interpreter, "-c", SOFTWARE_PROBE, target],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        except OSError as exc:
+            self.software = {"probe": f"cannot run {interpreter}: {exc}"}
+
+    def _finish_probe(self) -> dict[str, Any] | None:
+        probe, self._probe = self._probe, None
+        if probe is None:
+            return self.software
+        try:
+            out, err = probe.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.communicate()
+            return {"probe": f"no answer after {PROBE_TIMEOUT_S:.0f} s"}
+        try:
+            found = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"probe": f"exit {probe.returncode}: {' '.join(err.split())[-300:]}"}
+        return found if isinstance(found, dict) else None
 
     def check_context(self, context_tokens: int) -> None:
         assert self.prompts is not None, "load() first"
@@ -182,14 +304,29 @@ class OpenAIServerAdapter:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def stderr_tail(self) -> str:
-        if self.log_path is None:
-            return ""
+    def stderr_tail(self, chars: int = STDERR_TAIL_CHARS) -> str:
+        """The end of the server's log as one line (its lines joined by ` | `)."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as handle:
+                handle.seek(max(0, self.log_path.stat().st_size - chars))
+                text = handle.read().decode(errors="replace")
         except OSError:
             return ""
-        return " | ".join(text[-STDERR_TAIL_CHARS:].strip().splitlines())
+        return " | ".join(line for line in text.strip().splitlines() if line.strip())
+
+    def _log_offset(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _log_since(self, offset: int) -> list[str]:
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(offset)
+                return handle.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
 
     def _wait_ready(self, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
@@ -219,11 +356,23 @@ class OpenAIServerAdapter:
             "variant": self.plan.variant,
             "adapter": NAME,
             "server_command": self.argv,
+            "server_env": {
+                key: value
+                for name in sorted(self.options)
+                for key, value in self.options[name]["env"].items()
+            },
+            "server_options": {name: option["value"] for name, option in self.options.items()},
+            "proofs": {name: pattern.pattern for name, pattern in self.proofs.items()},
+            "wiped": self.wiped,
+            "first_token_timeout_s": self.first_token_timeout_s,
+            "server_log": self.log_path.name,
             "port": self.port,
             "ready_path": self.ready_path,
-            # The engine runs in the server's process, out of sight: no import path to check.
+            # The engine runs in the server's process, out of sight: no import path to check
+            # here; `software` is what the server's interpreter imports (see the probe).
             "engine_module_file": None,
-            "flags": {},
+            "software": self.software,
+            "flags": dict(self.plan.flags),
             "python": sys.version.split()[0],
             **describe_backend(),
         }
@@ -239,12 +388,13 @@ class OpenAIServerAdapter:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
+        if self._probe is not None and self._probe.poll() is None:
+            self._probe.kill()
+            self._probe.communicate()
+        self._probe = None
         if self._log is not None:
             self._log.close()
             self._log = None
-        if self.log_path is not None:
-            with contextlib.suppress(OSError):
-                self.log_path.unlink()
 
     # -- cells -------------------------------------------------------------------------------
 
@@ -255,7 +405,9 @@ class OpenAIServerAdapter:
 
     def measure(self, prompt_ids: Sequence[int], *, context_tokens: int) -> dict[str, Any]:
         if self.process is None or self.process.poll() is not None:
-            raise RuntimeError(f"server is not running: {self.stderr_tail()}")
+            code = None if self.process is None else self.process.poll()
+            # The runner keeps 500 characters of an exception: the log's last lines fit.
+            raise RuntimeError(f"server is not running (exit code {code}): {self.stderr_tail(400)}")
         decode_tokens = self.plan.decode_tokens
         text, server_ids = fit_prompt_text(self.tokenizer, prompt_ids)
         body = {
@@ -265,7 +417,18 @@ class OpenAIServerAdapter:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        stream = _stream_completion(self.port, body)
+        offset = self._log_offset()
+        stream = _stream_completion(
+            self.port,
+            body,
+            process=self.process,
+            first_token_timeout_s=self.first_token_timeout_s,
+        )
+        lines = self._log_since(offset)
+        dispatched = {
+            name: sum(1 for line in lines if pattern.search(line))
+            for name, pattern in self.proofs.items()
+        }
         usage = stream["usage"] or {}
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens")
@@ -285,15 +448,20 @@ class OpenAIServerAdapter:
             prefill_observed=False,  # the server's prefill loop is out of sight
             # max_tokens is at least 1: a prefill-only cell still streams one token.
             decoded_tokens=None if decoded is None else min(decoded, decode_tokens),
+            # A proof line is the option's own word that it ran: at least one per cell.
+            execution=[
+                (Expectation(name, AtLeast(1), 0), Observation(name, count))
+                for name, count in dispatched.items()
+            ],
             cache="the server",
-            reuse="the server reused its prompt cache",
+            reuse=PROMPT_CACHE_REUSE,
         )
-        status: str = judgement.status  # the judge's ok/invalid, or error below
-        reason = judgement.reason
+        status: str = judgement.status
+        reason: str | None = judgement.reason
         if stream["error"]:
-            status, reason = "error", stream["error"]
+            status, reason = "error", f"{stream['error']}; server log: {self.stderr_tail()}"
         elif prefill_s is None:
-            status, reason = "error", "server streamed no token"
+            status, reason = "error", f"server streamed no token; server log: {self.stderr_tail()}"
         decode_steps = (decoded or 0) - 1
         return {
             "prompt_tokens": prompt_tokens,
@@ -312,6 +480,8 @@ class OpenAIServerAdapter:
                 "stream_events": stream["events"],
                 "prompt_ids_refit": list(server_ids) != [int(i) for i in prompt_ids],
                 "output_text_sha256": hashlib.sha256(stream["text"].encode()).hexdigest(),
+                **{f"{name}.dispatched": count for name, count in dispatched.items()},
+                **({"inert": ",".join(judgement.inert)} if judgement.inert else {}),
             },
             "status": status,
             "reason": reason,
@@ -346,8 +516,78 @@ def _load_tokenizer(path: Path) -> Any:
         raise ServerLoadError(f"cannot load the tokenizer of {path}: {exc}") from exc
 
 
-def _stream_completion(port: int, body: dict[str, Any]) -> dict[str, Any]:
-    """POST /v1/completions with stream=True; time the first and last token events."""
+def wipe_path(path: str) -> dict[str, Any]:
+    """Delete one of the server's cache folders (or files) before it starts; say what went.
+
+    The worker validated the path (absolute, not /, not the home folder); this re-checks the
+    two that would be disasters, since a plan file is only JSON."""
+    target = Path(path)
+    if not target.is_absolute() or target == Path(target.anchor) or target == Path.home():
+        raise ServerLoadError(f"refusing to wipe {path!r}: name the server's cache folder")
+    if not target.exists() and not target.is_symlink():
+        return {"path": path, "existed": False, "bytes": 0}
+    size = 0
+    if target.is_dir() and not target.is_symlink():
+        for root, _dirs, files in os.walk(target):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    size += (Path(root) / name).lstat().st_size
+        try:
+            shutil.rmtree(target)
+        except OSError as exc:
+            raise ServerLoadError(f"cannot wipe {path}: {exc}") from exc
+    else:
+        try:
+            size = target.lstat().st_size
+            target.unlink()
+        except OSError as exc:
+            raise ServerLoadError(f"cannot wipe {path}: {exc}") from exc
+    return {"path": path, "existed": True, "bytes": size}
+
+
+def server_interpreter(command: Sequence[str], argv: Sequence[str]) -> tuple[str | None, str]:
+    """(the Python interpreter that runs the server, what it runs: `-m:module` or a script).
+
+    `{python}` first in the host's command is this interpreter; a script whose `#!` line names
+    python runs under that interpreter. Anything else is not asked (None)."""
+    if not argv:
+        return None, ""
+    interpreter: str | None = None
+    rest = list(argv[1:])
+    if command and command[0] == "{python}":
+        interpreter = argv[0]
+    else:
+        with contextlib.suppress(OSError):
+            first = Path(argv[0]).read_bytes()[:200].split(b"\n")[0].decode(errors="replace")
+            if first.startswith("#!") and "python" in first:
+                words = first[2:].split()
+                if Path(words[0]).name == "env" and len(words) > 1:
+                    interpreter = shutil.which(words[1])
+                else:
+                    interpreter = words[0]
+                rest = [argv[0], *rest]
+    if interpreter is None:
+        return None, ""
+    target = ""
+    if len(rest) >= 2 and rest[0] == "-m":
+        target = f"-m:{rest[1]}"
+    elif rest and not rest[0].startswith("-"):
+        target = str(Path(rest[0]).resolve())
+    return interpreter, target
+
+
+def _stream_completion(
+    port: int,
+    body: dict[str, Any],
+    *,
+    process: subprocess.Popen[bytes] | None = None,
+    first_token_timeout_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S,
+) -> dict[str, Any]:
+    """POST /v1/completions with stream=True; time the first and last token events.
+
+    A watchdog thread ends the request early when the server process exits or when no token
+    has arrived `first_token_timeout_s` after the request was sent: it shuts the socket, the
+    read below fails, and `error` says which of the two happened."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
     result: dict[str, Any] = {
         "prefill_s": None,
@@ -357,11 +597,40 @@ def _stream_completion(port: int, body: dict[str, Any]) -> dict[str, Any]:
         "events": 0,
         "error": None,
     }
+    done = threading.Event()
+    first_token = threading.Event()
+    ended: list[str] = []
+    # The socket itself: a response that closes the connection takes it over from `conn`.
+    sockets: list[socket.socket] = []
+
+    def watch(started: float) -> None:
+        while not done.wait(WATCH_INTERVAL_S):
+            why = None
+            code = process.poll() if process is not None else None
+            if code is not None:
+                why = f"server exited with code {code} during the cell"
+            elif not first_token.is_set() and time.monotonic() - started > first_token_timeout_s:
+                why = (
+                    f"no token {first_token_timeout_s:g} s after the request "
+                    "(first_token_timeout_s): the server's generation looks dead"
+                )
+            if why is not None:
+                ended.append(why)
+                for sock in sockets:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                return
+
+    watchdog: threading.Thread | None = None
     try:
         conn.connect()
+        if conn.sock is not None:
+            sockets.append(conn.sock)
         payload = json.dumps(body).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         started = time.perf_counter()
+        watchdog = threading.Thread(target=watch, args=(time.monotonic(),), daemon=True)
+        watchdog.start()
         conn.request("POST", "/v1/completions", body=payload, headers=headers)
         response = conn.getresponse()
         if response.status != 200:
@@ -386,6 +655,7 @@ def _stream_completion(port: int, body: dict[str, Any]) -> dict[str, Any]:
                 if piece or choice.get("finish_reason"):
                     now = time.perf_counter()
                     first_at = now if first_at is None else first_at
+                    first_token.set()
                     last_at = now
                     result["text"] += piece
         if first_at is not None and last_at is not None:
@@ -394,5 +664,16 @@ def _stream_completion(port: int, body: dict[str, Any]) -> dict[str, Any]:
     except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
         result["error"] = f"stream failed: {type(exc).__name__}: {exc}"
     finally:
+        done.set()
+        if watchdog is not None:
+            watchdog.join()
         conn.close()
+    if not ended and result["error"] and process is not None:
+        # A server that died mid-request closes the connection a moment before it is reaped.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = process.wait(timeout=1)
+            ended.append(f"server exited with code {code} during the cell")
+    if ended:
+        # The watchdog's reason is the cause; the read error it provoked is only the symptom.
+        result["error"] = ended[0]
     return result

@@ -368,3 +368,22 @@ def test_rendering_into_a_full_store_publishes_no_evidence_until_there_is_room(
     with api.client() as client:
         for suffix in (".json", ".zip", ".md"):
             assert client.get(f"/e/{evidence}{suffix}").status_code == 200
+
+
+def test_a_long_poll_whose_agent_left_claims_nothing(
+    running: Cluster, api: Server, api_key: str
+) -> None:
+    secret = enroll(running, api, "fault:gone")
+    with pytest.raises(httpx.ReadTimeout), api.client(secret, timeout=1.5) as client:
+        # The agent gives up (killed, or its own timeout) while the server still waits.
+        client.post(
+            "/api/v1/leases", json={"fingerprint": fingerprint(), "labels": [], "wait_s": 20}
+        )
+    with api.client(api_key) as client:
+        created = client.post(
+            "/api/v1/jobs", json=job_payload(model="m", host_labels=["fault:gone"])
+        )
+    assert created.status_code == 201, created.text
+    time.sleep(4)
+    states = running.rows("select state from runs where job_id = :j", j=created.json()["id"])
+    assert [state for (state,) in states] == ["queued"]

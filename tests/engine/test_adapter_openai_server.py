@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from engine.adapters.openai_server import (
     ServerLoadError,
     fit_prompt_text,
     server_argv,
+    wipe_path,
 )
 from engine.plan import Plan
 
@@ -58,6 +60,71 @@ SILENT_SERVER = textwrap.dedent(
 )
 
 
+# A cold OpenAI-style server with the behaviours the fail-fast and option tests need:
+# `server.py PORT PROMPT_TOKENS MODE [--fast] [--fake-fast]`. MODE `ok` streams; `hang`
+# answers with headers and then never streams a token (a dead generation thread); `exit`
+# dies on the first completion. `--fast` prints a proof line per request (an honest option);
+# `--fake-fast` is accepted and ignored (a planted no-op). FAST_ENV=1 prints its own line.
+BEHAVING_SERVER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    port, prompt_tokens, mode, flags = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+    print("serving with", " ".join(flags) or "no flags", flush=True)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"data": []}')
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if mode == "exit":
+                print("fatal: the generation thread crashed", file=sys.stderr, flush=True)
+                os._exit(3)
+            if "--fast" in flags:
+                print(f"fast path: dispatched {prompt_tokens} tokens", file=sys.stderr)
+            if os.environ.get("FAST_ENV") == "1":
+                print("env fast path on")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b": keepalive 0/1\\n\\n")
+            self.wfile.flush()
+            if mode == "hang":
+                print("generation thread died", file=sys.stderr)
+                time.sleep(3600)
+            for i in range(body["max_tokens"]):
+                event = {"choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}]}
+                self.wfile.write(f"data: {json.dumps(event)}\\n\\n".encode())
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": body["max_tokens"],
+                "prompt_tokens_details": {"cached_tokens": 0},
+            }
+            self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\\n\\n".encode())
+            self.wfile.write(b"data: [DONE]\\n\\n")
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    """
+)
+
+FAST = {"value": True, "argv": ["--fast"], "env": {}, "proof": r"fast path: dispatched \d+"}
+FAKE_FAST = {"value": True, "argv": ["--fake-fast"], "env": {}, "proof": r"fast path: dispatched"}
+ENV_FAST = {"value": True, "argv": [], "env": {"FAST_ENV": "1"}, "proof": "env fast path on"}
+
+
+def _behaving(tmp_path: Path, mode: str) -> list[str]:
+    script = tmp_path / "behaving_server.py"
+    script.write_text(BEHAVING_SERVER)
+    return ["{python}", str(script), "{port}", "64", mode]
+
+
 def _plan(model: Path, command: list[str], tmp_path: Path, **extra: object) -> Plan:
     return Plan.from_json(
         {
@@ -87,7 +154,9 @@ def test_placeholders_are_filled() -> None:
 
 def test_engine_flags_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = _plan(tiny_model_dir, MLX_LM_SERVER, tmp_path, flags={"clear_cache": False})
-    with pytest.raises(ServerLoadError, match="takes no engine flags.*clear_cache"):
+    with pytest.raises(
+        ServerLoadError, match="takes no engine flags.*not a server option here: clear_cache"
+    ):
         OpenAIServerAdapter(plan)
 
 
@@ -198,7 +267,10 @@ def test_mlx_lm_server_cells_are_cold_and_a_repeat_is_caught(
     assert repeat["prompt_sha256"] == cold[2]["prompt_sha256"]
     assert repeat["status"] == "invalid"
     assert repeat["cached_tokens"] == 127  # everything but the last prompt token
-    assert repeat["reason"] == "cached_tokens=127: the server reused its prompt cache"
+    assert repeat["reason"] == (
+        "cached_tokens=127: the server reused its prompt cache; start it with its prompt cache "
+        "off (mlx_lm.server: --prompt-cache-size 0)"
+    )
 
 
 def test_a_context_the_model_cannot_serve_stops_the_server_too(
@@ -229,3 +301,178 @@ def test_a_context_the_model_cannot_serve_stops_the_server_too(
     assert "context 100000 tokens exceeds the model's maximum" in event["reason"]
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert " ".join(marker) not in processes
+
+
+def test_a_server_that_never_streams_is_an_error_within_seconds(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    plan = _plan(tiny_model_dir, _behaving(tmp_path, "hang"), tmp_path, first_token_timeout_s=1.5)
+    adapter = OpenAIServerAdapter(plan)
+    adapter.load()
+    try:
+        started = time.monotonic()
+        cell = adapter.run_cell(0, 0, 64)
+        took = time.monotonic() - started
+    finally:
+        adapter.close()
+    assert cell["status"] == "error"
+    assert "no token 1.5 s after the request (first_token_timeout_s)" in cell["reason"]
+    assert "server log: " in cell["reason"] and "generation thread died" in cell["reason"]
+    assert took < 10
+
+
+def test_a_server_that_exits_mid_cell_is_an_error_with_its_log(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    plan = _plan(tiny_model_dir, _behaving(tmp_path, "exit"), tmp_path)
+    adapter = OpenAIServerAdapter(plan)
+    adapter.load()
+    try:
+        started = time.monotonic()
+        cell = adapter.run_cell(0, 0, 64)
+        took = time.monotonic() - started
+        with pytest.raises(RuntimeError, match=r"not running \(exit code 3\): .*thread crashed"):
+            adapter.run_cell(1, 0, 64)
+    finally:
+        adapter.close()
+    assert cell["status"] == "error" and took < 10
+    assert cell["reason"].startswith("server exited with code 3 during the cell; server log: ")
+    assert "the generation thread crashed" in cell["reason"]
+    # The log stays beside the records for the run's bundle.
+    assert "the generation thread crashed" in adapter.log_path.read_text()
+
+
+def test_options_reach_the_server_and_their_proof_lines_are_counted(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "server-cache"
+    (cache / "kv").mkdir(parents=True)
+    (cache / "kv" / "block").write_bytes(b"x" * 1000)
+    plan = _plan(
+        tiny_model_dir,
+        _behaving(tmp_path, "ok"),
+        tmp_path,
+        flags={"fast": True, "env_fast": True},
+        server_options={"fast": FAST, "env_fast": ENV_FAST},
+        wipe=[str(cache), str(tmp_path / "never-there")],
+    )
+    adapter = OpenAIServerAdapter(plan)
+    adapter.load()
+    try:
+        cells = [adapter.run_cell(r, 0, 64) for r in range(2)]
+        target = adapter.describe()
+    finally:
+        adapter.close()
+    for cell in cells:
+        assert cell["status"] == "ok", cell["reason"]
+        assert cell["counters"]["fast.dispatched"] == 1
+        assert cell["counters"]["env_fast.dispatched"] == 1
+    assert not cache.exists()
+    assert target["wiped"] == [
+        {"path": str(cache), "existed": True, "bytes": 1000},
+        {"path": str(tmp_path / "never-there"), "existed": False, "bytes": 0},
+    ]
+    assert target["server_command"][-1] == "--fast" and target["server_env"] == {"FAST_ENV": "1"}
+    assert target["server_options"] == {"fast": True, "env_fast": True}
+    # What the server's interpreter imports, asked of that interpreter.
+    software = target["software"]
+    assert software["python_executable"] == sys.executable
+    assert software["files"]["mlx_lm"].endswith("mlx_lm/__init__.py") and software["mlx"]
+    assert software["files"]["server"].endswith("behaving_server.py")
+
+
+def test_an_option_the_server_ignores_is_a_silent_no_op(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    plan = _plan(
+        tiny_model_dir,
+        _behaving(tmp_path, "ok"),
+        tmp_path,
+        flags={"fast": True},
+        server_options={"fast": FAKE_FAST},
+    )
+    adapter = OpenAIServerAdapter(plan)
+    adapter.load()
+    try:
+        cell = adapter.run_cell(0, 0, 64)
+    finally:
+        adapter.close()
+    assert "--fake-fast" in adapter.argv
+    assert cell["status"] == "invalid"
+    assert cell["reason"] == "silent no-op: fast"
+    assert cell["counters"]["fast.dispatched"] == 0
+
+
+def test_wipe_refuses_root_and_home(tmp_path: Path) -> None:
+    for path in ("/", str(Path.home()), "relative/cache"):
+        with pytest.raises(ServerLoadError, match="refusing to wipe"):
+            wipe_path(path)
+
+
+def _bos_checkpoint(source: Path, out: Path) -> Path:
+    """A copy of the tiny checkpoint whose tokenizer adds BOS, as real checkpoints do (a
+    post-processor in tokenizer.json); the preset's own files are left as they are."""
+    import shutil
+
+    shutil.copytree(source, out)
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    bos = "<|bos|>"
+    bos_id = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == bos)
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return out
+
+
+@pytest.mark.slow
+def test_a_bos_adding_tokenizer_needs_the_prompt_cache_off(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Every prompt starts with BOS: mlx_lm.server's default prompt cache reuses that one
+    token in every cell after the first, and the reason says how to start it instead; with
+    `--prompt-cache-size 0` (the documented command) every cell is cold."""
+    from mlx_lm.utils import load_tokenizer
+
+    model = _bos_checkpoint(tiny_model_dir, tmp_path / "tiny-bos")
+    tokenizer = load_tokenizer(model)
+    assert tokenizer.encode("hello")[0] == tokenizer.bos_token_id  # really adds BOS
+
+    def cells(command: list[str], name: str) -> list[dict[str, object]]:
+        records = tmp_path / f"{name}.jsonl"
+        adapter = OpenAIServerAdapter(
+            Plan.from_json(
+                {
+                    "run_id": "r-bos",
+                    "variant": name,
+                    "adapter": "openai-server",
+                    "model": str(model),
+                    "records_path": str(records),
+                    "server_command": command,
+                    "decode_tokens": 2,
+                }
+            )
+        )
+        adapter.load()
+        try:
+            return [adapter.run_cell(r, 0, 64) for r in range(3)]
+        finally:
+            adapter.close()
+
+    default = cells(MLX_LM_SERVER, "default")
+    assert [c["cached_tokens"] for c in default[1:]] == [1, 1]
+    assert default[1]["status"] == "invalid"
+    assert default[1]["reason"] == (
+        "cached_tokens=1: the server reused its prompt cache; start it with its prompt cache "
+        "off (mlx_lm.server: --prompt-cache-size 0)"
+    )
+    cache_off = cells([*MLX_LM_SERVER, "--prompt-cache-size", "0"], "cache-off")
+    for cell in cache_off:
+        assert cell["status"] == "ok", cell["reason"]
+        assert cell["cached_tokens"] == 0 and cell["prompt_tokens"] == 64

@@ -45,21 +45,31 @@ def test_worker_toml_parses_with_paths_relative_to_the_file(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (('name = "studio-1"', 'name = "../etc"'), "name: give the host a plain name"),
-        (('labels = ["lab:home"]', 'labels = ["a b"]'), "not a valid label: a b"),
-        (('url = "../src/mlx-lm"', 'url = "--upload-pack=x"'), "must not start with '-'"),
+        (('name = "studio-1"', 'name = "../etc"'), "name: '../etc' is not a plain name"),
+        (('labels = ["lab:home"]', 'labels = ["a b"]'), "labels: not a valid label: a b"),
+        (
+            ('url = "../src/mlx-lm"', 'url = "--upload-pack=x"'),
+            "repositories.mlx-lm.url: must not start with '-'",
+        ),
         (
             (
                 'command = ["{python}", "-m", "pip", "install", "--no-deps", '
                 '"--no-build-isolation", "-e", "."]',
                 'command = "pip install -e . && curl evil | sh"',
             ),
-            "command must be a list of strings",
+            "repositories.mlx-lm.recipes.editable.command: must be a list of strings",
         ),
-        (('adapter = "mlx-lm"', 'adapter = "shell"'), "adapter must be one of"),
-        (('module = "mlx_lm"', 'module = "mlx_lm; rm"'), "must be a Python module name"),
-        (('state_dir = "state"', "state_dir = 3"), "state_dir must be a path"),
-        (('name = "studio-1"', 'name = "s"\nsurprise = 1'), "unknown top-level keys"),
+        (('adapter = "mlx-lm"', 'adapter = "shell"'), "repositories.mlx-lm.adapter: must be one"),
+        (
+            ('module = "mlx_lm"', 'module = "mlx_lm; rm"'),
+            "repositories.mlx-lm.module: must be a Python module name",
+        ),
+        (('state_dir = "state"', "state_dir = 3"), "state_dir: must be a string"),
+        (('name = "studio-1"', 'name = "s"\nsurprise = 1'), "surprise: unknown key"),
+        (
+            ('adapter = "mlx-lm"', 'adapter = "mlx-lm"\nwipe = ["/tmp/c"]'),
+            'repositories.mlx-lm: wipe: apply only to adapter = "openai-server"',
+        ),
         (("[models]", "[models\n"), "not valid TOML"),
     ],
 )
@@ -76,7 +86,7 @@ def test_bad_worker_toml_is_one_clear_line(
 def test_repository_without_recipes_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "worker.toml"
     path.write_text('name = "h"\n[repositories.r]\nurl = "https://example.org/r.git"\n')
-    with pytest.raises(ConfigError, match="define at least one build recipe"):
+    with pytest.raises(ConfigError, match="repositories.r.recipes: define at least one build"):
         load_host_config(path)
 
 
@@ -139,3 +149,79 @@ def test_worker_command_bad_input(coldbench_cmd: list[str], tmp_path: Path) -> N
     done = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml", "--enroll", token)
     assert done.returncode == 1 and "cannot reach http://127.0.0.1:9" in done.stderr
     assert not (tmp_path / "worker.secret").exists()
+
+
+SERVER = """
+name = "server-host"
+[repositories.mlx-lm]
+url = "https://example.org/mlx-lm.git"
+adapter = "openai-server"
+server_command = ["{python}", "-m", "mlx_lm", "server", "--model", "{model}", "--port", "{port}"]
+wipe = ["~/.cache/my-server/kv", "/var/tmp/server-ssd-cache"]
+first_token_timeout_s = 30
+[repositories.mlx-lm.recipes.editable]
+command = ["{python}", "-m", "pip", "install", "-e", "."]
+[repositories.mlx-lm.options.fast]
+type = "bool"
+argv = ["--fast-path"]
+env = {FAST_PATH_LOG = "1"}
+proof = 'fast path: dispatched \\d+ tokens'
+[repositories.mlx-lm.options.prefill_step_size]
+type = "int"
+min = 64
+max = 16384
+argv = ["--prefill-step-size", "{value}"]
+proof = "Prompt processing progress: {value}/"
+"""
+
+
+def test_server_repository_declares_options_wipe_paths_and_first_token_bound(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "worker.toml"
+    path.write_text(SERVER)
+    repo = load_host_config(path).repositories["mlx-lm"]
+    assert repo.adapter == "openai-server" and repo.first_token_timeout_s == 30
+    assert repo.wipe == (str(Path.home() / ".cache/my-server/kv"), "/var/tmp/server-ssd-cache")
+    fast, step = repo.options["fast"], repo.options["prefill_step_size"]
+    assert fast.render(True) == (["--fast-path"], {"FAST_PATH_LOG": "1"})
+    assert fast.render(False) == ([], {})  # off is the stock server
+    assert step.render(step.validate_value("prefill_step_size", "4096")) == (
+        ["--prefill-step-size", "4096"],
+        {},
+    )
+    assert step.proof_pattern(4096) == "Prompt processing progress: 4096/"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("max = 16384", "max = 16"), "repositories.mlx-lm.options.prefill_step_size: min 64 is"),
+        (("max = 16384", 'max = "big"'), "options.prefill_step_size.max: must be an integer"),
+        (("max = 16384\n", ""), "options.prefill_step_size: an int option needs min and max"),
+        (
+            ('argv = ["--prefill-step-size", "{value}"]', 'argv = ["--prefill-step-size={v}"]'),
+            "options.prefill_step_size.argv: argv piece '--prefill-step-size={v}': the only",
+        ),
+        (('type = "bool"', 'type = "shell"'), "options.fast.type: must be one of"),
+        (("proof = 'fast path", "proof = '(fast path"), "options.fast.proof: not a regular"),
+        (("[repositories.mlx-lm.options.fast]", "[repositories.mlx-lm.options.Fast]"), "lower"),
+        (('env = {FAST_PATH_LOG = "1"}', 'env = {"A B" = "1"}'), "options.fast.env: 'A B' is"),
+        (('wipe = ["~/.cache', 'wipe = ["~", "~/.cache'), "repositories.mlx-lm.wipe: '~' would"),
+        (('wipe = ["~/.cache', 'wipe = ["/", "~/.cache'), "repositories.mlx-lm.wipe: '/' would"),
+        (('wipe = ["~/.cache', 'wipe = ["cache", "~/.cache'), "must be an absolute path"),
+        (("first_token_timeout_s = 30", "first_token_timeout_s = 0"), "must be above 0"),
+        (
+            ("first_token_timeout_s = 30", 'first_token_timeout_s = "soon"'),
+            "repositories.mlx-lm.first_token_timeout_s: must be a number",
+        ),
+    ],
+)
+def test_bad_server_declarations_name_the_key(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    path = tmp_path / "worker.toml"
+    path.write_text(SERVER.replace(*change, 1))
+    with pytest.raises(ConfigError) as raised:
+        load_host_config(path)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
