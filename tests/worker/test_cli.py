@@ -136,8 +136,9 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
         (["--adapter", "vllm", "--repo", "."], "--adapter 'vllm': choose one of embedded"),
         (
             ["--adapter", "embedded", "--repo", str(REPO_ROOT), "--variant", "a"],
-            "variant a names no ref of",
+            "adapter: the embedded adapter runs coldbench's own engine and builds no repository",
         ),
+        (["--repo", str(REPO_ROOT), "--variant", "a"], "variants.0.ref: variant a names no ref of"),
     ],
 )
 def test_bad_input_is_one_clear_line(
