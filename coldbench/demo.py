@@ -189,6 +189,9 @@ def demo_env(state_dir: Path) -> dict[str, str]:
             "COLDBENCH_ARTIFACT_DIR": str(state_dir / "artifacts"),
             "COLDBENCH_MODEL_DIR": str(state_dir / "models"),
             "PYTHONUNBUFFERED": "1",
+            # SQLite has no notification to wake the agent's lease long-poll, which then looks
+            # every 2 s by default: the demo's one agent gets each queued run within 0.1 s.
+            "COLDBENCH_LEASE_POLL_S": "0.1",
         }
     )
     return env

@@ -42,7 +42,12 @@ def submit(
     rounds: int = 3,
     decode_tokens: int = 8,
     model: str = "preset:tiny",
-    mode: Annotated[str, typer.Option(help="ab, ablation or sweep.")] = "ab",
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="ab, ablation, sweep, or history (each --variant ref=COMMIT against the first)."
+        ),
+    ] = "ab",
     features: Annotated[
         str, typer.Option(help="Ablation features: flag or flag=value, comma-separated.")
     ] = "",

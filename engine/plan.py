@@ -4,8 +4,8 @@
 {"run_id": "r-1", "variant": "base", "adapter": "embedded", "model": "/abs/checkpoint",
  "flags": {"prefill_step_size": 256}, "decode_tokens": 8, "seed": 0,
  "records_path": "/abs/records.jsonl", "checkout": null, "server_command": null,
- "cells": null, "warmup_tokens": null, "server_options": null, "wipe": [],
- "first_token_timeout_s": null}
+ "cells": null, "warmup_tokens": null, "warmup_contexts": [4096, 16384],
+ "server_options": null, "wipe": [], "first_token_timeout_s": null}
 ```
 
 For the openai-server adapter, `server_options` maps each requested option to what the host's
@@ -16,8 +16,10 @@ for a cell's first streamed token.
 
 `model` is a checkpoint directory or `preset:NAME`; `cells` (a list of
 `{"round", "order", "context_tokens"}`) makes the process run them and exit (batch mode);
-`warmup_tokens` sets the warm-up prompt's length (default: the smallest batch cell's context,
-else 256). Every field is checked; a bad one is a ValueError of one line naming it.
+`warmup_contexts` lists the contexts warmed once each before the first timed cell (kernels
+compile per shape on Metal and CUDA, so every context of the matrix is warmed); without it,
+`warmup_tokens` names a single warm-up length, else every context of the batch `cells`, else
+256 tokens. Every field is checked; a bad one is a ValueError of one line naming it.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Plan:
     server_command: list[str] | None = None
     cells: list[CellRequest] | None = None
     warmup_tokens: int | None = None
+    warmup_contexts: list[int] | None = None
     server_options: dict[str, dict[str, Any]] | None = None
     wipe: list[str] = field(default_factory=list)
     first_token_timeout_s: float | None = None
@@ -129,6 +132,15 @@ class Plan:
         checkout = value.get("checkout")
         if checkout is not None and not isinstance(checkout, str):
             raise ValueError("plan checkout must be a path string")
+        warmup_contexts = value.get("warmup_contexts")
+        if warmup_contexts is not None and (
+            not isinstance(warmup_contexts, list)
+            or not warmup_contexts
+            or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in warmup_contexts
+            )
+        ):
+            raise ValueError("plan warmup_contexts must be a non-empty list of integers >= 1")
         cells = value.get("cells")
         if cells is not None:
             if not isinstance(cells, list):
@@ -149,17 +161,21 @@ class Plan:
             server_command=command,
             cells=cells,
             warmup_tokens=value.get("warmup_tokens"),
+            warmup_contexts=sorted(set(warmup_contexts)) if warmup_contexts else None,
             server_options=options,
             wipe=list(wipe),
             first_token_timeout_s=None if timeout is None else float(timeout),
         )
 
-    def warmup_context(self) -> int:
+    def warmup_shapes(self) -> list[int]:
+        """The contexts to warm, each once, smallest first (module docstring)."""
+        if self.warmup_contexts:
+            return list(self.warmup_contexts)
         if self.warmup_tokens is not None:
-            return self.warmup_tokens
+            return [self.warmup_tokens]
         if self.cells:
-            return min(c.context_tokens for c in self.cells)
-        return DEFAULT_WARMUP_TOKENS
+            return sorted({c.context_tokens for c in self.cells})
+        return [DEFAULT_WARMUP_TOKENS]
 
 
 def _check_server_options(options: Any) -> None:

@@ -1,12 +1,15 @@
 """The variant process: `python -m engine.runner --plan PLAN.json`.
 
-Loads the model once, runs one discarded warm-up (a record with status `warmup`, round -1, on a
-prompt never measured), prints `{"event": "ready", "target": {...}}`, then runs one cell per
+Loads the model once, runs one discarded warm-up per context of the plan (records with status
+`warmup`, round -1, on prompts never measured: kernels compile per shape, so the first timed
+cell at every context finds them compiled), prints `{"event": "ready", "target": {...}}`, then
+runs one cell per
 stdin line `{"round": R, "order": O, "context_tokens": N}` until `{"op": "exit"}` or EOF,
 appending each record to the plan's `records_path` (flush + fsync: a crash loses at most the
 cell in flight) and printing `{"event": "record", "record": {...}}`. With `cells` in the plan
-it runs those and exits (batch mode). The warm-up record is in the records file and in the
-ready event (`"warmup": {...}`), so stdout's first line is always `ready` or `error`. stdout
+it runs those and exits (batch mode). The warm-up records are in the records file and in the
+ready event (`"warmups": [...]`, and the first as `"warmup"`), so stdout's first line is always
+`ready` or `error`. stdout
 carries only these JSON lines; logs go to stderr. A plan or load failure prints
 `{"event": "error", "reason": "..."}` and exits 2; a bad stdin line gets an error event and the
 process keeps serving.
@@ -147,8 +150,17 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
         return 2
     try:
-        warmup = process.run(CellRequest(0, 0, plan.warmup_context()), warmup=True)
-        process.emit({"event": "ready", "target": adapter.describe(), "warmup": warmup})
+        warmups = [
+            process.run(CellRequest(0, 0, context), warmup=True) for context in plan.warmup_shapes()
+        ]
+        process.emit(
+            {
+                "event": "ready",
+                "target": adapter.describe(),
+                "warmup": warmups[0],
+                "warmups": warmups,
+            }
+        )
         if plan.cells is not None:
             for request in plan.cells:
                 process.run(request)

@@ -6,7 +6,10 @@ cell's start time in hours. A least-squares line gives the slope; `slope_pct_per
 100 x (exp(slope) - 1) with a 95% t interval, and `drift_pct_across_run` is the change the line
 predicts from the first to the last baseline cell. A run is `flagged` when that change exceeds
 the smallest effect being claimed (the smallest |ratio - 1| among `faster`/`slower` prefill
-verdicts) or, when nothing is claimed, the requested precision.
+verdicts) or, when nothing is claimed, the requested precision. For runs whose records carry
+process instances (every context warmed in every process), each run also gets one line per
+context (`by_context`, the same fit on that context's cells alone), and the run is flagged when
+any of them is: a context whose first cells paid for compilation drifts on its own.
 
 Bracketing. Each candidate cell is divided by the mean tok/s of the baseline cells of the same
 run and context immediately before and after it in time (one side when it is first or last).
@@ -149,6 +152,7 @@ def drift_section(
     variants: Sequence[str],
     comparisons: Sequence[dict[str, Any]],
     options: StatsOptions,
+    per_context: bool = False,
 ) -> dict[str, Any]:
     claimed = [
         abs(c["ratio_median"] - 1)
@@ -156,10 +160,20 @@ def drift_section(
         if c["verdict"] in ("faster", "slower") and c["ratio_median"] is not None
     ]
     threshold_pct = 100 * (min(claimed) if claimed else options.precision)
-    runs = [
-        {"run_id": run_id, **trend(records, threshold_pct)}
-        for run_id, records in sorted(_by_run(index, baseline).items())
-    ]
+    runs = []
+    for run_id, records in sorted(_by_run(index, baseline).items()):
+        run = {"run_id": run_id, **trend(records, threshold_pct)}
+        if per_context:
+            contexts = sorted({r.context_tokens for r in records})
+            run["by_context"] = [
+                {
+                    "context_tokens": context,
+                    **trend([r for r in records if r.context_tokens == context], threshold_pct),
+                }
+                for context in contexts
+            ]
+            run["flagged"] = run["flagged"] or any(c["flagged"] for c in run["by_context"])
+        runs.append(run)
     return {
         "threshold_pct": threshold_pct,
         "threshold_source": "smallest claimed effect" if claimed else "requested precision",

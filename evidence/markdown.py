@@ -73,6 +73,40 @@ def drift_rate_text(run: Mapping[str, Any]) -> str:
     return f"{fmt_pct(run['slope_pct_per_hour'])} per hour{interval}"
 
 
+def noise_floor_text(summary: Mapping[str, Any]) -> str | None:
+    """The noise floor this run measured, in one sentence; None for runs without process
+    instances in their records (measured before process rotation)."""
+    floor = summary.get("noise_floor")
+    if not floor:
+        return None
+    rounds = floor["rounds_per_process_pair"]
+    spread = floor.get("between_process_sd")
+    resolvable = floor.get("resolvable")
+    parts = [
+        f"Noise floor: {floor['process_pairs']} process pairs of {rounds:g} "
+        f"round{'s' if rounds != 1 else ''} each"
+    ]
+    if spread is not None:
+        parts.append(
+            f"the ratio varied by {100 * spread:.2f}% (SD) from one process pair to the next"
+        )
+    if resolvable is not None:
+        parts.append(
+            f"this run resolves effects of about +-{100 * resolvable:.2f}% and larger "
+            "(median half-width of the 95% intervals)"
+        )
+    return "; ".join(parts) + "."
+
+
+def drift_context_text(run: Mapping[str, Any]) -> list[str]:
+    """One phrase per context of the run's per-context drift lines (empty for older runs)."""
+    return [
+        f"{c['context_tokens']} tokens: {fmt_pct(c.get('drift_pct_across_run'))} across the run"
+        + (" **flagged**" if c.get("flagged") else "")
+        for c in run.get("by_context") or []
+    ]
+
+
 def evidence_id_line(evidence_id: str | None) -> str:
     if evidence_id:
         return f"Evidence id: `{evidence_id}`"
@@ -210,6 +244,20 @@ def verdict_sentences(
     return sentences
 
 
+def answer_sentences(summary: Mapping[str, Any], *, compact: bool = False) -> list[str]:
+    """What every page opens with: a history's steps, a bisection's result, or one verdict
+    sentence per context (summary.md, report.html and the job page all call this)."""
+    if summary.get("history"):
+        from evidence.history import history_sentences
+
+        return history_sentences(summary["history"])
+    if summary.get("bisect"):
+        from evidence.bisect import bisect_sentences
+
+        return bisect_sentences(summary["bisect"])
+    return verdict_sentences(summary, compact=compact)
+
+
 def verdict_rows(summary: Mapping[str, Any], key: str = "comparisons") -> list[dict[str, Any]]:
     """The verdict table as display strings, one dict per comparison (`comparisons` or
     `decode_comparisons`): what summary.md, report.html and a CLI table show."""
@@ -265,6 +313,77 @@ def render_summary_md(
     return text
 
 
+def history_lines(history: Mapping[str, Any]) -> list[str]:
+    """The history's steps (with their commit subjects) and the commits that did not build."""
+    from evidence.history import short
+
+    reference = history["reference"]
+    lines = [
+        f"### History against `{short(reference['commit'], reference['variant'])}`"
+        + (f" ({history['range']})" if history.get("range") else ""),
+        "",
+        f"_{history['rule']}._",
+        "",
+    ]
+    if history["steps"]:
+        rows = [
+            [
+                step["context_tokens"],
+                short(step["from_commit"], step["from_variant"]),
+                short(step["to_commit"], step["to_variant"]),
+                step["subject"] or "",
+                f"{step['from_ratio']:.3f} -> {step['to_ratio']:.3f}",
+                step["direction"],
+            ]
+            for step in history["steps"]
+        ]
+        lines += _table(
+            ["context", "step after", "at commit", "subject", "ratio", "direction"], rows
+        )
+    else:
+        lines.append("No step: every pair of neighbouring intervals overlaps.")
+    skipped = [c for c in history["commits"] if c["skipped"]]
+    if skipped:
+        lines.append("")
+        lines += [
+            f"- `{short(c['commit'], c['variant'])}` skipped: {_cell(c['skipped'])}"
+            for c in skipped
+        ]
+    return lines
+
+
+def bisect_lines(bisect: Mapping[str, Any]) -> list[str]:
+    """Every step of the bisection so far (with its evidence) and this one."""
+    rows = [
+        [
+            position,
+            step["lo"][:12],
+            (step["mid"] or "-")[:12],
+            step["hi"][:12],
+            step["decision"],
+            f"`{step['evidence_id']}`" + (f" ({step['location']})" if step.get("location") else ""),
+        ]
+        for position, step in enumerate(bisect["steps"], 1)
+    ]
+    rows.append(
+        [
+            bisect["step"],
+            (bisect["lo"] or "")[:12],
+            (bisect["mid"] or "-")[:12],
+            (bisect["hi"] or "")[:12],
+            bisect["decision"],
+            "this evidence",
+        ]
+    )
+    header = ["step", "lo (good)", "mid", "hi (bad)", "decision", "evidence"]
+    return [
+        f"### Bisection: first {bisect['direction']} commit at {bisect['context_tokens']} "
+        f"tokens between `{bisect['good']}` and `{bisect['bad']}`",
+        "",
+        *_table(header, rows),
+    ]
+
+
 def _render(
     summary: Mapping[str, Any],
     provenances: Sequence[Provenance],
@@ -279,14 +398,22 @@ def _render(
         f"({summary['mode']})"
     )
     settings = summary["settings"]
-    sentences = verdict_sentences(summary, compact=compact)
-    lines += ["", *(f"- {sentence}" for sentence in sentences)]
+    history = summary.get("history")
+    bisect = summary.get("bisect")
+    lines += ["", *(f"- {sentence}" for sentence in answer_sentences(summary, compact=compact))]
+    if history:
+        lines += ["", *history_lines(history)]
+    if bisect:
+        lines += ["", *bisect_lines(bisect)]
     lines += [
         "",
         "### Cold prefill",
         "",
         *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
     ]
+    floor = noise_floor_text(summary)
+    if floor:
+        lines += ["", floor]
     inert = inert_lines(summary)
     if inert:
         lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
@@ -395,6 +522,7 @@ def _render(
             f"{fmt_pct(run['drift_pct_across_run'])} across the run "
             f"(threshold {drift['threshold_pct']:.2f}%, {drift['threshold_source']}){flag}"
         )
+        lines += [f"  - {text}" for text in drift_context_text(run)]
     if not drift["runs"]:
         lines.append("- no baseline cells to measure drift")
     reproductions = summary.get("reproductions")

@@ -21,7 +21,9 @@ import plotly.io as pio
 from plotly import colors as plotly_colors
 
 from evidence.drift import as_utc
+from evidence.history import short
 from evidence.markdown import (
+    answer_sentences,
     drift_rate_text,
     evidence_id_line,
     fmt_interval,
@@ -30,10 +32,10 @@ from evidence.markdown import (
     fmt_tps,
     fmt_verdict,
     host_line,
+    noise_floor_text,
     software_line,
     variant_software_text,
     verdict_rows,
-    verdict_sentences,
 )
 from evidence.schemas import Provenance, Record
 from evidence.stats import how_to_read, inert_lines
@@ -164,6 +166,84 @@ def _spec(figure: go.Figure) -> Any:
     return json.loads(pio.to_json(figure, validate=False))
 
 
+def history_figure(history: Mapping[str, Any]) -> go.Figure:
+    """The paired ratio of each commit to the reference, in commit order, with its interval;
+    one line per context; each step (neighbouring intervals apart) marked."""
+    labels = [short(c["commit"], c["variant"]) for c in history["commits"]]
+    figure = go.Figure(layout=_layout("commit (oldest first)", "ratio to the reference (95% CI)"))
+    for series in history["series"]:
+        points = [(label, p) for label, p in zip(labels, series["points"], strict=True)]
+        measured = [(label, p) for label, p in points if p["ratio_median"] is not None]
+        figure.add_trace(
+            go.Scatter(
+                name=f"{series['context_tokens']} tokens",
+                x=[label for label, _ in measured],
+                y=[p["ratio_median"] for _, p in measured],
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": [
+                        (p["ci_high"] or p["ratio_median"]) - p["ratio_median"] for _, p in measured
+                    ],
+                    "arrayminus": [
+                        p["ratio_median"] - (p["ci_low"] or p["ratio_median"]) for _, p in measured
+                    ],
+                },
+                mode="lines+markers",
+            )
+        )
+    for step in history["steps"]:
+        figure.add_vline(
+            x=labels.index(short(step["to_commit"], step["to_variant"])) - 0.5,
+            line_dash="dot",
+            line_color="#b3261e",
+        )
+    figure.add_hline(y=1.0, line_dash="dash", line_color="#888")
+    figure.update_xaxes(type="category", categoryorder="array", categoryarray=labels)
+    return figure
+
+
+def _history_view(history: Mapping[str, Any]) -> dict[str, Any]:
+    commits = {c["variant"]: c for c in history["commits"]}
+    rows = []
+    for series in history["series"]:
+        for point in series["points"]:
+            commit = commits[point["variant"]]
+            rows.append(
+                {
+                    "context": series["context_tokens"],
+                    "commit": short(commit["commit"], commit["variant"]),
+                    "subject": commit["subject"] or "",
+                    "interval": "did not build" if commit["skipped"] else fmt_interval(point),
+                    "n": point["n"],
+                    "verdict": "skipped" if commit["skipped"] else fmt_verdict(point),
+                    "css": _css(point["verdict"] or ""),
+                }
+            )
+    return {
+        "reference": short(history["reference"]["commit"], history["reference"]["variant"]),
+        "range": history.get("range"),
+        "rule": history["rule"],
+        "rows": rows,
+        "steps": [
+            {
+                "context": step["context_tokens"],
+                "from": short(step["from_commit"], step["from_variant"]),
+                "to": short(step["to_commit"], step["to_variant"]),
+                "subject": step["subject"] or "",
+                "ratios": f"{step['from_ratio']:.3f} -> {step['to_ratio']:.3f}",
+                "direction": step["direction"],
+            }
+            for step in history["steps"]
+        ],
+        "skipped": [
+            {"commit": short(c["commit"], c["variant"]), "reason": c["skipped"]}
+            for c in history["commits"]
+            if c["skipped"]
+        ],
+    }
+
+
 def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list[dict[str, Any]]:
     """The report's plotly figures as {id, title, spec} (spec = plotly's JSON)."""
     palette = plotly_colors.qualitative.Plotly
@@ -273,6 +353,16 @@ def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list
         )
     figures.append({"id": "fig-drift", "title": "Drift timeline", "spec": _spec(timeline)})
 
+    history = summary.get("history")
+    if history:
+        figures.append(
+            {
+                "id": "fig-history",
+                "title": "Ratio to the reference along the history",
+                "spec": _spec(history_figure(history)),
+            }
+        )
+
     ablation = summary.get("ablation")
     if ablation:
         bars = go.Figure(layout=_layout("feature", "all / all-minus-feature (95% CI)"))
@@ -345,7 +435,9 @@ def render_report_html(
         "variants": [v for v in summary["variants"] if v != summary["baseline"]],
         "provenances": [_provenance_view(p) for p in provenance_list],
         "how_to_read": how_to_read(summary["settings"]),
-        "headline": verdict_sentences(summary, compact=len(summary["variants"]) > 6),
+        "headline": answer_sentences(summary, compact=len(summary["variants"]) > 6),
+        "bisect": summary.get("bisect"),
+        "history": _history_view(summary["history"]) if summary.get("history") else None,
         "prefill_rows": _comparison_rows(summary, "comparisons"),
         "decode_rows": _comparison_rows(summary, "decode_comparisons"),
         "descriptive_rows": _descriptive_rows(summary),
@@ -363,16 +455,19 @@ def render_report_html(
             }
             for e in (ablation["entries"] if ablation else [])
         ],
+        "noise_floor": noise_floor_text(summary),
         "drift_rows": [
             {
-                "run_id": run["run_id"],
-                "n": run["n"],
-                "slope": drift_rate_text(run),
-                "across": fmt_pct(run.get("drift_pct_across_run")),
+                "run_id": run["run_id"]
+                + (f" @ {line['context_tokens']}" if line is not run else ""),
+                "n": line["n"],
+                "slope": drift_rate_text(line),
+                "across": fmt_pct(line.get("drift_pct_across_run")),
                 "threshold": f"{summary['drift']['threshold_pct']:.2f}%",
-                "flagged": run["flagged"],
+                "flagged": line["flagged"],
             }
             for run in summary["drift"]["runs"]
+            for line in [run, *(run.get("by_context") or [])]
         ],
         "bracketing_rows": [
             {

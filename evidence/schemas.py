@@ -18,6 +18,7 @@ RECORD_SCHEMA: Final = "coldbench.record/1"
 EVIDENCE_FORMAT: Final = "coldbench.evidence/1"
 PROVENANCE_SCHEMA: Final = "coldbench.provenance/1"
 JOB_SCHEMA: Final = "coldbench.job/1"
+MIN_PROCESS_BLOCKS: Final = 12
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # Names that end up in file names, URLs and command lines: short, no separators, no dots first.
@@ -27,7 +28,7 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
-Mode = Literal["ab", "ablation", "sweep"]
+Mode = Literal["ab", "ablation", "sweep", "history", "bisect"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
 # The variants an ablation runs (evidence/variant.py expands them; JobSpec checks the names).
 ABLATION_BASELINE: Final = "none"
@@ -89,6 +90,11 @@ class Record(_Strict):
     # order; the parity tolerance policy reads it at the first divergence.
     output_margins: list[float] | None = None
     prompt_corpus_sha256: Sha256Hex | None = None
+    # Which process instance of the variant measured the cell (1, 2, ... over the run; a new
+    # instance at every process block and after a crash). The statistics cluster pairs by the
+    # (variant process, baseline process) they came from. Absent in records written before
+    # process rotation: one process per variant served the whole run.
+    process: int | None = Field(None, ge=0)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -189,6 +195,9 @@ class TargetInfo(_Strict):
     build_log_sha256: Sha256Hex | None = None
     native_modules: dict[str, Sha256Hex] = Field(default_factory=dict)
     engine_module_file: str | None = None  # the install-path check: the file really imported
+    subject: str | None = None  # the commit's subject line (history: steps name their commit)
+    # Why this variant was never measured (history mode: a commit that did not build).
+    skipped: str | None = None
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     # What the variant's own process imported (engine/adapters `process_software`): versions
     # (`python`, `mlx`, `mlx_lm`, `coldbench`) and `files` (module name -> file).
@@ -244,6 +253,55 @@ class VariantSpec(_Strict):
         return ref
 
 
+class HistorySpec(_Strict):
+    """Mode `history`: how the commits (the variants after the reference) were chosen, kept
+    so the evidence says what was asked. The variants themselves name every commit."""
+
+    range: str = Field(max_length=401)
+    every: int | None = Field(None, ge=1)
+    last: int | None = Field(None, ge=1)
+
+    @field_validator("range")
+    @classmethod
+    def _two_refs(cls, value: str) -> str:
+        start, sep, end = value.partition("..")
+        if not sep or not REF_PATTERN.fullmatch(start) or not REF_PATTERN.fullmatch(end):
+            raise ValueError(f"range {value!r} is not A..B with two plain refs")
+        return value
+
+
+class BisectStep(_Strict):
+    """One finished step of a bisection: the commits it compared and what it decided."""
+
+    lo: str = Field(pattern=r"^[0-9a-f]{40}$")
+    mid: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
+    hi: str = Field(pattern=r"^[0-9a-f]{40}$")
+    decision: str = Field(max_length=40)
+    evidence_id: str = Field(pattern=r"^[0-9a-f]{16,64}$")
+    # Where its report is: the service's `/e/<id>`, or a sibling bundle folder's report.html.
+    location: str | None = Field(
+        None, pattern=r"^(/e/[0-9a-f]{16,64}|\.\./[A-Za-z0-9_-]{1,64}/report\.html)$"
+    )
+
+
+class BisectSpec(_Strict):
+    """Mode `bisect`: find the first commit between `good` and `bad` that is `direction`.
+    Each step is a run of [lo, mid, hi] (or [lo, hi] when they are neighbours); `steps` are
+    the steps before this one, so the last step's evidence links to all of them."""
+
+    good: str = Field(max_length=200)
+    bad: str = Field(max_length=200)
+    direction: Literal["slower", "faster"]
+    steps: list[BisectStep] = Field(default_factory=list, max_length=64)
+
+    @field_validator("good", "bad")
+    @classmethod
+    def _plain_ref(cls, value: str) -> str:
+        if not REF_PATTERN.fullmatch(value):
+            raise ValueError(f"ref {value!r} is not a plain branch, tag or commit name")
+        return value
+
+
 class JobSpec(_Strict):
     """What a maintainer submits. Bounds on sizes are enforced by the API's settings.
 
@@ -272,9 +330,17 @@ class JobSpec(_Strict):
     )
     hosts: int = Field(1, ge=1)
     fresh_process: bool = False
+    # Rounds measured by one process per variant before every variant's process is replaced
+    # (worker/schedule.py's process blocks); None: `default_rounds_per_process(rounds)`.
+    rounds_per_process: int | None = Field(None, ge=1, le=10_000)
     # Requested precision of verdicts: "no established change" needs the 95% interval of the
     # median ratio inside [1 - precision, 1 + precision] (evidence/stats.py).
     precision: float = Field(0.05, gt=0, le=0.5)
+    # Mode history: the first variant is the reference commit, the others the commits measured
+    # against it, oldest first (evidence/history.py).
+    history: HistorySpec | None = None
+    # Mode bisect: the variants are this step's lo, (mid,) hi commits (evidence/bisect.py).
+    bisect: BisectSpec | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -289,6 +355,11 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
+        if self.fresh_process and self.rounds_per_process is not None:
+            raise SpecError(
+                "rounds_per_process",
+                "fresh_process (a process per cell) and rounds_per_process exclude each other",
+            )
         names = [v.name for v in self.variants]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -307,6 +378,8 @@ class JobSpec(_Strict):
             raise SpecError("features", "ablation mode needs at least one feature")
         if self.adapter != "embedded" and not self.repository:
             raise SpecError("repository", f"adapter {self.adapter} needs a repository")
+        self._history_rules(names)
+        self._bisect_rules(names)
         if self.adapter == "embedded" and self.repository:
             raise SpecError(
                 "adapter",
@@ -327,6 +400,49 @@ class JobSpec(_Strict):
         if self.mode == "ablation":
             self._ablation_rules()
         return self
+
+    def _history_rules(self, names: list[str]) -> None:
+        if self.mode != "history":
+            if self.history is not None:
+                raise SpecError("history", f"history settings given for mode {self.mode}")
+            return
+        if not self.repository:
+            raise SpecError(
+                "repository", "history mode needs a repository (its commits are the variants)"
+            )
+        if len(self.variants) < 2:
+            raise SpecError(
+                "variants", "history mode needs the reference commit and at least one other"
+            )
+        unnamed = [v.name for v in self.variants if not v.ref]
+        if unnamed:
+            index = next(i for i, v in enumerate(self.variants) if not v.ref)
+            raise SpecError(
+                f"variants.{index}.ref",
+                f"history mode: every variant is a commit; no ref: {unnamed}",
+            )
+        if self.baseline != names[0]:
+            raise SpecError(
+                "baseline", "history mode: the baseline is the first variant (the reference)"
+            )
+        if self.features:
+            raise SpecError("features", "history mode takes no ablation features")
+
+    def _bisect_rules(self, names: list[str]) -> None:
+        if self.mode != "bisect":
+            if self.bisect is not None:
+                raise SpecError("bisect", f"bisect settings given for mode {self.mode}")
+            return
+        if self.bisect is None:
+            raise SpecError("bisect", "bisect mode needs bisect settings (good, bad, direction)")
+        if not self.repository:
+            raise SpecError("repository", "bisect mode needs a repository")
+        if len(self.contexts) != 1:
+            raise SpecError("contexts", "bisect mode takes exactly one context")
+        if not 2 <= len(self.variants) <= 3 or any(not v.ref for v in self.variants):
+            raise SpecError("variants", "bisect mode: a step compares 2 or 3 commits (lo, mid, hi)")
+        if self.baseline != names[0]:
+            raise SpecError("baseline", "bisect mode: the baseline is the first variant (lo)")
 
     def _ablation_rules(self) -> None:
         """What evidence/variant.py's expansion needs: distinct features, each changing the
@@ -361,6 +477,24 @@ class JobSpec(_Strict):
                     f"variant {kept.name!r} clashes with a name the ablation expansion uses; "
                     "rename it",
                 )
+
+
+def default_rounds_per_process(rounds: int) -> int:
+    """Rounds per process block when a job does not say: at least 12 blocks (independent process
+    pairs), a fresh process every round below 24 rounds. Restarts are untimed but cost a model
+    load each; fewer, longer blocks lose power: simulated at 24 rounds with process offsets of
+    1% and paired noise of 0.75%, a 2% effect was found in 79% of jobs with 8 blocks of 3
+    rounds and 95% with 12 blocks of 2 (docs/EVIDENCE.md, "Process offsets")."""
+    return max(1, rounds // MIN_PROCESS_BLOCKS)
+
+
+def effective_rounds_per_process(spec: JobSpec) -> int | None:
+    """What the runner uses: None with `fresh_process` (every cell its own process)."""
+    if spec.fresh_process:
+        return None
+    if spec.rounds_per_process is not None:
+        return spec.rounds_per_process
+    return default_rounds_per_process(spec.rounds)
 
 
 def is_valid_name(value: str) -> bool:

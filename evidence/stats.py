@@ -112,6 +112,15 @@ class Pair:
     variant_record: Record
     baseline_record: Record
 
+    @property
+    def block(self) -> tuple[str, int | None, int | None] | None:
+        """The process pair that measured it, or None for records without process instances."""
+        variant_process = self.variant_record.process
+        baseline_process = self.baseline_record.process
+        if variant_process is None and baseline_process is None:
+            return None
+        return (self.run_id, variant_process, baseline_process)
+
 
 @dataclass
 class CellIndex:
@@ -258,6 +267,47 @@ def median_interval(
     )
 
 
+def blocks_of(pairs: Sequence[Pair]) -> list[list[float]] | None:
+    """The pairs' ratios grouped by process pair (first appearance order), or None when the
+    records carry no process instances (one process per variant: no blocks to tell apart)."""
+    if not any(pair.block is not None for pair in pairs):
+        return None
+    grouped: dict[tuple[str, int | None, int | None] | None, list[float]] = {}
+    for pair in pairs:
+        grouped.setdefault(pair.block, []).append(pair.ratio)
+    return list(grouped.values())
+
+
+def cluster_median_interval(
+    blocks: Sequence[Sequence[float]], *, seed: int, options: StatsOptions
+) -> tuple[float | None, float | None]:
+    """95% interval of the median ratio when pairs come in process blocks (module docstring):
+    the hull of a two-stage bootstrap (resample blocks, then pairs within each drawn block;
+    percentile interval of the pooled median) and the order-statistic interval of the block
+    medians. None below two blocks: one process pair cannot tell its offset from an effect."""
+    if len(blocks) < 2:
+        return None, None
+    sizes = np.array([len(b) for b in blocks])
+    padded = np.full((len(blocks), int(sizes.max())), np.nan)
+    for i, block in enumerate(blocks):
+        padded[i, : len(block)] = block
+    if np.nanmax(padded) == np.nanmin(padded):
+        return float(padded[0, 0]), float(padded[0, 0])
+    rng = np.random.default_rng(seed)
+    n, k, m = options.n_resamples, len(blocks), padded.shape[1]
+    drawn = rng.integers(0, k, size=(n, k))
+    drawn_sizes = sizes[drawn]
+    within = np.floor(rng.random((n, k, m)) * drawn_sizes[..., None]).astype(int)
+    values = padded[drawn[..., None], within]
+    values[np.arange(m)[None, None, :] >= drawn_sizes[..., None]] = np.nan
+    medians = np.nanmedian(values.reshape(n, k * m), axis=1)
+    tail = 100 * (1 - options.confidence_level) / 2
+    boot_low, boot_high = np.percentile(medians, [tail, 100 - tail])
+    block_medians = [float(np.median(b)) for b in blocks]
+    exact_low, exact_high = order_statistic_interval(block_medians, options.confidence_level)
+    return min(float(boot_low), exact_low), max(float(boot_high), exact_high)
+
+
 def signed_rank_p(ratios: Sequence[float]) -> float | None:
     """Two-sided Wilcoxon signed-rank p-value of the log ratios; 1.0 when all ratios are 1."""
     logs = np.log(np.asarray(ratios, dtype=float))
@@ -368,23 +418,64 @@ def compare_pairs(
     seed: int,
     options: StatsOptions,
 ) -> dict[str, Any]:
-    """One comparison before correction (`p_adjusted` and `verdict` are set by `finish`)."""
+    """One comparison before correction (`p_adjusted` and `verdict` are set by `finish`).
+
+    Records with process instances add `blocks` (independent process pairs), `unit` and
+    `process_sd`; with several pairs per process pair the interval and the test are the
+    cluster-aware ones (module docstring). Records without them are analysed per round.
+    """
     ratios = [pair.ratio for pair in pairs]
-    ci_low, ci_high = median_interval(ratios, seed=seed, options=options)
-    return {
+    blocks = blocks_of(pairs)
+    comparison: dict[str, Any] = {
         "context_tokens": context_tokens,
         "variant": variant,
         "baseline": baseline,
         "n": len(ratios),
         "ratio_median": float(np.median(ratios)) if ratios else None,
-        "ci_low": ci_low,
-        "ci_high": ci_high,
-        "p_value": signed_rank_p(ratios),
+        "ci_low": None,
+        "ci_high": None,
+        "p_value": None,
         "p_adjusted": None,
         "verdict": "inconclusive",
         "rounds_needed": None,
         "ratios": [{"run_id": p.run_id, "round": p.round, "ratio": p.ratio} for p in pairs],
     }
+    if blocks is None or all(len(block) == 1 for block in blocks):
+        # Independent pairs: no process offsets to absorb (records predating process rotation
+        # are analysed as they always were), or one process pair per round (each pair its own
+        # block), where the pair statistics are already the block statistics.
+        units = ratios
+        comparison["ci_low"], comparison["ci_high"] = median_interval(
+            ratios, seed=seed, options=options
+        )
+    else:
+        units = [float(np.median(block)) for block in blocks]
+        comparison["ci_low"], comparison["ci_high"] = cluster_median_interval(
+            blocks, seed=seed, options=options
+        )
+    comparison["p_value"] = signed_rank_p(units)
+    if blocks is not None:
+        block_of = {}
+        for pair in pairs:
+            block_of.setdefault(pair.block, len(block_of))
+        for entry, pair in zip(comparison["ratios"], pairs, strict=True):
+            entry["block"] = block_of[pair.block]
+        comparison["blocks"] = len(blocks)
+        comparison["unit"] = "process pair"
+        comparison["process_sd"] = log_spread(units)
+    return comparison
+
+
+def unit_ratios(comparison: Mapping[str, Any]) -> list[float]:
+    """The independent units of a comparison: its pairs, or the medians of its process
+    blocks when pairs come several to a process pair."""
+    ratios = comparison["ratios"]
+    if not ratios or "block" not in ratios[0]:
+        return [r["ratio"] for r in ratios]
+    grouped: dict[int, list[float]] = defaultdict(list)
+    for r in ratios:
+        grouped[r["block"]].append(r["ratio"])
+    return [float(np.median(values)) for values in grouped.values()]
 
 
 def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dict[str, Any]]:
@@ -392,18 +483,21 @@ def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dic
     adjusted = holm([c["p_value"] for c in comparisons])
     for comparison, p_adjusted in zip(comparisons, adjusted, strict=True):
         comparison["p_adjusted"] = p_adjusted
+        units = unit_ratios(comparison)
         comparison["verdict"] = decide(
-            comparison["n"], comparison["ci_low"], comparison["ci_high"], p_adjusted, options
+            len(units), comparison["ci_low"], comparison["ci_high"], p_adjusted, options
         )
         if comparison["n"] == 0:
             comparison["verdict"] = "no valid pairs"
             comparison.setdefault("why", "no pair of valid cells")
             continue
         if comparison["verdict"] == "inconclusive":
-            ratios = [r["ratio"] for r in comparison["ratios"]]
-            comparison["rounds_needed"] = rounds_needed(
-                ratios, options, family_size=sum(1 for p in adjusted if p is not None)
+            needed = rounds_needed(
+                units, options, family_size=sum(1 for p in adjusted if p is not None)
             )
+            # Units are process pairs: more of them at the same length of block.
+            per_unit = max(1, round(comparison["n"] / len(units))) if units else 1
+            comparison["rounds_needed"] = None if needed is None else needed * per_unit
     return comparisons
 
 
@@ -596,6 +690,9 @@ def summarize(
     options = StatsOptions(precision=precision, seed=seed, n_resamples=n_resamples)
 
     measured = [r for r in records if r.round >= 0]
+    # Records stamped with their process instance (process rotation): cluster-aware statistics
+    # and the new sections. Older records keep exactly the summary they always had.
+    by_process = any(r.process is not None for r in measured)
     planned = [v.name for v in expand_variants(spec)] if spec is not None else []
     variants = _order_of_first_appearance([*planned, baseline, *(r.variant for r in measured)])
     contexts = sorted(
@@ -622,14 +719,31 @@ def summarize(
     hosts = host_names(provenances)
     invalid = invalid_section(records, index.duplicates)
     invalid["pairs_with_different_prompts"] = mismatched
-    return {
+    settings = options.settings()
+    if by_process:
+        settings["process_blocks"] = dict(PROCESS_BLOCK_SETTINGS)
+    extra: dict[str, Any] = {}
+    if spec is not None and spec.mode == "history":
+        from evidence.history import history_section
+
+        extra["history"] = history_section(
+            spec=spec, comparisons=comparisons, contexts=contexts, provenances=provenances
+        )
+    if spec is not None and spec.mode == "bisect":
+        from evidence.bisect import bisect_section
+
+        extra["bisect"] = bisect_section(
+            spec=spec, comparisons=comparisons, provenances=provenances
+        )
+    summary: dict[str, Any] = {
+        **extra,
         "format": SUMMARY_FORMAT,
         "mode": spec.mode if spec is not None else ("ablation" if features else "ab"),
         "baseline": baseline,
         "variants": variants,
         "contexts": contexts,
         "features": list(features),
-        "settings": options.settings(),
+        "settings": settings,
         "runs": [
             {
                 "run_id": run_id,
@@ -653,7 +767,12 @@ def summarize(
             else margin_threshold,
         ),
         "drift": drift_section(
-            index, baseline=baseline, variants=variants, comparisons=comparisons, options=options
+            index,
+            baseline=baseline,
+            variants=variants,
+            comparisons=comparisons,
+            options=options,
+            per_context=by_process,
         ),
         "reproductions": reproduction_section(
             index,
@@ -666,13 +785,51 @@ def summarize(
         ),
         "invalid": invalid,
     }
+    if by_process:
+        summary["noise_floor"] = noise_floor(comparisons)
+    return summary
+
+
+PROCESS_BLOCK_SETTINGS: dict[str, str] = {
+    "unit": "process pair: the pairs measured by one process of the variant and one of the "
+    "baseline (records' `process`)",
+    "interval": "hull of a two-stage bootstrap (process pairs, then pairs within them) of the "
+    "median ratio and the order-statistic interval of the process pairs' median ratios",
+    "test": "Wilcoxon signed-rank, two-sided, on the log median ratio of each process pair",
+}
+
+
+def noise_floor(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What this run can resolve: the between-process spread of the ratio (SD of the process
+    pairs' log median ratios) and the half-width of the intervals (an effect smaller than it
+    cannot exclude 1), medians over the comparisons that have them."""
+    spreads = [c["process_sd"] for c in comparisons if c.get("process_sd") is not None]
+    widths = [
+        (c["ci_high"] - c["ci_low"]) / 2
+        for c in comparisons
+        if c.get("ci_low") is not None and c.get("ci_high") is not None
+    ]
+    blocks = [c["blocks"] for c in comparisons if c.get("blocks")]
+    if not blocks:
+        return None
+    return {
+        "process_pairs": int(np.median(blocks)),
+        "rounds_per_process_pair": float(
+            np.median([c["n"] / c["blocks"] for c in comparisons if c.get("blocks")])
+        ),
+        "between_process_sd": float(np.median(spreads)) if spreads else None,
+        "resolvable": float(np.median(widths)) if widths else None,
+        "rule": "between_process_sd: median over comparisons of the SD of each process pair's "
+        "log median ratio; resolvable: median half-width of the 95% intervals (a smaller "
+        "effect cannot be told from 1)",
+    }
 
 
 def how_to_read(settings: Mapping[str, Any]) -> list[str]:
     """The verdict rules in plain words, for summary.md and report.html."""
     precision_pct = f"{100 * settings['precision']:g}%"
     level = f"{100 * settings['confidence_level']:g}%"
-    return [
+    lines = [
         "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
         "round (paired); above 1 is faster. The table shows the median ratio and a "
         f"{level} interval of that median (a seeded bootstrap, widened where needed to the "
@@ -692,6 +849,17 @@ def how_to_read(settings: Mapping[str, Any]) -> list[str]:
         "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
         "interact and are not additive.",
     ]
+    if "process_blocks" in settings:
+        lines.insert(
+            1,
+            "Each variant ran in a fresh process every few rounds, and a process has a speed "
+            "offset of its own (about 1% between identical processes), so the independent "
+            "unit is the process pair, not the round: the interval resamples process pairs and "
+            "then pairs within them, and the test ranks the process pairs' median ratios. The "
+            "noise floor under the prefill table says how much processes differed and how small "
+            "an effect this run can resolve.",
+        )
+    return lines
 
 
 def verdict_counts(comparisons: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from evidence.calibration import HostCalibration
 from evidence.canonical import sha256_hex
 from evidence.protocol import (
     API_PREFIX,
@@ -283,6 +284,15 @@ class Agent:
 
     def load_secret(self) -> None:
         self.secret = read_secret(self.config.secret_path)
+
+    def report_calibration(self, result: HostCalibration) -> None:
+        """Send this host's calibration (`coldbench calibrate`) for /hosts to show."""
+        try:
+            response = self.client().put("/workers/calibration", json=result.to_json_dict())
+        except httpx.HTTPError as error:
+            raise AgentError(f"cannot reach {self.api_url}: {error}") from None
+        if response.status_code != 200:
+            raise AgentError(f"calibration refused ({response.status_code}): {_detail(response)}")
 
     # -- heartbeat thread --
 

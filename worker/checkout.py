@@ -179,3 +179,58 @@ def tree_state(path: Path) -> tuple[bool, str | None]:
     """
     diff = _git("-C", str(path), "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color")
     return (bool(diff), sha256_hex(diff.encode()) if diff else None)
+
+
+def commit_subject(checkout: Checkout) -> str | None:
+    """The checked-out commit's subject line (history steps name it); None if git cannot say."""
+    try:
+        out = _git("-C", str(checkout.path), "log", "-1", "--format=%s", checkout.commit)
+    except CheckoutError:
+        return None
+    return out.strip()[:200] or None
+
+
+# A history longer than this is refused: every commit is a variant in every round.
+MAX_HISTORY_COMMITS = 64
+
+
+def history_commits(
+    repository: RepositoryConfig,
+    commit_range: str,
+    *,
+    state_dir: Path,
+    every: int | None = None,
+    last: int | None = None,
+) -> tuple[str, list[tuple[str, str]]]:
+    """(reference commit, [(commit, subject), ...] oldest first) for `A..B`: the reference is
+    A itself, the commits those on B's first-parent line after A; `last` keeps the newest N,
+    `every` each Nth counted back from B (so B is always measured)."""
+    start, sep, end = commit_range.partition("..")
+    if not sep:
+        raise CheckoutError(f"range {commit_range!r} is not A..B")
+    mirror = update_mirror(repository, state_dir=state_dir)
+    reference = resolve_ref(mirror, start)
+    tip = resolve_ref(mirror, end)
+    out = _git(
+        "--git-dir",
+        str(mirror),
+        "log",
+        "--first-parent",
+        "--reverse",
+        "--format=%H %s",
+        "--end-of-options",
+        f"{reference}..{tip}",
+    )
+    commits = [(line[:40], line[41:][:200]) for line in out.splitlines() if line.strip()]
+    if not commits:
+        raise CheckoutError(f"range {commit_range!r} holds no commit after {start}")
+    if every:
+        commits = commits[::-1][::every][::-1]
+    if last:
+        commits = commits[-last:]
+    if len(commits) > MAX_HISTORY_COMMITS:
+        raise CheckoutError(
+            f"range {commit_range!r} holds {len(commits)} commits; at most "
+            f"{MAX_HISTORY_COMMITS} (narrow it, or use --every N or --last N)"
+        )
+    return reference, commits

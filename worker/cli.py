@@ -56,7 +56,10 @@ def build_spec(
     recipe: str | None,
     fresh_process: bool,
     precision: float = 0.05,
+    rounds_per_process: int | None = None,
     adapter: str | None = None,
+    history: dict[str, Any] | None = None,
+    bisect: dict[str, Any] | None = None,
 ) -> JobSpec:
     from pydantic import ValidationError
 
@@ -78,7 +81,10 @@ def build_spec(
         "model": model,
         "seed": seed,
         "fresh_process": fresh_process,
+        "rounds_per_process": rounds_per_process,
         "precision": precision,
+        "history": history,
+        "bisect": bisect,
     }
     try:
         return JobSpec.model_validate(raw)
@@ -88,6 +94,158 @@ def build_spec(
         if repository is None and field and field.endswith((".ref", ".recipe")):
             message = "ref= and recipe= name commits of a repository: add --repo PATH"
         raise ValueError(f"{field or 'job'}: {message}") from None
+
+
+def history_variants(
+    repository: Any,
+    *,
+    commit_range: str | None,
+    commits: str | None,
+    every: int | None,
+    last: int | None,
+    state_dir: Path,
+    flags: list[str],
+) -> list[str]:
+    """`--variant` values for a history: the reference commit first, then each commit, all
+    with the same flags (one configuration; `--variant NAME:flag=value` gives them)."""
+    from evidence.spec_text import TARGET_KEYS
+    from worker.checkout import history_commits, resolve_ref, update_mirror
+
+    if (commit_range is None) == (commits is None):
+        raise ValueError("--mode history needs --range A..B or --commits REF,REF,...")
+    if commits is not None and (every or last):
+        raise ValueError("--every and --last thin a --range, not a --commits list")
+    if len(flags) > 1:
+        raise ValueError("--mode history measures one configuration: give at most one --variant")
+    extra = ""
+    if flags:
+        _, _, extra = flags[0].partition(":")
+        if any(item.split("=")[0] in TARGET_KEYS for item in extra.split(",") if item):
+            raise ValueError("--mode history: the commits are the refs; --variant takes flags only")
+    if commit_range is not None:
+        reference, listed = history_commits(
+            repository, commit_range, state_dir=state_dir, every=every, last=last
+        )
+        shas = [sha for sha, _subject in listed]
+    else:
+        mirror = update_mirror(repository, state_dir=state_dir)
+        refs = [ref for ref in (commits or "").split(",") if ref]
+        if len(refs) < 2:
+            raise ValueError("--commits: give the reference and at least one other commit")
+        reference, *shas = [resolve_ref(mirror, ref) for ref in refs]
+    suffix = f",{extra}" if extra else ""
+    return [f"ref-{reference[:10]}:ref={reference}{suffix}"] + [
+        f"c{position:02d}-{sha[:10]}:ref={sha}{suffix}" for position, sha in enumerate(shas, 1)
+    ]
+
+
+def _bisect(
+    *,
+    repository: Any,
+    good: str,
+    bad: str,
+    direction: str,
+    base: dict[str, Any],
+    models: dict[str, Path],
+    out: Path | None,
+    state_dir: Path,
+    cell_timeout_s: float,
+    console: Any,
+) -> None:
+    """Halve good..bad by paired lo/mid/hi steps, each its own run and bundle under `out`
+    (step-01, step-02, ...); the last step's evidence names the result (evidence/bisect.py)."""
+    from evidence.bisect import bisect_sentences
+    from evidence.bundle import write_folder, zip_bytes
+    from evidence.schemas import BisectStep
+    from worker.checkout import history_commits
+    from worker.fingerprint import host_fingerprint, host_labels
+    from worker.run import RunRefused, execute_run
+
+    if len(base["flags"]) > 1:
+        raise ValueError("--mode bisect measures one configuration: give at most one --variant")
+    _, _, extra = (base["flags"] or [""])[0].partition(":")
+    suffix = f",{extra}" if extra else ""
+    reference, listed = history_commits(repository, f"{good}..{bad}", state_dir=state_dir)
+    line = [reference] + [sha for sha, _subject in listed]  # good, ..., bad (first parents)
+    started = datetime.now(UTC)
+    out = out or Path(f"bisect-{started:%Y%m%dT%H%M%S}")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {out}: folder exists and is not empty; choose a new one")
+    host = host_fingerprint()
+    lo, hi = 0, len(line) - 1
+    steps: list[BisectStep] = []
+    while True:
+        mid = (lo + hi) // 2 if hi - lo > 1 else None
+        picked = [("lo", lo), *([("mid", mid)] if mid is not None else []), ("hi", hi)]
+        variants = [f"{role}-{line[i][:10]}:ref={line[i]}{suffix}" for role, i in picked]
+        spec = build_spec(
+            model=base["model"],
+            contexts=base["contexts"],
+            rounds=base["rounds"],
+            decode_tokens=base["decode_tokens"],
+            variants=variants,
+            seed=base["seed"],
+            mode="bisect",
+            features=None,
+            repository=repository.name,
+            recipe=None,
+            fresh_process=False,
+            precision=base["precision"],
+            bisect={
+                "good": good,
+                "bad": bad,
+                "direction": direction,
+                "steps": [s.model_dump() for s in steps],
+            },
+        )
+        name = f"step-{len(steps) + 1:02d}"
+        console.print(
+            f"{name}: {line[lo][:10]} .. {line[mid][:10] + ' .. ' if mid is not None else ''}"
+            f"{line[hi][:10]} ({hi - lo} commits apart)"
+        )
+        run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}-{name}"
+        try:
+            outcome = execute_run(
+                spec,
+                run_id=run_id,
+                workdir=state_dir / "runs" / run_id,
+                state_dir=state_dir,
+                host=host,
+                labels=host_labels(host, []),
+                repositories={repository.name: repository},
+                models=models,
+                command=None,
+                cell_timeout_s=cell_timeout_s,
+            )
+        except RunRefused as error:
+            raise ValueError(str(error)) from None
+        folder = write_folder(out / name, outcome.files)
+        folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
+        if outcome.status != "succeeded" or not outcome.summary:
+            typer.echo(f"error: {name} failed: {outcome.reason} (bundle {folder})", err=True)
+            raise typer.Exit(1)
+        section = outcome.summary["bisect"]
+        console.print(f"  {section['decision']}: {section['why']}")
+        steps.append(
+            BisectStep(
+                lo=line[lo],
+                mid=line[mid] if mid is not None else None,
+                hi=line[hi],
+                decision=section["decision"],
+                evidence_id=outcome.evidence_id or "0" * 24,
+                location=f"../{name}/report.html",
+            )
+        )
+        if section["decision"] == "lower" and mid is not None:
+            hi = mid
+        elif section["decision"] == "upper" and mid is not None:
+            lo = mid
+        else:
+            break
+    for sentence in bisect_sentences(section):
+        typer.echo(sentence)
+    typer.echo(f"evidence {outcome.evidence_id}")
+    typer.echo(f"bundle {folder.resolve()}")
 
 
 def _verdict_table(
@@ -180,6 +338,14 @@ def run(
     fresh_process: Annotated[
         bool, typer.Option("--fresh-process", help="A new process for every cell.")
     ] = False,
+    rounds_per_process: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Rounds each variant's process measures before every variant gets a fresh "
+            "one (default: rounds // 12, at least 1: 12 or more independent process pairs).",
+        ),
+    ] = None,
     precision: Annotated[
         float,
         typer.Option(
@@ -189,6 +355,26 @@ def run(
             "1 +- this.",
         ),
     ] = 0.05,
+    commit_range: Annotated[
+        str | None,
+        typer.Option(
+            "--range",
+            help="History: A..B, each commit on B's first-parent line after A against A.",
+        ),
+    ] = None,
+    every: Annotated[
+        int | None, typer.Option(min=1, help="History: every Nth commit (counted back from B).")
+    ] = None,
+    last: Annotated[int | None, typer.Option(min=1, help="History: the newest N commits.")] = None,
+    commits: Annotated[
+        str | None,
+        typer.Option(help="History: an explicit list REF,REF,...; the first is the reference."),
+    ] = None,
+    good: Annotated[str | None, typer.Option(help="Bisect: a ref that is not yet changed.")] = None,
+    bad: Annotated[str | None, typer.Option(help="Bisect: a ref that is changed.")] = None,
+    direction: Annotated[
+        str | None, typer.Option(help="Bisect: the change to find, slower or faster.")
+    ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
@@ -200,6 +386,7 @@ def run(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from worker.checkout import CheckoutError
     from worker.config import ConfigError, local_repository, server_repository
     from worker.fingerprint import host_fingerprint, host_labels
     from worker.run import RunRefused, execute_run
@@ -207,8 +394,13 @@ def run(
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
-    if mode not in ("ab", "ablation", "sweep"):
-        _fail(f"--mode {mode!r}: choose ab, ablation or sweep")
+    if mode not in ("ab", "ablation", "sweep", "history", "bisect"):
+        _fail(f"--mode {mode!r}: choose ab, ablation, sweep, history or bisect")
+    if mode != "bisect" and any(option is not None for option in (good, bad, direction)):
+        _fail("--good, --bad and --direction belong to --mode bisect")
+    history_options = (commit_range, every, last, commits)
+    if mode != "history" and any(option is not None for option in history_options):
+        _fail("--range, --every, --last and --commits belong to --mode history")
     models: dict[str, Path] = {}
     model_name = model
     if not model.startswith("preset:"):
@@ -251,6 +443,51 @@ def run(
         elif repo is not None:
             repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
             repositories[repository.name] = repository
+        history = None
+        if mode == "history":
+            if repo is None:
+                raise ValueError("--mode history needs --repo PATH (its commits are measured)")
+            variant = history_variants(
+                repositories[next(iter(repositories))],
+                commit_range=commit_range,
+                commits=commits,
+                every=every,
+                last=last,
+                state_dir=state_dir.resolve(),
+                flags=list(variant or []),
+            )
+            if commit_range:
+                history = {"range": commit_range, "every": every, "last": last}
+        if mode == "bisect":
+            if repo is None:
+                raise ValueError("--mode bisect needs --repo PATH (its commits are bisected)")
+            if good is None or bad is None or direction not in ("slower", "faster"):
+                raise ValueError(
+                    "--mode bisect needs --good REF, --bad REF and --direction slower|faster"
+                )
+            if len(parse_contexts(contexts)) != 1:
+                raise ValueError("--mode bisect takes exactly one context (--contexts N)")
+            _bisect(
+                repository=repositories[next(iter(repositories))],
+                good=good,
+                bad=bad,
+                direction=direction,
+                base={
+                    "model": model_name,
+                    "contexts": contexts,
+                    "rounds": rounds,
+                    "decode_tokens": decode_tokens,
+                    "seed": seed,
+                    "precision": precision,
+                    "flags": list(variant or []),
+                },
+                models=models,
+                out=out,
+                state_dir=state_dir.resolve(),
+                cell_timeout_s=cell_timeout_s,
+                console=console,
+            )
+            return
         spec = build_spec(
             model=model_name,
             contexts=contexts,
@@ -264,12 +501,14 @@ def run(
             recipe=recipe,
             fresh_process=fresh_process,
             precision=precision,
+            rounds_per_process=rounds_per_process,
             adapter=adapter,
+            history=history,
         )
         from worker.run import check_job
 
         check_job(spec, repositories)  # an option the declarations refuse fails here, not later
-    except (ValueError, ConfigError) as error:
+    except (ValueError, ConfigError, CheckoutError) as error:
         _fail(str(error))
     started = datetime.now(UTC)
     run_id = f"local-{started:%Y%m%dT%H%M%S}"
@@ -340,8 +579,18 @@ def run(
     folder = write_folder(out, outcome.files)
     folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
     out_console = Console()
-    if outcome.summary:
+    if outcome.summary and outcome.summary.get("history"):
+        from evidence.history import history_sentences
+
+        for sentence in history_sentences(outcome.summary["history"]):
+            out_console.print(sentence)
+    elif outcome.summary:
+        from evidence.markdown import noise_floor_text
+
         out_console.print(_verdict_table(outcome.summary))
+        floor = noise_floor_text(outcome.summary)
+        if floor:
+            out_console.print(floor, soft_wrap=True)
         entries = (outcome.summary.get("ablation") or {}).get("entries") or []
         if entries:
             title = "ablation: all vs all-minus-<feature> (contributions are not additive)"
@@ -354,6 +603,176 @@ def run(
     if outcome.status != "succeeded":
         typer.echo(f"error: run failed: {outcome.reason}", err=True)
         raise typer.Exit(1)
+
+
+def _model_option(model: str) -> tuple[str, dict[str, Path]]:
+    """(the job's model name, this run's model table) for `--model DIR` or `preset:NAME`."""
+    if model.startswith("preset:"):
+        return model, {}
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        _fail(f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME")
+    # Jobs name models; a folder becomes a name of this run's own model table.
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
+    return name, {name: path.resolve()}
+
+
+@app.command("calibrate")
+def calibrate(
+    planted_step: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="prefill_step_size of the planted variant: a chunk width known to cost a few "
+            "percent against --base-step at these contexts (required unless --merge).",
+        ),
+    ] = None,
+    model: Annotated[str, typer.Option(help="A checkpoint folder or preset:NAME.")] = "preset:tiny",
+    contexts: Annotated[str, typer.Option(help="Context lengths in tokens, e.g. 16384.")] = "256",
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of every job.")] = 24,
+    jobs: Annotated[
+        int, typer.Option(min=1, max=100, help="A/A jobs, and as many planted-effect jobs.")
+    ] = 10,
+    base_step: Annotated[
+        int | None,
+        typer.Option(min=1, help="prefill_step_size of every other variant (default: stock)."),
+    ] = None,
+    rounds_per_process: Annotated[
+        int | None, typer.Option(min=1, help="As for coldbench run (default: rounds // 12).")
+    ] = None,
+    decode_tokens: Annotated[int, typer.Option(min=0, help="Greedy tokens after prefill.")] = 2,
+    variants: Annotated[
+        int,
+        typer.Option(
+            min=2, max=3, help="Variants per job: 3 (a, b, c) as the targets are set, or 2."
+        ),
+    ] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the first job (then +1 per job).")] = 0,
+    out: Annotated[Path, typer.Option(help="The result file (JSON).")] = Path("calibration.json"),
+    bundles: Annotated[
+        Path | None, typer.Option(help="Keep every job's evidence bundle in this folder.")
+    ] = None,
+    api: Annotated[
+        str | None, typer.Option(help="Report the result to this coldbench server as the host.")
+    ] = None,
+    config: Annotated[
+        Path, typer.Option(help="This host's worker.toml (with --api: whose secret to use).")
+    ] = Path("worker.toml"),
+    merge: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Measure nothing: merge these result files (e.g. one per GPU, run side by side "
+            "with seeds apart) into --out. Repeat."
+        ),
+    ] = None,
+    cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
+    state_dir: Annotated[Path, typer.Option(help="Spools of the jobs' runs.")] = Path(".coldbench"),
+) -> None:
+    """Calibrate this host: A/A jobs of three identical variants and jobs with a planted effect,
+    through the same machinery as `coldbench run`; prints how often identical code was called
+    different, whether the planted effect was found, and the smallest effect this host resolves."""
+    import logging
+
+    from rich.console import Console
+
+    from worker.calibrate import run_calibration
+    from worker.fingerprint import host_fingerprint, host_labels
+    from worker.run import RunRefused
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=True)
+    try:
+        context_list = parse_contexts(contexts)
+    except ValueError as error:
+        _fail(str(error))
+    if out.exists() and out.is_dir():
+        _fail(f"--out {out}: is a folder; give a file name")
+    if bundles is not None and bundles.exists() and any(bundles.iterdir()):
+        _fail(f"--bundles {bundles}: folder exists and is not empty; choose a new one")
+    if api is not None and not re.fullmatch(r"https?://[^\s]+", api):
+        _fail(f"--api {api!r}: give an http:// or https:// URL")
+    agent = None
+    if api is not None:  # before hours of measuring: the secret must be there
+        from worker.agent import Agent, AgentError
+        from worker.config import ConfigError, load_host_config
+
+        try:
+            agent = Agent(api, load_host_config(config))
+            agent.load_secret()
+        except (ConfigError, AgentError) as error:
+            _fail(str(error))
+    if merge:
+        from pydantic import ValidationError
+
+        from evidence.calibration import HostCalibration, merge_calibrations
+
+        loaded = []
+        for path in merge:
+            try:
+                loaded.append(HostCalibration.model_validate_json(path.read_bytes()))
+            except (OSError, ValidationError) as error:
+                detail = " ".join(str(error).split())[:200]
+                _fail(f"--merge {path}: not a calibration result ({detail})")
+        try:
+            result = merge_calibrations(loaded)
+        except ValueError as error:
+            _fail(str(error))
+        _finish_calibration(result, out, agent, api)
+        return
+    if planted_step is None:
+        _fail("--planted-step: give the planted variant's chunk width (or --merge FILES)")
+    model_name, models = _model_option(model)
+    base_flags = {} if base_step is None else {"prefill_step_size": base_step}
+    host = host_fingerprint()
+
+    def on_job(kind: str, index: int, total: int) -> None:
+        what = "A/A" if kind == "aa" else "planted effect"
+        console.print(f"job {index} of {total}: {what}")
+
+    try:
+        result = run_calibration(
+            model=model_name,
+            models=models,
+            contexts=context_list,
+            rounds=rounds,
+            jobs=jobs,
+            planted_flags={"prefill_step_size": planted_step},
+            base_flags=base_flags,
+            decode_tokens=decode_tokens,
+            seed=seed,
+            rounds_per_process=rounds_per_process,
+            variants=variants,
+            state_dir=state_dir.resolve(),
+            host=host,
+            labels=host_labels(host, []),
+            bundles_dir=bundles,
+            cell_timeout_s=cell_timeout_s,
+            on_job=on_job,
+        )
+    except (RunRefused, ValueError) as error:
+        _fail(str(error).splitlines()[0])
+    _finish_calibration(result, out, agent, api)
+
+
+def _finish_calibration(result: Any, out: Path, agent: Any, api: str | None) -> None:
+    """Write the result, print its lines, report it when asked."""
+    import json
+
+    out.write_text(json.dumps(result.to_json_dict(), indent=1, sort_keys=True) + "\n")
+    for line in result.lines():
+        typer.echo(line)
+    failed = [job for job in result.jobs if job.status != "succeeded"]
+    if failed:
+        typer.echo(f"{len(failed)} jobs failed: {failed[0].reason}")
+    typer.echo(f"result {out.resolve()}")
+    if agent is not None:
+        from worker.agent import AgentError
+
+        try:
+            agent.report_calibration(result)
+        except AgentError as error:
+            _fail(f"result written, but not reported: {error}", code=1)
+        typer.echo(f"reported to {api}")
 
 
 def _valid_token(token: str) -> bool:
@@ -378,6 +797,21 @@ def worker(
     host_lock: Annotated[
         Path | None,
         typer.Option(help="Lock file shared by every agent of this host (default: in /tmp)."),
+    ] = None,
+    commit_range: Annotated[
+        str | None,
+        typer.Option(
+            "--range",
+            help="History: A..B, each commit on B's first-parent line after A against A.",
+        ),
+    ] = None,
+    every: Annotated[
+        int | None, typer.Option(min=1, help="History: every Nth commit (counted back from B).")
+    ] = None,
+    last: Annotated[int | None, typer.Option(min=1, help="History: the newest N commits.")] = None,
+    commits: Annotated[
+        str | None,
+        typer.Option(help="History: an explicit list REF,REF,...; the first is the reference."),
     ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",

@@ -236,6 +236,8 @@ def reproduce_command(
         argv += ["--variant", _variant_option(variant)]
     if spec.fresh_process:
         argv.append("--fresh-process")
+    if spec.rounds_per_process is not None:
+        argv += ["--rounds-per-process", str(spec.rounds_per_process)]
     if spec.precision != 0.05:
         argv += ["--precision", str(spec.precision)]
     argv += ["--out", "evidence-repro"]

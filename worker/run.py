@@ -3,8 +3,9 @@
 Shared by `coldbench run` (a maintainer's machine, no server) and the agent (a leased job), so
 both produce identical evidence. Order of work: resolve the model; for a repository target
 mirror it, resolve each ref to a commit and build each (repository, commit, recipe) in
-isolation; start one variant process per variant (every model loaded, every build checked)
-before the first timed cell; then the rounds; then provenance and the bundle.
+isolation; then the rounds, cut into process blocks (a fresh process per variant per block,
+every model loaded and every context warmed before the block's first timed cell); then
+provenance and the bundle.
 
 A build failure is a result: the run completes as failed with its build logs. A failed run's
 bundle also holds `reason.txt`, and a server run's bundle each server's log (its last
@@ -28,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from evidence.options import OptionError, resolved_options, validate_option_values
-from evidence.schemas import HostInfo, JobSpec, VariantSpec
+from evidence.schemas import HostInfo, JobSpec, VariantSpec, effective_rounds_per_process
 from evidence.variant import baseline_name, expand_variants
 from worker.build import Build, build, install_path_problem
-from worker.checkout import Checkout, CheckoutError, check_ref, prepare
+from worker.checkout import Checkout, CheckoutError, check_ref, commit_subject, prepare
 from worker.config import Recipe, RepositoryConfig
 from worker.provenance import (
     model_info,
@@ -70,6 +71,8 @@ class PreparedVariant:
     adapter: str
     checkout: Checkout | None = None
     build: Build | None = None
+    # History mode: a commit that did not check out or build is recorded and never launched.
+    skipped: str | None = None
 
 
 @dataclass
@@ -151,6 +154,7 @@ def _plan(
         "flags": dict(variant.flags),
         "decode_tokens": spec.decode_tokens,
         "seed": spec.seed,
+        "warmup_contexts": list(spec.contexts),
         "checkout": None,
         "server_command": None,
     }
@@ -203,9 +207,18 @@ def prepare_variants(
         recipe = recipe_for(repository, variant)
         if on_phase:
             on_phase(f"checkout {repository.name}@{variant.ref}")
+        # In a history, a commit that fails is a result to record, not the end of the run;
+        # the reference commit must build (every point is measured against it).
+        may_skip = spec.mode == "history" and variant.name != baseline_name(spec)
         try:
             checkout = prepare(repository, variant.ref, state_dir=state_dir)
         except CheckoutError as error:
+            if may_skip:
+                launch = VariantLaunch(name=variant.name, python=sys.executable, plan={})
+                prepared.append(
+                    PreparedVariant(variant, launch, repository.adapter, skipped=str(error))
+                )
+                continue
             return prepared, logs, f"variant {variant.name}: {error}"
         key = (checkout.commit, recipe.name)
         log_name = f"build-{variant.name}.log"
@@ -234,9 +247,17 @@ def prepare_variants(
             # an embedded repository's variant runs its worktree's engine/, not ours
             pythonpath_first=str(checkout.path) if repository.adapter == "embedded" else None,
         )
+        if not result.ok and may_skip:
+            skipped = f"did not build: {result.reason}"
+            prepared.append(
+                PreparedVariant(variant, launch, repository.adapter, checkout, result, skipped)
+            )
+            continue
         prepared.append(PreparedVariant(variant, launch, repository.adapter, checkout, result))
         if not result.ok:
             return prepared, logs, f"variant {variant.name}: {result.reason}"
+    if spec.mode == "history" and all(p.skipped for p in prepared[1:]):
+        return prepared, logs, "no commit of the history built besides the reference"
     return prepared, logs, None
 
 
@@ -372,8 +393,9 @@ def execute_run(
     baseline = baseline_name(spec)
     outcome: ScheduleOutcome | None = None
     if failure is None:
+        measured = {p.spec.name for p in prepared if not p.skipped}
         rounds = plan_rounds(
-            [v.name for v in expand_variants(spec)],
+            [v.name for v in expand_variants(spec) if v.name in measured],
             spec.contexts,
             seed=spec.seed,
             rounds=spec.rounds,
@@ -383,11 +405,13 @@ def execute_run(
             on_phase("rounds")
         try:
             outcome = run_schedule(
-                [p.launch for p in prepared],
+                [p.launch for p in prepared if not p.skipped],
                 rounds,
                 workdir=workdir,
                 cell_timeout_s=cell_timeout_s,
                 fresh_process=spec.fresh_process,
+                rounds_per_process=effective_rounds_per_process(spec),
+                seed=spec.seed,
                 on_progress=on_progress,
                 should_stop=should_stop,
             )
@@ -395,18 +419,23 @@ def execute_run(
             failure = str(error)
     ready = outcome.targets if outcome else {}
     for p in prepared:
-        if failure is None and p.checkout is not None:
+        if failure is None and p.checkout is not None and not p.skipped:
             failure = _imported_elsewhere(p, ready.get(p.spec.name))
-    targets = [
-        target_info(
+    targets = []
+    for p in prepared:
+        target = target_info(
             p.spec,
             adapter=p.adapter,
             ready_target=ready.get(p.spec.name),
             checkout=p.checkout,
             build=p.build,
         )
-        for p in prepared
-    ]
+        target.skipped = p.skipped
+        if p.skipped and target.ref is None:
+            target.ref = p.spec.ref
+        if p.checkout is not None and spec.mode == "history":
+            target.subject = commit_subject(p.checkout)
+        targets.append(target)
     if not targets:
         targets = [
             target_info(v, adapter=spec.adapter, ready_target=None) for v in expand_variants(spec)

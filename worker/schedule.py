@@ -11,6 +11,12 @@ the same on every host and in every retry.
 Long rounds (many cells, so the machine can drift between a candidate and its baseline) are
 bracketed: a control cell of the baseline opens and closes the round. Control cells are extra
 measurements, never part of the matrix (records of the matrix stay one per cell per round).
+
+Process blocks. A variant's process carries a speed offset of its own (1-2% between identical
+variants on the H200 and on a CPU), so the rounds are cut into blocks of `rounds_per_process`
+consecutive rounds and every variant runs each block in a fresh process: the offsets become
+independent block-to-block noise that the statistics cluster by (evidence/stats.py) instead of
+a constant bias. Which variant's process starts first rotates over blocks from a seeded order.
 """
 
 from __future__ import annotations
@@ -122,6 +128,27 @@ def round_cells(
         Cell(round=round_index, order=i, variant=v, context_tokens=c, is_control=control)
         for i, (v, c, control) in enumerate(ordered)
     ]
+
+
+def process_blocks(rounds: int, rounds_per_process: int) -> list[range]:
+    """Consecutive round indices that share one process per variant; the last may be shorter."""
+    if rounds < 1 or rounds_per_process < 1:
+        raise ValueError("rounds and rounds per process must be >= 1")
+    return [
+        range(start, min(start + rounds_per_process, rounds))
+        for start in range(0, rounds, rounds_per_process)
+    ]
+
+
+def start_order(variants: Sequence[str], *, seed: int, block: int) -> list[str]:
+    """The order the variants' processes start in for one block: a seeded order rotated by one
+    place per block, so over n blocks each variant starts first (and last) once."""
+    if block < 0:
+        raise ValueError("block index must be >= 0")
+    order = list(variants)
+    _rng(seed, "process-order").shuffle(order)
+    shift = block % len(order) if order else 0
+    return order[shift:] + order[:shift]
 
 
 def plan_rounds(

@@ -1,10 +1,15 @@
 """Drive the engine's variant processes through a run's balanced schedule.
 
-One `python -m engine.runner` per variant stays alive for the whole run (the model loads once,
-one warm-up is discarded), and cells are sent in the schedule's order so variants interleave.
-With `fresh_process` every cell gets its own process instead. Records are appended to the
-run's spool files as they arrive (flush + fsync), so a crash loses at most the cell in flight.
-A cell that outlives its timeout kills its process; the variant restarts for its next cell.
+The rounds are cut into process blocks (worker/schedule.py): for each block every variant gets
+a fresh `python -m engine.runner` (the model loads, every context of the matrix is warmed once
+and discarded), and cells are sent in the schedule's order so variants interleave. At a block
+boundary every variant's process is stopped and new ones start, in a seeded order rotated per
+block, before the next timed cell: loads never overlap a timed cell. Each record carries the
+instance number of the process that measured it (`process`), the unit the statistics cluster
+by. Without `rounds_per_process` one process per variant serves the whole run; with
+`fresh_process` every cell gets its own process. Records are appended to the run's spool
+files as they arrive (flush + fsync), so a crash loses at most the cell in flight. A cell that
+outlives its timeout kills its process; the variant restarts (a new instance) for its next cell.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import IO, Any
 
-from worker.schedule import Cell
+from worker.schedule import Cell, start_order
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +109,7 @@ class VariantProcess:
 
     def __init__(self, launch: VariantLaunch, *, workdir: Path, instance: int) -> None:
         self.launch = launch
+        self.instance = instance
         self.spool_path = workdir / "spool" / f"{launch.name}.{instance}.jsonl"
         self.stderr_path = workdir / "logs" / f"{launch.name}.{instance}.stderr.log"
         self.plan_path = workdir / "plans" / f"{launch.name}.{instance}.json"
@@ -177,8 +183,10 @@ class VariantProcess:
             kind = event.get("event")
             if kind == "ready":
                 self.target = dict(event.get("target") or {})
-                if isinstance(event.get("warmup"), dict):
-                    self.early_records.append(event["warmup"])
+                warmups = event.get("warmups")
+                if not isinstance(warmups, list):
+                    warmups = [event.get("warmup")]
+                self.early_records.extend(w for w in warmups if isinstance(w, dict))
                 return self.target
             if kind == "error":
                 self.kill()
@@ -206,7 +214,7 @@ class VariantProcess:
                 raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
 
     def warmup_records(self) -> list[dict[str, Any]]:
-        """The warm-up the runner wrote before `ready` (from stdout or else its spool file)."""
+        """The warm-ups the runner wrote before `ready` (from stdout or else its spool file)."""
         seen = [r for r in self.early_records if r.get("status") == "warmup"]
         if seen:
             return seen
@@ -245,10 +253,13 @@ class VariantProcess:
             self._stderr.close()
 
 
-def _timeout_record(launch: VariantLaunch, cell: Cell, started: datetime, why: str) -> dict:
+def _timeout_record(
+    launch: VariantLaunch, cell: Cell, started: datetime, why: str, process: int
+) -> dict:
     """The record of a cell that never reported: status error, unknown values null."""
     plan = launch.plan
     return {
+        "process": process,
         "schema": "coldbench.record/1",
         "run_id": plan.get("run_id", ""),
         "variant": launch.name,
@@ -283,6 +294,8 @@ def run_schedule(
     workdir: Path,
     cell_timeout_s: float,
     fresh_process: bool = False,
+    rounds_per_process: int | None = None,
+    seed: int = 0,
     ready_timeout_s: float = READY_TIMEOUT_S,
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
@@ -291,8 +304,12 @@ def run_schedule(
 
     The cell in flight always finishes; `should_stop` is asked between cells. Records go to
     `workdir/records.jsonl` (matrix cells and warm-ups) and `workdir/controls.jsonl`
-    (bracketing controls) as they arrive.
+    (bracketing controls) as they arrive, each stamped with its process instance (`process`).
+    `rounds_per_process` cuts the rounds into process blocks (None: one block); `seed` picks
+    the processes' start order of each block.
     """
+    if rounds_per_process is not None and rounds_per_process < 1:
+        raise ValueError("rounds_per_process must be >= 1")
     by_name = {launch.name: launch for launch in launches}
     cells = [cell for round_ in rounds for cell in round_]
     missing = sorted({c.variant for c in cells} - set(by_name))
@@ -317,6 +334,7 @@ def run_schedule(
             raise
         outcome.targets.setdefault(process.launch.name, target)
         for warmup in process.warmup_records():
+            warmup["process"] = process.instance
             append_line(records_out, warmup)
             outcome.records.append(warmup)
         return process
@@ -344,21 +362,31 @@ def run_schedule(
         open(workdir / RECORDS_FILE, "ab") as records_out,
         open(workdir / CONTROLS_FILE, "ab") as controls_out,
     ):
+
+        def start_block(block: int) -> None:
+            """Stop every variant's process, then start fresh ones for this block: all spawn
+            (imports and model loads are not timed, so they may overlap each other), in this
+            block's rotated order, and each runs its warm-ups as it becomes ready. A variant
+            that cannot load fails the run before the block's first timed cell."""
+            for name in list(processes):
+                processes.pop(name).stop()
+            for name in start_order(list(by_name), seed=seed, block=block):
+                processes[name] = spawn(name)
+            for process in list(processes.values()):
+                ready(process)
+
+        block: int | None = None
         try:
-            if not fresh_process:
-                # Load every model before the first timed cell, so a variant that cannot load
-                # fails the run before any measurement.
-                # They load side by side (imports and model loading are not timed), then each
-                # runs its warm-up as it becomes ready.
-                for launch in launches:
-                    processes[launch.name] = spawn(launch.name)
-                for process in list(processes.values()):
-                    ready(process)
             report(cells[0] if cells else None)
             for cell in cells:
                 if should_stop is not None and should_stop():
                     outcome.stopped = True
                     break
+                if not fresh_process:
+                    cell_block = cell.round // rounds_per_process if rounds_per_process else 0
+                    if cell_block != block:
+                        start_block(cell_block)
+                        block = cell_block
                 report(cell)
                 process = processes.get(cell.variant)
                 if process is None or process.proc.poll() is not None:
@@ -367,6 +395,7 @@ def run_schedule(
                 clock = time.monotonic()
                 try:
                     record = process.run_cell(cell, cell_timeout_s)
+                    record["process"] = process.instance
                 except TimeoutError:
                     process.kill()
                     del processes[cell.variant]
@@ -375,12 +404,15 @@ def run_schedule(
                         cell,
                         started,
                         f"cell timeout: no record after {cell_timeout_s:.0f} s",
+                        process.instance,
                     )
                 except VariantError as error:
                     # The process died mid-cell: the cell is an error, the variant restarts.
                     process.kill()
                     del processes[cell.variant]
-                    record = _timeout_record(by_name[cell.variant], cell, started, str(error))
+                    record = _timeout_record(
+                        by_name[cell.variant], cell, started, str(error), process.instance
+                    )
                 cell_seconds.append(time.monotonic() - clock)
                 if cell.is_control:
                     append_line(controls_out, record)

@@ -29,3 +29,5 @@ class Host(Base):
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # ready (polling), busy (holds a lease), lost (a lease of it expired)
     health: Mapped[str] = mapped_column(sa.String(16), default="ready")
+    # The host's last `coldbench calibrate` result (evidence.calibration.HostCalibration).
+    calibration: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)

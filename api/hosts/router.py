@@ -7,8 +7,9 @@ from fastapi import APIRouter, status
 from api.deps import BearerDep, CurrentSubmitter, CurrentWorker, SessionDep, SettingsDep
 from api.deps import bearer_token as _bearer_token
 from api.hosts import service
-from api.hosts.schemas import HostOut
+from api.hosts.schemas import CalibrationAccepted, HostOut
 from api.runs import service as run_service
+from evidence.calibration import HostCalibration
 from evidence.protocol import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -51,6 +52,13 @@ def heartbeat(
     return HeartbeatResponse(cancel=cancel)
 
 
+@router.put("/workers/calibration", response_model=CalibrationAccepted)
+def report_calibration(body: HostCalibration, db_session: SessionDep, host: CurrentWorker):
+    """The host's `coldbench calibrate` result; /hosts shows the latest."""
+    service.store_calibration(db_session=db_session, host=host, calibration=body)
+    return CalibrationAccepted(host=host.name, lines=service.calibration_lines(host))
+
+
 @router.get("/hosts", response_model=list[HostOut])
 def list_hosts(db_session: SessionDep, settings: SettingsDep, _submitter: CurrentSubmitter):
     return [
@@ -64,6 +72,7 @@ def list_hosts(db_session: SessionDep, settings: SettingsDep, _submitter: Curren
             fingerprint=host.fingerprint,
             last_heartbeat_at=host.last_heartbeat_at,
             health=service.host_health(host, settings=settings),
+            calibration=host.calibration,
         )
         for host in service.list_hosts(db_session=db_session)
     ]

@@ -19,3 +19,9 @@ class HostOut(BaseModel):
     fingerprint: dict[str, Any]
     last_heartbeat_at: datetime | None
     health: str
+    calibration: dict[str, Any] | None = None  # evidence.calibration.HostCalibration
+
+
+class CalibrationAccepted(BaseModel):
+    host: str
+    lines: list[str]

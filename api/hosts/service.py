@@ -17,6 +17,7 @@ from api.errors import NotAuthenticated
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
+from evidence.calibration import HostCalibration
 from evidence.protocol import RepositoryOffer, RunState
 from evidence.schemas import JobSpec
 from evidence.variant import parse_feature
@@ -114,6 +115,23 @@ def repository_offers(host: Host) -> dict[str, RepositoryOffer]:
     """What the host registered per repository (rows from before adapters were reported were
     given the mlx-lm adapter by the migration `repository_offers`)."""
     return {name: RepositoryOffer.model_validate(raw) for name, raw in host.repositories.items()}
+
+
+def store_calibration(*, db_session: Session, host: Host, calibration: HostCalibration) -> None:
+    """Keep the host's latest calibration (it replaces any earlier one)."""
+    host.calibration = calibration.to_json_dict()
+    db_session.commit()
+
+
+def calibration_lines(host: Host) -> list[str]:
+    """The host page's lines for its calibration; empty when it never reported one."""
+    if not host.calibration:
+        return []
+    try:
+        return HostCalibration.model_validate(host.calibration).lines()
+    except ValueError:
+        log.warning("host %s: stored calibration no longer parses", host.name)
+        return []
 
 
 def host_health(host: Host, *, settings: Settings) -> str:

@@ -25,6 +25,10 @@ MODES = (
     ("ab", "A/B: candidates against the baseline"),
     ("ablation", "ablation: leave one feature out"),
     ("sweep", "sweep: the same code over several flag settings"),
+    (
+        "history",
+        "history: each candidate's ref is a commit, measured against the baseline's commit",
+    ),
 )
 FORM_ERROR = "_form"
 

@@ -35,7 +35,7 @@ from api.pages.evidence import render_page
 from api.pages.templates import templates
 from api.settings import Settings
 from evidence.bundle import BundleError
-from evidence.markdown import verdict_rows, verdict_sentences
+from evidence.markdown import answer_sentences, verdict_rows
 from evidence.protocol import JobState
 from evidence.schemas import JobSpec
 from evidence.stats import too_few_rounds
@@ -290,6 +290,7 @@ def hosts_page(request: Request, db_session: SessionDep, settings: SettingsDep):
     context = {
         "hosts": hosts,
         "auto_labels": {host.id: host_service.auto_labels(host) for host in hosts},
+        "calibrations": {host.id: host_service.calibration_lines(host) for host in hosts},
         "current_runs": host_service.current_runs(db_session=db_session),
         "lease_ttl_s": settings.lease_ttl_s,
     }
@@ -317,7 +318,7 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
     if job.evidence_id and summary:
         # The evidence page's headline and verdict table, from the same summary.
         answer = {
-            "sentences": verdict_sentences(summary, compact=len(summary["variants"]) > 6),
+            "sentences": answer_sentences(summary, compact=len(summary["variants"]) > 6),
             "rows": verdict_rows(summary),
         }
     return {

@@ -28,6 +28,7 @@ from tests.api.factories import (
     provenance_json,
     records_jsonl,
 )
+from tests.evidence.builders import calibration_sample
 
 
 @dataclass
@@ -98,6 +99,7 @@ WORKER_CALLS = [
     ("post", "/api/v1/workers/heartbeat", {"run_id": "{run}", "attempt": 1}),
     ("post", "/api/v1/leases", {"fingerprint": {}, "labels": [], "wait_s": 0}),
     ("put", "/api/v1/runs/{run}/artifacts/records.jsonl?attempt=1", b"x"),
+    ("put", "/api/v1/workers/calibration", calibration_sample()),
     (
         "post",
         "/api/v1/runs/{run}/complete",
@@ -612,3 +614,55 @@ def test_admin_enrollment_token_registers_a_host(client: TestClient, settings: S
     body = {"name": "remote", "fingerprint": {}, "labels": [], "repositories": {}, "models": []}
     registered = client.post("/api/v1/workers/register", json=body, headers=bearer(token))
     assert registered.status_code == 201
+
+
+def test_a_host_reports_its_calibration_and_the_host_list_carries_it(
+    client: TestClient, world: World
+) -> None:
+    sample = calibration_sample()
+    answer = client.put("/api/v1/workers/calibration", json=sample, headers=bearer(world.worker))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["host"] == "studio-1"
+    assert answer.json()["lines"][0] == "A/A jobs with a faster/slower verdict: 0 of 10 (0%)"
+    hosts = client.get("/api/v1/hosts", headers=bearer(world.submitter)).json()
+    by_name = {h["name"]: h for h in hosts}
+    assert by_name["studio-1"]["calibration"]["resolvable"] == 0.008
+    assert by_name["studio-2"]["calibration"] is None
+    bad = client.put(
+        "/api/v1/workers/calibration",
+        json={**sample, "planted_detected": "many"},
+        headers=bearer(world.worker),
+    )
+    assert bad.status_code == 422 and "planted_detected" in bad.text
+    again = client.get("/api/v1/hosts", headers=bearer(world.submitter)).json()
+    assert {h["name"]: h for h in again}["studio-1"]["calibration"]["resolvable"] == 0.008
+
+
+def test_the_agent_reports_a_calibration_with_its_own_secret(
+    client: TestClient, world: World, tmp_path: Any
+) -> None:
+    """worker.agent.Agent.report_calibration against this app (requests forwarded to it)."""
+    import httpx
+
+    from evidence.calibration import HostCalibration
+    from worker.agent import Agent, AgentError
+    from worker.config import HostConfig
+
+    config = HostConfig(name="studio-1", labels=(), models={}, repositories={}, state_dir=tmp_path)
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = client.request(
+            request.method, request.url.path, content=request.content, headers=request.headers
+        )
+        return httpx.Response(answer.status_code, content=answer.content)
+
+    transport = httpx.MockTransport(forward)
+    agent = Agent("http://testserver", config, transport=transport)
+    agent.secret = {"api": "http://testserver", "worker_id": world.host_id, "secret": world.worker}
+    agent.report_calibration(HostCalibration.model_validate(calibration_sample()))
+    hosts = client.get("/api/v1/hosts", headers=bearer(world.submitter)).json()
+    assert {h["name"]: h for h in hosts}["studio-1"]["calibration"]["aa_jobs"] == 10
+    stranger = Agent("http://testserver", config, transport=transport)
+    stranger.secret = {"api": "http://testserver", "worker_id": "x", "secret": "cbw_wrong"}
+    with pytest.raises(AgentError, match="calibration refused \\(401\\)"):
+        stranger.report_calibration(HostCalibration.model_validate(calibration_sample()))

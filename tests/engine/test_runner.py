@@ -124,6 +124,26 @@ def test_batch_mode_runs_the_cells_and_exits(tiny_model_dir: Path, tmp_path: Pat
     assert records[1]["prompt_sha256"] != records[2]["prompt_sha256"]
 
 
+def test_every_context_of_the_plan_is_warmed_once_before_ready(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    plan = _plan(tmp_path, tiny_model_dir, warmup_contexts=[64, 32, 64], flags={})
+    process = _start(plan)
+    try:
+        ready = _read(process)
+        _send(process, {"op": "exit"})
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+    assert ready["event"] == "ready"
+    warmups = ready["warmups"]
+    assert [w["context_tokens"] for w in warmups] == [32, 64]
+    assert all(w["status"] == "warmup" and w["round"] == -1 for w in warmups)
+    assert ready["warmup"] == warmups[0]
+    assert _records(tmp_path / "records.jsonl") == warmups
+    assert warmups[0]["prompt_sha256"] != warmups[1]["prompt_sha256"]
+
+
 def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path: Path) -> None:
     process = _start(_plan(tmp_path, tiny_model_dir, flags={}))
     try:
@@ -168,6 +188,8 @@ def test_load_failure_in_a_child_process_is_one_error_line_and_exit_2(tmp_path: 
         ({"model": "preset:huge"}, "unknown model 'preset:huge'"),
         ({"decode_tokens": -1}, "plan decode_tokens must be an integer >= 0"),
         ({"extra": 1}, "unknown plan field(s): extra"),
+        ({"warmup_contexts": [64, 0]}, "plan warmup_contexts must be a non-empty list"),
+        ({"warmup_contexts": []}, "plan warmup_contexts must be a non-empty list"),
         ({"cells": [{"round": 0, "order": -1, "context_tokens": 64}]}, "cell order must be"),
         (
             {"model": "preset:tiny", "cells": [{"round": 0, "order": 0, "context_tokens": 9000}]},

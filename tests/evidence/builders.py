@@ -149,3 +149,52 @@ def provenance(run_id: str = "r-1", hostname: str = "studio-1", **overrides: Any
     }
     values.update(overrides)
     return Provenance.model_validate(values)
+
+
+def calibration_sample(hostname: str = "studio-1") -> dict[str, Any]:
+    """A `coldbench calibrate` result (evidence.calibration.HostCalibration) as JSON."""
+    comparison = {"context_tokens": 16384, "n": 24, "blocks": 12, "ratio_median": 0.998}
+    aa = [
+        {
+            **comparison,
+            "variant": v,
+            "ci_low": 0.99,
+            "ci_high": 1.006,
+            "verdict": "no established change",
+        }
+        for v in ("b", "c")
+    ]
+    planted = [
+        {
+            **comparison,
+            "variant": "b",
+            "ci_low": 0.99,
+            "ci_high": 1.006,
+            "verdict": "no established change",
+        },
+        {**comparison, "variant": "c", "ci_low": 0.972, "ci_high": 0.985, "verdict": "slower"},
+    ]
+    return {
+        "schema": "coldbench.calibration/1",
+        "created_at": START.isoformat(),
+        "host": {"hostname": hostname, "backend": "cuda", "gpu": "NVIDIA H200"},
+        "model": "llama-8b-shape",
+        "contexts": [16384],
+        "rounds": 24,
+        "rounds_per_process": None,
+        "decode_tokens": 2,
+        "base_flags": {},
+        "planted_flags": {"prefill_step_size": 1024},
+        "statistics": {"unit": "process pair"},
+        "aa_jobs": 10,
+        "aa_claims": 0,
+        "planted_jobs": 10,
+        "planted_detected": 10,
+        "planted_verdicts": {"slower": 10},
+        "resolvable": 0.008,
+        "between_process_sd": 0.006,
+        "jobs": [
+            {"kind": "aa", "seed": 0, "status": "succeeded", "comparisons": aa},
+            {"kind": "planted", "seed": 1, "status": "succeeded", "comparisons": planted},
+        ],
+    }

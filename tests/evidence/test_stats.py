@@ -257,6 +257,108 @@ def test_median_interval_covers_about_95_percent_with_six_pairs() -> None:
     assert 0.93 <= covered / 1000 <= 0.99
 
 
+def _with_processes(
+    records, rounds_per_process: int, offsets: dict[str, list[float]] | None = None
+):
+    """The records as if each variant ran in a fresh process every `rounds_per_process` rounds,
+    each process slowed or sped by `offsets[variant][block]` (a factor on tok/s)."""
+    out = []
+    for r in records:
+        if r.round < 0:
+            out.append(r)
+            continue
+        block = r.round // rounds_per_process
+        factor = (offsets or {}).get(r.variant, [1.0] * 100)[block]
+        out.append(
+            r.model_copy(update={"process": block + 1, "prefill_tps": r.prefill_tps * factor})
+        )
+    return out
+
+
+def test_one_pair_per_process_pair_gives_the_per_round_numbers() -> None:
+    records = simulate_run(effects={"base": 1.0, "cand": 1.03}, contexts=(256,), rounds=12, seed=5)
+    (plain,) = _matrix(records)
+    (blocked,) = _matrix(_with_processes(records, 1))
+    for key in ("n", "ratio_median", "ci_low", "ci_high", "p_value", "p_adjusted", "verdict"):
+        assert blocked[key] == plain[key], key
+    assert "blocks" not in plain and "block" not in plain["ratios"][0]
+    assert blocked["blocks"] == 12 and blocked["unit"] == "process pair"
+    assert [r["block"] for r in blocked["ratios"]] == list(range(12))
+
+
+def test_a_process_offset_is_not_called_an_effect_once_blocks_are_known() -> None:
+    # A/A, 24 rounds: the candidate's first processes ran 2% slow, the later ones 1% fast.
+    # Per round (one process per variant, as before rotation) the offset looks like an effect.
+    records = simulate_run(
+        effects={"base": 1.0, "cand": 1.0}, contexts=(256,), rounds=24, noise=0.004, seed=2
+    )
+    one_process = [
+        r.model_copy(update={"prefill_tps": r.prefill_tps * 0.98}) if r.variant == "cand" else r
+        for r in records
+    ]
+    (per_round,) = _matrix(one_process)
+    assert per_round["verdict"] == "slower"
+    offsets = {"cand": [0.98, 1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99], "base": [1.0] * 8}
+    (clustered,) = _matrix(_with_processes(records, 3, offsets))
+    assert clustered["blocks"] == 8 and clustered["n"] == 24
+    assert clustered["verdict"] in ("no established change", "inconclusive")
+    assert clustered["ci_low"] < 1 < clustered["ci_high"]
+    # The between-process spread of the ratio is reported: about the offsets' SD (1.5%).
+    assert 0.008 < clustered["process_sd"] < 0.025
+    # Treating the same 24 pairs as independent would have called it.
+    flat = [r.model_copy(update={"process": None}) for r in _with_processes(records, 3, offsets)]
+    (naive,) = _matrix(flat)
+    assert naive["ci_high"] - naive["ci_low"] < clustered["ci_high"] - clustered["ci_low"]
+
+
+def test_a_real_effect_is_still_found_with_process_blocks() -> None:
+    records = simulate_run(
+        effects={"base": 1.0, "cand": 0.95}, contexts=(256,), rounds=24, noise=0.01, seed=8
+    )
+    offsets = {"cand": [1.004, 0.996] * 6, "base": [0.997, 1.003, 1.0] * 4}
+    (row,) = _matrix(_with_processes(records, 2, offsets))
+    assert row["blocks"] == 12 and row["verdict"] == "slower" and row["ci_high"] < 1
+
+
+def test_too_few_process_pairs_is_inconclusive_with_rounds_at_that_block_length() -> None:
+    records = simulate_run(effects={"base": 1.0, "cand": 0.9}, contexts=(256,), rounds=8, seed=1)
+    (row,) = _matrix(_with_processes(records, 4))  # 2 blocks of 4 rounds
+    assert row["blocks"] == 2 and row["verdict"] == "inconclusive"
+    assert row["rounds_needed"] is not None and row["rounds_needed"] % 4 == 0
+    assert row["rounds_needed"] >= 4 * 6
+    (single,) = _matrix(_with_processes(records, 8))  # one process pair for the whole run
+    assert single["ci_low"] is None and single["verdict"] == "inconclusive"
+
+
+def test_summary_of_rotated_processes_states_its_noise_floor_and_drift_per_context() -> None:
+    from evidence.markdown import render_summary_md
+    from evidence.report import render_report_html
+    from tests.evidence.builders import provenance
+
+    records = simulate_run(
+        effects={"base": 1.0, "fast": 1.05}, contexts=(64, 256), rounds=12, noise=0.01, seed=4
+    )
+    old = summarize(records, baseline="base", n_resamples=200)
+    assert "noise_floor" not in old and "process_blocks" not in old["settings"]
+    assert all("by_context" not in run for run in old["drift"]["runs"])
+    rotated = _with_processes(records, 2)
+    summary = summarize(rotated, baseline="base", n_resamples=200)
+    floor = summary["noise_floor"]
+    assert floor["process_pairs"] == 6 and floor["rounds_per_process_pair"] == 2
+    assert 0 < floor["between_process_sd"] < 0.05 and 0 < floor["resolvable"] < 0.05
+    assert summary["settings"]["process_blocks"]["unit"].startswith("process pair")
+    (run,) = summary["drift"]["runs"]
+    assert [c["context_tokens"] for c in run["by_context"]] == [64, 256]
+    assert all(c["n"] == 12 for c in run["by_context"])
+    text = render_summary_md(summary, [provenance()])
+    assert "Noise floor: 6 process pairs of 2 rounds each" in text
+    assert "  - 64 tokens: " in text and "the independent unit is the process pair" in text
+    html = render_report_html(summary, rotated, [provenance()], None)
+    assert 'id="noise-floor"' in html and "the independent unit is the process pair" in html
+    assert "r-1 @ 256" in html
+    assert "Noise floor" not in render_summary_md(old, [provenance()])
+
+
 @pytest.mark.parametrize("family_size", [1, 2, 3, 4, 8, 40])
 def test_rounds_for_verdict_is_the_fewest_that_can_pass_holm(family_size: int) -> None:
     from evidence.stats import MIN_PAIRS, rounds_for_verdict, signed_rank_p

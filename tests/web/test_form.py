@@ -282,3 +282,29 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
         "/", data=_fields(page, rounds=str(rounds_for_verdict(2))), follow_redirects=False
     )
     assert 'id="rounds-warning"' not in web.get(enough.headers["location"]).text
+
+
+def test_history_mode_is_offered_and_its_rules_land_beside_their_fields(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    page = web.get("/").text
+    assert 'name="mode" value="history"' in page
+    before = _job_count(db_session)
+    response = web.post("/", data=_fields(page, mode="history"))
+    assert response.status_code == 422
+    assert "history mode needs a repository" in _errors(response.text)["repository"]
+    fields = _fields(
+        page,
+        mode="history",
+        repository="mlx-lm",
+        recipe="editable",
+        **{"variant-0-ref": "v1.0", "variant-1-ref": "main", "variant-0-flags": ""},
+        **{"variant-1-flags": ""},
+    )
+    response = web.post("/", data=fields, follow_redirects=False)
+    assert response.status_code == 303, _errors(response.text)
+    job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
+    assert job.spec["mode"] == "history" and job.spec["adapter"] == "mlx-lm"
+    assert [v["ref"] for v in job.spec["variants"]] == ["v1.0", "main"]
+    assert _job_count(db_session) == before + 1

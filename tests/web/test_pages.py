@@ -14,7 +14,9 @@ from api.database import utcnow
 from api.runs import service as run_service
 from api.settings import Settings
 from evidence.bundle import verify_files
+from evidence.calibration import HostCalibration
 from tests.api.factories import fingerprint, make_host, make_job
+from tests.evidence.builders import calibration_sample
 from tests.web.builders import csrf_of, publish_evidence
 
 EXTERNAL = re.compile(r"""(?:src|href|action)\s*=\s*["']?\s*(?:https?:)?//""", re.IGNORECASE)
@@ -334,3 +336,25 @@ def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
     ):
         assert hostile not in html
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_hosts_page_shows_the_calibration_of_calibrated_hosts(
+    web: TestClient, db_session: Session
+) -> None:
+    from api.hosts import service as host_service
+
+    host, _secret = make_host(db_session, "h200")
+    make_host(db_session, "fresh-box")
+    host_service.store_calibration(
+        db_session=db_session,
+        host=host,
+        calibration=HostCalibration.model_validate(calibration_sample("h200")),
+    )
+    html = web.get("/hosts").text
+    row = re.search(r'<tr id="host-h200">(.*?)</tr>', html, re.S).group(1)
+    assert "A/A jobs with a faster/slower verdict: 0 of 10 (0%)" in row
+    assert "planted effect (prefill_step_size=1024) detected: 10 of 10 (slower 10)" in row
+    assert "smallest effect this host resolves: +-0.80%" in row
+    assert "llama-8b-shape, 24 rounds, measured 2026-11-29" in row
+    fresh = re.search(r'<tr id="host-fresh-box">(.*?)</tr>', html, re.S).group(1)
+    assert "not calibrated" in fresh

@@ -62,7 +62,15 @@ def test_aa_never_claims_a_difference(
         assert (out / name).is_file(), name
     records = read_records(out / "records.jsonl")
     measured = [r for r in records if r.round >= 0]
-    assert len(measured) == 24 and sum(r.status == "warmup" for r in records) == 2
+    assert len(measured) == 24
+    # Six rounds: a fresh process per variant every round (at least 12 blocks, at most one
+    # per round), each warming both contexts before its round's first timed cell.
+    assert all(r.process == r.round + 1 for r in measured)
+    assert "Noise floor: 6 process pairs of 1 round each" in done.stdout
+    warmups = sorted(
+        (r.variant, r.process, r.context_tokens) for r in records if r.status == "warmup"
+    )
+    assert warmups == [(v, p, c) for v in "ab" for p in range(1, 7) for c in (64, 128)]
     assert all(r.status == "ok" and r.cached_tokens == 0 for r in measured)
     # Within each round the two variants saw the same prompt; across rounds, different ones.
     by_round = {(r.round, r.context_tokens, r.variant): r.prompt_sha256 for r in measured}

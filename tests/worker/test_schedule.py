@@ -101,3 +101,25 @@ def test_long_rounds_are_bracketed_by_baseline_controls() -> None:
 def test_bad_input_is_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         round_cells(seed=0, round_index=0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_process_blocks_cover_every_round_once() -> None:
+    from worker.schedule import process_blocks
+
+    assert process_blocks(7, 3) == [range(0, 3), range(3, 6), range(6, 7)]
+    assert process_blocks(24, 1) == [range(i, i + 1) for i in range(24)]
+    assert process_blocks(4, 10) == [range(0, 4)]
+    with pytest.raises(ValueError):
+        process_blocks(4, 0)
+
+
+@pytest.mark.parametrize("seed", [0, 5, 41])
+def test_process_start_order_rotates_so_each_variant_starts_first_equally(seed: int) -> None:
+    from worker.schedule import start_order
+
+    variants = ["a", "b", "c"]
+    orders = [start_order(variants, seed=seed, block=b) for b in range(6)]
+    assert all(sorted(o) == variants for o in orders)
+    assert Counter(o[0] for o in orders) == {"a": 2, "b": 2, "c": 2}
+    assert Counter(o[-1] for o in orders) == {"a": 2, "b": 2, "c": 2}
+    assert orders == [start_order(variants, seed=seed, block=b) for b in range(6)]

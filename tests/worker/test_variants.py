@@ -125,3 +125,62 @@ def test_bracketing_controls_go_to_their_own_file(tmp_path: Path) -> None:
     assert len(outcome.controls) == 2 and all(r["variant"] == "a" for r in outcome.controls)
     assert len([r for r in outcome.records if r["round"] >= 0]) == 8
     assert len((tmp_path / "controls.jsonl").read_text().splitlines()) == 2
+
+
+def test_process_blocks_replace_every_variant_process_and_stamp_records(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64, 128], seed=3, rounds=5)
+    outcome = run_schedule(
+        [_launch("a"), _launch("b")],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=3,
+    )
+    measured = [r for r in outcome.records if r["round"] >= 0]
+    assert len(measured) == 20
+    # Rounds 0-1, 2-3 and 4 are three blocks: one process instance per variant per block.
+    for record in measured:
+        assert record["process"] == record["round"] // 2 + 1
+    for variant in "ab":
+        pids = {r["process"]: set() for r in measured if r["variant"] == variant}
+        for r in measured:
+            if r["variant"] == variant:
+                pids[r["process"]].add(r["counters"]["pid"])
+        assert all(len(p) == 1 for p in pids.values())
+        assert len(set().union(*pids.values())) == 3
+    # Every fresh process warmed up before its block's first timed cell, and says which it was.
+    warmups = [r for r in outcome.records if r["status"] == "warmup"]
+    assert sorted((w["variant"], w["process"]) for w in warmups) == [
+        (v, i) for v in "ab" for i in (1, 2, 3)
+    ]
+    records, problems = parse_records((tmp_path / "records.jsonl").read_bytes())
+    assert not problems and {r.process for r in records} == {1, 2, 3}
+    position = {id(r): i for i, r in enumerate(outcome.records)}
+    for block in (2, 3):
+        first_cell = min(position[id(r)] for r in measured if r["process"] == block)
+        assert all(position[id(w)] < first_cell for w in warmups if w["process"] == block), (
+            "a block's warm-ups come before its first timed cell"
+        )
+
+
+def test_a_restart_after_a_crash_is_a_new_process_instance(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a"], [64], seed=0, rounds=3)
+    outcome = run_schedule(
+        [_launch("a", crash_round=1)],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=3,
+    )
+    by_round = {r["round"]: r for r in outcome.records if r["round"] >= 0}
+    assert [by_round[i]["process"] for i in range(3)] == [1, 1, 2]
+    assert by_round[1]["status"] == "error"
+
+
+def test_rounds_per_process_must_be_positive(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a"], [64], seed=0, rounds=1)
+    with pytest.raises(ValueError, match="rounds_per_process must be >= 1"):
+        run_schedule(
+            [_launch("a")], rounds, workdir=tmp_path, cell_timeout_s=30, rounds_per_process=0
+        )

@@ -1,0 +1,139 @@
+"""Bisection: which commit between a good and a bad one made a context slower (or faster).
+
+Each step is a run of its own, pairing `lo` (known good), `mid` and `hi` (known bad) inside
+every round; its ratios are mid / lo and hi / lo with their 95% intervals. The step decides:
+
+- `hi` must still be `direction` against `lo` (its interval excludes 1 on that side), else
+  the change is not a single step between them;
+- `mid` like `hi` (its interval excludes 1 on the `direction` side and overlaps hi's): the
+  change is in (lo, mid] -> `lower`;
+- `mid` like `lo` (its interval includes 1 and does not overlap hi's): in (mid, hi] -> `upper`;
+- anything else (between the two, or overlapping both): not a single step, or too noisy to
+  tell -> stop and say so;
+- with no `mid` (lo and hi are neighbours) the first `direction` commit is `hi`, its parent
+  `lo` -> `found`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from evidence.reproduction import intervals_overlap
+from evidence.schemas import JobSpec, Provenance
+
+Decision = str  # "lower" | "upper" | "found" | "not a single step"
+
+
+def _result(comparison: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if comparison is None:
+        return None
+    return {key: comparison[key] for key in ("ratio_median", "ci_low", "ci_high", "verdict", "n")}
+
+
+def _interval(result: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    if not result or result["ci_low"] is None or result["ci_high"] is None:
+        return None
+    return (result["ci_low"], result["ci_high"])
+
+
+def _excludes_one(interval: tuple[float, float], direction: str) -> bool:
+    return interval[1] < 1 if direction == "slower" else interval[0] > 1
+
+
+def decide_step(
+    mid: Mapping[str, Any] | None, hi: Mapping[str, Any] | None, direction: str, has_mid: bool
+) -> tuple[Decision, str]:
+    """(decision, why) from mid/lo and hi/lo results (the module docstring's rules)."""
+    hi_interval = _interval(hi)
+    if hi_interval is None or not _excludes_one(hi_interval, direction):
+        return "not a single step", (
+            f"hi is not established {direction} than lo (interval "
+            f"{_fmt(hi_interval)}): the change is not a single step between them, or too "
+            "small for these rounds"
+        )
+    if not has_mid:
+        return "found", f"hi is {direction} than its parent lo (interval {_fmt(hi_interval)})"
+    mid_interval = _interval(mid)
+    if mid_interval is None:
+        return "not a single step", "mid has no interval (no valid pairs)"
+    like_hi = _excludes_one(mid_interval, direction) and intervals_overlap(
+        mid_interval, hi_interval
+    )
+    like_lo = mid_interval[0] <= 1 <= mid_interval[1] and not intervals_overlap(
+        mid_interval, hi_interval
+    )
+    if like_hi:
+        return "lower", f"mid is {direction} like hi ({_fmt(mid_interval)})"
+    if like_lo:
+        return "upper", f"mid is like lo ({_fmt(mid_interval)} includes 1)"
+    return "not a single step", (
+        f"mid's interval {_fmt(mid_interval)} lies between or overlaps both lo (1) and hi "
+        f"({_fmt(hi_interval)}): the change is not a single step, or too noisy to tell"
+    )
+
+
+def _fmt(interval: tuple[float, float] | None) -> str:
+    return "n/a" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def bisect_section(
+    *,
+    spec: JobSpec,
+    comparisons: Sequence[Mapping[str, Any]],
+    provenances: Sequence[Provenance],
+) -> dict[str, Any]:
+    """summary.json's `bisect`: this step's commits, results and decision; when it ends the
+    bisection, `first_bad_commit` (full sha, or None with `reason`), its parent and ratio."""
+    assert spec.bisect is not None  # JobSpec's rule for mode bisect
+    commits = {t.variant: t.commit for p in provenances for t in p.targets if t.commit is not None}
+    lo, *rest = spec.variants
+    mid = rest[0] if len(rest) == 2 else None
+    hi = rest[-1]
+    by_variant = {c["variant"]: c for c in comparisons}
+    mid_result = _result(by_variant.get(mid.name)) if mid else None
+    hi_result = _result(by_variant.get(hi.name))
+    decision, why = decide_step(mid_result, hi_result, spec.bisect.direction, mid is not None)
+    lo_commit, hi_commit = commits.get(lo.name, lo.ref), commits.get(hi.name, hi.ref)
+    found = decision == "found"
+    final = decision in ("found", "not a single step")
+    return {
+        "good": spec.bisect.good,
+        "bad": spec.bisect.bad,
+        "direction": spec.bisect.direction,
+        "context_tokens": spec.contexts[0],
+        "step": len(spec.bisect.steps) + 1,
+        "lo": lo_commit,
+        "mid": commits.get(mid.name, mid.ref) if mid else None,
+        "hi": hi_commit,
+        "mid_result": mid_result,
+        "hi_result": hi_result,
+        "decision": decision,
+        "why": why,
+        "final": final,
+        "first_bad_commit": hi_commit if found else None,
+        "parent": lo_commit if found else None,
+        "ratio": hi_result if found else None,
+        "reason": None if found else (why if final else "bisection not finished"),
+        "steps": [step.model_dump() for step in spec.bisect.steps],
+    }
+
+
+def bisect_sentences(bisect: Mapping[str, Any]) -> list[str]:
+    """The answer first for a bisection step or its end."""
+    where = f"at {bisect['context_tokens']} tokens"
+    if bisect["first_bad_commit"]:
+        ratio = bisect["ratio"]
+        change = abs(ratio["ratio_median"] - 1) * 100
+        return [
+            f"First {bisect['direction']} commit {where}: {bisect['first_bad_commit']} "
+            f"({change:.1f}% {bisect['direction']} than its parent {bisect['parent']}, 95% "
+            f"interval of the ratio [{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}]), after "
+            f"{bisect['step']} step{'s' if bisect['step'] != 1 else ''}."
+        ]
+    if bisect["final"]:
+        return [f"No single first {bisect['direction']} commit {where}: {bisect['reason']}."]
+    return [
+        f"Step {bisect['step']} {where}: {bisect['why']}; the search continues in the "
+        f"{'lower' if bisect['decision'] == 'lower' else 'upper'} half."
+    ]

@@ -1,0 +1,48 @@
+"""Operating characteristics under process offsets, through the real statistics (seeded, so
+these rates are fixed numbers, not chance: the simulation is benchmarks/aa_simulation.py)."""
+
+from __future__ import annotations
+
+from benchmarks.aa_simulation import Scenario, rates, simulate_job
+from evidence.schemas import default_rounds_per_process
+
+RESAMPLES = 500
+BLOCK = default_rounds_per_process(24)
+
+
+def test_the_default_block_gives_twelve_process_pairs_at_24_rounds() -> None:
+    assert BLOCK == 2
+    records = simulate_job(Scenario("x", rounds_per_process=BLOCK), seed=0)
+    assert {r.process for r in records} == set(range(1, 13))
+
+
+def test_one_process_per_variant_calls_identical_code_different_most_of_the_time() -> None:
+    old = rates(Scenario("one process", process_sd=0.01), jobs=60, n_resamples=RESAMPLES)
+    assert old.claimed_pct >= 50, old
+
+
+def test_rotation_without_cluster_statistics_is_not_enough() -> None:
+    scenario = Scenario(
+        "blocks, per-round statistics",
+        rounds_per_process=3,
+        per_round_statistics=True,
+        process_sd=0.01,
+    )
+    assert rates(scenario, jobs=100, n_resamples=RESAMPLES).claimed_pct > 10
+
+
+def test_aa_jobs_of_three_variants_stay_at_or_below_five_percent() -> None:
+    for process_sd in (0.01, 0.02):
+        scenario = Scenario("blocks", rounds_per_process=BLOCK, process_sd=process_sd)
+        result = rates(scenario, jobs=200, n_resamples=RESAMPLES, seed=1)
+        assert result.claimed_pct <= 5, result
+
+
+def test_a_planted_two_percent_effect_is_found_in_nine_jobs_of_ten() -> None:
+    for pair_sd in (0.005, 0.01):
+        scenario = Scenario(
+            "blocks", rounds_per_process=BLOCK, process_sd=0.01, pair_sd=pair_sd, effect=0.98
+        )
+        result = rates(scenario, jobs=100, n_resamples=RESAMPLES, seed=2)
+        assert result.detected_pct >= 90, result
+        assert result.verdicts.get("faster", 0) == 0

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from evidence.calibration import (
+    HostCalibration,
+    calibrate_result,
+    job_of,
+    merge_calibrations,
+)
+from evidence.schemas import HostInfo
+from evidence.stats import summarize
+from tests.evidence.builders import START, calibration_sample, simulate_run
+
+
+def _rotated(effects: dict[str, float], seed: int) -> dict:
+    records = simulate_run(effects=effects, contexts=(256,), rounds=16, noise=0.01, seed=seed)
+    stamped = [r.model_copy(update={"process": max(r.round, 0) // 2 + 1}) for r in records]
+    return summarize(stamped, baseline="a", n_resamples=200)
+
+
+def test_calibration_counts_claims_detections_and_the_resolvable_effect() -> None:
+    summaries = [
+        _rotated({"a": 1.0, "b": 1.0, "c": 1.0}, seed=1),
+        _rotated({"a": 1.0, "b": 1.0, "c": 0.8}, seed=2),
+    ]
+    jobs = [
+        job_of(kind=kind, seed=i, status="succeeded", reason=None, evidence_id=None, summary=s)
+        for i, (kind, s) in enumerate(zip(("aa", "planted"), summaries, strict=True))
+    ]
+    result = calibrate_result(
+        jobs=jobs,
+        planted_variant="c",
+        created_at=START,
+        host=HostInfo(hostname="cpu-box"),
+        model="preset:tiny",
+        contexts=[256],
+        rounds=12,
+        decode_tokens=1,
+        planted_flags={"prefill_step_size": 8},
+    )
+    assert (result.aa_jobs, result.planted_jobs) == (1, 1)
+    assert result.aa_claims == 0 and result.planted_detected == 1
+    assert result.planted_verdicts == {"slower": 1}
+    aa_widths = [(c.ci_high - c.ci_low) / 2 for c in jobs[0].comparisons]
+    assert min(aa_widths) <= result.resolvable <= max(aa_widths)
+    assert result.between_process_sd == summaries[0]["noise_floor"]["between_process_sd"]
+    assert result.statistics["unit"].startswith("process pair")
+    lines = result.lines()
+    assert lines[0] == "A/A jobs with a faster/slower verdict: 0 of 1 (0%)"
+    assert lines[1] == "planted effect (prefill_step_size=8) detected: 1 of 1 (slower 1)"
+    assert lines[2].startswith("smallest effect this host resolves: +-")
+    again = HostCalibration.model_validate(result.to_json_dict())
+    assert again == result
+
+
+def test_a_malformed_calibration_is_refused_naming_the_field() -> None:
+    HostCalibration.model_validate(calibration_sample())
+    with pytest.raises(ValidationError, match="aa_claims"):
+        HostCalibration.model_validate({**calibration_sample(), "aa_claims": -1})
+    with pytest.raises(ValidationError, match="extra"):
+        HostCalibration.model_validate({**calibration_sample(), "command": "rm -rf /"})
+
+
+def test_calibrations_run_side_by_side_merge_into_one() -> None:
+    one = HostCalibration.model_validate(calibration_sample())
+    other_jobs = [job.model_copy(update={"seed": job.seed + 100}) for job in one.jobs]
+    two = one.model_copy(update={"jobs": other_jobs})
+    merged = merge_calibrations([one, two])
+    assert (merged.aa_jobs, merged.planted_jobs) == (2, 2)
+    assert merged.planted_detected == 2 and merged.aa_claims == 0
+    assert merged.resolvable == pytest.approx(0.008)
+    with pytest.raises(ValueError, match="share job seeds"):
+        merge_calibrations([one, one])
+    with pytest.raises(ValueError, match="different rounds"):
+        merge_calibrations([one, two.model_copy(update={"rounds": 12})])

@@ -1,0 +1,132 @@
+"""`coldbench calibrate` end to end on this CPU with the tiny preset (a bounded budget).
+
+What cannot fail by chance: the planted effect is 1-token chunks against one 128-token chunk
+(many times slower here, far outside this machine's noise, and the same as test_cli's A/B), so
+all six process pairs fall on the same side; for the A/A job only the structure and the
+statistics used are asserted. The rates (A/A at or below 5%, a 2% effect found in 9 jobs of
+10) are checked in tests/evidence/test_aa_simulation.py, deterministically.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from evidence.bundle import verify_bundle
+from evidence.calibration import HostCalibration
+
+pytestmark = pytest.mark.slow
+
+
+def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "calibration.json"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "calibrate",
+            *("--model", "preset:tiny", "--contexts", "128", "--rounds", "12"),
+            *("--rounds-per-process", "2", "--jobs", "1", "--variants", "2"),
+            *("--base-step", "128", "--planted-step", "1", "--decode-tokens", "1"),
+            *("--out", str(out), "--bundles", str(tmp_path / "bundles")),
+            *("--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=580,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = HostCalibration.model_validate_json(out.read_text())
+    assert (result.aa_jobs, result.planted_jobs, result.variants) == (1, 1, 2)
+    assert result.planted_flags == {"prefill_step_size": 1}
+    assert result.base_flags == {"prefill_step_size": 128}
+    # The statistics are the cluster-aware ones: six process pairs of two rounds each.
+    assert result.statistics["unit"].startswith("process pair")
+    for job in result.jobs:
+        assert job.status == "succeeded", job.reason
+        (comparison,) = job.comparisons
+        assert (comparison.n, comparison.blocks) == (12, 6)
+    planted = next(job for job in result.jobs if job.kind == "planted")
+    assert planted.comparisons[0].verdict == "slower", planted
+    assert result.planted_detected == 1 and result.planted_verdicts == {"slower": 1}
+    aa = next(job for job in result.jobs if job.kind == "aa").comparisons[0]
+    assert result.aa_claims == (1 if aa.verdict in ("faster", "slower") else 0)
+    assert result.resolvable == pytest.approx((aa.ci_high - aa.ci_low) / 2)
+    assert result.between_process_sd is not None and result.between_process_sd >= 0
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("A/A jobs with a faster/slower verdict: ")
+    assert lines[1] == "planted effect (prefill_step_size=1) detected: 1 of 1 (slower 1)"
+    assert lines[2].startswith("smallest effect this host resolves: +-")
+    assert f"result {out.resolve()}" in done.stdout
+    bundles = sorted((tmp_path / "bundles").iterdir())
+    assert len(bundles) == 2 and all(verify_bundle(b).is_intact for b in bundles)
+    summary = json.loads((bundles[0] / "summary.json").read_text())
+    assert summary["noise_floor"]["process_pairs"] == 6
+
+
+def test_calibrate_refuses_bad_input_in_one_line(coldbench_cmd: list[str], tmp_path: Path) -> None:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    for args, message in (
+        (["--contexts", "12x"], "--contexts '12x': give token counts like 128,256"),
+        (["--bundles", str(tmp_path / "full")], "folder exists and is not empty"),
+        (["--api", "ftp://x"], "--api 'ftp://x': give an http:// or https:// URL"),
+        (["--model", str(tmp_path)], "not a checkpoint folder"),
+    ):
+        done = subprocess.run(
+            [*coldbench_cmd, "calibrate", "--planted-step", "1", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        assert not (tmp_path / "calibration.json").exists()
+
+
+def test_calibrate_merges_results_run_side_by_side(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    from tests.evidence.builders import calibration_sample
+
+    first = calibration_sample()
+    second = calibration_sample()
+    for job in second["jobs"]:
+        job["seed"] += 10
+    (tmp_path / "gpu0.json").write_text(json.dumps(first))
+    (tmp_path / "gpu1.json").write_text(json.dumps(second))
+    (tmp_path / "bad.json").write_text("{}")
+    done = subprocess.run(
+        [*coldbench_cmd, "calibrate", "--merge", "gpu0.json", "--merge", "gpu1.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    merged = HostCalibration.model_validate_json((tmp_path / "calibration.json").read_text())
+    assert (merged.aa_jobs, merged.planted_jobs, merged.planted_detected) == (2, 2, 2)
+    assert done.stdout.splitlines()[0] == "A/A jobs with a faster/slower verdict: 0 of 2 (0%)"
+    for args, message in (
+        (["--merge", "bad.json"], "--merge bad.json: not a calibration result"),
+        (["--merge", "gpu0.json", "--merge", "gpu0.json"], "share job seeds"),
+        ([], "--planted-step: give the planted variant's chunk width"),
+    ):
+        refused = subprocess.run(
+            [*coldbench_cmd, "calibrate", *args, "--out", "x.json"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
+        assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,183 @@
+"""`coldbench run --mode history` end to end: a copy of the installed mlx_lm with a series of
+commits, one of which adds work per prefill chunk and one of which does not build."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from evidence.bundle import verify_bundle
+from tests.conftest import SLOW_PREFILL_SYNC_OLD
+
+pytestmark = pytest.mark.slow
+
+# 1.5 s of extra time per prefill chunk: far above this shared CPU's noise at 128 tokens (one
+# chunk), even when other work loads it.
+PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(1.5)  # planted: work per chunk\n"
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@coldbench.invalid", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def series_repo(
+    mlx_lm_repo: tuple[Path, tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, str]]:
+    """main of mlx_lm_repo, then: docs, tidy, the planted slowdown, a broken build, the fix."""
+    source, (main, _slow) = mlx_lm_repo
+    repo = tmp_path_factory.mktemp("series") / "mlx-lm"
+    _git(source.parent, "clone", "-q", "--branch", main, str(source), str(repo))
+    shas = {"base": _git(repo, "rev-parse", "HEAD")}
+    (repo / "NOTES.md").write_text("notes\n")
+    _git(repo, "add", "NOTES.md")
+    _git(repo, "commit", "-q", "-m", "docs: add notes")
+    shas["docs"] = _git(repo, "rev-parse", "HEAD")
+    (repo / "NOTES.md").write_text("notes, tidied\n")
+    _git(repo, "commit", "-q", "-am", "tidy notes")
+    shas["tidy"] = _git(repo, "rev-parse", "HEAD")
+    generate = repo / "mlx_lm" / "generate.py"
+    text = generate.read_text()
+    assert text.count(SLOW_PREFILL_SYNC_OLD) == 1 and "\nimport time\n" in text
+    generate.write_text(text.replace(SLOW_PREFILL_SYNC_OLD, PLANTED))
+    _git(repo, "commit", "-q", "-am", "prefill: extra work per chunk")
+    shas["slow"] = _git(repo, "rev-parse", "HEAD")
+    pyproject = repo / "pyproject.toml"
+    good = pyproject.read_text()
+    pyproject.write_text(good + "this is not toml [\n")
+    _git(repo, "commit", "-q", "-am", "build: break pyproject")
+    shas["broken"] = _git(repo, "rev-parse", "HEAD")
+    pyproject.write_text(good)
+    _git(repo, "commit", "-q", "-am", "build: fix pyproject")
+    shas["fixed"] = _git(repo, "rev-parse", "HEAD")
+    return repo, shas
+
+
+def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build(
+    series_repo: tuple[Path, dict[str, str]],
+    coldbench_cmd: list[str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    repo, shas = series_repo
+    out = tmp_path / "history"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--repo", str(repo), "--mode", "history", "--range", f"{shas['base']}..HEAD"),
+            *("--contexts", "128", "--rounds", "6", "--decode-tokens", "0"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert verify_bundle(out).is_intact
+    summary = json.loads((out / "summary.json").read_text())
+    history = summary["history"]
+    assert history["reference"]["commit"] == shas["base"]
+    order = ["docs", "tidy", "slow", "broken", "fixed"]
+    assert [c["commit"] for c in history["commits"]] == [shas[name] for name in order]
+    skipped = {c["commit"]: c["skipped"] for c in history["commits"] if c["skipped"]}
+    assert list(skipped) == [shas["broken"]] and skipped[shas["broken"]].startswith("did not build")
+    series = [
+        (p["variant"], p["ratio_median"], p["ci_low"], p["ci_high"])
+        for p in history["series"][0]["points"]
+    ]
+    assert len(history["steps"]) == 1, series
+    (step,) = history["steps"]
+    assert (step["from_commit"], step["to_commit"]) == (shas["tidy"], shas["slow"])
+    assert step["direction"] == "slower" and step["subject"] == "prefill: extra work per chunk"
+    points = {p["commit"]: p for p in history["series"][0]["points"]}
+    assert points[shas["fixed"]]["ci_high"] < 1  # the slowdown stays after the skipped commit
+    assert "prefill: extra work per chunk" in done.stdout
+    assert "did not build" in done.stdout
+    report = (out / "report.html").read_text()
+    assert 'id="fig-history"' in report and 'class="step"' in report
+
+
+def test_history_input_errors_are_one_line(
+    series_repo: tuple[Path, dict[str, str]], coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    repo, shas = series_repo
+    for args, message in (
+        (["--mode", "history"], "needs --repo PATH"),
+        (["--repo", str(repo), "--mode", "history"], "needs --range A..B or --commits"),
+        (["--repo", str(repo), "--mode", "history", "--range", "HEAD..HEAD"], "holds no commit"),
+        (["--range", "a..b"], "belong to --mode history"),
+        (
+            ["--repo", str(repo), "--mode", "history", "--range", "nope..HEAD"],
+            "ref 'nope' not found",
+        ),
+    ):
+        done = subprocess.run(
+            [*coldbench_cmd, "run", *args, "--state-dir", str(tmp_path / "state")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and lines and message in lines[-1], (args, done.stderr[-2000:])
+    shutil.rmtree(tmp_path / "state", ignore_errors=True)
+
+
+def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
+    series_repo: tuple[Path, dict[str, str]],
+    coldbench_cmd: list[str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    repo, shas = series_repo
+    out = tmp_path / "bisect"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--repo", str(repo), "--mode", "bisect", "--good", shas["base"]),
+            *("--bad", shas["fixed"], "--direction", "slower"),
+            *("--contexts", "128", "--rounds", "6", "--decode-tokens", "0"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    steps = sorted(p for p in out.iterdir() if p.is_dir())
+    print(done.stdout)
+    # base docs tidy slow broken fixed: mid tidy (upper), mid slow (lower), then the pair.
+    assert [p.name for p in steps] == ["step-01", "step-02", "step-03"]
+    for step in steps:
+        assert verify_bundle(step).is_intact
+    final = json.loads((steps[-1] / "summary.json").read_text())["bisect"]
+    assert final["first_bad_commit"] == shas["slow"]
+    assert final["parent"] == shas["tidy"]
+    assert final["ratio"]["ci_high"] < 1
+    assert [s["decision"] for s in final["steps"]] == ["upper", "lower"]
+    assert [s["location"] for s in final["steps"]] == [
+        "../step-01/report.html",
+        "../step-02/report.html",
+    ]
+    first = json.loads((steps[0] / "summary.json").read_text())["bisect"]
+    assert first["first_bad_commit"] is None and first["reason"] == "bisection not finished"
+    report = (steps[-1] / "report.html").read_text()
+    assert 'href="../step-01/report.html"' in report and shas["slow"] in report
+    assert f"First slower commit at 128 tokens: {shas['slow']}" in done.stdout
