@@ -22,6 +22,13 @@ harness adds nothing: within 2%) and best/stock (>= 1.3x at 4K on the H200).
     python benchmarks/engine_prefill.py --model DIR --contexts 256 --rounds 3
     python benchmarks/engine_prefill.py --preset llama-8b-shape --in-memory \
         --contexts 4096,16384,32768 --rounds 5 --json out.json
+    python benchmarks/engine_prefill.py --preset llama-8b-shape-long --in-memory --stock-only \
+        --contexts 4096,16384,65536,131072,262144 --rounds 3 --json long.json
+
+Prompts are coldbench's own windows (engine/prompts.py, the preset's tokenizer or the
+checkpoint's), so any context up to the model's max_position_embeddings works (the `*-long`
+presets reach 262,144). Peak memory per method and context is printed beside engine/memory.py's
+estimate for the stock chunk width.
 
 `--in-memory` builds the preset's architecture from its config with random weights in the
 process (nothing written to disk); the cell code that runs is the same.
@@ -45,7 +52,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
-import numpy as np  # noqa: E402
 from mlx_lm.generate import generate_step, generation_stream  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
@@ -73,17 +79,29 @@ def build_in_memory(preset_name: str, dtype: str, seed: int) -> tuple[nn.Module,
     return model, config
 
 
-def load_model(path: str) -> tuple[nn.Module, dict[str, Any]]:
+def load_model(path: str) -> tuple[nn.Module, Any, dict[str, Any]]:
     from mlx_lm.utils import load
 
-    model, _tokenizer, config = load(path, return_config=True)
-    return model, config
+    model, tokenizer, config = load(path, return_config=True)
+    return model, tokenizer, config
 
 
-def prompt_ids(seed: int, round_index: int, context: int, vocab: int) -> list[int]:
-    """Fresh ids per (seed, round, context), identical for every method of a round."""
-    rng = np.random.default_rng([seed, round_index + 1, context])
-    return rng.integers(0, vocab, size=context).tolist()
+class Prompts:
+    """The windows coldbench's cells use (engine.prompts): the same ids for every method of a
+    round, fresh per (seed, round, context), no shared prefix, any length up to the model's."""
+
+    def __init__(self, tokenizer: Any, config: dict[str, Any], seed: int) -> None:
+        from engine.prompts import PromptSource
+
+        self.source = PromptSource.from_tokenizer(
+            tokenizer, max_tokens=config.get("max_position_embeddings")
+        )
+        self.seed = seed
+
+    def ids(self, round_index: int, context: int) -> list[int]:
+        if round_index < 0:  # the untimed warm-up: a window no round uses
+            return self.source.warmup_prompt(self.seed, context).ids
+        return self.source.prompt(self.seed, round_index, context).ids
 
 
 # -- the timed methods ----------------------------------------------------------------------
@@ -169,25 +187,29 @@ def measure(
     *,
     contexts: Sequence[int],
     rounds: int,
-    seed: int,
-    vocab: int,
+    prompts: Prompts,
+    warmup_context: int,
     log: Callable[[str], None],
-) -> dict[int, dict[str, list[float]]]:
+) -> tuple[dict[int, dict[str, list[float]]], dict[int, dict[str, int]]]:
+    """(seconds per round, largest peak memory in bytes) per context and method."""
     names = list(methods)
     for name in names:  # compile kernels and graphs once per method, untimed
-        methods[name](model, prompt_ids(seed, -1, max(contexts), vocab))
+        methods[name](model, prompts.ids(-1, warmup_context))
     results: dict[int, dict[str, list[float]]] = {c: {n: [] for n in names} for c in contexts}
+    peaks: dict[int, dict[str, int]] = {c: {n: 0 for n in names} for c in contexts}
     for round_index in range(rounds):
         for position, context in enumerate(contexts):
-            ids = prompt_ids(seed, round_index, context, vocab)
+            ids = prompts.ids(round_index, context)
             for name in rotated(names, round_index + position):
                 # Every method starts from an empty buffer cache: otherwise what the previous
                 # method left there decides how fast the first chunks allocate.
                 mx.clear_cache()
                 mx.synchronize()
+                mx.reset_peak_memory()
                 results[context][name].append(methods[name](model, ids))
-        log(f"round {round_index + 1}/{rounds} done")
-    return results
+                peaks[context][name] = max(peaks[context][name], int(mx.get_peak_memory()))
+            log(f"round {round_index + 1}/{rounds}: {context:,} done")
+    return results, peaks
 
 
 def paired_ratio(results: dict[str, list[float]], numerator: str, denominator: str) -> float | None:
@@ -239,11 +261,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--try-compile", action="store_true", help="compile=true candidates")
     parser.add_argument("--no-cell", action="store_true", help="stock and bare loop only")
+    parser.add_argument(
+        "--stock-only", action="store_true", help="stock generate_step alone (long sweeps)"
+    )
+    parser.add_argument(
+        "--warmup-context",
+        type=int,
+        help="tokens of each method's untimed warm-up (default: the largest context)",
+    )
     parser.add_argument("--json", help="write raw timings and the summary here")
     args = parser.parse_args(argv)
     if args.rounds < 3:
         parser.error("--rounds must be >= 3 (medians of fewer establish nothing)")
     contexts = [int(c) for c in args.contexts.split(",")]
+    if args.stock_only and args.try_compile:
+        parser.error("--stock-only measures no cell: drop --try-compile")
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -253,18 +285,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.in_memory:
             parser.error("--preset needs --in-memory (or write it with `coldbench model create`)")
         model, config = build_in_memory(args.preset, args.dtype, args.seed)
+        from engine.checkpoints import train_tokenizer
+        from engine.presets import get_preset
+
+        # the preset's own tokenizer, as `coldbench model create` writes it
+        tokenizer = train_tokenizer(get_preset(args.preset).tokenizer_vocab)
     else:
-        model, config = load_model(args.model)
-    vocab = int(config["vocab_size"])
+        model, tokenizer, config = load_model(args.model)
     log(f"model ready in {time.perf_counter() - loaded_at:.1f} s on {mx.default_device()}")
+    prompts = Prompts(tokenizer, config, args.seed)
+    for context in contexts:  # refuse a context past the model's positions before any timing
+        prompts.source.check_context(context)
 
     step = args.step
     methods: dict[str, PrefillTimer] = {
         "stock": lambda m, ids: stock_prefill_s(m, ids, step=step),
     }
     cell_methods: dict[str, str] = {}
-    methods["bare"] = lambda m, ids: bare_prefill_s(m, ids, step=step, clear_cache=True)
-    if not args.no_cell:
+    if not args.stock_only:
+        methods["bare"] = lambda m, ids: bare_prefill_s(m, ids, step=step, clear_cache=True)
+    if not args.no_cell and not args.stock_only:
         off = {"prefill_step_size": step, "clear_cache": True, "compile": False}
         methods["cell"] = lambda m, ids: cell_prefill_s(m, ids, flags=off)
         for best_step in (int(s) for s in args.best_steps.split(",")):
@@ -291,11 +331,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     methods[name] = lambda m, ids, f=flags: cell_prefill_s(m, ids, flags=f)
                     cell_methods[name] = bare_name
 
-    results = measure(
-        model, methods, contexts=contexts, rounds=args.rounds, seed=args.seed, vocab=vocab, log=log
+    results, peaks = measure(
+        model,
+        methods,
+        contexts=contexts,
+        rounds=args.rounds,
+        prompts=prompts,
+        warmup_context=args.warmup_context or max(contexts),
+        log=log,
     )
     summary = summarize(results, cell_methods)
     print_table(summary, contexts)
+    estimates = memory_estimates(model, config, args.dtype, contexts, step)
+    print_memory(peaks, estimates, contexts)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -309,11 +357,55 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "timings_s": {str(c): r for c, r in results.items()},
                     "summary": {str(c): s for c, s in summary.items()},
                     "invalid": {f"{c} {f}": r for (c, f), r in INVALID.items()},
+                    "peak_memory_bytes": {str(c): p for c, p in peaks.items()},
+                    "memory_estimate_bytes": {str(c): e for c, e in estimates.items()},
+                    "prompt_corpus_sha256": prompts.source.corpus_sha256,
                 },
                 indent=1,
             )
         )
     return 0
+
+
+def memory_estimates(
+    model: nn.Module, config: dict[str, Any], dtype: str, contexts: Sequence[int], step: int
+) -> dict[int, int]:
+    """engine.memory's estimate of one cold prefill in `step`-token chunks, per context, with
+    this model's weights as loaded: the figure a variant process refuses a context by."""
+    from mlx.utils import tree_flatten
+
+    from engine import memory
+
+    weights = sum(int(a.nbytes) for _, a in tree_flatten(model.parameters()))
+    shaped = {**config, "torch_dtype": config.get("torch_dtype") or dtype}
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    probe = {4: "float32", 2: "bfloat16"}[memory.itemsize(shaped)]
+    materialized = memory.attention_materializes_scores(probe, heads, kv_heads, head_dim)
+    return {
+        c: memory.estimate(
+            shaped,
+            context_tokens=c,
+            chunk_tokens=step,
+            weights_bytes=weights,
+            attention_materialized=materialized,
+        ).total_bytes
+        for c in contexts
+    }
+
+
+def print_memory(
+    peaks: dict[int, dict[str, int]], estimates: dict[int, int], contexts: Sequence[int]
+) -> None:
+    gib = 1 << 30
+    names = list(peaks[contexts[0]])
+    width = max(len(n) for n in [*names, "estimate (stock chunks)"]) + 2
+    print(f"{'peak memory GiB (max)':<{width}}" + "".join(f"{c:>12,}" for c in contexts))
+    for name in names:
+        print(f"{name:<{width}}" + "".join(f"{peaks[c][name] / gib:>12.2f}" for c in contexts))
+    row = "".join(f"{estimates[c] / gib:>12.2f}" for c in contexts)
+    print(f"{'estimate (stock chunks)':<{width}}{row}")
 
 
 def print_table(summary: dict[int, dict[str, Any]], contexts: Sequence[int]) -> None:

@@ -322,7 +322,7 @@ async def agent_cycle(
     client: httpx.AsyncClient, name: str, auth: dict[str, str], figures: Figures
 ) -> None:
     """One lease and, when it brings a run, its heartbeat, uploads and completion."""
-    body = {"fingerprint": fingerprint(name), "labels": [], "wait_s": 5}
+    body = {"fingerprint": fingerprint(name), "wait_s": 5}
     started = time.perf_counter()
     try:
         response = await send(client, "POST", "/api/v1/leases", json=body, headers=auth, timeout=30)

@@ -54,6 +54,9 @@ def submit(
     labels: Annotated[str, typer.Option(help="Host labels the job needs, comma-separated.")] = "",
     hosts: Annotated[int, typer.Option(help="Reproductions on this many distinct hosts.")] = 1,
     seed: int = 0,
+    corpus: Annotated[
+        str, typer.Option(help="Prompt corpus: builtin, or a name from hosts' worker.toml.")
+    ] = "builtin",
     wait: Annotated[bool, typer.Option(help="Wait for the evidence and print its URL.")] = False,
     timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 3600.0,
 ) -> None:
@@ -91,6 +94,7 @@ def submit(
         "decode_tokens": decode_tokens,
         "model": model,
         "seed": seed,
+        "corpus": corpus,
         "host_labels": split_list(labels),
         "hosts": hosts,
     }

@@ -1,8 +1,9 @@
 """engine: the embedded inference engine under test and the cold-prefill cell.
 
 Owns model loading (Hugging Face layout from a local path), synthetic checkpoints, the prompt
-corpus, the cold-prefill cell with its counters, engine flags, backend detection, the adapters
-that drive other targets (`mlx-lm` checkouts, `openai-server` commands) and the variant process
+corpora and prompt windows, the memory estimate that refuses a context before it runs, the
+cold-prefill cell with its counters, engine flags, backend detection, the adapters that drive
+other targets (`mlx-lm` checkouts, `openai-server` commands) and the variant process
 (`python -m engine.runner`).
 
 May import: mlx, mlx-lm, numpy, the standard library and `kernels/`. Nothing of HTTP, pydantic,

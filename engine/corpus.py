@@ -1,10 +1,15 @@
-"""The prompt corpus: the same bytes on every host, generated from code, never from the host.
+"""Prompt corpora: the built-in one, generated from code, and the host's own text files.
 
-A seeded generator writes pseudo-English paragraphs over a fixed lexicon of syllable words. Only
-`random.Random` seeded by strings (stable across Python versions: seed version 2 hashes the
-string with SHA-512) and integer arithmetic decide the text, so the corpus, and therefore the
-tokenizer trained on it and every prompt cut from it, match byte for byte across hosts. The
-digest is pinned by a test.
+The built-in corpus: a seeded generator writes pseudo-English paragraphs over a fixed lexicon of
+syllable words. Only `random.Random` seeded by strings (stable across Python versions: seed
+version 2 hashes the string with SHA-512) and integer arithmetic decide the text, so the corpus,
+and therefore the tokenizer trained on it and every prompt cut from it, match byte for byte
+across hosts. Its digest is pinned by a test.
+
+A host corpus (`[corpora]` in worker.toml, e.g. source code) is a UTF-8 text file split into
+pieces at blank lines (and at line ends past `MAX_PIECE_CHARS`), so windows can be assembled
+from it exactly as from the built-in paragraphs (engine/prompts.py). Its digest is the sha256 of
+the file's bytes. Jobs name a corpus (`BUILTIN` or a host's name), never a path.
 """
 
 from __future__ import annotations
@@ -12,8 +17,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
 CORPUS_VERSION = "coldbench-corpus/1"
+BUILTIN = "builtin"
+# Corpus names become labels (`corpus:NAME`) and travel in job specs: plain, short, no `+`.
+CORPUS_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,55}$"
+MAX_PIECE_CHARS = 4096
+MAX_HOST_CORPUS_BYTES = 512 << 20
 PARAGRAPHS = 2500
 LEXICON_WORDS = 3000
 _ONSETS = ["", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w"]
@@ -75,3 +88,89 @@ def corpus_sha256() -> str:
     for text in paragraphs():
         digest.update(text.encode("utf-8"))
     return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# the corpus a prompt source cuts from: built-in or the host's
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The text pieces windows are assembled from, its name and its digest."""
+
+    name: str
+    pieces: tuple[str, ...]
+    sha256: str
+    path: str | None = None  # a host corpus's file; None for the built-in one
+
+
+def builtin() -> Corpus:
+    return Corpus(BUILTIN, paragraphs(), corpus_sha256())
+
+
+def check_corpus_name(name: str) -> str:
+    """`name` if it is a valid corpus name, else a one-line ValueError."""
+    if not isinstance(name, str) or not re.fullmatch(CORPUS_NAME_PATTERN, name):
+        raise ValueError(
+            f"corpus name {name!r} must be a plain name (letters, digits, _ . -; at most 56)"
+        )
+    return name
+
+
+def split_pieces(text: str) -> tuple[str, ...]:
+    """Pieces whose concatenation is `text`: each ends after a blank line, or at the first line
+    end past MAX_PIECE_CHARS (a line longer than that is cut at MAX_PIECE_CHARS)."""
+    pieces: list[str] = []
+    current: list[str] = []
+    size = 0
+    for line in text.splitlines(keepends=True):
+        while len(line) > MAX_PIECE_CHARS:
+            if current:
+                pieces.append("".join(current))
+                current, size = [], 0
+            pieces.append(line[:MAX_PIECE_CHARS])
+            line = line[MAX_PIECE_CHARS:]
+        current.append(line)
+        size += len(line)
+        if (line.strip() == "" and size > len(line)) or size >= MAX_PIECE_CHARS:
+            pieces.append("".join(current))
+            current, size = [], 0
+    if current:
+        pieces.append("".join(current))
+    return tuple(pieces)
+
+
+def host_corpus(name: str, path: str | Path) -> Corpus:
+    """The host's corpus `name` read from `path`; a one-line ValueError when unusable."""
+    check_corpus_name(name)
+    if name == BUILTIN:
+        raise ValueError(f"corpus name {BUILTIN!r} is the built-in corpus; name yours otherwise")
+    file = Path(path).expanduser()
+    try:
+        size = file.stat().st_size
+        if size > MAX_HOST_CORPUS_BYTES:
+            raise ValueError(
+                f"corpus {name!r}: {file} has {size:,} bytes, more than the "
+                f"{MAX_HOST_CORPUS_BYTES:,} a corpus may have"
+            )
+        data = file.read_bytes()
+    except OSError as error:
+        why = error.strerror or error
+        raise ValueError(f"corpus {name!r}: cannot read {file}: {why}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"corpus {name!r}: {file} is not UTF-8 text ({error.reason})") from None
+    pieces = split_pieces(text)
+    if len(pieces) < 2 or not text.strip():
+        raise ValueError(f"corpus {name!r}: {file} has too little text (at least two paragraphs)")
+    return Corpus(name, pieces, hashlib.sha256(data).hexdigest(), str(file))
+
+
+def load_corpus(name: str | None, path: str | Path | None) -> Corpus:
+    """The built-in corpus when `name` is None or BUILTIN, else the host's file at `path`."""
+    if name in (None, BUILTIN):
+        return builtin()
+    if path is None:
+        raise ValueError(f"corpus {name!r} has no file on this host")
+    return host_corpus(name, path)

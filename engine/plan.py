@@ -5,7 +5,8 @@
  "flags": {"prefill_step_size": 256}, "decode_tokens": 8, "seed": 0,
  "records_path": "/abs/records.jsonl", "checkout": null, "server_command": null,
  "cells": null, "warmup_tokens": null, "warmup_contexts": [4096, 16384],
- "server_options": null, "wipe": [], "first_token_timeout_s": null}
+ "server_options": null, "wipe": [], "first_token_timeout_s": null, "corpus": null,
+ "corpus_path": null}
 ```
 
 For the openai-server adapter, `server_options` maps each requested option to what the host's
@@ -19,7 +20,9 @@ for a cell's first streamed token.
 `warmup_contexts` lists the contexts warmed once each before the first timed cell (kernels
 compile per shape on Metal and CUDA, so every context of the matrix is warmed); without it,
 `warmup_tokens` names a single warm-up length, else every context of the batch `cells`, else
-256 tokens. Every field is checked; a bad one is a ValueError of one line naming it.
+256 tokens. `corpus` names the prompt corpus (null: the built-in one) and
+`corpus_path` is the host's file for it, which only the worker writes from the host's own
+configuration. Every field is checked; a bad one is a ValueError of one line naming it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.corpus import BUILTIN, check_corpus_name
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 DEFAULT_WARMUP_TOKENS = 256
@@ -72,6 +77,8 @@ class Plan:
     server_options: dict[str, dict[str, Any]] | None = None
     wipe: list[str] = field(default_factory=list)
     first_token_timeout_s: float | None = None
+    corpus: str | None = None
+    corpus_path: str | None = None
 
     @classmethod
     def load(cls, path: Path | str) -> Plan:
@@ -132,6 +139,13 @@ class Plan:
         checkout = value.get("checkout")
         if checkout is not None and not isinstance(checkout, str):
             raise ValueError("plan checkout must be a path string")
+        corpus_name, corpus_path = value.get("corpus"), value.get("corpus_path")
+        if corpus_name is not None:
+            check_corpus_name(corpus_name)
+        if corpus_path is not None and not isinstance(corpus_path, str):
+            raise ValueError("plan corpus_path must be a path string")
+        if corpus_name not in (None, BUILTIN) and corpus_path is None:
+            raise ValueError(f"plan corpus {corpus_name!r} needs its corpus_path")
         warmup_contexts = value.get("warmup_contexts")
         if warmup_contexts is not None and (
             not isinstance(warmup_contexts, list)
@@ -165,6 +179,8 @@ class Plan:
             server_options=options,
             wipe=list(wipe),
             first_token_timeout_s=None if timeout is None else float(timeout),
+            corpus=corpus_name,
+            corpus_path=corpus_path,
         )
 
     def warmup_shapes(self) -> list[int]:

@@ -2,6 +2,13 @@
 
 `tiny` and `tiny-moe` are for tests and the demo on a CPU; the `*-shape` presets carry a real
 model's dimensions (several GB of random weights) and are written only on benchmark hosts.
+
+`*-long` presets are the same architectures declared as long-context checkpoints declare it:
+Llama 3.1's `rope_scaling` (`rope_type` llama3: low and high frequency factors 1 and 4 over the
+base model's original window) with the factor raised so that `max_position_embeddings` reaches
+`LONG_CONTEXT` (262,144 positions). mlx-lm's llama builds its `Llama3RoPE` from exactly these
+keys, so a 256K cell runs the code path of a real long-context checkpoint. The base presets'
+configs are left byte for byte as they were (their checkpoints' digests do not move).
 """
 
 from __future__ import annotations
@@ -136,6 +143,44 @@ PRESETS: dict[str, Preset] = {
         tags=("gpu-host-only",),
     ),
 }
+
+
+LONG_CONTEXT = 262_144
+
+
+def long_context(preset: Preset, *, original: int, description: str) -> Preset:
+    """`preset` with llama3 RoPE scaling from `original` positions to LONG_CONTEXT."""
+    config = dict(preset.config)
+    config["rope_scaling"] = {
+        "factor": float(LONG_CONTEXT // original),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": original,
+        "rope_type": "llama3",
+    }
+    config["max_position_embeddings"] = LONG_CONTEXT
+    return Preset(
+        name=f"{preset.name}-long",
+        description=description,
+        config=config,
+        default_dtype=preset.default_dtype,
+        tokenizer_vocab=preset.tokenizer_vocab,
+        vocab_from_tokenizer=preset.vocab_from_tokenizer,
+        tags=preset.tags,
+    )
+
+
+PRESETS["tiny-long"] = long_context(
+    PRESETS["tiny"],
+    original=8192,
+    description="tiny with llama3 RoPE scaling (factor 32) to 262,144 positions",
+)
+PRESETS["llama-8b-shape-long"] = long_context(
+    PRESETS["llama-8b-shape"],
+    original=8192,
+    description="Llama-3.1-8B dimensions with llama3 RoPE scaling (factor 32) to 262,144 "
+    "positions, random weights (about 16 GB in bf16)",
+)
 
 
 def get_preset(name: str) -> Preset:

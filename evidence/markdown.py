@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evidence.schemas import Provenance
+from evidence.schemas import CorpusInfo, Provenance
 from evidence.stats import how_to_read, inert_lines
 
 MAX_CHARS = 60_000
@@ -112,8 +112,15 @@ def evidence_id_line(evidence_id: str | None) -> str:
         return f"Evidence id: `{evidence_id}`"
     return (
         "Evidence id: the first 24 hex digits of the sha256 of this bundle's manifest.json "
-        "(`coldbench verify <bundle>` prints it)."
+        "(`coldbench verify BUNDLE` prints it)."
     )
+
+
+def verify_command(evidence_id: str | None) -> str:
+    """The command that checks a downloaded bundle is the one this id names."""
+    if evidence_id:
+        return f"coldbench verify --expect {evidence_id} coldbench-{evidence_id}.zip"
+    return "coldbench verify BUNDLE"
 
 
 def _cell(text: object) -> str:
@@ -297,6 +304,39 @@ _COMPARISON_HEADER = [
 ]
 
 
+def corpus_line(corpus: CorpusInfo) -> str:
+    """`the built-in corpus, sha256 `c4a0185d3de21394`` or `host corpus `code`, sha256 ...`."""
+    which = "the built-in corpus" if corpus.source == "builtin" else f"host corpus `{corpus.name}`"
+    version = f" ({corpus.prompt_version})" if corpus.prompt_version else ""
+    return f"{which}, sha256 `{corpus.sha256[:16]}`{version}"
+
+
+def fmt_bytes(value: int | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value / 2**30:,.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.1f} MiB"
+
+
+def memory_rows(summary: Mapping[str, Any]) -> list[list[object]]:
+    """Per (context, variant): median prefill tok/s, the time per cell it implies (context /
+    median tok/s) and the largest peak memory, so memory can be read against context."""
+    rows: list[list[object]] = []
+    for row in summary["descriptive"]:
+        prefill, memory = row["prefill_tps"], row["peak_memory_bytes"]
+        median = prefill["median"] if prefill else None
+        rows.append(
+            [
+                row["context_tokens"],
+                row["variant"],
+                row["n"],
+                fmt_tps(median),
+                f"{row['context_tokens'] / median:,.3f}" if median else "n/a",
+                fmt_bytes(memory["max"] if memory else None),
+            ]
+        )
+    return rows
+
+
 def render_summary_md(
     summary: Mapping[str, Any],
     provenances: Sequence[Provenance],
@@ -418,12 +458,16 @@ def _render(
     if inert:
         lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
     lines += ["", evidence_id_line(evidence_id), ""]
+    if evidence_id:
+        lines += [f"Check the downloaded bundle: `{verify_command(evidence_id)}`", ""]
     for provenance in provenances:
         lines.append(f"- Host: {host_line(provenance)}")
         lines.append(f"- Software (orchestrator): {software_line(provenance)}")
         model = provenance.model
         weights = f", weights sha256 `{model.weights_sha256[:16]}`" if model.weights_sha256 else ""
         lines.append(f"- Model: {model.name or model.path or 'unknown'}{weights}")
+        if provenance.corpus is not None:
+            lines.append(f"- Prompts: {corpus_line(provenance.corpus)}")
     if provenances:
         lines += ["", "Variants as built:", ""]
         rows = []
@@ -447,6 +491,19 @@ def _render(
         lines += _table(
             ["variant", "repository", "ref", "commit", "flags", "software (its own process)"],
             rows,
+        )
+    if not compact:
+        lines += ["", "### Prefill time and peak memory by context", ""]
+        lines += _table(
+            [
+                "context",
+                "variant",
+                "cells",
+                "prefill tok/s (median)",
+                "prefill s per cell",
+                "peak memory (max)",
+            ],
+            memory_rows(summary),
         )
     if not compact:
         lines += [
@@ -556,7 +613,16 @@ def _render(
     commands = list(dict.fromkeys(p.command for p in provenances if p.command))
     if commands:
         lines += ["", "Reproduce:", "", "```sh", *commands, "```"]
-    lines += ["", "<details><summary>How to read this</summary>", ""]
-    lines += [f"- {sentence}" for sentence in how_to_read(settings)]
-    lines += ["", "</details>", ""]
-    return "\n".join(lines)
+    # Hosts supply names, reasons, versions and commands: no HTML of theirs reaches a page
+    # that renders this Markdown (GitHub shows `&lt;` as `<`, also where a code span or fence
+    # a host string opened or closed would otherwise let a tag through).
+    body = escape_html("\n".join(lines))
+    details = ["", "<details><summary>How to read this</summary>", ""]
+    details += [f"- {escape_html(sentence)}" for sentence in how_to_read(settings)]
+    details += ["", "</details>", ""]
+    return body + "\n" + "\n".join(details)
+
+
+def escape_html(text: str) -> str:
+    """`&`, `<` and `>` as entities: Markdown renderers pass raw HTML through otherwise."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evidence.schemas import (
     NAME_PATTERN,
+    AdapterName,
     FlagValue,
     HostInfo,
     Name,
@@ -58,7 +59,10 @@ MAX_INVALID_IN_HEARTBEAT: Final = 50
 MAX_REASON_CHARS: Final = 4000
 
 Label = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]
-ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
+ModelName = Annotated[str, Field(pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
+# run_attempts.attempt and artifacts.attempt are 32-bit integer columns on PostgreSQL.
+ATTEMPT_MAX: Final = 2**31 - 1
+Attempt = Annotated[int, Field(ge=1, le=ATTEMPT_MAX)]
 # Flag and option names, as in a VariantSpec's flags.
 OptionName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 RunStatus = Literal["succeeded", "failed"]
@@ -165,7 +169,7 @@ class OptionDeclaration(_Request):
 class RepositoryOffer(_Request):
     """One allow-listed repository of a host: how it is driven and what a job may pick."""
 
-    adapter: Literal["mlx-lm", "openai-server"] = "mlx-lm"
+    adapter: AdapterName = "mlx-lm"  # embedded: a coldbench checkout whose engine/ runs
     recipes: list[Name] = Field(default_factory=list, max_length=50)
     options: dict[OptionName, OptionDeclaration] = Field(default_factory=dict, max_length=100)
 
@@ -190,8 +194,9 @@ class RegisterResponse(BaseModel):
 
 
 class LeaseRequest(_Request):
+    """No labels: a host's labels come from its enrollment and the admin, never from a lease."""
+
     fingerprint: HostInfo
-    labels: list[Label] = Field(default_factory=list, max_length=100)
     wait_s: int = Field(0, ge=0, le=LEASE_WAIT_MAX_S)
     # What the host's worker.toml offers now; None keeps what it registered (older agents).
     repositories: Repositories | None = None
@@ -226,12 +231,12 @@ class Progress(BaseModel):
     cells_total: int = Field(ge=0)
     variant: str | None = None
     context_tokens: int | None = None
-    invalid: list[InvalidCell] = Field(default_factory=list)
+    invalid: list[InvalidCell] = Field(default_factory=list, max_length=1000)
 
 
 class HeartbeatRequest(_Request):
-    run_id: str | None = None  # None while idle
-    attempt: int | None = None
+    run_id: str | None = Field(None, max_length=64)  # None while idle
+    attempt: Attempt | None = None
     progress: Progress | None = None
 
 
@@ -252,7 +257,7 @@ class ArtifactReceipt(BaseModel):
 
 
 class CompleteRequest(_Request):
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     status: RunStatus
     reason: str | None = Field(None, max_length=MAX_REASON_CHARS)
     manifest: dict[str, Any]  # validated as a Manifest by the API, with its own messages

@@ -36,6 +36,7 @@ from evidence.markdown import (
     software_line,
     variant_software_text,
     verdict_rows,
+    verify_command,
 )
 from evidence.schemas import Provenance, Record
 from evidence.stats import how_to_read, inert_lines
@@ -126,11 +127,14 @@ def _provenance_view(provenance: Provenance) -> dict[str, Any]:
     host = {k: v for k, v in document["host"].items() if v is not None}
     software = {k: v for k, v in document["software"].items() if v is not None}
     model = {k: v for k, v in document["model"].items() if v is not None and "sha256" not in k}
+    corpus = {k: v for k, v in (document.get("corpus") or {}).items() if k != "sha256" and v}
     facts = [
         ("created", document["created_at"]),
         *((f"host.{k}", v) for k, v in host.items()),
         *((f"software.{k}", v) for k, v in software.items() if "sha256" not in k),
         *((f"model.{k}", v) for k, v in model.items()),
+        # which prompt corpus ran (its digest is listed with the other digests)
+        *((f"corpus.{k}", v) for k, v in corpus.items()),
     ]
     return {
         "run_id": provenance.run_id,
@@ -432,6 +436,7 @@ def render_report_html(
         "summary": summary,
         "evidence_id": evidence_id,
         "evidence_line": evidence_id_line(evidence_id).replace("`", ""),
+        "verify_command": verify_command(evidence_id),
         "variants": [v for v in summary["variants"] if v != summary["baseline"]],
         "provenances": [_provenance_view(p) for p in provenance_list],
         "how_to_read": how_to_read(summary["settings"]),

@@ -7,6 +7,7 @@ spec is refused with a message naming the field, instead of being stored half-un
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
@@ -216,6 +217,23 @@ class ModelInfo(_Strict):
     tokenizer_sha256: Sha256Hex | None = None
 
 
+# Prompt corpora a job may name: `builtin` or a host's `[corpora]` entry, never a path. The same
+# pattern as engine/corpus.py's CORPUS_NAME_PATTERN (engine cannot import evidence; a test
+# holds the two equal).
+CORPUS_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,55}$"
+BUILTIN_CORPUS: Final = "builtin"
+CorpusName = Annotated[str, Field(pattern=CORPUS_NAME_PATTERN)]
+
+
+class CorpusInfo(_Strict):
+    """The corpus a run's prompts were assembled from (engine/prompts.py)."""
+
+    name: CorpusName = BUILTIN_CORPUS
+    sha256: Sha256Hex
+    source: Literal["builtin", "host"] = "builtin"
+    prompt_version: str | None = None
+
+
 class Provenance(_Strict):
     """provenance.json of a run, canonical JSON, hashed into the manifest."""
 
@@ -228,6 +246,7 @@ class Provenance(_Strict):
     model: ModelInfo
     job_spec_sha256: Sha256Hex | None = None
     command: str | None = None  # the exact command that reproduces this run
+    corpus: CorpusInfo | None = None  # None in bundles from before corpora were recorded
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -325,6 +344,9 @@ class JobSpec(_Strict):
     decode_tokens: int = Field(8, ge=0)
     model: str = Field("preset:tiny", pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
     seed: int = 0
+    # The prompt corpus: the built-in one, or a corpus a host names in its worker.toml (a host
+    # without it does not take the job).
+    corpus: CorpusName = BUILTIN_CORPUS
     host_labels: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]] = (
         Field(default_factory=list)
     )
@@ -361,7 +383,7 @@ class JobSpec(_Strict):
                 "fresh_process (a process per cell) and rounds_per_process exclude each other",
             )
         names = [v.name for v in self.variants]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = sorted(n for n, times in Counter(names).items() if times > 1)
         if duplicates:
             again = next(i for i, n in enumerate(names) if n in names[:i])
             raise SpecError(
@@ -380,12 +402,6 @@ class JobSpec(_Strict):
             raise SpecError("repository", f"adapter {self.adapter} needs a repository")
         self._history_rules(names)
         self._bisect_rules(names)
-        if self.adapter == "embedded" and self.repository:
-            raise SpecError(
-                "adapter",
-                f"the embedded adapter runs coldbench's own engine and builds no repository; "
-                f"drive {self.repository} with mlx-lm or openai-server",
-            )
         for index, variant in enumerate(self.variants):
             if self.repository is None and (variant.ref or variant.recipe):
                 raise SpecError(

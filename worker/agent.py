@@ -51,6 +51,7 @@ from evidence.protocol import (
     InvalidCell,
     Lease,
     LeaseRequest,
+    OptionDeclaration,
     Progress,
     RegisterRequest,
     RegisterResponse,
@@ -183,7 +184,19 @@ class RunState:
 def repository_offers(config: HostConfig) -> dict[str, RepositoryOffer]:
     """Each allow-listed repository as registration and lease requests report it."""
     return {
-        name: RepositoryOffer(adapter=repository.adapter, recipes=sorted(repository.recipes))
+        name: RepositoryOffer(
+            adapter=repository.adapter,
+            recipes=sorted(repository.recipes),
+            options={
+                option: OptionDeclaration(
+                    type=declared.type,
+                    min=declared.min,
+                    max=declared.max,
+                    proof=declared.proof is not None,
+                )
+                for option, declared in repository.options.items()
+            },
+        )
         for name, repository in sorted(config.repositories.items())
     }
 
@@ -261,7 +274,7 @@ class Agent:
             fingerprint=host,
             labels=self.labels(host),
             repositories=repository_offers(self.config),
-            models=sorted(self.config.models),
+            models=self.config.model_names(),
         )
         with httpx.Client(
             base_url=self.api_url + API_PREFIX, timeout=REQUEST_TIMEOUT_S, transport=self._transport
@@ -339,10 +352,9 @@ class Agent:
     def lease(self, host: HostInfo) -> Lease | None:
         body = LeaseRequest(
             fingerprint=host,
-            labels=self.labels(host),
             wait_s=self.options.lease_wait_s,
             repositories=repository_offers(self.config),
-            models=sorted(self.config.models),
+            models=self.config.model_names(),
         )
         response = self.client().post(
             "/leases",
@@ -450,6 +462,11 @@ class Agent:
                 spec = JobSpec.model_validate(lease.spec)
             except ValueError as error:
                 raise RunRefused(f"job spec not understood: {str(error).splitlines()[0]}") from None
+            if spec.model not in self.config.model_names():
+                # The server matches models too; this host's own rule holds without it.
+                raise RunRefused(
+                    f"this host has no model {spec.model!r} (presets need allow_presets)"
+                )
             log.info("run %s attempt %s: %s", run_id, attempt, spec.mode)
 
             def should_stop() -> bool:
@@ -466,6 +483,7 @@ class Agent:
                 labels=self.labels(host),
                 repositories=self.config.repositories,
                 models=self.config.models,
+                corpora=self.config.corpora,
                 cell_timeout_s=min(self.options.cell_timeout_s, timeout_s),
                 on_progress=self.on_progress,
                 should_stop=should_stop,

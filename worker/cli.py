@@ -42,6 +42,22 @@ def parse_contexts(text: str) -> list[int]:
         raise ValueError(f"--contexts {text!r}: {error}") from None
 
 
+def local_corpus(option: str) -> tuple[str, Path]:
+    """`--corpus NAME=FILE` or `--corpus FILE` -> (name, resolved file); exits on bad input."""
+    from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
+
+    name, sep, file = option.partition("=")
+    if not sep:
+        file = option
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(option).stem).strip("-.")[:56] or "corpus"
+    path = Path(file).expanduser().resolve()
+    if not re.fullmatch(CORPUS_NAME_PATTERN, name) or name == BUILTIN_CORPUS:
+        _fail(f"--corpus {option}: {name!r} is not a corpus name (letters, digits, _ . -)")
+    if not path.is_file():
+        _fail(f"--corpus {option}: {path} is not a file")
+    return name, path
+
+
 def build_spec(
     *,
     model: str,
@@ -56,6 +72,7 @@ def build_spec(
     recipe: str | None,
     fresh_process: bool,
     precision: float = 0.05,
+    corpus: str = "builtin",
     rounds_per_process: int | None = None,
     adapter: str | None = None,
     history: dict[str, Any] | None = None,
@@ -83,6 +100,7 @@ def build_spec(
         "fresh_process": fresh_process,
         "rounds_per_process": rounds_per_process,
         "precision": precision,
+        "corpus": corpus,
         "history": history,
         "bisect": bisect,
     }
@@ -147,6 +165,7 @@ def _bisect(
     direction: str,
     base: dict[str, Any],
     models: dict[str, Path],
+    corpora: dict[str, Path],
     out: Path | None,
     state_dir: Path,
     cell_timeout_s: float,
@@ -191,6 +210,7 @@ def _bisect(
             recipe=None,
             fresh_process=False,
             precision=base["precision"],
+            corpus=base["corpus"],
             bisect={
                 "good": good,
                 "bad": bad,
@@ -214,6 +234,7 @@ def _bisect(
                 labels=host_labels(host, []),
                 repositories={repository.name: repository},
                 models=models,
+                corpora=corpora,
                 command=None,
                 cell_timeout_s=cell_timeout_s,
             )
@@ -379,6 +400,13 @@ def run(
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
     ] = Path(".coldbench"),
+    corpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompts from this UTF-8 text file instead of the built-in corpus: "
+            "NAME=FILE or FILE (named after the file)."
+        ),
+    ] = None,
 ) -> None:
     """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle."""
     import logging
@@ -410,6 +438,11 @@ def run(
         # Jobs name models; a folder becomes a name of this run's own model table.
         model_name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
         models[model_name] = path.resolve()
+    corpora: dict[str, Path] = {}
+    corpus_name = "builtin"
+    if corpus is not None:
+        corpus_name, corpus_file = local_corpus(corpus)
+        corpora[corpus_name] = corpus_file
     repositories = {}
     if adapter not in (None, "embedded", "mlx-lm", "openai-server"):
         _fail(f"--adapter {adapter!r}: choose one of embedded, mlx-lm, openai-server")
@@ -480,8 +513,10 @@ def run(
                     "seed": seed,
                     "precision": precision,
                     "flags": list(variant or []),
+                    "corpus": corpus_name,
                 },
                 models=models,
+                corpora=corpora,
                 out=out,
                 state_dir=state_dir.resolve(),
                 cell_timeout_s=cell_timeout_s,
@@ -501,13 +536,15 @@ def run(
             recipe=recipe,
             fresh_process=fresh_process,
             precision=precision,
+            corpus=corpus_name,
             rounds_per_process=rounds_per_process,
             adapter=adapter,
             history=history,
         )
         from worker.run import check_job
 
-        check_job(spec, repositories)  # an option the declarations refuse fails here, not later
+        # an option the declarations refuse (or a corpus it lacks) fails here, not later
+        check_job(spec, repositories, corpora)
     except (ValueError, ConfigError, CheckoutError) as error:
         _fail(str(error))
     started = datetime.now(UTC)
@@ -560,6 +597,7 @@ def run(
                 labels=host_labels(host, []),
                 repositories=repositories,
                 models=models,
+                corpora=corpora,
                 command=command,
                 cell_timeout_s=cell_timeout_s,
                 on_progress=on_progress,

@@ -1,7 +1,7 @@
-"""The host's own configuration (`worker.toml`): labels, models, the repository allow-list, its
-build recipes and, for server repositories, the server command, its options, the cache paths
-wiped before each start and the first-token bound. Only the host owner writes it; a job can
-only pick among what it names.
+"""The host's own configuration (`worker.toml`): labels, models, prompt corpora, the repository
+allow-list, its build recipes and, for server repositories, the server command, its options, the
+cache paths wiped before each start and the first-token bound. Only the host owner writes it; a
+job can only pick among what it names.
 
 The file is read through pydantic models (`HostFile` and below): an unusable file is one line
 naming the key, e.g. `repositories.mlx-lm.options.fast.max: ...`. The option declaration type
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evidence.options import OPTION_NAME_PATTERN, HostOption
-from evidence.schemas import NAME_PATTERN
+from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN, NAME_PATTERN
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -86,6 +86,15 @@ class HostConfig:
     repositories: dict[str, RepositoryConfig]
     state_dir: Path
     path: Path | None = None
+    # `[corpora]`: prompt corpora a job may name (engine/corpus.py), name -> text file
+    corpora: dict[str, Path] = field(default_factory=dict)
+    # Synthetic presets jobs may name as `preset:NAME` (none by default: a large preset is a
+    # checkpoint of tens of GB written on first use).
+    allow_presets: tuple[str, ...] = ()
+
+    def model_names(self) -> list[str]:
+        """The models this host offers: its configured names and `preset:NAME` per allowed one."""
+        return sorted(self.models) + [f"preset:{name}" for name in sorted(self.allow_presets)]
 
     @property
     def secret_path(self) -> Path:
@@ -220,6 +229,10 @@ class HostFile(_Table):
     models: dict[PlainName, str] = Field(default_factory=dict)
     repositories: dict[PlainName, RepositoryFile] = Field(default_factory=dict)
     state_dir: str = "coldbench-state"
+    # Presets jobs may name as `preset:NAME`; none by default (a large one is tens of GB).
+    allow_presets: list[str] = Field(default_factory=list)
+    # name -> text file; checked by `_corpora` (names, existence) with its own messages
+    corpora: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("labels")
     @classmethod
@@ -228,6 +241,18 @@ class HostFile(_Table):
         if bad:
             raise ValueError(f"not a valid label: {', '.join(bad)}")
         return labels
+
+    @field_validator("allow_presets")
+    @classmethod
+    def _known_presets(cls, presets: list[str]) -> list[str]:
+        from engine.presets import PRESETS
+
+        unknown = sorted(set(presets) - set(PRESETS))
+        if unknown:
+            raise ValueError(
+                f"unknown preset(s) {', '.join(unknown)}; known: {', '.join(sorted(PRESETS))}"
+            )
+        return presets
 
 
 # Pydantic's wording for the error types a hand-written worker.toml runs into, said the way
@@ -281,6 +306,25 @@ def describe_validation_error(error: ValidationError, *, prefix: str = "") -> st
     return f"{key}: {message}" if key else message
 
 
+def _corpora(raw: Any, base: Path) -> dict[str, Path]:
+    """`[corpora]`: name = "path/to/file.txt" (relative to worker.toml); each file must exist."""
+    if not isinstance(raw, dict):
+        raise ConfigError('corpora must be a table of name = "path/to/text-file"')
+    corpora: dict[str, Path] = {}
+    for name, value in raw.items():
+        if not re.fullmatch(CORPUS_NAME_PATTERN, name) or name == BUILTIN_CORPUS:
+            raise ConfigError(
+                f"corpora.{name}: a plain name (letters, digits, _ . -), not {BUILTIN_CORPUS!r}"
+            )
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"corpora.{name}: the path of a UTF-8 text file")
+        file = (base / Path(value).expanduser()).resolve()
+        if not file.is_file():
+            raise ConfigError(f"corpora.{name}: {file} is not a file")
+        corpora[name] = file
+    return corpora
+
+
 def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = None) -> HostConfig:
     try:
         parsed = HostFile.model_validate(raw)
@@ -289,13 +333,21 @@ def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = No
     repositories = {
         name: _repository(name, repo, base) for name, repo in parsed.repositories.items()
     }
+    corpora = _corpora(parsed.corpora, base)
+    # a job naming a corpus goes only to hosts that have it: the server matches this label
+    labels = [
+        *parsed.labels,
+        *(f"corpus:{n}" for n in corpora if f"corpus:{n}" not in parsed.labels),
+    ]
     return HostConfig(
         name=parsed.name,
-        labels=tuple(parsed.labels),
+        labels=tuple(labels),
         models={n: (base / Path(p).expanduser()).resolve() for n, p in parsed.models.items()},
         repositories=repositories,
         state_dir=(base / Path(parsed.state_dir).expanduser()).resolve(),
         path=path,
+        allow_presets=tuple(dict.fromkeys(parsed.allow_presets)),
+        corpora=corpora,
     )
 
 

@@ -8,6 +8,7 @@ can see that `pr` really ran the branch's code.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import json
 import logging
@@ -24,6 +25,8 @@ from typing import Any
 from evidence.canonical import sha256_hex, sha256_json
 from evidence.options import HostOption
 from evidence.schemas import (
+    BUILTIN_CORPUS,
+    CorpusInfo,
     HostInfo,
     JobSpec,
     ModelInfo,
@@ -155,6 +158,23 @@ def model_info(name: str, path: Path) -> ModelInfo:
     )
 
 
+def corpus_info(name: str, path: Path | None) -> CorpusInfo:
+    """The corpus a run's prompts come from: the built-in one's pinned digest, or the sha256 of
+    the host's file as it is now (each record also carries the digest its process read)."""
+    from engine.corpus import corpus_sha256
+    from engine.prompts import PROMPT_VERSION
+
+    if name == BUILTIN_CORPUS or path is None:
+        return CorpusInfo(sha256=corpus_sha256(), prompt_version=PROMPT_VERSION)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return CorpusInfo(
+        name=name, sha256=digest.hexdigest(), source="host", prompt_version=PROMPT_VERSION
+    )
+
+
 def job_spec_sha256(spec: JobSpec) -> str:
     return sha256_json(spec.model_dump(mode="json", by_alias=True))
 
@@ -225,6 +245,8 @@ def reproduce_command(
     ]
     if spec.features:
         argv += ["--features", ",".join(spec.features)]
+    if spec.corpus != BUILTIN_CORPUS:
+        argv += ["--corpus", f"{spec.corpus}=CORPUS_FILE"]
     if repository_url:
         argv += ["--repo", repository_url]
     # `--repo` alone means an mlx-lm checkout, no `--repo` the embedded engine.
@@ -254,6 +276,7 @@ def run_provenance(
     spec: JobSpec | None,
     command: str,
     labels: Sequence[str] = (),
+    corpus: CorpusInfo | None = None,
 ) -> Provenance:
     if labels:
         # The labels the run was matched by belong to the host as it was then.
@@ -267,4 +290,5 @@ def run_provenance(
         model=model,
         job_spec_sha256=job_spec_sha256(spec) if spec is not None else None,
         command=command,
+        corpus=corpus,
     )

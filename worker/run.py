@@ -29,12 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from evidence.options import OptionError, resolved_options, validate_option_values
-from evidence.schemas import HostInfo, JobSpec, VariantSpec, effective_rounds_per_process
+from evidence.schemas import (
+    BUILTIN_CORPUS,
+    HostInfo,
+    JobSpec,
+    VariantSpec,
+    effective_rounds_per_process,
+)
 from evidence.variant import baseline_name, expand_variants
 from worker.build import Build, build, install_path_problem
 from worker.checkout import Checkout, CheckoutError, check_ref, commit_subject, prepare
 from worker.config import Recipe, RepositoryConfig
 from worker.provenance import (
+    corpus_info,
     model_info,
     module_file_of,
     reproduce_command,
@@ -90,8 +97,19 @@ class RunOutcome:
     build_logs: dict[str, bytes] = field(default_factory=dict)
 
 
-def check_job(spec: JobSpec, repositories: Mapping[str, RepositoryConfig]) -> None:
+def check_job(
+    spec: JobSpec,
+    repositories: Mapping[str, RepositoryConfig],
+    corpora: Mapping[str, Path] | None = None,
+) -> None:
     """Refuse what this host must never run, before anything is cloned or built."""
+    if spec.corpus != BUILTIN_CORPUS and spec.corpus not in (corpora or {}):
+        raise RunRefused(
+            f"corpus {spec.corpus!r} is not on this host (worker.toml [corpora] names: "
+            f"{', '.join(sorted(corpora or {})) or 'none'})"
+        )
+    if spec.corpus != BUILTIN_CORPUS and not Path((corpora or {})[spec.corpus]).is_file():
+        raise RunRefused(f"corpus {spec.corpus!r}: its file on this host is gone")
     if spec.adapter == "embedded" and not spec.repository:
         return  # the engine installed beside this worker
     repository = repositories.get(spec.repository or "")
@@ -144,9 +162,20 @@ def recipe_for(repository: RepositoryConfig, variant: VariantSpec) -> Recipe:
 
 
 def _plan(
-    spec: JobSpec, variant: VariantSpec, *, run_id: str, model: Path, adapter: str
+    spec: JobSpec,
+    variant: VariantSpec,
+    *,
+    run_id: str,
+    model: Path,
+    adapter: str,
+    corpora: Mapping[str, Path] | None = None,
 ) -> dict[str, Any]:
-    return {
+    plan: dict[str, Any] = {}
+    if spec.corpus != BUILTIN_CORPUS:
+        # the host's own file for the corpus the job named (check_job: it exists here); only
+        # then, so an engine from before corpora (an embedded ref) still reads the plan
+        plan = {"corpus": spec.corpus, "corpus_path": str((corpora or {})[spec.corpus])}
+    return plan | {
         "run_id": run_id,
         "variant": variant.name,
         "adapter": adapter,
@@ -180,14 +209,17 @@ def prepare_variants(
     state_dir: Path,
     workdir: Path,
     on_phase: Callable[[str], None] | None = None,
+    corpora: Mapping[str, Path] | None = None,
 ) -> tuple[list[PreparedVariant], dict[str, bytes], str | None]:
     """(variants, build logs by file name, failure reason or None). Builds before any timing."""
-    check_job(spec, repositories)
+    check_job(spec, repositories, corpora)
     prepared: list[PreparedVariant] = []
     logs: dict[str, bytes] = {}
     if spec.adapter == "embedded" and not spec.repository:
         for variant in expand_variants(spec):
-            plan = _plan(spec, variant, run_id=run_id, model=model, adapter="embedded")
+            plan = _plan(
+                spec, variant, run_id=run_id, model=model, adapter="embedded", corpora=corpora
+            )
             launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
             prepared.append(PreparedVariant(variant, launch, "embedded"))
         return prepared, logs, None
@@ -236,7 +268,9 @@ def prepare_variants(
         else:
             logs[log_name] = Path(builds[key].log_path).read_bytes()
         result = builds[key]
-        plan = _plan(spec, variant, run_id=run_id, model=model, adapter=repository.adapter)
+        plan = _plan(
+            spec, variant, run_id=run_id, model=model, adapter=repository.adapter, corpora=corpora
+        )
         plan["checkout"] = str(checkout.path)
         if repository.adapter == "openai-server":
             _server_plan(plan, repository, variant)
@@ -362,6 +396,7 @@ def execute_run(
     labels: Sequence[str] = (),
     repositories: Mapping[str, RepositoryConfig] | None = None,
     models: Mapping[str, Path] | None = None,
+    corpora: Mapping[str, Path] | None = None,
     command: str | None = None,
     cell_timeout_s: float = CELL_TIMEOUT_S,
     on_progress: Callable[[Progress], None] | None = None,
@@ -373,7 +408,8 @@ def execute_run(
     from evidence.bundle import MANIFEST_FILE, evidence_id_of
 
     repositories = dict(repositories or {})
-    check_job(spec, repositories)
+    corpora = dict(corpora or {})
+    check_job(spec, repositories, corpora)
     workdir.mkdir(parents=True, exist_ok=True)
     if on_phase:
         on_phase(f"model {spec.model}")
@@ -389,6 +425,7 @@ def execute_run(
         state_dir=state_dir,
         workdir=workdir,
         on_phase=on_phase,
+        corpora=corpora,
     )
     baseline = baseline_name(spec)
     outcome: ScheduleOutcome | None = None
@@ -450,6 +487,7 @@ def execute_run(
         spec=spec,
         command=command or reproduce_command(spec, repository=repository),
         labels=labels,
+        corpus=corpus_info(spec.corpus, corpora.get(spec.corpus)),
     )
     stopped = bool(outcome and outcome.stopped)
     if failure is None and stopped:

@@ -10,9 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from api.artifacts import service
 from api.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
 from api.errors import TooLarge
-from evidence.protocol import CONTENT_SHA256_HEADER, ArtifactReceipt
+from api.routing import StrictJSONRoute
+from evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
 
-router = APIRouter(tags=["artifacts"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["artifacts"])
 
 
 @router.put(
@@ -30,7 +31,7 @@ async def upload_artifact(
     settings: SettingsDep,
     store: StoreDep,
     host: CurrentWorker,
-    attempt: Annotated[int, Query(ge=1)],
+    attempt: Annotated[int, Query(ge=1, le=ATTEMPT_MAX)],
     x_content_sha256: Annotated[str | None, Header(alias=CONTENT_SHA256_HEADER)] = None,
     content_length: Annotated[int | None, Header()] = None,
 ):

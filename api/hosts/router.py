@@ -8,6 +8,7 @@ from api.deps import BearerDep, CurrentSubmitter, CurrentWorker, SessionDep, Set
 from api.deps import bearer_token as _bearer_token
 from api.hosts import service
 from api.hosts.schemas import CalibrationAccepted, HostOut
+from api.routing import StrictJSONRoute
 from api.runs import service as run_service
 from evidence.calibration import HostCalibration
 from evidence.protocol import (
@@ -17,7 +18,7 @@ from evidence.protocol import (
     RegisterResponse,
 )
 
-router = APIRouter(tags=["hosts"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["hosts"])
 
 
 @router.post(

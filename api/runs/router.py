@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response, status
 
 from api.deps import CurrentWorker, SessionDep, SettingsDep
+from api.routing import StrictJSONRoute
 from api.runs import service
 from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["runs"])
 
 
 @router.post(
@@ -32,7 +33,6 @@ async def claim_lease(
         signal=request.app.state.work_signal,
         report=service.HostReport(
             fingerprint=body.fingerprint.model_dump(mode="json"),
-            labels=body.labels,
             repositories=body.repositories,
             models=body.models,
         ),

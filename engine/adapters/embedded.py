@@ -18,6 +18,7 @@ from engine.adapters import process_software
 from engine.backend import describe_backend, not_exercised
 from engine.cell import run_cell
 from engine.flags import Flags
+from engine.memory import MemoryGuard
 from engine.plan import Plan
 from engine.prompts import PromptSource
 
@@ -57,10 +58,11 @@ class EmbeddedAdapter:
             path = checkpoints.resolve_model(self.plan.model, {})
         else:
             path = Path(self.plan.model)
+        # refused before loading when even the warm-up cannot fit (engine.memory)
+        memory = MemoryGuard.for_plan(self.plan, path)
+        memory.check(min(self.plan.warmup_shapes()))
         self.model, tokenizer, config = checkpoints.load_model(path)
-        self.prompts = PromptSource.from_tokenizer(
-            tokenizer, max_tokens=config.get("max_position_embeddings")
-        )
+        self.prompts = PromptSource.for_plan(self.plan, tokenizer, config, checks=[memory.check])
         info = checkpoints.inspect_checkpoint(path)
         info.pop("files", None)
         self.model_info = info

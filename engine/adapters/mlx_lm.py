@@ -42,6 +42,7 @@ from engine.judge import (
     split_runs,
     to_runs,
 )
+from engine.memory import MemoryGuard
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
 
@@ -156,6 +157,9 @@ class MlxLmAdapter:
             model_path = Path(self.plan.model)
         if not (model_path / "config.json").is_file():
             raise MlxLmLoadError(f"model checkpoint not found (no config.json): {model_path}")
+        # refused before loading when even the warm-up cannot fit (engine.memory)
+        memory = MemoryGuard.for_plan(self.plan, model_path)
+        memory.check(min(self.plan.warmup_shapes()))
         try:
             # The checkout's own loader and model code: a fork may change either.
             self.model, tokenizer, config = utils.load(str(model_path), return_config=True)
@@ -163,9 +167,7 @@ class MlxLmAdapter:
             raise MlxLmLoadError(
                 f"cannot load model {model_path} with {utils.__file__}: {exc}"
             ) from exc
-        self.prompts = PromptSource.from_tokenizer(
-            tokenizer, max_tokens=config.get("max_position_embeddings")
-        )
+        self.prompts = PromptSource.for_plan(self.plan, tokenizer, config, checks=[memory.check])
         logger.info("mlx-lm adapter: %s from %s", MODULE, self.engine_module_file)
 
     def check_context(self, context_tokens: int) -> None:

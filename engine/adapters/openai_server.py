@@ -70,6 +70,7 @@ from engine import checkpoints
 from engine.adapters import measure_prompt
 from engine.backend import describe_backend
 from engine.judge import AtLeast, Expectation, Observation, judge_cell
+from engine.memory import MemoryGuard
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
 
@@ -233,9 +234,10 @@ class OpenAIServerAdapter:
         tokenizer = _load_tokenizer(model_path)
         self.tokenizer = tokenizer
         config = json.loads((model_path / "config.json").read_text())
-        self.prompts = PromptSource.from_tokenizer(
-            tokenizer, max_tokens=config.get("max_position_embeddings")
-        )
+        # the server holds the model on this host's device: the same estimate applies
+        memory = MemoryGuard.for_plan(self.plan, model_path)
+        memory.check(min(self.plan.warmup_shapes()))
+        self.prompts = PromptSource.for_plan(self.plan, tokenizer, config, checks=[memory.check])
         self.wiped = [wipe_path(path) for path in self.plan.wipe]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server

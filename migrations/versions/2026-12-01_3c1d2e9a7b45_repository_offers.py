@@ -7,7 +7,7 @@ host whose worker.toml said otherwise is corrected at its next lease. Downgrade 
 keys again.
 
 Revision ID: 3c1d2e9a7b45
-Revises: c4l1b7a7e016
+Revises: 3b1f2c9d8e7a
 Create Date: 2026-12-01 04:30:00
 """
 
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "3c1d2e9a7b45"
-down_revision: str | Sequence[str] | None = "c4l1b7a7e016"
+down_revision: str | Sequence[str] | None = "3b1f2c9d8e7a"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

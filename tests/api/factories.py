@@ -47,7 +47,7 @@ def make_host(
             name: RepositoryOffer.model_validate(offer)
             for name, offer in (repositories or {}).items()
         },
-        models=models or [],
+        models=["preset:tiny"] if models is None else models,
     )
 
 

@@ -42,7 +42,7 @@ class World:
 
 
 def lease(client: TestClient, secret: str, **body: Any) -> Any:
-    payload = {"fingerprint": fingerprint(), "labels": [], "wait_s": 0, **body}
+    payload = {"fingerprint": fingerprint(), "wait_s": 0, **body}
     return client.post("/api/v1/leases", json=payload, headers=bearer(secret))
 
 
@@ -97,7 +97,7 @@ def world(client: TestClient, db_session: Session, settings: Settings) -> World:
 
 WORKER_CALLS = [
     ("post", "/api/v1/workers/heartbeat", {"run_id": "{run}", "attempt": 1}),
-    ("post", "/api/v1/leases", {"fingerprint": {}, "labels": [], "wait_s": 0}),
+    ("post", "/api/v1/leases", {"fingerprint": {}, "wait_s": 0}),
     ("put", "/api/v1/runs/{run}/artifacts/records.jsonl?attempt=1", b"x"),
     ("put", "/api/v1/workers/calibration", calibration_sample()),
     (
@@ -269,7 +269,7 @@ def test_lease_matches_labels_repository_recipes_and_models(
         host_labels=["lab:home"],
     )
     assert lease(client, plain).status_code == 204
-    assert lease(client, mac, labels=["lab:home"]).json()["job_id"] == job.id
+    assert lease(client, mac).json()["job_id"] == job.id
 
 
 def test_expired_lease_requeues_and_late_complete_is_refused(
@@ -489,6 +489,8 @@ def test_reported_failure_is_final(
             "defines no recipe x for mlx-lm",
         ),
         ({"model": "llama-70b"}, "has no model 'llama-70b'"),
+        ({"corpus": "code"}, "has no corpus 'code'"),
+        ({"corpus": "../etc/passwd"}, "corpus"),
         ({"hosts": 2}, "only 1 can run it: studio-1"),
         ({"variants": [{"name": "a", "ref": "main"}]}, "names no repository"),
         (
@@ -510,6 +512,22 @@ def test_job_validation_messages(
     response = client.post("/api/v1/jobs", json=job_payload(**overrides), headers=bearer(key))
     assert response.status_code == 422, response.text
     assert message in response.json()["detail"]
+
+
+def test_a_job_naming_a_corpus_goes_to_a_host_that_has_it(
+    client: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "plain")
+    make_host(db_session, "with-code", labels=["corpus:code"])
+    key = make_api_key(db_session)
+    response = client.post(
+        "/api/v1/jobs", json=job_payload(corpus="code", hosts=2), headers=bearer(key)
+    )
+    assert response.status_code == 422, response.text
+    assert "only 1 can run it: with-code" in response.json()["detail"]
+    response = client.post("/api/v1/jobs", json=job_payload(corpus="code"), headers=bearer(key))
+    assert response.status_code == 201, response.text
+    assert response.json()["spec"]["corpus"] == "code"
 
 
 def test_job_without_any_host_is_refused(client: TestClient, db_session: Session) -> None:

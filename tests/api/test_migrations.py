@@ -59,9 +59,12 @@ def test_postgres_upgrade_check_downgrade(empty_postgres: str, coldbench_cmd: li
     assert "models and migrations agree" in done.stderr
     assert {"hosts", "jobs", "runs", "cells", "artifacts", "evidence"} <= _tables(empty_postgres)
     assert "bundle_files" in _columns(empty_postgres, "jobs")
-    assert "calibration" in _columns(empty_postgres, "hosts")
+    assert {"calibration", "revoked_at"} <= _columns(empty_postgres, "hosts")
     config = alembic_config(empty_postgres)
-    command.downgrade(config, "7693a6ba4526")  # before the hosts' calibration
+    command.downgrade(config, "3b1f2c9d8e7a")  # before repository offers and state checks
+    command.downgrade(config, "-1")  # host revocation
+    assert "revoked_at" not in _columns(empty_postgres, "hosts")
+    command.downgrade(config, "-1")  # host calibration
     assert "calibration" not in _columns(empty_postgres, "hosts")
     command.downgrade(config, "e5efff44487f")  # the initial schema, before bundle_files
     assert "bundle_files" not in _columns(empty_postgres, "jobs")
@@ -86,7 +89,7 @@ def test_repository_offers_migration_up_and_down(empty_postgres: str) -> None:
     """Hosts registered before adapters were reported get mlx-lm and no options; downgrade
     gives back exactly what was stored."""
     config = alembic_config(empty_postgres)
-    command.upgrade(config, "c4l1b7a7e016")
+    command.upgrade(config, "3b1f2c9d8e7a")
     old = {"mlx-lm": {"recipes": ["editable"]}}
     engine = sa.create_engine(empty_postgres)
     with engine.begin() as connection:
@@ -103,7 +106,7 @@ def test_repository_offers_migration_up_and_down(empty_postgres: str) -> None:
     upgraded = _host_repositories(empty_postgres)
     assert upgraded == {"mlx-lm": {"adapter": "mlx-lm", "options": {}, "recipes": ["editable"]}}
     RepositoryOffer.model_validate(upgraded["mlx-lm"])
-    command.downgrade(config, "c4l1b7a7e016")
+    command.downgrade(config, "3b1f2c9d8e7a")
     assert _host_repositories(empty_postgres) == old
 
 

@@ -184,3 +184,57 @@ def test_bfloat16_rounding_matches_mlx_and_loads(tmp_path: Path) -> None:
     model, _, config = checkpoints.load_model(path)
     assert config["torch_dtype"] == "bfloat16"
     assert model.model.layers[0].mlp.up_proj.weight.dtype == mx.bfloat16
+
+
+# The base presets' configs as they were before the long-context forms existed: their
+# checkpoints' bytes (and so every digest recorded with them) must never move.
+BASE_CONFIG_SHA256 = {
+    "tiny": "5cf9fb8e9e4dae84e591a4a1f81ed301adb1bdde8a309ca04f9a2c9e7869bcdf",
+    "llama-8b-shape": "bf9cc340b2cd900c8aebc0c1c3536ced4b171acc9e384118946233b98b60176f",
+}
+
+
+def _config_sha256(config: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def test_base_presets_are_unchanged() -> None:
+    from engine.presets import PRESETS
+
+    for name, digest in BASE_CONFIG_SHA256.items():
+        assert _config_sha256(PRESETS[name].config) == digest, name
+
+
+def test_long_context_preset_runs_at_positions_past_the_base_window(tmp_path: Path) -> None:
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    from engine.presets import LONG_CONTEXT, PRESETS
+
+    long_8b = PRESETS["llama-8b-shape-long"].config
+    assert long_8b["max_position_embeddings"] == LONG_CONTEXT == 262_144
+    assert long_8b["rope_scaling"]["rope_type"] == "llama3"
+    assert {
+        k: v for k, v in long_8b.items() if k not in ("rope_scaling", "max_position_embeddings")
+    } == {
+        k: v
+        for k, v in PRESETS["llama-8b-shape"].config.items()
+        if k not in ("rope_scaling", "max_position_embeddings")
+    }
+    path = checkpoints.create_checkpoint("tiny-long", tmp_path / "tiny-long")
+    model, tokenizer, config = checkpoints.load_model(path)
+    assert config["max_position_embeddings"] == 262_144
+    assert isinstance(model.model.layers[0].self_attn.rope, Llama3RoPE)
+    # the same tokenizer as tiny (only model_max_length in tokenizer_config.json differs)
+    tiny_dir = checkpoints.resolve_model("preset:tiny", {})
+    assert (path / "tokenizer.json").read_bytes() == (tiny_dir / "tokenizer.json").read_bytes()
+    logits = model(mx.array([[5, 6, 7]]))
+    assert logits.shape == (1, 3, config["vocab_size"])
+    # RoPE at positions far past tiny's 8,192, scaled as the config declares (low frequencies
+    # stretched by the factor): finite, and not the unscaled rotation
+    rope = model.model.layers[0].self_attn.rope
+    x = mx.ones((1, 2, 3, 64))
+    scaled = rope(x, offset=200_000)
+    plain = mx.fast.rope(x, 64, traditional=False, base=10000.0, scale=1.0, offset=200_000)
+    assert bool(mx.all(mx.isfinite(scaled))) and not bool(mx.allclose(scaled, plain))

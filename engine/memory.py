@@ -1,0 +1,260 @@
+"""What a cell at a context needs in memory, estimated before the variant process loads.
+
+A long context does not fail gracefully: MLX aborts the process when an allocation cannot be
+served, mid-run, and every later cell of that process is lost. So before the model loads, the
+variant process estimates the peak of one cold prefill from the checkpoint's config.json and
+file sizes (nothing is loaded) and refuses a context whose estimate exceeds the device's memory,
+with the estimate in the reason: the cell is an error record, the other contexts still run.
+
+peak = weights (the safetensors files' bytes)
+     + KV cache: layers x 2 x kv_heads x head_dim x context (rounded up to mlx-lm's 256-token
+       growth step) x itemsize, plus one layer's copy while the cache grows
+     + activations of one chunk: hidden states, q/k/v, the MLP's gate/up/product (the routed
+       experts' for a mixture of experts) and, where this backend's attention materializes the
+       scores (probed once: CPU always does), scores and softmax of heads x chunk x context.
+
+The device's memory is Metal's recommended working set, CUDA's total memory, or the system's
+memory on the CPU; `COLDBENCH_DEVICE_MEMORY_BYTES` overrides it (a host sharing its GPU, or a
+test simulating a small device). Peak memory measured per cell stays in the records
+(`peak_memory_bytes`), so every report shows the estimate's accuracy against context.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.plan import Plan
+
+DEVICE_MEMORY_ENV = "COLDBENCH_DEVICE_MEMORY_BYTES"
+DEFAULT_CHUNK = 2048  # generate_step's and the embedded cell's default prefill_step_size
+KV_STEP = 256  # mlx-lm's KVCache grows in steps of this many positions
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+GIB = 1 << 30
+
+
+class ContextTooLarge(ValueError):
+    """A context whose estimated peak memory exceeds the device's memory (one line)."""
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:,.1f} GiB" if value >= GIB / 10 else f"{value / (1 << 20):,.1f} MiB"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    context_tokens: int
+    chunk_tokens: int
+    weights_bytes: int
+    kv_cache_bytes: int
+    activations_bytes: int
+    attention_materialized: bool
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes + self.activations_bytes
+
+    def describe(self) -> str:
+        scores = ", attention scores materialized" if self.attention_materialized else ""
+        return (
+            f"about {gib(self.total_bytes)} (weights {gib(self.weights_bytes)}, KV cache "
+            f"{gib(self.kv_cache_bytes)}, activations {gib(self.activations_bytes)} at "
+            f"{self.chunk_tokens:,}-token chunks{scores})"
+        )
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    bytes: int | None  # None: unknown, nothing is refused
+    source: str
+
+
+def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    inner = config.get("text_config")
+    return {**config, **inner} if isinstance(inner, Mapping) else config
+
+
+def itemsize(config: Mapping[str, Any]) -> int:
+    """Bytes per activation and KV element: the checkpoint's dtype (float32 when unstated)."""
+    return _ITEMSIZE.get(str(_text_config(config).get("torch_dtype") or "float32"), 4)
+
+
+def estimate(
+    config: Mapping[str, Any],
+    *,
+    context_tokens: int,
+    chunk_tokens: int,
+    weights_bytes: int,
+    attention_materialized: bool,
+) -> MemoryEstimate:
+    """The peak of one cold prefill of `context_tokens` in chunks of `chunk_tokens`."""
+    c = _text_config(config)
+    size = itemsize(config)
+    hidden = int(c["hidden_size"])
+    layers = int(c["num_hidden_layers"])
+    heads = int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    positions = -(-context_tokens // KV_STEP) * KV_STEP
+    layer_kv = 2 * kv_heads * head_dim * positions * size
+    kv_cache = layers * layer_kv + layer_kv  # + one layer's copy while its cache grows
+    chunk = min(chunk_tokens, context_tokens)
+    if c.get("num_experts_per_tok") and c.get("moe_intermediate_size"):
+        mlp = int(c["num_experts_per_tok"]) * (3 * int(c["moe_intermediate_size"]) + hidden)
+    else:
+        mlp = 3 * int(c.get("intermediate_size") or 4 * hidden)
+    per_token = 4 * hidden + 2 * (heads + 2 * kv_heads) * head_dim + mlp
+    activations = chunk * per_token * size
+    activations += 2 * int(c.get("vocab_size") or 0) * 4  # the last position's logits
+    if attention_materialized:
+        # scores and their softmax (heads x chunk x keys), and the causal mask (bool)
+        activations += 2 * heads * chunk * context_tokens * size + chunk * context_tokens
+    return MemoryEstimate(
+        context_tokens=context_tokens,
+        chunk_tokens=chunk,
+        weights_bytes=weights_bytes,
+        kv_cache_bytes=kv_cache,
+        activations_bytes=activations,
+        attention_materialized=attention_materialized,
+    )
+
+
+def device_memory() -> DeviceMemory:
+    """The memory one process may use on this host's MLX device."""
+    configured = os.environ.get(DEVICE_MEMORY_ENV)
+    if configured:
+        try:
+            value = int(configured)
+            if value < 1:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"{DEVICE_MEMORY_ENV}={configured!r} must be a positive number of bytes"
+            ) from None
+        return DeviceMemory(value, DEVICE_MEMORY_ENV)
+    import mlx.core as mx
+
+    from engine.backend import detect_backend
+
+    backend = detect_backend()
+    if backend != "cpu":
+        info: dict[str, Any] = getattr(mx, "device_info", dict)()
+        for key in ("max_recommended_working_set_size", "total_memory", "memory_size"):
+            if isinstance(info.get(key), int) and info[key] > 0:
+                return DeviceMemory(int(info[key]), f"{backend} {key}")
+        return DeviceMemory(None, f"{backend} reports no memory size")
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return DeviceMemory(int(pages * page_size), "cpu system memory")
+    except (ValueError, OSError, AttributeError):
+        return DeviceMemory(None, "cpu system memory unknown")
+
+
+@functools.cache
+def attention_materializes_scores(dtype: str, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether this backend's `scaled_dot_product_attention` builds the full score matrix for
+    a prefill chunk (MLX's fallback) instead of a fused kernel: measured, on a small shape."""
+    import mlx.core as mx
+
+    queries, keys = 256, 2048
+    dt = getattr(mx, dtype)
+    q = mx.zeros((1, heads, queries, head_dim), dtype=dt)
+    k = mx.zeros((1, kv_heads, keys, head_dim), dtype=dt)
+    mx.eval(q, k)
+    mx.synchronize()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    out = mx.fast.scaled_dot_product_attention(q, k, k, scale=1.0, mask="causal")
+    mx.eval(out)
+    mx.synchronize()
+    used = mx.get_peak_memory() - before
+    del q, k, out
+    mx.clear_cache()
+    scores = heads * queries * keys * _ITEMSIZE[dtype]
+    return used >= scores
+
+
+def weights_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).glob("model*.safetensors") if p.is_file())
+
+
+class MemoryGuard:
+    """Refuses contexts whose estimate exceeds the device's memory; `check` is a ContextCheck
+    of engine.prompts (run on every context before its cell)."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        weights_bytes: int,
+        chunk_tokens: int,
+        device: DeviceMemory,
+        attention_materialized: bool,
+    ) -> None:
+        self.config = dict(config)
+        self.weights_bytes = weights_bytes
+        self.chunk_tokens = chunk_tokens
+        self.device = device
+        self.attention_materialized = attention_materialized
+
+    @classmethod
+    def for_checkpoint(cls, path: Path | str, *, chunk_tokens: int) -> MemoryGuard:
+        """From config.json and the weight files' sizes: nothing is loaded."""
+        path = Path(path)
+        if not path.is_dir():  # the same words as engine.checkpoints' load
+            raise ValueError(f"checkpoint {path} does not exist or is not a directory")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"checkpoint {path} has no config.json")
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except OSError as error:
+            raise ValueError(f"cannot read {path / 'config.json'}: {error.strerror}") from None
+        except ValueError as error:
+            raise ValueError(f"{path / 'config.json'} is not valid JSON: {error}") from None
+        c = _text_config(config)
+        try:
+            heads = int(c["num_attention_heads"])
+            head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+            kv_heads = int(c.get("num_key_value_heads") or heads)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{path / 'config.json'} lacks the attention shape: {error}") from None
+        dtype = {4: "float32", 2: "bfloat16"}[itemsize(config)]
+        return cls(
+            config,
+            weights_bytes=weights_bytes(path),
+            chunk_tokens=chunk_tokens,
+            device=device_memory(),
+            attention_materialized=attention_materializes_scores(dtype, heads, kv_heads, head_dim),
+        )
+
+    @classmethod
+    def for_plan(cls, plan: Plan, path: Path | str) -> MemoryGuard:
+        step = (plan.flags or {}).get("prefill_step_size", DEFAULT_CHUNK)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            step = DEFAULT_CHUNK  # the adapter refuses the flag itself, with its own message
+        return cls.for_checkpoint(path, chunk_tokens=step)
+
+    def estimate(self, context_tokens: int) -> MemoryEstimate:
+        return estimate(
+            self.config,
+            context_tokens=context_tokens,
+            chunk_tokens=self.chunk_tokens,
+            weights_bytes=self.weights_bytes,
+            attention_materialized=self.attention_materialized,
+        )
+
+    def check(self, context_tokens: int) -> None:
+        if self.device.bytes is None:
+            return
+        needed = self.estimate(context_tokens)
+        if needed.total_bytes > self.device.bytes:
+            raise ContextTooLarge(
+                f"context {context_tokens} tokens does not fit: it needs {needed.describe()}, "
+                f"the device has {gib(self.device.bytes)} ({self.device.source})"
+            )

@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+
+from engine import memory
+from engine.cell import run_cell
+from engine.flags import Flags
+from engine.memory import DEVICE_MEMORY_ENV, ContextTooLarge, MemoryGuard
+from engine.presets import get_preset
+from engine.prompts import PromptSource
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_kv_cache_of_the_8b_shape_at_256k() -> None:
+    # Llama-3.1-8B keeps 2 x 8 kv heads x 128 x 2 bytes x 32 layers = 128 KiB per position
+    config = {**get_preset("llama-8b-shape-long").config, "torch_dtype": "bfloat16"}
+    estimate = memory.estimate(
+        config,
+        context_tokens=262_144,
+        chunk_tokens=4096,
+        weights_bytes=16 << 30,
+        attention_materialized=False,
+    )
+    per_layer = 2 * 8 * 128 * 2 * 262_144
+    assert estimate.kv_cache_bytes == 33 * per_layer  # 32 layers + one growing copy
+    assert 32 << 30 < estimate.kv_cache_bytes < 34 << 30
+    materialized = memory.estimate(
+        config,
+        context_tokens=262_144,
+        chunk_tokens=4096,
+        weights_bytes=16 << 30,
+        attention_materialized=True,
+    )
+    # scores and softmax of 32 heads x 4,096 x 262,144 in bf16: 128 GiB more
+    assert materialized.activations_bytes - estimate.activations_bytes >= 128 << 30
+    assert "KV cache 33.0 GiB" in estimate.describe()
+
+
+def test_the_estimate_bounds_the_measured_peak(
+    tiny_model: tuple[Any, Any, dict[str, Any]], tiny_model_dir: Path
+) -> None:
+    model, tokenizer, _ = tiny_model
+    prompts = PromptSource.from_tokenizer(tokenizer)
+    for step, context in ((32, 1024), (256, 4096)):
+        guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=step)
+        assert guard.attention_materialized == (mx.default_device() == mx.cpu)
+        ids = prompts.prompt(0, 0, context).ids
+        gc.collect()
+        mx.clear_cache()
+        # the session holds other arrays too: the cell's own share is its peak over what was
+        # active before it; the estimate's is all but the weights (loaded once, before)
+        before = mx.get_active_memory()
+        record = run_cell(
+            model, ids, context_tokens=context, flags=Flags(prefill_step_size=step), decode_tokens=2
+        )
+        needed = guard.estimate(context)
+        measured = record["peak_memory_bytes"] - before
+        assert record["status"] == "ok"
+        assert needed.weights_bytes >= sum(
+            int(a.nbytes) for _, a in tree_flatten(model.parameters())
+        )
+        # an upper bound, and not a loose one (measured on this CPU: 1.01x to 1.3x)
+        estimated = needed.kv_cache_bytes + needed.activations_bytes
+        assert measured <= estimated <= 1.6 * measured, (step, context, measured, estimated)
+
+
+def test_device_memory_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEVICE_MEMORY_ENV, "123456")
+    assert memory.device_memory() == memory.DeviceMemory(123456, DEVICE_MEMORY_ENV)
+    monkeypatch.setenv(DEVICE_MEMORY_ENV, "lots")
+    with pytest.raises(ValueError, match="must be a positive number of bytes"):
+        memory.device_memory()
+    monkeypatch.delenv(DEVICE_MEMORY_ENV)
+    found = memory.device_memory()
+    assert found.bytes and found.bytes > 1 << 30  # this host's system memory on the CPU
+
+
+def test_a_context_over_the_estimate_is_refused_with_it(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32)
+    limit = guard.estimate(1024).total_bytes
+    monkeypatch.setenv(DEVICE_MEMORY_ENV, str(limit))
+    small = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32)
+    small.check(1024)
+    with pytest.raises(ContextTooLarge) as refused:
+        small.check(4096)
+    reason = str(refused.value)
+    assert reason.startswith("context 4096 tokens does not fit: it needs about ")
+    assert "KV cache" in reason and f"({DEVICE_MEMORY_ENV})" in reason
+    assert "\n" not in reason
+
+
+def _plan(tmp_path: Path, model: Path) -> Path:
+    plan = {
+        "run_id": "r-1",
+        "variant": "base",
+        "adapter": "embedded",
+        "model": str(model),
+        "flags": {"prefill_step_size": 32},
+        "decode_tokens": 2,
+        "records_path": str(tmp_path / "records.jsonl"),
+        "warmup_tokens": 64,
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_the_variant_process_refuses_the_cell_and_keeps_serving(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # a device that holds the model and 1,024 tokens but not 4,096 (set, not mocked)
+    limit = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32).estimate(1024)
+    cells = [
+        {"round": 0, "order": 0, "context_tokens": 4096},
+        {"round": 0, "order": 1, "context_tokens": 256},
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.runner", "--plan", str(_plan(tmp_path, tiny_model_dir))],
+        input="".join(json.dumps(c) + "\n" for c in cells),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**_env(), DEVICE_MEMORY_ENV: str(limit.total_bytes)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["event"] for e in events] == ["ready", "record", "record"]
+    refused, served = events[1]["record"], events[2]["record"]
+    assert refused["status"] == "error" and refused["prefill_s"] is None
+    assert refused["reason"].startswith("context 4096 tokens does not fit: it needs about ")
+    assert served["status"] == "ok" and served["peak_memory_bytes"] > 0
+
+    # a device smaller than the weights: refused before the model loads, one line, exit 2
+    too_small = subprocess.run(
+        [sys.executable, "-m", "engine.runner", "--plan", str(_plan(tmp_path, tiny_model_dir))],
+        input="",
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**_env(), DEVICE_MEMORY_ENV: str(1 << 20)},
+        timeout=300,
+    )
+    assert too_small.returncode == 2
+    (event,) = [json.loads(line) for line in too_small.stdout.splitlines()]
+    assert event["event"] == "error"
+    assert event["reason"].startswith("context 64 tokens does not fit")
+    assert "weights 15.3 MiB" in event["reason"]
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != DEVICE_MEMORY_ENV}
