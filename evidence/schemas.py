@@ -385,7 +385,8 @@ class JobSpec(_Strict):
         names = [v.name for v in self.variants]
         duplicates = sorted(n for n, times in Counter(names).items() if times > 1)
         if duplicates:
-            again = next(i for i, n in enumerate(names) if n in names[:i])
+            first = {n: i for i, n in reversed(list(enumerate(names)))}
+            again = next(i for i, n in enumerate(names) if first[n] != i)
             raise SpecError(
                 f"variants.{again}.name",
                 f"variant names must be unique; repeated: {', '.join(duplicates)}",
@@ -465,7 +466,7 @@ class JobSpec(_Strict):
         first variant (the template), and names that fit and do not clash."""
         features = [parse_feature(feature) for feature in self.features]
         flags = [flag for flag, _ in features]
-        repeated = sorted({flag for flag in flags if flags.count(flag) > 1})
+        repeated = sorted(flag for flag, times in Counter(flags).items() if times > 1)
         if repeated:
             raise SpecError(
                 "features", f"ablation features name the same flag twice: {', '.join(repeated)}"
