@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import (
@@ -33,6 +36,7 @@ from api.hosts.router import router as hosts_router
 from api.jobs.router import router as jobs_router
 from api.pages.router import router as pages_router
 from api.pages.templates import web_dir
+from api.routing import BodyLimitMiddleware, StrictJSONRoute, finite_or_text
 from api.runs import service as run_service
 from api.runs.models import RUN_STATES, Run
 from api.runs.router import router as runs_router
@@ -42,6 +46,7 @@ from api.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
+ARTIFACT_PATH = re.compile(rf"{API_PREFIX}/runs/[^/]+/artifacts/[^/]+")
 
 
 class _RequestCounter:
@@ -122,6 +127,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        # An upload cut by a kill of this server (or a replica) left its spool file.
+        swept = app.state.store.sweep_temporary(older_than_s=settings.upload_tmp_max_age_s)
+        if swept:
+            log.info("removed %d abandoned upload temporaries", len(swept))
         background = [
             asyncio.create_task(
                 run_service.sweep_leases(sessionmaker=app.state.sessionmaker, settings=settings)
@@ -145,11 +154,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Cold-prefill benchmark jobs, worker leases, checksummed evidence.",
         version="1",
     )
+    # Every route parses JSON strictly (api/routing.py), also those defined on the app itself.
+    app.router.route_class = StrictJSONRoute
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.store = open_store(settings)
     app.state.work_signal = work_signal
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, error: RequestValidationError) -> JSONResponse:
+        # The default handler echoes each input; a non-finite float there cannot be encoded.
+        errors = [
+            {key: value for key, value in item.items() if key in ("type", "loc", "msg", "ctx")}
+            for item in error.errors()
+        ]
+        return JSONResponse({"detail": finite_or_text(jsonable_encoder(errors))}, status_code=422)
 
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, error: ServiceError) -> JSONResponse:
@@ -170,4 +190,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     _install_metrics(app)
+
+    def body_limit(scope: Scope) -> int:
+        # Artifact uploads stream to the store under their own, larger limit.
+        if scope["method"] == "PUT" and ARTIFACT_PATH.fullmatch(scope["path"]):
+            return settings.max_artifact_bytes
+        return settings.max_request_body_bytes
+
+    app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)
     return app

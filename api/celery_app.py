@@ -11,6 +11,9 @@ from celery import Celery
 
 from api.settings import Settings, get_settings
 
+# Connecting to the broker: a loopback or LAN Redis answers in milliseconds.
+BROKER_TIMEOUT_S = 1.0
+
 
 def make_celery(settings: Settings) -> Celery:
     if not settings.redis_url:
@@ -38,9 +41,21 @@ def make_celery(settings: Settings) -> Celery:
             },
         },
         include=["api.tasks"],
+        # A request that completes a run sends its task after the commit: with the broker
+        # unreachable it must fail fast (the beat task `reprocess_unprocessed` sends the task
+        # again later), not hold the request for 20 s of reconnect attempts.
+        broker_connection_timeout=BROKER_TIMEOUT_S,
+        task_publish_retry_policy={
+            "max_retries": 1,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.2,
+        },
     )
     if settings.redis_url:
         app.conf.broker_transport_options = {
+            "socket_connect_timeout": BROKER_TIMEOUT_S,
+            "socket_timeout": 5.0,
             # An unacknowledged task (its worker was killed) is delivered again after this.
             "visibility_timeout": visibility_s,
             # Look for such tasks often enough that a short timeout is honoured.

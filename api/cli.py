@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
 
 app = typer.Typer(add_completion=False)
 db_app = typer.Typer(help="Database schema: Alembic migrations.", no_args_is_help=True)
-admin_app = typer.Typer(help="Enrollment tokens and submitter API keys.", no_args_is_help=True)
+admin_app = typer.Typer(
+    help="Enrollment tokens, API keys, host labels and revocation.", no_args_is_help=True
+)
 celery_app = typer.Typer(
     help="Celery worker and beat of the central service.", no_args_is_help=True
 )
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}")
 app.add_typer(db_app, name="db")
 app.add_typer(admin_app, name="admin")
 app.add_typer(celery_app, name="celery")
@@ -103,14 +109,10 @@ def admin_enroll(
     labels: str = typer.Option("", help="comma-separated labels the host will always carry"),
 ) -> None:
     """Print a one-use enrollment token for one host (stdout: the token alone)."""
-    import re
-
     from api.auth import service
 
     wanted = [label.strip() for label in labels.split(",") if label.strip()]
-    bad = [
-        label for label in wanted if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}", label)
-    ]
+    bad = [label for label in wanted if not _LABEL.fullmatch(label)]
     if bad:
         typer.echo(f"invalid label(s): {', '.join(bad)} (letters, digits, _ . : = -)", err=True)
         raise typer.Exit(2)
@@ -132,6 +134,69 @@ def admin_apikey(name: str = typer.Argument(..., help="who the key is for")) -> 
         key = service.create_api_key(db_session=db_session, name=name)
     typer.echo(key)
     typer.echo(f"API key for {name}: shown once", err=True)
+
+
+@contextmanager
+def fail_on_service_error() -> Iterator[None]:
+    """A refused admin command prints the service's one-line reason and exits 1."""
+    from api.errors import ServiceError
+
+    try:
+        yield
+    except ServiceError as error:
+        typer.echo(error.message, err=True)
+        raise typer.Exit(1) from None
+
+
+@admin_app.command("labels")
+def admin_labels(
+    host: str = typer.Argument(..., help="the host's name (or worker id)"),
+    set_: str = typer.Option(
+        ..., "--set", help="comma-separated labels replacing the host's own ('' clears them)"
+    ),
+) -> None:
+    """Replace a host's labels (lease matching uses them with the automatic host:, backend:,
+    os: labels, which cannot be set)."""
+    from api.hosts import service
+
+    wanted = [label.strip() for label in set_.split(",") if label.strip()]
+    bad = [label for label in wanted if not _LABEL.fullmatch(label)]
+    if bad:
+        typer.echo(f"invalid label(s): {', '.join(bad)} (letters, digits, _ . : = -)", err=True)
+        raise typer.Exit(2)
+    with _admin_session() as db_session, fail_on_service_error():
+        row = service.set_labels(
+            db_session=db_session, name_or_id=host, labels=wanted, actor="admin:cli"
+        )
+        typer.echo(",".join(row.labels))
+        typer.echo(f"labels of {row.name} ({row.id}) set", err=True)
+
+
+@admin_app.command("revoke")
+def admin_revoke(
+    what: str = typer.Argument(..., help="host or apikey"),
+    subject: str = typer.Argument(..., help="the host's name or worker id; the key's id or key"),
+) -> None:
+    """Revoke a host (its secret gets 401, its leased run is queued again) or an API key."""
+    from api.auth import service as auth_service
+    from api.hosts import service as host_service
+    from api.settings import get_settings
+
+    if what not in ("host", "apikey"):
+        typer.echo(f"revoke what? 'host' or 'apikey', not {what!r}", err=True)
+        raise typer.Exit(2)
+    with _admin_session() as db_session, fail_on_service_error():
+        if what == "apikey":
+            key = auth_service.revoke_api_key(
+                db_session=db_session, key_or_id=subject, actor="admin:cli"
+            )
+            typer.echo(f"API key {key.id} ({key.name}) revoked", err=True)
+            return
+        host, runs = host_service.revoke_host(
+            db_session=db_session, settings=get_settings(), name_or_id=subject, actor="admin:cli"
+        )
+        requeued = f"; run(s) {', '.join(runs)} queued again" if runs else ""
+        typer.echo(f"host {host.name} ({host.id}) revoked{requeued}", err=True)
 
 
 @celery_app.command("worker")

@@ -21,7 +21,9 @@ TASK_PREFIX = "coldbench."
 def _celery_sender(name: str, args: tuple[object, ...]) -> None:
     from api.celery_app import celery_app
 
-    celery_app.send_task(TASK_PREFIX + name, args=args)
+    # No result is ever read: without ignore_result, sending also subscribes to the result
+    # backend, which retries for 20 s when Redis is down.
+    celery_app.send_task(TASK_PREFIX + name, args=args, ignore_result=True)
 
 
 _sender: Sender = _celery_sender

@@ -38,6 +38,14 @@ class Settings(BaseSettings):
     admin_token_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
 
     max_artifact_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    # An upload temporary not written to for this long was cut by a killed server: the beat
+    # task and each server start remove it (an upload in flight writes every few ms).
+    upload_tmp_max_age_s: int = Field(3600, ge=60)
+    # Every other request body (jobs, registration, leases, completion with its manifest):
+    # refused with 413 before it is parsed (api/routing.py).
+    max_request_body_bytes: int = Field(1024 * 1024, ge=1024)
+    # List lengths checked before any per-item validation of a job spec.
+    max_host_labels: int = Field(32, ge=1)
     max_contexts: int = Field(16, ge=1)
     max_rounds: int = Field(100, ge=1)
     max_decode_tokens: int = Field(1024, ge=0)

@@ -95,12 +95,16 @@ def expire_leases() -> None:
 
 @celery_app.task(name="coldbench.reprocess_unprocessed", **TASK_OPTIONS)
 def reprocess_unprocessed() -> None:
-    """Beat: send again what a crash or a lost message left undone (all tasks idempotent)."""
+    """Beat: send again what a crash or a lost message left undone (all tasks idempotent), and
+    remove upload temporaries a killed server left behind."""
     with _session() as db_session:
         run_ids = ingest.unprocessed_run_ids(db_session=db_session)
         stuck = db_session.execute(
             sa.select(Job.id, Job.bundle_files).where(Job.state == "analyzing")
         ).all()
+    swept = _store().sweep_temporary(older_than_s=_settings().upload_tmp_max_age_s)
+    if swept:
+        log.info("removed %d abandoned upload temporaries: %s", len(swept), ", ".join(swept))
     for run_id in run_ids:
         dispatch.send_task("ingest_run", run_id)
     for job_id, bundle_files in stuck:

@@ -197,7 +197,7 @@ def demo_env(state_dir: Path) -> dict[str, str]:
 
 def write_worker_config(path: Path) -> None:
     path.write_text(
-        'name = "demo-host"\nlabels = ["demo"]\n\n[models]\n',
+        'name = "demo-host"\nlabels = ["demo"]\nallow_presets = ["tiny"]\n\n[models]\n',
         encoding="utf-8",
     )
 

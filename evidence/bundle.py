@@ -20,6 +20,7 @@ import math
 import os
 import stat
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,18 @@ EVIDENCE_ID_HEX = 24
 MAX_BUNDLE_BYTES = 2 << 30
 # Zip entries get this fixed time so zipping the same folder twice gives the same bytes.
 _ZIP_TIME = (2020, 1, 1, 0, 0, 0)
+
+
+# What zipfile raises on damaged archives: a corrupt deflate stream is a zlib.error, an unknown
+# compression method NotImplementedError, a truncated entry EOFError.
+_ZIP_READ_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    OSError,
+    EOFError,
+    NotImplementedError,
+    ValueError,
+)
 
 
 class BundleError(ValueError):
@@ -349,7 +362,8 @@ def _read_folder(root: Path) -> dict[str, bytes]:
 def _unsafe_member_name(name: str) -> bool:
     parts = name.split("/")
     return (
-        name.startswith("/")
+        not name
+        or name.startswith("/")
         or "\\" in name
         or ":" in parts[0]  # drive letters
         or any(part in ("..", ".") for part in parts)
@@ -363,7 +377,7 @@ def read_zip(data: bytes) -> dict[str, bytes]:
     inside one top-level folder."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as error:
+    except _ZIP_READ_ERRORS as error:
         raise BundleError(f"not a readable zip file ({error})") from error
     files: dict[str, bytes] = {}
     total = 0
@@ -371,7 +385,7 @@ def read_zip(data: bytes) -> dict[str, bytes]:
         for info in archive.infolist():
             name = info.filename
             if _unsafe_member_name(name):
-                raise BundleError(f"zip entry {name!r}: absolute or parent path refused")
+                raise BundleError(f"zip entry {name!r}: empty, absolute or parent path refused")
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
                 raise BundleError(f"zip entry {name!r}: symbolic link refused")
@@ -386,7 +400,7 @@ def read_zip(data: bytes) -> dict[str, bytes]:
                 raise BundleError(f"zip inflates beyond {MAX_BUNDLE_BYTES} bytes")
             try:
                 files[name] = archive.read(info)
-            except (zipfile.BadZipFile, OSError, EOFError) as error:
+            except _ZIP_READ_ERRORS as error:
                 raise BundleError(f"zip entry {name!r}: unreadable ({error})") from error
     return _strip_common_folder(files)
 
@@ -557,17 +571,27 @@ def first_difference(a: Any, b: Any, path: str = "", rel_tol: float = 1e-9) -> s
     return None if a == b else path.lstrip(".")
 
 
-def verify_bundle(path: str | Path, *, recompute: bool = False) -> Verification:
+def verify_bundle(
+    path: str | Path, *, recompute: bool = False, expect: str | None = None
+) -> Verification:
     """Verify a bundle folder or zip; unreadable or unsafe input is one problem, not a crash.
 
     With `recompute`, an otherwise intact bundle's summary.json is also checked against the
-    statistics recomputed from its records (`recompute_problems`).
+    statistics recomputed from its records (`recompute_problems`). With `expect`, the bundle
+    must also be the one that evidence id names: a self-consistent bundle swapped for another
+    is intact but not the evidence the reader was sent.
     """
     try:
         files = read_bundle(path)
     except BundleError as error:
         return Verification(None, 0, [str(error)])
     result = verify_files(files)
+    if expect is not None and result.evidence_id != expect:
+        result.problems.insert(
+            0,
+            f"{MANIFEST_FILE}: this bundle is evidence {result.evidence_id}, not the expected "
+            f"{expect}",
+        )
     if recompute and result.is_intact:
         result.problems.extend(recompute_problems(files))
     return result

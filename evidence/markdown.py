@@ -112,8 +112,15 @@ def evidence_id_line(evidence_id: str | None) -> str:
         return f"Evidence id: `{evidence_id}`"
     return (
         "Evidence id: the first 24 hex digits of the sha256 of this bundle's manifest.json "
-        "(`coldbench verify <bundle>` prints it)."
+        "(`coldbench verify BUNDLE` prints it)."
     )
+
+
+def verify_command(evidence_id: str | None) -> str:
+    """The command that checks a downloaded bundle is the one this id names."""
+    if evidence_id:
+        return f"coldbench verify --expect {evidence_id} coldbench-{evidence_id}.zip"
+    return "coldbench verify BUNDLE"
 
 
 def _cell(text: object) -> str:
@@ -451,6 +458,8 @@ def _render(
     if inert:
         lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
     lines += ["", evidence_id_line(evidence_id), ""]
+    if evidence_id:
+        lines += [f"Check the downloaded bundle: `{verify_command(evidence_id)}`", ""]
     for provenance in provenances:
         lines.append(f"- Host: {host_line(provenance)}")
         lines.append(f"- Software (orchestrator): {software_line(provenance)}")
@@ -604,7 +613,16 @@ def _render(
     commands = list(dict.fromkeys(p.command for p in provenances if p.command))
     if commands:
         lines += ["", "Reproduce:", "", "```sh", *commands, "```"]
-    lines += ["", "<details><summary>How to read this</summary>", ""]
-    lines += [f"- {sentence}" for sentence in how_to_read(settings)]
-    lines += ["", "</details>", ""]
-    return "\n".join(lines)
+    # Hosts supply names, reasons, versions and commands: no HTML of theirs reaches a page
+    # that renders this Markdown (GitHub shows `&lt;` as `<`, also where a code span or fence
+    # a host string opened or closed would otherwise let a tag through).
+    body = escape_html("\n".join(lines))
+    details = ["", "<details><summary>How to read this</summary>", ""]
+    details += [f"- {escape_html(sentence)}" for sentence in how_to_read(settings)]
+    details += ["", "</details>", ""]
+    return body + "\n" + "\n".join(details)
+
+
+def escape_html(text: str) -> str:
+    """`&`, `<` and `>` as entities: Markdown renderers pass raw HTML through otherwise."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -36,6 +36,7 @@ from evidence.markdown import (
     software_line,
     variant_software_text,
     verdict_rows,
+    verify_command,
 )
 from evidence.schemas import Provenance, Record
 from evidence.stats import how_to_read, inert_lines
@@ -435,6 +436,7 @@ def render_report_html(
         "summary": summary,
         "evidence_id": evidence_id,
         "evidence_line": evidence_id_line(evidence_id).replace("`", ""),
+        "verify_command": verify_command(evidence_id),
         "variants": [v for v in summary["variants"] if v != summary["baseline"]],
         "provenances": [_provenance_view(p) for p in provenance_list],
         "how_to_read": how_to_read(summary["settings"]),

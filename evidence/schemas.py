@@ -7,6 +7,7 @@ spec is refused with a message naming the field, instead of being stored half-un
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
@@ -358,7 +359,7 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _names_and_baseline(self) -> JobSpec:
         names = [v.name for v in self.variants]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = sorted(n for n, times in Counter(names).items() if times > 1)
         if duplicates:
             raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
         if self.baseline is None:

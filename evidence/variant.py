@@ -14,6 +14,8 @@ followed by the job's other variants, kept as they are.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from evidence.schemas import FlagValue, JobSpec, VariantSpec, is_valid_name
 
 ABLATION_BASELINE = "none"
@@ -56,7 +58,7 @@ def expand_variants(spec: JobSpec) -> list[VariantSpec]:
         return [variant.model_copy(deep=True) for variant in spec.variants]
     features = [parse_feature(feature) for feature in spec.features]
     flags = [flag for flag, _ in features]
-    repeated = sorted({flag for flag in flags if flags.count(flag) > 1})
+    repeated = sorted(flag for flag, times in Counter(flags).items() if times > 1)
     if repeated:
         raise ValueError(f"ablation features name the same flag twice: {', '.join(repeated)}")
     template = spec.variants[0]

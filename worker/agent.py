@@ -226,7 +226,7 @@ class Agent:
             "fingerprint": host.model_dump(mode="json"),
             "labels": self.labels(host),
             "repositories": self.config.recipes_offered(),
-            "models": sorted(self.config.models),
+            "models": self.config.model_names(),
         }
         with httpx.Client(
             base_url=self.api_url + API_PREFIX, timeout=REQUEST_TIMEOUT_S, transport=self._transport
@@ -294,7 +294,6 @@ class Agent:
     def lease(self, host: HostInfo) -> dict[str, Any] | None:
         body = {
             "fingerprint": host.model_dump(mode="json"),
-            "labels": self.labels(host),
             "wait_s": self.options.lease_wait_s,
         }
         response = self.client().post(
@@ -400,6 +399,11 @@ class Agent:
                 spec = JobSpec.model_validate(lease["spec"])
             except ValueError as error:
                 raise RunRefused(f"job spec not understood: {str(error).splitlines()[0]}") from None
+            if spec.model not in self.config.model_names():
+                # The server matches models too; this host's own rule holds without it.
+                raise RunRefused(
+                    f"this host has no model {spec.model!r} (presets need allow_presets)"
+                )
             log.info("run %s attempt %s: %s", run_id, attempt, spec.mode)
 
             def should_stop() -> bool:

@@ -88,6 +88,13 @@ class HostConfig:
     path: Path | None = None
     # `[corpora]`: prompt corpora a job may name (engine/corpus.py), name -> text file
     corpora: dict[str, Path] = field(default_factory=dict)
+    # Synthetic presets jobs may name as `preset:NAME` (none by default: a large preset is a
+    # checkpoint of tens of GB written on first use).
+    allow_presets: tuple[str, ...] = ()
+
+    def model_names(self) -> list[str]:
+        """The models this host offers: its configured names and `preset:NAME` per allowed one."""
+        return sorted(self.models) + [f"preset:{name}" for name in sorted(self.allow_presets)]
 
     @property
     def secret_path(self) -> Path:
@@ -222,6 +229,8 @@ class HostFile(_Table):
     models: dict[PlainName, str] = Field(default_factory=dict)
     repositories: dict[PlainName, RepositoryFile] = Field(default_factory=dict)
     state_dir: str = "coldbench-state"
+    # Presets jobs may name as `preset:NAME`; none by default (a large one is tens of GB).
+    allow_presets: list[str] = Field(default_factory=list)
     # name -> text file; checked by `_corpora` (names, existence) with its own messages
     corpora: dict[str, Any] = Field(default_factory=dict)
 
@@ -232,6 +241,18 @@ class HostFile(_Table):
         if bad:
             raise ValueError(f"not a valid label: {', '.join(bad)}")
         return labels
+
+    @field_validator("allow_presets")
+    @classmethod
+    def _known_presets(cls, presets: list[str]) -> list[str]:
+        from engine.presets import PRESETS
+
+        unknown = sorted(set(presets) - set(PRESETS))
+        if unknown:
+            raise ValueError(
+                f"unknown preset(s) {', '.join(unknown)}; known: {', '.join(sorted(PRESETS))}"
+            )
+        return presets
 
 
 # Pydantic's wording for the error types a hand-written worker.toml runs into, said the way
@@ -325,6 +346,7 @@ def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = No
         repositories=repositories,
         state_dir=(base / Path(parsed.state_dir).expanduser()).resolve(),
         path=path,
+        allow_presets=tuple(dict.fromkeys(parsed.allow_presets)),
         corpora=corpora,
     )
 

@@ -11,8 +11,10 @@ from api.artifacts import service
 from api.artifacts.schemas import ArtifactOut
 from api.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
 from api.errors import TooLarge
+from api.routing import StrictJSONRoute
+from api.runs.schemas import ATTEMPT_MAX
 
-router = APIRouter(tags=["artifacts"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["artifacts"])
 
 
 @router.put(
@@ -30,7 +32,7 @@ async def upload_artifact(
     settings: SettingsDep,
     store: StoreDep,
     host: CurrentWorker,
-    attempt: Annotated[int, Query(ge=1)],
+    attempt: Annotated[int, Query(ge=1, le=ATTEMPT_MAX)],
     x_content_sha256: Annotated[str | None, Header()] = None,
     content_length: Annotated[int | None, Header()] = None,
 ):

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -157,6 +158,23 @@ class ArtifactStore(ABC):
 
     def put_bytes(self, data: bytes) -> StoredBlob:
         return self.put_chunks([data], expected_sha256=sha256_hex(data), max_bytes=len(data))
+
+    def sweep_temporary(self, *, older_than_s: float) -> list[str]:
+        """Remove spool files not written to for `older_than_s` (an upload cut by a killed
+        server leaves one; an upload in flight keeps writing to its own); returns the names
+        removed. Blobs are never touched: a spool file is published only when whole."""
+        if not self.spool_dir.is_dir():
+            return []
+        cutoff = time.time() - older_than_s
+        removed = []
+        for entry in sorted(self.spool_dir.iterdir()):
+            try:
+                if entry.is_file() and entry.stat().st_mtime < cutoff:
+                    entry.unlink()
+                    removed.append(entry.name)
+            except FileNotFoundError:
+                continue  # published or swept by another process meanwhile
+        return removed
 
     def verify(self, sha256: str, size: int) -> str | None:
         """None when the stored blob still has this digest and size, else what is wrong."""

@@ -1,14 +1,25 @@
-"""Admin endpoints: the HTTP twins of `coldbench admin enroll` and `coldbench admin apikey`."""
+"""Admin endpoints: the HTTP twins of `coldbench admin enroll`, `apikey`, `labels` and `revoke`."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, status
 
 from api.auth import service
-from api.auth.schemas import ApiKeyRequest, ApiKeyResponse, EnrollmentRequest, EnrollmentResponse
-from api.deps import AdminKey, SessionDep
+from api.auth.schemas import (
+    ApiKeyRequest,
+    ApiKeyResponse,
+    ApiKeyRevokedResponse,
+    EnrollmentRequest,
+    EnrollmentResponse,
+    HostLabelsResponse,
+    HostRevokedResponse,
+    LabelsRequest,
+)
+from api.deps import AdminKey, SessionDep, SettingsDep
+from api.hosts import service as host_service
+from api.routing import StrictJSONRoute
 
-router = APIRouter(prefix="/admin", tags=["admin"])
+router = APIRouter(route_class=StrictJSONRoute, prefix="/admin", tags=["admin"])
 
 
 @router.post("/enrollments", status_code=status.HTTP_201_CREATED, response_model=EnrollmentResponse)
@@ -22,3 +33,32 @@ def create_enrollment(body: EnrollmentRequest, db_session: SessionDep, _admin: A
 def create_api_key(body: ApiKeyRequest, db_session: SessionDep, _admin: AdminKey):
     """A submitter API key (shown once)."""
     return ApiKeyResponse(key=service.create_api_key(db_session=db_session, name=body.name))
+
+
+@router.post("/apikeys/{key_id}/revoke", response_model=ApiKeyRevokedResponse)
+def revoke_api_key(key_id: str, db_session: SessionDep, _admin: AdminKey):
+    """Refuse the key from now on (401); idempotent."""
+    key = service.revoke_api_key(db_session=db_session, key_or_id=key_id, actor="admin:http")
+    assert key.revoked_at is not None
+    return ApiKeyRevokedResponse(id=key.id, name=key.name, revoked_at=key.revoked_at)
+
+
+@router.put("/hosts/{host}/labels", response_model=HostLabelsResponse)
+def set_host_labels(host: str, body: LabelsRequest, db_session: SessionDep, _admin: AdminKey):
+    """Replace a host's labels (by name or worker id); `host:`, `backend:`, `os:` are automatic."""
+    row = host_service.set_labels(
+        db_session=db_session, name_or_id=host, labels=body.labels, actor="admin:http"
+    )
+    return HostLabelsResponse(id=row.id, name=row.name, labels=row.labels)
+
+
+@router.post("/hosts/{host}/revoke", response_model=HostRevokedResponse)
+def revoke_host(host: str, db_session: SessionDep, settings: SettingsDep, _admin: AdminKey):
+    """Refuse the host's secret from now on (401) and queue its leased run again."""
+    row, runs = host_service.revoke_host(
+        db_session=db_session, settings=settings, name_or_id=host, actor="admin:http"
+    )
+    assert row.revoked_at is not None
+    return HostRevokedResponse(
+        id=row.id, name=row.name, revoked_at=row.revoked_at, requeued_runs=runs
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.hosts.schemas import Label
@@ -23,3 +25,28 @@ class ApiKeyRequest(BaseModel):
 
 class ApiKeyResponse(BaseModel):
     key: str
+
+
+class LabelsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    labels: list[Label] = Field(max_length=100)
+
+
+class HostLabelsResponse(BaseModel):
+    id: str
+    name: str
+    labels: list[str]
+
+
+class HostRevokedResponse(BaseModel):
+    id: str
+    name: str
+    revoked_at: datetime
+    # Runs the host held a lease on: queued again (or expired after their last attempt).
+    requeued_runs: list[str]
+
+
+class ApiKeyRevokedResponse(BaseModel):
+    id: str
+    name: str
+    revoked_at: datetime

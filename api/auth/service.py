@@ -92,7 +92,7 @@ def authenticate_worker(*, db_session: Session, token: str) -> Host | None:
     if match is None or match.group(1) != "cbw":
         return None
     host = db_session.get(Host, match.group(2))
-    if host is None or not _matches(token, host.secret_sha256):
+    if host is None or host.revoked_at is not None or not _matches(token, host.secret_sha256):
         return None
     return host
 
@@ -109,6 +109,23 @@ def authenticate_submitter(*, db_session: Session, token: str) -> ApiKey | None:
     key = db_session.get(ApiKey, match.group(2))
     if key is None or key.revoked_at is not None or not _matches(token, key.key_sha256):
         return None
+    return key
+
+
+def revoke_api_key(*, db_session: Session, key_or_id: str, actor: str) -> ApiKey:
+    """Refuse this key from now on (its id, or the whole key); idempotent. Browser sessions
+    signed in with it end at their next request."""
+    from api.errors import NotFound
+
+    match = _ID_TOKEN.fullmatch(key_or_id)
+    key_id = match.group(2) if match is not None and match.group(1) == "cbk" else key_or_id
+    key = db_session.get(ApiKey, key_id) if re.fullmatch(r"[0-9a-f]{16}", key_id) else None
+    if key is None:
+        raise NotFound(f"no API key {key_or_id[:20]!r} (give its id: cbk_<id>_...)")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        record_audit(db_session=db_session, actor=actor, kind="apikey.revoked", subject_id=key.id)
+        db_session.commit()
     return key
 
 

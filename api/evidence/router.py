@@ -10,11 +10,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from api.deps import SessionDep, StoreDep
-from api.errors import NotFound
 from api.evidence import service
 from api.pages.router import evidence_page
+from api.routing import StrictJSONRoute
 
-router = APIRouter(tags=["evidence"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["evidence"])
 
 
 @router.get("/e/{path}", response_class=Response)
@@ -25,10 +25,14 @@ def evidence_file(path: str, request: Request, db_session: SessionDep, store: St
         return evidence_page(request, db_session, store, evidence_id)
     row = service.get_evidence(db_session=db_session, evidence_id=evidence_id)
     file_name, media_type = service.EVIDENCE_FILES[suffix]
-    entry = row.files.get(file_name)
-    if entry is None or not store.exists(entry["sha256"]):
-        raise NotFound(f"evidence {evidence_id} has no {file_name}")
-    headers = {"Cache-Control": "public, max-age=31536000, immutable"}
+    # Checked on every request: bytes altered in the store answer 409, never a cached copy.
+    data = service.checked_bytes(
+        store=store, evidence_id=evidence_id, file_name=file_name, entry=row.files.get(file_name)
+    )
+    headers = {
+        "Cache-Control": "public, max-age=31536000, immutable",
+        **service.served_headers(suffix),
+    }
     if suffix == ".zip":
         headers["Content-Disposition"] = f'attachment; filename="coldbench-{evidence_id}.zip"'
-    return Response(store.read_bytes(entry["sha256"]), media_type=media_type, headers=headers)
+    return Response(data, media_type=media_type, headers=headers)

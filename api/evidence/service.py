@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
+from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
@@ -13,12 +15,13 @@ from api.artifacts import service as artifact_service
 from api.artifacts.store import ArtifactStore
 from api.auth import service as auth_service
 from api.database import utcnow
-from api.errors import NotFound, validation_message
+from api.errors import Conflict, NotFound, validation_message
 from api.evidence.models import Evidence
 from api.hosts.models import Host
 from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Cell, Run
+from evidence.canonical import sha256_hex
 from evidence.schemas import JobSpec, Provenance, Record
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,41 @@ EVIDENCE_FILES = {
     ".json": ("summary.json", "application/json"),
     ".zip": ("bundle.zip", "application/zip"),
 }
+
+
+# The bundle's report.html opens offline: its scripts and styles are inline, nothing is fetched.
+REPORT_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'none'"
+)
+# Markdown, JSON and zip are data: nothing in them may run if a browser renders one anyway.
+DATA_CSP = "default-src 'none'; frame-ancestors 'none'; sandbox"
+
+
+def served_headers(suffix: str) -> dict[str, str]:
+    """Security headers of an evidence file (`""` is report.html)."""
+    return {
+        "Content-Security-Policy": REPORT_CSP if suffix == "" else DATA_CSP,
+        "X-Content-Type-Options": "nosniff",
+    }
+
+
+def checked_bytes(*, store: ArtifactStore, evidence_id: str, file_name: str, entry: Any) -> bytes:
+    """The stored bytes of an evidence file after their digest and size are checked again:
+    NotFound when the file is gone, Conflict naming what changed when it no longer matches."""
+    if entry is None or not store.exists(entry["sha256"]):
+        raise NotFound(f"evidence {evidence_id} has no {file_name}")
+    data = store.read_bytes(entry["sha256"])
+    actual = sha256_hex(data)
+    if not hmac.compare_digest(actual, entry["sha256"]) or len(data) != entry["bytes"]:
+        problem = f"now sha256 {actual}, {len(data)} bytes"
+        log.error("evidence %s: %s altered in the store (%s)", evidence_id, file_name, problem)
+        raise Conflict(
+            f"evidence {evidence_id}: {file_name} no longer matches its digest "
+            f"{entry['sha256']} ({problem}); it is not served"
+        )
+    return data
 
 
 def get_evidence(*, db_session: Session, evidence_id: str) -> Evidence:

@@ -13,21 +13,36 @@ from api.database import Base, UTCDateTime, utcnow
 
 class Host(Base):
     __tablename__ = "hosts"
+    # A name names one host that is not revoked: a revoked host keeps its rows and history,
+    # and the name may be enrolled again as a new host (new id, new secret).
+    __table_args__ = (
+        sa.Index(
+            "uq_hosts_active_name",
+            "name",
+            unique=True,
+            sqlite_where=sa.text("revoked_at IS NULL"),
+            postgresql_where=sa.text("revoked_at IS NULL"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    name: Mapped[str] = mapped_column(sa.String(64))
     secret_sha256: Mapped[str] = mapped_column(sa.String(64))
     fingerprint: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
-    # Labels the admin gave at enrollment; they cannot be dropped by the host.
+    # Labels the admin gave at enrollment (or set since with `coldbench admin labels`).
     enrolled_labels: Mapped[list[str]] = mapped_column(sa.JSON, default=list)
-    # Enrolled labels + the host's configured labels (the set lease matching uses).
+    # What lease matching uses, with the automatic ones: the enrolled labels plus those the
+    # host configured when it registered, never changed by a lease request, never `host:...`.
     labels: Mapped[list[str]] = mapped_column(sa.JSON, default=list)
     # {"<name>": {"recipes": [str]}}: the allow-list configured on the host.
     repositories: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
+    # The host's model names plus `preset:NAME` for each preset it allows (allow_presets).
     models: Mapped[list[str]] = mapped_column(sa.JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # ready (polling), busy (holds a lease), lost (a lease of it expired)
     health: Mapped[str] = mapped_column(sa.String(16), default="ready")
+    # Set by `coldbench admin revoke host`: its secret is refused from then on.
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The host's last `coldbench calibrate` result (evidence.calibration.HostCalibration).
     calibration: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)

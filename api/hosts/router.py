@@ -15,10 +15,11 @@ from api.hosts.schemas import (
     RegisterRequest,
     RegisterResponse,
 )
+from api.routing import StrictJSONRoute
 from api.runs import service as run_service
 from evidence.calibration import HostCalibration
 
-router = APIRouter(tags=["hosts"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["hosts"])
 
 
 @router.post(

@@ -7,10 +7,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.runs.schemas import Attempt
 from evidence.schemas import NAME_PATTERN, HostInfo, Name
 
 Label = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]
-ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
+ModelName = Annotated[str, Field(pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
 
 
 class RepositoryEntry(BaseModel):
@@ -46,13 +47,13 @@ class Progress(BaseModel):
     cells_total: int = Field(ge=0)
     variant: str | None = None
     context_tokens: int | None = None
-    invalid: list[InvalidCell] = Field(default_factory=list)
+    invalid: list[InvalidCell] = Field(default_factory=list, max_length=1000)
 
 
 class HeartbeatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    run_id: str | None = None
-    attempt: int | None = None
+    run_id: str | None = Field(None, max_length=64)
+    attempt: Attempt | None = None
     progress: Progress | None = None
 
 

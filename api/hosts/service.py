@@ -8,11 +8,12 @@ from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.auth import service as auth_service
 from api.database import utcnow
-from api.errors import NotAuthenticated
+from api.errors import Conflict, Invalid, NotAuthenticated, NotFound
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
@@ -38,6 +39,25 @@ def effective_labels(host: Host) -> set[str]:
     return set(host.labels) | set(auto_labels(host))
 
 
+# Namespaces of the labels the server derives itself (auto_labels): never taken from a host,
+# so no host can carry `host:<another host's name>`.
+AUTOMATIC_LABEL_PREFIXES = ("host:", "backend:", "os:")
+
+
+def is_automatic_label(label: str) -> bool:
+    return label.startswith(AUTOMATIC_LABEL_PREFIXES)
+
+
+def _own_labels(labels: Iterable[str]) -> set[str]:
+    return {label for label in labels if not is_automatic_label(label)}
+
+
+def active_host_named(*, db_session: Session, name: str) -> Host | None:
+    return db_session.scalars(
+        sa.select(Host).where(Host.name == name, Host.revoked_at.is_(None))
+    ).one_or_none()
+
+
 def register_host(
     *,
     db_session: Session,
@@ -48,46 +68,128 @@ def register_host(
     repositories: dict[str, Any],
     models: list[str],
 ) -> tuple[Host, str]:
-    """Spend an enrollment token on a host; returns (host, secret). The secret is shown once.
+    """Spend an enrollment token on a new host; returns (host, secret). The secret is shown once.
 
-    Registering a name again (a reinstalled host) replaces its secret and configuration.
+    Identity is the enrolled id and secret, never the name: a name held by a host that is not
+    revoked is refused (Conflict) and the token stays unspent. A reinstalled host keeps its
+    secret file, or the admin revokes the old host first (`coldbench admin revoke host NAME`).
+    Labels are the token's plus the host's configured ones, without the automatic namespaces.
     """
     token = auth_service.claim_enrollment_token(db_session=db_session, token=enrollment_token)
     if token is None:
         raise NotAuthenticated("enrollment token unknown or already used")
-    host = db_session.scalars(sa.select(Host).where(Host.name == name)).one_or_none()
-    if host is None:
-        host = Host(id=auth_service.new_id(), name=name)
-        db_session.add(host)
-        kind = "host.registered"
-    else:
-        kind = "host.reenrolled"
+    holder = active_host_named(db_session=db_session, name=name)
+    if holder is not None:
+        db_session.rollback()  # the token stays unused
+        raise Conflict(
+            f"host name {name} is already enrolled (worker id {holder.id}); choose another "
+            "name in worker.toml, keep the host's secret file when reinstalling, or revoke the "
+            f"old host first: coldbench admin revoke host {name}"
+        )
+    host = Host(id=auth_service.new_id(), name=name)
+    db_session.add(host)
     secret, secret_sha256 = auth_service.new_worker_secret(host.id)
     host.secret_sha256 = secret_sha256
     host.fingerprint = fingerprint
-    host.enrolled_labels = sorted(set(token.labels))
-    host.labels = sorted(set(token.labels) | set(labels))
+    host.enrolled_labels = sorted(_own_labels(token.labels))
+    host.labels = sorted(_own_labels(token.labels) | _own_labels(labels))
     host.repositories = repositories
     host.models = sorted(set(models))
     host.last_heartbeat_at = utcnow()
     host.health = "ready"
-    db_session.flush()
+    try:
+        db_session.flush()
+    except IntegrityError:
+        # Another registration of the same name committed between the check and the insert.
+        db_session.rollback()
+        raise Conflict(f"host name {name} is already enrolled; choose another name") from None
     token.host_id = host.id
     auth_service.record_audit(
-        db_session=db_session, actor=f"enrollment:{token.id}", kind=kind, subject_id=host.id
+        db_session=db_session,
+        actor=f"enrollment:{token.id}",
+        kind="host.registered",
+        subject_id=host.id,
+        name=name,
     )
     db_session.commit()
     log.info("host registered", extra={"host_id": host.id, "host_name": name})
     return host, secret
 
 
-def update_host_report(
-    *, db_session: Session, host: Host, fingerprint: dict[str, Any], labels: Iterable[str]
-) -> None:
-    """What a host says about itself on each lease request (labels never drop enrolled ones)."""
+def update_host_report(*, db_session: Session, host: Host, fingerprint: dict[str, Any]) -> None:
+    """What a host says about itself on each lease request: its fingerprint, nothing else."""
     host.fingerprint = fingerprint
-    host.labels = sorted(set(host.enrolled_labels) | set(labels))
     host.last_heartbeat_at = utcnow()
+
+
+def find_host(*, db_session: Session, name_or_id: str) -> Host:
+    """The host not revoked with this name, else the host with this id; NotFound otherwise."""
+    host = active_host_named(db_session=db_session, name=name_or_id) or db_session.get(
+        Host, name_or_id
+    )
+    if host is None:
+        raise NotFound(f"no host named {name_or_id!r}")
+    return host
+
+
+def set_labels(*, db_session: Session, name_or_id: str, labels: Iterable[str], actor: str) -> Host:
+    """Replace a host's labels (the admin's command); automatic namespaces are refused."""
+    wanted = sorted(set(labels))
+    reserved = [label for label in wanted if is_automatic_label(label)]
+    if reserved:
+        raise Invalid(f"labels {', '.join(reserved)}: host:, backend: and os: labels are automatic")
+    host = find_host(db_session=db_session, name_or_id=name_or_id)
+    if host.revoked_at is not None:
+        raise Conflict(f"host {host.name} ({host.id}) is revoked")
+    before = host.labels
+    host.enrolled_labels = wanted
+    host.labels = wanted
+    auth_service.record_audit(
+        db_session=db_session,
+        actor=actor,
+        kind="host.labels_set",
+        subject_id=host.id,
+        before=before,
+        after=wanted,
+    )
+    db_session.commit()
+    return host
+
+
+def revoke_host(
+    *, db_session: Session, settings: Settings, name_or_id: str, actor: str
+) -> tuple[Host, list[str]]:
+    """Refuse the host's secret from now on and queue its leased run again; returns (host, ids
+    of the runs requeued or expired). Idempotent."""
+    from api import dispatch
+    from api.runs import service as run_service
+    from api.runs.wakeup import announce_work
+
+    host = find_host(db_session=db_session, name_or_id=name_or_id)
+    db_session.scalars(sa.select(Host.id).where(Host.id == host.id).with_for_update()).one()
+    if host.revoked_at is None:
+        host.revoked_at = utcnow()
+        auth_service.record_audit(
+            db_session=db_session, actor=actor, kind="host.revoked", subject_id=host.id
+        )
+    leased = list(
+        db_session.scalars(
+            sa.select(Run).where(Run.host_id == host.id, Run.state == "leased").with_for_update()
+        )
+    )
+    analyze = []
+    for run in leased:
+        if run_service.lose_attempt(
+            db_session=db_session, settings=settings, run=run, why="host revoked by the admin"
+        ):
+            analyze.append(run.job_id)
+    if any(run.state == "queued" for run in leased):
+        announce_work(db_session)  # waiting hosts may take it at once
+    db_session.commit()
+    for job_id in analyze:
+        dispatch.send_task("analyze_job", job_id)
+    log.info("host revoked", extra={"host_id": host.id, "host_name": host.name})
+    return host, [run.id for run in leased]
 
 
 def store_calibration(*, db_session: Session, host: Host, calibration: HostCalibration) -> None:
@@ -110,13 +212,18 @@ def calibration_lines(host: Host) -> list[str]:
 def host_health(host: Host, *, settings: Settings) -> str:
     """ready, busy or lost as last recorded; offline when not heard from for 2 lease lives."""
     silent_after = timedelta(seconds=2 * settings.lease_ttl_s)
+    if host.revoked_at is not None:
+        return "revoked"
     if host.last_heartbeat_at is None or utcnow() - host.last_heartbeat_at > silent_after:
         return "offline"
     return host.health
 
 
-def list_hosts(*, db_session: Session) -> list[Host]:
-    return list(db_session.scalars(sa.select(Host).order_by(Host.name)))
+def list_hosts(*, db_session: Session, include_revoked: bool = False) -> list[Host]:
+    query = sa.select(Host).order_by(Host.name)
+    if not include_revoked:
+        query = query.where(Host.revoked_at.is_(None))
+    return list(db_session.scalars(query))
 
 
 def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
@@ -132,7 +239,9 @@ def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
         wanted = {v.recipe for v in spec.variants if v.recipe is not None}
         if wanted - recipes:
             return f"defines no recipe {', '.join(sorted(wanted - recipes))} for {spec.repository}"
-    if not spec.model.startswith("preset:") and spec.model not in host.models:
+    if spec.model not in host.models:
+        # A preset is one of the host's models only where its worker.toml allows it
+        # (allow_presets): a submitter must not make a host write a 61 GB checkpoint.
         return f"has no model {spec.model!r}"
     if spec.corpus != BUILTIN_CORPUS and f"corpus:{spec.corpus}" not in effective_labels(host):
         # the worker labels itself `corpus:NAME` for each corpus of its worker.toml

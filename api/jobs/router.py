@@ -9,8 +9,9 @@ from fastapi import APIRouter, Body, Query, status
 from api.deps import CurrentSubmitter, SessionDep, SettingsDep
 from api.jobs import service
 from api.jobs.schemas import JobListItem, JobOut
+from api.routing import StrictJSONRoute
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
 
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobOut)

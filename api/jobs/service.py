@@ -30,6 +30,7 @@ def validate_job_spec(
     *, db_session: Session, settings: Settings, payload: dict[str, Any]
 ) -> JobSpec:
     """The spec as JobSpec, or Invalid with one message that says what to change."""
+    check_list_lengths(settings=settings, payload=payload)
     try:
         spec = JobSpec.model_validate(payload)
     except ValidationError as error:
@@ -75,6 +76,31 @@ def validate_job_spec(
             f"{', '.join(able)}"
         )
     return spec
+
+
+def check_list_lengths(*, settings: Settings, payload: dict[str, Any]) -> None:
+    """Refuse long lists by their length alone, before any per-item validation or expansion
+    (20,000 variant names must cost a len(), not a validation of each name)."""
+
+    def length(field: str) -> int:
+        value = payload.get(field)
+        return len(value) if isinstance(value, list | dict) else 0
+
+    variants, features = length("variants"), length("features")
+    if variants > settings.max_variants:
+        raise Invalid(f"{variants} variants; at most {settings.max_variants} allowed")
+    # An ablation runs `none`, `all` and one variant per feature, plus the other variants.
+    if features and features + 1 + variants > settings.max_variants:
+        raise Invalid(
+            f"{features} ablation features make {features + 1 + variants} variants; "
+            f"at most {settings.max_variants} allowed"
+        )
+    if length("contexts") > settings.max_contexts:
+        raise Invalid(f"{length('contexts')} contexts; at most {settings.max_contexts} allowed")
+    if length("host_labels") > settings.max_host_labels:
+        raise Invalid(
+            f"{length('host_labels')} host labels; at most {settings.max_host_labels} allowed"
+        )
 
 
 def create_job(

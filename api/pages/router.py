@@ -33,6 +33,7 @@ from api.pages import form as job_form
 from api.pages import signing
 from api.pages.evidence import render_page
 from api.pages.templates import templates
+from api.routing import StrictJSONRoute
 from api.settings import Settings
 from evidence.bundle import BundleError
 from evidence.markdown import answer_sentences, verdict_rows
@@ -41,7 +42,7 @@ from evidence.stats import too_few_rounds
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(route_class=StrictJSONRoute, include_in_schema=False)
 
 FINAL_JOB_STATES = ("done", "failed", "cancelled")
 # Pages are same-origin only: nothing is ever fetched from elsewhere, even by a bug.
@@ -397,9 +398,11 @@ async def cancel_job(job_id: str, request: Request, db_session: SessionDep, sett
 def evidence_page(request: Request, db_session: Session, store: Any, evidence_id: str) -> Response:
     """`/e/{id}`: the report with plotly.js from /static, copy-Markdown and download buttons."""
     row = evidence_service.get_evidence(db_session=db_session, evidence_id=evidence_id)
+    # The bundle is re-checked before each render: altered bytes answer 409, not a page.
     entry = row.files.get("bundle.zip")
-    if entry is None or not store.exists(entry["sha256"]):
-        raise NotFound(f"evidence {evidence_id} has no bundle.zip")
+    evidence_service.checked_bytes(
+        store=store, evidence_id=evidence_id, file_name="bundle.zip", entry=entry
+    )
     header = (
         templates()
         .get_template("_evidence_header.html")
@@ -414,15 +417,19 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
             header,
         )
     except (BundleError, KeyError, ValueError):
-        # A bundle this version cannot re-render (older format): its own report.html, as is.
+        # A bundle this version cannot re-render (older format, a damaged zip): its own
+        # report.html, as is, once its digest is checked too.
         log.exception("evidence %s: page not rendered; serving the bundle's report", evidence_id)
-        report = row.files.get("report.html")
-        if report is None or not store.exists(report["sha256"]):
-            raise NotFound(f"evidence {evidence_id} has no readable report") from None
+        report = evidence_service.checked_bytes(
+            store=store,
+            evidence_id=evidence_id,
+            file_name="report.html",
+            entry=row.files.get("report.html"),
+        )
         return Response(
-            store.read_bytes(report["sha256"]),
+            report,
             media_type="text/html; charset=utf-8",
-            headers={"Cache-Control": "no-cache"},
+            headers={"Cache-Control": "no-cache", **evidence_service.served_headers("")},
         )
     headers = {
         "ETag": page.etag,

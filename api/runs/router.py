@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response, status
 
 from api.deps import CurrentWorker, SessionDep, SettingsDep
+from api.routing import StrictJSONRoute
 from api.runs import service
 from api.runs.schemas import CompleteRequest, CompleteResponse, LeaseRequest, LeaseResponse
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["runs"])
 
 
 @router.post(
@@ -30,9 +31,7 @@ async def claim_lease(
         settings=settings,
         host=host,
         signal=request.app.state.work_signal,
-        report=service.HostReport(
-            fingerprint=body.fingerprint.model_dump(mode="json"), labels=body.labels
-        ),
+        report=service.HostReport(fingerprint=body.fingerprint.model_dump(mode="json")),
         wait_s=body.wait_s,
         gone=request.is_disconnected,
     )

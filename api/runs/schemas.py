@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.hosts.schemas import Label
 from evidence.schemas import HostInfo
+
+# run_attempts.attempt and artifacts.attempt are 32-bit integer columns on PostgreSQL.
+ATTEMPT_MAX = 2**31 - 1
+Attempt = Annotated[int, Field(ge=1, le=ATTEMPT_MAX)]
 
 
 class LeaseRequest(BaseModel):
+    """No labels: a host's labels come from its enrollment and the admin, never from a lease."""
+
     model_config = ConfigDict(extra="forbid")
     fingerprint: HostInfo
-    labels: list[Label] = Field(default_factory=list, max_length=100)
     wait_s: int = Field(0, ge=0, le=25)
 
 
@@ -29,7 +33,7 @@ class LeaseResponse(BaseModel):
 
 class CompleteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     status: Literal["succeeded", "failed"]
     reason: str | None = Field(None, max_length=4000)
     manifest: dict[str, Any]

@@ -106,10 +106,10 @@ _spec_cache_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class HostReport:
-    """What a host says about itself with a lease request."""
+    """What a host says about itself with a lease request: its fingerprint. Never labels:
+    those come from enrollment and the admin."""
 
     fingerprint: dict[str, Any]
-    labels: list[str]
 
 
 def _job_specs(db_session: Session, job_ids: set[str]) -> dict[str, tuple[JobSpec, dict[str, Any]]]:
@@ -192,7 +192,6 @@ def claim_lease(
                 db_session=db_session,
                 host=host,
                 fingerprint=report.fingerprint,
-                labels=report.labels,
             )
             if host.health == "lost":
                 host.health = "ready"
@@ -456,37 +455,44 @@ def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
             if timed_out
             else f"no heartbeat for {settings.lease_ttl_s} s"
         )
-        attempt_row = get_attempt(db_session=db_session, run_id=run.id, attempt=run.attempt)
-        if attempt_row is not None:
-            attempt_row.state = "expired"
-            attempt_row.ended_at = now
-            attempt_row.reason = why
-        host = db_session.get(Host, run.host_id) if run.host_id else None
-        if host is not None:
-            host.health = "lost"
-        if run.attempt < settings.max_attempts:
-            run.state = "queued"
-            run.host_id = None
-        else:
-            run.state = "expired"
-            run.reason = f"lost {run.attempt} attempts; last: {why}"
-        run.lease_expires_at = None
-        run.deadline_at = None
-        auth_service.record_audit(
-            db_session=db_session,
-            actor="server",
-            kind="run.attempt_expired",
-            subject_id=run.id,
-            attempt=run.attempt,
-            reason=why,
-            requeued=run.state == "queued",
-        )
-        if job_service.refresh_job_state(db_session=db_session, job_id=run.job_id):
+        if lose_attempt(db_session=db_session, settings=settings, run=run, why=why):
             to_analyze.append(run.job_id)
     if any(run.state == "queued" for run in expired):
         announce_work(db_session)
     db_session.commit()
     return to_analyze
+
+
+def lose_attempt(*, db_session: Session, settings: Settings, run: Run, why: str) -> bool:
+    """End the leased attempt of `run` as expired and queue the run again (or expire it after
+    max_attempts); True when the job should be analyzed. The caller commits."""
+    now = utcnow()
+    attempt_row = get_attempt(db_session=db_session, run_id=run.id, attempt=run.attempt)
+    if attempt_row is not None:
+        attempt_row.state = "expired"
+        attempt_row.ended_at = now
+        attempt_row.reason = why
+    host = db_session.get(Host, run.host_id) if run.host_id else None
+    if host is not None:
+        host.health = "lost"
+    if run.attempt < settings.max_attempts:
+        run.state = "queued"
+        run.host_id = None
+    else:
+        run.state = "expired"
+        run.reason = f"lost {run.attempt} attempts; last: {why}"
+    run.lease_expires_at = None
+    run.deadline_at = None
+    auth_service.record_audit(
+        db_session=db_session,
+        actor="server",
+        kind="run.attempt_expired",
+        subject_id=run.id,
+        attempt=run.attempt,
+        reason=why,
+        requeued=run.state == "queued",
+    )
+    return job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
 
 
 async def sweep_leases(*, sessionmaker: Callable[[], Session], settings: Settings) -> None:

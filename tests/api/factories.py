@@ -39,7 +39,7 @@ def make_host(
         fingerprint=fingerprint(hostname=name),
         labels=labels or [],
         repositories=repositories or {},
-        models=models or [],
+        models=["preset:tiny"] if models is None else models,
     )
 
 

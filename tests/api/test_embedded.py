@@ -87,7 +87,7 @@ def test_embedded_default_from_submit_to_evidence(tmp_path: Path, coldbench_cmd:
                     "fingerprint": fingerprint(),
                     "labels": [],
                     "repositories": {},
-                    "models": [],
+                    "models": ["preset:tiny"],
                 },
                 headers={"Authorization": f"Bearer {enrollment}"},
             )

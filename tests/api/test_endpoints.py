@@ -42,7 +42,7 @@ class World:
 
 
 def lease(client: TestClient, secret: str, **body: Any) -> Any:
-    payload = {"fingerprint": fingerprint(), "labels": [], "wait_s": 0, **body}
+    payload = {"fingerprint": fingerprint(), "wait_s": 0, **body}
     return client.post("/api/v1/leases", json=payload, headers=bearer(secret))
 
 
@@ -97,7 +97,7 @@ def world(client: TestClient, db_session: Session, settings: Settings) -> World:
 
 WORKER_CALLS = [
     ("post", "/api/v1/workers/heartbeat", {"run_id": "{run}", "attempt": 1}),
-    ("post", "/api/v1/leases", {"fingerprint": {}, "labels": [], "wait_s": 0}),
+    ("post", "/api/v1/leases", {"fingerprint": {}, "wait_s": 0}),
     ("put", "/api/v1/runs/{run}/artifacts/records.jsonl?attempt=1", b"x"),
     ("put", "/api/v1/workers/calibration", calibration_sample()),
     (
@@ -269,7 +269,7 @@ def test_lease_matches_labels_repository_recipes_and_models(
         host_labels=["lab:home"],
     )
     assert lease(client, plain).status_code == 204
-    assert lease(client, mac, labels=["lab:home"]).json()["job_id"] == job.id
+    assert lease(client, mac).json()["job_id"] == job.id
 
 
 def test_expired_lease_requeues_and_late_complete_is_refused(

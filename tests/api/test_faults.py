@@ -6,6 +6,7 @@ counted twice (docs/RELIABILITY.md has the table, with the faults covered elsewh
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from api.artifacts.store import LocalArtifactStore
 from evidence.canonical import sha256_hex
 from tests.api.cluster import Cluster, Server, cluster, wait_until
 from tests.api.factories import fingerprint, job_payload, manifest_for, provenance_json, record
@@ -68,9 +70,7 @@ def submit_and_lease(server: Server, key: str, secret: str, label: str) -> tuple
         created = client.post("/api/v1/jobs", json=job_payload(model="m", host_labels=[label]))
     assert created.status_code == 201, created.text
     with server.client(secret) as client:
-        lease = client.post(
-            "/api/v1/leases", json={"fingerprint": fingerprint(), "labels": [], "wait_s": 10}
-        )
+        lease = client.post("/api/v1/leases", json={"fingerprint": fingerprint(), "wait_s": 10})
     assert lease.status_code == 200, lease.text
     assert lease.json()["job_id"] == created.json()["id"]
     return created.json()["id"], lease.json()["run_id"]
@@ -148,6 +148,14 @@ def test_server_killed_mid_upload_publishes_nothing_partial(
     assert running.scalar("select count(*) from artifacts where run_id = :r", r=run_id) == 0
     blob = running.tmp / "artifacts" / sha256_hex(big)[:2] / sha256_hex(big)[2:4]
     assert not blob.exists()
+    # What the kill left is a spool file only, removed by the sweep (beat, server start) once
+    # it is older than upload_tmp_max_age_s.
+    store = LocalArtifactStore(running.tmp / "artifacts")
+    left = list(store.tmp_dir.glob("upload-*"))
+    assert left, "the cut upload left no spool file"
+    for path in left:
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    assert sorted(store.sweep_temporary(older_than_s=3600)) == sorted(p.name for p in left)
     # The agent sends it again (its outbox), completes, and the run is ingested once.
     upload_all(restarted, secret, run_id, files)
     with restarted.client(secret) as client:
@@ -264,7 +272,7 @@ def test_postgres_connections_dropped_mid_flight(
     def long_poll() -> None:
         with api.client(secret) as client:
             waited["response"] = client.post(
-                "/api/v1/leases", json={"fingerprint": fingerprint(), "labels": [], "wait_s": 20}
+                "/api/v1/leases", json={"fingerprint": fingerprint(), "wait_s": 20}
             )
 
     poller = threading.Thread(target=long_poll)
@@ -302,6 +310,9 @@ def test_artifact_store_full_refuses_clearly_and_keeps_no_partial_evidence(
     secret = enroll(running, full, "fault:full")
     job_id, run_id = submit_and_lease(full, api_key, secret, "fault:full")
     files = run_files(run_id)
+    spool = running.tmp / "artifacts" / "tmp"
+    # (A server killed mid-upload by another test may have left its own temporary file.)
+    spooled_before = set(spool.glob("*"))
     with full.client(secret) as client:
         refused = upload(client, secret, run_id, "records.jsonl", files["records.jsonl"])
         assert refused.status_code == 507
@@ -310,7 +321,7 @@ def test_artifact_store_full_refuses_clearly_and_keeps_no_partial_evidence(
         incomplete = complete(client, secret, run_id, manifest_for(files))
         assert incomplete.status_code == 422
     assert running.scalar("select count(*) from artifacts where run_id = :r", r=run_id) == 0
-    assert list((running.tmp / "artifacts" / "tmp").glob("*")) == []
+    assert set(spool.glob("*")) == spooled_before  # the refused body left no file
     assert running.scalar("select state from runs where id = :r", r=run_id) == "leased"
     stop_process(full.process)
     # Space again (an operator freed some): the agent's retried uploads go through.

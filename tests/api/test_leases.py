@@ -28,7 +28,7 @@ def _settings(url: str, **overrides: Any) -> Settings:
 
 
 def _report() -> run_service.HostReport:
-    return run_service.HostReport(fingerprint=fingerprint(), labels=[])
+    return run_service.HostReport(fingerprint=fingerprint())
 
 
 def test_twenty_concurrent_claimers_each_run_claimed_once(

@@ -53,9 +53,11 @@ def test_postgres_upgrade_check_downgrade(empty_postgres: str, coldbench_cmd: li
     assert "models and migrations agree" in done.stderr
     assert {"hosts", "jobs", "runs", "cells", "artifacts", "evidence"} <= _tables(empty_postgres)
     assert "bundle_files" in _columns(empty_postgres, "jobs")
-    assert "calibration" in _columns(empty_postgres, "hosts")
+    assert {"calibration", "revoked_at"} <= _columns(empty_postgres, "hosts")
     config = alembic_config(empty_postgres)
-    command.downgrade(config, "-1")
+    command.downgrade(config, "-1")  # host revocation
+    assert "revoked_at" not in _columns(empty_postgres, "hosts")
+    command.downgrade(config, "-1")  # host calibration
     assert "calibration" not in _columns(empty_postgres, "hosts")
     command.downgrade(config, "base")
     assert _tables(empty_postgres) == {"alembic_version"}

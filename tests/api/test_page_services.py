@@ -23,7 +23,7 @@ def test_current_runs_maps_each_leasing_host_to_its_run(
         db_session=db_session,
         settings=settings,
         host=busy,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="busy"), labels=[]),
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="busy")),
     )
     current = host_service.current_runs(db_session=db_session)
     assert list(current) == [busy.id]

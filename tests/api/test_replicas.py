@@ -51,7 +51,7 @@ def test_job_submitted_on_one_replica_is_leased_completed_and_served_by_both(
                 started = time.monotonic()
                 waited["response"] = client.post(
                     "/api/v1/leases",
-                    json={"fingerprint": fingerprint(), "labels": [], "wait_s": 20},
+                    json={"fingerprint": fingerprint(), "wait_s": 20},
                 )
                 waited["s"] = time.monotonic() - started
 

@@ -36,7 +36,7 @@ def test_submit_posts_a_valid_job_and_reports_refusals_in_one_line(tmp_path: Pat
                 "fingerprint": {"backend": "cpu"},
                 "labels": ["lab:test"],
                 "repositories": {},
-                "models": [],
+                "models": ["preset:tiny"],
             },
             timeout=30,
         )
@@ -91,7 +91,7 @@ def test_submit_wait_ends_when_the_job_is_cancelled(tmp_path: Path) -> None:
                 "fingerprint": {},
                 "labels": [],
                 "repositories": {},
-                "models": [],
+                "models": ["preset:tiny"],
             },
             timeout=30,
         ).raise_for_status()

@@ -143,6 +143,7 @@ def stack(
     for name in ("local-1", "local-2"):
         (root / f"{name}.toml").write_text(
             f'name = "{name}"\nlabels = ["lab:home"]\nstate_dir = "{name}-state"\n'
+            'allow_presets = ["tiny"]\n'
             f'[repositories.stub]\nurl = "{repo}"\n'
             "[repositories.stub.recipes.editable]\n"
             'command = ["{python}", "-m", "pip", "install", "--no-deps", "-e", "."]\n'

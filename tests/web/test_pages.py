@@ -79,7 +79,6 @@ def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
         host=host,
         report=run_service.HostReport(
             fingerprint=fingerprint(hostname="studio-1", chip="Apple M3 Ultra", cores=32),
-            labels=["lab:home"],
         ),
     )
     assert lease is not None
@@ -114,7 +113,7 @@ def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
         db_session=db_session,
         settings=settings,
         host=host,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1"), labels=[]),
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
     invalid = {
         "variant": "cand",
@@ -267,7 +266,7 @@ def test_a_finished_run_shows_its_final_count_not_its_last_heartbeat(
         db_session=db_session,
         settings=settings,
         host=host,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1"), labels=[]),
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
     run_service.heartbeat(
         db_session=db_session,
@@ -315,7 +314,7 @@ def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
         db_session=db_session,
         settings=settings,
         host=host,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1"), labels=[]),
+        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
     hostile = "<script>alert(1)</script>"
     run_service.heartbeat(

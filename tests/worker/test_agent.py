@@ -35,7 +35,12 @@ def write_config(
     labels: tuple[str, ...] = (),
 ) -> Path:
     """A worker.toml: repositories maps name -> (url, recipe names, all `pip install -e .`)."""
-    lines = [f'name = "{name}"', f"labels = {json.dumps(list(labels))}", 'state_dir = "state"']
+    lines = [
+        f'name = "{name}"',
+        f"labels = {json.dumps(list(labels))}",
+        'state_dir = "state"',
+        'allow_presets = ["tiny"]',
+    ]
     for repo, (url, recipes) in (repositories or {}).items():
         lines += [f"[repositories.{repo}]", f'url = "{url}"', 'module = "mlx_lm"']
         for recipe in recipes:
@@ -196,32 +201,32 @@ def test_two_agents_run_each_job_exactly_once(service: Service, tmp_path: Path) 
 def test_killed_agent_run_is_requeued_and_finished_by_the_other(
     service: Service, tmp_path: Path
 ) -> None:
-    config_a = write_config(tmp_path / "host-a" / "worker.toml", name="host-a")
-    log_a = tmp_path / "host-a.log"
+    config_a = write_config(tmp_path / "host-ka" / "worker.toml", name="host-ka")
+    log_a = tmp_path / "host-ka.log"
     agent_a = service.start_agent(config_a, token=service.enrollment_token(), log=log_a)
-    _wait_enrolled(service, {"host-a"}, [agent_a], [log_a])
+    _wait_enrolled(service, {"host-ka"}, [agent_a], [log_a])
     created = service.submit(_embedded_job(3, [64, 128]))
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
     _wait_progress(service, job_id, 2, agent_a, log_a)
     stop_process(agent_a, sig=signal.SIGKILL)
 
-    config_b = write_config(tmp_path / "host-b" / "worker.toml", name="host-b")
-    log_b = tmp_path / "host-b.log"
+    config_b = write_config(tmp_path / "host-kb" / "worker.toml", name="host-kb")
+    log_b = tmp_path / "host-kb.log"
     agent_b = service.start_agent(config_b, token=service.enrollment_token(), log=log_b)
     job = service.wait_jobs([job_id], timeout_s=180, done=("completed", "processed", "failed"))
     (run,) = job[job_id]["runs"]
     assert run["state"] in ("completed", "processed"), run
-    # host-a's attempt expired; the last one, host-b's, completed. (An earlier attempt may have
+    # host-ka's attempt expired; the last one, host-kb's, completed. (An earlier attempt may have
     # gone to a stopped agent of another test whose long-poll was still open on the server.)
     *lost, last = run["attempts"]
     hosts = dict(service.rows("select id, name from hosts"))
     assert [a["state"] for a in lost] == ["expired"] * len(lost)
-    assert "host-a" in {hosts[a["host_id"]] for a in lost}
+    assert "host-ka" in {hosts[a["host_id"]] for a in lost}
     assert (last["state"], hosts[last["host_id"]], run["host_name"]) == (
         "completed",
-        "host-b",
-        "host-b",
+        "host-kb",
+        "host-kb",
     )
     measured = _measured(service, run["id"])
     keys = [(r["variant"], r["round"], r["context_tokens"]) for r in measured]

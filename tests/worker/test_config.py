@@ -225,3 +225,16 @@ def test_bad_server_declarations_name_the_key(
     with pytest.raises(ConfigError) as raised:
         load_host_config(path)
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_allow_presets_names_known_presets_only(tmp_path: Path) -> None:
+    from worker.config import ConfigError, parse_host_config
+
+    none = parse_host_config({"name": "h"}, base=tmp_path)
+    assert none.allow_presets == () and none.model_names() == []
+    allowed = parse_host_config(
+        {"name": "h", "allow_presets": ["tiny"], "models": {"llama": "m"}}, base=tmp_path
+    )
+    assert allowed.model_names() == ["llama", "preset:tiny"]
+    with pytest.raises(ConfigError, match="allow_presets: unknown preset"):
+        parse_host_config({"name": "h", "allow_presets": ["no-such"]}, base=tmp_path)
