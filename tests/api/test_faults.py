@@ -310,6 +310,9 @@ def test_artifact_store_full_refuses_clearly_and_keeps_no_partial_evidence(
     secret = enroll(running, full, "fault:full")
     job_id, run_id = submit_and_lease(full, api_key, secret, "fault:full")
     files = run_files(run_id)
+    spool = running.tmp / "artifacts" / "tmp"
+    # (A server killed mid-upload by another test may have left its own temporary file.)
+    spooled_before = set(spool.glob("*"))
     with full.client(secret) as client:
         refused = upload(client, secret, run_id, "records.jsonl", files["records.jsonl"])
         assert refused.status_code == 507
@@ -318,7 +321,7 @@ def test_artifact_store_full_refuses_clearly_and_keeps_no_partial_evidence(
         incomplete = complete(client, secret, run_id, manifest_for(files))
         assert incomplete.status_code == 422
     assert running.scalar("select count(*) from artifacts where run_id = :r", r=run_id) == 0
-    assert list((running.tmp / "artifacts" / "tmp").glob("*")) == []
+    assert set(spool.glob("*")) == spooled_before  # the refused body left no file
     assert running.scalar("select state from runs where id = :r", r=run_id) == "leased"
     stop_process(full.process)
     # Space again (an operator freed some): the agent's retried uploads go through.
