@@ -424,3 +424,38 @@ def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
     (run,) = service.job(job_id)["runs"]
     assert (run["state"], run["reason"]) == ("failed", "x")
     assert service.artifact(lease.run_id, "reason.txt") == b"test\n"
+
+
+def test_registration_reports_server_options_without_their_argv(tmp_path: Path) -> None:
+    """What a submitter may pick (type, bounds, whether it is proven), never what it runs."""
+    from worker.agent import repository_offers
+    from worker.config import load_host_config
+
+    config_path = tmp_path / "worker.toml"
+    config_path.write_text(
+        "\n".join(
+            [
+                'name = "host-s"',
+                'state_dir = "state"',
+                "[repositories.srv]",
+                f'url = "{tmp_path / "nowhere"}"',
+                'adapter = "openai-server"',
+                'server_command = ["{python}", "-m", "mlx_lm", "server", "--port", "{port}"]',
+                "[repositories.srv.recipes.editable]",
+                'command = ["{python}", "-m", "pip", "install", "-e", "."]',
+                "[repositories.srv.options.prefill_step_size]",
+                'type = "int"',
+                "min = 64",
+                "max = 16384",
+                'argv = ["--prefill-step-size", "{value}"]',
+                'proof = "Prompt processing progress: {value}/"',
+            ]
+        )
+        + "\n"
+    )
+    offer = repository_offers(load_host_config(config_path))["srv"]
+    assert offer.model_dump() == {
+        "adapter": "openai-server",
+        "recipes": ["editable"],
+        "options": {"prefill_step_size": {"type": "int", "min": 64, "max": 16384, "proof": True}},
+    }
