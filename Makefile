@@ -1,5 +1,7 @@
-# The README's two commands. Each creates .venv if it is missing and installs what this
-# platform needs: plain mlx on macOS, MLX's CPU build elsewhere (set MLX_EXTRA=cuda for CUDA).
+# The README's commands. Each creates .venv if it is missing and installs what this platform
+# needs: plain mlx on macOS, MLX's CPU build elsewhere (set MLX_EXTRA=cuda for CUDA). `make test`
+# also provides PostgreSQL, Redis and Chromium (.ci/services: started, or installed as root with
+# apt-get, or one line saying what to provide).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,7 +14,7 @@ endif
 comma := ,
 EXTRAS := test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint services clean
 
 $(BIN)/coldbench: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -25,11 +27,19 @@ install: $(BIN)/coldbench
 demo: install
 	$(BIN)/coldbench demo
 
-test: install
+services:
+	.ci/services
+
+test: install services
 	$(BIN)/python -m pytest -q
 
+# Style, the import rules of the package docstrings (pyproject.toml's import-linter contracts)
+# and types of evidence/ and engine/.
 lint: install
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .coldbench

@@ -38,14 +38,14 @@ from api.pages.router import router as pages_router
 from api.pages.templates import web_dir
 from api.routing import BodyLimitMiddleware, StrictJSONRoute, finite_or_text
 from api.runs import service as run_service
-from api.runs.models import RUN_STATES, Run
+from api.runs.models import Run
 from api.runs.router import router as runs_router
 from api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from api.settings import Settings, get_settings
+from evidence.protocol import API_PREFIX, ErrorBody, RunState
 
 log = logging.getLogger(__name__)
 
-API_PREFIX = "/api/v1"
 ARTIFACT_PATH = re.compile(rf"{API_PREFIX}/runs/[^/]+/artifacts/[^/]+")
 
 
@@ -101,7 +101,7 @@ def _install_metrics(app: FastAPI) -> None:
         counts = dict(
             db_session.execute(sa.select(Run.state, sa.func.count()).group_by(Run.state)).all()
         )
-        for state in RUN_STATES:
+        for state in RunState:
             runs_by_state.labels(state).set(counts.get(state, 0))
         artifact_bytes.set(total_artifact_bytes(db_session=db_session))
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -174,8 +174,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, error: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
+        body = ErrorBody(detail=error.message, field=error.field)
         return JSONResponse(
-            {"detail": error.message}, status_code=error.status_code, headers=headers
+            body.model_dump(exclude_none=True), status_code=error.status_code, headers=headers
         )
 
     for router in (hosts_router, runs_router, artifacts_router, jobs_router, auth_router):

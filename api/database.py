@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,11 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+
+def one_of(column: str, values: Iterable[str]) -> str:
+    """`state IN ('a', 'b')`: the SQL of a CHECK that a column holds one of an enum's values."""
+    return f"{column} IN ({', '.join(repr(str(value)) for value in values)})"
 
 
 class Base(DeclarativeBase):

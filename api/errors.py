@@ -1,16 +1,24 @@
-"""Errors a service raises for a client to read; the app maps each to its HTTP status."""
+"""Errors a service raises for a client to read; the app maps each to its HTTP status.
+
+Each carries one line of `message` and, where it is about one field of the request (a JobSpec
+path such as `contexts` or `variants.1.flags`), that `field`: the JSON error body has it, and
+the form puts the message beside that field.
+"""
 
 from __future__ import annotations
 
 from pydantic import ValidationError
 
+from evidence.schemas import error_field
+
 
 class ServiceError(Exception):
     status_code = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.field = field
 
 
 class NotAuthenticated(ServiceError):
@@ -51,3 +59,8 @@ def validation_message(what: str, error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)
     return f"invalid {what}: " + "; ".join(parts)
+
+
+def invalid(what: str, error: ValidationError) -> Invalid:
+    """The one-line Invalid of a pydantic error, about the field of its first problem."""
+    return Invalid(validation_message(what, error), field=error_field(error))

@@ -21,6 +21,7 @@ from api.jobs.models import Job
 from api.runs import ingest
 from api.runs import service as run_service
 from api.settings import Settings, get_settings
+from evidence.protocol import JobState
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def reprocess_unprocessed() -> None:
     with _session() as db_session:
         run_ids = ingest.unprocessed_run_ids(db_session=db_session)
         stuck = db_session.execute(
-            sa.select(Job.id, Job.bundle_files).where(Job.state == "analyzing")
+            sa.select(Job.id, Job.bundle_files).where(Job.state == JobState.ANALYZING)
         ).all()
     swept = _store().sweep_temporary(older_than_s=_settings().upload_tmp_max_age_s)
     if swept:

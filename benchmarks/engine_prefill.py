@@ -240,7 +240,8 @@ def summarize(
         if best is not None:
             ratios["best/stock"] = paired_ratio(by_method, best, "stock")
             ratios["best/bare-best"] = paired_ratio(by_method, best, cell_methods[best])
-        ratios["bare/stock"] = paired_ratio(by_method, "bare", "stock")
+        if "bare" in tps:
+            ratios["bare/stock"] = paired_ratio(by_method, "bare", "stock")
         summary[context] = {"tps": tps, "best": best, "ratios": ratios}
     return summary
 
@@ -295,7 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"model ready in {time.perf_counter() - loaded_at:.1f} s on {mx.default_device()}")
     prompts = Prompts(tokenizer, config, args.seed)
     for context in contexts:  # refuse a context past the model's positions before any timing
-        prompts.source.check_context(context)
+        try:
+            prompts.source.check_context(context)
+        except ValueError as error:
+            parser.error(str(error))
 
     step = args.step
     methods: dict[str, PrefillTimer] = {
@@ -422,7 +426,8 @@ def print_table(summary: dict[int, dict[str, Any]], contexts: Sequence[int]) -> 
         cells = "".join(f"{v:>12.3f}" if v is not None else f"{'-':>12}" for v in values)
         print(f"{ratio:<{width}}{cells}")
     for context in contexts:
-        print(f"best at {context:,}: {summary[context]['best']}")
+        if summary[context]["best"]:
+            print(f"best at {context:,}: {summary[context]['best']}")
     for (context, flags), reason in sorted(INVALID.items()):
         print(f"not valid at {context:,}: {flags}: {reason}")
 

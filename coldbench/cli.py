@@ -20,7 +20,7 @@ app = typer.Typer(
 # (module, attribute, name): a sub-app mounted as `coldbench NAME ...`, or a single command
 # when NAME is None (the module's app then holds exactly the commands to add at top level).
 _MOUNTS: list[tuple[str, str, str | None]] = [
-    ("engine.cli", "model_app", "model"),
+    ("coldbench.model", "model_app", "model"),
     ("evidence.cli", "app", None),
     ("worker.cli", "app", None),
     ("api.cli", "app", None),

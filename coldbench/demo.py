@@ -24,6 +24,8 @@ from typing import Annotated, Any
 
 import typer
 
+from evidence.protocol import JobState
+
 app = typer.Typer()
 
 # The candidate's engine flags, each an optimization the ablation measures by leaving it out.
@@ -412,4 +414,4 @@ def _follow(
 
 
 def _is_final(job: dict[str, Any]) -> bool:
-    return job.get("state") in ("done", "failed", "cancelled")
+    return JobState(job["state"]).is_final

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer()
+from evidence.protocol import JobState
 
-_TERMINAL_STATES = {"done", "failed", "cancelled"}
+app = typer.Typer()
 
 
 @app.command()
@@ -26,7 +26,7 @@ def submit(
         ),
     ],
     contexts: Annotated[
-        str, typer.Option(help="Comma-separated prompt lengths in tokens.")
+        str, typer.Option(help="Prompt lengths in tokens: 128,256 or 4K,16K (K=1024, M=1024K).")
     ] = "128,256",
     api: Annotated[str, typer.Option(envvar="COLDBENCH_API", help="Base URL of the server.")] = (
         "http://127.0.0.1:8000"
@@ -35,7 +35,10 @@ def submit(
         str | None, typer.Option(envvar="COLDBENCH_API_KEY", help="Submitter API key (cbk_...).")
     ] = None,
     repo: Annotated[str | None, typer.Option(help="Allow-listed repository name.")] = None,
-    adapter: Annotated[str, typer.Option(help="embedded, mlx-lm or openai-server.")] = "embedded",
+    adapter: Annotated[
+        str | None,
+        typer.Option(help="embedded, mlx-lm or openai-server (default: mlx-lm with --repo)."),
+    ] = None,
     rounds: int = 3,
     decode_tokens: int = 8,
     model: str = "preset:tiny",
@@ -61,39 +64,45 @@ def submit(
     import httpx
     from pydantic import ValidationError
 
-    from evidence.schemas import JobSpec
-    from worker.cli import parse_contexts, parse_variant
+    from evidence.schemas import JobSpec, error_field
+    from evidence.spec_text import parse_contexts, parse_features, split_list
+    from evidence.variant import parse_variant
 
     if not key:
         typer.echo("error: no API key: pass --key or set COLDBENCH_API_KEY", err=True)
         raise typer.Exit(2)
+    parsed_variants = []
+    for text in variant:
+        try:
+            parsed_variants.append(parse_variant(text).model_dump(exclude_none=True))
+        except ValueError as error:
+            typer.echo(f"error: --variant {text!r}: {error}", err=True)
+            raise typer.Exit(2) from None
     try:
-        parsed_variants = [parse_variant(v).model_dump(exclude_none=True) for v in variant]
         parsed_contexts = parse_contexts(contexts)
     except ValueError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: --contexts {contexts!r}: {error}", err=True)
         raise typer.Exit(2) from None
     raw_spec: dict[str, Any] = {
         "mode": mode,
-        "adapter": adapter,
+        "adapter": adapter or ("mlx-lm" if repo else "embedded"),
         "repository": repo,
         "variants": parsed_variants,
-        "features": [f for f in features.split(",") if f],
+        "features": parse_features(features),
         "contexts": parsed_contexts,
         "rounds": rounds,
         "decode_tokens": decode_tokens,
         "model": model,
         "seed": seed,
         "corpus": corpus,
-        "host_labels": [label for label in labels.split(",") if label],
+        "host_labels": split_list(labels),
         "hosts": hosts,
     }
     try:
         spec = JobSpec.model_validate(raw_spec)
     except ValidationError as error:
-        for problem in error.errors():
-            where = ".".join(str(part) for part in problem["loc"]) or "job"
-            typer.echo(f"error: {where}: {problem['msg']}", err=True)
+        message = error.errors()[0]["msg"].removeprefix("Value error, ")
+        typer.echo(f"error: {error_field(error) or 'job'}: {message}", err=True)
         raise typer.Exit(2) from None
 
     headers = {"Authorization": f"Bearer {key}"}
@@ -105,7 +114,8 @@ def submit(
             raise typer.Exit(1) from None
         if response.status_code != 201:
             typer.echo(
-                f"error: the server refused the job ({response.status_code}): {_detail(response)}",
+                f"error: the server refused the job ({response.status_code})"
+                f"{_field(response)}: {_detail(response)}",
                 err=True,
             )
             raise typer.Exit(1)
@@ -118,7 +128,7 @@ def submit(
             client, job_id, timeout_s=timeout_s, echo=lambda line: typer.echo(line, err=True)
         )
     evidence_id = job.get("evidence_id")
-    if job.get("state") != "done" or not evidence_id:
+    if job.get("state") != JobState.DONE or not evidence_id:
         typer.echo(f"job {job_id} ended {job.get('state')} without evidence", err=True)
         raise typer.Exit(1)
     typer.echo(f"evidence: {api.rstrip('/')}/e/{evidence_id}")
@@ -136,7 +146,7 @@ def wait_for_job(
         if line != last_line:
             echo(line)
             last_line = line
-        if job.get("state") in _TERMINAL_STATES:
+        if JobState(job["state"]).is_final:
             return job
         if time.monotonic() > deadline:
             echo(f"gave up waiting after {timeout_s:.0f} s")
@@ -152,6 +162,16 @@ def progress_line(job: dict[str, Any]) -> str:
         cells = f" {done}/{total} cells" if total else ""
         parts.append(f"run {run.get('id')} [{run.get('state')}]{cells}")
     return "; ".join(parts)
+
+
+def _field(response: Any) -> str:
+    """` [field adapter]` when the refusal names the spec field it is about."""
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    field = body.get("field") if isinstance(body, dict) else None
+    return f" [field {field}]" if field else ""
 
 
 def _detail(response: Any) -> str:

@@ -1,11 +1,15 @@
 """evidence: the shared data contract and everything computed from raw records.
 
-Owns the versioned schemas (record, manifest, provenance, job spec), host-declared server
+Owns the versioned schemas (record, manifest, provenance, job spec, with every cross-field rule
+in JobSpec's validator), the worker protocol (`protocol.py`: every message between agent and
+API, the API prefix and long-poll bound, job and run states), the one parser of what people type
+for a spec (`spec_text.py`: variants, contexts with K/M, flags, features), host-declared server
 options (`options.py`: the declaration, value validation, argv/env rendering), canonical JSON and
 digests, evidence bundles (write, read, verify; folder and zip), statistics, ablation, parity,
 drift, reproductions, and rendering (summary.json, summary.md, report.html).
 
-May import: pydantic, scipy, numpy, jinja2, plotly and the standard library. Never `api/`,
-`worker/`, `web/` or `engine/`: both sides of the worker protocol import this package, so it
-must stay free of either.
+May import: pydantic, scipy, numpy, jinja2, plotly, typer (its `verify` command) and the
+standard library. Never `api/`, `worker/`, `web/`, `engine/` or `coldbench/`: both sides of the
+worker protocol import this package, so it must stay free of either (import-linter contracts in
+pyproject.toml enforce it).
 """

@@ -11,7 +11,9 @@ from collections import Counter
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, parse_feature
 
 RECORD_SCHEMA: Final = "coldbench.record/1"
 EVIDENCE_FORMAT: Final = "coldbench.evidence/1"
@@ -29,7 +31,28 @@ REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
 Mode = Literal["ab", "ablation", "sweep", "history", "bisect"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
-FlagValue = int | float | bool | str
+# The variants an ablation runs (evidence/variant.py expands them; JobSpec checks the names).
+ABLATION_BASELINE: Final = "none"
+ABLATION_ALL: Final = "all"
+ABLATION_MINUS_PREFIX: Final = "all-minus-"
+
+
+class SpecError(ValueError):
+    """A rule across fields, broken: raised in a model validator with the field it is about
+    (a dotted path such as `baseline` or `variants.1.ref`), which pydantic cannot locate."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def error_field(error: ValidationError) -> str | None:
+    """The dotted path of the field the first problem of `error` is about (None: the whole)."""
+    item = error.errors()[0]
+    if item["loc"]:
+        return ".".join(str(part) for part in item["loc"])
+    cause = (item.get("ctx") or {}).get("error")
+    return cause.field if isinstance(cause, SpecError) else None
 
 
 class _Strict(BaseModel):
@@ -234,7 +257,7 @@ class VariantSpec(_Strict):
     name: Name
     ref: str | None = None
     recipe: Name | None = None
-    flags: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], FlagValue] = Field(
+    flags: dict[Annotated[str, Field(pattern=FLAG_NAME_PATTERN)], FlagValue] = Field(
         default_factory=dict
     )
 
@@ -299,7 +322,11 @@ class BisectSpec(_Strict):
 
 
 class JobSpec(_Strict):
-    """What a maintainer submits. Bounds on sizes are enforced by the API's settings."""
+    """What a maintainer submits. Bounds on sizes are enforced by the API's settings.
+
+    Every rule across fields lives in `_cross_field_rules`, each error naming its field
+    (`SpecError`), so the CLI, submit, the API and the form refuse the same specs alike.
+    """
 
     schema_: Literal["coldbench.job/1"] = Field(JOB_SCHEMA, alias="schema")
     mode: Mode = "ab"
@@ -349,55 +376,124 @@ class JobSpec(_Strict):
         return sorted(contexts)
 
     @model_validator(mode="after")
-    def _one_process_policy(self) -> JobSpec:
+    def _cross_field_rules(self) -> JobSpec:
         if self.fresh_process and self.rounds_per_process is not None:
-            raise ValueError(
-                "fresh_process (a process per cell) and rounds_per_process exclude each other"
+            raise SpecError(
+                "rounds_per_process",
+                "fresh_process (a process per cell) and rounds_per_process exclude each other",
             )
-        return self
-
-    @model_validator(mode="after")
-    def _names_and_baseline(self) -> JobSpec:
         names = [v.name for v in self.variants]
         duplicates = sorted(n for n, times in Counter(names).items() if times > 1)
         if duplicates:
-            raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
+            first = {n: i for i, n in reversed(list(enumerate(names)))}
+            again = next(i for i, n in enumerate(names) if first[n] != i)
+            raise SpecError(
+                f"variants.{again}.name",
+                f"variant names must be unique; repeated: {', '.join(duplicates)}",
+            )
         if self.baseline is None:
             self.baseline = names[0]
         elif self.baseline not in names:
-            raise ValueError(f"baseline {self.baseline!r} is not one of the variants {names}")
+            raise SpecError(
+                "baseline", f"baseline {self.baseline!r} is not one of the variants {names}"
+            )
         if self.mode == "ablation" and not self.features:
-            raise ValueError("ablation mode needs at least one feature")
+            raise SpecError("features", "ablation mode needs at least one feature")
         if self.adapter != "embedded" and not self.repository:
-            raise ValueError(f"adapter {self.adapter} needs a repository")
-        if self.mode == "history":
-            if not self.repository:
-                raise ValueError("history mode needs a repository (its commits are the variants)")
-            if len(self.variants) < 2:
-                raise ValueError("history mode needs the reference commit and at least one other")
-            unnamed = [v.name for v in self.variants if not v.ref]
-            if unnamed:
-                raise ValueError(f"history mode: every variant is a commit; no ref: {unnamed}")
-            if self.baseline != names[0]:
-                raise ValueError("history mode: the baseline is the first variant (the reference)")
-            if self.features:
-                raise ValueError("history mode takes no ablation features")
-        elif self.history is not None:
-            raise ValueError(f"history settings given for mode {self.mode}")
-        if self.mode == "bisect":
-            if self.bisect is None:
-                raise ValueError("bisect mode needs bisect settings (good, bad, direction)")
-            if not self.repository:
-                raise ValueError("bisect mode needs a repository")
-            if len(self.contexts) != 1:
-                raise ValueError("bisect mode takes exactly one context")
-            if not 2 <= len(self.variants) <= 3 or any(not v.ref for v in self.variants):
-                raise ValueError("bisect mode: a step compares 2 or 3 commits (lo, mid, hi)")
-            if self.baseline != names[0]:
-                raise ValueError("bisect mode: the baseline is the first variant (lo)")
-        elif self.bisect is not None:
-            raise ValueError(f"bisect settings given for mode {self.mode}")
+            raise SpecError("repository", f"adapter {self.adapter} needs a repository")
+        self._history_rules(names)
+        self._bisect_rules(names)
+        for index, variant in enumerate(self.variants):
+            if self.repository is None and (variant.ref or variant.recipe):
+                raise SpecError(
+                    f"variants.{index}.{'ref' if variant.ref else 'recipe'}",
+                    "variants name a ref or recipe but the job names no repository",
+                )
+            if self.repository is not None and variant.ref is None:
+                raise SpecError(
+                    f"variants.{index}.ref",
+                    f"variant {variant.name} names no ref of {self.repository}",
+                )
+        if self.mode == "ablation":
+            self._ablation_rules()
         return self
+
+    def _history_rules(self, names: list[str]) -> None:
+        if self.mode != "history":
+            if self.history is not None:
+                raise SpecError("history", f"history settings given for mode {self.mode}")
+            return
+        if not self.repository:
+            raise SpecError(
+                "repository", "history mode needs a repository (its commits are the variants)"
+            )
+        if len(self.variants) < 2:
+            raise SpecError(
+                "variants", "history mode needs the reference commit and at least one other"
+            )
+        unnamed = [v.name for v in self.variants if not v.ref]
+        if unnamed:
+            index = next(i for i, v in enumerate(self.variants) if not v.ref)
+            raise SpecError(
+                f"variants.{index}.ref",
+                f"history mode: every variant is a commit; no ref: {unnamed}",
+            )
+        if self.baseline != names[0]:
+            raise SpecError(
+                "baseline", "history mode: the baseline is the first variant (the reference)"
+            )
+        if self.features:
+            raise SpecError("features", "history mode takes no ablation features")
+
+    def _bisect_rules(self, names: list[str]) -> None:
+        if self.mode != "bisect":
+            if self.bisect is not None:
+                raise SpecError("bisect", f"bisect settings given for mode {self.mode}")
+            return
+        if self.bisect is None:
+            raise SpecError("bisect", "bisect mode needs bisect settings (good, bad, direction)")
+        if not self.repository:
+            raise SpecError("repository", "bisect mode needs a repository")
+        if len(self.contexts) != 1:
+            raise SpecError("contexts", "bisect mode takes exactly one context")
+        if not 2 <= len(self.variants) <= 3 or any(not v.ref for v in self.variants):
+            raise SpecError("variants", "bisect mode: a step compares 2 or 3 commits (lo, mid, hi)")
+        if self.baseline != names[0]:
+            raise SpecError("baseline", "bisect mode: the baseline is the first variant (lo)")
+
+    def _ablation_rules(self) -> None:
+        """What evidence/variant.py's expansion needs: distinct features, each changing the
+        first variant (the template), and names that fit and do not clash."""
+        features = [parse_feature(feature) for feature in self.features]
+        flags = [flag for flag, _ in features]
+        repeated = sorted(flag for flag, times in Counter(flags).items() if times > 1)
+        if repeated:
+            raise SpecError(
+                "features", f"ablation features name the same flag twice: {', '.join(repeated)}"
+            )
+        template = self.variants[0].flags
+        unchanged = [
+            (flag, on) for flag, on in features if flag in template and template[flag] == on
+        ]
+        if unchanged:
+            raise SpecError(
+                "features",
+                "ablation features already on in the first variant (nothing to leave out): "
+                + ", ".join(f"{flag}={on}" for flag, on in unchanged),
+            )
+        expanded = [ABLATION_BASELINE, ABLATION_ALL, *(ABLATION_MINUS_PREFIX + f for f in flags)]
+        for name in expanded:
+            if not is_valid_name(name):
+                raise SpecError(
+                    "features", f"variant name {name!r} is too long or not a plain name"
+                )
+        for index, kept in enumerate(self.variants[1:], start=1):
+            if kept.name in expanded:
+                raise SpecError(
+                    f"variants.{index}.name",
+                    f"variant {kept.name!r} clashes with a name the ablation expansion uses; "
+                    "rename it",
+                )
 
 
 def default_rounds_per_process(rounds: int) -> int:

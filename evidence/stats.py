@@ -455,7 +455,7 @@ def compare_pairs(
         )
     comparison["p_value"] = signed_rank_p(units)
     if blocks is not None:
-        block_of = {}
+        block_of: dict[object, int] = {}
         for pair in pairs:
             block_of.setdefault(pair.block, len(block_of))
         for entry, pair in zip(comparison["ratios"], pairs, strict=True):

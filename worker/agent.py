@@ -35,21 +35,38 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from evidence.calibration import HostCalibration
 from evidence.canonical import sha256_hex
+from evidence.protocol import (
+    API_PREFIX,
+    CONTENT_SHA256_HEADER,
+    LEASE_WAIT_MAX_S,
+    MAX_INVALID_IN_HEARTBEAT,
+    MAX_REASON_CHARS,
+    CompleteRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    InvalidCell,
+    Lease,
+    LeaseRequest,
+    OptionDeclaration,
+    Progress,
+    RegisterRequest,
+    RegisterResponse,
+    RepositoryOffer,
+    RunStatus,
+)
 from evidence.schemas import HostInfo, JobSpec
 from worker.config import HostConfig
 from worker.fingerprint import host_fingerprint, host_labels
-from worker.variants import Progress
+from worker.variants import Progress as CellProgress
 
 log = logging.getLogger(__name__)
 
-API_PREFIX = "/api/v1"
 HEARTBEAT_S = 15.0
-LEASE_WAIT_S = 25
 BACKOFF_MAX_S = 60.0
-MAX_INVALID_IN_HEARTBEAT = 50
 REQUEST_TIMEOUT_S = 60.0
 
 
@@ -140,13 +157,15 @@ def host_lock(path: Path, *, wait: Callable[[], bool]) -> Iterator[bool]:
 class RunState:
     run_id: str | None = None
     attempt: int | None = None
-    progress: dict[str, Any] | None = None
+    progress: Progress | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> HeartbeatRequest:
         with self.lock:
-            return {"run_id": self.run_id, "attempt": self.attempt, "progress": self.progress}
+            return HeartbeatRequest(
+                run_id=self.run_id, attempt=self.attempt, progress=self.progress
+            )
 
     def start(self, run_id: str, attempt: int) -> None:
         with self.lock:
@@ -159,13 +178,42 @@ class RunState:
             self.cancel.clear()
 
 
+# --- what this host offers --------------------------------------------------------------------
+
+
+def repository_offers(config: HostConfig) -> dict[str, RepositoryOffer]:
+    """Each allow-listed repository as registration and lease requests report it."""
+    return {
+        name: RepositoryOffer(
+            adapter=repository.adapter,
+            recipes=sorted(repository.recipes),
+            options={
+                option: OptionDeclaration(
+                    type=declared.type,
+                    min=declared.min,
+                    max=declared.max,
+                    proof=declared.proof is not None,
+                )
+                for option, declared in repository.options.items()
+            },
+        )
+        for name, repository in sorted(config.repositories.items())
+    }
+
+
+class PendingCompletion(CompleteRequest):
+    """complete.json of an outbox entry: the completion to send, and the run it closes."""
+
+    run_id: str
+
+
 # --- the agent -------------------------------------------------------------------------------
 
 
 @dataclass
 class AgentOptions:
     heartbeat_s: float = HEARTBEAT_S
-    lease_wait_s: int = LEASE_WAIT_S
+    lease_wait_s: int = LEASE_WAIT_MAX_S
     backoff_max_s: float = BACKOFF_MAX_S
     max_runs: int | None = None  # stop after this many runs (tests, one-shot hosts)
     idle_exit_s: float | None = None  # stop after this long without work (tests)
@@ -221,26 +269,28 @@ class Agent:
 
     def enroll(self, token: str) -> dict[str, str]:
         host = self.fingerprint()
-        body = {
-            "name": self.config.name,
-            "fingerprint": host.model_dump(mode="json"),
-            "labels": self.labels(host),
-            "repositories": self.config.recipes_offered(),
-            "models": self.config.model_names(),
-        }
+        body = RegisterRequest(
+            name=self.config.name,
+            fingerprint=host,
+            labels=self.labels(host),
+            repositories=repository_offers(self.config),
+            models=self.config.model_names(),
+        )
         with httpx.Client(
             base_url=self.api_url + API_PREFIX, timeout=REQUEST_TIMEOUT_S, transport=self._transport
         ) as client:
             try:
                 response = client.post(
-                    "/workers/register", json=body, headers={"Authorization": f"Bearer {token}"}
+                    "/workers/register",
+                    json=body.model_dump(mode="json"),
+                    headers={"Authorization": f"Bearer {token}"},
                 )
             except httpx.HTTPError as error:
                 raise AgentError(f"cannot reach {self.api_url}: {error}") from None
         if response.status_code != 201:
             raise AgentError(f"enrollment refused ({response.status_code}): {_detail(response)}")
-        answer = response.json()
-        secret = {"api": self.api_url, "worker_id": answer["worker_id"], "secret": answer["secret"]}
+        answer = RegisterResponse.model_validate(response.json())
+        secret = {"api": self.api_url, "worker_id": answer.worker_id, "secret": answer.secret}
         write_secret(self.config.secret_path, secret)
         self.secret = secret
         return secret
@@ -266,45 +316,57 @@ class Agent:
     def heartbeat_once(self) -> bool | None:
         body = self.state.body()
         try:
-            response = self.client().post("/workers/heartbeat", json=body)
+            response = self.client().post("/workers/heartbeat", json=body.model_dump(mode="json"))
         except httpx.HTTPError as error:
             log.warning("heartbeat failed: %s", error)
             return None
         if response.status_code != 200:
             log.warning("heartbeat refused (%s): %s", response.status_code, _detail(response))
             return None
-        cancel = bool(response.json().get("cancel"))
-        if cancel and body["run_id"] is not None and body["run_id"] == self.state.run_id:
-            log.info("run %s cancelled by the server: stopping after the cell", body["run_id"])
+        try:
+            cancel = HeartbeatResponse.model_validate(response.json()).cancel
+        except ValidationError as error:
+            log.warning("heartbeat answer not understood: %s", error)
+            return None
+        if cancel and body.run_id is not None and body.run_id == self.state.run_id:
+            log.info("run %s cancelled by the server: stopping after the cell", body.run_id)
             self.state.cancel.set()
         return cancel
 
-    def on_progress(self, progress: Progress) -> None:
+    def on_progress(self, progress: CellProgress) -> None:
+        message = Progress(
+            cells_done=progress.cells_done,
+            cells_total=progress.cells_total,
+            variant=progress.variant,
+            context_tokens=progress.context_tokens,
+            invalid=[
+                InvalidCell.model_validate(cell)
+                for cell in progress.invalid[-MAX_INVALID_IN_HEARTBEAT:]
+            ],
+        )
         with self.state.lock:
-            self.state.progress = {
-                "cells_done": progress.cells_done,
-                "cells_total": progress.cells_total,
-                "variant": progress.variant,
-                "context_tokens": progress.context_tokens,
-                "invalid": progress.invalid[-MAX_INVALID_IN_HEARTBEAT:],
-            }
+            self.state.progress = message
 
     # -- lease loop --
 
-    def lease(self, host: HostInfo) -> dict[str, Any] | None:
-        body = {
-            "fingerprint": host.model_dump(mode="json"),
-            "wait_s": self.options.lease_wait_s,
-        }
+    def lease(self, host: HostInfo) -> Lease | None:
+        body = LeaseRequest(
+            fingerprint=host,
+            wait_s=self.options.lease_wait_s,
+            repositories=repository_offers(self.config),
+            models=self.config.model_names(),
+        )
         response = self.client().post(
-            "/leases", json=body, timeout=self.options.lease_wait_s + REQUEST_TIMEOUT_S
+            "/leases",
+            json=body.model_dump(mode="json"),
+            timeout=self.options.lease_wait_s + REQUEST_TIMEOUT_S,
         )
         if response.status_code == 204:
             return None
         if response.status_code in (401, 403):
             raise AgentError(f"the server refused this worker's secret: {_detail(response)}")
         response.raise_for_status()
-        return response.json()
+        return Lease.model_validate(response.json())
 
     def run_forever(self) -> int:
         """The agent's life: resume the outbox, then lease and run until told to stop."""
@@ -381,22 +443,23 @@ class Agent:
     def outbox(self) -> Path:
         return self.config.state_dir / "outbox"
 
-    def handle_lease(self, lease: dict[str, Any], host: HostInfo) -> None:
+    def handle_lease(self, lease: Lease, host: HostInfo) -> None:
         from worker.run import RunRefused, execute_run, refused_files
 
-        run_id, attempt = str(lease["run_id"]), int(lease["attempt"])
+        run_id, attempt = lease.run_id, lease.attempt
         self.state.start(run_id, attempt)
         # The run's heartbeat starts now, not up to heartbeat_s later.
         threading.Thread(target=self.heartbeat_once, daemon=True).start()
         started = time.monotonic()
-        timeout_s = float(lease.get("timeout_s") or 6 * 3600)
+        timeout_s = float(lease.timeout_s or 6 * 3600)
         workdir = self.config.state_dir / "runs" / f"{_safe(run_id)}-a{attempt}"
         if workdir.exists():
             shutil.rmtree(workdir)  # an attempt starts clean
-        status, reason = "failed", None
+        status: RunStatus = "failed"
+        reason = None
         try:
             try:
-                spec = JobSpec.model_validate(lease["spec"])
+                spec = JobSpec.model_validate(lease.spec)
             except ValueError as error:
                 raise RunRefused(f"job spec not understood: {str(error).splitlines()[0]}") from None
             if spec.model not in self.config.model_names():
@@ -434,11 +497,11 @@ class Agent:
         except RunRefused as error:
             log.warning("run %s refused: %s", run_id, error)
             reason = f"refused by host {self.config.name}: {error}"
-            files = refused_files(lease.get("spec"), run_id=run_id, host=host, reason=reason)
+            files = refused_files(lease.spec, run_id=run_id, host=host, reason=reason)
         except Exception as error:  # noqa: BLE001 - any crash is reported, never swallowed silently
             log.exception("run %s crashed", run_id)
             reason = f"worker error: {type(error).__name__}: {error}"
-            files = refused_files(lease.get("spec"), run_id=run_id, host=host, reason=reason)
+            files = refused_files(lease.spec, run_id=run_id, host=host, reason=reason)
         self.save_outbox(run_id, attempt, files, status=status, reason=reason)
         self.flush_outbox()
         self.state.clear()
@@ -446,7 +509,13 @@ class Agent:
     # -- outbox: results on disk until the server acknowledges them --
 
     def save_outbox(
-        self, run_id: str, attempt: int, files: dict[str, bytes], *, status: str, reason: str | None
+        self,
+        run_id: str,
+        attempt: int,
+        files: dict[str, bytes],
+        *,
+        status: RunStatus,
+        reason: str | None,
     ) -> Path:
         folder = self.outbox() / f"{_safe(run_id)}-a{attempt}"
         partial = folder.with_name(folder.name + ".partial")
@@ -454,15 +523,16 @@ class Agent:
         (partial / "files").mkdir(parents=True)
         for name, content in files.items():
             (partial / "files" / name).write_bytes(content)
-        manifest = json.loads(files["manifest.json"])
-        completion = {
-            "run_id": run_id,
-            "attempt": attempt,
-            "status": status,
-            "reason": (reason or None) and reason[:4000],
-            "manifest": manifest,
-        }
-        (partial / "complete.json").write_text(json.dumps(completion, sort_keys=True))
+        completion = PendingCompletion(
+            run_id=run_id,
+            attempt=attempt,
+            status=status,
+            reason=(reason or None) and reason[:MAX_REASON_CHARS],
+            manifest=json.loads(files["manifest.json"]),
+        )
+        (partial / "complete.json").write_text(
+            json.dumps(completion.model_dump(mode="json"), sort_keys=True)
+        )
         for path in [*partial.rglob("*")]:
             if path.is_file():
                 with open(path, "rb") as handle:
@@ -482,14 +552,14 @@ class Agent:
             self._deliver(folder)
 
     def _deliver(self, folder: Path) -> None:
-        completion = json.loads((folder / "complete.json").read_text())
-        run_id, attempt = completion["run_id"], completion["attempt"]
+        completion = PendingCompletion.model_validate_json((folder / "complete.json").read_text())
+        run_id, attempt = completion.run_id, completion.attempt
         failures = 0
         while True:
             try:
                 self._upload_all(folder, run_id, attempt)
                 self._complete(completion)
-                log.info("run %s attempt %s completed: %s", run_id, attempt, completion["status"])
+                log.info("run %s attempt %s completed: %s", run_id, attempt, completion.status)
                 break
             except Abandoned as why:
                 log.warning("run %s attempt %s abandoned: %s", run_id, attempt, why)
@@ -515,7 +585,7 @@ class Agent:
                 params={"attempt": attempt},
                 content=content,
                 headers={
-                    "X-Content-SHA256": sha256_hex(content),
+                    CONTENT_SHA256_HEADER: sha256_hex(content),
                     "Content-Type": "application/octet-stream",
                 },
             )
@@ -527,9 +597,11 @@ class Agent:
                 raise Abandoned(f"{path.name} is larger than the server accepts")
             raise _Retry(f"{path.name}: {response.status_code} {_detail(response)}")
 
-    def _complete(self, completion: dict[str, Any]) -> None:
-        body = {k: completion[k] for k in ("attempt", "status", "reason", "manifest")}
-        response = self.client().post(f"/runs/{completion['run_id']}/complete", json=body)
+    def _complete(self, completion: PendingCompletion) -> None:
+        body = CompleteRequest.model_validate(completion.model_dump(exclude={"run_id"}))
+        response = self.client().post(
+            f"/runs/{completion.run_id}/complete", json=body.model_dump(mode="json")
+        )
         if response.status_code == 200:
             return
         if response.status_code in (403, 404, 409):

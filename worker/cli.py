@@ -16,8 +16,6 @@ if TYPE_CHECKING:
 
 app = typer.Typer(add_completion=False)
 
-TARGET_KEYS = ("ref", "recipe")
-
 
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
@@ -25,40 +23,23 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def parse_variant(text: str) -> VariantSpec:
-    """`NAME[:key=value[,key=value...]]`; `ref` and `recipe` are target keys, others flags."""
-    from pydantic import ValidationError
+    """`--variant NAME[:key=value,...]` (evidence/spec_text.py); errors name the option."""
+    from evidence.variant import parse_variant as parse
 
-    from evidence.schemas import VariantSpec
-    from evidence.variant import parse_flag_value
-
-    name, _, rest = text.partition(":")
-    fields: dict[str, Any] = {"name": name, "flags": {}}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"--variant {text!r}: expected key=value, got {item!r}")
-        if key in TARGET_KEYS:
-            fields[key] = value
-        elif key in fields["flags"]:
-            raise ValueError(f"--variant {text!r}: {key} given twice")
-        else:
-            fields["flags"][key] = parse_flag_value(value)
     try:
-        return VariantSpec.model_validate(fields)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"--variant {text!r}: {where}: {first['msg']}") from None
+        return parse(text)
+    except ValueError as error:
+        raise ValueError(f"--variant {text!r}: {error}") from None
 
 
 def parse_contexts(text: str) -> list[int]:
+    """`--contexts 128,256` or `4K,16K` (evidence/spec_text.py); errors name the option."""
+    from evidence.spec_text import parse_contexts as parse
+
     try:
-        contexts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--contexts {text!r}: give token counts like 128,256") from None
-    if not contexts or any(c < 1 for c in contexts):
-        raise ValueError(f"--contexts {text!r}: give positive token counts like 128,256")
-    return contexts
+        return parse(text)
+    except ValueError as error:
+        raise ValueError(f"--contexts {text!r}: {error}") from None
 
 
 def local_corpus(option: str) -> tuple[str, Path]:
@@ -99,7 +80,8 @@ def build_spec(
 ) -> JobSpec:
     from pydantic import ValidationError
 
-    from evidence.schemas import JobSpec
+    from evidence.schemas import JobSpec, error_field
+    from evidence.spec_text import parse_features
 
     parsed = [parse_variant(v) for v in variants] or [parse_variant("base")]
     if recipe is not None:
@@ -109,7 +91,7 @@ def build_spec(
         "adapter": adapter or ("mlx-lm" if repository else "embedded"),
         "repository": repository,
         "variants": [v.model_dump() for v in parsed],
-        "features": [f for f in (features or "").split(",") if f],
+        "features": parse_features(features or ""),
         "contexts": parse_contexts(contexts),
         "rounds": rounds,
         "decode_tokens": decode_tokens,
@@ -123,17 +105,13 @@ def build_spec(
         "bisect": bisect,
     }
     try:
-        spec = JobSpec.model_validate(raw)
+        return JobSpec.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "job"
-        raise ValueError(f"{where}: {first['msg']}") from None
-    from evidence.variant import expand_variants
-
-    expand_variants(spec)  # refuses clashing ablation names now, not after the builds
-    if repository is None and any(v.ref or v.recipe for v in spec.variants):
-        raise ValueError("ref= and recipe= name commits of a repository: add --repo PATH")
-    return spec
+        field = error_field(error)
+        message = error.errors()[0]["msg"].removeprefix("Value error, ")
+        if repository is None and field and field.endswith((".ref", ".recipe")):
+            message = "ref= and recipe= name commits of a repository: add --repo PATH"
+        raise ValueError(f"{field or 'job'}: {message}") from None
 
 
 def history_variants(
@@ -148,6 +126,7 @@ def history_variants(
 ) -> list[str]:
     """`--variant` values for a history: the reference commit first, then each commit, all
     with the same flags (one configuration; `--variant NAME:flag=value` gives them)."""
+    from evidence.spec_text import TARGET_KEYS
     from worker.checkout import history_commits, resolve_ref, update_mirror
 
     if (commit_range is None) == (commits is None):

@@ -103,10 +103,6 @@ class HostConfig:
             return self.state_dir / "worker.secret"
         return self.path.with_name(self.path.stem + ".secret")
 
-    def recipes_offered(self) -> dict[str, dict[str, list[str]]]:
-        """What registration tells the server: repository -> its recipe names."""
-        return {name: {"recipes": sorted(repo.recipes)} for name, repo in self.repositories.items()}
-
 
 def default_recipes() -> dict[str, Recipe]:
     return {"editable": Recipe("editable", EDITABLE_COMMAND)}

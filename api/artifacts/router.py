@@ -8,18 +8,17 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from api.artifacts import service
-from api.artifacts.schemas import ArtifactOut
 from api.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
 from api.errors import TooLarge
 from api.routing import StrictJSONRoute
-from api.runs.schemas import ATTEMPT_MAX
+from evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["artifacts"])
 
 
 @router.put(
     "/runs/{run_id}/artifacts/{name}",
-    response_model=ArtifactOut,
+    response_model=ArtifactReceipt,
     status_code=status.HTTP_201_CREATED,
     responses={200: {"description": "the same name and digest were already stored"}},
 )
@@ -33,7 +32,7 @@ async def upload_artifact(
     store: StoreDep,
     host: CurrentWorker,
     attempt: Annotated[int, Query(ge=1, le=ATTEMPT_MAX)],
-    x_content_sha256: Annotated[str | None, Header()] = None,
+    x_content_sha256: Annotated[str | None, Header(alias=CONTENT_SHA256_HEADER)] = None,
     content_length: Annotated[int | None, Header()] = None,
 ):
     sha256 = service.validate_upload_request(name, x_content_sha256)
@@ -67,7 +66,7 @@ async def upload_artifact(
     )
     if not created:
         response.status_code = status.HTTP_200_OK
-    return ArtifactOut(
+    return ArtifactReceipt(
         run_id=run_id,
         attempt=attempt,
         name=row.name,

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.hosts.schemas import Label
+from evidence.protocol import Label
 
 
 class EnrollmentRequest(BaseModel):

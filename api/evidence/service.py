@@ -22,6 +22,7 @@ from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Cell, Run
 from evidence.canonical import sha256_hex
+from evidence.protocol import JobState, RunState
 from evidence.schemas import JobSpec, Provenance, Record
 
 log = logging.getLogger(__name__)
@@ -120,14 +121,14 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
     from evidence.bundle import build_bundle
 
     job = db_session.get(Job, job_id)
-    if job is None or job.state != "analyzing":
+    if job is None or job.state != JobState.ANALYZING:
         return False
     if job.bundle_files is not None:
         return True
     runs = [
         run
         for run in job_service.job_runs(db_session=db_session, job_id=job_id)
-        if run.state == "processed"
+        if run.state == RunState.PROCESSED
     ]
     provenances: list[Provenance] = []
     build_logs: dict[str, bytes] = {}
@@ -158,7 +159,7 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         )
     ]
     if not provenances or not records:
-        job.state = "failed"
+        job.state = JobState.FAILED
         job.reason = "; ".join(problems) or "the job's runs produced no records"
         job.updated_at = utcnow()
         db_session.commit()
@@ -173,7 +174,7 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
     except ValueError as error:
         # Deterministic: the same cells fail the same way, so retrying cannot help.
         log.warning("analysis of job %s failed: %s", job_id, error)
-        job.state = "failed"
+        job.state = JobState.FAILED
         job.reason = f"analysis failed: {error}"
         job.updated_at = utcnow()
         db_session.commit()
@@ -226,7 +227,7 @@ def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -
             )
         )
     job.evidence_id = evidence_id
-    job.state = "done"
+    job.state = JobState.DONE
     job.updated_at = utcnow()
     auth_service.record_audit(
         db_session=db_session,

@@ -7,17 +7,16 @@ from fastapi import APIRouter, status
 from api.deps import BearerDep, CurrentSubmitter, CurrentWorker, SessionDep, SettingsDep
 from api.deps import bearer_token as _bearer_token
 from api.hosts import service
-from api.hosts.schemas import (
-    CalibrationAccepted,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    HostOut,
-    RegisterRequest,
-    RegisterResponse,
-)
+from api.hosts.schemas import CalibrationAccepted, HostOut
 from api.routing import StrictJSONRoute
 from api.runs import service as run_service
 from evidence.calibration import HostCalibration
+from evidence.protocol import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterRequest,
+    RegisterResponse,
+)
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["hosts"])
 
@@ -33,7 +32,7 @@ def register(body: RegisterRequest, db_session: SessionDep, credentials: BearerD
         name=body.name,
         fingerprint=body.fingerprint.model_dump(mode="json"),
         labels=body.labels,
-        repositories={k: v.model_dump() for k, v in body.repositories.items()},
+        repositories=body.repositories,
         models=body.models,
     )
     return RegisterResponse(worker_id=host.id, secret=secret)

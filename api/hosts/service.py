@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +19,9 @@ from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
 from evidence.calibration import HostCalibration
+from evidence.protocol import RepositoryOffer, RunState
 from evidence.schemas import BUILTIN_CORPUS, JobSpec
+from evidence.variant import parse_feature
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ def register_host(
     name: str,
     fingerprint: dict[str, Any],
     labels: list[str],
-    repositories: dict[str, Any],
+    repositories: dict[str, RepositoryOffer],
     models: list[str],
 ) -> tuple[Host, str]:
     """Spend an enrollment token on a new host; returns (host, secret). The secret is shown once.
@@ -93,7 +96,7 @@ def register_host(
     host.fingerprint = fingerprint
     host.enrolled_labels = sorted(_own_labels(token.labels))
     host.labels = sorted(_own_labels(token.labels) | _own_labels(labels))
-    host.repositories = repositories
+    host.repositories = _stored_offers(repositories)
     host.models = sorted(set(models))
     host.last_heartbeat_at = utcnow()
     host.health = "ready"
@@ -116,10 +119,34 @@ def register_host(
     return host, secret
 
 
-def update_host_report(*, db_session: Session, host: Host, fingerprint: dict[str, Any]) -> None:
-    """What a host says about itself on each lease request: its fingerprint, nothing else."""
+def update_host_report(
+    *,
+    db_session: Session,
+    host: Host,
+    fingerprint: dict[str, Any],
+    repositories: dict[str, RepositoryOffer] | None = None,
+    models: Iterable[str] | None = None,
+) -> None:
+    """What a host says about itself on each lease request: its fingerprint and, from agents
+    that send them, its repositories and models (an edited worker.toml is seen at the next
+    lease instead of at the next enrollment). Never its labels: those are the admin's.
+    """
     host.fingerprint = fingerprint
+    if repositories is not None:
+        host.repositories = _stored_offers(repositories)
+    if models is not None:
+        host.models = sorted(set(models))
     host.last_heartbeat_at = utcnow()
+
+
+def _stored_offers(repositories: dict[str, RepositoryOffer]) -> dict[str, Any]:
+    return {name: offer.model_dump(mode="json") for name, offer in sorted(repositories.items())}
+
+
+def repository_offers(host: Host) -> dict[str, RepositoryOffer]:
+    """What the host registered per repository (rows from before adapters were reported were
+    given the mlx-lm adapter by the migration `repository_offers`)."""
+    return {name: RepositoryOffer.model_validate(raw) for name, raw in host.repositories.items()}
 
 
 def find_host(*, db_session: Session, name_or_id: str) -> Host:
@@ -174,7 +201,9 @@ def revoke_host(
         )
     leased = list(
         db_session.scalars(
-            sa.select(Run).where(Run.host_id == host.id, Run.state == "leased").with_for_update()
+            sa.select(Run)
+            .where(Run.host_id == host.id, Run.state == RunState.LEASED)
+            .with_for_update()
         )
     )
     analyze = []
@@ -183,7 +212,7 @@ def revoke_host(
             db_session=db_session, settings=settings, run=run, why="host revoked by the admin"
         ):
             analyze.append(run.job_id)
-    if any(run.state == "queued" for run in leased):
+    if any(run.state == RunState.QUEUED for run in leased):
         announce_work(db_session)  # waiting hosts may take it at once
     db_session.commit()
     for job_id in analyze:
@@ -226,27 +255,79 @@ def list_hosts(*, db_session: Session, include_revoked: bool = False) -> list[Ho
     return list(db_session.scalars(query))
 
 
-def why_host_cannot_run(host: Host, spec: JobSpec) -> str | None:
-    """None when the host satisfies the job's labels, repository, recipes, model and corpus."""
+@dataclass(frozen=True)
+class Refusal:
+    """Why one host cannot run a job, and the job spec field (a JobSpec path) it is about.
+
+    `depth` counts the checks the host passed first: the deepest refusal among hosts is the
+    one a submitter should act on (a host that drives the repository with another adapter
+    says more than one that does not allow the repository at all).
+    """
+
+    field: str
+    reason: str
+    depth: int
+
+
+def why_host_cannot_run(host: Host, spec: JobSpec) -> Refusal | None:
+    """None when the host satisfies the job's labels, repository, adapter, recipes, options
+    and model; otherwise the first thing it lacks."""
     missing = sorted(set(spec.host_labels) - effective_labels(host))
     if missing:
-        return f"lacks labels {', '.join(missing)}"
+        return Refusal("host_labels", f"lacks labels {', '.join(missing)}", 0)
     if spec.repository is not None:
-        repository = host.repositories.get(spec.repository)
-        if repository is None:
-            return f"does not allow repository {spec.repository!r}"
-        recipes = set(repository.get("recipes", []))
-        wanted = {v.recipe for v in spec.variants if v.recipe is not None}
-        if wanted - recipes:
-            return f"defines no recipe {', '.join(sorted(wanted - recipes))} for {spec.repository}"
+        offer = repository_offers(host).get(spec.repository)
+        if offer is None:
+            return Refusal("repository", f"does not allow repository {spec.repository!r}", 1)
+        refusal = _why_offer_cannot_run(offer, spec)
+        if refusal is not None:
+            return refusal
     if spec.model not in host.models:
         # A preset is one of the host's models only where its worker.toml allows it
         # (allow_presets): a submitter must not make a host write a 61 GB checkpoint.
-        return f"has no model {spec.model!r}"
+        return Refusal("model", f"has no model {spec.model!r}", 5)
     if spec.corpus != BUILTIN_CORPUS and f"corpus:{spec.corpus}" not in effective_labels(host):
         # the worker labels itself `corpus:NAME` for each corpus of its worker.toml
-        return f"has no corpus {spec.corpus!r}"
+        return Refusal("corpus", f"has no corpus {spec.corpus!r}", 5)
     return None
+
+
+def _why_offer_cannot_run(offer: RepositoryOffer, spec: JobSpec) -> Refusal | None:
+    name = spec.repository
+    if offer.adapter != spec.adapter:
+        return Refusal(
+            "adapter", f"drives {name} with the {offer.adapter} adapter, not {spec.adapter}", 2
+        )
+    for index, variant in enumerate(spec.variants):
+        if variant.recipe is not None and variant.recipe not in offer.recipes:
+            return Refusal(
+                f"variants.{index}.recipe", f"defines no recipe {variant.recipe} for {name}", 3
+            )
+    if offer.adapter != "openai-server":
+        return None  # mlx-lm flags are the engine's own, judged on the host (engine/flags.py)
+    # A server's variant flags are the options its host declared, with values within bounds.
+    for index, variant in enumerate(spec.variants):
+        for option, value in variant.flags.items():
+            problem = _option_problem(offer, name, option, value)
+            if problem:
+                return Refusal(f"variants.{index}.flags", problem, 4)
+    for feature in spec.features:
+        option, value = parse_feature(feature)
+        problem = _option_problem(offer, name, option, value)
+        if problem:
+            return Refusal("features", problem, 4)
+    return None
+
+
+def _option_problem(
+    offer: RepositoryOffer, repository: str | None, option: str, value: Any
+) -> str | None:
+    declaration = offer.options.get(option)
+    if declaration is None:
+        declared = ", ".join(f"{n} ({d.describe()})" for n, d in sorted(offer.options.items()))
+        return f"declares no option {option} for {repository} (options: {declared or 'none'})"
+    why = declaration.why_not(value)
+    return None if why is None else f"refuses {option}={value}: {why}"
 
 
 def describe_allow_lists(hosts: list[Host]) -> str:
@@ -254,18 +335,27 @@ def describe_allow_lists(hosts: list[Host]) -> str:
     parts = []
     for host in hosts:
         allowed = [
-            f"{name} (recipes {', '.join(entry.get('recipes', [])) or 'none'})"
-            for name, entry in sorted(host.repositories.items())
+            f"{name} (recipes {', '.join(offer.recipes) or 'none'})"
+            for name, offer in repository_offers(host).items()
         ]
         parts.append(f"{host.name}: {', '.join(allowed) or 'none'}")
     return "; ".join(parts) or "no host is registered"
+
+
+def adapters_by_repository(hosts: Iterable[Host]) -> dict[str, list[str]]:
+    """repository -> every adapter some host drives it with (what the form offers)."""
+    adapters: dict[str, set[str]] = {}
+    for host in hosts:
+        for name, offer in repository_offers(host).items():
+            adapters.setdefault(name, set()).add(offer.adapter)
+    return {name: sorted(found) for name, found in sorted(adapters.items())}
 
 
 def current_runs(*, db_session: Session) -> dict[str, Run]:
     """host id -> the run it holds a lease on now (one run per host at a time)."""
     leased = db_session.scalars(
         sa.select(Run)
-        .where(Run.state == "leased", Run.host_id.is_not(None))
+        .where(Run.state == RunState.LEASED, Run.host_id.is_not(None))
         .order_by(Run.leased_at)
     )
     return {run.host_id: run for run in leased if run.host_id is not None}

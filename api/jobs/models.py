@@ -8,19 +8,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.database import Base, UTCDateTime, utcnow
-
-# queued -> running -> analyzing -> done; failed when no run produced data; cancelled.
-JOB_STATES = ("queued", "running", "analyzing", "done", "failed", "cancelled")
+from api.database import Base, UTCDateTime, one_of, utcnow
+from evidence.protocol import JobState
 
 
 class Job(Base):
     __tablename__ = "jobs"
+    __table_args__ = (sa.CheckConstraint(one_of("state", JobState), name="state"),)
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
     spec: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     spec_sha256: Mapped[str] = mapped_column(sa.String(64), index=True)
-    state: Mapped[str] = mapped_column(sa.String(16), default="queued", index=True)
+    state: Mapped[str] = mapped_column(sa.String(16), default=JobState.QUEUED, index=True)
     submitted_by: Mapped[str | None] = mapped_column(sa.ForeignKey("api_keys.id"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -11,15 +11,16 @@ from sqlalchemy.orm import Session
 
 from api.auth import service as auth_service
 from api.database import utcnow
-from api.errors import Forbidden, Invalid, NotFound, validation_message
+from api.errors import Forbidden, Invalid, NotFound, invalid
 from api.hosts import service as host_service
 from api.jobs.models import Job
 from api.jobs.schemas import JobListItem, JobOut
-from api.runs.models import TERMINAL_RUN_STATES, Run, RunAttempt
+from api.runs.models import Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
 from api.runs.wakeup import announce_work
 from api.settings import Settings
 from evidence.canonical import sha256_json
+from evidence.protocol import JobState, RunState
 from evidence.schemas import JobSpec
 from evidence.variant import expand_variants
 
@@ -34,46 +35,56 @@ def validate_job_spec(
     try:
         spec = JobSpec.model_validate(payload)
     except ValidationError as error:
-        raise Invalid(validation_message("job spec", error)) from None
-    try:
-        variants = expand_variants(spec)
-    except ValueError as error:
-        raise Invalid(f"invalid job spec: {error}") from None
+        raise invalid("job spec", error) from None
+    variants = expand_variants(spec)
     if len(variants) > settings.max_variants:
-        raise Invalid(f"{len(variants)} variants; at most {settings.max_variants} allowed")
+        raise Invalid(
+            f"{len(variants)} variants; at most {settings.max_variants} allowed", field="variants"
+        )
     if len(spec.contexts) > settings.max_contexts:
-        raise Invalid(f"{len(spec.contexts)} contexts; at most {settings.max_contexts} allowed")
+        raise Invalid(
+            f"{len(spec.contexts)} contexts; at most {settings.max_contexts} allowed",
+            field="contexts",
+        )
     too_long = [c for c in spec.contexts if c > settings.max_context_tokens]
     if too_long:
         raise Invalid(
-            f"contexts {too_long} exceed the limit of {settings.max_context_tokens} tokens"
+            f"contexts {too_long} exceed the limit of {settings.max_context_tokens} tokens",
+            field="contexts",
         )
     if spec.rounds > settings.max_rounds:
-        raise Invalid(f"rounds={spec.rounds}; at most {settings.max_rounds} allowed")
+        raise Invalid(
+            f"rounds={spec.rounds}; at most {settings.max_rounds} allowed", field="rounds"
+        )
     if spec.decode_tokens > settings.max_decode_tokens:
         raise Invalid(
-            f"decode_tokens={spec.decode_tokens}; at most {settings.max_decode_tokens} allowed"
+            f"decode_tokens={spec.decode_tokens}; at most {settings.max_decode_tokens} allowed",
+            field="decode_tokens",
         )
     if spec.hosts > settings.max_hosts_per_job:
-        raise Invalid(f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed")
-    if spec.repository is None and any(v.recipe or v.ref for v in spec.variants):
-        raise Invalid("variants name a ref or recipe but the job names no repository")
+        raise Invalid(
+            f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed", field="hosts"
+        )
 
     hosts = host_service.list_hosts(db_session=db_session)
     if not hosts:
         raise Invalid("no host is registered yet; enroll one with `coldbench admin enroll`")
-    reasons = {host.name: host_service.why_host_cannot_run(host, spec) for host in hosts}
-    able = [name for name, reason in reasons.items() if reason is None]
+    refusals = {host.name: host_service.why_host_cannot_run(host, spec) for host in hosts}
+    able = [name for name, refusal in refusals.items() if refusal is None]
     if not able:
-        detail = "; ".join(f"{name} {reason}" for name, reason in reasons.items())
+        refused = [(name, r) for name, r in refusals.items() if r is not None]
+        detail = "; ".join(f"{name} {refusal.reason}" for name, refusal in refused)
         message = f"no registered host can run this job: {detail}"
         if spec.repository is not None:
             message += f" (allowed repositories: {host_service.describe_allow_lists(hosts)})"
-        raise Invalid(message)
+        # The field of the host that came closest (the first such host on a tie).
+        closest = max((refusal for _, refusal in refused), key=lambda r: r.depth)
+        raise Invalid(message, field=closest.field)
     if len(able) < spec.hosts:
         raise Invalid(
             f"hosts={spec.hosts} asks for distinct hosts but only {len(able)} can run it: "
-            f"{', '.join(able)}"
+            f"{', '.join(able)}",
+            field="hosts",
         )
     return spec
 
@@ -117,13 +128,15 @@ def create_job(
         id=auth_service.new_id(),
         spec=spec_json,
         spec_sha256=sha256_json(spec_json),
-        state="queued",
+        state=JobState.QUEUED,
         submitted_by=submitted_by,
     )
     db_session.add(job)
     db_session.flush()
     for slot in range(spec.hosts):
-        db_session.add(Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state="queued"))
+        db_session.add(
+            Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state=RunState.QUEUED)
+        )
     auth_service.record_audit(
         db_session=db_session,
         actor=f"apikey:{submitted_by}" if submitted_by else "local",
@@ -193,22 +206,22 @@ def cancel_job(*, db_session: Session, job_id: str, submitted_by: str | None) ->
     job = get_job(db_session=db_session, job_id=job_id)
     if job.submitted_by is not None and submitted_by != job.submitted_by:
         raise Forbidden("only the submitter of a job may cancel it")
-    if job.state in ("done", "failed", "cancelled"):
+    if JobState(job.state).is_final:
         return job
     now = utcnow()
     for run in job_runs(db_session=db_session, job_id=job_id):
-        if run.state in ("queued", "leased"):
-            if run.state == "leased":
+        if run.state in (RunState.QUEUED, RunState.LEASED):
+            if run.state == RunState.LEASED:
                 attempt = db_session.scalars(
                     sa.select(RunAttempt).where(
                         RunAttempt.run_id == run.id, RunAttempt.attempt == run.attempt
                     )
                 ).one()
-                attempt.state = "cancelled"
+                attempt.state = RunState.CANCELLED
                 attempt.ended_at = now
-            run.state = "cancelled"
+            run.state = RunState.CANCELLED
             run.reason = "job cancelled"
-    job.state = "cancelled"
+    job.state = JobState.CANCELLED
     job.updated_at = now
     auth_service.record_audit(
         db_session=db_session,
@@ -223,23 +236,23 @@ def cancel_job(*, db_session: Session, job_id: str, submitted_by: str | None) ->
 def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
     """Derive the job's state from its runs (no commit); True when analysis should start."""
     job = db_session.get(Job, job_id)
-    if job is None or job.state in ("cancelled", "done", "analyzing"):
+    if job is None or job.state in (JobState.CANCELLED, JobState.DONE, JobState.ANALYZING):
         return False
     states = [run.state for run in job_runs(db_session=db_session, job_id=job_id)]
-    if all(state in TERMINAL_RUN_STATES for state in states):
-        if "processed" in states:
-            new_state = "analyzing"
+    if all(RunState(state).is_final for state in states):
+        if RunState.PROCESSED in states:
+            new_state = JobState.ANALYZING
         else:
-            new_state = "failed"
+            new_state = JobState.FAILED
             job.reason = "no run produced results"
-    elif all(state == "queued" for state in states):
-        new_state = "queued"
+    elif all(state == RunState.QUEUED for state in states):
+        new_state = JobState.QUEUED
     else:
-        new_state = "running"
+        new_state = JobState.RUNNING
     if new_state != job.state:
         job.state = new_state
         job.updated_at = utcnow()
-    return new_state == "analyzing"
+    return new_state == JobState.ANALYZING
 
 
 def job_summary(*, db_session: Session, job_id: str) -> dict[str, Any] | None:

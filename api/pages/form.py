@@ -2,22 +2,21 @@
 
 Parsing errors of the form's own syntax (a context list, a flag list) are found here; the spec
 is then validated by JobSpec (pydantic, errors located by field path) and by the same
-`jobs.service.create_job` the JSON API calls, whose one-line messages are mapped to fields by
-what they name.
+`jobs.service.create_job` the JSON API calls, whose errors carry the JobSpec field they are
+about (`ServiceError.field`); `form_field` maps a JobSpec path to the form's input.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from evidence.schemas import JobSpec
+from evidence.schemas import JobSpec, SpecError
+from evidence.spec_text import parse_context, parse_flags, split_list
 from evidence.stats import rounds_for_verdict, too_few_rounds
-from evidence.variant import parse_flag_value
 
 VARIANT_ROWS = 4
 DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
@@ -32,8 +31,6 @@ MODES = (
     ),
 )
 FORM_ERROR = "_form"
-_FLAG = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_SIZE = re.compile(r"^(\d+)\s*([kK])?$")
 
 
 @dataclass
@@ -53,6 +50,7 @@ class JobForm:
 def blank_form() -> JobForm:
     values = {
         "repository": "",
+        "adapter": "",
         "recipe": "",
         "mode": "ab",
         "features": "",
@@ -71,36 +69,6 @@ def blank_form() -> JobForm:
         values[f"variant-{index}-ref"] = ""
         values[f"variant-{index}-flags"] = ""
     return JobForm(values=values, contexts=[4096])
-
-
-def parse_context(text: str) -> int:
-    """`4096`, `4K` or `4k` (x 1024) -> tokens; ValueError naming the bad item."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"{text.strip()!r} is not a token count (e.g. 512, 4096 or 4K)")
-    value = int(match.group(1)) * (1024 if match.group(2) else 1)
-    if value < 1:
-        raise ValueError(f"{text.strip()!r}: a context needs at least 1 token")
-    return value
-
-
-def parse_flags(text: str) -> dict[str, Any]:
-    """`prefill_step_size=256, clear_cache=false` -> {"prefill_step_size": 256, ...}."""
-    flags: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in re.split(r"[,\n]", text))):
-        key, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or not value:
-            raise ValueError(f"{item!r}: write flags as name=value, e.g. clear_cache=false")
-        if not _FLAG.fullmatch(key):
-            raise ValueError(f"{key!r} is not a flag name (lowercase letters, digits, _)")
-        if key in flags:
-            raise ValueError(f"{key} given twice")
-        flags[key] = parse_flag_value(value)
-    return flags
-
-
-def _split_list(text: str) -> list[str]:
-    return [part.strip() for part in re.split(r"[,\s]+", text) if part.strip()]
 
 
 def _int_field(form: JobForm, name: str, label: str) -> int | None:
@@ -126,22 +94,49 @@ def read_form(fields: Mapping[str, Any], preset_contexts: list[str]) -> JobForm:
     return form
 
 
-def build_payload(form: JobForm) -> tuple[dict[str, Any], dict[int, int]]:
+def adapter_choices(adapters: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """adapter -> the repositories some host drives with it (the form's adapter options)."""
+    choices: dict[str, list[str]] = {}
+    for repository, names in sorted(adapters.items()):
+        for name in names:
+            choices.setdefault(name, []).append(repository)
+    return dict(sorted(choices.items()))
+
+
+def choose_adapter(form: JobForm, adapters: Mapping[str, list[str]]) -> str:
+    """The adapter typed, or where left to the form the one hosts drive the repository with."""
+    chosen, repository = form.values["adapter"], form.values["repository"]
+    if chosen:
+        return chosen
+    if not repository:
+        return "embedded"
+    offered = adapters.get(repository, [])
+    if len(offered) > 1:
+        form.add_error(
+            "adapter",
+            f"hosts drive {repository} with {' and '.join(offered)}: choose the adapter",
+        )
+    # A repository no host allows gets mlx-lm here and is refused by the service, by name.
+    return offered[0] if offered else "mlx-lm"
+
+
+def build_payload(
+    form: JobForm, adapters: Mapping[str, list[str]] | None = None
+) -> tuple[dict[str, Any], dict[int, int]]:
     """The JobSpec payload, and which form row each spec variant came from.
 
+    `adapters` is what enrolled hosts allow per repository (hosts.service.adapters_by_repository).
     Syntax errors go into form.errors; the payload is only meaningful when there are none.
     """
     values = form.values
     contexts = list(form.contexts)
-    for item in _split_list(values["custom_contexts"]):
+    for item in split_list(values["custom_contexts"]):
         try:
             contexts.append(parse_context(item))
         except ValueError as error:
             form.add_error("contexts", str(error))
     if not contexts and "contexts" not in form.errors:
         form.add_error("contexts", "choose at least one context length")
-    if len(set(contexts)) != len(contexts):
-        form.add_error("contexts", "each context length may appear once")
 
     repository = values["repository"] or None
     recipe = values["recipe"] or None
@@ -169,13 +164,13 @@ def build_payload(form: JobForm) -> tuple[dict[str, Any], dict[int, int]]:
     payload: dict[str, Any] = {
         "schema": "coldbench.job/1",
         "mode": values["mode"] or "ab",
-        "adapter": "mlx-lm" if repository else "embedded",
+        "adapter": choose_adapter(form, adapters or {}),
         "repository": repository,
         "variants": variants,
-        "features": _split_list(values["features"]),
+        "features": split_list(values["features"]),
         "contexts": contexts,
         "model": values["model"] or "preset:tiny",
-        "host_labels": _split_list(values["host_labels"]),
+        "host_labels": split_list(values["host_labels"]),
     }
     for name, label in (
         ("rounds", "rounds"),
@@ -204,6 +199,7 @@ _SPEC_FIELDS = {
     "features": "features",
     "mode": "mode",
     "repository": "repository",
+    "adapter": "adapter",
     "precision": "precision",
     "seed": "seed",
     "baseline": "variant-0-name",
@@ -223,27 +219,12 @@ def _field_of_location(location: tuple[Any, ...], rows: dict[int, int]) -> str:
     return _SPEC_FIELDS.get(head, FORM_ERROR)
 
 
-# Whole-spec rule (no location) or service message -> the field it is about.
-_MESSAGE_FIELDS = (
-    ("variant names must be unique", "variant-0-name"),
-    ("ablation mode needs", "features"),
-    ("needs a repository", "repository"),
-    ("name a ref or recipe but the job names no repository", "repository"),
-    ("contexts", "contexts"),
-    ("rounds=", "rounds"),
-    ("decode_tokens=", "decode_tokens"),
-    ("hosts=", "hosts"),
-    ("lacks labels", "host_labels"),
-    ("does not allow repository", "repository"),
-    ("defines no recipe", "recipe"),
-    ("has no model", "model"),
-)
-
-
-def fields_of_message(message: str) -> list[str]:
-    """The form fields a one-line service message concerns (the form itself if none)."""
-    found = [name for needle, name in _MESSAGE_FIELDS if needle in message]
-    return list(dict.fromkeys(found)) or [FORM_ERROR]
+def form_field(path: str | None, rows: dict[int, int]) -> str:
+    """The form input a JobSpec field path (`contexts`, `variants.1.flags`) is about."""
+    if not path:
+        return FORM_ERROR
+    location = tuple(int(part) if part.isdigit() else part for part in path.split("."))
+    return _field_of_location(location, rows)
 
 
 # The form's script looks the rounds up here for the comparisons a job would have (the rule
@@ -264,7 +245,9 @@ def validate_payload(form: JobForm, payload: dict[str, Any], rows: dict[int, int
     except ValidationError as error:
         for item in error.errors():
             message = item["msg"].removeprefix("Value error, ")
-            target = _field_of_location(tuple(item["loc"]), rows)
-            if target == FORM_ERROR:
-                target = fields_of_message(message)[0]
+            cause = (item.get("ctx") or {}).get("error")
+            if not item["loc"] and isinstance(cause, SpecError):
+                target = form_field(cause.field, rows)
+            else:
+                target = _field_of_location(tuple(item["loc"]), rows)
             form.add_error(target, message)

@@ -37,6 +37,7 @@ from api.routing import StrictJSONRoute
 from api.settings import Settings
 from evidence.bundle import BundleError
 from evidence.markdown import answer_sentences, verdict_rows
+from evidence.protocol import JobState
 from evidence.schemas import JobSpec
 from evidence.stats import too_few_rounds
 
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(route_class=StrictJSONRoute, include_in_schema=False)
 
-FINAL_JOB_STATES = ("done", "failed", "cancelled")
 # Pages are same-origin only: nothing is ever fetched from elsewhere, even by a bug.
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
@@ -222,8 +222,8 @@ def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]
     models: set[str] = set()
     labels: set[str] = set()
     for host in hosts:
-        for name, entry in host.repositories.items():
-            repositories.setdefault(name, set()).update(entry.get("recipes", []))
+        for name, offer in host_service.repository_offers(host).items():
+            repositories.setdefault(name, set()).update(offer.recipes)
         models.update(host.models)
         labels.update(host_service.effective_labels(host))
     return {
@@ -231,6 +231,7 @@ def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]
         "hosts": hosts,
         "repositories": {name: sorted(recipes) for name, recipes in sorted(repositories.items())},
         "recipes": sorted({r for recipes in repositories.values() for r in recipes}),
+        "adapters": job_form.adapter_choices(host_service.adapters_by_repository(hosts)),
         "models": ["preset:tiny", *sorted(models)],
         "labels": sorted(labels),
         "presets": job_form.CONTEXT_PRESETS,
@@ -259,7 +260,8 @@ async def submit_job(request: Request, db_session: SessionDep, settings: Setting
     if not _csrf_ok(request, fields, key):
         return _forbidden(request, key)
     form = job_form.read_form(fields, [str(v) for v in fields.getlist("contexts")])
-    payload, rows = job_form.build_payload(form)
+    hosts = host_service.list_hosts(db_session=db_session)
+    payload, rows = job_form.build_payload(form, host_service.adapters_by_repository(hosts))
     if not form.errors:
         job_form.validate_payload(form, payload, rows)
     if not form.errors:
@@ -269,8 +271,7 @@ async def submit_job(request: Request, db_session: SessionDep, settings: Setting
             )
         except Invalid as error:
             db_session.rollback()
-            for name in job_form.fields_of_message(error.message):
-                form.add_error(name, error.message)
+            form.add_error(job_form.form_field(error.field, rows), error.message)
         else:
             log.info("job %s submitted from the form by key %s", job.id, key.id)
             return RedirectResponse(f"/jobs/{job.id}", status_code=303)
@@ -324,7 +325,7 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
     return {
         "job": job,
         "invalid": invalid,
-        "is_final": job.state in FINAL_JOB_STATES,
+        "is_final": JobState(job.state).is_final,
         "answer": answer,
         "rounds_warning": _rounds_warning(job.spec),
     }

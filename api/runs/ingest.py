@@ -25,6 +25,7 @@ from api.errors import validation_message
 from api.jobs import service as job_service
 from api.runs.models import Cell, Run
 from api.settings import Settings
+from evidence.protocol import RunState
 from evidence.schemas import Record
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def _insert_missing(db_session: Session, rows: list[dict[str, Any]]) -> None:
 
 
 def _fail(db_session: Session, run: Run, reason: str) -> str | None:
-    run.state = "failed"
+    run.state = RunState.FAILED
     run.reason = reason
     auth_service.record_audit(
         db_session=db_session,
@@ -107,7 +108,7 @@ def ingest_run(
 ) -> str | None:
     """Ingest one completed run; returns its job id when the job is ready for analysis."""
     run = db_session.get(Run, run_id)
-    if run is None or run.state != "completed":
+    if run is None or run.state != RunState.COMPLETED:
         return None  # unknown, not finished, or already ingested: nothing to do
     artifacts = artifact_service.run_artifacts(
         db_session=db_session, run_id=run.id, attempt=run.attempt
@@ -133,10 +134,10 @@ def ingest_run(
             time.sleep(settings.ingest_batch_pause_s)
     # Locked: of two deliveries of this task racing here, only one marks the run processed.
     run = db_session.get(Run, run_id, with_for_update=True, populate_existing=True)
-    if run is None or run.state != "completed":
+    if run is None or run.state != RunState.COMPLETED:
         db_session.rollback()
         return None
-    run.state = "processed"
+    run.state = RunState.PROCESSED
     run.processed_at = utcnow()
     # The final count replaces the last heartbeat's (which may predate the last cells).
     run.progress = {
@@ -162,4 +163,4 @@ def ingest_run(
 
 def unprocessed_run_ids(*, db_session: Session) -> list[str]:
     """Runs whose raw results are stored but were never ingested (a lost task, a crash)."""
-    return list(db_session.scalars(sa.select(Run.id).where(Run.state == "completed")))
+    return list(db_session.scalars(sa.select(Run.id).where(Run.state == RunState.COMPLETED)))

@@ -8,25 +8,24 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.database import Base, UTCDateTime, utcnow
-
-# queued -> leased -> completed (raw stored) -> processed (ingested); failed is a benchmark
-# result and final; expired when every attempt was lost; cancelled with its job.
-RUN_STATES = ("queued", "leased", "completed", "processed", "failed", "expired", "cancelled")
-TERMINAL_RUN_STATES = ("processed", "failed", "expired", "cancelled")
+from api.database import Base, UTCDateTime, one_of, utcnow
+from evidence.protocol import ATTEMPT_STATES, RunState
 
 
 class Run(Base):
     """One reproduction slot of a job; `attempt` counts leases, the host changes with them."""
 
     __tablename__ = "runs"
-    __table_args__ = (sa.UniqueConstraint("job_id", "slot"),)
+    __table_args__ = (
+        sa.UniqueConstraint("job_id", "slot"),
+        sa.CheckConstraint(one_of("state", RunState), name="state"),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
     job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id"), index=True)
     slot: Mapped[int] = mapped_column(sa.Integer)
     attempt: Mapped[int] = mapped_column(sa.Integer, default=0)
-    state: Mapped[str] = mapped_column(sa.String(16), default="queued", index=True)
+    state: Mapped[str] = mapped_column(sa.String(16), default=RunState.QUEUED, index=True)
     host_id: Mapped[str | None] = mapped_column(sa.ForeignKey("hosts.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     leased_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -45,14 +44,16 @@ class RunAttempt(Base):
     """One lease of a run by one host; lost and late attempts stay here for audit."""
 
     __tablename__ = "run_attempts"
-    __table_args__ = (sa.UniqueConstraint("run_id", "attempt"),)
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "attempt"),
+        sa.CheckConstraint(one_of("state", ATTEMPT_STATES), name="state"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.id"), index=True)
     attempt: Mapped[int] = mapped_column(sa.Integer)
     host_id: Mapped[str] = mapped_column(sa.ForeignKey("hosts.id"), index=True)
-    # leased, completed, failed, expired, cancelled
-    state: Mapped[str] = mapped_column(sa.String(16), default="leased")
+    state: Mapped[str] = mapped_column(sa.String(16), default=RunState.LEASED)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     reason: Mapped[str | None] = mapped_column(sa.Text)

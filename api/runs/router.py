@@ -7,14 +7,14 @@ from fastapi import APIRouter, Request, Response, status
 from api.deps import CurrentWorker, SessionDep, SettingsDep
 from api.routing import StrictJSONRoute
 from api.runs import service
-from api.runs.schemas import CompleteRequest, CompleteResponse, LeaseRequest, LeaseResponse
+from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["runs"])
 
 
 @router.post(
     "/leases",
-    response_model=LeaseResponse,
+    response_model=Lease,
     responses={204: {"description": "nothing fitting this host arrived within wait_s"}},
 )
 async def claim_lease(
@@ -31,13 +31,17 @@ async def claim_lease(
         settings=settings,
         host=host,
         signal=request.app.state.work_signal,
-        report=service.HostReport(fingerprint=body.fingerprint.model_dump(mode="json")),
+        report=service.HostReport(
+            fingerprint=body.fingerprint.model_dump(mode="json"),
+            repositories=body.repositories,
+            models=body.models,
+        ),
         wait_s=body.wait_s,
         gone=request.is_disconnected,
     )
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return LeaseResponse(**lease.__dict__)
+    return lease
 
 
 @router.post("/runs/{run_id}/complete", response_model=CompleteResponse)

@@ -39,21 +39,12 @@ from api.jobs.models import Job
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, announce_work
 from api.settings import Settings
+from evidence.protocol import JobState, Lease, RepositoryOffer, RunState
 from evidence.schemas import JobSpec, Manifest
 
 log = logging.getLogger(__name__)
 
 REQUIRED_FILES = ("records.jsonl", "provenance.json")
-
-
-@dataclass(frozen=True)
-class Lease:
-    run_id: str
-    attempt: int
-    job_id: str
-    spec: dict[str, Any]
-    timeout_s: int
-    lease_ttl_s: int
 
 
 def get_run(*, db_session: Session, run_id: str) -> Run:
@@ -87,7 +78,7 @@ def host_attempt(*, db_session: Session, host: Host, run_id: str, attempt: int) 
 
 
 def is_current(run: Run, host: Host, attempt: int) -> bool:
-    return run.state == "leased" and run.host_id == host.id and run.attempt == attempt
+    return run.state == RunState.LEASED and run.host_id == host.id and run.attempt == attempt
 
 
 # --- claiming ---------------------------------------------------------------------------
@@ -106,10 +97,13 @@ _spec_cache_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class HostReport:
-    """What a host says about itself with a lease request: its fingerprint. Never labels:
-    those come from enrollment and the admin."""
+    """What a host says about itself with a lease request: its fingerprint and (None from agents
+    that do not send them, which keeps what the host registered) its repositories and models.
+    Never labels: those come from enrollment and the admin."""
 
     fingerprint: dict[str, Any]
+    repositories: dict[str, RepositoryOffer] | None = None
+    models: list[str] | None = None
 
 
 def _job_specs(db_session: Session, job_ids: set[str]) -> dict[str, tuple[JobSpec, dict[str, Any]]]:
@@ -138,7 +132,7 @@ def _eligible_run_ids(db_session: Session, host: Host) -> list[str]:
         query = (
             sa.select(Run.id, Run.job_id, Run.slot, Job.created_at)
             .join(Job, Job.id == Run.job_id)
-            .where(Run.state == "queued", Job.state.in_(("queued", "running")))
+            .where(Run.state == RunState.QUEUED, Job.state.in_((JobState.QUEUED, JobState.RUNNING)))
             .order_by(Job.created_at, Job.id, Run.slot)
             .limit(CANDIDATE_PAGE)
         )
@@ -192,6 +186,8 @@ def claim_lease(
                 db_session=db_session,
                 host=host,
                 fingerprint=report.fingerprint,
+                repositories=report.repositories,
+                models=report.models,
             )
             if host.health == "lost":
                 host.health = "ready"
@@ -199,7 +195,7 @@ def claim_lease(
         # Serialize the claims of one host (one run per host at a time): lock its row and
         # look for a run it holds in one statement.
         busy = db_session.execute(
-            sa.select(sa.exists().where(Run.host_id == host.id, Run.state == "leased"))
+            sa.select(sa.exists().where(Run.host_id == host.id, Run.state == RunState.LEASED))
             .select_from(Host)
             .where(Host.id == host.id)
             .with_for_update(of=Host)
@@ -212,7 +208,7 @@ def claim_lease(
         chosen = (
             sa.select(Run.id)
             .join(Job, Job.id == Run.job_id)
-            .where(Run.id.in_(eligible), Run.state == "queued")
+            .where(Run.id.in_(eligible), Run.state == RunState.QUEUED)
             .order_by(Job.created_at, Job.id, Run.slot)
             .limit(1)
             .with_for_update(of=Run, skip_locked=True)
@@ -221,9 +217,9 @@ def claim_lease(
         # The guard on state keeps the claim atomic also where FOR UPDATE is a no-op (SQLite).
         claimed = db_session.execute(
             sa.update(Run)
-            .where(Run.id == chosen, Run.state == "queued")
+            .where(Run.id == chosen, Run.state == RunState.QUEUED)
             .values(
-                state="leased",
+                state=RunState.LEASED,
                 host_id=host.id,
                 attempt=Run.attempt + 1,
                 leased_at=now,
@@ -245,8 +241,8 @@ def claim_lease(
         # every run of the job).
         db_session.execute(
             sa.update(Job)
-            .where(Job.id == job_id, Job.state == "queued")
-            .values(state="running", updated_at=now)
+            .where(Job.id == job_id, Job.state == JobState.QUEUED)
+            .values(state=JobState.RUNNING, updated_at=now)
             .execution_options(synchronize_session="fetch")
         )
         auth_service.record_audit(
@@ -356,8 +352,8 @@ def complete_run(
         if (
             run.attempt == attempt
             and run.host_id == host.id
-            and run.state in ("completed", "processed", "failed")
-            and attempt_row.state in ("completed", "failed")
+            and run.state in (RunState.COMPLETED, RunState.PROCESSED, RunState.FAILED)
+            and attempt_row.state in (RunState.COMPLETED, RunState.FAILED)
         ):
             return run  # the same complete again (a retried request)
         # Kept verbatim for audit, never ingested.
@@ -382,7 +378,7 @@ def complete_run(
     try:
         parsed = Manifest.model_validate(manifest)
     except ValidationError as error:
-        raise Invalid(validation_message("manifest", error)) from None
+        raise Invalid(validation_message("manifest", error), field="manifest") from None
     now = utcnow()
     if status == "succeeded":
         uploaded = {
@@ -400,11 +396,11 @@ def complete_run(
                 problems.append(f"{name} (uploaded with another digest or size)")
         if problems:
             raise Invalid(f"manifest files not uploaded as listed: {', '.join(problems)}")
-        run.state = "completed"
-        attempt_row.state = "completed"
+        run.state = RunState.COMPLETED
+        attempt_row.state = RunState.COMPLETED
     elif status == "failed":
-        run.state = "failed"
-        attempt_row.state = "failed"
+        run.state = RunState.FAILED
+        attempt_row.state = RunState.FAILED
         run.reason = reason or "the worker reported a failure without a reason"
     else:
         raise Invalid(f"status must be succeeded or failed, not {status!r}")
@@ -424,7 +420,7 @@ def complete_run(
     )
     analyze = job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
     db_session.commit()
-    if run.state == "completed":
+    if run.state == RunState.COMPLETED:
         dispatch.send_task("ingest_run", run.id)
     elif analyze:
         dispatch.send_task("analyze_job", run.job_id)
@@ -441,7 +437,7 @@ def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
         db_session.scalars(
             sa.select(Run)
             .where(
-                Run.state == "leased",
+                Run.state == RunState.LEASED,
                 sa.or_(Run.lease_expires_at < now, Run.deadline_at < now),
             )
             .with_for_update(skip_locked=True)
@@ -457,7 +453,7 @@ def expire_leases(*, db_session: Session, settings: Settings) -> list[str]:
         )
         if lose_attempt(db_session=db_session, settings=settings, run=run, why=why):
             to_analyze.append(run.job_id)
-    if any(run.state == "queued" for run in expired):
+    if any(run.state == RunState.QUEUED for run in expired):
         announce_work(db_session)
     db_session.commit()
     return to_analyze
@@ -469,17 +465,17 @@ def lose_attempt(*, db_session: Session, settings: Settings, run: Run, why: str)
     now = utcnow()
     attempt_row = get_attempt(db_session=db_session, run_id=run.id, attempt=run.attempt)
     if attempt_row is not None:
-        attempt_row.state = "expired"
+        attempt_row.state = RunState.EXPIRED
         attempt_row.ended_at = now
         attempt_row.reason = why
     host = db_session.get(Host, run.host_id) if run.host_id else None
     if host is not None:
         host.health = "lost"
     if run.attempt < settings.max_attempts:
-        run.state = "queued"
+        run.state = RunState.QUEUED
         run.host_id = None
     else:
-        run.state = "expired"
+        run.state = RunState.EXPIRED
         run.reason = f"lost {run.attempt} attempts; last: {why}"
     run.lease_expires_at = None
     run.deadline_at = None
@@ -490,7 +486,7 @@ def lose_attempt(*, db_session: Session, settings: Settings, run: Run, why: str)
         subject_id=run.id,
         attempt=run.attempt,
         reason=why,
-        requeued=run.state == "queued",
+        requeued=run.state == RunState.QUEUED,
     )
     return job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
 

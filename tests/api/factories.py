@@ -15,6 +15,7 @@ from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.settings import Settings
 from evidence.canonical import canonical_json, sha256_hex
+from evidence.protocol import RepositoryOffer
 
 
 def fingerprint(**overrides: Any) -> dict[str, Any]:
@@ -30,7 +31,11 @@ def make_host(
     repositories: dict[str, Any] | None = None,
     models: list[str] | None = None,
 ) -> tuple[Host, str]:
-    """A registered host and its secret (through the real enrollment path)."""
+    """A registered host and its secret (through the real enrollment path).
+
+    `repositories` as an agent sends them: {"mlx-lm": {"recipes": ["editable"]}}, optionally
+    with "adapter" and "options".
+    """
     token = auth_service.create_enrollment_token(db_session=db_session, labels=enrolled_labels)
     return host_service.register_host(
         db_session=db_session,
@@ -38,7 +43,10 @@ def make_host(
         name=name,
         fingerprint=fingerprint(hostname=name),
         labels=labels or [],
-        repositories=repositories or {},
+        repositories={
+            name: RepositoryOffer.model_validate(offer)
+            for name, offer in (repositories or {}).items()
+        },
         models=["preset:tiny"] if models is None else models,
     )
 

@@ -473,14 +473,18 @@ def test_reported_failure_is_final(
         ({"decode_tokens": 10**6}, "decode_tokens=1000000; at most"),
         ({"host_labels": ["gpu:h200"]}, "lacks labels gpu:h200"),
         (
-            {"adapter": "mlx-lm", "repository": "vllm", "variants": [{"name": "a"}]},
+            {"adapter": "mlx-lm", "repository": "vllm", "variants": [{"name": "a", "ref": "m"}]},
             "allowed repositories: studio-1: mlx-lm (recipes editable)",
+        ),
+        (
+            {"adapter": "mlx-lm", "repository": "mlx-lm", "variants": [{"name": "a"}]},
+            "variant a names no ref of mlx-lm",
         ),
         (
             {
                 "adapter": "mlx-lm",
                 "repository": "mlx-lm",
-                "variants": [{"name": "a", "recipe": "x"}],
+                "variants": [{"name": "a", "ref": "main", "recipe": "x"}],
             },
             "defines no recipe x for mlx-lm",
         ),

@@ -1,14 +1,17 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from evidence.schemas import JobSpec
+from evidence.schemas import JobSpec, error_field
 from evidence.variant import baseline_name, expand_variants, parse_flag_value
 
 
 def _spec(**overrides: object) -> JobSpec:
     values: dict[str, object] = {
         "mode": "ablation",
+        "adapter": "mlx-lm",
+        "repository": "mlx-lm",
         "variants": [{"name": "cand", "ref": "feature", "flags": {"compile": False, "x": 1}}],
         "features": ["compile", "clear_cache=false", "prefill_step_size=4096"],
         "contexts": [256],
@@ -47,15 +50,16 @@ def test_ablation_expands_none_all_and_leave_one_out() -> None:
 
 
 def test_other_variants_are_kept_and_clashing_names_refused() -> None:
-    spec = _spec(variants=[{"name": "cand"}, {"name": "upstream", "ref": "main"}])
+    spec = _spec(variants=[{"name": "cand", "ref": "feature"}, {"name": "upstream", "ref": "main"}])
     assert [v.name for v in expand_variants(spec)][-1] == "upstream"
-    with pytest.raises(ValueError, match="clashes"):
-        expand_variants(_spec(variants=[{"name": "cand"}, {"name": "all"}]))
+    with pytest.raises(ValidationError, match="clashes") as refused:
+        _spec(variants=[{"name": "cand", "ref": "f"}, {"name": "all", "ref": "main"}])
+    assert error_field(refused.value) == "variants.1.name"
 
 
 def test_template_chunk_width_is_kept_where_its_feature_is_off() -> None:
     spec = _spec(
-        variants=[{"name": "cand", "flags": {"prefill_step_size": 32}}],
+        variants=[{"name": "cand", "ref": "f", "flags": {"prefill_step_size": 32}}],
         features=["prefill_step_size=64", "clear_cache=false"],
     )
     by_name = {v.name: v.flags for v in expand_variants(spec)}
@@ -64,13 +68,19 @@ def test_template_chunk_width_is_kept_where_its_feature_is_off() -> None:
 
 
 def test_feature_already_on_in_the_template_is_refused() -> None:
-    with pytest.raises(ValueError, match="already on in the first variant.*compile=True"):
-        expand_variants(_spec(variants=[{"name": "cand", "flags": {"compile": True}}]))
+    with pytest.raises(ValidationError, match="already on in the first variant.*compile=True"):
+        _spec(variants=[{"name": "cand", "ref": "f", "flags": {"compile": True}}])
 
 
 def test_repeated_feature_flag_is_refused() -> None:
-    with pytest.raises(ValueError, match="same flag twice: compile"):
-        expand_variants(_spec(features=["compile", "compile=false"]))
+    with pytest.raises(ValidationError, match="same flag twice: compile") as refused:
+        _spec(features=["compile", "compile=false"])
+    assert error_field(refused.value) == "features"
+
+
+def test_expanded_names_must_fit() -> None:
+    with pytest.raises(ValidationError, match="too long or not a plain name"):
+        _spec(features=["a" * 60])
 
 
 def test_ab_mode_keeps_the_spec_and_its_baseline() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
@@ -17,36 +16,16 @@ from tests.api.factories import make_host
 from tests.web.builders import csrf_of
 
 
-def test_parse_context_accepts_counts_and_k_suffix() -> None:
-    assert job_form.parse_context("512") == 512
-    assert job_form.parse_context(" 4K ") == 4096
-    assert job_form.parse_context("12k") == 12288
-    for bad in ("12x", "-4", "4M", "", "0"):
-        with pytest.raises(ValueError):
-            job_form.parse_context(bad)
-
-
-def test_parse_flags_types_and_errors() -> None:
-    assert job_form.parse_flags("prefill_step_size=256, clear_cache=false") == {
-        "prefill_step_size": 256,
-        "clear_cache": False,
-    }
-    assert job_form.parse_flags("") == {}
-    with pytest.raises(ValueError, match="name=value"):
-        job_form.parse_flags("compile")
-    with pytest.raises(ValueError, match="not a flag name"):
-        job_form.parse_flags("Bad-Name=1")
-    with pytest.raises(ValueError, match="twice"):
-        job_form.parse_flags("compile=true, compile=false")
-
-
-def test_service_messages_map_to_fields() -> None:
-    assert job_form.fields_of_message("contexts [300000] exceed the limit") == ["contexts"]
-    assert job_form.fields_of_message(
-        "no registered host can run this job: box lacks labels gpu:h200"
-    ) == ["host_labels"]
-    assert job_form.fields_of_message("rounds=500; at most 100 allowed") == ["rounds"]
-    assert job_form.fields_of_message("something else entirely") == [job_form.FORM_ERROR]
+def test_error_fields_map_to_form_inputs() -> None:
+    rows = {0: 0, 1: 2}  # spec variant 1 came from the form's third row
+    assert job_form.form_field("contexts", rows) == "contexts"
+    assert job_form.form_field("host_labels", rows) == "host_labels"
+    assert job_form.form_field("adapter", rows) == "adapter"
+    assert job_form.form_field("variants.1.flags", rows) == "variant-2-flags"
+    assert job_form.form_field("variants.0.recipe", rows) == "recipe"
+    assert job_form.form_field("baseline", rows) == "variant-0-name"
+    assert job_form.form_field(None, rows) == job_form.FORM_ERROR
+    assert job_form.form_field("schema", rows) == job_form.FORM_ERROR
 
 
 def _fields(page_html: str, **overrides: Any) -> dict[str, Any]:
@@ -165,7 +144,7 @@ def test_service_refusals_land_beside_their_fields(web: TestClient, db_session: 
     response = web.post("/", data=_fields(web.get("/").text, mode="ablation"))
     assert "at least one feature" in _errors(response.text)["features"]
     response = web.post("/", data=_fields(web.get("/").text, **{"variant-1-name": "base"}))
-    assert "unique" in _errors(response.text)["variant-0-name"]
+    assert "unique" in _errors(response.text)["variant-1-name"]  # the row that repeats it
 
 
 def test_missing_or_foreign_csrf_token_is_refused(
@@ -183,6 +162,94 @@ def test_missing_or_foreign_csrf_token_is_refused(
     web.cookies.delete("cb_csrf")
     assert web.post("/", data=fields).status_code == 403
     assert _job_count(db_session) == before
+
+
+SERVER_OFFER = {
+    "adapter": "openai-server",
+    "recipes": ["editable"],
+    "options": {"fast": {"type": "bool"}, "prefill_step_size": {"type": "int", "min": 1}},
+}
+
+
+def test_form_offers_each_repositorys_adapters_and_submits_a_server_job(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    make_host(db_session, "studio-2", repositories={"mlx-server": SERVER_OFFER})
+    html = web.get("/").text
+    assert '<option value="mlx-lm">mlx-lm (for mlx-lm)</option>' in html
+    assert '<option value="openai-server">openai-server (for mlx-server)</option>' in html
+    fields = _fields(
+        html,
+        repository="mlx-server",
+        recipe="editable",
+        **{
+            "variant-0-ref": "main",
+            "variant-0-flags": "fast=0",
+            "variant-1-ref": "main",
+            "variant-1-flags": "fast=1",
+        },
+    )
+    response = web.post("/", data=fields, follow_redirects=False)
+    assert response.status_code == 303, _errors(response.text)
+    job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
+    assert job is not None and job.spec["adapter"] == "openai-server"
+
+
+def test_adapter_and_option_refusals_land_beside_their_fields(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-2", repositories={"mlx-server": SERVER_OFFER})
+    base = {"repository": "mlx-server", "variant-0-ref": "main", "variant-1-ref": "main"}
+    response = web.post(
+        "/",
+        data=_fields(
+            web.get("/").text,
+            **base,
+            adapter="mlx-lm",
+            **{"variant-0-flags": "", "variant-1-flags": ""},
+        ),
+    )
+    assert response.status_code == 422
+    assert (
+        "drives mlx-server with the openai-server adapter, not mlx-lm"
+        in (_errors(response.text)["adapter"])
+    )
+    response = web.post(
+        "/",
+        data=_fields(
+            web.get("/").text, **base, **{"variant-0-flags": "", "variant-1-flags": "turbo=1"}
+        ),
+    )
+    assert "declares no option turbo" in _errors(response.text)["variant-1-flags"]
+    response = web.post(
+        "/",
+        data=_fields(
+            web.get("/").text,
+            **base,
+            **{"variant-0-flags": "", "variant-1-flags": "prefill_step_size=0"},
+        ),
+    )
+    assert "0 is below the minimum 1" in _errors(response.text)["variant-1-flags"]
+
+
+def test_a_repository_hosts_drive_two_ways_needs_the_adapter_chosen(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    make_host(db_session, "studio-2", repositories={"mlx-lm": SERVER_OFFER})
+    fields = _fields(
+        web.get("/").text,
+        repository="mlx-lm",
+        **{"variant-0-ref": "main", "variant-1-ref": "main", "variant-1-flags": ""},
+    )
+    response = web.post("/", data=fields)
+    assert (
+        "hosts drive mlx-lm with mlx-lm and openai-server: choose the adapter"
+        in (_errors(response.text)["adapter"])
+    )
+    response = web.post("/", data={**fields, "adapter": "mlx-lm"}, follow_redirects=False)
+    assert response.status_code == 303, _errors(response.text)
 
 
 def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(

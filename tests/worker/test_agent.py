@@ -89,34 +89,94 @@ def test_enrollment_and_refusals(service: Service, tmp_path: Path) -> None:
     assert outside.status_code == 422, outside.text
     assert "does not allow repository 'evil'" in outside.text
 
-    # The host owner drops the `fast` recipe and restarts the agent (already enrolled).
+    # The adapter is part of what registration reported: a server job for it is refused too.
+    wrong_adapter = service.submit(
+        {
+            "adapter": "openai-server",
+            "repository": "forked",
+            "variants": [{"name": "x", "ref": "main"}],
+            "contexts": [64],
+        }
+    )
+    assert wrong_adapter.status_code == 422, wrong_adapter.text
+    assert wrong_adapter.json()["field"] == "adapter"
+    assert "drives forked with the mlx-lm adapter, not openai-server" in wrong_adapter.text
+
+    # The host owner drops the `fast` recipe and restarts the agent (already enrolled): its
+    # next lease request reports the new allow-list, and a job asking for `fast` is refused at
+    # submission instead of failing on the host.
+    spec = {
+        "adapter": "mlx-lm",
+        "repository": "forked",
+        "variants": [{"name": "x", "ref": "main", "recipe": "fast"}],
+        "contexts": [64],
+        "rounds": 1,
+    }
     stop_process(agent)
+    assert service.submit(spec).status_code == 201  # the server still knows the old offer
     write_config(
         config,
         name="host-a",
         repositories={"forked": (str(tmp_path / "nowhere"), ["editable"])},
     )
     agent = service.start_agent(config, token=None, log=agent_log)
-    created = service.submit(
+    deadline = time.monotonic() + 60
+    while (refused := service.submit(spec)).status_code == 201:
+        assert time.monotonic() < deadline, _log(agent_log)
+        time.sleep(0.5)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["field"] == "variants.0.recipe"
+    assert "host-a defines no recipe fast for forked" in refused.json()["detail"]
+    # Nothing was ever cloned or built for a job the host cannot run.
+    assert not (config.parent / "state" / "mirrors").exists()
+    assert not (config.parent / "state" / "venvs").exists()
+    assert agent.poll() is None
+    assert stop_process(agent) == 0, _log(agent_log)
+
+
+def test_the_host_refuses_a_recipe_it_does_not_define(tmp_path: Path) -> None:
+    """Defense in depth: a job the server let through by mistake is still refused on the host,
+    before anything is cloned."""
+    from evidence.schemas import JobSpec
+    from worker.config import load_host_config
+    from worker.run import RunRefused, check_job
+
+    config = load_host_config(
+        write_config(
+            tmp_path / "worker.toml",
+            name="host-a",
+            repositories={"forked": (str(tmp_path / "nowhere"), ["editable"])},
+        )
+    )
+    spec = JobSpec.model_validate(
         {
             "adapter": "mlx-lm",
             "repository": "forked",
             "variants": [{"name": "x", "ref": "main", "recipe": "fast"}],
             "contexts": [64],
-            "rounds": 1,
         }
     )
-    assert created.status_code == 201, created.text
-    job = service.wait_jobs([created.json()["id"]], timeout_s=60, done=("failed",))
-    run = job[created.json()["id"]]["runs"][0]
-    assert "refused by host host-a" in run["reason"]
-    assert "recipe 'fast' is not defined for forked" in run["reason"]
-    # Refused before anything was cloned or built.
-    assert not (config.parent / "state" / "mirrors").exists()
-    assert not (config.parent / "state" / "venvs").exists()
-    assert b"refused" in service.artifact(run["id"], "reason.txt")
-    assert agent.poll() is None
-    assert stop_process(agent) == 0, _log(agent_log)
+    with pytest.raises(RunRefused, match="recipe 'fast' is not defined for forked"):
+        check_job(spec, config.repositories)
+
+
+def test_registration_reports_adapters_and_recipes(tmp_path: Path) -> None:
+    from worker.agent import repository_offers
+    from worker.config import load_host_config
+
+    config = load_host_config(
+        write_config(
+            tmp_path / "worker.toml",
+            name="host-a",
+            repositories={"forked": (str(tmp_path / "nowhere"), ["fast", "editable"])},
+        )
+    )
+    offers = repository_offers(config)
+    assert offers["forked"].model_dump() == {
+        "adapter": "mlx-lm",
+        "recipes": ["editable", "fast"],
+        "options": {},
+    }
 
 
 def _embedded_job(
@@ -344,13 +404,13 @@ def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
     lease = None
     while lease is None:
         lease = first.lease(host)
-    assert lease["job_id"] == job_id
-    files = refused_files(lease["spec"], run_id=lease["run_id"], host=host, reason="test")
+    assert lease.job_id == job_id
+    files = refused_files(lease.spec, run_id=lease.run_id, host=host, reason="test")
 
     # Nothing listens on this port: every request fails to connect.
     down = Agent(f"http://127.0.0.1:{free_port()}", config, options=options)
     down.load_secret()
-    folder = down.save_outbox(lease["run_id"], lease["attempt"], files, status="failed", reason="x")
+    folder = down.save_outbox(lease.run_id, lease.attempt, files, status="failed", reason="x")
     down.stopping.set()  # a stopping agent gives up after a few tries and keeps the outbox
     started = time.monotonic()
     down.flush_outbox()
@@ -363,4 +423,39 @@ def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
     assert not folder.exists()
     (run,) = service.job(job_id)["runs"]
     assert (run["state"], run["reason"]) == ("failed", "x")
-    assert service.artifact(lease["run_id"], "reason.txt") == b"test\n"
+    assert service.artifact(lease.run_id, "reason.txt") == b"test\n"
+
+
+def test_registration_reports_server_options_without_their_argv(tmp_path: Path) -> None:
+    """What a submitter may pick (type, bounds, whether it is proven), never what it runs."""
+    from worker.agent import repository_offers
+    from worker.config import load_host_config
+
+    config_path = tmp_path / "worker.toml"
+    config_path.write_text(
+        "\n".join(
+            [
+                'name = "host-s"',
+                'state_dir = "state"',
+                "[repositories.srv]",
+                f'url = "{tmp_path / "nowhere"}"',
+                'adapter = "openai-server"',
+                'server_command = ["{python}", "-m", "mlx_lm", "server", "--port", "{port}"]',
+                "[repositories.srv.recipes.editable]",
+                'command = ["{python}", "-m", "pip", "install", "-e", "."]',
+                "[repositories.srv.options.prefill_step_size]",
+                'type = "int"',
+                "min = 64",
+                "max = 16384",
+                'argv = ["--prefill-step-size", "{value}"]',
+                'proof = "Prompt processing progress: {value}/"',
+            ]
+        )
+        + "\n"
+    )
+    offer = repository_offers(load_host_config(config_path))["srv"]
+    assert offer.model_dump() == {
+        "adapter": "openai-server",
+        "recipes": ["editable"],
+        "options": {"prefill_step_size": {"type": "int", "min": 64, "max": 16384, "proof": True}},
+    }

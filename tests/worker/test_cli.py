@@ -146,6 +146,7 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
             ["--adapter", "embedded", "--repo", str(REPO_ROOT), "--variant", "a"],
             "variant a names no ref of",
         ),
+        (["--repo", str(REPO_ROOT), "--variant", "a"], "variants.0.ref: variant a names no ref of"),
     ],
 )
 def test_bad_input_is_one_clear_line(

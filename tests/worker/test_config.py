@@ -39,7 +39,6 @@ def test_worker_toml_parses_with_paths_relative_to_the_file(tmp_path: Path) -> N
     assert repo.recipes["editable"].env == {"CMAKE_ARGS": "-DX=1"}
     assert config.state_dir == (tmp_path / "etc" / "state").resolve()
     assert config.secret_path == path.resolve().with_name("worker.secret")
-    assert config.recipes_offered() == {"mlx-lm": {"recipes": ["editable"]}}
 
 
 @pytest.mark.parametrize(

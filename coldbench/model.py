@@ -1,4 +1,5 @@
-"""`coldbench model create|inspect`: synthetic checkpoints and their digests."""
+"""`coldbench model create|inspect`: synthetic checkpoints (engine/checkpoints.py) and their
+digests. The command lives here so that engine/ stays free of typer and rich."""
 
 from __future__ import annotations
 
