@@ -836,21 +836,6 @@ def worker(
         Path | None,
         typer.Option(help="Lock file shared by every agent of this host (default: in /tmp)."),
     ] = None,
-    commit_range: Annotated[
-        str | None,
-        typer.Option(
-            "--range",
-            help="History: A..B, each commit on B's first-parent line after A against A.",
-        ),
-    ] = None,
-    every: Annotated[
-        int | None, typer.Option(min=1, help="History: every Nth commit (counted back from B).")
-    ] = None,
-    last: Annotated[int | None, typer.Option(min=1, help="History: the newest N commits.")] = None,
-    commits: Annotated[
-        str | None,
-        typer.Option(help="History: an explicit list REF,REF,...; the first is the reference."),
-    ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
 ) -> None:
