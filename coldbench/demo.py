@@ -254,7 +254,9 @@ def demo(
     import httpx
     from rich.console import Console
 
-    console = Console(stderr=True)
+    # soft_wrap: a line is never broken at the console's width (80 columns when captured),
+    # so the URLs, bundle paths and the time breakdown stay one line each for whoever parses them.
+    console = Console(stderr=True, soft_wrap=True)
     clock = Clock(console)
     state_dir = state_dir.resolve()
     for sub in ("artifacts", "models", "logs", "agent", "evidence"):
