@@ -74,7 +74,7 @@ def test_calibrate_refuses_bad_input_in_one_line(coldbench_cmd: list[str], tmp_p
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     for args, message in (
-        (["--contexts", "12x"], "--contexts '12x': give token counts like 128,256"),
+        (["--contexts", "12x"], "--contexts '12x': '12x' is not a token count"),
         (["--bundles", str(tmp_path / "full")], "folder exists and is not empty"),
         (["--api", "ftp://x"], "--api 'ftp://x': give an http:// or https:// URL"),
         (["--model", str(tmp_path)], "not a checkpoint folder"),
