@@ -149,7 +149,7 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
     root = tmp_path_factory.mktemp("embedded-host")
     config = root / "worker.toml"
     config.write_text(
-        'name = "host-e"\nstate_dir = "state"\n'
+        'name = "host-e"\nstate_dir = "state"\nallow_presets = ["tiny"]\n'
         f'[repositories.engine]\nurl = "{repo}"\nadapter = "embedded"\n'
         "[repositories.engine.recipes.editable]\n"
         'command = ["{python}", "-m", "pip", "install", "--no-deps", "--no-build-isolation", '
