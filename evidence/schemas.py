@@ -31,6 +31,10 @@ REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
 Mode = Literal["ab", "ablation", "sweep", "history", "bisect"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
+# The repository name of `coldbench run --adapter openai-server` without `--repo`: the server the
+# orchestrating interpreter already has installed, one build for every variant, so no refs. A
+# host's agent still refuses a ref-less variant of any repository it builds (worker/run.py).
+INSTALLED_SERVER = "installed-server"
 # The variants an ablation runs (evidence/variant.py expands them; JobSpec checks the names).
 ABLATION_BASELINE: Final = "none"
 ABLATION_ALL: Final = "all"
@@ -409,7 +413,7 @@ class JobSpec(_Strict):
                     f"variants.{index}.{'ref' if variant.ref else 'recipe'}",
                     "variants name a ref or recipe but the job names no repository",
                 )
-            if self.repository is not None and variant.ref is None:
+            if self.repository not in (None, INSTALLED_SERVER) and variant.ref is None:
                 raise SpecError(
                     f"variants.{index}.ref",
                     f"variant {variant.name} names no ref of {self.repository}",

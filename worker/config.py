@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evidence.options import OPTION_NAME_PATTERN, HostOption
-from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN, NAME_PATTERN
+from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN, INSTALLED_SERVER, NAME_PATTERN
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -437,4 +437,4 @@ def server_repository(
     if repo is not None:
         checkout = local_repository(repo, module=module, adapter="openai-server")
         return dataclasses.replace(_repository(checkout.name, parsed, Path.cwd()), url=checkout.url)
-    return dataclasses.replace(_repository("installed-server", parsed, Path.cwd()), url=None)
+    return dataclasses.replace(_repository(INSTALLED_SERVER, parsed, Path.cwd()), url=None)
