@@ -201,6 +201,11 @@ def progress_line(job: dict[str, Any]) -> str:
         done, total = progress.get("cells_done"), progress.get("cells_total")
         cells = f" {done}/{total} cells" if total else ""
         parts.append(f"run {run.get('id')} [{run.get('state')}]{cells}")
+    for step in job.get("steps", []):  # a bisection: its steps, each a job of its own
+        done, total = step.get("cells_done"), step.get("cells_total")
+        cells = f" {done}/{total} cells" if total else ""
+        decision = f" {step['decision']}" if step.get("decision") else ""
+        parts.append(f"step {step.get('step')} [{step.get('state')}{decision}]{cells}")
     return "; ".join(parts)
 
 

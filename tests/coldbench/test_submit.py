@@ -157,3 +157,20 @@ def test_history_ranges_and_bisections_are_checked_before_anything_is_sent() -> 
         done = submit(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and "cannot reach" not in done.stderr, (args, done.stderr)
+
+
+def test_waiting_on_a_bisection_shows_its_steps() -> None:
+    from coldbench.submit import progress_line
+
+    job = {
+        "id": "j",
+        "state": "running",
+        "runs": [],
+        "steps": [
+            {"step": 1, "state": "done", "decision": "lower", "cells_done": 18, "cells_total": 18},
+            {"step": 2, "state": "running", "decision": None, "cells_done": 3, "cells_total": 12},
+        ],
+    }
+    assert progress_line(job) == (
+        "job j: running; step 1 [done lower] 18/18 cells; step 2 [running] 3/12 cells"
+    )
