@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import plotly.graph_objects as go
-import plotly.io as pio
 from plotly import colors as plotly_colors
 
 from evidence.drift import as_utc
@@ -157,7 +155,7 @@ def _provenance_view(provenance: Provenance) -> dict[str, Any]:
 
 def _layout(title_x: str, title_y: str, **extra: Any) -> dict[str, Any]:
     return {
-        "template": "plotly_white",
+        "template": _template(),
         "xaxis": {"title": {"text": title_x}},
         "yaxis": {"title": {"text": title_y}},
         "margin": {"t": 30},
@@ -166,44 +164,93 @@ def _layout(title_x: str, title_y: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _spec(figure: go.Figure) -> Any:
-    return json.loads(pio.to_json(figure, validate=False))
+@functools.cache
+def _template() -> Any:
+    """plotly's `plotly_white` template as the JSON that plotly.js draws with (the Python
+    package expands a named template into every figure; plotly.js knows no names)."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    return json.loads(pio.to_json(go.Figure(layout={"template": "plotly_white"})))["layout"][
+        "template"
+    ]
 
 
-def history_figure(history: Mapping[str, Any]) -> go.Figure:
+# Figures are plotly's JSON built as plain dicts, the shape `plotly.io.to_json` gives for the
+# same go.Figure: plotly's graph objects validate and copy every value on assignment, which
+# for the ten thousand points of a large job cost more than its statistics.
+
+
+def _figure(layout: dict[str, Any]) -> dict[str, Any]:
+    return {"data": [], "layout": layout}
+
+
+def _hline(figure: dict[str, Any], y: float, dash: str, color: str) -> None:
+    """`go.Figure.add_hline`: a line across the plot at `y`."""
+    figure["layout"].setdefault("shapes", []).append(
+        {
+            "line": {"color": color, "dash": dash},
+            "type": "line",
+            "x0": 0,
+            "x1": 1,
+            "xref": "x domain",
+            "y0": y,
+            "y1": y,
+            "yref": "y",
+        }
+    )
+
+
+def _vline(figure: dict[str, Any], x: float, dash: str, color: str) -> None:
+    """`go.Figure.add_vline`: a line across the plot at `x`."""
+    figure["layout"].setdefault("shapes", []).append(
+        {
+            "line": {"color": color, "dash": dash},
+            "type": "line",
+            "x0": x,
+            "x1": x,
+            "xref": "x",
+            "y0": 0,
+            "y1": 1,
+            "yref": "y domain",
+        }
+    )
+
+
+def _error_y(high: list[float], low: list[float]) -> dict[str, Any]:
+    return {"array": high, "arrayminus": low, "symmetric": False, "type": "data"}
+
+
+def history_figure(history: Mapping[str, Any]) -> dict[str, Any]:
     """The paired ratio of each commit to the reference, in commit order, with its interval;
     one line per context; each step (neighbouring intervals apart) marked."""
     labels = [short(c["commit"], c["variant"]) for c in history["commits"]]
-    figure = go.Figure(layout=_layout("commit (oldest first)", "ratio to the reference (95% CI)"))
+    figure = _figure(_layout("commit (oldest first)", "ratio to the reference (95% CI)"))
     for series in history["series"]:
         points = [(label, p) for label, p in zip(labels, series["points"], strict=True)]
         measured = [(label, p) for label, p in points if p["ratio_median"] is not None]
-        figure.add_trace(
-            go.Scatter(
-                name=f"{series['context_tokens']} tokens",
-                x=[label for label, _ in measured],
-                y=[p["ratio_median"] for _, p in measured],
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "array": [
-                        (p["ci_high"] or p["ratio_median"]) - p["ratio_median"] for _, p in measured
-                    ],
-                    "arrayminus": [
-                        p["ratio_median"] - (p["ci_low"] or p["ratio_median"]) for _, p in measured
-                    ],
-                },
-                mode="lines+markers",
-            )
+        figure["data"].append(
+            {
+                "error_y": _error_y(
+                    [(p["ci_high"] or p["ratio_median"]) - p["ratio_median"] for _, p in measured],
+                    [p["ratio_median"] - (p["ci_low"] or p["ratio_median"]) for _, p in measured],
+                ),
+                "mode": "lines+markers",
+                "name": f"{series['context_tokens']} tokens",
+                "x": [label for label, _ in measured],
+                "y": [p["ratio_median"] for _, p in measured],
+                "type": "scatter",
+            }
         )
     for step in history["steps"]:
-        figure.add_vline(
-            x=labels.index(short(step["to_commit"], step["to_variant"])) - 0.5,
-            line_dash="dot",
-            line_color="#b3261e",
+        _vline(
+            figure,
+            labels.index(short(step["to_commit"], step["to_variant"])) - 0.5,
+            "dot",
+            "#b3261e",
         )
-    figure.add_hline(y=1.0, line_dash="dash", line_color="#888")
-    figure.update_xaxes(type="category", categoryorder="array", categoryarray=labels)
+    _hline(figure, 1.0, "dash", "#888")
+    figure["layout"]["xaxis"].update(type="category", categoryorder="array", categoryarray=labels)
     return figure
 
 
@@ -254,108 +301,105 @@ def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list
     # One colour per variant in every chart.
     color = {v: palette[i % len(palette)] for i, v in enumerate(summary["variants"])}
     figures = []
-    tps = go.Figure(layout=_layout("context tokens", "prefill tok/s (median, bars: quartiles)"))
+    tps = _figure(_layout("context tokens", "prefill tok/s (median, bars: quartiles)"))
     for variant in summary["variants"]:
         rows = [r for r in summary["descriptive"] if r["variant"] == variant and r["prefill_tps"]]
-        tps.add_trace(
-            go.Scatter(
-                name=variant,
-                x=[r["context_tokens"] for r in rows],
-                y=[r["prefill_tps"]["median"] for r in rows],
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "array": [r["prefill_tps"]["q3"] - r["prefill_tps"]["median"] for r in rows],
-                    "arrayminus": [
-                        r["prefill_tps"]["median"] - r["prefill_tps"]["q1"] for r in rows
-                    ],
-                },
-                mode="lines+markers",
-                marker={"color": color[variant]},
-                line={"color": color[variant]},
-            )
+        tps["data"].append(
+            {
+                "error_y": _error_y(
+                    [r["prefill_tps"]["q3"] - r["prefill_tps"]["median"] for r in rows],
+                    [r["prefill_tps"]["median"] - r["prefill_tps"]["q1"] for r in rows],
+                ),
+                "line": {"color": color[variant]},
+                "marker": {"color": color[variant]},
+                "mode": "lines+markers",
+                "name": variant,
+                "x": [r["context_tokens"] for r in rows],
+                "y": [r["prefill_tps"]["median"] for r in rows],
+                "type": "scatter",
+            }
         )
-    tps.update_xaxes(type="log")
-    figures.append({"id": "fig-tps", "title": "Prefill tok/s against context", "spec": _spec(tps)})
+    tps["layout"]["xaxis"]["type"] = "log"
+    figures.append({"id": "fig-tps", "title": "Prefill tok/s against context", "spec": tps})
 
-    ratio = go.Figure(layout=_layout("context tokens", "paired ratio to the baseline (95% CI)"))
-    strips = go.Figure(layout=_layout("variant @ context", "per-round paired ratio"))
+    ratio = _figure(_layout("context tokens", "paired ratio to the baseline (95% CI)"))
+    strips = _figure(_layout("variant @ context", "per-round paired ratio"))
     by_variant: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for c in summary["comparisons"]:
         by_variant[c["variant"]].append(c)
-        strips.add_trace(
-            go.Box(
-                name=f"{c['variant']} @ {c['context_tokens']}",
-                y=[r["ratio"] for r in c["ratios"]],
-                text=[f"run {r['run_id']} round {r['round']}" for r in c["ratios"]],
-                boxpoints="all",
-                jitter=0.4,
-                pointpos=0,
-                fillcolor="rgba(0,0,0,0)",
-                marker={"color": color.get(c["variant"], "#444")},
-                line={"width": 1, "color": color.get(c["variant"], "#444")},
-                showlegend=False,
-            )
+        strips["data"].append(
+            {
+                "boxpoints": "all",
+                "fillcolor": "rgba(0,0,0,0)",
+                "jitter": 0.4,
+                "line": {"color": color.get(c["variant"], "#444"), "width": 1},
+                "marker": {"color": color.get(c["variant"], "#444")},
+                "name": f"{c['variant']} @ {c['context_tokens']}",
+                "pointpos": 0,
+                "showlegend": False,
+                "text": [f"run {r['run_id']} round {r['round']}" for r in c["ratios"]],
+                "y": [r["ratio"] for r in c["ratios"]],
+                "type": "box",
+            }
         )
     for variant, rows in by_variant.items():
         rows = [r for r in rows if r["ratio_median"] is not None]
-        ratio.add_trace(
-            go.Scatter(
-                name=variant,
-                x=[r["context_tokens"] for r in rows],
-                y=[r["ratio_median"] for r in rows],
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "array": [
-                        (r["ci_high"] or r["ratio_median"]) - r["ratio_median"] for r in rows
-                    ],
-                    "arrayminus": [
-                        r["ratio_median"] - (r["ci_low"] or r["ratio_median"]) for r in rows
-                    ],
-                },
-                mode="lines+markers",
-                marker={"color": color[variant]},
-                line={"color": color[variant]},
-            )
+        ratio["data"].append(
+            {
+                "error_y": _error_y(
+                    [(r["ci_high"] or r["ratio_median"]) - r["ratio_median"] for r in rows],
+                    [r["ratio_median"] - (r["ci_low"] or r["ratio_median"]) for r in rows],
+                ),
+                "line": {"color": color[variant]},
+                "marker": {"color": color[variant]},
+                "mode": "lines+markers",
+                "name": variant,
+                "x": [r["context_tokens"] for r in rows],
+                "y": [r["ratio_median"] for r in rows],
+                "type": "scatter",
+            }
         )
     for figure in (ratio, strips):
-        figure.add_hline(y=1.0, line_dash="dash", line_color="#888")
-    ratio.update_xaxes(type="log")
-    figures.append(
-        {"id": "fig-ratio", "title": "Paired ratio against context", "spec": _spec(ratio)}
-    )
-    figures.append({"id": "fig-strips", "title": "Per-round ratios", "spec": _spec(strips)})
+        _hline(figure, 1.0, "dash", "#888")
+    ratio["layout"]["xaxis"]["type"] = "log"
+    figures.append({"id": "fig-ratio", "title": "Paired ratio against context", "spec": ratio})
+    figures.append({"id": "fig-strips", "title": "Per-round ratios", "spec": strips})
 
-    timeline = go.Figure(
-        layout=_layout("wall time (UTC)", "prefill tok/s / baseline median at that context")
+    timeline = _figure(
+        _layout("wall time (UTC)", "prefill tok/s / baseline median at that context")
     )
-    measured = [r for r in records if r.status == "ok" and r.round >= 0 and r.prefill_tps]
+    measured = sorted(
+        (r for r in records if r.status == "ok" and r.round >= 0 and r.prefill_tps),
+        key=lambda r: as_utc(r.started_at),
+    )
     reference: dict[tuple[str, int], list[float]] = defaultdict(list)
     for record in measured:
         if record.variant == summary["baseline"]:
             reference[(record.run_id, record.context_tokens)].append(record.prefill_tps or 0.0)
     medians = {key: sorted(values)[len(values) // 2] for key, values in reference.items()}
+    by_variant_points: dict[str, list[Record]] = defaultdict(list)
+    for record in measured:
+        if (record.run_id, record.context_tokens) in medians:
+            by_variant_points[record.variant].append(record)
     for variant in summary["variants"]:
-        points = [
-            r
-            for r in sorted(measured, key=lambda r: as_utc(r.started_at))
-            if r.variant == variant and (r.run_id, r.context_tokens) in medians
-        ]
+        points = by_variant_points.get(variant)
         if not points:
             continue
-        timeline.add_trace(
-            go.Scatter(
-                name=variant,
-                x=[r.started_at.isoformat() for r in points],
-                y=[(r.prefill_tps or 0.0) / medians[(r.run_id, r.context_tokens)] for r in points],
-                text=[f"{r.run_id} round {r.round} ctx {r.context_tokens}" for r in points],
-                mode="lines+markers" if variant == summary["baseline"] else "markers",
-                marker={"color": color[variant]},
-                line={"color": color[variant]},
-            )
+        timeline["data"].append(
+            {
+                "line": {"color": color[variant]},
+                "marker": {"color": color[variant]},
+                "mode": "lines+markers" if variant == summary["baseline"] else "markers",
+                "name": variant,
+                "text": [f"{r.run_id} round {r.round} ctx {r.context_tokens}" for r in points],
+                "x": [r.started_at.isoformat() for r in points],
+                "y": [
+                    (r.prefill_tps or 0.0) / medians[(r.run_id, r.context_tokens)] for r in points
+                ],
+                "type": "scatter",
+            }
         )
-    figures.append({"id": "fig-drift", "title": "Drift timeline", "spec": _spec(timeline)})
+    figures.append({"id": "fig-drift", "title": "Drift timeline", "spec": timeline})
 
     history = summary.get("history")
     if history:
@@ -363,38 +407,33 @@ def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list
             {
                 "id": "fig-history",
                 "title": "Ratio to the reference along the history",
-                "spec": _spec(history_figure(history)),
+                "spec": history_figure(history),
             }
         )
 
     ablation = summary.get("ablation")
     if ablation:
-        bars = go.Figure(layout=_layout("feature", "all / all-minus-feature (95% CI)"))
+        bars = _figure(_layout("feature", "all / all-minus-feature (95% CI)"))
         for context in summary["contexts"]:
             rows = [
                 e
                 for e in ablation["entries"]
                 if e["context_tokens"] == context and e["ratio_median"] is not None
             ]
-            bars.add_trace(
-                go.Bar(
-                    name=f"{context} tokens",
-                    x=[e["feature"] for e in rows],
-                    y=[e["ratio_median"] - 1 for e in rows],
-                    base=1,
-                    error_y={
-                        "type": "data",
-                        "symmetric": False,
-                        "array": [
-                            (e["ci_high"] or e["ratio_median"]) - e["ratio_median"] for e in rows
-                        ],
-                        "arrayminus": [
-                            e["ratio_median"] - (e["ci_low"] or e["ratio_median"]) for e in rows
-                        ],
-                    },
-                )
+            bars["data"].append(
+                {
+                    "base": 1,
+                    "error_y": _error_y(
+                        [(e["ci_high"] or e["ratio_median"]) - e["ratio_median"] for e in rows],
+                        [e["ratio_median"] - (e["ci_low"] or e["ratio_median"]) for e in rows],
+                    ),
+                    "name": f"{context} tokens",
+                    "x": [e["feature"] for e in rows],
+                    "y": [e["ratio_median"] - 1 for e in rows],
+                    "type": "bar",
+                }
             )
-        figures.append({"id": "fig-ablation", "title": "Ablation", "spec": _spec(bars)})
+        figures.append({"id": "fig-ablation", "title": "Ablation", "spec": bars})
     return figures
 
 
