@@ -30,6 +30,7 @@ from scipy import stats as scipy_stats
 
 from evidence.schemas import Record
 from evidence.stats import CellIndex, StatsOptions, comparison_seed, median_interval
+from evidence.summary_schema import Comparison, Drift
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -150,19 +151,20 @@ def drift_section(
     *,
     baseline: str,
     variants: Sequence[str],
-    comparisons: Sequence[dict[str, Any]],
+    comparisons: Sequence[Comparison],
     options: StatsOptions,
     per_context: bool = False,
-) -> dict[str, Any]:
+) -> Drift:
+    """summary.json's `drift` (the module docstring)."""
     claimed = [
-        abs(c["ratio_median"] - 1)
+        abs(c.ratio_median - 1)
         for c in comparisons
-        if c["verdict"] in ("faster", "slower") and c["ratio_median"] is not None
+        if c.verdict in ("faster", "slower") and c.ratio_median is not None
     ]
     threshold_pct = 100 * (min(claimed) if claimed else options.precision)
-    runs = []
+    runs: list[dict[str, Any]] = []
     for run_id, records in sorted(_by_run(index, baseline).items()):
-        run = {"run_id": run_id, **trend(records, threshold_pct)}
+        run: dict[str, Any] = {"run_id": run_id, **trend(records, threshold_pct)}
         if per_context:
             contexts = sorted({r.context_tokens for r in records})
             run["by_context"] = [
@@ -174,10 +176,12 @@ def drift_section(
             ]
             run["flagged"] = run["flagged"] or any(c["flagged"] for c in run["by_context"])
         runs.append(run)
-    return {
-        "threshold_pct": threshold_pct,
-        "threshold_source": "smallest claimed effect" if claimed else "requested precision",
-        "flagged": any(run["flagged"] for run in runs),
-        "runs": runs,
-        "bracketing": bracketing(index, baseline=baseline, variants=variants, options=options),
-    }
+    return Drift.model_validate(
+        {
+            "threshold_pct": threshold_pct,
+            "threshold_source": "smallest claimed effect" if claimed else "requested precision",
+            "flagged": any(run["flagged"] for run in runs),
+            "runs": runs,
+            "bracketing": bracketing(index, baseline=baseline, variants=variants, options=options),
+        }
+    )

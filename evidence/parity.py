@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from evidence.stats import CellIndex
+from evidence.summary_schema import Parity
 
 # Logit units. Reduced-precision kernels reorder sums and move logits by about 1e-2; a margin
 # under 0.1 is a near tie that such rounding can flip.
@@ -38,7 +39,8 @@ def first_divergence(candidate: Sequence[int], reference: Sequence[int]) -> int 
 
 def parity_section(
     index: CellIndex, *, variants: Sequence[str], baseline: str, margin_threshold: float
-) -> dict[str, Any]:
+) -> Parity:
+    """summary.json's `parity`."""
     base = index.of_variant(baseline)
     cells = []
     for variant in variants:
@@ -77,14 +79,16 @@ def parity_section(
                     cell["result"] = "diverged"
             cells.append(cell)
     counts = Counter(cell["result"] for cell in cells)
-    return {
-        "margin_threshold": margin_threshold,
-        "policy": (
-            "exact ids, or a first divergence accepted only where the baseline's top-2 logit "
-            f"margin at that step is below {margin_threshold}"
-        ),
-        "counts": {
-            name: counts.get(name, 0) for name in ("exact", "accepted", "diverged", "unknown")
-        },
-        "cells": cells,
-    }
+    return Parity.model_validate(
+        {
+            "margin_threshold": margin_threshold,
+            "policy": (
+                "exact ids, or a first divergence accepted only where the baseline's top-2 logit "
+                f"margin at that step is below {margin_threshold}"
+            ),
+            "counts": {
+                name: counts.get(name, 0) for name in ("exact", "accepted", "diverged", "unknown")
+            },
+            "cells": cells,
+        }
+    )
