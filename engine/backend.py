@@ -11,17 +11,17 @@ from typing import Any
 
 import mlx.core as mx
 
-# feature -> backends on which its fast path can dispatch (kernels/ registers its own here)
-FEATURE_BACKENDS: dict[str, tuple[str, ...]] = {}
+import kernels
+
+# feature -> backends on which its fast path can dispatch (every fast path of kernels/)
+FEATURE_BACKENDS: dict[str, tuple[str, ...]] = {
+    name: kernels.BACKENDS for name in kernels.FAST_PATHS
+}
 
 
 def detect_backend() -> str:
-    if mx.metal.is_available():
-        return "metal"
-    cuda = getattr(mx, "cuda", None)
-    if cuda is not None and cuda.is_available():
-        return "cuda"
-    return "cpu"
+    """`metal`, `cuda` or `cpu` (kernels/ decides the same way, so gates and cells agree)."""
+    return kernels.detect_backend()
 
 
 def describe_backend() -> dict[str, Any]:

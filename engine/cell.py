@@ -22,7 +22,9 @@ import numpy as np
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
+import kernels
 from engine.backend import not_exercised
+from engine.fastpaths import KernelSteps
 from engine.flags import Flags
 from engine.judge import (
     AtLeast,
@@ -135,16 +137,49 @@ def _model_type(model: Any) -> str:
     return str(getattr(getattr(model, "args", None), "model_type", type(model).__name__))
 
 
-_FORWARDS: dict[int, tuple[Any, CompiledForward]] = {}
+class KernelForward(Forward):
+    """The fast-path flags (`fused_swiglu`, `fused_add_rms_norm`): the backbone runs through
+    `engine.fastpaths.KernelSteps`, whose kernel calls count their own dispatches and
+    fallbacks (`kernels.COUNTERS`). A model the step cannot drive runs its own forward and
+    `reason` says why (recorded as each requested fast path's fallback)."""
+
+    def __init__(self, model: Any, flags: Flags) -> None:
+        super().__init__(model)
+        self.steps: KernelSteps | None = None
+        if not self.has_backbone:
+            self.reason: str | None = f"architecture {_model_type(model)} has no split layer step"
+        else:
+            self.steps = KernelSteps(
+                self.inner,
+                _model_type(model),
+                fused_swiglu=flags.fused_swiglu,
+                fused_norm=flags.fused_add_rms_norm,
+            )
+            self.reason = self.steps.reason
+
+    def backbone(self, tokens: mx.array, prompt_cache: list[Any]) -> mx.array:
+        if self.steps is None or self.reason:
+            return super().backbone(tokens, prompt_cache)
+        return self.steps.backbone(tokens, prompt_cache)
+
+
+_FORWARDS: dict[tuple[int, tuple[str, ...]], tuple[Any, Forward]] = {}
 
 
 def forward_for(model: Any, flags: Flags) -> Forward:
-    if not flags.compile:
+    """The forward of `flags` for `model`, built once per (model, flags) for its lifetime."""
+    if flags.compile:
+        key: tuple[str, ...] = ("compile",)
+        build: Any = CompiledForward
+    elif flags.fast_paths():
+        key = tuple(flags.fast_paths())
+        build = lambda model: KernelForward(model, flags)  # noqa: E731 - one-line factory
+    else:
         return Forward(model)
-    kept = _FORWARDS.get(id(model))
+    kept = _FORWARDS.get((id(model), key))
     if kept is None or kept[0] is not model:
-        kept = (model, CompiledForward(model))
-        _FORWARDS[id(model)] = kept
+        kept = (model, build(model))
+        _FORWARDS[(id(model), key)] = kept
     forward = kept[1]
     forward.dispatched = 0
     return forward
@@ -178,6 +213,7 @@ def run_cell(
         "clear_cache.dispatched": 0,
         "cache_clears": 0,
         "compile.dispatched": 0,
+        **{f"{name}.dispatched": 0 for name in kernels.FAST_PATHS},
     }
     result: dict[str, Any] = {
         "prompt_tokens": len(prompt_ids),
@@ -205,8 +241,10 @@ def run_cell(
         cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
         cached = cache_offset(cache)
         result["cached_tokens"] = cached
+        kernels.COUNTERS.reset()
         widths = _measure(forward, cache, prompt_ids, flags, decode_tokens, result, counters)
         counters["compile.dispatched"] = forward.dispatched if flags.compile else 0
+        fast_path_counters(forward, flags, counters)
         judge_cell(
             context_tokens=context_tokens,
             decode_tokens=decode_tokens,
@@ -299,6 +337,19 @@ def _measure(
     result["output_margins"] = margin_values[: len(output_ids)]
     result["peak_memory_bytes"] = int(mx.get_peak_memory())
     return widths
+
+
+def fast_path_counters(forward: Forward, flags: Flags, counters: dict[str, Any]) -> None:
+    """`<flag>.dispatched` (kernel launches in the cell's prefill and decode) and
+    `<flag>.fallback` (the first reason a requested fast path ran its reference, with how many
+    of its calls did) for every fast path of kernels/."""
+    for name in kernels.FAST_PATHS:
+        counters[f"{name}.dispatched"] = kernels.COUNTERS.dispatched[name]
+        if name in flags.fast_paths():
+            why = forward.reason if isinstance(forward, KernelForward) else None
+            reason = f"{name}: {why}" if why else kernels.COUNTERS.fallback_reason(name)
+            if reason is not None:
+                counters[f"{name}.fallback"] = reason
 
 
 def execution(

@@ -4,6 +4,15 @@
 - `clear_cache` (bool, default true): stock mlx-lm empties MLX's buffer cache after every
   chunk; `false` keeps the buffers for the next chunk.
 - `compile` (bool, default false): the per-layer MLP half runs through `mx.compile`.
+- `fused_swiglu` (bool, default false): the MLPs' `silu(gate) * up` runs through
+  `kernels.swiglu` (one Metal/CUDA kernel) where its gate allows, else its reference.
+- `fused_add_rms_norm` (bool, default false): each residual add and the RMSNorm after it run
+  through `kernels.add_rms_norm` (one kernel per row) where its gate allows.
+
+The fast-path flags (`kernels.FAST_PATHS`) cannot be combined with `compile`: a compiled
+layer step runs its Python once per shape, so it could not count the kernels' dispatches.
+`COLDBENCH_DISABLE_KERNELS=name,name` (or `all`) sends requested fast paths to their reference
+paths, which the cell records as `<flag>.fallback` (the cell is then `fell back: <flag>`).
 
 Counters (`engine.cell`): `<flag>.dispatched` counts how often the flag's non-default path ran
 (`prefill_step_size`: chunks exactly that wide; `chunk_widths` lists them all). What each
@@ -17,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from kernels import FAST_PATHS
+
 MAX_PREFILL_STEP = 1 << 20
 
 
@@ -25,6 +36,8 @@ class Flags:
     prefill_step_size: int = 2048
     clear_cache: bool = True
     compile: bool = False
+    fused_swiglu: bool = False
+    fused_add_rms_norm: bool = False
 
     @classmethod
     def parse(cls, values: Mapping[str, Any] | None) -> Flags:
@@ -39,10 +52,20 @@ class Flags:
                 parsed[name] = _positive_int(name, value)
             else:
                 parsed[name] = _boolean(name, value)
-        return cls(**parsed)
+        flags = cls(**parsed)
+        if flags.compile and flags.fast_paths():
+            raise ValueError(
+                f"flag compile cannot be combined with {', '.join(flags.fast_paths())}: the "
+                "compiled layer step would hide the kernels' dispatch counts"
+            )
+        return flags
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def fast_paths(self) -> list[str]:
+        """The requested fast paths of kernels/ (flags named like them, set to true)."""
+        return [name for name in FAST_PATHS if getattr(self, name)]
 
     def non_default(self) -> dict[str, Any]:
         default = Flags()

@@ -15,8 +15,15 @@ peak = weights (the safetensors files' bytes)
 
 The device's memory is Metal's recommended working set, CUDA's total memory, or the system's
 memory on the CPU; `COLDBENCH_DEVICE_MEMORY_BYTES` overrides it (a host sharing its GPU, or a
-test simulating a small device). Peak memory measured per cell stays in the records
-(`peak_memory_bytes`), so every report shows the estimate's accuracy against context.
+test simulating a small device). The variant processes of one run are resident on the device at
+the same time (they interleave cell by cell), so the orchestrator tells each how many peers it
+has (`COLDBENCH_PEER_PROCESSES`) and the guard leaves each peer its weights: between cells a
+process holds only its weights, because the runner hands MLX's buffer cache back after every
+cell (`release_cached_buffers`). Measured on the H200 (2026-12-01): without that, an idle
+process kept its last cell's buffers, and 64K and 128K cells of two 8B processes ran out of
+device memory, after which every later cell of that process failed too. Peak memory measured
+per cell stays in the records (`peak_memory_bytes`), so every report shows the estimate's
+accuracy against context.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ if TYPE_CHECKING:
     from engine.plan import Plan
 
 DEVICE_MEMORY_ENV = "COLDBENCH_DEVICE_MEMORY_BYTES"
+PEER_PROCESSES_ENV = "COLDBENCH_PEER_PROCESSES"
 DEFAULT_CHUNK = 2048  # generate_step's and the embedded cell's default prefill_step_size
 KV_STEP = 256  # mlx-lm's KVCache grows in steps of this many positions
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -180,6 +188,31 @@ def attention_materializes_scores(dtype: str, heads: int, kv_heads: int, head_di
     return used >= scores
 
 
+def peer_processes() -> int:
+    """Other variant processes of this run resident on the same device (the orchestrator's
+    count; 0 when unset, as for a process run by hand)."""
+    configured = os.environ.get(PEER_PROCESSES_ENV, "0")
+    try:
+        value = int(configured)
+        if value < 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"{PEER_PROCESSES_ENV}={configured!r} must be a whole number of processes"
+        ) from None
+    return value
+
+
+def release_cached_buffers() -> None:
+    """Hand MLX's buffer cache back to the device once the work queued so far is done, so an
+    idle variant process holds only its weights while its peers run their cells (and every cell
+    starts from the same empty cache)."""
+    import mlx.core as mx
+
+    mx.synchronize()
+    mx.clear_cache()
+
+
 def weights_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).glob("model*.safetensors") if p.is_file())
 
@@ -196,8 +229,10 @@ class MemoryGuard:
         chunk_tokens: int,
         device: DeviceMemory,
         attention_materialized: bool,
+        peers: int = 0,
     ) -> None:
         self.config = dict(config)
+        self.peers = peers
         self.weights_bytes = weights_bytes
         self.chunk_tokens = chunk_tokens
         self.device = device
@@ -231,6 +266,7 @@ class MemoryGuard:
             chunk_tokens=chunk_tokens,
             device=device_memory(),
             attention_materialized=attention_materializes_scores(dtype, heads, kv_heads, head_dim),
+            peers=peer_processes(),
         )
 
     @classmethod
@@ -253,8 +289,15 @@ class MemoryGuard:
         if self.device.bytes is None:
             return
         needed = self.estimate(context_tokens)
-        if needed.total_bytes > self.device.bytes:
+        held_by_peers = self.peers * self.weights_bytes
+        if needed.total_bytes > self.device.bytes - held_by_peers:
+            peers = (
+                f", {gib(held_by_peers)} of it held by the weights of {self.peers} other "
+                f"variant process{'es' if self.peers > 1 else ''} of this run"
+                if self.peers
+                else ""
+            )
             raise ContextTooLarge(
                 f"context {context_tokens} tokens does not fit: it needs {needed.describe()}, "
-                f"the device has {gib(self.device.bytes)} ({self.device.source})"
+                f"the device has {gib(self.device.bytes)} ({self.device.source}{peers})"
             )

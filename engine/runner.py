@@ -25,6 +25,7 @@ import sys
 from typing import IO, Any
 
 from engine.cell import now_iso
+from engine.memory import release_cached_buffers
 from engine.plan import CellRequest, Plan
 
 log = logging.getLogger("engine.runner")
@@ -97,6 +98,10 @@ class VariantProcess:
         self._append(record)
         if not warmup:  # the warm-up travels in the ready event: stdout starts with "ready"
             self.emit({"event": "record", "record": record})
+        # Between cells this process holds only its weights (engine.memory). After the record
+        # is out: a device error here (a CUDA context broken by the cell) ends the process, and
+        # the orchestrator starts a fresh instance for the next cell instead of losing them all.
+        release_cached_buffers()
         return record
 
     def _append(self, record: dict[str, Any]) -> None:

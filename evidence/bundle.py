@@ -258,16 +258,22 @@ def build_bundle(
         "summary": summary,
         "extra_files": extra_files,
     }
-    # The report lists the digests of the data files it was rendered from.
-    data_files = bundle_files(**common)
-    digests = {name: sha256_hex(data) for name, data in data_files.items() if name != MANIFEST_FILE}
-    files = bundle_files(
-        **common,
-        summary_md=render_summary_md(summary, provenance_list, evidence_id=None),
-        report_html=render_report_html(
-            summary, parsed, provenance_list, None, file_digests=digests
-        ),
+    for name in (SUMMARY_MD_FILE, REPORT_FILE):
+        if name in (extra_files or {}):
+            raise ValueError(f"extra file {name!r} would replace a bundle file")
+    # The report lists the digests of the data files it was rendered from. The data files are
+    # encoded once (records.jsonl and summary.json are most of a large bundle's bytes); the
+    # views join them and the manifest is made again over all of them.
+    files = bundle_files(**common)
+    del files[MANIFEST_FILE]
+    digests = {name: sha256_hex(data) for name, data in files.items()}
+    files[SUMMARY_MD_FILE] = render_summary_md(summary, provenance_list, evidence_id=None).encode(
+        "utf-8"
     )
+    files[REPORT_FILE] = render_report_html(
+        summary, parsed, provenance_list, None, file_digests=digests
+    ).encode("utf-8")
+    files[MANIFEST_FILE] = build_manifest(files, provenance_document(provenance_list))
     return files, summary
 
 

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import plotly.graph_objects as go
-import plotly.io as pio
 from plotly import colors as plotly_colors
 
 from evidence.drift import as_utc
@@ -164,7 +162,7 @@ def _provenance_view(provenance: Provenance) -> dict[str, Any]:
 
 def _layout(title_x: str, title_y: str, **extra: Any) -> dict[str, Any]:
     return {
-        "template": "plotly_white",
+        "template": _template(),
         "xaxis": {"title": {"text": title_x}},
         "yaxis": {"title": {"text": title_y}},
         "margin": {"t": 30},
@@ -173,50 +171,101 @@ def _layout(title_x: str, title_y: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _spec(figure: go.Figure) -> Any:
-    return json.loads(pio.to_json(figure, validate=False))
+@functools.cache
+def _template() -> Any:
+    """plotly's `plotly_white` template as the JSON that plotly.js draws with (the Python
+    package expands a named template into every figure; plotly.js knows no names)."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    return json.loads(pio.to_json(go.Figure(layout={"template": "plotly_white"})))["layout"][
+        "template"
+    ]
 
 
-def _error_bars(
-    rows: Sequence[tuple[float, float | None, float | None]],
-) -> dict[str, Any]:
-    """Asymmetric error bars from (median, low, high); a missing bound draws no bar."""
-    return {
-        "type": "data",
-        "symmetric": False,
-        "array": [(high or median) - median for median, _, high in rows],
-        "arrayminus": [median - (low or median) for median, low, _ in rows],
-    }
+# Figures are plotly's JSON built as plain dicts, the shape `plotly.io.to_json` gives for the
+# same go.Figure: plotly's graph objects validate and copy every value on assignment, which
+# for the ten thousand points of a large job cost more than its statistics.
 
 
-def history_figure(history: History) -> go.Figure:
+def _figure(layout: dict[str, Any]) -> dict[str, Any]:
+    return {"data": [], "layout": layout}
+
+
+def _hline(figure: dict[str, Any], y: float, dash: str, color: str) -> None:
+    """`go.Figure.add_hline`: a line across the plot at `y`."""
+    figure["layout"].setdefault("shapes", []).append(
+        {
+            "line": {"color": color, "dash": dash},
+            "type": "line",
+            "x0": 0,
+            "x1": 1,
+            "xref": "x domain",
+            "y0": y,
+            "y1": y,
+            "yref": "y",
+        }
+    )
+
+
+def _vline(figure: dict[str, Any], x: float, dash: str, color: str) -> None:
+    """`go.Figure.add_vline`: a line across the plot at `x`."""
+    figure["layout"].setdefault("shapes", []).append(
+        {
+            "line": {"color": color, "dash": dash},
+            "type": "line",
+            "x0": x,
+            "x1": x,
+            "xref": "x",
+            "y0": 0,
+            "y1": 1,
+            "yref": "y domain",
+        }
+    )
+
+
+def _error_y(high: list[float], low: list[float]) -> dict[str, Any]:
+    return {"array": high, "arrayminus": low, "symmetric": False, "type": "data"}
+
+
+def _interval_bars(rows: Sequence[tuple[float, float | None, float | None]]) -> dict[str, Any]:
+    """Error bars of (median, low, high) intervals; a missing bound draws no bar."""
+    return _error_y(
+        [(high or median) - median for median, _, high in rows],
+        [median - (low or median) for median, low, _ in rows],
+    )
+
+
+def history_figure(history: History) -> dict[str, Any]:
     """The paired ratio of each commit to the reference, in commit order, with its interval;
     one line per context; each step (neighbouring intervals apart) marked."""
     labels = [short(c.commit, c.variant) for c in history.commits]
-    figure = go.Figure(layout=_layout("commit (oldest first)", "ratio to the reference (95% CI)"))
+    figure = _figure(_layout("commit (oldest first)", "ratio to the reference (95% CI)"))
     for series in history.series:
         measured = [
             (label, p.ratio_median, p.ci_low, p.ci_high)
             for label, p in zip(labels, series.points, strict=True)
             if p.ratio_median is not None
         ]
-        figure.add_trace(
-            go.Scatter(
-                name=f"{series.context_tokens} tokens",
-                x=[label for label, *_ in measured],
-                y=[median for _, median, *_ in measured],
-                error_y=_error_bars([(median, low, high) for _, median, low, high in measured]),
-                mode="lines+markers",
-            )
+        figure["data"].append(
+            {
+                "error_y": _interval_bars([(m, low, high) for _, m, low, high in measured]),
+                "mode": "lines+markers",
+                "name": f"{series.context_tokens} tokens",
+                "x": [label for label, *_ in measured],
+                "y": [m for _, m, *_ in measured],
+                "type": "scatter",
+            }
         )
     for step in history.steps:
-        figure.add_vline(
-            x=labels.index(short(step.to_commit, step.to_variant)) - 0.5,
-            line_dash="dot",
-            line_color="#b3261e",
+        _vline(
+            figure,
+            labels.index(short(step.to_commit, step.to_variant)) - 0.5,
+            "dot",
+            "#b3261e",
         )
-    figure.add_hline(y=1.0, line_dash="dash", line_color="#888")
-    figure.update_xaxes(type="category", categoryorder="array", categoryarray=labels)
+    _hline(figure, 1.0, "dash", "#888")
+    figure["layout"]["xaxis"].update(type="category", categoryorder="array", categoryarray=labels)
     return figure
 
 
@@ -267,50 +316,50 @@ def build_figures(summary: Summary, records: Iterable[Record]) -> list[dict[str,
     # One colour per variant in every chart.
     color = {v: palette[i % len(palette)] for i, v in enumerate(summary.variants)}
     figures = []
-    tps = go.Figure(layout=_layout("context tokens", "prefill tok/s (median, bars: quartiles)"))
+    tps = _figure(_layout("context tokens", "prefill tok/s (median, bars: quartiles)"))
     for variant in summary.variants:
         quartiles = [
             (r.context_tokens, r.prefill_tps)
             for r in summary.descriptive
-            if r.variant == variant and r.prefill_tps
+            if r.variant == variant and r.prefill_tps is not None
         ]
-        tps.add_trace(
-            go.Scatter(
-                name=variant,
-                x=[context for context, _ in quartiles],
-                y=[q.median for _, q in quartiles if q],
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "array": [q.q3 - q.median for _, q in quartiles if q],
-                    "arrayminus": [q.median - q.q1 for _, q in quartiles if q],
-                },
-                mode="lines+markers",
-                marker={"color": color[variant]},
-                line={"color": color[variant]},
-            )
+        tps["data"].append(
+            {
+                "error_y": _error_y(
+                    [q.q3 - q.median for _, q in quartiles if q],
+                    [q.median - q.q1 for _, q in quartiles if q],
+                ),
+                "line": {"color": color[variant]},
+                "marker": {"color": color[variant]},
+                "mode": "lines+markers",
+                "name": variant,
+                "x": [context for context, _ in quartiles],
+                "y": [q.median for _, q in quartiles if q],
+                "type": "scatter",
+            }
         )
-    tps.update_xaxes(type="log")
-    figures.append({"id": "fig-tps", "title": "Prefill tok/s against context", "spec": _spec(tps)})
+    tps["layout"]["xaxis"]["type"] = "log"
+    figures.append({"id": "fig-tps", "title": "Prefill tok/s against context", "spec": tps})
 
-    ratio = go.Figure(layout=_layout("context tokens", "paired ratio to the baseline (95% CI)"))
-    strips = go.Figure(layout=_layout("variant @ context", "per-round paired ratio"))
+    ratio = _figure(_layout("context tokens", "paired ratio to the baseline (95% CI)"))
+    strips = _figure(_layout("variant @ context", "per-round paired ratio"))
     by_variant: dict[str, list[Comparison]] = defaultdict(list)
     for c in summary.comparisons:
         by_variant[c.variant].append(c)
-        strips.add_trace(
-            go.Box(
-                name=f"{c.variant} @ {c.context_tokens}",
-                y=[r.ratio for r in c.ratios],
-                text=[f"run {r.run_id} round {r.round}" for r in c.ratios],
-                boxpoints="all",
-                jitter=0.4,
-                pointpos=0,
-                fillcolor="rgba(0,0,0,0)",
-                marker={"color": color.get(c.variant, "#444")},
-                line={"width": 1, "color": color.get(c.variant, "#444")},
-                showlegend=False,
-            )
+        strips["data"].append(
+            {
+                "boxpoints": "all",
+                "fillcolor": "rgba(0,0,0,0)",
+                "jitter": 0.4,
+                "line": {"color": color.get(c.variant, "#444"), "width": 1},
+                "marker": {"color": color.get(c.variant, "#444")},
+                "name": f"{c.variant} @ {c.context_tokens}",
+                "pointpos": 0,
+                "showlegend": False,
+                "text": [f"run {r.run_id} round {r.round}" for r in c.ratios],
+                "y": [r.ratio for r in c.ratios],
+                "type": "box",
+            }
         )
     for variant, comparisons in by_variant.items():
         points = [
@@ -318,83 +367,89 @@ def build_figures(summary: Summary, records: Iterable[Record]) -> list[dict[str,
             for c in comparisons
             if c.ratio_median is not None
         ]
-        ratio.add_trace(
-            go.Scatter(
-                name=variant,
-                x=[context for context, *_ in points],
-                y=[median for _, median, *_ in points],
-                error_y=_error_bars([(median, low, high) for _, median, low, high in points]),
-                mode="lines+markers",
-                marker={"color": color[variant]},
-                line={"color": color[variant]},
-            )
+        ratio["data"].append(
+            {
+                "error_y": _interval_bars([(m, low, high) for _, m, low, high in points]),
+                "line": {"color": color[variant]},
+                "marker": {"color": color[variant]},
+                "mode": "lines+markers",
+                "name": variant,
+                "x": [context for context, *_ in points],
+                "y": [m for _, m, *_ in points],
+                "type": "scatter",
+            }
         )
     for figure in (ratio, strips):
-        figure.add_hline(y=1.0, line_dash="dash", line_color="#888")
-    ratio.update_xaxes(type="log")
-    figures.append(
-        {"id": "fig-ratio", "title": "Paired ratio against context", "spec": _spec(ratio)}
-    )
-    figures.append({"id": "fig-strips", "title": "Per-round ratios", "spec": _spec(strips)})
+        _hline(figure, 1.0, "dash", "#888")
+    ratio["layout"]["xaxis"]["type"] = "log"
+    figures.append({"id": "fig-ratio", "title": "Paired ratio against context", "spec": ratio})
+    figures.append({"id": "fig-strips", "title": "Per-round ratios", "spec": strips})
 
-    timeline = go.Figure(
-        layout=_layout("wall time (UTC)", "prefill tok/s / baseline median at that context")
+    timeline = _figure(
+        _layout("wall time (UTC)", "prefill tok/s / baseline median at that context")
     )
-    measured = [r for r in records if r.status == "ok" and r.round >= 0 and r.prefill_tps]
+    measured = sorted(
+        (r for r in records if r.status == "ok" and r.round >= 0 and r.prefill_tps),
+        key=lambda r: as_utc(r.started_at),
+    )
     reference: dict[tuple[str, int], list[float]] = defaultdict(list)
     for record in measured:
         if record.variant == summary.baseline:
             reference[(record.run_id, record.context_tokens)].append(record.prefill_tps or 0.0)
     medians = {key: sorted(values)[len(values) // 2] for key, values in reference.items()}
+    by_variant_points: dict[str, list[Record]] = defaultdict(list)
+    for record in measured:
+        if (record.run_id, record.context_tokens) in medians:
+            by_variant_points[record.variant].append(record)
     for variant in summary.variants:
-        cells = [
-            r
-            for r in sorted(measured, key=lambda r: as_utc(r.started_at))
-            if r.variant == variant and (r.run_id, r.context_tokens) in medians
-        ]
+        cells = by_variant_points.get(variant)
         if not cells:
             continue
-        timeline.add_trace(
-            go.Scatter(
-                name=variant,
-                x=[r.started_at.isoformat() for r in cells],
-                y=[(r.prefill_tps or 0.0) / medians[(r.run_id, r.context_tokens)] for r in cells],
-                text=[f"{r.run_id} round {r.round} ctx {r.context_tokens}" for r in cells],
-                mode="lines+markers" if variant == summary.baseline else "markers",
-                marker={"color": color[variant]},
-                line={"color": color[variant]},
-            )
+        timeline["data"].append(
+            {
+                "line": {"color": color[variant]},
+                "marker": {"color": color[variant]},
+                "mode": "lines+markers" if variant == summary.baseline else "markers",
+                "name": variant,
+                "text": [f"{r.run_id} round {r.round} ctx {r.context_tokens}" for r in cells],
+                "x": [r.started_at.isoformat() for r in cells],
+                "y": [
+                    (r.prefill_tps or 0.0) / medians[(r.run_id, r.context_tokens)] for r in cells
+                ],
+                "type": "scatter",
+            }
         )
-    figures.append({"id": "fig-drift", "title": "Drift timeline", "spec": _spec(timeline)})
+    figures.append({"id": "fig-drift", "title": "Drift timeline", "spec": timeline})
 
     if summary.history:
         figures.append(
             {
                 "id": "fig-history",
                 "title": "Ratio to the reference along the history",
-                "spec": _spec(history_figure(summary.history)),
+                "spec": history_figure(summary.history),
             }
         )
 
     ablation = summary.ablation
     if ablation:
-        bars = go.Figure(layout=_layout("feature", "all / all-minus-feature (95% CI)"))
+        bars = _figure(_layout("feature", "all / all-minus-feature (95% CI)"))
         for context in summary.contexts:
             entries = [
                 (e.feature, e.ratio_median, e.ci_low, e.ci_high)
                 for e in ablation.entries
                 if e.context_tokens == context and e.ratio_median is not None
             ]
-            bars.add_trace(
-                go.Bar(
-                    name=f"{context} tokens",
-                    x=[feature for feature, *_ in entries],
-                    y=[median - 1 for _, median, *_ in entries],
-                    base=1,
-                    error_y=_error_bars([(median, low, high) for _, median, low, high in entries]),
-                )
+            bars["data"].append(
+                {
+                    "base": 1,
+                    "error_y": _interval_bars([(m, low, high) for _, m, low, high in entries]),
+                    "name": f"{context} tokens",
+                    "x": [feature for feature, *_ in entries],
+                    "y": [m - 1 for _, m, *_ in entries],
+                    "type": "bar",
+                }
             )
-        figures.append({"id": "fig-ablation", "title": "Ablation", "spec": _spec(bars)})
+        figures.append({"id": "fig-ablation", "title": "Ablation", "spec": bars})
     return figures
 
 

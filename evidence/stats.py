@@ -138,6 +138,9 @@ class CellIndex:
     _by_variant: dict[str, dict[tuple[str, int, int], Record]] | None = field(
         default=None, repr=False
     )
+    _at_context: dict[str, dict[int, list[tuple[tuple[str, int, int], Record]]]] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> CellIndex:
@@ -166,6 +169,18 @@ class CellIndex:
             self._by_variant = dict(grouped)
         return self._by_variant.get(variant, {})
 
+    def of_variant_at(
+        self, variant: str, context_tokens: int
+    ) -> list[tuple[tuple[str, int, int], Record]]:
+        """The variant's cells at one context as sorted ((run, round, context), record) items;
+        sorted and split by context once per variant (every comparison of a matrix asks)."""
+        if variant not in self._at_context:
+            grouped: dict[int, list[tuple[tuple[str, int, int], Record]]] = defaultdict(list)
+            for item in sorted(self.of_variant(variant).items()):
+                grouped[item[0][2]].append(item)
+            self._at_context[variant] = dict(grouped)
+        return self._at_context[variant].get(context_tokens, [])
+
 
 def pairs_for(
     index: CellIndex, variant: str, baseline: str, metric: Metric, context_tokens: int
@@ -174,8 +189,8 @@ def pairs_for(
     base = index.of_variant(baseline)
     pairs: list[Pair] = []
     mismatched = 0
-    for key, record in sorted(index.of_variant(variant).items()):
-        if key[2] != context_tokens or key not in base:
+    for key, record in index.of_variant_at(variant, context_tokens):
+        if key not in base:
             continue
         partner = base[key]
         if (
@@ -316,17 +331,56 @@ def cluster_median_interval(
     return min(float(boot_low), exact_low), max(float(boot_high), exact_high)
 
 
+# scipy.stats.wilcoxon's own limit (method "auto"): up to 13 values with ties or zeros it runs
+# an exact permutation test over all 2^n sign flips; above, the normal approximation.
+_SIGN_FLIPS_EXACT_MAX_N = 13
+
+
 def signed_rank_p(ratios: Sequence[float]) -> float | None:
-    """Two-sided Wilcoxon signed-rank p-value of the log ratios; 1.0 when all ratios are 1."""
+    """Two-sided Wilcoxon signed-rank p-value of the log ratios; 1.0 when all ratios are 1.
+
+    The p-value is scipy.stats.wilcoxon's (method "auto", zeros dropped), computed here in
+    one case: up to 13 values with ties or zeros, where scipy runs `permutation_test` over
+    every sign flip through its generic machinery (about a second a call, several calls per
+    job). `_sign_flip_p` gives that same exact p-value from the null distribution counted
+    directly, in microseconds."""
     logs = np.log(np.asarray(ratios, dtype=float))
     if logs.size == 0:
         return None
     if not np.any(logs != 0):
         return 1.0
+    nonzero = logs[logs != 0]
+    if logs.size <= _SIGN_FLIPS_EXACT_MAX_N and (
+        nonzero.size < logs.size or np.unique(np.abs(nonzero)).size < nonzero.size
+    ):
+        return _sign_flip_p(nonzero)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         p = float(scipy_stats.wilcoxon(logs).pvalue)
     return p if math.isfinite(p) else None
+
+
+def _sign_flip_p(nonzero: np.ndarray) -> float:
+    """Exact two-sided p-value of the signed-rank statistic (sum of the positive values' mid-
+    ranks) under the null that each sign is + or - with probability 1/2, independently.
+
+    Mid-ranks are multiples of 1/2, so doubled they are integers and the null distribution is
+    counted exactly: `counts[t]` = how many of the 2^m sign patterns give doubled statistic t
+    (subset sums, one value at a time). Zeros carry no rank and only double every count, so
+    they leave each share unchanged: this equals scipy's permutation test over all 2^n flips,
+    which counts statistics at most / at least the observed one and doubles the smaller."""
+    ranks2 = np.rint(2 * scipy_stats.rankdata(np.abs(nonzero))).astype(np.int64)
+    observed = int(ranks2[nonzero > 0].sum())
+    counts = np.zeros(int(ranks2.sum()) + 1, dtype=np.int64)
+    counts[0] = 1
+    for rank in ranks2:
+        shifted = np.zeros_like(counts)
+        shifted[rank:] = counts[: counts.size - rank]
+        counts += shifted
+    flips = float(2**nonzero.size)
+    at_most = float(counts[: observed + 1].sum()) / flips
+    at_least = float(counts[observed:].sum()) / flips
+    return min(1.0, 2 * min(at_most, at_least))
 
 
 def holm(p_values: Sequence[float | None]) -> list[float | None]:

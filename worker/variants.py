@@ -29,6 +29,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import IO, Any
 
+from engine.memory import PEER_PROCESSES_ENV
 from worker.schedule import Cell, start_order
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,9 @@ def append_line(handle: IO[bytes], value: dict[str, Any]) -> None:
 class VariantProcess:
     """One running `engine.runner`: its stdout lines arrive on a queue read by a thread."""
 
-    def __init__(self, launch: VariantLaunch, *, workdir: Path, instance: int) -> None:
+    def __init__(
+        self, launch: VariantLaunch, *, workdir: Path, instance: int, peers: int = 0
+    ) -> None:
         self.launch = launch
         self.instance = instance
         self.spool_path = workdir / "spool" / f"{launch.name}.{instance}.jsonl"
@@ -126,7 +129,10 @@ class VariantProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env=child_env(launch.env, first=launch.pythonpath_first),
+            # peers: the other variants' processes resident beside it (engine.memory's guard)
+            env=child_env(
+                {**launch.env, PEER_PROCESSES_ENV: str(peers)}, first=launch.pythonpath_first
+            ),
             # Its own session: a Ctrl-C or SIGTERM meant for the orchestrator does not kill the
             # cell in flight; the orchestrator decides when its children stop.
             start_new_session=True,
@@ -324,7 +330,8 @@ def run_schedule(
 
     def spawn(name: str) -> VariantProcess:
         instances[name] = instances.get(name, 0) + 1
-        return VariantProcess(by_name[name], workdir=workdir, instance=instances[name])
+        peers = 0 if fresh_process else len(by_name) - 1
+        return VariantProcess(by_name[name], workdir=workdir, instance=instances[name], peers=peers)
 
     def ready(process: VariantProcess) -> VariantProcess:
         try:
@@ -364,16 +371,16 @@ def run_schedule(
     ):
 
         def start_block(block: int) -> None:
-            """Stop every variant's process, then start fresh ones for this block: all spawn
-            (imports and model loads are not timed, so they may overlap each other), in this
-            block's rotated order, and each runs its warm-ups as it becomes ready. A variant
-            that cannot load fails the run before the block's first timed cell."""
+            """Stop every variant's process, then start fresh ones for this block in its rotated
+            order, one after another: each loads and runs its warm-ups before the next starts,
+            because warm-ups at every context of the matrix at once would need every process's
+            largest peak on the device together (on the H200, two 8B processes warming 64K and
+            128K ran out of memory; engine.memory). A variant that cannot load fails the run
+            before the block's first timed cell."""
             for name in list(processes):
                 processes.pop(name).stop()
             for name in start_order(list(by_name), seed=seed, block=block):
-                processes[name] = spawn(name)
-            for process in list(processes.values()):
-                ready(process)
+                processes[name] = ready(spawn(name))
 
         block: int | None = None
         try:

@@ -246,7 +246,8 @@ def test_moe_compile_keeps_output(tmp_path: Path) -> None:
     [
         (
             {"fast": True},
-            "unknown engine flag 'fast'; known: clear_cache, compile, prefill_step_size",
+            "unknown engine flag 'fast'; known: clear_cache, compile, fused_add_rms_norm, "
+            "fused_swiglu, prefill_step_size",
         ),
         ({"prefill_step_size": "big"}, "flag prefill_step_size='big': expected an integer"),
         ({"prefill_step_size": 0}, "flag prefill_step_size=0: expected an integer"),

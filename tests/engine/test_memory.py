@@ -101,6 +101,44 @@ def test_a_context_over_the_estimate_is_refused_with_it(
     assert "\n" not in reason
 
 
+def test_peer_processes_keep_their_weights_out_of_a_cell(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32)
+    limit = guard.estimate(1024).total_bytes + guard.weights_bytes // 2
+    monkeypatch.setenv(DEVICE_MEMORY_ENV, str(limit))
+    monkeypatch.setenv(memory.PEER_PROCESSES_ENV, "0")
+    MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32).check(1024)
+    # one other variant process of the run holds its own copy of the weights on the device
+    monkeypatch.setenv(memory.PEER_PROCESSES_ENV, "1")
+    shared = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32)
+    with pytest.raises(ContextTooLarge) as refused:
+        shared.check(1024)
+    assert "held by the weights of 1 other variant process of this run" in str(refused.value)
+    monkeypatch.setenv(memory.PEER_PROCESSES_ENV, "some")
+    with pytest.raises(ValueError, match="must be a whole number of processes"):
+        memory.peer_processes()
+
+
+def test_a_cell_leaves_no_cached_buffers_behind(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from engine.adapters import create_adapter
+    from engine.plan import CellRequest, Plan
+    from engine.runner import VariantProcess
+
+    plan = Plan.load(_plan(tmp_path, tiny_model_dir))
+    adapter = create_adapter(plan)
+    adapter.load()
+    process = VariantProcess(plan, adapter, open(tmp_path / "out.jsonl", "w"))  # noqa: SIM115
+    try:
+        record = process.run(CellRequest(0, 0, 256))
+        assert record["status"] == "ok"
+        # an idle process holds its weights only, so its peers' cells have the device
+        assert mx.get_cache_memory() == 0
+    finally:
+        process.close()
+        adapter.close()
+
+
 def _plan(tmp_path: Path, model: Path) -> Path:
     plan = {
         "run_id": "r-1",

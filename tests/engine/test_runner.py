@@ -70,7 +70,13 @@ def test_serve_mode_records_match_stdout(tiny_model_dir: Path, tmp_path: Path) -
         target = ready["target"]
         assert target["engine_module_file"] == str(REPO / "engine" / "__init__.py")
         assert target["adapter"] == "embedded" and target["backend"] == "cpu"
-        assert target["flags"] == {"prefill_step_size": 32, "clear_cache": True, "compile": False}
+        assert target["flags"] == {
+            "prefill_step_size": 32,
+            "clear_cache": True,
+            "compile": False,
+            "fused_swiglu": False,
+            "fused_add_rms_norm": False,
+        }
         assert target["model"]["weights_sha256"] and target["mlx"] and target["mlx_lm"]
         assert ready["warmup"]["status"] == "warmup" and ready["warmup"]["round"] == -1
         _send(process, {"round": 0, "order": 1, "context_tokens": 64})

@@ -443,3 +443,59 @@ def test_a_row_with_no_valid_pair_says_so_and_why() -> None:
     assert summary.comparisons[1].why == (
         "no valid cell of noop (none measured); no valid cell of base (6 x RuntimeError: boom)"
     )
+
+
+def _scipy_signed_rank_p(ratios: list[float]) -> float:
+    """The reference: scipy's own wilcoxon (method "auto": an exact permutation test over every
+    sign flip up to 13 values with ties or zeros, the normal approximation above)."""
+    import warnings
+
+    import numpy as np
+    from scipy import stats as scipy_stats
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(scipy_stats.wilcoxon(np.log(np.asarray(ratios, dtype=float))).pvalue)
+
+
+@pytest.mark.parametrize("n", [*range(1, 15), 10, 11, 12, 13])
+def test_signed_rank_p_equals_scipys_exact_permutation_test_with_ties_and_zeros(n: int) -> None:
+    import numpy as np
+
+    from evidence.stats import signed_rank_p
+
+    # Few distinct magnitudes: ties, zeros (ratio 1) and both signs (14 is past scipy's exact
+    # limit: both take its normal approximation there). Each n draws several samples.
+    rng = np.random.default_rng(n)
+    for _ in range(3):
+        logs = rng.choice([-0.2, -0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.3], size=n)
+        ratios = [float(x) for x in np.exp(logs)]
+        if all(r == 1.0 for r in ratios):
+            assert signed_rank_p(ratios) == 1.0
+            continue
+        assert signed_rank_p(ratios) == pytest.approx(_scipy_signed_rank_p(ratios), abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "ratios",
+    [
+        [1.1] * 6,
+        [1.1] * 13,
+        [0.9] * 7,
+        [1.1, 1.1, 1.0, 1.0, 0.9, 1.2],
+        [1.0, 1.0, 1.0, 1.05],
+        [1.05, 1.05, 0.95, 0.95, 1.05, 0.95, 1.1, 0.9, 1.0, 1.2, 1.2, 0.8, 1.3],
+    ],
+)
+def test_signed_rank_p_of_tied_samples_is_scipys(ratios: list[float]) -> None:
+    from evidence.stats import signed_rank_p
+
+    assert signed_rank_p(ratios) == pytest.approx(_scipy_signed_rank_p(ratios), abs=1e-15)
+
+
+def test_signed_rank_p_of_a_lone_sign_is_the_exact_binomial_tail() -> None:
+    from evidence.stats import signed_rank_p
+
+    # Every value alike and positive: one sign pattern of 2^n is as extreme on each side.
+    for n in range(1, 14):
+        assert signed_rank_p([1.1] * n) == min(1.0, 2 / 2**n)

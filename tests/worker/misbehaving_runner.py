@@ -2,7 +2,8 @@
 
 Only for driving the orchestrator's fault paths (a hung cell, a crash mid-cell, a model that
 does not load), which the real runner cannot be made to do on purpose. The plan's `flags`
-choose the fault: `hang_round`, `crash_round`, `fail_load`, `cell_s`.
+choose the fault: `hang_round`, `crash_round`, `fail_load`, `cell_s`, `warmup_s` (the warm-up's
+length; its record carries when it ran and the peer count the orchestrator gave the process).
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def main() -> None:
         sys.stdout.flush()
         sys.exit(2)
     out = open(plan["records_path"], "a")  # noqa: SIM115 - open for the process's life
+    warm_started = datetime.now(UTC).isoformat()
+    time.sleep(float(flags.get("warmup_s", 0)))
     warmup = _record(plan, {"round": -1, "order": -1, "context_tokens": 8}, "warmup", "warm-up")
+    warmup["started_at"] = warm_started
+    warmup["counters"]["peers"] = os.environ.get("COLDBENCH_PEER_PROCESSES")
     out.write(json.dumps(warmup) + "\n")
     out.flush()
     print(

@@ -164,6 +164,27 @@ def test_process_blocks_replace_every_variant_process_and_stamp_records(tmp_path
         )
 
 
+def test_a_block_warms_its_processes_one_after_another_and_counts_peers(tmp_path: Path) -> None:
+    # Warm-ups at every context at once would need every process's largest peak on the device
+    # together (two 8B processes on the H200 ran out of memory at 64K): they must not overlap.
+    rounds = plan_rounds(["a", "b", "c"], [64], seed=1, rounds=2)
+    outcome = run_schedule(
+        [_launch(name, warmup_s=0.3) for name in "abc"],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=1,
+        seed=1,
+    )
+    warmups = [r for r in outcome.records if r["status"] == "warmup"]
+    assert len(warmups) == 6
+    assert {w["counters"]["peers"] for w in warmups} == {"2"}
+    for block in (1, 2):
+        spans = sorted((w["started_at"], w["ended_at"]) for w in warmups if w["process"] == block)
+        for (_, ended), (started, _) in zip(spans, spans[1:], strict=False):
+            assert ended <= started, f"block {block}: warm-ups overlap: {spans}"
+
+
 def test_a_restart_after_a_crash_is_a_new_process_instance(tmp_path: Path) -> None:
     rounds = plan_rounds(["a"], [64], seed=0, rounds=3)
     outcome = run_schedule(
