@@ -323,7 +323,11 @@ def run(
         Path | None, typer.Option(help="A git repository of the engine (mlx-lm or a fork).")
     ] = None,
     recipe: Annotated[
-        str | None, typer.Option(help="Build recipe for --repo variants (default: editable).")
+        str | None,
+        typer.Option(
+            help="Build recipe for --repo variants: editable (default) or, for --adapter "
+            "embedded, offline (installs nothing: no package index needed)."
+        ),
     ] = None,
     module: Annotated[
         str | None,

@@ -144,11 +144,12 @@ def check_job(
 
 
 def recipe_for(repository: RepositoryConfig, variant: VariantSpec) -> Recipe:
-    if variant.recipe is not None:
-        recipe = repository.recipes.get(variant.recipe)
+    name = variant.recipe or repository.default_recipe
+    if name is not None:
+        recipe = repository.recipes.get(name)
         if recipe is None:
             raise RunRefused(
-                f"recipe {variant.recipe!r} is not defined for {repository.name} on this host "
+                f"recipe {name!r} is not defined for {repository.name} on this host "
                 f"(defined: {', '.join(sorted(repository.recipes)) or 'none'})"
             )
         return recipe
