@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -631,7 +630,3 @@ def _detail(response: httpx.Response) -> str:
     except (ValueError, AttributeError):
         detail = None
     return str(detail if detail is not None else response.text[:300])
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)
