@@ -374,3 +374,69 @@ def test_records_of_a_run_without_provenance_and_bad_job_json_are_named(
     problems = verify_files(forged).problems
     assert "records.jsonl: run 'r-9' has no provenance" in problems
     assert any(p.startswith("job.json: invalid (variants:") for p in problems)
+
+
+def _run_spec():
+    from evidence.schemas import JobSpec
+
+    return JobSpec.model_validate(
+        {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64], "rounds": 6}
+    )
+
+
+def test_a_hosts_bundle_is_build_bundles_own() -> None:
+    """`coldbench run` and the agent bundle through build_run_bundle: the same files as the
+    service's build_bundle for the same records, spec and provenance."""
+    from evidence.bundle import build_bundle, build_run_bundle
+    from evidence.records import records_bytes
+
+    records = records_bytes(simulate_run(effects={"base": 1.0, "fast": 1.05}, contexts=(64,)))
+    common = {"records": records, "provenances": [provenance()], "spec": _run_spec()}
+    extra = {"controls.jsonl": b"{}\n", "reason.txt": b"stopped\n"}
+    files, summary = build_run_bundle(**common, build_logs={"base": b"ok\n"}, extra_files=extra)
+    expected, expected_summary = build_bundle(
+        **common, build_logs={"base": b"ok\n"}, extra_files=extra
+    )
+    assert files == expected and summary == expected_summary
+    assert verify_files(files).problems == []
+
+
+def test_a_run_without_measured_cells_bundles_its_data_and_logs_only() -> None:
+    from evidence.bundle import build_run_bundle
+
+    files, summary = build_run_bundle(
+        records=b"",
+        provenances=[provenance()],
+        spec=_run_spec(),
+        build_logs={"fast": b"error: build failed\n"},
+        extra_files={"reason.txt": b"build of fast failed\n"},
+    )
+    assert summary is None
+    assert sorted(files) == [
+        "build-fast.log",
+        "job.json",
+        "manifest.json",
+        "provenance.json",
+        "reason.txt",
+        "records.jsonl",
+    ]
+    assert verify_files(files).problems == []
+
+
+def test_a_rendering_failure_keeps_the_measurements(monkeypatch, caplog) -> None:
+    import evidence.bundle
+    from evidence.bundle import build_run_bundle
+    from evidence.records import records_bytes
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("template bug")
+
+    monkeypatch.setattr(evidence.bundle, "render_report_html", broken)
+    records = records_bytes(simulate_run(effects={"base": 1.0, "fast": 1.05}, contexts=(64,)))
+    files, summary = build_run_bundle(records=records, provenances=[provenance()], spec=_run_spec())
+    assert summary is None and files["records.jsonl"] == records
+    assert "summary.json" not in files and "report.html" not in files
+    assert verify_files(files).problems == []
+    assert "bundling the data without them" in caplog.text
+    with pytest.raises(ValueError, match="records.jsonl is not valid: records.jsonl line 1"):
+        build_run_bundle(records=b"{not json\n", provenances=[provenance()], spec=_run_spec())
