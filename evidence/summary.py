@@ -35,6 +35,8 @@ from evidence.summary_schema import (
     Comparison,
     Descriptive,
     Invalid,
+    InvalidCell,
+    MemoryStats,
     NoiseFloor,
     ProcessBlocks,
     Quantiles,
@@ -81,25 +83,20 @@ def describe(
             records = groups.get((context, variant), [])
             memory = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
             rows.append(
-                Descriptive.model_validate(
-                    {
-                        "context_tokens": context,
-                        "variant": variant,
-                        "n": len(records),
-                        "prefill_tps": _quantiles(
-                            [r.prefill_tps for r in records if r.prefill_tps]
-                        ),
-                        "decode_tps": _quantiles(
-                            [r.decode_tps for r in records if r.decode_tps is not None]
-                        ),
-                        "peak_memory_bytes": {
-                            "median": int(np.median(memory)),
-                            "max": int(max(memory)),
-                        }
-                        if memory
-                        else None,
-                        "inert": inert_flags(records),
-                    }
+                Descriptive(
+                    context_tokens=context,
+                    variant=variant,
+                    n=len(records),
+                    prefill_tps=_quantiles([r.prefill_tps for r in records if r.prefill_tps]),
+                    decode_tps=_quantiles(
+                        [r.decode_tps for r in records if r.decode_tps is not None]
+                    ),
+                    peak_memory_bytes=MemoryStats(
+                        median=int(np.median(memory)), max=int(max(memory))
+                    )
+                    if memory
+                    else None,
+                    inert=inert_flags(records),
                 )
             )
     return rows
@@ -130,26 +127,24 @@ def invalid_section(
             continue
         cells.append(_invalid_cell(record, reason))
     cells.extend(_invalid_cell(r, "duplicate cell (the first was kept)") for r in duplicates)
-    by_reason = Counter(cell["reason"] for cell in cells)
-    return Invalid.model_validate(
-        {
-            "total": len(cells),
-            "by_reason": dict(sorted(by_reason.items(), key=lambda item: (-item[1], item[0]))),
-            "cells": cells,
-            "pairs_with_different_prompts": mismatched,
-        }
+    by_reason = Counter(cell.reason for cell in cells)
+    return Invalid(
+        total=len(cells),
+        by_reason=dict(sorted(by_reason.items(), key=lambda item: (-item[1], item[0]))),
+        cells=cells,
+        pairs_with_different_prompts=mismatched,
     )
 
 
-def _invalid_cell(record: Record, reason: str) -> dict[str, Any]:
-    return {
-        "run_id": record.run_id,
-        "variant": record.variant,
-        "round": record.round,
-        "context_tokens": record.context_tokens,
-        "status": record.status,
-        "reason": reason[:300],
-    }
+def _invalid_cell(record: Record, reason: str) -> InvalidCell:
+    return InvalidCell(
+        run_id=record.run_id,
+        variant=record.variant,
+        round=record.round,
+        context_tokens=record.context_tokens,
+        status=record.status,
+        reason=reason[:300],
+    )
 
 
 def host_names(provenances: Sequence[Provenance]) -> dict[str, str]:
