@@ -122,6 +122,33 @@ def create_job(
     submitted_by: str | None = None,
 ) -> Job:
     """Validate, store the job and one queued run per requested host."""
+    return _create_job(
+        db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
+    )[0]
+
+
+def submit_job(
+    *,
+    db_session: Session,
+    settings: Settings,
+    payload: dict[str, Any],
+    submitted_by: str | None = None,
+) -> JobOut:
+    """create_job, answered with its job_detail built from what was just written (its runs are
+    queued, with no attempt and no host yet): no query after the commit."""
+    job, runs = _create_job(
+        db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
+    )
+    return _job_out(job, runs, {run.id: [] for run in runs}, {})
+
+
+def _create_job(
+    *,
+    db_session: Session,
+    settings: Settings,
+    payload: dict[str, Any],
+    submitted_by: str | None,
+) -> tuple[Job, list[Run]]:
     spec = validate_job_spec(db_session=db_session, settings=settings, payload=payload)
     spec_json = spec.model_dump(mode="json", by_alias=True)
     job = Job(
@@ -133,10 +160,11 @@ def create_job(
     )
     db_session.add(job)
     db_session.flush()
-    for slot in range(spec.hosts):
-        db_session.add(
-            Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state=RunState.QUEUED)
-        )
+    runs = [
+        Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state=RunState.QUEUED)
+        for slot in range(spec.hosts)
+    ]
+    db_session.add_all(runs)
     auth_service.record_audit(
         db_session=db_session,
         actor=f"apikey:{submitted_by}" if submitted_by else "local",
@@ -146,7 +174,7 @@ def create_job(
     )
     announce_work(db_session)
     db_session.commit()
-    return job
+    return job, runs
 
 
 def get_job(*, db_session: Session, job_id: str) -> Job:
@@ -277,6 +305,12 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
     host_names = dict(
         db_session.execute(sa.select(Host.id, Host.name).where(Host.id.in_(host_ids))).all()
     )
+    return _job_out(job, runs, attempts, host_names)
+
+
+def _job_out(
+    job: Job, runs: list[Run], attempts: dict[str, list[AttemptOut]], host_names: dict[str, str]
+) -> JobOut:
     return JobOut(
         id=job.id,
         state=job.state,
