@@ -12,8 +12,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from api.settings import Settings
-
 log = logging.getLogger(__name__)
 
 # Stable constraint names so migrations can drop and alter them by name on PostgreSQL.
@@ -92,7 +90,3 @@ def upgrade_database(url: str) -> None:
     from api.migration import alembic_config
 
     command.upgrade(alembic_config(url), "head")
-
-
-def engine_for(settings: Settings) -> sa.Engine:
-    return make_engine(settings.sqlalchemy_url)

@@ -108,7 +108,7 @@ def job_verdicts(records: Sequence[Record], *, seed: int, n_resamples: int) -> d
         metric="prefill_tps",
         options=StatsOptions(seed=seed, n_resamples=n_resamples),
     )
-    return {c["variant"]: c["verdict"] for c in comparisons}
+    return {c.variant: c.verdict for c in comparisons}
 
 
 @dataclass(frozen=True)

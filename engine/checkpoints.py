@@ -22,7 +22,7 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -568,7 +568,3 @@ def inspect_checkpoint(path: Path | str) -> dict[str, Any]:
 
 def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-
-
-def iter_presets() -> Iterator[Preset]:
-    yield from PRESETS.values()

@@ -15,15 +15,24 @@ peak = weights (the safetensors files' bytes)
 
 The device's memory is Metal's recommended working set, CUDA's total memory, or the system's
 memory on the CPU; `COLDBENCH_DEVICE_MEMORY_BYTES` overrides it (a host sharing its GPU, or a
-test simulating a small device). The variant processes of one run are resident on the device at
-the same time (they interleave cell by cell), so the orchestrator tells each how many peers it
-has (`COLDBENCH_PEER_PROCESSES`) and the guard leaves each peer its weights: between cells a
-process holds only its weights, because the runner hands MLX's buffer cache back after every
-cell (`release_cached_buffers`). Measured on the H200 (2026-12-01): without that, an idle
-process kept its last cell's buffers, and 64K and 128K cells of two 8B processes ran out of
-device memory, after which every later cell of that process failed too. Peak memory measured
-per cell stays in the records (`peak_memory_bytes`), so every report shows the estimate's
-accuracy against context.
+test simulating a small device). Peak memory measured per cell stays in the records
+(`peak_memory_bytes`), so every report shows the estimate's accuracy against context.
+
+The variant processes of one run are resident on the device together (they interleave cell by
+cell), so the orchestrator tells each how many peers it has (`COLDBENCH_PEER_PROCESSES`):
+- the guard leaves each peer its weights and a context margin;
+- the runner hands MLX's buffer cache back after every cell (`release_cached_buffers`), so an
+  idle process holds only its weights;
+- within a cell MLX keeps freed buffers for reuse up to its own memory limit (by default most of
+  the device), which a process alone may do and one with peers may not: `share_device` lowers
+  that limit to what the peers leave, so MLX reclaims its cache before the device is full.
+Seen on the H200 (2026-12-01, 8B shape, stock against `clear_cache=false` with 4,096-token
+chunks): with warm-ups overlapping, both processes lost their 64K and 128K cells to
+`cudaMallocAsync ... out of memory` and every later cell of a process failed with it; with
+warm-ups in turn and the cache handed back, the `clear_cache=false` process, whose cache grows
+through a whole prefill, still lost every 128K and 256K cell beside the idle stock process
+(its own warm-ups, run before the stock process loaded, passed). `share_device` is the answer
+to that second case; it has not run on the H200 yet.
 """
 
 from __future__ import annotations
@@ -45,6 +54,9 @@ DEFAULT_CHUNK = 2048  # generate_step's and the embedded cell's default prefill_
 KV_STEP = 256  # mlx-lm's KVCache grows in steps of this many positions
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 GIB = 1 << 30
+# What an idle peer holds beyond its weights: its CUDA or Metal context, compiled kernels and
+# the small buffers MLX keeps (a margin, not a measurement; the guard's reason shows it).
+PEER_OVERHEAD_BYTES = 2 * GIB
 
 
 class ContextTooLarge(ValueError):
@@ -285,15 +297,31 @@ class MemoryGuard:
             attention_materialized=self.attention_materialized,
         )
 
+    def held_by_peers(self) -> int:
+        return self.peers * (self.weights_bytes + PEER_OVERHEAD_BYTES)
+
+    def share_device(self) -> int | None:
+        """With peers, lower MLX's memory limit to what they leave this process (never raise
+        it), so its buffer cache is reclaimed before the device is full; returns the limit in
+        force, or None when there are no peers or the device's size is unknown."""
+        if not self.peers or self.device.bytes is None:
+            return None
+        import mlx.core as mx
+
+        share = max(self.device.bytes - self.held_by_peers(), self.weights_bytes)
+        limit = min(int(mx.get_memory_limit()), share)
+        mx.set_memory_limit(limit)
+        return limit
+
     def check(self, context_tokens: int) -> None:
         if self.device.bytes is None:
             return
         needed = self.estimate(context_tokens)
-        held_by_peers = self.peers * self.weights_bytes
+        held_by_peers = self.held_by_peers()
         if needed.total_bytes > self.device.bytes - held_by_peers:
             peers = (
-                f", {gib(held_by_peers)} of it held by the weights of {self.peers} other "
-                f"variant process{'es' if self.peers > 1 else ''} of this run"
+                f", {gib(held_by_peers)} of it held by the weights and context of "
+                f"{self.peers} other variant process{'es' if self.peers > 1 else ''} of this run"
                 if self.peers
                 else ""
             )

@@ -5,8 +5,14 @@ in JobSpec's validator), the worker protocol (`protocol.py`: every message betwe
 API, the API prefix and long-poll bound, job and run states), the one parser of what people type
 for a spec (`spec_text.py`: variants, contexts with K/M, flags, features), host-declared server
 options (`options.py`: the declaration, value validation, argv/env rendering), canonical JSON and
-digests, evidence bundles (write, read, verify; folder and zip), statistics, ablation, parity,
-drift, reproductions, and rendering (summary.json, summary.md, report.html).
+digests, evidence bundles (one assembly; write, read, verify; folder and zip), statistics,
+ablation, parity, drift, reproductions, and rendering (summary.json, summary.md, report.html).
+
+Inside, the statistics are layered (an import-linter `layers` contract): `summary_schema` (the
+typed summary.json) < `stats` (primitives) < the sections (`ablation`, `bisect`, `drift`,
+`history`, `parity`, `reproduction`; none imports another) < `summary` (the one assembly) <
+`markdown` < `report` < `bundle` < `cli`. Nothing imports upward, so nothing needs a lazy
+import to dodge a cycle.
 
 May import: pydantic, scipy, numpy, jinja2, plotly, typer (its `verify` command) and the
 standard library. Never `api/`, `worker/`, `web/`, `engine/` or `coldbench/`: both sides of the

@@ -10,7 +10,6 @@ to the `all` over `none` ratio.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from evidence.stats import (
     CellIndex,
@@ -20,6 +19,7 @@ from evidence.stats import (
     finish,
     pairs_for,
 )
+from evidence.summary_schema import Ablation, AblationEntry
 from evidence.variant import ABLATION_ALL, minus_variant_name
 
 ABLATION_NOTE = (
@@ -35,7 +35,7 @@ def ablation_section(
     features: Sequence[str],
     contexts: Sequence[int],
     options: StatsOptions,
-) -> dict[str, Any] | None:
+) -> Ablation | None:
     """summary.json's `ablation`, or None when the job has no ablation features."""
     if not features:
         return None
@@ -53,4 +53,6 @@ def ablation_section(
                 options=options,
             )
             entries.append({"feature": feature, **entry})
-    return {"note": ABLATION_NOTE, "correction": "holm", "entries": finish(entries, options)}
+    return Ablation(
+        note=ABLATION_NOTE, correction="holm", entries=finish(entries, options, AblationEntry)
+    )

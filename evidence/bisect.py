@@ -16,25 +16,31 @@ every round; its ratios are mid / lo and hi / lo with their 95% intervals. The s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from evidence.reproduction import intervals_overlap
 from evidence.schemas import JobSpec, Provenance
+from evidence.stats import intervals_overlap
+from evidence.summary_schema import Bisect, BisectStepEntry, Comparison, StepResult
 
 Decision = str  # "lower" | "upper" | "found" | "not a single step"
 
 
-def _result(comparison: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _result(comparison: Comparison | None) -> StepResult | None:
     if comparison is None:
         return None
-    return {key: comparison[key] for key in ("ratio_median", "ci_low", "ci_high", "verdict", "n")}
+    return StepResult(
+        ratio_median=comparison.ratio_median,
+        ci_low=comparison.ci_low,
+        ci_high=comparison.ci_high,
+        verdict=comparison.verdict,
+        n=comparison.n,
+    )
 
 
-def _interval(result: Mapping[str, Any] | None) -> tuple[float, float] | None:
-    if not result or result["ci_low"] is None or result["ci_high"] is None:
+def _interval(result: StepResult | None) -> tuple[float, float] | None:
+    if not result or result.ci_low is None or result.ci_high is None:
         return None
-    return (result["ci_low"], result["ci_high"])
+    return (result.ci_low, result.ci_high)
 
 
 def _excludes_one(interval: tuple[float, float], direction: str) -> bool:
@@ -42,7 +48,7 @@ def _excludes_one(interval: tuple[float, float], direction: str) -> bool:
 
 
 def decide_step(
-    mid: Mapping[str, Any] | None, hi: Mapping[str, Any] | None, direction: str, has_mid: bool
+    mid: StepResult | None, hi: StepResult | None, direction: str, has_mid: bool
 ) -> tuple[Decision, str]:
     """(decision, why) from mid/lo and hi/lo results (the module docstring's rules)."""
     hi_interval = _interval(hi)
@@ -80,9 +86,9 @@ def _fmt(interval: tuple[float, float] | None) -> str:
 def bisect_section(
     *,
     spec: JobSpec,
-    comparisons: Sequence[Mapping[str, Any]],
+    comparisons: Sequence[Comparison],
     provenances: Sequence[Provenance],
-) -> dict[str, Any]:
+) -> Bisect:
     """summary.json's `bisect`: this step's commits, results and decision; when it ends the
     bisection, `first_bad_commit` (full sha, or None with `reason`), its parent and ratio."""
     assert spec.bisect is not None  # JobSpec's rule for mode bisect
@@ -90,50 +96,53 @@ def bisect_section(
     lo, *rest = spec.variants
     mid = rest[0] if len(rest) == 2 else None
     hi = rest[-1]
-    by_variant = {c["variant"]: c for c in comparisons}
+    by_variant = {c.variant: c for c in comparisons}
     mid_result = _result(by_variant.get(mid.name)) if mid else None
     hi_result = _result(by_variant.get(hi.name))
     decision, why = decide_step(mid_result, hi_result, spec.bisect.direction, mid is not None)
     lo_commit, hi_commit = commits.get(lo.name, lo.ref), commits.get(hi.name, hi.ref)
     found = decision == "found"
     final = decision in ("found", "not a single step")
-    return {
-        "good": spec.bisect.good,
-        "bad": spec.bisect.bad,
-        "direction": spec.bisect.direction,
-        "context_tokens": spec.contexts[0],
-        "step": len(spec.bisect.steps) + 1,
-        "lo": lo_commit,
-        "mid": commits.get(mid.name, mid.ref) if mid else None,
-        "hi": hi_commit,
-        "mid_result": mid_result,
-        "hi_result": hi_result,
-        "decision": decision,
-        "why": why,
-        "final": final,
-        "first_bad_commit": hi_commit if found else None,
-        "parent": lo_commit if found else None,
-        "ratio": hi_result if found else None,
-        "reason": None if found else (why if final else "bisection not finished"),
-        "steps": [step.model_dump() for step in spec.bisect.steps],
-    }
+    return Bisect(
+        good=spec.bisect.good,
+        bad=spec.bisect.bad,
+        direction=spec.bisect.direction,
+        context_tokens=spec.contexts[0],
+        step=len(spec.bisect.steps) + 1,
+        lo=lo_commit,
+        mid=commits.get(mid.name, mid.ref) if mid else None,
+        hi=hi_commit,
+        mid_result=mid_result,
+        hi_result=hi_result,
+        decision=decision,
+        why=why,
+        final=final,
+        first_bad_commit=hi_commit if found else None,
+        parent=lo_commit if found else None,
+        ratio=hi_result if found else None,
+        reason=None if found else (why if final else "bisection not finished"),
+        steps=[BisectStepEntry(**step.model_dump()) for step in spec.bisect.steps],
+    )
 
 
-def bisect_sentences(bisect: Mapping[str, Any]) -> list[str]:
+def bisect_sentences(bisect: Bisect) -> list[str]:
     """The answer first for a bisection step or its end."""
-    where = f"at {bisect['context_tokens']} tokens"
-    if bisect["first_bad_commit"]:
-        ratio = bisect["ratio"]
-        change = abs(ratio["ratio_median"] - 1) * 100
+    where = f"at {bisect.context_tokens} tokens"
+    if bisect.first_bad_commit:
+        ratio = bisect.ratio
+        # A found step's ratio is hi's, whose interval excluded 1 (decide_step).
+        assert ratio is not None and ratio.ratio_median is not None
+        assert ratio.ci_low is not None and ratio.ci_high is not None
+        change = abs(ratio.ratio_median - 1) * 100
         return [
-            f"First {bisect['direction']} commit {where}: {bisect['first_bad_commit']} "
-            f"({change:.1f}% {bisect['direction']} than its parent {bisect['parent']}, 95% "
-            f"interval of the ratio [{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}]), after "
-            f"{bisect['step']} step{'s' if bisect['step'] != 1 else ''}."
+            f"First {bisect.direction} commit {where}: {bisect.first_bad_commit} "
+            f"({change:.1f}% {bisect.direction} than its parent {bisect.parent}, 95% "
+            f"interval of the ratio [{ratio.ci_low:.3f}, {ratio.ci_high:.3f}]), after "
+            f"{bisect.step} step{'s' if bisect.step != 1 else ''}."
         ]
-    if bisect["final"]:
-        return [f"No single first {bisect['direction']} commit {where}: {bisect['reason']}."]
+    if bisect.final:
+        return [f"No single first {bisect.direction} commit {where}: {bisect.reason}."]
     return [
-        f"Step {bisect['step']} {where}: {bisect['why']}; the search continues in the "
-        f"{'lower' if bisect['decision'] == 'lower' else 'upper'} half."
+        f"Step {bisect.step} {where}: {bisect.why}; the search continues in the "
+        f"{'lower' if bisect.decision == 'lower' else 'upper'} half."
     ]

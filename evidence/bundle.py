@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 import os
 import stat
 import zipfile
@@ -29,8 +28,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from evidence.canonical import canonical_json, sha256_hex
+from evidence.markdown import render_summary_md
 from evidence.records import RECORDS_FILE, parse_records, records_bytes
+from evidence.report import render_report_html
 from evidence.schemas import FileEntry, JobSpec, Manifest, Provenance, Record, is_valid_name
+from evidence.summary import summarize
+from evidence.summary_schema import Summary, first_difference, summary_json_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ class WrittenBundle:
     path: Path
     evidence_id: str
     manifest: dict[str, Any]
-    summary: dict[str, Any]
+    summary: Summary
     zip_path: Path | None = None
 
 
@@ -125,7 +128,7 @@ def bundle_files(
     provenances: Sequence[Provenance],
     build_logs: Mapping[str, bytes | str] | None = None,
     spec: JobSpec | None = None,
-    summary: Mapping[str, Any] | None = None,
+    summary: Summary | None = None,
     summary_md: str | None = None,
     report_html: str | None = None,
     extra_files: Mapping[str, bytes] | None = None,
@@ -155,9 +158,7 @@ def bundle_files(
     if spec is not None:
         files[JOB_FILE] = canonical_json(spec.model_dump(mode="json", by_alias=True))
     if summary is not None:
-        files[SUMMARY_JSON_FILE] = (
-            json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"
-        ).encode("utf-8")
+        files[SUMMARY_JSON_FILE] = summary_json_bytes(summary)
     if summary_md is not None:
         files[SUMMARY_MD_FILE] = summary_md.encode("utf-8")
     if report_html is not None:
@@ -218,18 +219,15 @@ def build_bundle(
     seed: int | None = None,
     n_resamples: int | None = None,
     extra_files: Mapping[str, bytes] | None = None,
-) -> tuple[dict[str, bytes], dict[str, Any]]:
+) -> tuple[dict[str, bytes], Summary]:
     """Every file of a complete bundle (summary computed, views rendered) and the summary.
 
-    `baseline`, `features`, `precision` and `seed` default to the job spec's (the spec or
-    `baseline` is required). `extra_files` (plain names) join the bundle and its manifest, e.g.
-    a worker's scheduling log. Nothing touches the disk.
+    The one bundle assembly: `coldbench run` and the agent (through `build_run_bundle`), the
+    service's analysis and the tests all call it. `baseline`, `features`, `precision` and
+    `seed` default to the job spec's (the spec or `baseline` is required). `extra_files` (plain
+    names) join the bundle and its manifest, e.g. a worker's scheduling log. Nothing touches
+    the disk.
     """
-    # Imported here: statistics and rendering pull in scipy, jinja2 and plotly.
-    from evidence.markdown import render_summary_md
-    from evidence.report import render_report_html
-    from evidence.stats import summarize
-
     provenance_list = [provenances] if isinstance(provenances, Provenance) else list(provenances)
     if isinstance(records, bytes):
         parsed, problems = parse_records(records)
@@ -277,6 +275,39 @@ def build_bundle(
     ).encode("utf-8")
     files[MANIFEST_FILE] = build_manifest(files, provenance_document(provenance_list))
     return files, summary
+
+
+def build_run_bundle(
+    *,
+    records: bytes,
+    provenances: Sequence[Provenance],
+    spec: JobSpec,
+    build_logs: Mapping[str, bytes | str] | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> tuple[dict[str, bytes], Summary | None]:
+    """A host's bundle of its own run (`coldbench run`, the agent): `build_bundle`'s, except
+    that a run without a measured cell (a failed build, a refused job) or whose summary or
+    views fail to render still gives a bundle: its data and logs, without summary and views
+    (None for the summary). The measurements are the result; the views can be rendered again
+    from them, and the service recomputes its own."""
+    parsed, problems = parse_records(records)
+    if problems:
+        raise ValueError(f"records.jsonl is not valid: {problems[0]}")
+    data_only: dict[str, Any] = {
+        "records": records,
+        "provenances": provenances,
+        "build_logs": build_logs,
+        "spec": spec,
+        "extra_files": extra_files,
+    }
+    if not any(r.round >= 0 for r in parsed):
+        return bundle_files(**data_only), None
+    try:
+        return build_bundle(**data_only)
+    except Exception:
+        # A statistics or rendering bug must not throw away what was measured.
+        logger.exception("summary or report rendering failed; bundling the data without them")
+        return bundle_files(**data_only), None
 
 
 def write_bundle(
@@ -472,17 +503,33 @@ def verify_files(files: Mapping[str, bytes]) -> Verification:
         except ValidationError as error:
             problems.append(f"{JOB_FILE}: invalid ({_first_error(error)})")
     if SUMMARY_JSON_FILE in files:
-        try:
-            json.loads(files[SUMMARY_JSON_FILE])
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            problems.append(f"{SUMMARY_JSON_FILE}: not JSON ({error})")
+        _, problem = summary_of(files[SUMMARY_JSON_FILE])
+        if problem:
+            problems.append(problem)
     return Verification(evidence_id, len(files), problems)
+
+
+def summary_of(raw: bytes) -> tuple[Summary | None, str | None]:
+    """summary.json's bytes as the typed `Summary`, or None and one line saying why they do
+    not match the contract (evidence/summary_schema.py)."""
+    try:
+        document = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return None, f"{SUMMARY_JSON_FILE}: not JSON ({error})"
+    try:
+        return Summary.model_validate(document), None
+    except ValidationError as error:
+        count = error.error_count()
+        more = f" (and {count - 1} more)" if count > 1 else ""
+        return None, (
+            f"{SUMMARY_JSON_FILE}: does not match the summary contract: {_first_error(error)}{more}"
+        )
 
 
 def _first_error(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "document"
-    return f"{where}: {first['msg']}"
+    return f"{where}: {first['msg']}".replace("\n", " ")
 
 
 def _provenance_problems(
@@ -507,18 +554,19 @@ def _provenance_problems(
 
 
 def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> list[str]:
-    """Recompute the statistics from records.jsonl (and job.json) and compare with summary.json.
+    """Recompute the summary from records.jsonl (and job.json) and compare it, typed, with
+    summary.json: the first field that differs is named.
 
     Catches a summary whose numbers do not follow from the records it ships with. The same
     coldbench version gives the same numbers; `rel_tol` absorbs last-digit float differences
     across platforms.
     """
-    from evidence.stats import summarize
-
     if SUMMARY_JSON_FILE not in files:
         return [f"{SUMMARY_JSON_FILE}: missing, nothing to recompute"]
+    stored, problem = summary_of(files[SUMMARY_JSON_FILE])
+    if stored is None:
+        return [f"cannot recompute: {problem}"]
     try:
-        stored = json.loads(files[SUMMARY_JSON_FILE])
         spec = JobSpec.model_validate_json(files[JOB_FILE]) if JOB_FILE in files else None
         provenance_list = provenances_of(json.loads(files.get(PROVENANCE_FILE, b"{}")))
     except (ValueError, ValidationError) as error:
@@ -526,55 +574,24 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
     records, problems = parse_records(files.get(RECORDS_FILE, b""))
     if problems:
         return [f"cannot recompute: {problems[0]}"]
-    settings = stored.get("settings", {})
     try:
         recomputed = summarize(
             records,
             spec=spec,
-            baseline=stored.get("baseline"),
-            features=stored.get("features"),
+            baseline=stored.baseline,
+            features=stored.features,
             provenances=provenance_list,
-            precision=settings.get("precision"),
-            seed=settings.get("bootstrap", {}).get("seed"),
-            n_resamples=settings.get("bootstrap", {}).get("n_resamples", 2000),
-            margin_threshold=stored.get("parity", {}).get("margin_threshold"),
+            precision=stored.settings.precision,
+            seed=stored.settings.bootstrap.seed,
+            n_resamples=stored.settings.bootstrap.n_resamples,
+            margin_threshold=stored.parity.margin_threshold,
         )
     except (ValueError, TypeError, KeyError) as error:
         return [f"cannot recompute: {error}"]
-    recomputed = json.loads(json.dumps(recomputed))
     difference = first_difference(stored, recomputed, "", rel_tol)
     if difference is None:
         return []
     return [f"{SUMMARY_JSON_FILE}: differs from the statistics of {RECORDS_FILE} at {difference}"]
-
-
-def first_difference(a: Any, b: Any, path: str = "", rel_tol: float = 1e-9) -> str | None:
-    """Dotted path of the first place two JSON values differ (numbers within rel_tol), or None."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                return f"{path}.{key}".lstrip(".")
-            found = first_difference(a[key], b[key], f"{path}.{key}", rel_tol)
-            if found:
-                return found
-        return None
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return f"{path} (length {len(a)} vs {len(b)})".lstrip(".")
-        for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            found = first_difference(x, y, f"{path}[{index}]", rel_tol)
-            if found:
-                return found
-        return None
-    numbers = (int, float)
-    if (
-        isinstance(a, numbers)
-        and isinstance(b, numbers)
-        and not isinstance(a, bool)
-        and not isinstance(b, bool)
-    ):
-        return None if math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12) else path.lstrip(".")
-    return None if a == b else path.lstrip(".")
 
 
 def verify_bundle(

@@ -18,7 +18,7 @@ The agent reports it to the server (`PUT /api/v1/workers/calibration`) and /host
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from evidence.schemas import FlagValue, HostInfo
+from evidence.summary_schema import Summary
 
 CALIBRATION_SCHEMA: Final = "coldbench.calibration/1"
 CLAIMS = ("faster", "slower")
@@ -126,31 +127,32 @@ def job_of(
     status: str,
     reason: str | None,
     evidence_id: str | None,
-    summary: Mapping[str, Any] | None,
+    summary: Summary | None,
 ) -> CalibrationJob:
-    """One job's verdicts, from its summary.json value (None when nothing was measured)."""
+    """One job's verdicts, from its summary (None when nothing was measured)."""
     comparisons = [
         CalibrationComparison(
-            context_tokens=c["context_tokens"],
-            variant=c["variant"],
-            n=c["n"],
-            blocks=c.get("blocks"),
-            ratio_median=c["ratio_median"],
-            ci_low=c["ci_low"],
-            ci_high=c["ci_high"],
-            verdict=c["verdict"],
+            context_tokens=c.context_tokens,
+            variant=c.variant,
+            n=c.n,
+            blocks=c.blocks,
+            ratio_median=c.ratio_median,
+            ci_low=c.ci_low,
+            ci_high=c.ci_high,
+            verdict=c.verdict,
         )
-        for c in (summary or {}).get("comparisons", [])
+        for c in (summary.comparisons if summary else [])
     ]
-    floor = (summary or {}).get("noise_floor") or {}
+    floor = summary.noise_floor if summary else None
+    blocks = summary.settings.process_blocks if summary else None
     return CalibrationJob(
         kind=kind,
         seed=seed,
         status=status,
         reason=reason,
         evidence_id=evidence_id,
-        between_process_sd=floor.get("between_process_sd"),
-        statistics=dict((summary or {}).get("settings", {}).get("process_blocks") or {}),
+        between_process_sd=floor.between_process_sd if floor else None,
+        statistics=blocks.model_dump() if blocks else {},
         comparisons=comparisons,
     )
 

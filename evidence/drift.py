@@ -30,6 +30,7 @@ from scipy import stats as scipy_stats
 
 from evidence.schemas import Record
 from evidence.stats import CellIndex, StatsOptions, comparison_seed, median_interval
+from evidence.summary_schema import Bracketing, Comparison, ContextDrift, Drift, RunDrift
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -53,7 +54,8 @@ def _pct(log_rate: float) -> float:
 
 
 def trend(records: Sequence[Record], threshold_pct: float) -> dict[str, Any]:
-    """The baseline's drift line over one run's wall time."""
+    """The baseline's drift line over one run's wall time: the fields of a `DriftLine`, the
+    fit's only where there were baseline cells to fit (summary_schema: set fields only)."""
     if not records:
         return {"n": 0, "slope_pct_per_hour": None, "flagged": False}
     logs_by_context: dict[int, list[float]] = defaultdict(list)
@@ -106,7 +108,7 @@ def _neighbours(controls: Sequence[tuple[datetime, Record]], moment: datetime) -
 
 def bracketing(
     index: CellIndex, *, baseline: str, variants: Sequence[str], options: StatsOptions
-) -> list[dict[str, Any]]:
+) -> list[Bracketing]:
     controls: dict[tuple[str, int], list[tuple[datetime, Record]]] = defaultdict(list)
     for run_id, records in _by_run(index, baseline).items():
         for record in records:
@@ -133,16 +135,16 @@ def bracketing(
                 options=options,
             )
             rows.append(
-                {
-                    "context_tokens": context,
-                    "variant": variant,
-                    "n": len(values),
-                    "ratio_median": float(np.median(values)),
-                    "ci_low": low,
-                    "ci_high": high,
-                }
+                Bracketing(
+                    context_tokens=context,
+                    variant=variant,
+                    n=len(values),
+                    ratio_median=float(np.median(values)),
+                    ci_low=low,
+                    ci_high=high,
+                )
             )
-    return sorted(rows, key=lambda row: (row["context_tokens"], variants.index(row["variant"])))
+    return sorted(rows, key=lambda row: (row.context_tokens, variants.index(row.variant)))
 
 
 def drift_section(
@@ -150,34 +152,36 @@ def drift_section(
     *,
     baseline: str,
     variants: Sequence[str],
-    comparisons: Sequence[dict[str, Any]],
+    comparisons: Sequence[Comparison],
     options: StatsOptions,
     per_context: bool = False,
-) -> dict[str, Any]:
+) -> Drift:
+    """summary.json's `drift` (the module docstring)."""
     claimed = [
-        abs(c["ratio_median"] - 1)
+        abs(c.ratio_median - 1)
         for c in comparisons
-        if c["verdict"] in ("faster", "slower") and c["ratio_median"] is not None
+        if c.verdict in ("faster", "slower") and c.ratio_median is not None
     ]
     threshold_pct = 100 * (min(claimed) if claimed else options.precision)
-    runs = []
+    runs: list[RunDrift] = []
     for run_id, records in sorted(_by_run(index, baseline).items()):
-        run = {"run_id": run_id, **trend(records, threshold_pct)}
+        line = trend(records, threshold_pct)
         if per_context:
-            contexts = sorted({r.context_tokens for r in records})
-            run["by_context"] = [
-                {
-                    "context_tokens": context,
+            by_context = [
+                ContextDrift(
+                    context_tokens=context,
                     **trend([r for r in records if r.context_tokens == context], threshold_pct),
-                }
-                for context in contexts
+                )
+                for context in sorted({r.context_tokens for r in records})
             ]
-            run["flagged"] = run["flagged"] or any(c["flagged"] for c in run["by_context"])
-        runs.append(run)
-    return {
-        "threshold_pct": threshold_pct,
-        "threshold_source": "smallest claimed effect" if claimed else "requested precision",
-        "flagged": any(run["flagged"] for run in runs),
-        "runs": runs,
-        "bracketing": bracketing(index, baseline=baseline, variants=variants, options=options),
-    }
+            # A context whose first cells paid for compilation drifts on its own.
+            line["flagged"] = line["flagged"] or any(c.flagged for c in by_context)
+            line["by_context"] = by_context
+        runs.append(RunDrift(run_id=run_id, **line))
+    return Drift(
+        threshold_pct=threshold_pct,
+        threshold_source="smallest claimed effect" if claimed else "requested precision",
+        flagged=any(run.flagged for run in runs),
+        runs=runs,
+        bracketing=bracketing(index, baseline=baseline, variants=variants, options=options),
+    )

@@ -9,11 +9,19 @@ did not build are listed with the reason and skipped; the next measured commit i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from evidence.reproduction import intervals_overlap
 from evidence.schemas import JobSpec, Provenance, TargetInfo
+from evidence.stats import intervals_overlap
+from evidence.summary_schema import (
+    CommitRef,
+    Comparison,
+    History,
+    HistoryCommit,
+    HistoryPoint,
+    HistorySeries,
+    HistoryStep,
+)
 
 STEP_RULE = (
     "a step is a pair of neighbouring measured commits whose 95% intervals of the paired ratio "
@@ -33,123 +41,118 @@ def _targets(provenances: Sequence[Provenance]) -> dict[str, TargetInfo]:
     return found
 
 
-def _commit(target: TargetInfo | None, fallback_ref: str | None) -> dict[str, Any]:
-    return {
-        "commit": target.commit if target else None,
-        "ref": (target.ref if target else None) or fallback_ref,
-        "subject": target.subject if target else None,
-    }
+def _commit(variant: str, target: TargetInfo | None, fallback_ref: str | None) -> CommitRef:
+    return CommitRef(
+        variant=variant,
+        commit=target.commit if target else None,
+        ref=(target.ref if target else None) or fallback_ref,
+        subject=target.subject if target else None,
+    )
 
 
 def history_section(
     *,
     spec: JobSpec,
-    comparisons: Sequence[Mapping[str, Any]],
+    comparisons: Sequence[Comparison],
     contexts: Sequence[int],
     provenances: Sequence[Provenance],
-) -> dict[str, Any]:
+) -> History:
     """summary.json's `history`: the commits in order, a series per context, and the steps."""
     targets = _targets(provenances)
     reference, *measured = spec.variants
     commits = [
-        {
-            "variant": variant.name,
-            **_commit(targets.get(variant.name), variant.ref),
-            "skipped": targets[variant.name].skipped if variant.name in targets else None,
-        }
+        HistoryCommit(
+            **_commit(variant.name, targets.get(variant.name), variant.ref).model_dump(),
+            skipped=targets[variant.name].skipped if variant.name in targets else None,
+        )
         for variant in measured
     ]
-    by_key = {(c["context_tokens"], c["variant"]): c for c in comparisons}
+    by_key = {(c.context_tokens, c.variant): c for c in comparisons}
     series = []
     steps = []
     for context in contexts:
         points = []
         for commit in commits:
-            comparison = by_key.get((context, commit["variant"]))
+            comparison = by_key.get((context, commit.variant))
             points.append(
-                {
-                    "variant": commit["variant"],
-                    "commit": commit["commit"],
-                    "skipped": commit["skipped"],
-                    **{
-                        key: comparison[key] if comparison else None
-                        for key in ("ratio_median", "ci_low", "ci_high", "verdict")
-                    },
-                    "n": comparison["n"] if comparison else 0,
-                }
+                HistoryPoint(
+                    variant=commit.variant,
+                    commit=commit.commit,
+                    skipped=commit.skipped,
+                    ratio_median=comparison.ratio_median if comparison else None,
+                    ci_low=comparison.ci_low if comparison else None,
+                    ci_high=comparison.ci_high if comparison else None,
+                    verdict=comparison.verdict if comparison else None,
+                    n=comparison.n if comparison else 0,
+                )
             )
-        series.append({"context_tokens": context, "points": points})
+        series.append(HistorySeries(context_tokens=context, points=points))
         measured_points = [
-            (position, p)
+            (position, p, (p.ci_low, p.ci_high))
             for position, p in enumerate(points)
-            if p["ci_low"] is not None and p["ci_high"] is not None and not p["skipped"]
+            if p.ci_low is not None and p.ci_high is not None and not p.skipped
         ]
-        for (_, before), (position, after) in zip(
+        for (_, before, before_ci), (position, after, after_ci) in zip(
             measured_points, measured_points[1:], strict=False
         ):
-            if intervals_overlap(
-                (before["ci_low"], before["ci_high"]), (after["ci_low"], after["ci_high"])
-            ):
+            if intervals_overlap(before_ci, after_ci):
                 continue
+            # Both have intervals, so both have a median ratio.
+            assert before.ratio_median is not None and after.ratio_median is not None
             steps.append(
-                {
-                    "context_tokens": context,
-                    "from_variant": before["variant"],
-                    "from_commit": before["commit"],
-                    "to_variant": after["variant"],
-                    "to_commit": after["commit"],
-                    "subject": commits[position]["subject"],
-                    "from_ratio": before["ratio_median"],
-                    "to_ratio": after["ratio_median"],
-                    "direction": "slower"
-                    if after["ratio_median"] < before["ratio_median"]
-                    else "faster",
-                }
+                HistoryStep(
+                    context_tokens=context,
+                    from_variant=before.variant,
+                    from_commit=before.commit,
+                    to_variant=after.variant,
+                    to_commit=after.commit,
+                    subject=commits[position].subject,
+                    from_ratio=before.ratio_median,
+                    to_ratio=after.ratio_median,
+                    direction="slower" if after.ratio_median < before.ratio_median else "faster",
+                )
             )
-    return {
-        "range": spec.history.range if spec.history else None,
-        "every": spec.history.every if spec.history else None,
-        "last": spec.history.last if spec.history else None,
-        "reference": {
-            "variant": reference.name,
-            **_commit(targets.get(reference.name), reference.ref),
-        },
-        "commits": commits,
-        "series": series,
-        "steps": steps,
-        "rule": STEP_RULE,
-    }
+    return History(
+        range=spec.history.range if spec.history else None,
+        every=spec.history.every if spec.history else None,
+        last=spec.history.last if spec.history else None,
+        reference=_commit(reference.name, targets.get(reference.name), reference.ref),
+        commits=commits,
+        series=series,
+        steps=steps,
+        rule=STEP_RULE,
+    )
 
 
 def short(commit: str | None, fallback: str) -> str:
     return commit[:10] if commit else fallback
 
 
-def history_sentences(history: Mapping[str, Any]) -> list[str]:
+def history_sentences(history: History) -> list[str]:
     """The answer first for a history: each step in words, or that there is none."""
-    reference = history["reference"]
-    against = f"against {short(reference['commit'], reference['variant'])}"
-    skipped = [c for c in history["commits"] if c["skipped"]]
+    reference = history.reference
+    against = f"against {short(reference.commit, reference.variant)}"
+    skipped = [c for c in history.commits if c.skipped]
     sentences = []
-    if not history["steps"]:
+    if not history.steps:
         sentences.append(
-            f"No step over {len(history['commits'])} commits {against}: every pair of "
+            f"No step over {len(history.commits)} commits {against}: every pair of "
             "neighbouring intervals overlaps."
         )
-    for step in history["steps"]:
-        change = abs(step["to_ratio"] / step["from_ratio"] - 1) * 100
-        subject = f' ("{step["subject"]}")' if step.get("subject") else ""
+    for step in history.steps:
+        change = abs(step.to_ratio / step.from_ratio - 1) * 100
+        subject = f' ("{step.subject}")' if step.subject else ""
         sentences.append(
-            f"{step['context_tokens']} tokens: {change:.1f}% {step['direction']} at "
-            f"{short(step['to_commit'], step['to_variant'])}{subject}, after "
-            f"{short(step['from_commit'], step['from_variant'])} (ratio {against} "
-            f"{step['from_ratio']:.3f} -> {step['to_ratio']:.3f}; the intervals do not overlap)."
+            f"{step.context_tokens} tokens: {change:.1f}% {step.direction} at "
+            f"{short(step.to_commit, step.to_variant)}{subject}, after "
+            f"{short(step.from_commit, step.from_variant)} (ratio {against} "
+            f"{step.from_ratio:.3f} -> {step.to_ratio:.3f}; the intervals do not overlap)."
         )
     if skipped:
         sentences.append(
             f"{len(skipped)} commit{'s' if len(skipped) != 1 else ''} did not build and "
             f"{'were' if len(skipped) != 1 else 'was'} skipped: "
-            + ", ".join(short(c["commit"], c["variant"]) for c in skipped)
+            + ", ".join(short(c.commit, c.variant) for c in skipped)
             + "."
         )
     return sentences

@@ -8,11 +8,29 @@ hashes this file); it says where to find it instead.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
+from evidence.bisect import bisect_sentences
+from evidence.history import history_sentences, short
 from evidence.schemas import CorpusInfo, Provenance
-from evidence.stats import how_to_read, inert_lines
+from evidence.summary_schema import (
+    Bisect,
+    Bracketing,
+    Comparison,
+    DriftLine,
+    History,
+    HistoryPoint,
+    ReproductionRun,
+    RunDrift,
+    Settings,
+    Summary,
+)
+
+# Anything with a median ratio and its interval: a comparison, a history point, a host's
+# reproduction, a bracketing row.
+Interval = Comparison | HistoryPoint | ReproductionRun | Bracketing
 
 MAX_CHARS = 60_000
 _MAX_LISTED = 20
@@ -26,9 +44,9 @@ def fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def fmt_interval(comparison: Mapping[str, Any]) -> str:
-    median = fmt_ratio(comparison.get("ratio_median"))
-    low, high = comparison.get("ci_low"), comparison.get("ci_high")
+def fmt_interval(comparison: Interval) -> str:
+    median = fmt_ratio(comparison.ratio_median)
+    low, high = comparison.ci_low, comparison.ci_high
     if low is None or high is None:
         return median
     return f"{median} [{low:.3f}, {high:.3f}]"
@@ -44,12 +62,14 @@ def fmt_pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.2f}%"
 
 
-def fmt_verdict(comparison: Mapping[str, Any]) -> str:
-    verdict = str(comparison["verdict"])
-    if verdict == "no valid pairs" and comparison.get("why"):
-        return f"no valid pairs: {comparison['why']}"
-    if verdict == "inconclusive" and comparison.get("rounds_needed"):
-        return f"inconclusive (~{comparison['rounds_needed']} rounds for the precision)"
+def fmt_verdict(comparison: Comparison | HistoryPoint) -> str:
+    verdict = str(comparison.verdict)
+    if not isinstance(comparison, Comparison):
+        return verdict
+    if verdict == "no valid pairs" and comparison.why:
+        return f"no valid pairs: {comparison.why}"
+    if verdict == "inconclusive" and comparison.rounds_needed:
+        return f"inconclusive (~{comparison.rounds_needed} rounds for the precision)"
     return verdict
 
 
@@ -58,32 +78,32 @@ def fmt_verdict(comparison: Mapping[str, Any]) -> str:
 MIN_RATE_SPAN_H = 0.25
 
 
-def drift_rate_text(run: Mapping[str, Any]) -> str:
+def drift_rate_text(run: DriftLine) -> str:
     """`+1.20% per hour [-0.50, +2.90]`, or why no hourly rate is shown."""
-    if run.get("slope_pct_per_hour") is None:
+    if run.slope_pct_per_hour is None:
         return "no trend (fewer than 3 baseline cells)"
-    span_h = run.get("span_hours") or 0.0
+    span_h = run.span_hours or 0.0
     if span_h < MIN_RATE_SPAN_H:
         return f"no hourly rate (a {span_h * 60:.0f}-minute run)"
     interval = (
-        f" [{run['slope_ci_low']:+.2f}, {run['slope_ci_high']:+.2f}]"
-        if run.get("slope_ci_low") is not None and run.get("slope_ci_high") is not None
+        f" [{run.slope_ci_low:+.2f}, {run.slope_ci_high:+.2f}]"
+        if run.slope_ci_low is not None and run.slope_ci_high is not None
         else ""
     )
-    return f"{fmt_pct(run['slope_pct_per_hour'])} per hour{interval}"
+    return f"{fmt_pct(run.slope_pct_per_hour)} per hour{interval}"
 
 
-def noise_floor_text(summary: Mapping[str, Any]) -> str | None:
+def noise_floor_text(summary: Summary) -> str | None:
     """The noise floor this run measured, in one sentence; None for runs without process
     instances in their records (measured before process rotation)."""
-    floor = summary.get("noise_floor")
+    floor = summary.noise_floor
     if not floor:
         return None
-    rounds = floor["rounds_per_process_pair"]
-    spread = floor.get("between_process_sd")
-    resolvable = floor.get("resolvable")
+    rounds = floor.rounds_per_process_pair
+    spread = floor.between_process_sd
+    resolvable = floor.resolvable
     parts = [
-        f"Noise floor: {floor['process_pairs']} process pairs of {rounds:g} "
+        f"Noise floor: {floor.process_pairs} process pairs of {rounds:g} "
         f"round{'s' if rounds != 1 else ''} each"
     ]
     if spread is not None:
@@ -98,12 +118,12 @@ def noise_floor_text(summary: Mapping[str, Any]) -> str | None:
     return "; ".join(parts) + "."
 
 
-def drift_context_text(run: Mapping[str, Any]) -> list[str]:
+def drift_context_text(run: RunDrift) -> list[str]:
     """One phrase per context of the run's per-context drift lines (empty for older runs)."""
     return [
-        f"{c['context_tokens']} tokens: {fmt_pct(c.get('drift_pct_across_run'))} across the run"
-        + (" **flagged**" if c.get("flagged") else "")
-        for c in run.get("by_context") or []
+        f"{c.context_tokens} tokens: {fmt_pct(c.drift_pct_across_run)} across the run"
+        + (" **flagged**" if c.flagged else "")
+        for c in run.by_context or []
     ]
 
 
@@ -134,10 +154,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return lines
 
 
-def median_tps(summary: Mapping[str, Any], context: int, variant: str, metric: str) -> float | None:
-    for row in summary["descriptive"]:
-        if row["context_tokens"] == context and row["variant"] == variant and row[metric]:
-            return row[metric]["median"]
+def median_tps(
+    summary: Summary, context: int, variant: str, metric: Literal["prefill_tps", "decode_tps"]
+) -> float | None:
+    for row in summary.descriptive:
+        quantiles = getattr(row, metric)
+        if row.context_tokens == context and row.variant == variant and quantiles:
+            return float(quantiles.median)
     return None
 
 
@@ -203,91 +226,90 @@ def _change(ratio: float) -> str:
     return f"{_pct(ratio - 1)} {'faster' if ratio > 1 else 'slower'}"
 
 
-def verdict_clause(comparison: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
+def verdict_clause(comparison: Comparison, settings: Settings) -> str:
     """One comparison in words: `cand is 7.0% slower at 128 tokens, 95% interval 3.2% to
     8.4%`. The interval is stated in the direction of the verdict."""
-    variant, context = comparison["variant"], comparison["context_tokens"]
-    verdict = comparison["verdict"]
-    low, high, median = comparison["ci_low"], comparison["ci_high"], comparison["ratio_median"]
-    level = f"{100 * settings['confidence_level']:g}%"
+    variant, context = comparison.variant, comparison.context_tokens
+    verdict = comparison.verdict
+    low, high, median = comparison.ci_low, comparison.ci_high, comparison.ratio_median
+    level = f"{100 * settings.confidence_level:g}%"
     where = f"at {context} tokens"
     if verdict in ("faster", "slower") and None not in (low, high, median):
+        assert low is not None and high is not None and median is not None  # for mypy
         near, far = (low - 1, high - 1) if verdict == "faster" else (1 - high, 1 - low)
         return (
             f"{variant} is {_pct(median - 1)} {verdict} {where}, "
             f"{level} interval {_pct(near)} to {_pct(far)}"
         )
-    if verdict == "no established change" and None not in (low, high):
+    if verdict == "no established change" and low is not None and high is not None:
         return (
             f"{variant}: no established change {where} ({level} interval {_change(low)} to "
-            f"{_change(high)}, inside +-{100 * settings['precision']:g}%)"
+            f"{_change(high)}, inside +-{100 * settings.precision:g}%)"
         )
-    if not comparison["n"]:
+    if not comparison.n:
         return f"{variant}: inconclusive {where} (no valid pairs)"
-    needed = comparison.get("rounds_needed")
+    needed = comparison.rounds_needed
     settle = f"; about {needed} rounds would settle it" if needed else ""
-    return f"{variant}: inconclusive {where} ({comparison['n']} pairs{settle})"
+    return f"{variant}: inconclusive {where} ({comparison.n} pairs{settle})"
 
 
-def verdict_sentences(
-    summary: Mapping[str, Any], key: str = "comparisons", *, compact: bool = False
-) -> list[str]:
-    """The answer first: one sentence per context, every variant's verdict in it (`compact`:
-    only how many variants got each verdict there)."""
-    by_context: dict[int, list[Mapping[str, Any]]] = {}
-    for comparison in summary[key]:
-        by_context.setdefault(comparison["context_tokens"], []).append(comparison)
+def verdict_sentences(summary: Summary, *, compact: bool = False) -> list[str]:
+    """The answer first: one sentence per context, every variant's prefill verdict in it
+    (`compact`: only how many variants got each verdict there)."""
+    by_context: dict[int, list[Comparison]] = {}
+    for comparison in summary.comparisons:
+        by_context.setdefault(comparison.context_tokens, []).append(comparison)
     sentences = []
     for context, comparisons in sorted(by_context.items()):
         if compact:
             counts: dict[str, int] = {}
             for comparison in comparisons:
-                counts[comparison["verdict"]] = counts.get(comparison["verdict"], 0) + 1
+                counts[comparison.verdict] = counts.get(comparison.verdict, 0) + 1
             text = ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
             sentences.append(f"At {context} tokens: {text}.")
         else:
-            clauses = [verdict_clause(c, summary["settings"]) for c in comparisons]
+            clauses = [verdict_clause(c, summary.settings) for c in comparisons]
             sentences.append(f"{'; '.join(clauses)}.")
     return sentences
 
 
-def answer_sentences(summary: Mapping[str, Any], *, compact: bool = False) -> list[str]:
+def answer_sentences(summary: Summary, *, compact: bool = False) -> list[str]:
     """What every page opens with: a history's steps, a bisection's result, or one verdict
     sentence per context (summary.md, report.html and the job page all call this)."""
-    if summary.get("history"):
-        from evidence.history import history_sentences
-
-        return history_sentences(summary["history"])
-    if summary.get("bisect"):
-        from evidence.bisect import bisect_sentences
-
-        return bisect_sentences(summary["bisect"])
+    if summary.history:
+        return history_sentences(summary.history)
+    if summary.bisect:
+        return bisect_sentences(summary.bisect)
     return verdict_sentences(summary, compact=compact)
 
 
-def verdict_rows(summary: Mapping[str, Any], key: str = "comparisons") -> list[dict[str, Any]]:
+ComparisonKey = Literal["comparisons", "decode_comparisons"]
+
+
+def verdict_rows(summary: Summary, key: ComparisonKey = "comparisons") -> list[dict[str, Any]]:
     """The verdict table as display strings, one dict per comparison (`comparisons` or
     `decode_comparisons`): what summary.md, report.html and a CLI table show."""
-    metric = "decode_tps" if key == "decode_comparisons" else "prefill_tps"
+    metric: Literal["prefill_tps", "decode_tps"] = (
+        "decode_tps" if key == "decode_comparisons" else "prefill_tps"
+    )
+    comparisons = summary.decode_comparisons if key == "decode_comparisons" else summary.comparisons
     return [
         {
-            "context": c["context_tokens"],
-            "variant": c["variant"],
-            "baseline_tps": fmt_tps(
-                median_tps(summary, c["context_tokens"], c["baseline"], metric)
-            ),
-            "variant_tps": fmt_tps(median_tps(summary, c["context_tokens"], c["variant"], metric)),
+            "context": c.context_tokens,
+            "variant": c.variant,
+            "baseline_tps": fmt_tps(median_tps(summary, c.context_tokens, c.baseline, metric)),
+            "variant_tps": fmt_tps(median_tps(summary, c.context_tokens, c.variant, metric)),
             "interval": fmt_interval(c),
-            "p": fmt_p(c["p_adjusted"]),
-            "n": c["n"],
+            "p": fmt_p(c.p_adjusted),
+            "n": c.n,
             "verdict": fmt_verdict(c),
-            "verdict_code": c["verdict"],
+            "verdict_code": c.verdict,
         }
-        for c in summary[key]
+        for c in comparisons
     ]
 
 
-def _comparison_rows(summary: Mapping[str, Any], key: str) -> list[list[object]]:
+def _comparison_rows(summary: Summary, key: ComparisonKey) -> list[list[object]]:
     columns = ("context", "variant", "baseline_tps", "variant_tps", "interval", "p", "n", "verdict")
     return [[row[c] for c in columns] for row in verdict_rows(summary, key)]
 
@@ -317,28 +339,79 @@ def fmt_bytes(value: int | None) -> str:
     return f"{value / 2**30:,.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.1f} MiB"
 
 
-def memory_rows(summary: Mapping[str, Any]) -> list[list[object]]:
+def memory_rows(summary: Summary) -> list[list[object]]:
     """Per (context, variant): median prefill tok/s, the time per cell it implies (context /
     median tok/s) and the largest peak memory, so memory can be read against context."""
     rows: list[list[object]] = []
-    for row in summary["descriptive"]:
-        prefill, memory = row["prefill_tps"], row["peak_memory_bytes"]
-        median = prefill["median"] if prefill else None
+    for row in summary.descriptive:
+        prefill, memory = row.prefill_tps, row.peak_memory_bytes
+        median = prefill.median if prefill else None
         rows.append(
             [
-                row["context_tokens"],
-                row["variant"],
-                row["n"],
+                row.context_tokens,
+                row.variant,
+                row.n,
                 fmt_tps(median),
-                f"{row['context_tokens'] / median:,.3f}" if median else "n/a",
-                fmt_bytes(memory["max"] if memory else None),
+                f"{row.context_tokens / median:,.3f}" if median else "n/a",
+                fmt_bytes(memory.max if memory else None),
             ]
         )
     return rows
 
 
+def inert_lines(summary: Summary) -> list[str]:
+    """One sentence per context where some variant's flags were inert, for summary.md and
+    report.html."""
+    by_context: dict[int, list[str]] = defaultdict(list)
+    for row in summary.descriptive:
+        if row.inert:
+            by_context[row.context_tokens].append(f"{row.variant} ({', '.join(row.inert)})")
+    return [
+        f"{context} tokens: {'; '.join(entries)}: at this context the request implies what the "
+        "stock value does, so these cells measured the stock execution"
+        for context, entries in sorted(by_context.items())
+    ]
+
+
+def how_to_read(settings: Settings) -> list[str]:
+    """The verdict rules in plain words, for summary.md and report.html."""
+    precision_pct = f"{100 * settings.precision:g}%"
+    level = f"{100 * settings.confidence_level:g}%"
+    lines = [
+        "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
+        "round (paired); above 1 is faster. The table shows the median ratio and a "
+        f"{level} interval of that median (a seeded bootstrap, widened where needed to the "
+        "distribution-free order-statistic interval, so the level holds with few pairs).",
+        f"faster / slower: the interval excludes 1 and the signed-rank p-value, corrected "
+        f"(Holm) across the whole matrix, is below {settings.alpha:g}.",
+        f"no established change: the interval includes 1 and lies within 1 +- "
+        f"{precision_pct}, so any change larger than {precision_pct} is ruled out; a smaller "
+        "one is not.",
+        f"inconclusive: fewer than {settings.min_pairs} pairs, or an interval too wide for "
+        f"+-{precision_pct} (the rounds that would reach it are estimated from the observed "
+        "spread), or an interval and a corrected test that disagree. An interval that includes "
+        "1 establishes nothing more than that.",
+        "no valid pairs: no round had valid cells of both the variant and the baseline at "
+        "that context; the row says which side had none and why its cells were set aside.",
+        "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "
+        "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
+        "interact and are not additive.",
+    ]
+    if settings.process_blocks is not None:
+        lines.insert(
+            1,
+            "Each variant ran in a fresh process every few rounds, and a process has a speed "
+            "offset of its own (about 1% between identical processes), so the independent "
+            "unit is the process pair, not the round: the interval resamples process pairs and "
+            "then pairs within them, and the test ranks the process pairs' median ratios. The "
+            "noise floor under the prefill table says how much processes differed and how small "
+            "an effect this run can resolve.",
+        )
+    return lines
+
+
 def render_summary_md(
-    summary: Mapping[str, Any],
+    summary: Summary,
     provenances: Sequence[Provenance],
     *,
     evidence_id: str | None = None,
@@ -353,93 +426,88 @@ def render_summary_md(
     return text
 
 
-def history_lines(history: Mapping[str, Any]) -> list[str]:
+def history_lines(history: History) -> list[str]:
     """The history's steps (with their commit subjects) and the commits that did not build."""
-    from evidence.history import short
-
-    reference = history["reference"]
+    reference = history.reference
     lines = [
-        f"### History against `{short(reference['commit'], reference['variant'])}`"
-        + (f" ({history['range']})" if history.get("range") else ""),
+        f"### History against `{short(reference.commit, reference.variant)}`"
+        + (f" ({history.range})" if history.range else ""),
         "",
-        f"_{history['rule']}._",
+        f"_{history.rule}._",
         "",
     ]
-    if history["steps"]:
+    if history.steps:
         rows = [
             [
-                step["context_tokens"],
-                short(step["from_commit"], step["from_variant"]),
-                short(step["to_commit"], step["to_variant"]),
-                step["subject"] or "",
-                f"{step['from_ratio']:.3f} -> {step['to_ratio']:.3f}",
-                step["direction"],
+                step.context_tokens,
+                short(step.from_commit, step.from_variant),
+                short(step.to_commit, step.to_variant),
+                step.subject or "",
+                f"{step.from_ratio:.3f} -> {step.to_ratio:.3f}",
+                step.direction,
             ]
-            for step in history["steps"]
+            for step in history.steps
         ]
         lines += _table(
             ["context", "step after", "at commit", "subject", "ratio", "direction"], rows
         )
     else:
         lines.append("No step: every pair of neighbouring intervals overlaps.")
-    skipped = [c for c in history["commits"] if c["skipped"]]
+    skipped = [c for c in history.commits if c.skipped]
     if skipped:
         lines.append("")
-        lines += [
-            f"- `{short(c['commit'], c['variant'])}` skipped: {_cell(c['skipped'])}"
-            for c in skipped
-        ]
+        lines += [f"- `{short(c.commit, c.variant)}` skipped: {_cell(c.skipped)}" for c in skipped]
     return lines
 
 
-def bisect_lines(bisect: Mapping[str, Any]) -> list[str]:
+def bisect_lines(bisect: Bisect) -> list[str]:
     """Every step of the bisection so far (with its evidence) and this one."""
-    rows = [
+    rows: list[list[object]] = [
         [
             position,
-            step["lo"][:12],
-            (step["mid"] or "-")[:12],
-            step["hi"][:12],
-            step["decision"],
-            f"`{step['evidence_id']}`" + (f" ({step['location']})" if step.get("location") else ""),
+            step.lo[:12],
+            (step.mid or "-")[:12],
+            step.hi[:12],
+            step.decision,
+            f"`{step.evidence_id}`" + (f" ({step.location})" if step.location else ""),
         ]
-        for position, step in enumerate(bisect["steps"], 1)
+        for position, step in enumerate(bisect.steps, 1)
     ]
     rows.append(
         [
-            bisect["step"],
-            (bisect["lo"] or "")[:12],
-            (bisect["mid"] or "-")[:12],
-            (bisect["hi"] or "")[:12],
-            bisect["decision"],
+            bisect.step,
+            (bisect.lo or "")[:12],
+            (bisect.mid or "-")[:12],
+            (bisect.hi or "")[:12],
+            bisect.decision,
             "this evidence",
         ]
     )
     header = ["step", "lo (good)", "mid", "hi (bad)", "decision", "evidence"]
     return [
-        f"### Bisection: first {bisect['direction']} commit at {bisect['context_tokens']} "
-        f"tokens between `{bisect['good']}` and `{bisect['bad']}`",
+        f"### Bisection: first {bisect.direction} commit at {bisect.context_tokens} "
+        f"tokens between `{bisect.good}` and `{bisect.bad}`",
         "",
         *_table(header, rows),
     ]
 
 
 def _render(
-    summary: Mapping[str, Any],
+    summary: Summary,
     provenances: Sequence[Provenance],
     evidence_id: str | None,
     *,
     compact: bool,
 ) -> str:
     lines: list[str] = []
-    variants = [v for v in summary["variants"] if v != summary["baseline"]]
+    variants = [v for v in summary.variants if v != summary.baseline]
     lines.append(
-        f"## coldbench: {', '.join(variants) or 'no variant'} vs `{summary['baseline']}` "
-        f"({summary['mode']})"
+        f"## coldbench: {', '.join(variants) or 'no variant'} vs `{summary.baseline}` "
+        f"({summary.mode})"
     )
-    settings = summary["settings"]
-    history = summary.get("history")
-    bisect = summary.get("bisect")
+    settings = summary.settings
+    history = summary.history
+    bisect = summary.bisect
     lines += ["", *(f"- {sentence}" for sentence in answer_sentences(summary, compact=compact))]
     if history:
         lines += ["", *history_lines(history)]
@@ -470,7 +538,7 @@ def _render(
             lines.append(f"- Prompts: {corpus_line(provenance.corpus)}")
     if provenances:
         lines += ["", "Variants as built:", ""]
-        rows = []
+        rows: list[list[object]] = []
         seen = set()
         for provenance in provenances:
             for target in provenance.targets:
@@ -512,18 +580,18 @@ def _render(
             "",
             *_table(_COMPARISON_HEADER, _comparison_rows(summary, "decode_comparisons")),
         ]
-    ablation = summary.get("ablation")
+    ablation = summary.ablation
     if ablation:
         rows = [
             [
-                e["context_tokens"],
-                e["feature"],
+                e.context_tokens,
+                e.feature,
                 fmt_interval(e),
-                fmt_p(e["p_adjusted"]),
-                e["n"],
+                fmt_p(e.p_adjusted),
+                e.n,
                 fmt_verdict(e),
             ]
-            for e in ablation["entries"]
+            for e in ablation.entries
         ]
         lines += [
             "",
@@ -541,27 +609,27 @@ def _render(
                 rows,
             ),
             "",
-            f"_{ablation['note']}_",
+            f"_{ablation.note}_",
         ]
-    parity = summary["parity"]
-    counts = parity["counts"]
+    parity = summary.parity
+    counts = parity.counts
     lines += [
         "",
         "### Output parity",
         "",
-        f"{counts['exact']} exact, {counts['accepted']} accepted near-ties, "
-        f"{counts['diverged']} diverged, {counts['unknown']} unknown. Policy: {parity['policy']}.",
+        f"{counts.exact} exact, {counts.accepted} accepted near-ties, "
+        f"{counts.diverged} diverged, {counts.unknown} unknown. Policy: {parity.policy}.",
     ]
-    diverged = [c for c in parity["cells"] if c["result"] == "diverged"]
+    diverged = [c for c in parity.cells if c.result == "diverged"]
     if diverged:
         lines.append("")
         rows = [
             [
-                c["variant"],
-                c["context_tokens"],
-                c["round"],
-                c["first_divergence"],
-                "n/a" if c["baseline_margin"] is None else f"{c['baseline_margin']:.4g}",
+                c.variant,
+                c.context_tokens,
+                c.round,
+                c.first_divergence,
+                "n/a" if c.baseline_margin is None else f"{c.baseline_margin:.4g}",
             ]
             for c in diverged[:_MAX_LISTED]
         ]
@@ -570,45 +638,43 @@ def _render(
         )
         if len(diverged) > _MAX_LISTED:
             lines.append(f"\n...and {len(diverged) - _MAX_LISTED} more in summary.json.")
-    drift = summary["drift"]
+    drift = summary.drift
     lines += ["", "### Drift of the baseline", ""]
-    for run in drift["runs"]:
-        flag = " **flagged**" if run["flagged"] else ""
+    for run in drift.runs:
+        flag = " **flagged**" if run.flagged else ""
         lines.append(
-            f"- run `{run['run_id']}`: {drift_rate_text(run)}, "
-            f"{fmt_pct(run['drift_pct_across_run'])} across the run "
-            f"(threshold {drift['threshold_pct']:.2f}%, {drift['threshold_source']}){flag}"
+            f"- run `{run.run_id}`: {drift_rate_text(run)}, "
+            f"{fmt_pct(run.drift_pct_across_run)} across the run "
+            f"(threshold {drift.threshold_pct:.2f}%, {drift.threshold_source}){flag}"
         )
         lines += [f"  - {text}" for text in drift_context_text(run)]
-    if not drift["runs"]:
+    if not drift.runs:
         lines.append("- no baseline cells to measure drift")
-    reproductions = summary.get("reproductions")
+    reproductions = summary.reproductions
     if reproductions and not compact:
-        hosts = [r["host"] or r["run_id"] for r in reproductions["comparisons"][0]["runs"]]
+        hosts = [r.host or r.run_id for r in reproductions.comparisons[0].runs]
         rows = []
-        for row in reproductions["comparisons"]:
-            cells = [f"{fmt_interval(r)} {r['verdict']}" for r in row["runs"]]
-            rows.append(
-                [row["context_tokens"], row["variant"], *cells, "yes" if row["agree"] else "**no**"]
-            )
+        for row in reproductions.comparisons:
+            cells = [f"{fmt_interval(r)} {r.verdict}" for r in row.runs]
+            rows.append([row.context_tokens, row.variant, *cells, "yes" if row.agree else "**no**"])
         lines += [
             "",
             "### Reproductions",
             "",
             *_table(["context", "variant", *hosts, "intervals overlap"], rows),
         ]
-    invalid = summary["invalid"]
+    invalid = summary.invalid
     lines += ["", "### Invalid cells", ""]
-    if invalid["total"] == 0:
+    if invalid.total == 0:
         lines.append("None: every measured cell was cold, complete and executed what it asked for.")
     else:
-        lines.append(f"{invalid['total']} cells excluded from the statistics:")
+        lines.append(f"{invalid.total} cells excluded from the statistics:")
         lines.append("")
-        for reason, count in list(invalid["by_reason"].items())[:_MAX_LISTED]:
+        for reason, count in list(invalid.by_reason.items())[:_MAX_LISTED]:
             lines.append(f"- {count} x {_cell(reason)}")
-    if invalid.get("pairs_with_different_prompts"):
+    if invalid.pairs_with_different_prompts:
         lines.append(
-            f"- {invalid['pairs_with_different_prompts']} pairs dropped: different prompt ids"
+            f"- {invalid.pairs_with_different_prompts} pairs dropped: different prompt ids"
         )
     commands = list(dict.fromkeys(p.command for p in provenances if p.command))
     if commands:

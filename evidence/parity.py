@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from evidence.stats import CellIndex
+from evidence.summary_schema import Parity, ParityCell, ParityCounts, ParityResult
 
 # Logit units. Reduced-precision kernels reorder sums and move logits by about 1e-2; a margin
 # under 0.1 is a near tie that such rounding can flip.
@@ -38,53 +38,56 @@ def first_divergence(candidate: Sequence[int], reference: Sequence[int]) -> int 
 
 def parity_section(
     index: CellIndex, *, variants: Sequence[str], baseline: str, margin_threshold: float
-) -> dict[str, Any]:
+) -> Parity:
+    """summary.json's `parity`."""
     base = index.of_variant(baseline)
     cells = []
     for variant in variants:
         if variant == baseline:
             continue
-        for key, record in sorted(index.of_variant(variant).items()):
-            partner = base.get(key)
+        for (run_id, round_index, context), record in sorted(index.of_variant(variant).items()):
+            partner = base.get((run_id, round_index, context))
             if partner is None:
                 continue
-            run_id, round_index, context = key
-            cell: dict[str, Any] = {
-                "run_id": run_id,
-                "round": round_index,
-                "context_tokens": context,
-                "variant": variant,
-                "first_divergence": None,
-                "baseline_margin": None,
-            }
+            divergence: int | None = None
+            margin: float | None = None
+            result: ParityResult
             if record.output_head is None or partner.output_head is None:
-                cell["result"] = "unknown"
+                result = "unknown"
             else:
                 divergence = first_divergence(record.output_head, partner.output_head)
                 margins = partner.output_margins or []
-                margin = (
-                    margins[divergence]
-                    if divergence is not None and divergence < len(margins)
-                    else None
-                )
-                cell["first_divergence"] = divergence
-                cell["baseline_margin"] = margin
+                if divergence is not None and divergence < len(margins):
+                    margin = margins[divergence]
                 if divergence is None:
-                    cell["result"] = "exact"
+                    result = "exact"
                 elif margin is not None and margin < margin_threshold:
-                    cell["result"] = "accepted"
+                    result = "accepted"
                 else:
-                    cell["result"] = "diverged"
-            cells.append(cell)
-    counts = Counter(cell["result"] for cell in cells)
-    return {
-        "margin_threshold": margin_threshold,
-        "policy": (
+                    result = "diverged"
+            cells.append(
+                ParityCell(
+                    run_id=run_id,
+                    round=round_index,
+                    context_tokens=context,
+                    variant=variant,
+                    first_divergence=divergence,
+                    baseline_margin=margin,
+                    result=result,
+                )
+            )
+    counts = Counter(cell.result for cell in cells)
+    return Parity(
+        margin_threshold=margin_threshold,
+        policy=(
             "exact ids, or a first divergence accepted only where the baseline's top-2 logit "
             f"margin at that step is below {margin_threshold}"
         ),
-        "counts": {
-            name: counts.get(name, 0) for name in ("exact", "accepted", "diverged", "unknown")
-        },
-        "cells": cells,
-    }
+        counts=ParityCounts(
+            exact=counts["exact"],
+            accepted=counts["accepted"],
+            diverged=counts["diverged"],
+            unknown=counts["unknown"],
+        ),
+        cells=cells,
+    )

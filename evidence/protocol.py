@@ -13,6 +13,8 @@ The messages, in the order a host sends them (all under `API_PREFIX`, bearer-aut
 - `PUT /runs/{run_id}/artifacts/{name}?attempt=N` raw body with `CONTENT_SHA256_HEADER`
   -> `ArtifactReceipt`
 - `POST /runs/{run_id}/complete` `CompleteRequest` -> `CompleteResponse`
+- `PUT /workers/calibration` `CalibrationReport` -> `CalibrationAccepted` (after `coldbench
+  calibrate`; the report is the result file itself, `evidence.calibration.HostCalibration`)
 
 Errors come back as `ErrorBody`: one line, and the request field it is about where there is one.
 Jobs and runs report their state as `JobState` and `RunState` (the API stores nothing else:
@@ -37,10 +39,11 @@ picks a value, the host maps it. `worker/config.py` turns each declared option i
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from evidence.calibration import HostCalibration
 from evidence.schemas import (
     NAME_PATTERN,
     AdapterName,
@@ -277,3 +280,16 @@ class ErrorBody(BaseModel):
 
     detail: str
     field: str | None = None
+
+
+# `PUT /workers/calibration`: the body is the result `coldbench calibrate` writes to its file,
+# so the file and the report cannot drift apart (extra fields refused, like every request).
+CalibrationReport: TypeAlias = HostCalibration
+
+
+class CalibrationAccepted(BaseModel):
+    """The API kept the report as the host's latest calibration: the host it is stored for
+    and the lines /hosts shows for it."""
+
+    host: str
+    lines: list[str]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -80,20 +79,6 @@ def read_records(path: str | Path) -> list[Record]:
     return records
 
 
-def records_from_dicts(values: Iterable[dict]) -> list[Record]:
-    """Validate records already parsed (e.g. the runner's `record` events)."""
-    records: list[Record] = []
-    problems: list[str] = []
-    for index, value in enumerate(values, start=1):
-        try:
-            records.append(Record.model_validate(value))
-        except ValidationError as error:
-            problems.append(f"record {index}: {_describe(error)}")
-    if problems:
-        raise RecordsError(problems)
-    return records
-
-
 def record_line(record: Record) -> bytes:
     """One record as its canonical JSON line (with the newline)."""
     return canonical_json(record.to_json_dict()) + b"\n"
@@ -101,14 +86,3 @@ def record_line(record: Record) -> bytes:
 
 def records_bytes(records: Iterable[Record]) -> bytes:
     return b"".join(record_line(record) for record in records)
-
-
-def write_records(path: str | Path, records: Iterable[Record]) -> None:
-    """Write records.jsonl atomically (temp file, fsync, rename): a crash leaves old or new."""
-    path = Path(path)
-    temp = path.with_name(path.name + ".tmp")
-    with open(temp, "wb") as handle:
-        handle.write(records_bytes(records))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)

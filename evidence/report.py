@@ -21,6 +21,7 @@ from plotly import colors as plotly_colors
 from evidence.drift import as_utc
 from evidence.history import short
 from evidence.markdown import (
+    ComparisonKey,
     answer_sentences,
     drift_rate_text,
     evidence_id_line,
@@ -30,6 +31,8 @@ from evidence.markdown import (
     fmt_tps,
     fmt_verdict,
     host_line,
+    how_to_read,
+    inert_lines,
     noise_floor_text,
     software_line,
     variant_software_text,
@@ -37,7 +40,7 @@ from evidence.markdown import (
     verify_command,
 )
 from evidence.schemas import Provenance, Record
-from evidence.stats import how_to_read, inert_lines
+from evidence.summary_schema import Comparison, ContextDrift, History, Quantiles, Summary
 
 TEMPLATES = Path(__file__).parent / "templates"
 _MAX_ROWS = 500
@@ -78,29 +81,33 @@ def _css(verdict: str) -> str:
     }.get(verdict, "")
 
 
-def _comparison_rows(summary: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+def _comparison_rows(summary: Summary, key: ComparisonKey) -> list[dict[str, Any]]:
     return [{**row, "css": _css(row["verdict_code"])} for row in verdict_rows(summary, key)]
 
 
-def _range(stats: Mapping[str, float] | None, low: str, high: str) -> str:
-    return "n/a" if not stats else f"{fmt_tps(stats[low])} .. {fmt_tps(stats[high])}"
+def _iqr(stats: Quantiles | None) -> str:
+    return "n/a" if not stats else f"{fmt_tps(stats.q1)} .. {fmt_tps(stats.q3)}"
 
 
-def _descriptive_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _full_range(stats: Quantiles | None) -> str:
+    return "n/a" if not stats else f"{fmt_tps(stats.min)} .. {fmt_tps(stats.max)}"
+
+
+def _descriptive_rows(summary: Summary) -> list[dict[str, Any]]:
     rows = []
-    for row in summary["descriptive"]:
-        prefill, decode, memory = row["prefill_tps"], row["decode_tps"], row["peak_memory_bytes"]
+    for row in summary.descriptive:
+        prefill, decode, memory = row.prefill_tps, row.decode_tps, row.peak_memory_bytes
         rows.append(
             {
-                "context": row["context_tokens"],
-                "variant": row["variant"],
-                "n": row["n"],
-                "prefill_median": fmt_tps(prefill["median"] if prefill else None),
-                "prefill_iqr": _range(prefill, "q1", "q3"),
-                "prefill_range": _range(prefill, "min", "max"),
-                "decode_median": fmt_tps(decode["median"] if decode else None),
-                "decode_iqr": _range(decode, "q1", "q3"),
-                "memory": f"{memory['max'] / 2**20:,.1f} MiB" if memory else "n/a",
+                "context": row.context_tokens,
+                "variant": row.variant,
+                "n": row.n,
+                "prefill_median": fmt_tps(prefill.median if prefill else None),
+                "prefill_iqr": _iqr(prefill),
+                "prefill_range": _full_range(prefill),
+                "decode_median": fmt_tps(decode.median if decode else None),
+                "decode_iqr": _iqr(decode),
+                "memory": f"{memory.max / 2**20:,.1f} MiB" if memory else "n/a",
             }
         )
     return rows
@@ -221,31 +228,39 @@ def _error_y(high: list[float], low: list[float]) -> dict[str, Any]:
     return {"array": high, "arrayminus": low, "symmetric": False, "type": "data"}
 
 
-def history_figure(history: Mapping[str, Any]) -> dict[str, Any]:
+def _interval_bars(rows: Sequence[tuple[float, float | None, float | None]]) -> dict[str, Any]:
+    """Error bars of (median, low, high) intervals; a missing bound draws no bar."""
+    return _error_y(
+        [(high or median) - median for median, _, high in rows],
+        [median - (low or median) for median, low, _ in rows],
+    )
+
+
+def history_figure(history: History) -> dict[str, Any]:
     """The paired ratio of each commit to the reference, in commit order, with its interval;
     one line per context; each step (neighbouring intervals apart) marked."""
-    labels = [short(c["commit"], c["variant"]) for c in history["commits"]]
+    labels = [short(c.commit, c.variant) for c in history.commits]
     figure = _figure(_layout("commit (oldest first)", "ratio to the reference (95% CI)"))
-    for series in history["series"]:
-        points = [(label, p) for label, p in zip(labels, series["points"], strict=True)]
-        measured = [(label, p) for label, p in points if p["ratio_median"] is not None]
+    for series in history.series:
+        measured = [
+            (label, p.ratio_median, p.ci_low, p.ci_high)
+            for label, p in zip(labels, series.points, strict=True)
+            if p.ratio_median is not None
+        ]
         figure["data"].append(
             {
-                "error_y": _error_y(
-                    [(p["ci_high"] or p["ratio_median"]) - p["ratio_median"] for _, p in measured],
-                    [p["ratio_median"] - (p["ci_low"] or p["ratio_median"]) for _, p in measured],
-                ),
+                "error_y": _interval_bars([(m, low, high) for _, m, low, high in measured]),
                 "mode": "lines+markers",
-                "name": f"{series['context_tokens']} tokens",
-                "x": [label for label, _ in measured],
-                "y": [p["ratio_median"] for _, p in measured],
+                "name": f"{series.context_tokens} tokens",
+                "x": [label for label, *_ in measured],
+                "y": [m for _, m, *_ in measured],
                 "type": "scatter",
             }
         )
-    for step in history["steps"]:
+    for step in history.steps:
         _vline(
             figure,
-            labels.index(short(step["to_commit"], step["to_variant"])) - 0.5,
+            labels.index(short(step.to_commit, step.to_variant)) - 0.5,
             "dot",
             "#b3261e",
         )
@@ -254,68 +269,72 @@ def history_figure(history: Mapping[str, Any]) -> dict[str, Any]:
     return figure
 
 
-def _history_view(history: Mapping[str, Any]) -> dict[str, Any]:
-    commits = {c["variant"]: c for c in history["commits"]}
+def _history_view(history: History) -> dict[str, Any]:
+    commits = {c.variant: c for c in history.commits}
     rows = []
-    for series in history["series"]:
-        for point in series["points"]:
-            commit = commits[point["variant"]]
+    for series in history.series:
+        for point in series.points:
+            commit = commits[point.variant]
             rows.append(
                 {
-                    "context": series["context_tokens"],
-                    "commit": short(commit["commit"], commit["variant"]),
-                    "subject": commit["subject"] or "",
-                    "interval": "did not build" if commit["skipped"] else fmt_interval(point),
-                    "n": point["n"],
-                    "verdict": "skipped" if commit["skipped"] else fmt_verdict(point),
-                    "css": _css(point["verdict"] or ""),
+                    "context": series.context_tokens,
+                    "commit": short(commit.commit, commit.variant),
+                    "subject": commit.subject or "",
+                    "interval": "did not build" if commit.skipped else fmt_interval(point),
+                    "n": point.n,
+                    "verdict": "skipped" if commit.skipped else fmt_verdict(point),
+                    "css": _css(point.verdict or ""),
                 }
             )
     return {
-        "reference": short(history["reference"]["commit"], history["reference"]["variant"]),
-        "range": history.get("range"),
-        "rule": history["rule"],
+        "reference": short(history.reference.commit, history.reference.variant),
+        "range": history.range,
+        "rule": history.rule,
         "rows": rows,
         "steps": [
             {
-                "context": step["context_tokens"],
-                "from": short(step["from_commit"], step["from_variant"]),
-                "to": short(step["to_commit"], step["to_variant"]),
-                "subject": step["subject"] or "",
-                "ratios": f"{step['from_ratio']:.3f} -> {step['to_ratio']:.3f}",
-                "direction": step["direction"],
+                "context": step.context_tokens,
+                "from": short(step.from_commit, step.from_variant),
+                "to": short(step.to_commit, step.to_variant),
+                "subject": step.subject or "",
+                "ratios": f"{step.from_ratio:.3f} -> {step.to_ratio:.3f}",
+                "direction": step.direction,
             }
-            for step in history["steps"]
+            for step in history.steps
         ],
         "skipped": [
-            {"commit": short(c["commit"], c["variant"]), "reason": c["skipped"]}
-            for c in history["commits"]
-            if c["skipped"]
+            {"commit": short(c.commit, c.variant), "reason": c.skipped}
+            for c in history.commits
+            if c.skipped
         ],
     }
 
 
-def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list[dict[str, Any]]:
+def build_figures(summary: Summary, records: Iterable[Record]) -> list[dict[str, Any]]:
     """The report's plotly figures as {id, title, spec} (spec = plotly's JSON)."""
     palette = plotly_colors.qualitative.Plotly
     # One colour per variant in every chart.
-    color = {v: palette[i % len(palette)] for i, v in enumerate(summary["variants"])}
+    color = {v: palette[i % len(palette)] for i, v in enumerate(summary.variants)}
     figures = []
     tps = _figure(_layout("context tokens", "prefill tok/s (median, bars: quartiles)"))
-    for variant in summary["variants"]:
-        rows = [r for r in summary["descriptive"] if r["variant"] == variant and r["prefill_tps"]]
+    for variant in summary.variants:
+        quartiles = [
+            (r.context_tokens, r.prefill_tps)
+            for r in summary.descriptive
+            if r.variant == variant and r.prefill_tps is not None
+        ]
         tps["data"].append(
             {
                 "error_y": _error_y(
-                    [r["prefill_tps"]["q3"] - r["prefill_tps"]["median"] for r in rows],
-                    [r["prefill_tps"]["median"] - r["prefill_tps"]["q1"] for r in rows],
+                    [q.q3 - q.median for _, q in quartiles if q],
+                    [q.median - q.q1 for _, q in quartiles if q],
                 ),
                 "line": {"color": color[variant]},
                 "marker": {"color": color[variant]},
                 "mode": "lines+markers",
                 "name": variant,
-                "x": [r["context_tokens"] for r in rows],
-                "y": [r["prefill_tps"]["median"] for r in rows],
+                "x": [context for context, _ in quartiles],
+                "y": [q.median for _, q in quartiles if q],
                 "type": "scatter",
             }
         )
@@ -324,38 +343,39 @@ def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list
 
     ratio = _figure(_layout("context tokens", "paired ratio to the baseline (95% CI)"))
     strips = _figure(_layout("variant @ context", "per-round paired ratio"))
-    by_variant: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for c in summary["comparisons"]:
-        by_variant[c["variant"]].append(c)
+    by_variant: dict[str, list[Comparison]] = defaultdict(list)
+    for c in summary.comparisons:
+        by_variant[c.variant].append(c)
         strips["data"].append(
             {
                 "boxpoints": "all",
                 "fillcolor": "rgba(0,0,0,0)",
                 "jitter": 0.4,
-                "line": {"color": color.get(c["variant"], "#444"), "width": 1},
-                "marker": {"color": color.get(c["variant"], "#444")},
-                "name": f"{c['variant']} @ {c['context_tokens']}",
+                "line": {"color": color.get(c.variant, "#444"), "width": 1},
+                "marker": {"color": color.get(c.variant, "#444")},
+                "name": f"{c.variant} @ {c.context_tokens}",
                 "pointpos": 0,
                 "showlegend": False,
-                "text": [f"run {r['run_id']} round {r['round']}" for r in c["ratios"]],
-                "y": [r["ratio"] for r in c["ratios"]],
+                "text": [f"run {r.run_id} round {r.round}" for r in c.ratios],
+                "y": [r.ratio for r in c.ratios],
                 "type": "box",
             }
         )
-    for variant, rows in by_variant.items():
-        rows = [r for r in rows if r["ratio_median"] is not None]
+    for variant, comparisons in by_variant.items():
+        points = [
+            (c.context_tokens, c.ratio_median, c.ci_low, c.ci_high)
+            for c in comparisons
+            if c.ratio_median is not None
+        ]
         ratio["data"].append(
             {
-                "error_y": _error_y(
-                    [(r["ci_high"] or r["ratio_median"]) - r["ratio_median"] for r in rows],
-                    [r["ratio_median"] - (r["ci_low"] or r["ratio_median"]) for r in rows],
-                ),
+                "error_y": _interval_bars([(m, low, high) for _, m, low, high in points]),
                 "line": {"color": color[variant]},
                 "marker": {"color": color[variant]},
                 "mode": "lines+markers",
                 "name": variant,
-                "x": [r["context_tokens"] for r in rows],
-                "y": [r["ratio_median"] for r in rows],
+                "x": [context for context, *_ in points],
+                "y": [m for _, m, *_ in points],
                 "type": "scatter",
             }
         )
@@ -374,62 +394,58 @@ def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list
     )
     reference: dict[tuple[str, int], list[float]] = defaultdict(list)
     for record in measured:
-        if record.variant == summary["baseline"]:
+        if record.variant == summary.baseline:
             reference[(record.run_id, record.context_tokens)].append(record.prefill_tps or 0.0)
     medians = {key: sorted(values)[len(values) // 2] for key, values in reference.items()}
     by_variant_points: dict[str, list[Record]] = defaultdict(list)
     for record in measured:
         if (record.run_id, record.context_tokens) in medians:
             by_variant_points[record.variant].append(record)
-    for variant in summary["variants"]:
-        points = by_variant_points.get(variant)
-        if not points:
+    for variant in summary.variants:
+        cells = by_variant_points.get(variant)
+        if not cells:
             continue
         timeline["data"].append(
             {
                 "line": {"color": color[variant]},
                 "marker": {"color": color[variant]},
-                "mode": "lines+markers" if variant == summary["baseline"] else "markers",
+                "mode": "lines+markers" if variant == summary.baseline else "markers",
                 "name": variant,
-                "text": [f"{r.run_id} round {r.round} ctx {r.context_tokens}" for r in points],
-                "x": [r.started_at.isoformat() for r in points],
+                "text": [f"{r.run_id} round {r.round} ctx {r.context_tokens}" for r in cells],
+                "x": [r.started_at.isoformat() for r in cells],
                 "y": [
-                    (r.prefill_tps or 0.0) / medians[(r.run_id, r.context_tokens)] for r in points
+                    (r.prefill_tps or 0.0) / medians[(r.run_id, r.context_tokens)] for r in cells
                 ],
                 "type": "scatter",
             }
         )
     figures.append({"id": "fig-drift", "title": "Drift timeline", "spec": timeline})
 
-    history = summary.get("history")
-    if history:
+    if summary.history:
         figures.append(
             {
                 "id": "fig-history",
                 "title": "Ratio to the reference along the history",
-                "spec": history_figure(history),
+                "spec": history_figure(summary.history),
             }
         )
 
-    ablation = summary.get("ablation")
+    ablation = summary.ablation
     if ablation:
         bars = _figure(_layout("feature", "all / all-minus-feature (95% CI)"))
-        for context in summary["contexts"]:
-            rows = [
-                e
-                for e in ablation["entries"]
-                if e["context_tokens"] == context and e["ratio_median"] is not None
+        for context in summary.contexts:
+            entries = [
+                (e.feature, e.ratio_median, e.ci_low, e.ci_high)
+                for e in ablation.entries
+                if e.context_tokens == context and e.ratio_median is not None
             ]
             bars["data"].append(
                 {
                     "base": 1,
-                    "error_y": _error_y(
-                        [(e["ci_high"] or e["ratio_median"]) - e["ratio_median"] for e in rows],
-                        [e["ratio_median"] - (e["ci_low"] or e["ratio_median"]) for e in rows],
-                    ),
+                    "error_y": _interval_bars([(m, low, high) for _, m, low, high in entries]),
                     "name": f"{context} tokens",
-                    "x": [e["feature"] for e in rows],
-                    "y": [e["ratio_median"] - 1 for e in rows],
+                    "x": [feature for feature, *_ in entries],
+                    "y": [m - 1 for _, m, *_ in entries],
                     "type": "bar",
                 }
             )
@@ -438,7 +454,7 @@ def build_figures(summary: Mapping[str, Any], records: Iterable[Record]) -> list
 
 
 def render_report_html(
-    summary: Mapping[str, Any],
+    summary: Summary,
     records: Sequence[Record],
     provenance_list: Sequence[Provenance],
     evidence_id: str | None,
@@ -454,34 +470,32 @@ def render_report_html(
     A server showing the report as a page adds `page_header_html` (trusted markup rendered
     first in the body: its buttons) and `page_script_src` (one more script of its own)."""
     figures = build_figures(summary, records)
-    reproductions = summary.get("reproductions")
+    reproductions = summary.reproductions
     reproduction_rows = []
     reproduction_hosts: list[str] = []
     if reproductions:
-        reproduction_hosts = [
-            r["host"] or r["run_id"] for r in reproductions["comparisons"][0]["runs"]
-        ]
+        reproduction_hosts = [r.host or r.run_id for r in reproductions.comparisons[0].runs]
         reproduction_rows = [
             {
-                "context": row["context_tokens"],
-                "variant": row["variant"],
-                "cells": [f"{fmt_interval(r)} {r['verdict']}" for r in row["runs"]],
-                "agree": row["agree"],
+                "context": row.context_tokens,
+                "variant": row.variant,
+                "cells": [f"{fmt_interval(r)} {r.verdict}" for r in row.runs],
+                "agree": row.agree,
             }
-            for row in reproductions["comparisons"]
+            for row in reproductions.comparisons
         ]
-    ablation = summary.get("ablation")
+    ablation = summary.ablation
     context = {
         "summary": summary,
         "evidence_id": evidence_id,
         "evidence_line": evidence_id_line(evidence_id).replace("`", ""),
         "verify_command": verify_command(evidence_id),
-        "variants": [v for v in summary["variants"] if v != summary["baseline"]],
+        "variants": [v for v in summary.variants if v != summary.baseline],
         "provenances": [_provenance_view(p) for p in provenance_list],
-        "how_to_read": how_to_read(summary["settings"]),
-        "headline": answer_sentences(summary, compact=len(summary["variants"]) > 6),
-        "bisect": summary.get("bisect"),
-        "history": _history_view(summary["history"]) if summary.get("history") else None,
+        "how_to_read": how_to_read(summary.settings),
+        "headline": answer_sentences(summary, compact=len(summary.variants) > 6),
+        "bisect": summary.bisect,
+        "history": _history_view(summary.history) if summary.history else None,
         "prefill_rows": _comparison_rows(summary, "comparisons"),
         "decode_rows": _comparison_rows(summary, "decode_comparisons"),
         "descriptive_rows": _descriptive_rows(summary),
@@ -489,45 +503,43 @@ def render_report_html(
         "ablation": ablation,
         "ablation_rows": [
             {
-                "context": e["context_tokens"],
-                "feature": e["feature"],
+                "context": e.context_tokens,
+                "feature": e.feature,
                 "interval": fmt_interval(e),
-                "p": fmt_p(e["p_adjusted"]),
-                "n": e["n"],
+                "p": fmt_p(e.p_adjusted),
+                "n": e.n,
                 "verdict": fmt_verdict(e),
-                "css": _css(e["verdict"]),
+                "css": _css(e.verdict),
             }
-            for e in (ablation["entries"] if ablation else [])
+            for e in (ablation.entries if ablation else [])
         ],
         "noise_floor": noise_floor_text(summary),
         "drift_rows": [
             {
-                "run_id": run["run_id"]
-                + (f" @ {line['context_tokens']}" if line is not run else ""),
-                "n": line["n"],
+                "run_id": run.run_id
+                + (f" @ {line.context_tokens}" if isinstance(line, ContextDrift) else ""),
+                "n": line.n,
                 "slope": drift_rate_text(line),
-                "across": fmt_pct(line.get("drift_pct_across_run")),
-                "threshold": f"{summary['drift']['threshold_pct']:.2f}%",
-                "flagged": line["flagged"],
+                "across": fmt_pct(line.drift_pct_across_run),
+                "threshold": f"{summary.drift.threshold_pct:.2f}%",
+                "flagged": line.flagged,
             }
-            for run in summary["drift"]["runs"]
-            for line in [run, *(run.get("by_context") or [])]
+            for run in summary.drift.runs
+            for line in [run, *(run.by_context or [])]
         ],
         "bracketing_rows": [
             {
-                "context": row["context_tokens"],
-                "variant": row["variant"],
-                "n": row["n"],
+                "context": row.context_tokens,
+                "variant": row.variant,
+                "n": row.n,
                 "interval": fmt_interval(row),
             }
-            for row in summary["drift"]["bracketing"]
+            for row in summary.drift.bracketing
         ],
         "reproduction_rows": reproduction_rows,
         "reproduction_hosts": reproduction_hosts,
-        "parity_rows": [c for c in summary["parity"]["cells"] if c["result"] != "exact"][
-            :_MAX_ROWS
-        ],
-        "invalid_cells": summary["invalid"]["cells"][:_MAX_ROWS],
+        "parity_rows": [c for c in summary.parity.cells if c.result != "exact"][:_MAX_ROWS],
+        "invalid_cells": summary.invalid.cells[:_MAX_ROWS],
         "file_digests": sorted((file_digests or {}).items()),
         "figures": figures,
         "figures_json": _script_json(figures),

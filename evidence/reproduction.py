@@ -9,13 +9,9 @@ difference, or drift) rather than noise around one effect.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from evidence.stats import CellIndex, StatsOptions, compare_matrix
-
-
-def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
+from evidence.stats import CellIndex, StatsOptions, compare_matrix, intervals_overlap
+from evidence.summary_schema import ReproductionRow, ReproductionRun, Reproductions
 
 
 def reproduction_section(
@@ -27,7 +23,7 @@ def reproduction_section(
     baseline: str,
     contexts: Sequence[int],
     options: StatsOptions,
-) -> dict[str, Any] | None:
+) -> Reproductions | None:
     """summary.json's `reproductions`, or None for a single run."""
     if len(run_ids) < 2:
         return None
@@ -44,45 +40,37 @@ def reproduction_section(
         )
     rows = []
     for position, first in enumerate(per_run[run_ids[0]]):
-        results = []
-        for run_id in run_ids:
-            comparison = per_run[run_id][position]
-            results.append(
-                {
-                    "run_id": run_id,
-                    "host": hosts.get(run_id),
-                    **{
-                        key: comparison[key]
-                        for key in (
-                            "n",
-                            "ratio_median",
-                            "ci_low",
-                            "ci_high",
-                            "p_adjusted",
-                            "verdict",
-                        )
-                    },
-                }
+        results = [
+            ReproductionRun(
+                run_id=run_id,
+                host=hosts.get(run_id),
+                n=comparison.n,
+                ratio_median=comparison.ratio_median,
+                ci_low=comparison.ci_low,
+                ci_high=comparison.ci_high,
+                p_adjusted=comparison.p_adjusted,
+                verdict=comparison.verdict,
             )
+            for run_id in run_ids
+            for comparison in (per_run[run_id][position],)
+        ]
         intervals = [
-            (r["ci_low"], r["ci_high"])
-            for r in results
-            if r["ci_low"] is not None and r["ci_high"] is not None
+            (r.ci_low, r.ci_high) for r in results if r.ci_low is not None and r.ci_high is not None
         ]
         agree = all(
             intervals_overlap(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1 :]
         )
         rows.append(
-            {
-                "context_tokens": first["context_tokens"],
-                "variant": first["variant"],
-                "baseline": baseline,
-                "runs": results,
-                "agree": agree,
-            }
+            ReproductionRow(
+                context_tokens=first.context_tokens,
+                variant=first.variant,
+                baseline=baseline,
+                runs=results,
+                agree=agree,
+            )
         )
-    return {
-        "rule": "agree is false where two runs' 95% intervals of the median ratio do not overlap",
-        "comparisons": rows,
-        "all_agree": all(row["agree"] for row in rows),
-    }
+    return Reproductions(
+        rule="agree is false where two runs' 95% intervals of the median ratio do not overlap",
+        comparisons=rows,
+        all_agree=all(row.agree for row in rows),
+    )

@@ -1,5 +1,9 @@
 """Paired statistics over validated records, and the verdict rules of every comparison.
 
+The bottom layer of the statistics (above only the typed summary, `evidence.summary_schema`):
+the sections import these primitives, and `evidence.summary` assembles them; nothing here
+imports a section.
+
 Pairing. Only cells with status `ok` and round >= 0 enter statistics. A pair is the baseline's
 cell and the variant's cell of the same (run, round, context): the same prompt ids (a pair whose
 `prompt_sha256` values differ is dropped and counted). The paired ratio is variant tok/s over
@@ -52,17 +56,17 @@ import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from scipy import stats as scipy_stats
 
-from evidence.schemas import JobSpec, Provenance, Record
-from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
+from evidence.schemas import JobSpec, Record
+from evidence.summary_schema import Comparison, Verdict
+from evidence.variant import expand_variants
 
-SUMMARY_FORMAT = "coldbench.summary/1"
 Metric = Literal["prefill_tps", "decode_tps"]
-Verdict = Literal["faster", "slower", "no established change", "inconclusive", "no valid pairs"]
+ComparisonT = TypeVar("ComparisonT", bound=Comparison)
 
 CONFIDENCE_LEVEL = 0.95
 ALPHA = 0.05
@@ -222,6 +226,10 @@ def no_pairs_why(
     if mismatched:
         return f"{mismatched} pairs had different prompt ids"
     return f"no round has valid cells of both {variant} and {baseline} with this metric"
+
+
+def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 def comparison_seed(seed: int, *parts: object) -> int:
@@ -532,11 +540,18 @@ def unit_ratios(comparison: Mapping[str, Any]) -> list[float]:
     return [float(np.median(values)) for values in grouped.values()]
 
 
-def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dict[str, Any]]:
-    """Correct the family's p-values (Holm), then decide each verdict and rounds needed."""
-    adjusted = holm([c["p_value"] for c in comparisons])
-    for comparison, p_adjusted in zip(comparisons, adjusted, strict=True):
-        comparison["p_adjusted"] = p_adjusted
+def finish(
+    drafts: Sequence[dict[str, Any]],
+    options: StatsOptions,
+    model: type[ComparisonT],
+) -> list[ComparisonT]:
+    """Correct the family's p-values (Holm), decide each verdict and rounds needed, and give
+    the drafts of `compare_pairs` their typed form (`model`: Comparison or a subclass)."""
+    adjusted = holm([c["p_value"] for c in drafts])
+    family_size = sum(1 for p in adjusted if p is not None)
+    finished = []
+    for draft, p_adjusted in zip(drafts, adjusted, strict=True):
+        comparison = {**draft, "p_adjusted": p_adjusted}
         units = unit_ratios(comparison)
         comparison["verdict"] = decide(
             len(units), comparison["ci_low"], comparison["ci_high"], p_adjusted, options
@@ -544,15 +559,13 @@ def finish(comparisons: list[dict[str, Any]], options: StatsOptions) -> list[dic
         if comparison["n"] == 0:
             comparison["verdict"] = "no valid pairs"
             comparison.setdefault("why", "no pair of valid cells")
-            continue
-        if comparison["verdict"] == "inconclusive":
-            needed = rounds_needed(
-                units, options, family_size=sum(1 for p in adjusted if p is not None)
-            )
+        elif comparison["verdict"] == "inconclusive":
+            needed = rounds_needed(units, options, family_size=family_size)
             # Units are process pairs: more of them at the same length of block.
             per_unit = max(1, round(comparison["n"] / len(units))) if units else 1
             comparison["rounds_needed"] = None if needed is None else needed * per_unit
-    return comparisons
+        finished.append(model.model_validate(comparison))
+    return finished
 
 
 def compare_matrix(
@@ -563,7 +576,7 @@ def compare_matrix(
     contexts: Sequence[int],
     metric: Metric,
     options: StatsOptions,
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[list[Comparison], int]:
     """Every (context, variant) against the baseline, corrected as one family."""
     comparisons = []
     mismatched = 0
@@ -584,337 +597,4 @@ def compare_matrix(
             if not pairs:
                 comparison["why"] = no_pairs_why(index, variant, baseline, context, bad)
             comparisons.append(comparison)
-    return finish(comparisons, options), mismatched
-
-
-def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    array = np.asarray(values, dtype=float)
-    q1, median, q3 = np.percentile(array, [25, 50, 75])
-    return {
-        "median": float(median),
-        "q1": float(q1),
-        "q3": float(q3),
-        "min": float(array.min()),
-        "max": float(array.max()),
-    }
-
-
-def describe(
-    index: CellIndex, *, variants: Sequence[str], contexts: Sequence[int]
-) -> list[dict[str, Any]]:
-    """Per (context, variant): n and quartiles of prefill and decode tok/s, peak memory, and
-    the flags the cells judged inert there (the request implied stock's execution)."""
-    groups: dict[tuple[int, str], list[Record]] = defaultdict(list)
-    for (_, variant, _, context), record in index.cells.items():
-        groups[(context, variant)].append(record)
-    rows = []
-    for context in contexts:
-        for variant in variants:
-            records = groups.get((context, variant), [])
-            memory = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
-            rows.append(
-                {
-                    "context_tokens": context,
-                    "variant": variant,
-                    "n": len(records),
-                    "prefill_tps": _quantiles([r.prefill_tps for r in records if r.prefill_tps]),
-                    "decode_tps": _quantiles(
-                        [r.decode_tps for r in records if r.decode_tps is not None]
-                    ),
-                    "peak_memory_bytes": {
-                        "median": int(np.median(memory)),
-                        "max": int(max(memory)),
-                    }
-                    if memory
-                    else None,
-                    "inert": inert_flags(records),
-                }
-            )
-    return rows
-
-
-def inert_flags(records: Iterable[Record]) -> list[str]:
-    """Flags any of these cells listed as inert (engine/judge.py: `counters["inert"]`)."""
-    names: dict[str, None] = {}
-    for record in records:
-        listed = record.counters.get("inert")
-        if isinstance(listed, str):
-            names.update(dict.fromkeys(n for n in listed.split(",") if n))
-    return list(names)
-
-
-def inert_lines(summary: Mapping[str, Any]) -> list[str]:
-    """One sentence per context where some variant's flags were inert, for summary.md and
-    report.html."""
-    by_context: dict[int, list[str]] = defaultdict(list)
-    for row in summary["descriptive"]:
-        if row.get("inert"):
-            by_context[row["context_tokens"]].append(
-                f"{row['variant']} ({', '.join(row['inert'])})"
-            )
-    return [
-        f"{context} tokens: {'; '.join(entries)}: at this context the request implies what the "
-        "stock value does, so these cells measured the stock execution"
-        for context, entries in sorted(by_context.items())
-    ]
-
-
-def invalid_section(records: Iterable[Record], duplicates: Sequence[Record]) -> dict[str, Any]:
-    """Cells kept out of statistics, counted per reason (warm-ups are expected, not invalid)."""
-    cells = []
-    for record in records:
-        if record.status in ("invalid", "error"):
-            reason = record.reason or record.status
-        elif record.status == "ok" and record.round < 0:
-            reason = "ok cell outside any round"
-        else:
-            continue
-        cells.append(_invalid_cell(record, reason))
-    cells.extend(_invalid_cell(r, "duplicate cell (the first was kept)") for r in duplicates)
-    by_reason = Counter(cell["reason"] for cell in cells)
-    return {
-        "total": len(cells),
-        "by_reason": dict(sorted(by_reason.items(), key=lambda item: (-item[1], item[0]))),
-        "cells": cells,
-    }
-
-
-def _invalid_cell(record: Record, reason: str) -> dict[str, Any]:
-    return {
-        "run_id": record.run_id,
-        "variant": record.variant,
-        "round": record.round,
-        "context_tokens": record.context_tokens,
-        "status": record.status,
-        "reason": reason[:300],
-    }
-
-
-def host_names(provenances: Sequence[Provenance]) -> dict[str, str]:
-    """Each run's host as people should see it: its registered name, else its hostname, else
-    the run id; a name shared by several runs gets the run id added, so columns differ."""
-    names = {p.run_id: p.host.registered_name or p.host.hostname or p.run_id for p in provenances}
-    shared = {name for name in names.values() if list(names.values()).count(name) > 1}
-    return {
-        run_id: f"{name} (run {run_id})" if name in shared else name
-        for run_id, name in names.items()
-    }
-
-
-def _order_of_first_appearance(values: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(values))
-
-
-def summarize(
-    records: Sequence[Record],
-    *,
-    spec: JobSpec | None = None,
-    baseline: str | None = None,
-    features: Sequence[str] | None = None,
-    provenances: Sequence[Provenance] = (),
-    precision: float | None = None,
-    seed: int | None = None,
-    n_resamples: int = N_RESAMPLES,
-    margin_threshold: float | None = None,
-) -> dict[str, Any]:
-    """summary.json's value for these records (pure; equal inputs give equal output).
-
-    The baseline, ablation features, precision and seed come from `spec` unless given. Without a
-    spec, `baseline` is required.
-    """
-    from evidence.ablation import ablation_section
-    from evidence.drift import drift_section
-    from evidence.parity import PARITY_MARGIN_THRESHOLD, parity_section
-    from evidence.reproduction import reproduction_section
-
-    if baseline is None:
-        if spec is None:
-            raise ValueError("summarize needs the job spec or the baseline variant's name")
-        baseline = baseline_name(spec)
-    if features is None:
-        features = ablation_features(spec) if spec is not None else []
-    else:
-        features = [parse_feature(f)[0] for f in features]
-    if precision is None:
-        precision = spec.precision if spec is not None else DEFAULT_PRECISION
-    if seed is None:
-        seed = spec.seed if spec is not None else 0
-    options = StatsOptions(precision=precision, seed=seed, n_resamples=n_resamples)
-
-    measured = [r for r in records if r.round >= 0]
-    # Records stamped with their process instance (process rotation): cluster-aware statistics
-    # and the new sections. Older records keep exactly the summary they always had.
-    by_process = any(r.process is not None for r in measured)
-    planned = [v.name for v in expand_variants(spec)] if spec is not None else []
-    variants = _order_of_first_appearance([*planned, baseline, *(r.variant for r in measured)])
-    contexts = sorted(
-        {*(spec.contexts if spec is not None else []), *(r.context_tokens for r in measured)}
-    )
-    index = CellIndex.of(records)
-    comparisons, mismatched = compare_matrix(
-        index,
-        variants=variants,
-        baseline=baseline,
-        contexts=contexts,
-        metric="prefill_tps",
-        options=options,
-    )
-    decode_comparisons, _ = compare_matrix(
-        index,
-        variants=variants,
-        baseline=baseline,
-        contexts=contexts,
-        metric="decode_tps",
-        options=options,
-    )
-    run_ids = _order_of_first_appearance(r.run_id for r in records)
-    hosts = host_names(provenances)
-    invalid = invalid_section(records, index.duplicates)
-    invalid["pairs_with_different_prompts"] = mismatched
-    settings = options.settings()
-    if by_process:
-        settings["process_blocks"] = dict(PROCESS_BLOCK_SETTINGS)
-    extra: dict[str, Any] = {}
-    if spec is not None and spec.mode == "history":
-        from evidence.history import history_section
-
-        extra["history"] = history_section(
-            spec=spec, comparisons=comparisons, contexts=contexts, provenances=provenances
-        )
-    if spec is not None and spec.mode == "bisect":
-        from evidence.bisect import bisect_section
-
-        extra["bisect"] = bisect_section(
-            spec=spec, comparisons=comparisons, provenances=provenances
-        )
-    summary: dict[str, Any] = {
-        **extra,
-        "format": SUMMARY_FORMAT,
-        "mode": spec.mode if spec is not None else ("ablation" if features else "ab"),
-        "baseline": baseline,
-        "variants": variants,
-        "contexts": contexts,
-        "features": list(features),
-        "settings": settings,
-        "runs": [
-            {
-                "run_id": run_id,
-                "host": hosts.get(run_id),
-                "records": sum(1 for r in records if r.run_id == run_id),
-                "ok": sum(1 for key in index.cells if key[0] == run_id),
-            }
-            for run_id in run_ids
-        ],
-        "warmups": sum(1 for r in records if r.status == "warmup"),
-        "descriptive": describe(index, variants=variants, contexts=contexts),
-        "comparisons": comparisons,
-        "decode_comparisons": decode_comparisons,
-        "ablation": ablation_section(index, features=features, contexts=contexts, options=options),
-        "parity": parity_section(
-            index,
-            variants=variants,
-            baseline=baseline,
-            margin_threshold=PARITY_MARGIN_THRESHOLD
-            if margin_threshold is None
-            else margin_threshold,
-        ),
-        "drift": drift_section(
-            index,
-            baseline=baseline,
-            variants=variants,
-            comparisons=comparisons,
-            options=options,
-            per_context=by_process,
-        ),
-        "reproductions": reproduction_section(
-            index,
-            run_ids=run_ids,
-            hosts=hosts,
-            variants=variants,
-            baseline=baseline,
-            contexts=contexts,
-            options=options,
-        ),
-        "invalid": invalid,
-    }
-    if by_process:
-        summary["noise_floor"] = noise_floor(comparisons)
-    return summary
-
-
-PROCESS_BLOCK_SETTINGS: dict[str, str] = {
-    "unit": "process pair: the pairs measured by one process of the variant and one of the "
-    "baseline (records' `process`)",
-    "interval": "hull of a two-stage bootstrap (process pairs, then pairs within them) of the "
-    "median ratio and the order-statistic interval of the process pairs' median ratios",
-    "test": "Wilcoxon signed-rank, two-sided, on the log median ratio of each process pair",
-}
-
-
-def noise_floor(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """What this run can resolve: the between-process spread of the ratio (SD of the process
-    pairs' log median ratios) and the half-width of the intervals (an effect smaller than it
-    cannot exclude 1), medians over the comparisons that have them."""
-    spreads = [c["process_sd"] for c in comparisons if c.get("process_sd") is not None]
-    widths = [
-        (c["ci_high"] - c["ci_low"]) / 2
-        for c in comparisons
-        if c.get("ci_low") is not None and c.get("ci_high") is not None
-    ]
-    blocks = [c["blocks"] for c in comparisons if c.get("blocks")]
-    if not blocks:
-        return None
-    return {
-        "process_pairs": int(np.median(blocks)),
-        "rounds_per_process_pair": float(
-            np.median([c["n"] / c["blocks"] for c in comparisons if c.get("blocks")])
-        ),
-        "between_process_sd": float(np.median(spreads)) if spreads else None,
-        "resolvable": float(np.median(widths)) if widths else None,
-        "rule": "between_process_sd: median over comparisons of the SD of each process pair's "
-        "log median ratio; resolvable: median half-width of the 95% intervals (a smaller "
-        "effect cannot be told from 1)",
-    }
-
-
-def how_to_read(settings: Mapping[str, Any]) -> list[str]:
-    """The verdict rules in plain words, for summary.md and report.html."""
-    precision_pct = f"{100 * settings['precision']:g}%"
-    level = f"{100 * settings['confidence_level']:g}%"
-    lines = [
-        "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
-        "round (paired); above 1 is faster. The table shows the median ratio and a "
-        f"{level} interval of that median (a seeded bootstrap, widened where needed to the "
-        "distribution-free order-statistic interval, so the level holds with few pairs).",
-        f"faster / slower: the interval excludes 1 and the signed-rank p-value, corrected "
-        f"(Holm) across the whole matrix, is below {settings['alpha']:g}.",
-        f"no established change: the interval includes 1 and lies within 1 +- "
-        f"{precision_pct}, so any change larger than {precision_pct} is ruled out; a smaller "
-        "one is not.",
-        f"inconclusive: fewer than {settings['min_pairs']} pairs, or an interval too wide for "
-        f"+-{precision_pct} (the rounds that would reach it are estimated from the observed "
-        "spread), or an interval and a corrected test that disagree. An interval that includes "
-        "1 establishes nothing more than that.",
-        "no valid pairs: no round had valid cells of both the variant and the baseline at "
-        "that context; the row says which side had none and why its cells were set aside.",
-        "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "
-        "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
-        "interact and are not additive.",
-    ]
-    if "process_blocks" in settings:
-        lines.insert(
-            1,
-            "Each variant ran in a fresh process every few rounds, and a process has a speed "
-            "offset of its own (about 1% between identical processes), so the independent "
-            "unit is the process pair, not the round: the interval resamples process pairs and "
-            "then pairs within them, and the test ranks the process pairs' median ratios. The "
-            "noise floor under the prefill table says how much processes differed and how small "
-            "an effect this run can resolve.",
-        )
-    return lines
-
-
-def verdict_counts(comparisons: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    return dict(Counter(c["verdict"] for c in comparisons))
+    return finish(comparisons, options, Comparison), mismatched

@@ -30,14 +30,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
-from evidence.calibration import HostCalibration
 from evidence.canonical import sha256_hex
 from evidence.protocol import (
     API_PREFIX,
@@ -45,6 +43,8 @@ from evidence.protocol import (
     LEASE_WAIT_MAX_S,
     MAX_INVALID_IN_HEARTBEAT,
     MAX_REASON_CHARS,
+    CalibrationAccepted,
+    CalibrationReport,
     CompleteRequest,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -298,14 +298,21 @@ class Agent:
     def load_secret(self) -> None:
         self.secret = read_secret(self.config.secret_path)
 
-    def report_calibration(self, result: HostCalibration) -> None:
-        """Send this host's calibration (`coldbench calibrate`) for /hosts to show."""
+    def report_calibration(self, result: CalibrationReport) -> CalibrationAccepted:
+        """Send this host's calibration (`coldbench calibrate`) for /hosts to show; the API's
+        answer says which host it was stored for and the lines /hosts shows."""
         try:
             response = self.client().put("/workers/calibration", json=result.to_json_dict())
         except httpx.HTTPError as error:
             raise AgentError(f"cannot reach {self.api_url}: {error}") from None
         if response.status_code != 200:
             raise AgentError(f"calibration refused ({response.status_code}): {_detail(response)}")
+        try:
+            return CalibrationAccepted.model_validate_json(response.content)
+        except ValidationError as error:
+            raise AgentError(
+                f"calibration answer not understood: {error.errors()[0]['msg']}"
+            ) from None
 
     # -- heartbeat thread --
 
@@ -623,7 +630,3 @@ def _detail(response: httpx.Response) -> str:
     except (ValueError, AttributeError):
         detail = None
     return str(detail if detail is not None else response.text[:300])
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)

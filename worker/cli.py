@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from evidence.schemas import JobSpec, VariantSpec
+    from evidence.summary_schema import Comparison
 
 app = typer.Typer(add_completion=False)
 
@@ -245,21 +248,24 @@ def _bisect(
         if outcome.status != "succeeded" or not outcome.summary:
             typer.echo(f"error: {name} failed: {outcome.reason} (bundle {folder})", err=True)
             raise typer.Exit(1)
-        section = outcome.summary["bisect"]
-        console.print(f"  {section['decision']}: {section['why']}")
+        section = outcome.summary.bisect
+        if section is None:
+            typer.echo(f"error: {name}'s summary has no bisect section (bundle {folder})", err=True)
+            raise typer.Exit(1)
+        console.print(f"  {section.decision}: {section.why}")
         steps.append(
             BisectStep(
                 lo=line[lo],
                 mid=line[mid] if mid is not None else None,
                 hi=line[hi],
-                decision=section["decision"],
+                decision=section.decision,
                 evidence_id=outcome.evidence_id or "0" * 24,
                 location=f"../{name}/report.html",
             )
         )
-        if section["decision"] == "lower" and mid is not None:
+        if section.decision == "lower" and mid is not None:
             hi = mid
-        elif section["decision"] == "upper" and mid is not None:
+        elif section.decision == "upper" and mid is not None:
             lo = mid
         else:
             break
@@ -270,8 +276,7 @@ def _bisect(
 
 
 def _verdict_table(
-    summary: dict[str, Any],
-    rows: list[dict[str, Any]] | None = None,
+    rows: Sequence[Comparison],
     title: str = "prefill: variant vs baseline (paired, same prompts)",
 ) -> Any:
     from rich.table import Table
@@ -279,16 +284,15 @@ def _verdict_table(
     table = Table(title=title)
     for column in ("context", "variant", "n", "ratio", "95% interval", "verdict"):
         table.add_column(column)
-    for row in summary.get("comparisons", []) if rows is None else rows:
-        ratio = row.get("ratio_median")
-        low, high = row.get("ci_low"), row.get("ci_high")
+    for row in rows:
+        ratio, low, high = row.ratio_median, row.ci_low, row.ci_high
         table.add_row(
-            str(row["context_tokens"]),
-            f"{row['variant']} / {row.get('baseline') or summary.get('baseline')}",
-            str(row.get("n")),
+            str(row.context_tokens),
+            f"{row.variant} / {row.baseline}",
+            str(row.n),
             "-" if ratio is None else f"{ratio:.3f}",
             "-" if low is None or high is None else f"[{low:.3f}, {high:.3f}]",
-            str(row.get("verdict")),
+            str(row.verdict),
         )
     return table
 
@@ -319,7 +323,11 @@ def run(
         Path | None, typer.Option(help="A git repository of the engine (mlx-lm or a fork).")
     ] = None,
     recipe: Annotated[
-        str | None, typer.Option(help="Build recipe for --repo variants (default: editable).")
+        str | None,
+        typer.Option(
+            help="Build recipe for --repo variants: editable (default) or, for --adapter "
+            "embedded, offline (installs nothing: no package index needed)."
+        ),
     ] = None,
     module: Annotated[
         str | None,
@@ -617,23 +625,23 @@ def run(
     folder = write_folder(out, outcome.files)
     folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
     out_console = Console()
-    if outcome.summary and outcome.summary.get("history"):
+    if outcome.summary and outcome.summary.history:
         from evidence.history import history_sentences
 
-        for sentence in history_sentences(outcome.summary["history"]):
+        for sentence in history_sentences(outcome.summary.history):
             out_console.print(sentence)
     elif outcome.summary:
         from evidence.markdown import noise_floor_text
 
-        out_console.print(_verdict_table(outcome.summary))
+        out_console.print(_verdict_table(outcome.summary.comparisons))
         floor = noise_floor_text(outcome.summary)
         if floor:
             out_console.print(floor, soft_wrap=True)
-        entries = (outcome.summary.get("ablation") or {}).get("entries") or []
+        entries = outcome.summary.ablation.entries if outcome.summary.ablation else []
         if entries:
             title = "ablation: all vs all-minus-<feature> (contributions are not additive)"
-            out_console.print(_verdict_table(outcome.summary, entries, title))
-        invalid = (outcome.summary.get("invalid") or {}).get("total")
+            out_console.print(_verdict_table(entries, title))
+        invalid = outcome.summary.invalid.total
         if invalid:
             out_console.print(f"{invalid} cells not ok (see summary.md)")
     out_console.print(f"evidence {outcome.evidence_id}")

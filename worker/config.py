@@ -39,6 +39,12 @@ EDITABLE_COMMAND = (
     "-e",
     ".",
 )
+# `offline`: installs nothing, so it needs no package index and no build backend (a GPU host
+# with only the packages it has). An embedded repository's variants run their worktree first on
+# PYTHONPATH, and the build's import check (worker/build.py) proves engine/ and kernels/ come
+# from it; the command itself only proves the checkout imports. For an mlx-lm repository the
+# check fails, naming the file mlx_lm was imported from.
+OFFLINE_COMMAND = ("{python}", "-c", "import engine, kernels")
 # A server that streams no token this long after the request is treated as dead (its
 # generation thread gone); hosts serving long contexts on slow machines raise it.
 DEFAULT_FIRST_TOKEN_TIMEOUT_S = 300.0
@@ -76,6 +82,9 @@ class RepositoryConfig:
     # openai-server only: the server's on-disk caches, deleted before every server start.
     wipe: tuple[str, ...] = ()
     first_token_timeout_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
+    # The recipe a variant that names none builds with, where there are several (`coldbench
+    # run --repo`: `editable`, with `offline` beside it); None: worker.toml's rule.
+    default_recipe: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,8 +113,12 @@ class HostConfig:
         return self.path.with_name(self.path.stem + ".secret")
 
 
-def default_recipes() -> dict[str, Recipe]:
-    return {"editable": Recipe("editable", EDITABLE_COMMAND)}
+def default_recipes(adapter: str = "mlx-lm") -> dict[str, Recipe]:
+    """`editable`, and for embedded repositories also `offline` (see OFFLINE_COMMAND)."""
+    recipes = {"editable": Recipe("editable", EDITABLE_COMMAND)}
+    if adapter == "embedded":
+        recipes["offline"] = Recipe("offline", OFFLINE_COMMAND)
+    return recipes
 
 
 def local_repository(
@@ -124,7 +137,8 @@ def local_repository(
         url=str(resolved),
         module=module or DEFAULT_MODULES[adapter],
         adapter=adapter,
-        recipes=default_recipes(),
+        recipes=default_recipes(adapter),
+        default_recipe="editable",
     )
 
 

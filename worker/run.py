@@ -36,6 +36,7 @@ from evidence.schemas import (
     VariantSpec,
     effective_rounds_per_process,
 )
+from evidence.summary_schema import Summary
 from evidence.variant import baseline_name, expand_variants
 from worker.build import Build, build, install_path_problem
 from worker.checkout import Checkout, CheckoutError, check_ref, commit_subject, prepare
@@ -89,7 +90,7 @@ class RunOutcome:
     reason: str | None
     files: dict[str, bytes]  # every bundle file, manifest.json included
     evidence_id: str | None
-    summary: dict[str, Any] | None
+    summary: Summary | None
     cells_done: int = 0
     cells_total: int = 0
     stopped: bool = False
@@ -143,11 +144,12 @@ def check_job(
 
 
 def recipe_for(repository: RepositoryConfig, variant: VariantSpec) -> Recipe:
-    if variant.recipe is not None:
-        recipe = repository.recipes.get(variant.recipe)
+    name = variant.recipe or repository.default_recipe
+    if name is not None:
+        recipe = repository.recipes.get(name)
         if recipe is None:
             raise RunRefused(
-                f"recipe {variant.recipe!r} is not defined for {repository.name} on this host "
+                f"recipe {name!r} is not defined for {repository.name} on this host "
                 f"(defined: {', '.join(sorted(repository.recipes)) or 'none'})"
             )
         return recipe
@@ -332,60 +334,6 @@ def server_logs(workdir: Path, *, limit: int = SERVER_LOG_BYTES) -> dict[str, by
     return logs
 
 
-def assemble_bundle(
-    *,
-    spec: JobSpec,
-    records_raw: bytes,
-    controls_raw: bytes,
-    provenance: Any,
-    build_logs: Mapping[str, bytes],
-    extra_files: Mapping[str, bytes] | None = None,
-) -> tuple[dict[str, bytes], dict[str, Any] | None]:
-    """Every bundle file and the summary, through evidence/ (as its `build_bundle` does, plus
-    the bracketing controls' own file when the rounds were long enough to have them)."""
-    from evidence.bundle import MANIFEST_FILE, bundle_files
-    from evidence.canonical import sha256_hex
-    from evidence.markdown import render_summary_md
-    from evidence.records import parse_records
-    from evidence.report import render_report_html
-    from evidence.stats import summarize
-
-    records, problems = parse_records(records_raw)
-    if problems:
-        raise ValueError(f"records.jsonl is not valid: {problems[0]}")
-    extra = dict(extra_files or {})
-    if controls_raw:
-        extra[CONTROLS_FILE] = controls_raw
-    common: dict[str, Any] = {
-        "records": records_raw,
-        "provenances": [provenance],
-        "build_logs": dict(build_logs),
-        "spec": spec,
-        "extra_files": extra or None,
-    }
-    if not any(r.round >= 0 for r in records):
-        # Nothing was measured (a failed build, a refused job): data and logs only.
-        return bundle_files(**common), None
-    try:
-        summary = summarize(records, spec=spec, provenances=[provenance])
-        data_files = bundle_files(**common, summary=summary)
-        digests = {n: sha256_hex(data) for n, data in data_files.items() if n != MANIFEST_FILE}
-        files = bundle_files(
-            **common,
-            summary=summary,
-            summary_md=render_summary_md(summary, [provenance], evidence_id=None),
-            report_html=render_report_html(
-                summary, records, [provenance], None, file_digests=digests
-            ),
-        )
-    except Exception:
-        # The measurements are the result; views can be rendered again from them (the server
-        # recomputes its own). A rendering bug must not throw away what was measured.
-        log.exception("summary or report rendering failed; bundling the data without them")
-        return bundle_files(**common), None
-    return files, summary
-
-
 def execute_run(
     spec: JobSpec,
     *,
@@ -405,7 +353,7 @@ def execute_run(
 ) -> RunOutcome:
     """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`."""
     from engine.checkpoints import resolve_model
-    from evidence.bundle import MANIFEST_FILE, evidence_id_of
+    from evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
 
     repositories = dict(repositories or {})
     corpora = dict(corpora or {})
@@ -495,11 +443,14 @@ def execute_run(
     extra_files = server_logs(workdir)
     if failure:
         extra_files["reason.txt"] = (failure + "\n").encode()
-    files, summary = assemble_bundle(
+    controls = _records_bytes(workdir / CONTROLS_FILE)
+    if controls:
+        # The bracketing controls' own file, when the rounds were long enough to have them.
+        extra_files[CONTROLS_FILE] = controls
+    files, summary = build_run_bundle(
+        records=_records_bytes(workdir / RECORDS_FILE),
+        provenances=[provenance],
         spec=spec,
-        records_raw=_records_bytes(workdir / RECORDS_FILE),
-        controls_raw=_records_bytes(workdir / CONTROLS_FILE),
-        provenance=provenance,
         build_logs=build_logs,
         extra_files=extra_files,
     )

@@ -185,7 +185,7 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
     for name, content in files.items():
         blob = store.put_bytes(content)
         stored[name] = {"sha256": blob.sha256, "bytes": blob.bytes}
-    job.summary = summary
+    job.summary = summary.to_json_value()
     job.bundle_files = stored
     if problems:
         job.reason = "; ".join(problems)

@@ -7,11 +7,12 @@ from fastapi import APIRouter, status
 from api.deps import BearerDep, CurrentSubmitter, CurrentWorker, SessionDep, SettingsDep
 from api.deps import bearer_token as _bearer_token
 from api.hosts import service
-from api.hosts.schemas import CalibrationAccepted, HostOut
+from api.hosts.schemas import HostOut
 from api.routing import StrictJSONRoute
 from api.runs import service as run_service
-from evidence.calibration import HostCalibration
 from evidence.protocol import (
+    CalibrationAccepted,
+    CalibrationReport,
     HeartbeatRequest,
     HeartbeatResponse,
     RegisterRequest,
@@ -54,7 +55,7 @@ def heartbeat(
 
 
 @router.put("/workers/calibration", response_model=CalibrationAccepted)
-def report_calibration(body: HostCalibration, db_session: SessionDep, host: CurrentWorker):
+def report_calibration(body: CalibrationReport, db_session: SessionDep, host: CurrentWorker):
     """The host's `coldbench calibrate` result; /hosts shows the latest."""
     service.store_calibration(db_session=db_session, host=host, calibration=body)
     return CalibrationAccepted(host=host.name, lines=service.calibration_lines(host))

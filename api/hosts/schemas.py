@@ -20,8 +20,3 @@ class HostOut(BaseModel):
     last_heartbeat_at: datetime | None
     health: str
     calibration: dict[str, Any] | None = None  # evidence.calibration.HostCalibration
-
-
-class CalibrationAccepted(BaseModel):
-    host: str
-    lines: list[str]

@@ -22,6 +22,7 @@ from api.settings import Settings
 from evidence.canonical import sha256_json
 from evidence.protocol import JobState, RunState
 from evidence.schemas import JobSpec
+from evidence.summary_schema import Summary
 from evidence.variant import expand_variants
 
 log = logging.getLogger(__name__)
@@ -283,9 +284,18 @@ def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
     return new_state == JobState.ANALYZING
 
 
-def job_summary(*, db_session: Session, job_id: str) -> dict[str, Any] | None:
-    """summary.json of the job's analysis, once it has one."""
-    return get_job(db_session=db_session, job_id=job_id).summary
+def job_summary(*, db_session: Session, job_id: str) -> Summary | None:
+    """summary.json of the job's analysis, typed, once it has one (None also for a summary
+    stored by an older coldbench that no longer matches the contract: its evidence bundle
+    still holds it)."""
+    stored = get_job(db_session=db_session, job_id=job_id).summary
+    if stored is None:
+        return None
+    try:
+        return Summary.model_validate(stored)
+    except ValidationError:
+        log.warning("job %s: stored summary does not match the summary contract", job_id)
+        return None
 
 
 def job_detail(*, db_session: Session, job_id: str) -> JobOut:

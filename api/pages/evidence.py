@@ -16,6 +16,7 @@ from evidence.bundle import bundle_records, provenances_of, read_zip
 from evidence.canonical import sha256_hex
 from evidence.markdown import render_summary_md
 from evidence.report import render_report_html
+from evidence.summary_schema import Summary
 
 PLOTLY_SRC = "/static/plotly.min.js"
 SCRIPT_SRC = "/static/evidence.js"
@@ -47,7 +48,9 @@ def render_page(
     same page.
     """
     files = read_zip(read(bundle_sha256))
-    summary = json.loads(files["summary.json"])
+    # A summary that does not match the contract raises pydantic's ValidationError (a
+    # ValueError): the router then serves the bundle's own report.html instead.
+    summary = Summary.model_validate_json(files["summary.json"])
     provenances = provenances_of(json.loads(files["provenance.json"]))
     manifest = json.loads(files["manifest.json"])
     markdown = pr_markdown(

@@ -319,7 +319,7 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
     if job.evidence_id and summary:
         # The evidence page's headline and verdict table, from the same summary.
         answer = {
-            "sentences": answer_sentences(summary, compact=len(summary["variants"]) > 6),
+            "sentences": answer_sentences(summary, compact=len(summary.variants) > 6),
             "rows": verdict_rows(summary),
         }
     return {

@@ -61,6 +61,7 @@ class EmbeddedAdapter:
         # refused before loading when even the warm-up cannot fit (engine.memory)
         memory = MemoryGuard.for_plan(self.plan, path)
         memory.check(min(self.plan.warmup_shapes()))
+        memory.share_device()
         self.model, tokenizer, config = checkpoints.load_model(path)
         self.prompts = PromptSource.for_plan(self.plan, tokenizer, config, checks=[memory.check])
         info = checkpoints.inspect_checkpoint(path)

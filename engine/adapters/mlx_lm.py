@@ -160,6 +160,7 @@ class MlxLmAdapter:
         # refused before loading when even the warm-up cannot fit (engine.memory)
         memory = MemoryGuard.for_plan(self.plan, model_path)
         memory.check(min(self.plan.warmup_shapes()))
+        memory.share_device()
         try:
             # The checkout's own loader and model code: a fork may change either.
             self.model, tokenizer, config = utils.load(str(model_path), return_config=True)

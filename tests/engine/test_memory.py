@@ -105,7 +105,7 @@ def test_peer_processes_keep_their_weights_out_of_a_cell(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32)
-    limit = guard.estimate(1024).total_bytes + guard.weights_bytes // 2
+    limit = guard.estimate(1024).total_bytes + memory.PEER_OVERHEAD_BYTES
     monkeypatch.setenv(DEVICE_MEMORY_ENV, str(limit))
     monkeypatch.setenv(memory.PEER_PROCESSES_ENV, "0")
     MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32).check(1024)
@@ -114,10 +114,29 @@ def test_peer_processes_keep_their_weights_out_of_a_cell(
     shared = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32)
     with pytest.raises(ContextTooLarge) as refused:
         shared.check(1024)
-    assert "held by the weights of 1 other variant process of this run" in str(refused.value)
+    assert "weights and context of 1 other variant process of this run" in str(refused.value)
     monkeypatch.setenv(memory.PEER_PROCESSES_ENV, "some")
     with pytest.raises(ValueError, match="must be a whole number of processes"):
         memory.peer_processes()
+
+
+def test_with_peers_mlx_reclaims_its_cache_within_the_share(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = mx.get_memory_limit()
+    try:
+        device = 3 * memory.PEER_OVERHEAD_BYTES
+        monkeypatch.setenv(DEVICE_MEMORY_ENV, str(device))
+        monkeypatch.setenv(memory.PEER_PROCESSES_ENV, "0")
+        assert MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32).share_device() is None
+        assert mx.get_memory_limit() == before
+        monkeypatch.setenv(memory.PEER_PROCESSES_ENV, "1")
+        guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=32)
+        share = device - memory.PEER_OVERHEAD_BYTES - guard.weights_bytes
+        assert guard.share_device() == min(before, share)
+        assert mx.get_memory_limit() == min(before, share)
+    finally:
+        mx.set_memory_limit(before)
 
 
 def test_a_cell_leaves_no_cached_buffers_behind(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from evidence.ablation import ABLATION_NOTE
 from evidence.schemas import JobSpec
-from evidence.stats import summarize
+from evidence.summary import summarize
 from tests.evidence.builders import simulate_run
 
 
@@ -28,19 +28,19 @@ def test_leave_one_out_ranks_what_each_feature_earns() -> None:
         noise=0.01,
     )
     summary = summarize(records, spec=spec, n_resamples=500)
-    assert summary["baseline"] == "none"
-    assert summary["variants"] == [
+    assert summary.baseline == "none"
+    assert summary.variants == [
         "none",
         "all",
         "all-minus-compile",
         "all-minus-prefill_step_size",
     ]
-    ablation = summary["ablation"]
-    assert ablation["note"] == ABLATION_NOTE and "not additive" in ablation["note"]
-    by_feature = {entry["feature"]: entry for entry in ablation["entries"]}
-    assert by_feature["compile"]["baseline"] == "all-minus-compile"
-    assert by_feature["compile"]["verdict"] == "faster"
-    assert 1.08 < by_feature["compile"]["ratio_median"] < 1.14
-    assert by_feature["prefill_step_size"]["verdict"] == "no established change"
+    ablation = summary.ablation
+    assert ablation.note == ABLATION_NOTE and "not additive" in ablation.note
+    by_feature = {entry.feature: entry for entry in ablation.entries}
+    assert by_feature["compile"].baseline == "all-minus-compile"
+    assert by_feature["compile"].verdict == "faster"
+    assert 1.08 < by_feature["compile"].ratio_median < 1.14
+    assert by_feature["prefill_step_size"].verdict == "no established change"
     # The main matrix compares every variant with `none`.
-    assert {c["variant"] for c in summary["comparisons"]} == set(summary["variants"][1:])
+    assert {c.variant for c in summary.comparisons} == set(summary.variants[1:])

@@ -8,12 +8,15 @@ from evidence.bisect import bisect_sentences, decide_step
 from evidence.markdown import render_summary_md
 from evidence.report import render_report_html
 from evidence.schemas import JobSpec
-from evidence.stats import summarize
+from evidence.summary import summarize
+from evidence.summary_schema import StepResult
 from tests.evidence.builders import provenance, simulate_run
 
 
-def _r(low: float, high: float) -> dict:
-    return {"ratio_median": (low + high) / 2, "ci_low": low, "ci_high": high, "verdict": "x"}
+def _r(low: float, high: float) -> StepResult:
+    return StepResult(
+        ratio_median=(low + high) / 2, ci_low=low, ci_high=high, verdict="inconclusive", n=8
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,10 +72,10 @@ def test_the_last_step_names_the_commit_its_parent_the_ratio_and_every_step() ->
         for n in ("lo-b", "hi-c")
     ]
     summary = summarize(records, spec=spec, provenances=[measured], n_resamples=300)
-    bisect = summary["bisect"]
-    assert bisect["decision"] == "found" and bisect["final"]
-    assert bisect["first_bad_commit"] == "c" * 40 and bisect["parent"] == "b" * 40
-    assert bisect["ratio"]["ci_high"] < 1 and bisect["step"] == 2
+    bisect = summary.bisect
+    assert bisect.decision == "found" and bisect.final
+    assert bisect.first_bad_commit == "c" * 40 and bisect.parent == "b" * 40
+    assert bisect.ratio.ci_high < 1 and bisect.step == 2
     (sentence,) = bisect_sentences(bisect)
     assert sentence.startswith(f"First slower commit at 64 tokens: {'c' * 40} (")
     html = render_report_html(summary, records, [measured], None)
@@ -88,9 +91,9 @@ def test_a_step_that_is_not_the_last_says_the_search_goes_on() -> None:
     effects = {"lo-a": 1.0, "mid-c": 1.0, "hi-f": 0.9}
     records = simulate_run(effects=effects, contexts=(64,), rounds=8, seed=3)
     summary = summarize(records, spec=spec, n_resamples=300)
-    bisect = summary["bisect"]
-    assert bisect["decision"] == "upper" and not bisect["final"]
-    assert bisect["first_bad_commit"] is None and bisect["reason"] == "bisection not finished"
+    bisect = summary.bisect
+    assert bisect.decision == "upper" and not bisect.final
+    assert bisect.first_bad_commit is None and bisect.reason == "bisection not finished"
 
 
 def test_bisect_spec_rules() -> None:

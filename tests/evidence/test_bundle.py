@@ -23,16 +23,18 @@ from evidence.bundle import (
     zip_bytes,
 )
 from evidence.canonical import canonical_json, sha256_hex
+from evidence.summary import summarize
 from tests.evidence.builders import provenance, simulate_run
 
 
 @pytest.fixture
 def files() -> dict[str, bytes]:
+    records = simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=3)
     return bundle_files(
-        records=simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=3),
+        records=records,
         provenances=[provenance()],
         build_logs={"base": "built base\n", "fast": b"built fast\n"},
-        summary={"comparisons": []},
+        summary=summarize(records, baseline="base", n_resamples=50),
         summary_md="# summary\n",
         report_html="<!doctype html><title>r</title>",
     )
@@ -248,8 +250,10 @@ def test_write_bundle_end_to_end(tmp_path: Path, coldbench_cmd: list[str]) -> No
     assert written.zip_path is not None
     assert verify_bundle(written.zip_path).evidence_id == written.evidence_id
     assert written.evidence_id == evidence_id_of((written.path / MANIFEST_FILE).read_bytes())
-    assert json.loads((written.path / "summary.json").read_text()) == written.summary
-    assert [c["verdict"] for c in written.summary["comparisons"]] == ["faster", "faster"]
+    assert (
+        json.loads((written.path / "summary.json").read_text()) == written.summary.to_json_value()
+    )
+    assert [c.verdict for c in written.summary.comparisons] == ["faster", "faster"]
     records_digest = written.manifest["files"]["records.jsonl"]["sha256"]
     assert records_digest in (written.path / "report.html").read_text()
     assert "| 64 | fast |" in (written.path / "summary.md").read_text()
@@ -292,6 +296,69 @@ def test_recompute_catches_a_resealed_summary_whose_numbers_were_edited(tmp_path
     assert len(verify_bundle(archive, recompute=True).problems) == 1
 
 
+def test_recompute_names_a_field_the_forger_added_or_removed() -> None:
+    from evidence.bundle import build_bundle, recompute_problems
+
+    records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
+    files, _ = build_bundle(
+        records=records, provenances=[provenance()], baseline="base", n_resamples=200
+    )
+    edited = json.loads(files["summary.json"])
+    # `why` is only written for a comparison without pairs: claiming one is a difference.
+    edited["comparisons"][0]["why"] = "no valid cell of fast"
+    forged = _reseal({**files, "summary.json": json.dumps(edited).encode()})
+    assert verify_files(forged).problems == []
+    assert recompute_problems(forged) == [
+        "summary.json: differs from the statistics of records.jsonl at comparisons[0].why"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (
+            lambda s: s["comparisons"][0].update(verdict="much faster"),
+            "comparisons.0.verdict: Input should be 'faster', 'slower', 'no established "
+            "change', 'inconclusive' or 'no valid pairs'",
+        ),
+        (lambda s: s.pop("drift"), "drift: Field required"),
+        (lambda s: s.update(verdict="faster"), "verdict: Extra inputs are not permitted"),
+        (lambda s: s["invalid"].update(total="3 cells"), "invalid.total: Input should be a"),
+        (lambda s: s.update(format="coldbench.summary/0"), "format: Input should be"),
+    ],
+)
+def test_verify_refuses_a_resealed_summary_that_breaks_the_contract(
+    tmp_path: Path, coldbench_cmd: list[str], edit, reason: str
+) -> None:
+    from evidence.bundle import build_bundle
+
+    records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
+    files, _ = build_bundle(records=records, provenances=[provenance()], baseline="base")
+    edited = json.loads(files["summary.json"])
+    edit(edited)
+    forged = _reseal({**files, "summary.json": json.dumps(edited).encode()})
+    (problem,) = verify_files(forged).problems
+    assert problem.startswith(f"summary.json: does not match the summary contract: {reason}")
+    folder = write_folder(tmp_path / "forged", forged)
+    result = subprocess.run([*coldbench_cmd, "verify", str(folder)], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [problem]
+
+
+def test_every_bundle_summary_reads_back_to_the_same_bytes() -> None:
+    """summary.json is written from the typed summary and, parsed back, writes the same bytes:
+    which keys a file holds is part of the contract (evidence/summary_schema.py)."""
+    from evidence.bundle import build_bundle, summary_of
+    from evidence.summary_schema import summary_json_bytes
+
+    records = simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=6)
+    files, summary = build_bundle(records=records, provenances=[provenance()], baseline="base")
+    parsed, problem = summary_of(files["summary.json"])
+    assert problem is None and parsed is not None
+    assert summary_json_bytes(parsed) == files["summary.json"] == summary_json_bytes(summary)
+    assert "why" not in json.loads(files["summary.json"])["comparisons"][0]
+
+
 def test_records_of_a_run_without_provenance_and_bad_job_json_are_named(
     files: dict[str, bytes],
 ) -> None:
@@ -307,3 +374,69 @@ def test_records_of_a_run_without_provenance_and_bad_job_json_are_named(
     problems = verify_files(forged).problems
     assert "records.jsonl: run 'r-9' has no provenance" in problems
     assert any(p.startswith("job.json: invalid (variants:") for p in problems)
+
+
+def _run_spec():
+    from evidence.schemas import JobSpec
+
+    return JobSpec.model_validate(
+        {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64], "rounds": 6}
+    )
+
+
+def test_a_hosts_bundle_is_build_bundles_own() -> None:
+    """`coldbench run` and the agent bundle through build_run_bundle: the same files as the
+    service's build_bundle for the same records, spec and provenance."""
+    from evidence.bundle import build_bundle, build_run_bundle
+    from evidence.records import records_bytes
+
+    records = records_bytes(simulate_run(effects={"base": 1.0, "fast": 1.05}, contexts=(64,)))
+    common = {"records": records, "provenances": [provenance()], "spec": _run_spec()}
+    extra = {"controls.jsonl": b"{}\n", "reason.txt": b"stopped\n"}
+    files, summary = build_run_bundle(**common, build_logs={"base": b"ok\n"}, extra_files=extra)
+    expected, expected_summary = build_bundle(
+        **common, build_logs={"base": b"ok\n"}, extra_files=extra
+    )
+    assert files == expected and summary == expected_summary
+    assert verify_files(files).problems == []
+
+
+def test_a_run_without_measured_cells_bundles_its_data_and_logs_only() -> None:
+    from evidence.bundle import build_run_bundle
+
+    files, summary = build_run_bundle(
+        records=b"",
+        provenances=[provenance()],
+        spec=_run_spec(),
+        build_logs={"fast": b"error: build failed\n"},
+        extra_files={"reason.txt": b"build of fast failed\n"},
+    )
+    assert summary is None
+    assert sorted(files) == [
+        "build-fast.log",
+        "job.json",
+        "manifest.json",
+        "provenance.json",
+        "reason.txt",
+        "records.jsonl",
+    ]
+    assert verify_files(files).problems == []
+
+
+def test_a_rendering_failure_keeps_the_measurements(monkeypatch, caplog) -> None:
+    import evidence.bundle
+    from evidence.bundle import build_run_bundle
+    from evidence.records import records_bytes
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("template bug")
+
+    monkeypatch.setattr(evidence.bundle, "render_report_html", broken)
+    records = records_bytes(simulate_run(effects={"base": 1.0, "fast": 1.05}, contexts=(64,)))
+    files, summary = build_run_bundle(records=records, provenances=[provenance()], spec=_run_spec())
+    assert summary is None and files["records.jsonl"] == records
+    assert "summary.json" not in files and "report.html" not in files
+    assert verify_files(files).problems == []
+    assert "bundling the data without them" in caplog.text
+    with pytest.raises(ValueError, match="records.jsonl is not valid: records.jsonl line 1"):
+        build_run_bundle(records=b"{not json\n", provenances=[provenance()], spec=_run_spec())

@@ -10,7 +10,7 @@ from evidence.calibration import (
     merge_calibrations,
 )
 from evidence.schemas import HostInfo
-from evidence.stats import summarize
+from evidence.summary import summarize
 from tests.evidence.builders import START, calibration_sample, simulate_run
 
 
@@ -45,7 +45,7 @@ def test_calibration_counts_claims_detections_and_the_resolvable_effect() -> Non
     assert result.planted_verdicts == {"slower": 1}
     aa_widths = [(c.ci_high - c.ci_low) / 2 for c in jobs[0].comparisons]
     assert min(aa_widths) <= result.resolvable <= max(aa_widths)
-    assert result.between_process_sd == summaries[0]["noise_floor"]["between_process_sd"]
+    assert result.between_process_sd == summaries[0].noise_floor.between_process_sd
     assert result.statistics["unit"].startswith("process pair")
     lines = result.lines()
     assert lines[0] == "A/A jobs with a faster/slower verdict: 0 of 1 (0%)"

@@ -7,7 +7,7 @@ import pytest
 from evidence.history import history_sentences
 from evidence.report import render_report_html
 from evidence.schemas import JobSpec
-from evidence.stats import summarize
+from evidence.summary import summarize
 from tests.evidence.builders import provenance, simulate_run
 
 # c1 and c2 harmless, c3 the planted 8% slowdown, c4 does not build, c5 harmless after it.
@@ -53,29 +53,29 @@ def history_job():
 
 def test_each_commit_is_a_ratio_to_the_reference_and_the_step_is_found(history_job) -> None:
     summary, _records, _provenance = history_job
-    history = summary["history"]
-    assert history["range"] == "v1..main"
-    assert history["reference"]["commit"] == _sha("ref")
-    assert [c["variant"] for c in history["commits"]] == ["c1", "c2", "c3", "c4", "c5"]
-    assert history["commits"][3]["skipped"].startswith("did not build")
-    for series in history["series"]:
-        points = {p["variant"]: p for p in series["points"]}
-        assert 0.98 < points["c1"]["ratio_median"] < 1.02
-        assert 0.90 < points["c3"]["ratio_median"] < 0.94
-        assert points["c4"]["n"] == 0 and points["c4"]["ratio_median"] is None
+    history = summary.history
+    assert history.range == "v1..main"
+    assert history.reference.commit == _sha("ref")
+    assert [c.variant for c in history.commits] == ["c1", "c2", "c3", "c4", "c5"]
+    assert history.commits[3].skipped.startswith("did not build")
+    for series in history.series:
+        points = {p.variant: p for p in series.points}
+        assert 0.98 < points["c1"].ratio_median < 1.02
+        assert 0.90 < points["c3"].ratio_median < 0.94
+        assert points["c4"].n == 0 and points["c4"].ratio_median is None
     # One step per context, at c3 (after c2), and none across the skipped c4.
-    steps = history["steps"]
-    assert [(s["context_tokens"], s["from_variant"], s["to_variant"]) for s in steps] == [
+    steps = history.steps
+    assert [(s.context_tokens, s.from_variant, s.to_variant) for s in steps] == [
         (64, "c2", "c3"),
         (256, "c2", "c3"),
     ]
-    assert all(s["direction"] == "slower" and s["to_commit"] == _sha("c3") for s in steps)
-    assert steps[0]["subject"] == "add work per prefill chunk"
+    assert all(s.direction == "slower" and s.to_commit == _sha("c3") for s in steps)
+    assert steps[0].subject == "add work per prefill chunk"
 
 
 def test_the_answer_names_the_step_and_the_skipped_commit(history_job) -> None:
     summary, _records, _provenance = history_job
-    sentences = history_sentences(summary["history"])
+    sentences = history_sentences(summary.history)
     assert sentences[0].startswith("64 tokens: ") and "slower at " + _sha("c3")[:10] in sentences[0]
     assert '("add work per prefill chunk")' in sentences[0]
     assert sentences[-1] == f"1 commit did not build and was skipped: {_sha('c4')[:10]}."

@@ -5,7 +5,9 @@ from pathlib import Path
 
 from evidence.markdown import MAX_CHARS, _render, render_summary_md
 from evidence.schemas import JobSpec
-from evidence.stats import summarize
+from evidence.stats import StatsOptions
+from evidence.summary import summarize
+from evidence.summary_schema import Comparison, Settings, Summary
 from tests.evidence.builders import provenance, record, simulate_run
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -20,7 +22,7 @@ def _check_golden(name: str, text: str) -> None:
     assert text == path.read_text(encoding="utf-8")
 
 
-def ab_summary() -> tuple[dict, list]:
+def ab_summary() -> tuple[Summary, list]:
     """A fixed, seeded A/B job on two hosts with invalid cells and one parity divergence."""
     first = simulate_run(
         effects={"base": 1.0, "fast": 1.06, "same": 1.0}, rounds=8, seed=11, run_id="r-1"
@@ -110,7 +112,7 @@ def test_huge_matrix_stays_under_the_limit() -> None:
     variants = {f"v{i:02d}": 1.0 + i / 1000 for i in range(26)}
     records = simulate_run(effects=variants, contexts=tuple(range(64, 64 * 17, 64)), rounds=2)
     summary = summarize(records, baseline="v00", n_resamples=50)
-    assert len(summary["comparisons"]) == 25 * 16
+    assert len(summary.comparisons) == 25 * 16
     assert len(_render(summary, [provenance()], None, compact=False)) > MAX_CHARS
     text = render_summary_md(summary, [provenance()])
     assert len(text) <= MAX_CHARS
@@ -126,12 +128,14 @@ def test_summary_json_golden_ab() -> None:
     from evidence.bundle import first_difference
 
     summary, _ = ab_summary()
-    text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+    text = json.dumps(summary.to_json_value(), indent=1, sort_keys=True) + "\n"
     path = GOLDEN / "summary_ab.json"
     if UPDATE:
         path.write_text(text, encoding="utf-8")
     assert path.exists(), f"{path} missing: run with COLDBENCH_UPDATE_GOLDEN=1 once"
     assert first_difference(json.loads(path.read_text()), json.loads(text)) is None
+    # The golden file is itself a summary the contract accepts, and reads back to this one.
+    assert first_difference(Summary.model_validate_json(path.read_text()), summary) is None
 
 
 def test_drift_interval_with_one_unknown_bound_renders() -> None:
@@ -139,27 +143,36 @@ def test_drift_interval_with_one_unknown_bound_renders() -> None:
     from evidence.report import render_report_html
 
     summary, provenances = ab_summary()
-    summary["drift"]["runs"][0]["slope_ci_high"] = None
+    first, *rest = summary.drift.runs
+    runs = [first.model_copy(update={"slope_ci_high": None}), *rest]
+    summary = summary.model_copy(update={"drift": summary.drift.model_copy(update={"runs": runs})})
     text = render_summary_md(summary, provenances)
-    assert summary["drift"]["runs"][0]["run_id"] in text
+    assert summary.drift.runs[0].run_id in text
     html = render_report_html(summary, [], provenances, None, plotly_js_src="/p.js")
     assert "Drift of the baseline" in html
 
 
-SETTINGS = {"confidence_level": 0.95, "precision": 0.05}
+SETTINGS = Settings.model_validate(StatsOptions(precision=0.05).settings())
 
 
-def _comparison(verdict: str, median: float, low: float, high: float, **extra) -> dict:
-    return {
-        "variant": "cand",
-        "context_tokens": 128,
-        "verdict": verdict,
-        "ratio_median": median,
-        "ci_low": low,
-        "ci_high": high,
-        "n": 8,
-        **extra,
-    }
+def _comparison(verdict: str, median: float, low: float, high: float, **extra) -> Comparison:
+    return Comparison.model_validate(
+        {
+            "variant": "cand",
+            "baseline": "base",
+            "context_tokens": 128,
+            "verdict": verdict,
+            "ratio_median": median,
+            "ci_low": low,
+            "ci_high": high,
+            "n": 8,
+            "p_value": None,
+            "p_adjusted": None,
+            "rounds_needed": None,
+            "ratios": [],
+            **extra,
+        }
+    )
 
 
 def test_verdict_clause_states_the_change_and_its_interval_in_the_verdicts_direction() -> None:
@@ -189,7 +202,7 @@ def test_summary_md_opens_with_one_sentence_per_context_then_the_table() -> None
 
     summary, provenances = ab_summary()
     sentences = verdict_sentences(summary)
-    assert len(sentences) == len(summary["contexts"])
+    assert len(sentences) == len(summary.contexts)
     assert sentences[0].startswith("fast is ") and "at 64 tokens" in sentences[0]
     assert "same: no established change at 64 tokens" in sentences[0]
     text = render_summary_md(summary, provenances)

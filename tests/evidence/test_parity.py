@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from evidence.parity import first_divergence
-from evidence.stats import summarize
+from evidence.summary import summarize
 from tests.evidence.builders import simulate_run
 
 
@@ -24,13 +24,13 @@ def test_divergence_is_accepted_only_at_a_near_tie_of_the_baseline() -> None:
         },
         margins=[3.0, 2.5, 0.02, 1.0],
     )
-    parity = summarize(records, baseline="base", n_resamples=100)["parity"]
-    assert parity["margin_threshold"] == 0.1
-    assert parity["counts"] == {"exact": 2, "accepted": 2, "diverged": 2, "unknown": 0}
-    tied = [c for c in parity["cells"] if c["variant"] == "tied"]
-    assert all(c["first_divergence"] == 2 and c["baseline_margin"] == 0.02 for c in tied)
+    parity = summarize(records, baseline="base", n_resamples=100).parity
+    assert parity.margin_threshold == 0.1
+    assert parity.counts.model_dump() == {"exact": 2, "accepted": 2, "diverged": 2, "unknown": 0}
+    tied = [c for c in parity.cells if c.variant == "tied"]
+    assert all(c.first_divergence == 2 and c.baseline_margin == 0.02 for c in tied)
     strict = summarize(records, baseline="base", n_resamples=100, margin_threshold=0.01)
-    assert strict["parity"]["counts"]["accepted"] == 0
+    assert strict.parity.counts.accepted == 0
 
 
 def test_missing_margins_or_outputs_are_not_accepted() -> None:
@@ -40,9 +40,9 @@ def test_missing_margins_or_outputs_are_not_accepted() -> None:
         rounds=1,
         outputs={"base": [1, 2], "other": [1, 3]},
     )
-    parity = summarize(records, baseline="base", n_resamples=100)["parity"]
-    assert parity["counts"]["diverged"] == 1
+    parity = summarize(records, baseline="base", n_resamples=100).parity
+    assert parity.counts.diverged == 1
     records[-1].output_head = None
     records[-2].output_head = None
-    parity = summarize(records, baseline="base", n_resamples=100)["parity"]
-    assert parity["counts"]["unknown"] == 1
+    parity = summarize(records, baseline="base", n_resamples=100).parity
+    assert parity.counts.unknown == 1

@@ -7,7 +7,7 @@ import pytest
 
 from evidence.report import plotly_js, provenance_digests, render_report_html
 from evidence.schemas import JobSpec
-from evidence.stats import summarize
+from evidence.summary import summarize
 from tests.evidence.builders import provenance, record, simulate_run
 
 VOID = {
@@ -121,10 +121,10 @@ def test_tables_carry_the_numbers_without_javascript(ablation_job) -> None:
     checker = Checker()
     checker.feed(html)
     cells = [cell for table in checker.tables for cell in table if cell]
-    comparison = summary["comparisons"][0]
-    assert comparison["verdict"] in cells
-    low, high = comparison["ci_low"], comparison["ci_high"]
-    assert f"{comparison['ratio_median']:.3f} [{low:.3f}, {high:.3f}]" in cells
+    comparison = summary.comparisons[0]
+    assert comparison.verdict in cells
+    low, high = comparison.ci_low, comparison.ci_high
+    assert f"{comparison.ratio_median:.3f} [{low:.3f}, {high:.3f}]" in cells
     assert "silent no-op: <compile> & co" in cells  # escaped in the source, intact as text
     assert "silent no-op: <compile>" not in html
     assert "compile" in cells and "all-minus-compile" in cells  # ablation table
@@ -210,7 +210,7 @@ def test_hosts_sharing_a_hostname_are_told_apart_by_their_registered_names() -> 
     first, second = provenance("r-1", "vm"), provenance("r-2", "vm")
     first.host.registered_name, second.host.registered_name = "rack-a", "rack-b"
     summary = summarize(records, baseline="base", provenances=[first, second], n_resamples=50)
-    hosts = [run["host"] for run in summary["reproductions"]["comparisons"][0]["runs"]]
+    hosts = [run.host for run in summary.reproductions.comparisons[0].runs]
     assert hosts == ["rack-a", "rack-b"]
     assert host_line(first).startswith("rack-a (hostname `vm`, run `r-1`)")
     html = render_report_html(summary, records, [first, second], None)
@@ -219,5 +219,5 @@ def test_hosts_sharing_a_hostname_are_told_apart_by_their_registered_names() -> 
     unnamed = summarize(
         records, baseline="base", provenances=[provenance("r-1", "vm"), provenance("r-2", "vm")]
     )
-    hosts = [run["host"] for run in unnamed["reproductions"]["comparisons"][0]["runs"]]
+    hosts = [run.host for run in unnamed.reproductions.comparisons[0].runs]
     assert hosts == ["vm (run r-1)", "vm (run r-2)"]

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from evidence.stats import summarize
+from evidence.summary import summarize
 from tests.evidence.builders import provenance, simulate_run
 
 
@@ -21,16 +21,16 @@ def _two_hosts(second_effect: float):
 
 def test_hosts_that_agree() -> None:
     summary = _two_hosts(1.06)
-    reproductions = summary["reproductions"]
-    (row,) = reproductions["comparisons"]
-    assert [r["host"] for r in row["runs"]] == ["studio-1", "studio-2"]
-    assert all(r["verdict"] == "faster" for r in row["runs"])
-    assert row["agree"] and reproductions["all_agree"]
-    assert summary["comparisons"][0]["n"] == 20  # pooled pairs of both runs
+    reproductions = summary.reproductions
+    (row,) = reproductions.comparisons
+    assert [r.host for r in row.runs] == ["studio-1", "studio-2"]
+    assert all(r.verdict == "faster" for r in row.runs)
+    assert row.agree and reproductions.all_agree
+    assert summary.comparisons[0].n == 20  # pooled pairs of both runs
 
 
 def test_hosts_whose_intervals_do_not_overlap_are_flagged() -> None:
-    reproductions = _two_hosts(0.94)["reproductions"]
-    (row,) = reproductions["comparisons"]
-    assert [r["verdict"] for r in row["runs"]] == ["faster", "slower"]
-    assert not row["agree"] and not reproductions["all_agree"]
+    reproductions = _two_hosts(0.94).reproductions
+    (row,) = reproductions.comparisons
+    assert [r.verdict for r in row.runs] == ["faster", "slower"]
+    assert not row.agree and not reproductions.all_agree

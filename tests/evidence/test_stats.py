@@ -12,8 +12,8 @@ from evidence.stats import (
     compare_matrix,
     decide,
     holm,
-    summarize,
 )
+from evidence.summary import summarize
 from tests.evidence.builders import record, simulate_run
 
 FAST = StatsOptions(n_resamples=200)
@@ -39,7 +39,7 @@ def test_a_a_false_positive_rate_is_at_or_below_nominal() -> None:
             effects={"base": 1.0, "same": 1.0}, contexts=(256,), rounds=12, noise=0.02, seed=seed
         )
         verdicts.append(
-            _matrix(records, options=StatsOptions(n_resamples=200, seed=seed))[0]["verdict"]
+            _matrix(records, options=StatsOptions(n_resamples=200, seed=seed))[0].verdict
         )
     false_positives = sum(v in ("faster", "slower") for v in verdicts)
     assert false_positives / len(verdicts) <= 0.05
@@ -53,32 +53,32 @@ def test_five_percent_shift_with_two_percent_noise_over_twelve_rounds_is_faster(
             effects={"base": 1.0, "fast": 1.05}, contexts=(256,), rounds=12, noise=0.02, seed=seed
         )
         (comparison,) = _matrix(records)
-        assert comparison["verdict"] == "faster", (seed, comparison)
-        assert comparison["ci_low"] > 1 and comparison["n"] == 12
-        assert 1.02 < comparison["ratio_median"] < 1.08
+        assert comparison.verdict == "faster", (seed, comparison)
+        assert comparison.ci_low > 1 and comparison.n == 12
+        assert 1.02 < comparison.ratio_median < 1.08
 
 
 def test_slower_variant_is_slower() -> None:
     records = simulate_run(effects={"base": 1.0, "slow": 0.9}, contexts=(256,), rounds=8, seed=3)
     (comparison,) = _matrix(records)
-    assert comparison["verdict"] == "slower" and comparison["ci_high"] < 1
+    assert comparison.verdict == "slower" and comparison.ci_high < 1
 
 
 def test_holm_correction_is_applied_across_the_matrix() -> None:
     # Six pairs all faster: the smallest two-sided signed-rank p is 2/2^6 = 0.03125.
     effects = {"base": 1.0, "fast": 1.10}
     single = _matrix(simulate_run(effects=effects, contexts=(256,), rounds=6, noise=0.002))
-    assert single[0]["p_value"] == pytest.approx(0.03125)
-    assert single[0]["verdict"] == "faster"
+    assert single[0].p_value == pytest.approx(0.03125)
+    assert single[0].verdict == "faster"
     matrix = _matrix(
         simulate_run(effects=effects, contexts=(64, 128, 256), rounds=6, noise=0.002),
         contexts=(64, 128, 256),
     )
     for comparison in matrix:
-        assert comparison["p_adjusted"] == pytest.approx(3 * 0.03125)
-        assert comparison["ci_low"] > 1
-        assert comparison["verdict"] == "inconclusive"
-        assert comparison["rounds_needed"] >= 7  # 2^(1-7) x 3 < 0.05: the test can pass
+        assert comparison.p_adjusted == pytest.approx(3 * 0.03125)
+        assert comparison.ci_low > 1
+        assert comparison.verdict == "inconclusive"
+        assert comparison.rounds_needed >= 7  # 2^(1-7) x 3 < 0.05: the test can pass
 
 
 def test_holm_step_down() -> None:
@@ -111,9 +111,9 @@ def test_wide_interval_is_inconclusive_with_the_rounds_needed() -> None:
             effects={"base": 1.0, "same": 1.0}, contexts=(256,), rounds=6, noise=0.10, seed=seed
         )
         (comparison,) = _matrix(records, options=StatsOptions(n_resamples=200, seed=seed))
-        if comparison["verdict"] == "inconclusive":
-            assert comparison["rounds_needed"] >= 7
-            needed.append(comparison["rounds_needed"])
+        if comparison.verdict == "inconclusive":
+            assert comparison.rounds_needed >= 7
+            needed.append(comparison.rounds_needed)
     assert len(needed) >= 18
     # Log-ratio spread about 0.14: (1.96 * 1.2533 * 0.14 / ln 1.05)^2 is about 50 rounds.
     assert 20 <= sorted(needed)[len(needed) // 2] <= 100
@@ -124,8 +124,8 @@ def test_too_few_pairs_is_inconclusive() -> None:
         effects={"base": 1.0, "fast": 1.2}, contexts=(256,), rounds=3, noise=0.001
     )
     (comparison,) = _matrix(records)
-    assert comparison["n"] == 3 and comparison["verdict"] == "inconclusive"
-    assert comparison["rounds_needed"] == 6
+    assert comparison.n == 3 and comparison.verdict == "inconclusive"
+    assert comparison.rounds_needed == 6
 
 
 def test_invalid_cells_are_excluded_and_counted_per_reason() -> None:
@@ -159,13 +159,13 @@ def test_invalid_cells_are_excluded_and_counted_per_reason() -> None:
         record(variant="base", round=8, context_tokens=256, prompt_tokens=256),
     ]
     summary = summarize(records + invalid, baseline="base", n_resamples=200)
-    assert summary["invalid"]["total"] == 3
-    assert summary["invalid"]["by_reason"] == {
+    assert summary.invalid.total == 3
+    assert summary.invalid.by_reason == {
         "silent no-op: prefill_step_size": 2,
         "cached_tokens=32": 1,
     }
-    assert summary["comparisons"][0]["n"] == 8  # the lone base cell of round 8 has no partner
-    assert summary["warmups"] == 1
+    assert summary.comparisons[0].n == 8  # the lone base cell of round 8 has no partner
+    assert summary.warmups == 1
 
 
 def test_pairs_with_different_prompts_are_dropped_and_counted() -> None:
@@ -173,8 +173,8 @@ def test_pairs_with_different_prompts_are_dropped_and_counted() -> None:
     victim = next(r for r in records if r.variant == "fast" and r.round == 2)
     victim.prompt_sha256 = "f" * 64
     summary = summarize(records, baseline="base", n_resamples=200)
-    assert summary["comparisons"][0]["n"] == 6
-    assert summary["invalid"]["pairs_with_different_prompts"] == 1
+    assert summary.comparisons[0].n == 6
+    assert summary.invalid.pairs_with_different_prompts == 1
 
 
 def test_summary_is_deterministic_json_with_the_contract_keys() -> None:
@@ -183,9 +183,10 @@ def test_summary_is_deterministic_json_with_the_contract_keys() -> None:
     )
     records = simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=6)
     first = summarize(records, spec=spec, n_resamples=300)
-    assert canonical_json(first) == canonical_json(summarize(records, spec=spec, n_resamples=300))
-    assert first["settings"]["correction"] == "holm"
-    assert first["settings"]["bootstrap"]["seed"] == 7
+    again = summarize(records, spec=spec, n_resamples=300)
+    assert canonical_json(first.to_json_value()) == canonical_json(again.to_json_value())
+    assert first.settings.correction == "holm"
+    assert first.settings.bootstrap.seed == 7
     required = {
         "context_tokens",
         "variant",
@@ -197,9 +198,10 @@ def test_summary_is_deterministic_json_with_the_contract_keys() -> None:
         "p_adjusted",
         "verdict",
     }
+    value = first.to_json_value()
     for key in ("comparisons", "decode_comparisons"):
-        assert len(first[key]) == 2
-        for comparison in first[key]:
+        assert len(value[key]) == 2
+        for comparison in value[key]:
             assert required <= set(comparison)
             assert comparison["verdict"] in {
                 "faster",
@@ -207,8 +209,8 @@ def test_summary_is_deterministic_json_with_the_contract_keys() -> None:
                 "no established change",
                 "inconclusive",
             }
-    assert first["ablation"] is None and first["reproductions"] is None
-    json.dumps(first, allow_nan=False)
+    assert first.ablation is None and first.reproductions is None
+    json.dumps(value, allow_nan=False)
 
 
 def test_summary_without_spec_or_baseline_is_refused() -> None:
@@ -224,12 +226,12 @@ def test_decode_is_compared_separately() -> None:
         rounds=8,
     )
     summary = summarize(records, baseline="base", n_resamples=200)
-    assert summary["comparisons"][0]["verdict"] == "no established change"
-    assert summary["decode_comparisons"][0]["verdict"] == "slower"
-    row = next(d for d in summary["descriptive"] if d["variant"] == "fast")
-    assert row["n"] == 8 and row["decode_tps"]["median"] < 45
-    assert row["prefill_tps"]["q1"] <= row["prefill_tps"]["median"] <= row["prefill_tps"]["q3"]
-    assert row["peak_memory_bytes"]["max"] == 256 * 1000 + 17 * 4
+    assert summary.comparisons[0].verdict == "no established change"
+    assert summary.decode_comparisons[0].verdict == "slower"
+    row = next(d for d in summary.descriptive if d.variant == "fast")
+    assert row.n == 8 and row.decode_tps.median < 45
+    assert row.prefill_tps.q1 <= row.prefill_tps.median <= row.prefill_tps.q3
+    assert row.peak_memory_bytes.max == 256 * 1000 + 17 * 4
 
 
 def test_order_statistic_interval_interpolates_to_the_level() -> None:
@@ -280,10 +282,11 @@ def test_one_pair_per_process_pair_gives_the_per_round_numbers() -> None:
     (plain,) = _matrix(records)
     (blocked,) = _matrix(_with_processes(records, 1))
     for key in ("n", "ratio_median", "ci_low", "ci_high", "p_value", "p_adjusted", "verdict"):
-        assert blocked[key] == plain[key], key
-    assert "blocks" not in plain and "block" not in plain["ratios"][0]
-    assert blocked["blocks"] == 12 and blocked["unit"] == "process pair"
-    assert [r["block"] for r in blocked["ratios"]] == list(range(12))
+        assert getattr(blocked, key) == getattr(plain, key), key
+    assert "blocks" not in plain.model_fields_set
+    assert "block" not in plain.ratios[0].model_fields_set
+    assert blocked.blocks == 12 and blocked.unit == "process pair"
+    assert [r.block for r in blocked.ratios] == list(range(12))
 
 
 def test_a_process_offset_is_not_called_an_effect_once_blocks_are_known() -> None:
@@ -297,18 +300,18 @@ def test_a_process_offset_is_not_called_an_effect_once_blocks_are_known() -> Non
         for r in records
     ]
     (per_round,) = _matrix(one_process)
-    assert per_round["verdict"] == "slower"
+    assert per_round.verdict == "slower"
     offsets = {"cand": [0.98, 1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99], "base": [1.0] * 8}
     (clustered,) = _matrix(_with_processes(records, 3, offsets))
-    assert clustered["blocks"] == 8 and clustered["n"] == 24
-    assert clustered["verdict"] in ("no established change", "inconclusive")
-    assert clustered["ci_low"] < 1 < clustered["ci_high"]
+    assert clustered.blocks == 8 and clustered.n == 24
+    assert clustered.verdict in ("no established change", "inconclusive")
+    assert clustered.ci_low < 1 < clustered.ci_high
     # The between-process spread of the ratio is reported: about the offsets' SD (1.5%).
-    assert 0.008 < clustered["process_sd"] < 0.025
+    assert 0.008 < clustered.process_sd < 0.025
     # Treating the same 24 pairs as independent would have called it.
     flat = [r.model_copy(update={"process": None}) for r in _with_processes(records, 3, offsets)]
     (naive,) = _matrix(flat)
-    assert naive["ci_high"] - naive["ci_low"] < clustered["ci_high"] - clustered["ci_low"]
+    assert naive.ci_high - naive.ci_low < clustered.ci_high - clustered.ci_low
 
 
 def test_a_real_effect_is_still_found_with_process_blocks() -> None:
@@ -317,17 +320,17 @@ def test_a_real_effect_is_still_found_with_process_blocks() -> None:
     )
     offsets = {"cand": [1.004, 0.996] * 6, "base": [0.997, 1.003, 1.0] * 4}
     (row,) = _matrix(_with_processes(records, 2, offsets))
-    assert row["blocks"] == 12 and row["verdict"] == "slower" and row["ci_high"] < 1
+    assert row.blocks == 12 and row.verdict == "slower" and row.ci_high < 1
 
 
 def test_too_few_process_pairs_is_inconclusive_with_rounds_at_that_block_length() -> None:
     records = simulate_run(effects={"base": 1.0, "cand": 0.9}, contexts=(256,), rounds=8, seed=1)
     (row,) = _matrix(_with_processes(records, 4))  # 2 blocks of 4 rounds
-    assert row["blocks"] == 2 and row["verdict"] == "inconclusive"
-    assert row["rounds_needed"] is not None and row["rounds_needed"] % 4 == 0
-    assert row["rounds_needed"] >= 4 * 6
+    assert row.blocks == 2 and row.verdict == "inconclusive"
+    assert row.rounds_needed is not None and row.rounds_needed % 4 == 0
+    assert row.rounds_needed >= 4 * 6
     (single,) = _matrix(_with_processes(records, 8))  # one process pair for the whole run
-    assert single["ci_low"] is None and single["verdict"] == "inconclusive"
+    assert single.ci_low is None and single.verdict == "inconclusive"
 
 
 def test_summary_of_rotated_processes_states_its_noise_floor_and_drift_per_context() -> None:
@@ -339,17 +342,18 @@ def test_summary_of_rotated_processes_states_its_noise_floor_and_drift_per_conte
         effects={"base": 1.0, "fast": 1.05}, contexts=(64, 256), rounds=12, noise=0.01, seed=4
     )
     old = summarize(records, baseline="base", n_resamples=200)
-    assert "noise_floor" not in old and "process_blocks" not in old["settings"]
-    assert all("by_context" not in run for run in old["drift"]["runs"])
+    assert "noise_floor" not in old.model_fields_set
+    assert "process_blocks" not in old.settings.model_fields_set
+    assert all("by_context" not in run.model_fields_set for run in old.drift.runs)
     rotated = _with_processes(records, 2)
     summary = summarize(rotated, baseline="base", n_resamples=200)
-    floor = summary["noise_floor"]
-    assert floor["process_pairs"] == 6 and floor["rounds_per_process_pair"] == 2
-    assert 0 < floor["between_process_sd"] < 0.05 and 0 < floor["resolvable"] < 0.05
-    assert summary["settings"]["process_blocks"]["unit"].startswith("process pair")
-    (run,) = summary["drift"]["runs"]
-    assert [c["context_tokens"] for c in run["by_context"]] == [64, 256]
-    assert all(c["n"] == 12 for c in run["by_context"])
+    floor = summary.noise_floor
+    assert floor.process_pairs == 6 and floor.rounds_per_process_pair == 2
+    assert 0 < floor.between_process_sd < 0.05 and 0 < floor.resolvable < 0.05
+    assert summary.settings.process_blocks.unit.startswith("process pair")
+    (run,) = summary.drift.runs
+    assert [c.context_tokens for c in run.by_context] == [64, 256]
+    assert all(c.n == 12 for c in run.by_context)
     text = render_summary_md(summary, [provenance()])
     assert "Noise floor: 6 process pairs of 2 rounds each" in text
     assert "  - 64 tokens: " in text and "the independent unit is the process pair" in text
@@ -389,7 +393,7 @@ def test_inert_flags_are_listed_per_context_and_variant() -> None:
         for r in records
     ]
     summary = summarize(records, baseline="base", n_resamples=200)
-    inert = {(d["context_tokens"], d["variant"]): d["inert"] for d in summary["descriptive"]}
+    inert = {(d.context_tokens, d.variant): d.inert for d in summary.descriptive}
     assert inert == {
         (64, "base"): [],
         (64, "wide"): ["prefill_step_size"],
@@ -416,13 +420,15 @@ def test_a_row_with_no_valid_pair_says_so_and_why() -> None:
         for r in records
     ]
     summary = summarize(records, baseline="base", n_resamples=200)
-    by_context = {c["context_tokens"]: c for c in summary["comparisons"]}
-    assert by_context[64]["verdict"] != "no valid pairs" and "why" not in by_context[64]
+    by_context = {c.context_tokens: c for c in summary.comparisons}
+    assert (
+        by_context[64].verdict != "no valid pairs" and "why" not in by_context[64].model_fields_set
+    )
     row = by_context[128]
-    assert row["verdict"] == "no valid pairs" and row["n"] == 0
-    assert row["why"] == "no valid cell of noop (6 x silent no-op: prefill_step_size)"
-    assert row["rounds_needed"] is None
-    assert summary["decode_comparisons"][1]["verdict"] == "no valid pairs"
+    assert row.verdict == "no valid pairs" and row.n == 0
+    assert row.why == "no valid cell of noop (6 x silent no-op: prefill_step_size)"
+    assert row.rounds_needed is None
+    assert summary.decode_comparisons[1].verdict == "no valid pairs"
     markdown = render_summary_md(summary, [])
     assert "no valid pairs: no valid cell of noop (6 x silent no-op: prefill_step_size)" in markdown
     # no cell of the variant at 128 at all, and the baseline's all errors there
@@ -434,7 +440,7 @@ def test_a_row_with_no_valid_pair_says_so_and_why() -> None:
         if not (r.variant == "noop" and r.context_tokens == 128)
     ]
     summary = summarize(records, baseline="base", n_resamples=200)
-    assert summary["comparisons"][1]["why"] == (
+    assert summary.comparisons[1].why == (
         "no valid cell of noop (none measured); no valid cell of base (6 x RuntimeError: boom)"
     )
 

@@ -4,10 +4,12 @@ Tolerances, and why (kernels/swiglu.py and kernels/add_rms_norm.py say the same)
 - `fused_swiglu` computes in float32 and rounds once: within one unit in the last place (ulp)
   of the output dtype of the float32 formula, and never further from it than the unfused
   reference (which rounds after each of its three ops).
-- `fused_add_rms_norm`: `h` bit-exact against `x + r`; `y` within one ulp of MLX's
-  `rms_norm(h) * w` (only the order of the float32 sum of squares differs) and within two ulps
-  of the float32 formula on the rounded `h` (the normalized value and the product round once
-  each, as in MLX).
+- `fused_add_rms_norm`: `h` bit-exact against `x + r`; `y` within two ulps of MLX's
+  `rms_norm(h) * w` and of the float32 formula on the rounded `h`. Only the order of the float32
+  sum of squares differs from MLX, but that can flip the rounding of the normalized value, and
+  the product with `w` (here up to about 4) carries that one ulp of it into up to two of `y`:
+  on the H200 (2026-12-01) float16 at (1, 2048, 4096) differed from MLX by 0.0039 at 3.06, two
+  ulps, with every other case within one.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def test_fused_add_rms_norm_parity(dtype: mx.Dtype, shape: tuple[int, ...]) -> N
     assert mx.array_equal(h, ref_h).item(), "h must be bit-exact against x + r"
     h64 = _f64(ref_h)
     expected = _f64(w) * (h64 / np.sqrt(np.mean(h64**2, axis=-1, keepdims=True) + 1e-5))
-    _within(y, _f64(ref_y), dtype, 1.0 if dtype != mx.float32 else 8.0)
+    _within(y, _f64(ref_y), dtype, 2.0 if dtype != mx.float32 else 8.0)
     _within(y, expected, dtype, 2.0 if dtype != mx.float32 else 16.0)
 
 

@@ -82,7 +82,7 @@ def publish_evidence(
         )
     )
     job.evidence_id = evidence_id
-    job.summary = summary
+    job.summary = summary.to_json_value()
     job.state = "done"
     auth_service.record_audit(
         db_session=db_session, actor="test", kind="evidence.published", subject_id=job.id

@@ -200,3 +200,58 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
             assert widths == {"main": "128", "step": "64x2"}
         finally:
             stop_process(agent)
+
+
+def test_offline_recipe_runs_branches_without_a_package_index(
+    coldbench_cmd: list[str],
+    coldbench_repo: tuple[Path, tuple[str, str]],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """`--recipe offline` installs nothing (a GPU host with no registry): pip pointed at a dead
+    index proves it is never asked, the variants still run their worktrees, and a fast path
+    requested on this CPU is recorded as not exercised, never as the fast path's time."""
+    repo, (main, step64) = coldbench_repo
+    out = tmp_path / "offline"
+    env = {
+        **os.environ,
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "",
+    }
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--repo", str(repo), "--adapter", "embedded", "--recipe", "offline"),
+            *("--variant", f"main:ref={main}"),
+            *("--variant", f"fast:ref={step64},fused_swiglu=true"),
+            *("--contexts", "128", "--rounds", "1", "--decode-tokens", "2"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert verify_bundle(out).is_intact
+    provenance = json.loads((out / "provenance.json").read_text())
+    run = provenance.get("runs", [provenance])[0]
+    targets = {t["variant"]: t for t in run["targets"]}
+    for name, ref in (("main", main), ("fast", step64)):
+        target = targets[name]
+        assert target["commit"] == _commit(repo, ref)
+        assert target["recipe"] == "offline"
+        checkout = Path(target["checkout"]).resolve()
+        assert target["software"]["files"]["kernels"] == str(checkout / "kernels" / "__init__.py")
+        assert target["build_module_file"] == str(checkout / "engine" / "__init__.py")
+    records = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
+    assert {r.status for r in records if r.variant == "main"} == {"ok"}
+    fast = [r for r in records if r.variant == "fast"]
+    assert fast and all(r.status == "invalid" for r in fast)
+    assert {r.reason for r in fast} == {
+        "not exercised: fused_swiglu (needs metal or cuda; this host runs MLX on cpu)"
+    }

@@ -1,0 +1,439 @@
+"""summary.json's contract: one typed model per section, the bottom layer of the statistics.
+
+`evidence.summary.summarize` builds a `Summary` once; nothing changes it afterwards (every
+model is frozen), and the renderers (summary.md, report.html, the service's pages, the CLI)
+read its attributes. `coldbench verify` validates a bundle's summary.json against `Summary`
+(unknown keys included: `extra="forbid"`), and `verify --recompute` compares two `Summary`
+values field by field.
+
+Which keys a file holds. A field without a default is always written (its value may be
+null); a field with a default is written only where the summary set it: `why` on a comparison
+without pairs, the process-block fields (`blocks`, `unit`, `process_sd`, `block`,
+`by_context`, `settings.process_blocks`, `noise_floor`) only for records stamped with their
+process, a drift line's fit only when it had baseline cells, `history` and `bisect` only in
+their modes. `summary_json_bytes` writes exactly those (`exclude_unset`), so a summary read
+back from its file writes the same bytes.
+
+May import: pydantic, `evidence.schemas` and the standard library (nothing that computes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from evidence.schemas import Mode
+
+SummaryFormat = Literal["coldbench.summary/1"]
+SUMMARY_FORMAT: Final[SummaryFormat] = "coldbench.summary/1"
+Verdict = Literal["faster", "slower", "no established change", "inconclusive", "no valid pairs"]
+ParityResult = Literal["exact", "accepted", "diverged", "unknown"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- statistics settings -------------------------------------------------------------------
+
+
+class Bootstrap(_Section):
+    statistic: str
+    method: str
+    interval: str
+    n_resamples: int
+    seed: int
+
+
+class ProcessBlocks(_Section):
+    unit: str
+    interval: str
+    test: str
+
+
+class Settings(_Section):
+    confidence_level: float
+    alpha: float
+    precision: float
+    min_pairs: int
+    bootstrap: Bootstrap
+    test: str
+    correction: str
+    process_blocks: ProcessBlocks | None = None
+
+
+# --- comparisons -----------------------------------------------------------------------------
+
+
+class PairRatio(_Section):
+    run_id: str
+    round: int
+    ratio: float
+    block: int | None = None
+
+
+class Comparison(_Section):
+    """One variant against the baseline at one context (evidence.stats' module docstring)."""
+
+    context_tokens: int
+    variant: str
+    baseline: str
+    n: int
+    ratio_median: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    p_adjusted: float | None
+    verdict: Verdict
+    rounds_needed: int | None
+    ratios: list[PairRatio]
+    why: str | None = None
+    blocks: int | None = None
+    unit: str | None = None
+    process_sd: float | None = None
+
+
+class AblationEntry(Comparison):
+    feature: str
+
+
+class Ablation(_Section):
+    note: str
+    correction: str
+    entries: list[AblationEntry]
+
+
+# --- descriptive, runs, invalid cells ---------------------------------------------------------
+
+
+class Quantiles(_Section):
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+
+
+class MemoryStats(_Section):
+    median: int
+    max: int
+
+
+class Descriptive(_Section):
+    context_tokens: int
+    variant: str
+    n: int
+    prefill_tps: Quantiles | None
+    decode_tps: Quantiles | None
+    peak_memory_bytes: MemoryStats | None
+    inert: list[str]
+
+
+class RunCount(_Section):
+    run_id: str
+    host: str | None
+    records: int
+    ok: int
+
+
+class InvalidCell(_Section):
+    run_id: str
+    variant: str
+    round: int
+    context_tokens: int
+    status: str
+    reason: str
+
+
+class Invalid(_Section):
+    total: int
+    by_reason: dict[str, int]
+    cells: list[InvalidCell]
+    pairs_with_different_prompts: int
+
+
+# --- parity ---------------------------------------------------------------------------------
+
+
+class ParityCell(_Section):
+    run_id: str
+    round: int
+    context_tokens: int
+    variant: str
+    first_divergence: int | None
+    baseline_margin: float | None
+    result: ParityResult
+
+
+class ParityCounts(_Section):
+    exact: int
+    accepted: int
+    diverged: int
+    unknown: int
+
+
+class Parity(_Section):
+    margin_threshold: float
+    policy: str
+    counts: ParityCounts
+    cells: list[ParityCell]
+
+
+# --- drift ----------------------------------------------------------------------------------
+
+
+class DriftLine(_Section):
+    """The baseline's drift line over one run (or one context of it)."""
+
+    n: int
+    slope_pct_per_hour: float | None
+    flagged: bool
+    span_hours: float | None = None
+    slope_ci_low: float | None = None
+    slope_ci_high: float | None = None
+    drift_pct_across_run: float | None = None
+    threshold_pct: float | None = None
+
+
+class ContextDrift(DriftLine):
+    context_tokens: int
+
+
+class RunDrift(DriftLine):
+    run_id: str
+    by_context: list[ContextDrift] | None = None
+
+
+class Bracketing(_Section):
+    context_tokens: int
+    variant: str
+    n: int
+    ratio_median: float
+    ci_low: float | None
+    ci_high: float | None
+
+
+class Drift(_Section):
+    threshold_pct: float
+    threshold_source: str
+    flagged: bool
+    runs: list[RunDrift]
+    bracketing: list[Bracketing]
+
+
+# --- reproductions ----------------------------------------------------------------------------
+
+
+class ReproductionRun(_Section):
+    run_id: str
+    host: str | None
+    n: int
+    ratio_median: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_adjusted: float | None
+    verdict: Verdict
+
+
+class ReproductionRow(_Section):
+    context_tokens: int
+    variant: str
+    baseline: str
+    runs: list[ReproductionRun]
+    agree: bool
+
+
+class Reproductions(_Section):
+    rule: str
+    comparisons: list[ReproductionRow]
+    all_agree: bool
+
+
+# --- noise floor ------------------------------------------------------------------------------
+
+
+class NoiseFloor(_Section):
+    process_pairs: int
+    rounds_per_process_pair: float
+    between_process_sd: float | None
+    resolvable: float | None
+    rule: str
+
+
+# --- history ----------------------------------------------------------------------------------
+
+
+class CommitRef(_Section):
+    variant: str
+    commit: str | None
+    ref: str | None
+    subject: str | None
+
+
+class HistoryCommit(CommitRef):
+    skipped: str | None
+
+
+class HistoryPoint(_Section):
+    variant: str
+    commit: str | None
+    skipped: str | None
+    ratio_median: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: Verdict | None
+    n: int
+
+
+class HistorySeries(_Section):
+    context_tokens: int
+    points: list[HistoryPoint]
+
+
+class HistoryStep(_Section):
+    context_tokens: int
+    from_variant: str
+    from_commit: str | None
+    to_variant: str
+    to_commit: str | None
+    subject: str | None
+    from_ratio: float
+    to_ratio: float
+    direction: Literal["slower", "faster"]
+
+
+class History(_Section):
+    range: str | None
+    every: int | None
+    last: int | None
+    reference: CommitRef
+    commits: list[HistoryCommit]
+    series: list[HistorySeries]
+    steps: list[HistoryStep]
+    rule: str
+
+
+# --- bisect -----------------------------------------------------------------------------------
+
+
+class StepResult(_Section):
+    """A commit's paired ratio to `lo` in one bisection step."""
+
+    ratio_median: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: Verdict
+    n: int
+
+
+class BisectStepEntry(_Section):
+    """An earlier step as the job spec carried it (evidence.schemas.BisectStep)."""
+
+    lo: str
+    mid: str | None
+    hi: str
+    decision: str
+    evidence_id: str
+    location: str | None
+
+
+class Bisect(_Section):
+    good: str
+    bad: str
+    direction: Literal["slower", "faster"]
+    context_tokens: int
+    step: int
+    lo: str | None
+    mid: str | None
+    hi: str | None
+    mid_result: StepResult | None
+    hi_result: StepResult | None
+    decision: str
+    why: str
+    final: bool
+    first_bad_commit: str | None
+    parent: str | None
+    ratio: StepResult | None
+    reason: str | None
+    steps: list[BisectStepEntry]
+
+
+# --- the whole summary ------------------------------------------------------------------------
+
+
+class Summary(_Section):
+    """summary.json."""
+
+    format: SummaryFormat
+    mode: Mode
+    baseline: str
+    variants: list[str]
+    contexts: list[int]
+    features: list[str]
+    settings: Settings
+    runs: list[RunCount]
+    warmups: int
+    descriptive: list[Descriptive]
+    comparisons: list[Comparison]
+    decode_comparisons: list[Comparison]
+    ablation: Ablation | None
+    parity: Parity
+    drift: Drift
+    reproductions: Reproductions | None
+    invalid: Invalid
+    noise_floor: NoiseFloor | None = None
+    history: History | None = None
+    bisect: Bisect | None = None
+
+    def to_json_value(self) -> dict[str, Any]:
+        """summary.json's value: the keys this summary set (module docstring), plain Python."""
+        return self.model_dump(mode="python", exclude_unset=True)
+
+
+def summary_json_bytes(summary: Summary) -> bytes:
+    """summary.json's bytes: sorted keys, two-space indent; NaN and infinity refused."""
+    return (
+        json.dumps(summary.to_json_value(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    ).encode("utf-8")
+
+
+def first_difference(a: Any, b: Any, path: str = "", rel_tol: float = 1e-9) -> str | None:
+    """Dotted path of the first place two values differ (numbers within rel_tol), or None.
+
+    Typed summaries are compared as their `to_json_value()`: a key one of them did not set
+    (e.g. `why`) is a difference at that key."""
+    if isinstance(a, BaseModel) and isinstance(b, BaseModel):
+        return first_difference(
+            a.model_dump(mode="python", exclude_unset=True),
+            b.model_dump(mode="python", exclude_unset=True),
+            path,
+            rel_tol,
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if key not in a or key not in b:
+                return f"{path}.{key}".lstrip(".")
+            found = first_difference(a[key], b[key], f"{path}.{key}", rel_tol)
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path} (length {len(a)} vs {len(b)})".lstrip(".")
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = first_difference(x, y, f"{path}[{index}]", rel_tol)
+            if found:
+                return found
+        return None
+    numbers = (int, float)
+    if (
+        isinstance(a, numbers)
+        and isinstance(b, numbers)
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
+        return None if math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12) else path.lstrip(".")
+    return None if a == b else path.lstrip(".")
