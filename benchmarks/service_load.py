@@ -10,8 +10,11 @@ Starts, on loopback, a fresh PostgreSQL database, `coldbench server` (one proces
    work queued;
 4. drain: waits until Celery has ingested every completed run, then counts what was lost or
    duplicated from the database;
-5. render: the report of a job of `--render-cells` cells (10,000), analysed and rendered by the
-   same code Celery runs.
+5. one at a time: `--single` sequential cycles of one more agent (submit, list, lease with
+   work queued, heartbeat, two uploads, complete), each request alone on the server: its
+   latency and the server's CPU per request, what a request costs without queueing;
+6. render: the report of a job of `--render-cells` cells (10,000), analysed and rendered by the
+   same code Celery runs (wall and CPU seconds).
 
 It stops by itself (every phase is bounded) and prints the figures, then one JSON line.
 
@@ -197,7 +200,11 @@ class Service:
 
 @contextlib.contextmanager
 def running_service(
-    postgres: str, redis_url: str, tmp: Path, checkout: Path = REPO
+    postgres: str,
+    redis_url: str,
+    tmp: Path,
+    checkout: Path = REPO,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Service]:
     """Server and Celery worker from `checkout` (its code on PYTHONPATH, started in it)."""
     import redis
@@ -221,6 +228,7 @@ def running_service(
         COLDBENCH_ADMIN_TOKEN_SHA256=sha256_hex(admin_token.encode()),
         COLDBENCH_MAX_HOSTS_PER_JOB="16",
     )
+    env.update(extra_env or {})
     service = Service(f"http://127.0.0.1:{port}", database_url, env, tmp, admin_token, checkout)
     try:
         # The checkout's own migrations (a baseline may be older than this one).
@@ -273,6 +281,8 @@ class Figures:
     leased_to: dict[tuple[str, int], list[str]] = field(default_factory=dict)
     measured: dict[str, int] = field(default_factory=dict)
     submitted_jobs: list[str] = field(default_factory=list)
+    # fewest jobs submitted and not yet leased seen by the top-up during the agent phase
+    min_queued: int = 1 << 30
 
 
 async def send(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> httpx.Response:
@@ -464,12 +474,15 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
         for _ in range(4):
             await asyncio.gather(*(list_jobs() for _ in range(50)))
 
-        # 3. agents for `seconds`, one submitter keeping work queued
+        # 3. agents for `seconds`, `--topup` submitters keeping work queued (one could not:
+        # at a few hundred ms a submission under this load, the agents emptied the queue and
+        # waited for work, which is not what a claim "with work queued" measures)
         stop_at = time.monotonic() + args.seconds
 
         async def top_up() -> None:
             while time.monotonic() < stop_at:
                 outstanding = len(figures.submitted_jobs) - len(figures.leased_to)
+                figures.min_queued = min(figures.min_queued, outstanding)
                 if outstanding < 2 * args.workers:
                     job_id = await submit(
                         client, key, job_spec(), figures.submit_under_load_s, figures.errors
@@ -481,7 +494,7 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
 
         started = time.perf_counter()
         await asyncio.gather(
-            top_up(),
+            *(top_up() for _ in range(args.topup)),
             *(
                 agent(client, name, secret, figures, stop_at, args.measure_s)
                 for name, secret in agents
@@ -563,6 +576,120 @@ def drain(service: Service, figures: Figures, timeout_s: float) -> dict[str, Any
     }
 
 
+def db_sessions(service: Service) -> int:
+    """Sessions ever opened on the service's database (PostgreSQL 14+ counts them)."""
+    name = sa.engine.make_url(service.database_url).database
+    engine = sa.create_engine(service.database_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            # This connection's own session is counted when it ends: the next call sees it.
+            return int(
+                connection.execute(
+                    sa.text(
+                        "select coalesce(sessions, 0) from pg_stat_database where datname = :n"
+                    ),
+                    {"n": name},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+ALONE_KINDS = ("submit", "list", "lease", "heartbeat", "upload", "complete")
+
+
+def one_at_a_time(service: Service, cycles: int) -> dict[str, float | None]:
+    """`cycles` sequential cycles of one more agent, each request alone on the idle server:
+    p50 and p99 latency per kind, and server CPU per request of that kind (the process's CPU
+    over all requests of the kind, divided: /proc counts in 10 ms ticks)."""
+    client = httpx.Client(base_url=service.url, timeout=60)
+    server_pid = service.processes[0].pid
+    admin = {"Authorization": f"Bearer {service.admin_token}"}
+    key = client.post("/api/v1/admin/apikeys", json={"name": "alone"}, headers=admin).json()
+    submitter = {"Authorization": f"Bearer {key['key']}"}
+    token = client.post("/api/v1/admin/enrollments", json={}, headers=admin).json()["token"]
+    name = "alone"
+    registered = client.post(
+        "/api/v1/workers/register",
+        json={"name": name, "fingerprint": fingerprint(name), "models": [MODEL]},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    registered.raise_for_status()
+    auth = {"Authorization": f"Bearer {registered.json()['secret']}"}
+    latency: dict[str, list[float]] = {kind: [] for kind in ALONE_KINDS}
+    cpu: dict[str, float] = dict.fromkeys(ALONE_KINDS, 0.0)
+
+    def timed(kind: str, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        cpu_before, started = cpu_s(server_pid), time.perf_counter()
+        response = client.request(method, url, **kwargs)
+        latency[kind].append(time.perf_counter() - started)
+        cpu[kind] += cpu_s(server_pid) - cpu_before
+        if response.status_code >= 300:
+            raise SystemExit(f"one at a time: {kind} {response.status_code} {response.text[:300]}")
+        return response
+
+    try:
+        for _ in range(cycles):
+            timed("submit", "POST", "/api/v1/jobs", json=job_spec(), headers=submitter)
+            timed("list", "GET", "/api/v1/jobs", params={"limit": 100}, headers=submitter)
+            lease = timed(
+                "lease",
+                "POST",
+                "/api/v1/leases",
+                json={"fingerprint": fingerprint(name), "wait_s": 5},
+                headers=auth,
+            ).json()
+            run_id, attempt = lease["run_id"], lease["attempt"]
+            timed(
+                "heartbeat",
+                "POST",
+                "/api/v1/workers/heartbeat",
+                json={"run_id": run_id, "attempt": attempt, "progress": None},
+                headers=auth,
+            )
+            files = {
+                "records.jsonl": records_jsonl(run_id)[0],
+                "provenance.json": provenance_json(run_id),
+            }
+            for file_name, content in files.items():
+                timed(
+                    "upload",
+                    "PUT",
+                    f"/api/v1/runs/{run_id}/artifacts/{file_name}",
+                    params={"attempt": attempt},
+                    content=content,
+                    headers={**auth, "X-Content-SHA256": sha256_hex(content)},
+                )
+            manifest = {
+                "format": "coldbench.evidence/1",
+                "files": {n: {"sha256": sha256_hex(b), "bytes": len(b)} for n, b in files.items()},
+                "provenance": {},
+            }
+            timed(
+                "complete",
+                "POST",
+                f"/api/v1/runs/{run_id}/complete",
+                json={
+                    "attempt": attempt,
+                    "status": "succeeded",
+                    "reason": None,
+                    "manifest": manifest,
+                },
+                headers=auth,
+            )
+    finally:
+        client.close()
+    figures: dict[str, float | None] = {}
+    for kind in ALONE_KINDS:
+        values = latency[kind]
+        figures[f"alone_{kind}_p50_ms"] = ms(statistics.median(values)) if values else None
+        figures[f"alone_{kind}_p99_ms"] = ms(percentile(values, 99))
+        figures[f"alone_{kind}_server_cpu_ms"] = (
+            round(1000 * cpu[kind] / len(values), 2) if values else None
+        )
+    return figures
+
+
 def render_report(service: Service, cells: int) -> dict[str, float]:
     """A job of `cells` measured cells (5 hosts x 2 variants x 10 contexts x rounds), analysed
     and rendered by the code the Celery tasks run; seconds of each step."""
@@ -617,15 +744,15 @@ def render_report(service: Service, cells: int) -> dict[str, float]:
     import evidence.stats  # noqa: F401
 
     with sessionmaker() as db_session:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         ready = evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
-        analyze_s = time.perf_counter() - started
+        analyze_s, analyze_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         assert ready, db_session.get(Job, job_id).reason
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         evidence_id = evidence_service.render_evidence(
             db_session=db_session, store=store, job_id=job_id
         )
-        zip_s = time.perf_counter() - started
+        zip_s, zip_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     started = time.perf_counter()
     page = httpx.get(f"{service.url}/e/{evidence_id}", timeout=60)
     serve_s = time.perf_counter() - started
@@ -634,7 +761,9 @@ def render_report(service: Service, cells: int) -> dict[str, float]:
     return {
         "render_cells": measured,
         "render_analyze_s": analyze_s,
+        "render_analyze_cpu_s": analyze_cpu_s,
         "render_zip_s": zip_s,
+        "render_zip_cpu_s": zip_cpu_s,
         "render_serve_s": serve_s,
         "render_report_bytes": len(page.content),
     }
@@ -651,13 +780,18 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
     figures = Figures()
     with (
         tempfile.TemporaryDirectory(prefix="coldbench-load-") as tmp,
-        running_service(args.postgres, args.redis, Path(tmp), checkout) as service,
+        running_service(
+            args.postgres, args.redis, Path(tmp), checkout, dict(args.server_env)
+        ) as service,
     ):
         server_pid = service.processes[0].pid
         cpu_before = cpu_s(server_pid)
+        sessions_before = db_sessions(service)
         walls = asyncio.run(load(service, args, figures))
         server_cpu = cpu_s(server_pid) - cpu_before
+        sessions = db_sessions(service) - sessions_before
         counted = drain(service, figures, args.drain_s)
+        alone = one_at_a_time(service, args.single) if args.single > 0 else {}
         rendered = render_report(service, args.render_cells) if render else {}
     leases = len(figures.lease_s)
     requests = (
@@ -680,6 +814,7 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
         "lease_burst_p99_ms": ms(percentile(figures.burst_s, 99)),
         "measure_s": args.measure_s,
         "empty_leases": figures.empty_leases,
+        "min_queued_jobs": figures.min_queued if figures.min_queued < 1 << 30 else None,
         "submit_in_flight": args.submitters,
         "submits": len(figures.submit_s),
         "submit_p50_ms": ms(statistics.median(figures.submit_s)),
@@ -700,6 +835,10 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
         "first_errors": figures.errors[:5],
         # Server CPU per request: what the service costs, whatever else loads the machine.
         "server_cpu_ms_per_request": round(1000 * server_cpu / max(1, requests), 2),
+        # PostgreSQL sessions the server (and Celery) opened during the load: each one a new
+        # backend process, paid in CPU by the database.
+        "db_sessions_opened": sessions,
+        **alone,
         "load_average_1m": round(os.getloadavg()[0], 2),
         **{k: round(v, 3) if isinstance(v, float) else v for k, v in rendered.items()},
     }
@@ -708,7 +847,9 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
 def report(label: str, result: dict[str, Any]) -> None:
     print(
         f"{label}: agents {result['workers']}, {result['seconds']:g} s: {result['leases']} "
-        f"leases ({result['leases_per_s']}/s), load average {result['load_average_1m']}"
+        f"leases ({result['leases_per_s']}/s), load average {result['load_average_1m']}; "
+        f"fewest jobs queued {result['min_queued_jobs']}, leases that found none "
+        f"{result['empty_leases']}"
     )
     print(
         f"  lease p50 {result['lease_p50_ms']} ms, p99 {result['lease_p99_ms']} ms; "
@@ -729,14 +870,30 @@ def report(label: str, result: dict[str, Any]) -> None:
         f"duplicated leases {result['dup_leases']}, duplicated records {result['dup_records']}"
         f", errors {result['errors']}"
     )
+    print(f"  PostgreSQL sessions opened during the load: {result['db_sessions_opened']}")
+    if "alone_lease_p50_ms" in result:
+        print("  one request at a time (latency p50 / p99, server CPU per request):")
+        for kind in ALONE_KINDS:
+            print(
+                f"    {kind:9s} {result[f'alone_{kind}_p50_ms']} / {result[f'alone_{kind}_p99_ms']}"
+                f" ms, CPU {result[f'alone_{kind}_server_cpu_ms']} ms"
+            )
     if "render_cells" in result:
         print(
             f"  report of {result['render_cells']} cells: analyse+render "
-            f"{result['render_analyze_s']:.2f} s, zip {result['render_zip_s']:.2f} s, "
+            f"{result['render_analyze_s']:.2f} s (CPU {result['render_analyze_cpu_s']:.2f} s), "
+            f"zip {result['render_zip_s']:.2f} s (CPU {result['render_zip_cpu_s']:.2f} s), "
             f"page rendered and served in {result['render_serve_s']:.2f} s"
         )
     for error in result["first_errors"]:
         print(f"  error: {error}")
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("COLDBENCH_"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not COLDBENCH_NAME=VALUE")
+    return name, value
 
 
 RATIO_KEYS = (
@@ -748,6 +905,10 @@ RATIO_KEYS = (
     "list_p99_ms",
     "leases_per_s",
     "server_cpu_ms_per_request",
+    "alone_lease_p50_ms",
+    "alone_submit_p50_ms",
+    "alone_lease_server_cpu_ms",
+    "alone_submit_server_cpu_ms",
 )
 
 
@@ -763,7 +924,24 @@ def main() -> None:
     )
     parser.add_argument("--submitters", type=int, default=25, help="submissions in flight")
     parser.add_argument("--jobs", type=int, default=200, help="jobs of the submit phase")
+    parser.add_argument(
+        "--topup", type=int, default=4, help="submitters keeping work queued for the agents"
+    )
     parser.add_argument("--render-cells", type=int, default=10_000, help="0 skips the report")
+    parser.add_argument(
+        "--single",
+        type=int,
+        default=30,
+        help="cycles of requests sent one at a time after the load (0 skips them)",
+    )
+    parser.add_argument(
+        "--server-env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        metavar="COLDBENCH_NAME=VALUE",
+        help="a setting for the server and Celery worker of both checkouts (repeatable)",
+    )
     parser.add_argument("--drain-s", type=float, default=180, help="longest wait for ingest")
     parser.add_argument(
         "--baseline",

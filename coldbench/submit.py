@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from evidence.protocol import JobState
+from evidence.protocol import API_PREFIX, JobState
 
 app = typer.Typer()
 
@@ -148,7 +148,9 @@ def submit(
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=api.rstrip("/"), headers=headers, timeout=30.0) as client:
         try:
-            response = client.post("/api/v1/jobs", json=spec.model_dump(mode="json", by_alias=True))
+            response = client.post(
+                f"{API_PREFIX}/jobs", json=spec.model_dump(mode="json", by_alias=True)
+            )
         except httpx.HTTPError as error:
             typer.echo(f"error: cannot reach {api}: {error}", err=True)
             raise typer.Exit(1) from None
@@ -181,7 +183,7 @@ def wait_for_job(
     deadline = time.monotonic() + timeout_s
     last_line = ""
     while True:
-        job = client.get(f"/api/v1/jobs/{job_id}").json()
+        job = client.get(f"{API_PREFIX}/jobs/{job_id}").json()
         line = progress_line(job)
         if line != last_line:
             echo(line)

@@ -269,7 +269,7 @@ class CompleteRequest(_Request):
 class CompleteResponse(BaseModel):
     run_id: str
     attempt: int
-    state: str
+    state: RunState
 
 
 # --- errors ------------------------------------------------------------------------------------

@@ -43,9 +43,11 @@ from evidence.protocol import (
     LEASE_WAIT_MAX_S,
     MAX_INVALID_IN_HEARTBEAT,
     MAX_REASON_CHARS,
+    ArtifactReceipt,
     CalibrationAccepted,
     CalibrationReport,
     CompleteRequest,
+    CompleteResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     InvalidCell,
@@ -597,6 +599,13 @@ class Agent:
                 },
             )
             if response.status_code in (200, 201):
+                receipt = ArtifactReceipt.model_validate_json(response.content)
+                if (receipt.sha256, receipt.bytes) != (sha256_hex(content), len(content)):
+                    # The server must hold exactly these bytes under this name: send again.
+                    raise _Retry(
+                        f"{path.name}: the server stored sha256 {receipt.sha256[:16]}..., "
+                        f"{receipt.bytes} bytes, not what was sent"
+                    )
                 continue
             if response.status_code in (403, 409):
                 raise Abandoned(f"{path.name}: {response.status_code} {_detail(response)}")
@@ -610,6 +619,8 @@ class Agent:
             f"/runs/{completion.run_id}/complete", json=body.model_dump(mode="json")
         )
         if response.status_code == 200:
+            answer = CompleteResponse.model_validate_json(response.content)
+            log.info("run %s attempt %s is %s", answer.run_id, answer.attempt, answer.state)
             return
         if response.status_code in (403, 404, 409):
             raise Abandoned(f"complete: {response.status_code} {_detail(response)}")

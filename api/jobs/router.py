@@ -21,10 +21,9 @@ def create_job(
     submitter: CurrentSubmitter,
     payload: dict[str, Any] = Body(..., description="a coldbench.job/1 JobSpec"),
 ):
-    job = service.create_job(
+    return service.submit_job(
         db_session=db_session, settings=settings, payload=payload, submitted_by=submitter.id
     )
-    return service.job_detail(db_session=db_session, job_id=job.id)
 
 
 @router.get("/jobs", response_model=list[JobListItem])

@@ -145,6 +145,34 @@ def create_job(
 ) -> Job:
     """Validate, store the job and one queued run per requested host (a bisection: its first
     step, a job of its own with one run; api/jobs/bisect.py)."""
+    return _create_job(
+        db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
+    )[0]
+
+
+def submit_job(
+    *,
+    db_session: Session,
+    settings: Settings,
+    payload: dict[str, Any],
+    submitted_by: str | None = None,
+) -> JobOut:
+    """create_job, answered with its job_detail built from what was just written (its runs are
+    queued, with no attempt and no host yet): no query after the commit."""
+    job, runs, steps = _create_job(
+        db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
+    )
+    first_steps = [_queued_step(step) for step in steps]
+    return _job_out(job, runs, {run.id: [] for run in runs}, {}, steps=first_steps)
+
+
+def _create_job(
+    *,
+    db_session: Session,
+    settings: Settings,
+    payload: dict[str, Any],
+    submitted_by: str | None,
+) -> tuple[Job, list[Run], list[Job]]:
     spec = validate_job_spec(db_session=db_session, settings=settings, payload=payload)
     spec_json = spec.model_dump(mode="json", by_alias=True)
     job = Job(
@@ -156,13 +184,16 @@ def create_job(
     )
     db_session.add(job)
     db_session.flush()
+    runs: list[Run] = []
+    steps: list[Job] = []
     if spec.mode == "bisect":
-        bisect.add_step(db_session=db_session, bisection=job, spec=spec, step=1)
+        steps.append(bisect.add_step(db_session=db_session, bisection=job, spec=spec, step=1))
     else:
-        for slot in range(spec.hosts):
-            db_session.add(
-                Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state=RunState.QUEUED)
-            )
+        runs = [
+            Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state=RunState.QUEUED)
+            for slot in range(spec.hosts)
+        ]
+        db_session.add_all(runs)
     auth_service.record_audit(
         db_session=db_session,
         actor=f"apikey:{submitted_by}" if submitted_by else "local",
@@ -172,7 +203,7 @@ def create_job(
     )
     announce_work(db_session)
     db_session.commit()
-    return job
+    return job, runs, steps
 
 
 def get_job(*, db_session: Session, job_id: str) -> Job:
@@ -326,11 +357,30 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
     host_names = dict(
         db_session.execute(sa.select(Host.id, Host.name).where(Host.id.in_(host_ids))).all()
     )
-    resolved_spec = next((run.resolved_spec for run in runs if run.resolved_spec), None)
+    is_bisection = job.spec.get("mode") == "bisect" and job.parent_id is None
+    return _job_out(
+        job,
+        runs,
+        attempts,
+        host_names,
+        steps=_steps(db_session, job.id) if is_bisection else [],
+        resolved_spec=next((run.resolved_spec for run in runs if run.resolved_spec), None),
+    )
+
+
+def _job_out(
+    job: Job,
+    runs: list[Run],
+    attempts: dict[str, list[AttemptOut]],
+    host_names: dict[str, str],
+    *,
+    steps: list[StepOut],
+    resolved_spec: dict[str, Any] | None = None,
+) -> JobOut:
     return JobOut(
         parent_id=job.parent_id,
         step=job.step,
-        steps=_steps(db_session, job.id),
+        steps=steps,
         resolved_spec=resolved_spec,
         id=job.id,
         state=job.state,
@@ -358,6 +408,25 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
             )
             for run in runs
         ],
+    )
+
+
+def _queued_step(step: Job) -> StepOut:
+    """A step just stored: queued, its commits not resolved yet."""
+    return StepOut(
+        id=step.id,
+        step=step.step or 0,
+        state=step.state,
+        lo=None,
+        mid=None,
+        hi=None,
+        commits_apart=None,
+        decision=None,
+        why=None,
+        cells_done=None,
+        cells_total=None,
+        evidence_url=None,
+        reason=None,
     )
 
 

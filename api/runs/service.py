@@ -178,63 +178,17 @@ def claim_lease(
 
     Rows of other hosts' candidates are never locked: only the run being taken is, by one
     `UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED)`, so concurrent claimers pass
-    each other instead of queueing. About ten statements in all.
+    each other instead of queueing. About eight statements in all: the host's row is written
+    once, at the commit (no autoflush before), with its report and its new health together.
     """
     try:
-        if report is not None:
-            host_service.update_host_report(
-                db_session=db_session,
-                host=host,
-                fingerprint=report.fingerprint,
-                repositories=report.repositories,
-                models=report.models,
-            )
-            if host.health == "lost":
-                host.health = "ready"
-            db_session.flush()
-        # Serialize the claims of one host (one run per host at a time): lock its row and
-        # look for a run it holds in one statement.
-        busy = db_session.execute(
-            sa.select(sa.exists().where(Run.host_id == host.id, Run.state == RunState.LEASED))
-            .select_from(Host)
-            .where(Host.id == host.id)
-            .with_for_update(of=Host)
-        ).scalar()
-        eligible = [] if busy else _eligible_run_ids(db_session, host)
-        if not eligible:
+        with db_session.no_autoflush:
+            claimed = _claim(db_session, settings, host, report)
+        if claimed is None:
             db_session.commit()
             return None
-        now = utcnow()
-        chosen = (
-            sa.select(Run.id)
-            .join(Job, Job.id == Run.job_id)
-            .where(Run.id.in_(eligible), Run.state == RunState.QUEUED)
-            .order_by(Job.created_at, Job.id, Run.slot)
-            .limit(1)
-            .with_for_update(of=Run, skip_locked=True)
-            .scalar_subquery()
-        )
-        # The guard on state keeps the claim atomic also where FOR UPDATE is a no-op (SQLite).
-        claimed = db_session.execute(
-            sa.update(Run)
-            .where(Run.id == chosen, Run.state == RunState.QUEUED)
-            .values(
-                state=RunState.LEASED,
-                host_id=host.id,
-                attempt=Run.attempt + 1,
-                leased_at=now,
-                lease_expires_at=now + timedelta(seconds=settings.lease_ttl_s),
-                deadline_at=now + timedelta(seconds=settings.run_timeout_s),
-                progress=None,
-            )
-            .returning(Run.id, Run.job_id, Run.attempt)
-            # Objects of this session (tests share one) see the new values.
-            .execution_options(synchronize_session="fetch")
-        ).one_or_none()
-        if claimed is None:
-            db_session.commit()  # every eligible run was taken meanwhile
-            return None
         run_id, job_id, attempt = claimed
+        now = utcnow()
         db_session.add(RunAttempt(run_id=run_id, attempt=attempt, host_id=host.id))
         host.health = "busy"
         # A claimed run makes its job running (refresh_job_state's rule, without reading
@@ -265,6 +219,75 @@ def claim_lease(
         timeout_s=settings.run_timeout_s,
         lease_ttl_s=settings.lease_ttl_s,
     )
+
+
+# Claims of one request that lost every eligible run to concurrent claimers before it looks
+# again at once (with work queued, waiting for the next notification would cost up to
+# lease_poll_s).
+CLAIM_RACES_MAX = 3
+
+
+def _claim(
+    db_session: Session, settings: Settings, host: Host, report: HostReport | None
+) -> tuple[str, str, int] | None:
+    """(run id, job id, attempt) of the run this host just took, or None (nothing fits, or
+    the host holds a run). The host's report is set on the object, written at the commit."""
+    if report is not None:
+        host_service.update_host_report(
+            db_session=db_session,
+            host=host,
+            fingerprint=report.fingerprint,
+            repositories=report.repositories,
+            models=report.models,
+        )
+        if host.health == "lost":
+            host.health = "ready"
+    # Serialize the claims of one host (one run per host at a time): lock its row and look
+    # for a run it holds in one statement.
+    busy = db_session.execute(
+        sa.select(sa.exists().where(Run.host_id == host.id, Run.state == RunState.LEASED))
+        .select_from(Host)
+        .where(Host.id == host.id)
+        .with_for_update(of=Host)
+    ).scalar()
+    if busy:
+        return None
+    for _ in range(CLAIM_RACES_MAX):
+        eligible = _eligible_run_ids(db_session, host)
+        if not eligible:
+            return None
+        now = utcnow()
+        chosen = (
+            sa.select(Run.id)
+            .join(Job, Job.id == Run.job_id)
+            .where(Run.id.in_(eligible), Run.state == RunState.QUEUED)
+            .order_by(Job.created_at, Job.id, Run.slot)
+            .limit(1)
+            .with_for_update(of=Run, skip_locked=True)
+            .scalar_subquery()
+        )
+        # The guard on state keeps the claim atomic also where FOR UPDATE is a no-op (SQLite).
+        claimed = db_session.execute(
+            sa.update(Run)
+            .where(Run.id == chosen, Run.state == RunState.QUEUED)
+            .values(
+                state=RunState.LEASED,
+                host_id=host.id,
+                attempt=Run.attempt + 1,
+                leased_at=now,
+                lease_expires_at=now + timedelta(seconds=settings.lease_ttl_s),
+                deadline_at=now + timedelta(seconds=settings.run_timeout_s),
+                progress=None,
+            )
+            .returning(Run.id, Run.job_id, Run.attempt)
+            # Objects of this session (tests share one) see the new values.
+            .execution_options(synchronize_session="fetch")
+        ).one_or_none()
+        if claimed is not None:
+            return str(claimed[0]), str(claimed[1]), int(claimed[2])
+        # Every eligible run was taken meanwhile: each statement sees the latest commits
+        # (READ COMMITTED), so the next look finds what is still queued.
+    return None
 
 
 async def wait_for_lease(

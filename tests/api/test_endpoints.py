@@ -545,6 +545,9 @@ def test_job_create_list_get_cancel(client: TestClient, db_session: Session) -> 
     job = created.json()
     assert job["state"] == "queued" and len(job["runs"]) == 2 and job["evidence_id"] is None
     assert job["spec"]["baseline"] == "base"
+    # The submission answers from what it wrote (no reads after its commit): the same detail
+    # a later GET reads back from the database.
+    assert client.get(f"/api/v1/jobs/{job['id']}", headers=bearer(key)).json() == job
     listed = client.get("/api/v1/jobs", headers=bearer(key)).json()
     assert [j["id"] for j in listed] == [job["id"]]
     other_key = make_api_key(db_session, "someone else")

@@ -38,3 +38,27 @@ def test_active_api_key_refuses_unknown_and_revoked(db_session: Session) -> None
     auth_service.active_api_key(db_session=db_session, key_id=key_id).revoked_at = utcnow()
     db_session.commit()
     assert auth_service.active_api_key(db_session=db_session, key_id=key_id) is None
+
+
+def test_job_summary_is_the_typed_summary_or_none_for_one_that_no_longer_matches(
+    db_session: Session, settings: Settings, caplog
+) -> None:
+    from api.jobs import service as job_service
+    from evidence.summary import summarize
+    from tests.evidence.builders import simulate_run
+
+    make_host(db_session, "studio")
+    job = make_job(db_session, settings)
+    assert job_service.job_summary(db_session=db_session, job_id=job.id) is None
+    records = simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=6)
+    summary = summarize(records, baseline="base", n_resamples=50)
+    job.summary = summary.to_json_value()
+    db_session.commit()
+    stored = job_service.job_summary(db_session=db_session, job_id=job.id)
+    assert stored == summary and stored.comparisons[0].variant == "fast"
+    # A summary stored by an older coldbench, in a shape the contract no longer accepts: the
+    # job page shows no answer rather than an error (the bundle still holds the summary).
+    job.summary = {"comparisons": []}
+    db_session.commit()
+    assert job_service.job_summary(db_session=db_session, job_id=job.id) is None
+    assert "stored summary does not match the summary contract" in caplog.text

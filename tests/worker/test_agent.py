@@ -459,3 +459,43 @@ def test_registration_reports_server_options_without_their_argv(tmp_path: Path) 
         "recipes": ["editable"],
         "options": {"prefill_step_size": {"type": "int", "min": 64, "max": 16384, "proof": True}},
     }
+
+
+def test_an_upload_receipt_for_other_bytes_is_retried(tmp_path: Path) -> None:
+    """The agent reads the API's ArtifactReceipt (evidence.protocol): a receipt whose digest
+    or size is not what was sent means the server does not hold this file, so it is sent
+    again, never counted as delivered."""
+    import httpx
+
+    from worker.agent import Agent, _Retry
+    from worker.config import HostConfig
+
+    content = b"records\n"
+    digest = hashlib.sha256(content).hexdigest()
+    receipts: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        stored = receipts.pop(0)
+        return httpx.Response(
+            201,
+            json={
+                "run_id": "r-1",
+                "attempt": 1,
+                "name": "records.jsonl",
+                "sha256": stored,
+                "bytes": len(content),
+                "created": True,
+            },
+        )
+
+    config = HostConfig(name="h", labels=(), models={}, repositories={}, state_dir=tmp_path)
+    agent = Agent("http://testserver", config, transport=httpx.MockTransport(answer))
+    agent.secret = {"api": "http://testserver", "worker_id": "w", "secret": "cbw_x"}
+    files = tmp_path / "outbox" / "files"
+    files.mkdir(parents=True)
+    (files / "records.jsonl").write_bytes(content)
+    receipts.append(digest)
+    agent._upload_all(files.parent, "r-1", 1)
+    receipts.append("0" * 64)
+    with pytest.raises(_Retry, match="records.jsonl: the server stored sha256 0000000000000000"):
+        agent._upload_all(files.parent, "r-1", 1)
