@@ -406,3 +406,4 @@ def test_a_bisection_page_shows_its_steps_as_they_complete(
     )
     second = bisect.steps_of(db_session=db_session, job_id=job.id)[-1]
     assert f'step 2 of <a href="/jobs/{job.id}">' in web.get(f"/jobs/{second.id}").text
+    assert f'step 2 of <a href="/jobs/{job.id}">{job.id}</a>' in web.get("/jobs").text
