@@ -17,9 +17,11 @@ from api.artifacts.store import ArtifactStore, open_store
 from api.celery_app import celery_app
 from api.database import make_engine, make_sessionmaker
 from api.evidence import service as evidence_service
+from api.jobs import bisect
 from api.jobs.models import Job
 from api.runs import ingest
 from api.runs import service as run_service
+from api.runs.models import Run
 from api.settings import Settings, get_settings
 from evidence.protocol import JobState
 
@@ -65,8 +67,19 @@ def ingest_run(run_id: str) -> None:
         job_id = ingest.ingest_run(
             db_session=db_session, settings=_settings(), store=_store(), run_id=run_id
         )
+        run = db_session.get(Run, run_id)
+        if run is not None:
+            # a bisection's step: running (analysis follows), or failed (the bisection ends)
+            _advance_bisection(db_session, run.job_id)
     if job_id is not None:
         dispatch.send_task("analyze_job", job_id)
+
+
+def _advance_bisection(db_session: Session, job_id: str) -> None:
+    """When `job_id` is a bisection's step: its next step, or the bisection's end."""
+    moved = bisect.advance(db_session=db_session, job_id=job_id)
+    if moved:
+        log.info("bisection step job %s: %s", job_id, moved)
 
 
 @celery_app.task(name="coldbench.analyze_job", **TASK_OPTIONS)
@@ -74,6 +87,8 @@ def analyze_job(job_id: str) -> None:
     """Statistics recomputed on the server from the job's raw cells; bundle files rendered."""
     with _session() as db_session:
         ready = evidence_service.analyze_job(db_session=db_session, store=_store(), job_id=job_id)
+        if not ready:
+            _advance_bisection(db_session, job_id)
     if ready:
         dispatch.send_task("render_evidence", job_id)
 
@@ -83,6 +98,7 @@ def render_evidence(job_id: str) -> None:
     """Bundle zip into the store; the evidence row with its id; job -> done."""
     with _session() as db_session:
         evidence_service.render_evidence(db_session=db_session, store=_store(), job_id=job_id)
+        _advance_bisection(db_session, job_id)
 
 
 @celery_app.task(name="coldbench.expire_leases", **TASK_OPTIONS)
@@ -99,6 +115,8 @@ def reprocess_unprocessed() -> None:
     """Beat: send again what a crash or a lost message left undone (all tasks idempotent), and
     remove upload temporaries a killed server left behind."""
     with _session() as db_session:
+        for step_id in bisect.unfinished_step_ids(db_session=db_session):
+            _advance_bisection(db_session, step_id)
         run_ids = ingest.unprocessed_run_ids(db_session=db_session)
         stuck = db_session.execute(
             sa.select(Job.id, Job.bundle_files).where(Job.state == JobState.ANALYZING)

@@ -20,11 +20,13 @@ app = typer.Typer()
 @app.command()
 def submit(
     variant: Annotated[
-        list[str],
+        list[str] | None,
         typer.Option(
-            "--variant", help="NAME[:ref=R,recipe=X,flag=value...]; the first is the baseline."
+            "--variant",
+            help="NAME[:ref=R,recipe=X,flag=value...]; the first is the baseline. History over "
+            "--range and bisect: one variant without ref= (the configuration), default `base`.",
         ),
-    ],
+    ] = None,
     contexts: Annotated[
         str, typer.Option(help="Prompt lengths in tokens: 128,256 or 4K,16K (K=1024, M=1024K).")
     ] = "128,256",
@@ -45,9 +47,27 @@ def submit(
     mode: Annotated[
         str,
         typer.Option(
-            help="ab, ablation, sweep, or history (each --variant ref=COMMIT against the first)."
+            help="ab, ablation, sweep, history (each --variant ref=COMMIT against the first, "
+            "or --range), or bisect (--good, --bad, --direction)."
         ),
     ] = "ab",
+    commit_range: Annotated[
+        str | None,
+        typer.Option(
+            "--range",
+            help="History: A..B, resolved by the host in its mirror: each commit on B's "
+            "first-parent line after A, against A.",
+        ),
+    ] = None,
+    every: Annotated[
+        int | None, typer.Option(min=1, help="History: every Nth commit (counted back from B).")
+    ] = None,
+    last: Annotated[int | None, typer.Option(min=1, help="History: the newest N commits.")] = None,
+    good: Annotated[str | None, typer.Option(help="Bisect: a ref that is not yet changed.")] = None,
+    bad: Annotated[str | None, typer.Option(help="Bisect: a ref that is changed.")] = None,
+    direction: Annotated[
+        str | None, typer.Option(help="Bisect: the change to find, slower or faster.")
+    ] = None,
     features: Annotated[
         str, typer.Option(help="Ablation features: flag or flag=value, comma-separated.")
     ] = "",
@@ -71,8 +91,24 @@ def submit(
     if not key:
         typer.echo("error: no API key: pass --key or set COLDBENCH_API_KEY", err=True)
         raise typer.Exit(2)
+    resolved_on_host = commit_range is not None or mode == "bisect"
+    if not variant and not resolved_on_host:
+        typer.echo("error: give at least one --variant NAME[:...]", err=True)
+        raise typer.Exit(2)
+    if mode != "bisect" and any(option is not None for option in (good, bad, direction)):
+        typer.echo("error: --good, --bad and --direction belong to --mode bisect", err=True)
+        raise typer.Exit(2)
+    if mode != "history" and any(option is not None for option in (commit_range, every, last)):
+        typer.echo("error: --range, --every and --last belong to --mode history", err=True)
+        raise typer.Exit(2)
+    if (every is not None or last is not None) and commit_range is None:
+        typer.echo("error: --every and --last thin a --range", err=True)
+        raise typer.Exit(2)
+    if mode == "bisect" and (good is None or bad is None or direction is None):
+        typer.echo("error: --mode bisect needs --good REF, --bad REF and --direction", err=True)
+        raise typer.Exit(2)
     parsed_variants = []
-    for text in variant:
+    for text in variant or ["base"]:
         try:
             parsed_variants.append(parse_variant(text).model_dump(exclude_none=True))
         except ValueError as error:
@@ -98,6 +134,10 @@ def submit(
         "host_labels": split_list(labels),
         "hosts": hosts,
     }
+    if commit_range is not None:
+        raw_spec["history"] = {"range": commit_range, "every": every, "last": last}
+    if mode == "bisect":
+        raw_spec["bisect"] = {"good": good, "bad": bad, "direction": direction}
     try:
         spec = JobSpec.model_validate(raw_spec)
     except ValidationError as error:
@@ -163,6 +203,11 @@ def progress_line(job: dict[str, Any]) -> str:
         done, total = progress.get("cells_done"), progress.get("cells_total")
         cells = f" {done}/{total} cells" if total else ""
         parts.append(f"run {run.get('id')} [{run.get('state')}]{cells}")
+    for step in job.get("steps", []):  # a bisection: its steps, each a job of its own
+        done, total = step.get("cells_done"), step.get("cells_total")
+        cells = f" {done}/{total} cells" if total else ""
+        decision = f" {step['decision']}" if step.get("decision") else ""
+        parts.append(f"step {step.get('step')} [{step.get('state')}{decision}]{cells}")
     return "; ".join(parts)
 
 

@@ -12,13 +12,17 @@ every round; its ratios are mid / lo and hi / lo with their 95% intervals. The s
   tell -> stop and say so;
 - with no `mid` (lo and hi are neighbours) the first `direction` commit is `hi`, its parent
   `lo` -> `found`.
+
+One rule in one place: a step's commits are `BisectSpec.step_commits` of its `line`, its
+decision `decide_step`, the next step's line `next_line`, its spec `step_spec`. The local runner
+(`coldbench run --mode bisect`) and the service (api/jobs/bisect.py) both call these.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evidence.schemas import JobSpec, Provenance
+from evidence.schemas import BisectStep, JobSpec, Provenance
 from evidence.stats import intervals_overlap
 from evidence.summary_schema import Bisect, BisectStepEntry, Comparison, StepResult
 
@@ -79,6 +83,40 @@ def decide_step(
     )
 
 
+def next_line(line: Sequence[str], decision: Decision) -> list[str] | None:
+    """The next step's line after `decision` on `line` (None: the bisection has ended).
+
+    `lower`: the change is in (lo, mid], so lo..mid; `upper`: in (mid, hi], so mid..hi."""
+    if len(line) <= 2 or decision not in ("lower", "upper"):
+        return None
+    mid = (len(line) - 1) // 2  # BisectSpec.mid_index
+    return list(line[: mid + 1]) if decision == "lower" else list(line[mid:])
+
+
+def step_spec(spec: JobSpec, line: Sequence[str], steps: Sequence[BisectStep]) -> JobSpec:
+    """The job spec of the step over `line` after `steps`: the bisection's spec (as submitted,
+    or any earlier step's) with lo, (mid,) hi of `line` as variants, each in the one
+    configuration (flags and recipe) of the bisection's first variant."""
+    assert spec.bisect is not None
+    template = spec.variants[0]
+    bisect = spec.bisect.model_copy(update={"line": list(line), "steps": list(steps)})
+    lo, mid, hi = bisect.step_commits()
+    picked = [("lo", lo), *([("mid", mid)] if mid else []), ("hi", hi)]
+    raw = spec.model_dump(mode="json", by_alias=True)
+    raw["variants"] = [
+        {
+            "name": f"{role}-{commit[:10]}",
+            "ref": commit,
+            "recipe": template.recipe,
+            "flags": dict(template.flags),
+        }
+        for role, commit in picked
+    ]
+    raw["baseline"] = None
+    raw["bisect"] = bisect.model_dump(mode="json")
+    return JobSpec.model_validate(raw)
+
+
 def _fmt(interval: tuple[float, float] | None) -> str:
     return "n/a" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
 
@@ -93,6 +131,7 @@ def bisect_section(
     bisection, `first_bad_commit` (full sha, or None with `reason`), its parent and ratio."""
     assert spec.bisect is not None  # JobSpec's rule for mode bisect
     commits = {t.variant: t.commit for p in provenances for t in p.targets if t.commit is not None}
+    subjects = {t.variant: t.subject for p in provenances for t in p.targets}
     lo, *rest = spec.variants
     mid = rest[0] if len(rest) == 2 else None
     hi = rest[-1]
@@ -119,9 +158,12 @@ def bisect_section(
         final=final,
         first_bad_commit=hi_commit if found else None,
         parent=lo_commit if found else None,
+        subject=subjects.get(hi.name) if found else None,
         ratio=hi_result if found else None,
         reason=None if found else (why if final else "bisection not finished"),
         steps=[BisectStepEntry(**step.model_dump()) for step in spec.bisect.steps],
+        # commits from lo to hi on the first-parent line (this step's stretch of good..bad)
+        commits_apart=len(spec.bisect.line) - 1 if spec.bisect.line else None,
     )
 
 
@@ -134,8 +176,9 @@ def bisect_sentences(bisect: Bisect) -> list[str]:
         assert ratio is not None and ratio.ratio_median is not None
         assert ratio.ci_low is not None and ratio.ci_high is not None
         change = abs(ratio.ratio_median - 1) * 100
+        subject = f' "{bisect.subject}"' if bisect.subject else ""
         return [
-            f"First {bisect.direction} commit {where}: {bisect.first_bad_commit} "
+            f"First {bisect.direction} commit {where}: {bisect.first_bad_commit}{subject} "
             f"({change:.1f}% {bisect.direction} than its parent {bisect.parent}, 95% "
             f"interval of the ratio [{ratio.ci_low:.3f}, {ratio.ci_high:.3f}]), after "
             f"{bisect.step} step{'s' if bisect.step != 1 else ''}."

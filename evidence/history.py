@@ -29,6 +29,23 @@ STEP_RULE = (
 )
 
 
+def history_spec(spec: JobSpec, reference: str, commits: Sequence[str]) -> JobSpec:
+    """A history's spec with its commits as variants: the reference first (`ref-<sha10>`),
+    then each commit oldest first (`c01-<sha10>`, ...), all in the configuration (flags and
+    recipe) of `spec`'s one variant. What a host makes of a range it resolved."""
+    template = spec.variants[0]
+    raw = spec.model_dump(mode="json", by_alias=True)
+    named = [(f"ref-{reference[:10]}", reference)] + [
+        (f"c{position:02d}-{commit[:10]}", commit) for position, commit in enumerate(commits, 1)
+    ]
+    raw["variants"] = [
+        {"name": name, "ref": commit, "recipe": template.recipe, "flags": dict(template.flags)}
+        for name, commit in named
+    ]
+    raw["baseline"] = None
+    return JobSpec.model_validate(raw)
+
+
 def _targets(provenances: Sequence[Provenance]) -> dict[str, TargetInfo]:
     """Each variant's target as first reported (a skipped one keeps its reason)."""
     found: dict[str, TargetInfo] = {}

@@ -35,6 +35,11 @@ AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
 # orchestrating interpreter already has installed, one build for every variant, so no refs. A
 # host's agent still refuses a ref-less variant of any repository it builds (worker/run.py).
 INSTALLED_SERVER = "installed-server"
+# A bisection's good..bad holds at most this many commits (12 steps of halving).
+MAX_BISECT_LINE = 4096
+# A history measures at most this many commits besides its reference: each is a variant of
+# every round.
+MAX_HISTORY_COMMITS = 64
 # The variants an ablation runs (evidence/variant.py expands them; JobSpec checks the names).
 ABLATION_BASELINE: Final = "none"
 ABLATION_ALL: Final = "all"
@@ -283,6 +288,9 @@ class HistorySpec(_Strict):
     range: str = Field(max_length=401)
     every: int | None = Field(None, ge=1)
     last: int | None = Field(None, ge=1)
+    # The most commits the host may resolve the range to (after every/last): the service sets
+    # it from its variant limit, so a host refuses a long range before measuring anything.
+    max_commits: int | None = Field(None, ge=1, le=MAX_HISTORY_COMMITS)
 
     @field_validator("range")
     @classmethod
@@ -316,6 +324,12 @@ class BisectSpec(_Strict):
     bad: str = Field(max_length=200)
     direction: Literal["slower", "faster"]
     steps: list[BisectStep] = Field(default_factory=list, max_length=64)
+    # This step's stretch of good..bad: first-parent commits from lo to hi inclusive, oldest
+    # first, as a host resolved them in its own mirror. None until then: a bisection submitted
+    # to the service names good and bad only, and the host of its first step resolves them.
+    line: list[Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]] | None = Field(
+        None, min_length=2, max_length=MAX_BISECT_LINE
+    )
 
     @field_validator("good", "bad")
     @classmethod
@@ -323,6 +337,19 @@ class BisectSpec(_Strict):
         if not REF_PATTERN.fullmatch(value):
             raise ValueError(f"ref {value!r} is not a plain branch, tag or commit name")
         return value
+
+    def step_commits(self) -> tuple[str, str | None, str]:
+        """(lo, mid, hi) this step compares: the ends of `line` and its middle commit (None when
+        lo and hi are neighbours). The one place the midpoint is chosen (evidence/bisect.py
+        halves `line` around it)."""
+        assert self.line is not None
+        mid = self.line[self.mid_index] if len(self.line) > 2 else None
+        return self.line[0], mid, self.line[-1]
+
+    @property
+    def mid_index(self) -> int:
+        assert self.line is not None
+        return (len(self.line) - 1) // 2
 
 
 class JobSpec(_Strict):
@@ -370,6 +397,18 @@ class JobSpec(_Strict):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    @property
+    def needs_host_resolution(self) -> bool:
+        """Submitted with refs that the host running it resolves in its own mirror (a
+        history's range, a bisection's good..bad): one variant without a ref, the configuration
+        every commit is measured in. The host runs the resolved spec (evidence/resolution.py)."""
+        template = len(self.variants) == 1 and self.variants[0].ref is None
+        if self.mode == "history":
+            return template and self.history is not None
+        if self.mode == "bisect":
+            return template and self.bisect is not None and self.bisect.line is None
+        return False
+
     @field_validator("contexts")
     @classmethod
     def _positive_unique_contexts(cls, contexts: list[int]) -> list[int]:
@@ -413,7 +452,11 @@ class JobSpec(_Strict):
                     f"variants.{index}.{'ref' if variant.ref else 'recipe'}",
                     "variants name a ref or recipe but the job names no repository",
                 )
-            if self.repository not in (None, INSTALLED_SERVER) and variant.ref is None:
+            if (
+                self.repository not in (None, INSTALLED_SERVER)
+                and variant.ref is None
+                and not self.needs_host_resolution
+            ):
                 raise SpecError(
                     f"variants.{index}.ref",
                     f"variant {variant.name} names no ref of {self.repository}",
@@ -431,9 +474,15 @@ class JobSpec(_Strict):
             raise SpecError(
                 "repository", "history mode needs a repository (its commits are the variants)"
             )
+        if self.needs_host_resolution:
+            if self.features:
+                raise SpecError("features", "history mode takes no ablation features")
+            return  # the host expands the range into the reference and its commits
         if len(self.variants) < 2:
             raise SpecError(
-                "variants", "history mode needs the reference commit and at least one other"
+                "variants",
+                "history mode needs the reference commit and at least one other (or a range "
+                "and one variant without a ref)",
             )
         unnamed = [v.name for v in self.variants if not v.ref]
         if unnamed:
@@ -460,8 +509,24 @@ class JobSpec(_Strict):
             raise SpecError("repository", "bisect mode needs a repository")
         if len(self.contexts) != 1:
             raise SpecError("contexts", "bisect mode takes exactly one context")
-        if not 2 <= len(self.variants) <= 3 or any(not v.ref for v in self.variants):
-            raise SpecError("variants", "bisect mode: a step compares 2 or 3 commits (lo, mid, hi)")
+        if self.features:
+            raise SpecError("features", "bisect mode takes no ablation features")
+        if self.bisect.line is None:
+            if not self.needs_host_resolution:
+                raise SpecError(
+                    "variants",
+                    "bisect mode: give one variant without a ref (the configuration); the "
+                    "commits come from good..bad",
+                )
+            return
+        lo, mid, hi = self.bisect.step_commits()
+        wanted = [lo, *([mid] if mid else []), hi]
+        if [v.ref for v in self.variants] != wanted:
+            raise SpecError(
+                "variants",
+                f"bisect mode: a step over {len(self.bisect.line)} commits compares "
+                f"{', '.join(c[:10] for c in wanted)} (lo, mid, hi of its line)",
+            )
         if self.baseline != names[0]:
             raise SpecError("baseline", "bisect mode: the baseline is the first variant (lo)")
 

@@ -359,6 +359,9 @@ class Bisect(_Section):
     ratio: StepResult | None
     reason: str | None
     steps: list[BisectStepEntry]
+    # The first bad commit's subject line; this step's commits from lo to hi, less one.
+    subject: str | None = None
+    commits_apart: int | None = None
 
 
 # --- the whole summary ------------------------------------------------------------------------

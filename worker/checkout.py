@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evidence.canonical import sha256_hex
-from evidence.schemas import REF_PATTERN
+from evidence.schemas import MAX_HISTORY_COMMITS, REF_PATTERN
 from worker.config import RepositoryConfig
 
 log = logging.getLogger(__name__)
@@ -190,10 +190,6 @@ def commit_subject(checkout: Checkout) -> str | None:
     return out.strip()[:200] or None
 
 
-# A history longer than this is refused: every commit is a variant in every round.
-MAX_HISTORY_COMMITS = 64
-
-
 def history_commits(
     repository: RepositoryConfig,
     commit_range: str,
@@ -201,10 +197,12 @@ def history_commits(
     state_dir: Path,
     every: int | None = None,
     last: int | None = None,
+    limit: int = MAX_HISTORY_COMMITS,
 ) -> tuple[str, list[tuple[str, str]]]:
     """(reference commit, [(commit, subject), ...] oldest first) for `A..B`: the reference is
     A itself, the commits those on B's first-parent line after A; `last` keeps the newest N,
-    `every` each Nth counted back from B (so B is always measured)."""
+    `every` each Nth counted back from B (so B is always measured); more than `limit` left
+    is refused."""
     start, sep, end = commit_range.partition("..")
     if not sep:
         raise CheckoutError(f"range {commit_range!r} is not A..B")
@@ -228,9 +226,9 @@ def history_commits(
         commits = commits[::-1][::every][::-1]
     if last:
         commits = commits[-last:]
-    if len(commits) > MAX_HISTORY_COMMITS:
+    if len(commits) > limit:
         raise CheckoutError(
             f"range {commit_range!r} holds {len(commits)} commits; at most "
-            f"{MAX_HISTORY_COMMITS} (narrow it, or use --every N or --last N)"
+            f"{limit} (narrow it, or use --every N or --last N)"
         )
     return reference, commits

@@ -130,7 +130,7 @@ def history_variants(
     """`--variant` values for a history: the reference commit first, then each commit, all
     with the same flags (one configuration; `--variant NAME:flag=value` gives them)."""
     from evidence.spec_text import TARGET_KEYS
-    from worker.checkout import history_commits, resolve_ref, update_mirror
+    from worker.checkout import resolve_ref, update_mirror
 
     if (commit_range is None) == (commits is None):
         raise ValueError("--mode history needs --range A..B or --commits REF,REF,...")
@@ -144,16 +144,14 @@ def history_variants(
         if any(item.split("=")[0] in TARGET_KEYS for item in extra.split(",") if item):
             raise ValueError("--mode history: the commits are the refs; --variant takes flags only")
     if commit_range is not None:
-        reference, listed = history_commits(
-            repository, commit_range, state_dir=state_dir, every=every, last=last
-        )
-        shas = [sha for sha, _subject in listed]
-    else:
-        mirror = update_mirror(repository, state_dir=state_dir)
-        refs = [ref for ref in (commits or "").split(",") if ref]
-        if len(refs) < 2:
-            raise ValueError("--commits: give the reference and at least one other commit")
-        reference, *shas = [resolve_ref(mirror, ref) for ref in refs]
+        # One variant without a ref: execute_run resolves the range in the mirror
+        # (worker.run.resolve_on_host), as a host of the service does.
+        return flags or ["base"]
+    mirror = update_mirror(repository, state_dir=state_dir)
+    refs = [ref for ref in (commits or "").split(",") if ref]
+    if len(refs) < 2:
+        raise ValueError("--commits: give the reference and at least one other commit")
+    reference, *shas = [resolve_ref(mirror, ref) for ref in refs]
     suffix = f",{extra}" if extra else ""
     return [f"ref-{reference[:10]}:ref={reference}{suffix}"] + [
         f"c{position:02d}-{sha[:10]}:ref={sha}{suffix}" for position, sha in enumerate(shas, 1)
@@ -175,57 +173,42 @@ def _bisect(
     console: Any,
 ) -> None:
     """Halve good..bad by paired lo/mid/hi steps, each its own run and bundle under `out`
-    (step-01, step-02, ...); the last step's evidence names the result (evidence/bisect.py)."""
-    from evidence.bisect import bisect_sentences
+    (step-01, step-02, ...); the last step's evidence names the result. The steps, decisions
+    and halving are evidence/bisect.py's, as the service's (api/jobs/bisect.py)."""
+    from evidence.bisect import bisect_sentences, next_line, step_spec
     from evidence.bundle import write_folder, zip_bytes
     from evidence.schemas import BisectStep
-    from worker.checkout import history_commits
     from worker.fingerprint import host_fingerprint, host_labels
     from worker.run import RunRefused, execute_run
 
     if len(base["flags"]) > 1:
         raise ValueError("--mode bisect measures one configuration: give at most one --variant")
-    _, _, extra = (base["flags"] or [""])[0].partition(":")
-    suffix = f",{extra}" if extra else ""
-    reference, listed = history_commits(repository, f"{good}..{bad}", state_dir=state_dir)
-    line = [reference] + [sha for sha, _subject in listed]  # good, ..., bad (first parents)
+    # One variant without a ref (the configuration); execute_run resolves --good..--bad to
+    # commits in the mirror, as a host of the service does.
+    spec = build_spec(
+        model=base["model"],
+        contexts=base["contexts"],
+        rounds=base["rounds"],
+        decode_tokens=base["decode_tokens"],
+        variants=base["flags"] or ["base"],
+        seed=base["seed"],
+        mode="bisect",
+        features=None,
+        repository=repository.name,
+        recipe=None,
+        fresh_process=False,
+        precision=base["precision"],
+        corpus=base["corpus"],
+        bisect={"good": good, "bad": bad, "direction": direction},
+    )
     started = datetime.now(UTC)
     out = out or Path(f"bisect-{started:%Y%m%dT%H%M%S}")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out}: folder exists and is not empty; choose a new one")
     host = host_fingerprint()
-    lo, hi = 0, len(line) - 1
     steps: list[BisectStep] = []
     while True:
-        mid = (lo + hi) // 2 if hi - lo > 1 else None
-        picked = [("lo", lo), *([("mid", mid)] if mid is not None else []), ("hi", hi)]
-        variants = [f"{role}-{line[i][:10]}:ref={line[i]}{suffix}" for role, i in picked]
-        spec = build_spec(
-            model=base["model"],
-            contexts=base["contexts"],
-            rounds=base["rounds"],
-            decode_tokens=base["decode_tokens"],
-            variants=variants,
-            seed=base["seed"],
-            mode="bisect",
-            features=None,
-            repository=repository.name,
-            recipe=None,
-            fresh_process=False,
-            precision=base["precision"],
-            corpus=base["corpus"],
-            bisect={
-                "good": good,
-                "bad": bad,
-                "direction": direction,
-                "steps": [s.model_dump() for s in steps],
-            },
-        )
         name = f"step-{len(steps) + 1:02d}"
-        console.print(
-            f"{name}: {line[lo][:10]} .. {line[mid][:10] + ' .. ' if mid is not None else ''}"
-            f"{line[hi][:10]} ({hi - lo} commits apart)"
-        )
         run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}-{name}"
         try:
             outcome = execute_run(
@@ -245,9 +228,16 @@ def _bisect(
             raise ValueError(str(error)) from None
         folder = write_folder(out / name, outcome.files)
         folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
-        if outcome.status != "succeeded" or not outcome.summary:
+        if outcome.status != "succeeded" or not outcome.summary or outcome.spec is None:
             typer.echo(f"error: {name} failed: {outcome.reason} (bundle {folder})", err=True)
             raise typer.Exit(1)
+        ran = outcome.spec.bisect
+        assert ran is not None and ran.line is not None  # resolved by execute_run
+        lo, mid, hi = ran.step_commits()
+        console.print(
+            f"{name}: {lo[:10]} .. {mid[:10] + ' .. ' if mid else ''}{hi[:10]} "
+            f"({len(ran.line) - 1} commits apart)"
+        )
         section = outcome.summary.bisect
         if section is None:
             typer.echo(f"error: {name}'s summary has no bisect section (bundle {folder})", err=True)
@@ -255,20 +245,18 @@ def _bisect(
         console.print(f"  {section.decision}: {section.why}")
         steps.append(
             BisectStep(
-                lo=line[lo],
-                mid=line[mid] if mid is not None else None,
-                hi=line[hi],
+                lo=lo,
+                mid=mid,
+                hi=hi,
                 decision=section.decision,
                 evidence_id=outcome.evidence_id or "0" * 24,
                 location=f"../{name}/report.html",
             )
         )
-        if section.decision == "lower" and mid is not None:
-            hi = mid
-        elif section.decision == "upper" and mid is not None:
-            lo = mid
-        else:
+        line = next_line(ran.line, section.decision)
+        if line is None:
             break
+        spec = step_spec(outcome.spec, line, steps)
     for sentence in bisect_sentences(section):
         typer.echo(sentence)
     typer.echo(f"evidence {outcome.evidence_id}")
@@ -549,9 +537,11 @@ def run(
             adapter=adapter,
             history=history,
         )
-        from worker.run import check_job
+        from worker.run import check_job, resolve_on_host
 
-        # an option the declarations refuse (or a corpus it lacks) fails here, not later
+        # a range that does not resolve, an option the declarations refuse (or a corpus it
+        # lacks) fails here, not later
+        spec = resolve_on_host(spec, repositories, state_dir=state_dir.resolve())
         check_job(spec, repositories, corpora)
     except (ValueError, ConfigError, CheckoutError) as error:
         _fail(str(error))

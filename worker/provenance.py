@@ -179,6 +179,25 @@ def job_spec_sha256(spec: JobSpec) -> str:
     return sha256_json(spec.model_dump(mode="json", by_alias=True))
 
 
+def _variant_arguments(spec: JobSpec) -> list[str]:
+    """`--variant` options, or for a history and a bisection the commits their way (those
+    modes take one configuration and refuse refs in `--variant`): a history's commits as
+    `--commits`, a bisection step's stretch as `--good`/`--bad` (what is left to search)."""
+    if spec.mode not in ("history", "bisect"):
+        return [arg for v in spec.variants for arg in ("--variant", _variant_option(v))]
+    template = _variant_option(spec.variants[0].model_copy(update={"ref": None}))
+    argv = ["--variant", template]
+    if spec.bisect is not None:
+        line = spec.bisect.line
+        good, bad = (line[0], line[-1]) if line else (spec.bisect.good, spec.bisect.bad)
+        return [*argv, "--good", good, "--bad", bad, "--direction", spec.bisect.direction]
+    if spec.needs_host_resolution and spec.history is not None:
+        argv += ["--range", spec.history.range]
+        argv += ["--every", str(spec.history.every)] if spec.history.every else []
+        return argv + (["--last", str(spec.history.last)] if spec.history.last else [])
+    return [*argv, "--commits", ",".join(v.ref or "" for v in spec.variants)]
+
+
 def _variant_option(variant: VariantSpec) -> str:
     pairs = []
     if variant.ref is not None:
@@ -254,8 +273,7 @@ def reproduce_command(
         argv += ["--adapter", spec.adapter]
     if repository is not None and repository.adapter == "openai-server":
         argv += server_arguments(repository)
-    for variant in spec.variants:
-        argv += ["--variant", _variant_option(variant)]
+    argv += _variant_arguments(spec)
     if spec.fresh_process:
         argv.append("--fresh-process")
     if spec.rounds_per_process is not None:

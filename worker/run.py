@@ -28,9 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evidence.bisect import step_spec
+from evidence.history import history_spec
 from evidence.options import OptionError, resolved_options, validate_option_values
 from evidence.schemas import (
     BUILTIN_CORPUS,
+    MAX_BISECT_LINE,
+    MAX_HISTORY_COMMITS,
     HostInfo,
     JobSpec,
     VariantSpec,
@@ -39,7 +43,14 @@ from evidence.schemas import (
 from evidence.summary_schema import Summary
 from evidence.variant import baseline_name, expand_variants
 from worker.build import Build, build, install_path_problem
-from worker.checkout import Checkout, CheckoutError, check_ref, commit_subject, prepare
+from worker.checkout import (
+    Checkout,
+    CheckoutError,
+    check_ref,
+    commit_subject,
+    history_commits,
+    prepare,
+)
 from worker.config import Recipe, RepositoryConfig
 from worker.provenance import (
     corpus_info,
@@ -96,6 +107,43 @@ class RunOutcome:
     stopped: bool = False
     workdir: Path | None = None
     build_logs: dict[str, bytes] = field(default_factory=dict)
+    # The spec as run: the job's, with a history's range or a bisection's good..bad resolved
+    # to commits on this host (resolve_on_host).
+    spec: JobSpec | None = None
+
+
+def resolve_on_host(
+    spec: JobSpec, repositories: Mapping[str, RepositoryConfig], *, state_dir: Path
+) -> JobSpec:
+    """The spec with a history's range or a bisection's good..bad resolved to commits in this
+    host's mirror (evidence/resolution.py), or the spec itself when it names its commits.
+    The refs were validated by JobSpec and go to git after `--end-of-options`."""
+    if not spec.needs_host_resolution:
+        return spec
+    repository = repositories.get(spec.repository or "")
+    if repository is None or repository.url is None:
+        raise RunRefused(f"repository {spec.repository!r} is not on this host's allow-list")
+    try:
+        if spec.history is not None:
+            reference, listed = history_commits(
+                repository,
+                spec.history.range,
+                state_dir=state_dir,
+                every=spec.history.every,
+                last=spec.history.last,
+                limit=spec.history.max_commits or MAX_HISTORY_COMMITS,
+            )
+            return history_spec(spec, reference, [sha for sha, _subject in listed])
+        assert spec.bisect is not None  # needs_host_resolution: mode history or bisect
+        reference, listed = history_commits(
+            repository,
+            f"{spec.bisect.good}..{spec.bisect.bad}",
+            state_dir=state_dir,
+            limit=MAX_BISECT_LINE - 1,
+        )
+    except CheckoutError as error:
+        raise RunRefused(str(error)) from None
+    return step_spec(spec, [reference, *(sha for sha, _subject in listed)], [])
 
 
 def check_job(
@@ -357,6 +405,9 @@ def execute_run(
 
     repositories = dict(repositories or {})
     corpora = dict(corpora or {})
+    if spec.needs_host_resolution and on_phase:
+        on_phase(f"resolve {spec.repository} commits")
+    spec = resolve_on_host(spec, repositories, state_dir=state_dir)
     check_job(spec, repositories, corpora)
     workdir.mkdir(parents=True, exist_ok=True)
     if on_phase:
@@ -418,7 +469,7 @@ def execute_run(
         target.skipped = p.skipped
         if p.skipped and target.ref is None:
             target.ref = p.spec.ref
-        if p.checkout is not None and spec.mode == "history":
+        if p.checkout is not None and spec.mode in ("history", "bisect"):
             target.subject = commit_subject(p.checkout)
         targets.append(target)
     if not targets:
@@ -466,6 +517,7 @@ def execute_run(
         stopped=stopped,
         workdir=workdir,
         build_logs=dict(build_logs),
+        spec=spec,
     )
 
 

@@ -132,6 +132,13 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         for run in job_service.job_runs(db_session=db_session, job_id=job_id)
         if run.state == RunState.PROCESSED
     ]
+    spec = JobSpec.model_validate(job.spec)
+    if spec.needs_host_resolution:
+        # The commits its host resolved (checked at ingest); one host resolves a job's refs.
+        resolved = next((run.resolved_spec for run in runs if run.resolved_spec), None)
+        runs = [run for run in runs if resolved is not None and run.resolved_spec == resolved]
+        if resolved is not None:
+            spec = JobSpec.model_validate(resolved)
     provenances: list[Provenance] = []
     build_logs: dict[str, bytes] = {}
     problems: list[str] = []
@@ -170,7 +177,7 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         files, summary = build_bundle(
             records=records,
             provenances=provenances,
-            spec=JobSpec.model_validate(job.spec),
+            spec=spec,
             build_logs=build_logs,
         )
     except ValueError as error:

@@ -14,7 +14,10 @@ from evidence.protocol import JobState
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (sa.CheckConstraint(one_of("state", JobState), name="state"),)
+    __table_args__ = (
+        sa.CheckConstraint(one_of("state", JobState), name="state"),
+        sa.UniqueConstraint("parent_id", "step"),
+    )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
     spec: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
@@ -30,3 +33,7 @@ class Job(Base):
     bundle_files: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
     evidence_id: Mapped[str | None] = mapped_column(sa.String(64))
     reason: Mapped[str | None] = mapped_column(sa.Text)
+    # A bisection's step is a job of its own (its run, its evidence) under the bisection's job,
+    # numbered from 1; the bisection's job has no runs (api/jobs/bisect.py).
+    parent_id: Mapped[str | None] = mapped_column(sa.ForeignKey("jobs.id"), index=True)
+    step: Mapped[int | None] = mapped_column(sa.Integer)

@@ -10,6 +10,24 @@ from pydantic import BaseModel
 from api.runs.schemas import RunOut
 
 
+class StepOut(BaseModel):
+    """One step of a bisection: a job of its own; its commits once its host resolved them."""
+
+    id: str
+    step: int
+    state: str
+    lo: str | None
+    mid: str | None
+    hi: str | None
+    commits_apart: int | None
+    decision: str | None
+    why: str | None
+    cells_done: int | None
+    cells_total: int | None
+    evidence_url: str | None
+    reason: str | None
+
+
 class JobOut(BaseModel):
     id: str
     state: str
@@ -21,6 +39,12 @@ class JobOut(BaseModel):
     evidence_id: str | None
     evidence_url: str | None
     runs: list[RunOut]
+    # A bisection step's bisection and number; a bisection's steps so far.
+    parent_id: str | None = None
+    step: int | None = None
+    steps: list[StepOut] = []
+    # The spec the host ran, where it resolved the job's commits (a range, good..bad).
+    resolved_spec: dict[str, Any] | None = None
 
 
 class JobListItem(BaseModel):

@@ -13,15 +13,16 @@ from api.auth import service as auth_service
 from api.database import utcnow
 from api.errors import Forbidden, Invalid, NotFound, invalid
 from api.hosts import service as host_service
+from api.jobs import bisect
 from api.jobs.models import Job
-from api.jobs.schemas import JobListItem, JobOut
+from api.jobs.schemas import JobListItem, JobOut, StepOut
 from api.runs.models import Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
 from api.runs.wakeup import announce_work
 from api.settings import Settings
 from evidence.canonical import sha256_json
 from evidence.protocol import JobState, RunState
-from evidence.schemas import JobSpec
+from evidence.schemas import MAX_HISTORY_COMMITS, JobSpec
 from evidence.summary_schema import Summary
 from evidence.variant import expand_variants
 
@@ -37,6 +38,26 @@ def validate_job_spec(
         spec = JobSpec.model_validate(payload)
     except ValidationError as error:
         raise invalid("job spec", error) from None
+    if spec.mode == "bisect" and not spec.needs_host_resolution:
+        raise Invalid(
+            "a bisection through the service names good and bad and one variant without a ref "
+            "(the configuration); the service picks each step's commits",
+            field="variants",
+        )
+    if spec.needs_host_resolution and spec.hosts != 1:
+        raise Invalid(
+            f"hosts={spec.hosts}: a {'range' if spec.mode == 'history' else 'bisection'} is "
+            "resolved to commits by the one host that runs it; ask for 1 host, or list the "
+            "commits as variants",
+            field="hosts",
+        )
+    if spec.needs_host_resolution and spec.history is not None:
+        # The host resolves the range: it may not make more variants than this service takes.
+        limit = min(spec.history.max_commits or MAX_HISTORY_COMMITS, settings.max_variants - 1)
+        if limit < 1:
+            raise Invalid("a history needs at least 2 variants; max_variants is 1")
+        history = spec.history.model_copy(update={"max_commits": limit})
+        spec = spec.model_copy(update={"history": history})
     variants = expand_variants(spec)
     if len(variants) > settings.max_variants:
         raise Invalid(
@@ -122,7 +143,8 @@ def create_job(
     payload: dict[str, Any],
     submitted_by: str | None = None,
 ) -> Job:
-    """Validate, store the job and one queued run per requested host."""
+    """Validate, store the job and one queued run per requested host (a bisection: its first
+    step, a job of its own with one run; api/jobs/bisect.py)."""
     return _create_job(
         db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
     )[0]
@@ -137,10 +159,11 @@ def submit_job(
 ) -> JobOut:
     """create_job, answered with its job_detail built from what was just written (its runs are
     queued, with no attempt and no host yet): no query after the commit."""
-    job, runs = _create_job(
+    job, runs, steps = _create_job(
         db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
     )
-    return _job_out(job, runs, {run.id: [] for run in runs}, {})
+    first_steps = [_queued_step(step) for step in steps]
+    return _job_out(job, runs, {run.id: [] for run in runs}, {}, steps=first_steps)
 
 
 def _create_job(
@@ -149,7 +172,7 @@ def _create_job(
     settings: Settings,
     payload: dict[str, Any],
     submitted_by: str | None,
-) -> tuple[Job, list[Run]]:
+) -> tuple[Job, list[Run], list[Job]]:
     spec = validate_job_spec(db_session=db_session, settings=settings, payload=payload)
     spec_json = spec.model_dump(mode="json", by_alias=True)
     job = Job(
@@ -161,11 +184,16 @@ def _create_job(
     )
     db_session.add(job)
     db_session.flush()
-    runs = [
-        Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state=RunState.QUEUED)
-        for slot in range(spec.hosts)
-    ]
-    db_session.add_all(runs)
+    runs: list[Run] = []
+    steps: list[Job] = []
+    if spec.mode == "bisect":
+        steps.append(bisect.add_step(db_session=db_session, bisection=job, spec=spec, step=1))
+    else:
+        runs = [
+            Run(id=auth_service.new_id(), job_id=job.id, slot=slot, state=RunState.QUEUED)
+            for slot in range(spec.hosts)
+        ]
+        db_session.add_all(runs)
     auth_service.record_audit(
         db_session=db_session,
         actor=f"apikey:{submitted_by}" if submitted_by else "local",
@@ -175,7 +203,7 @@ def _create_job(
     )
     announce_work(db_session)
     db_session.commit()
-    return job, runs
+    return job, runs, steps
 
 
 def get_job(*, db_session: Session, job_id: str) -> Job:
@@ -238,6 +266,30 @@ def cancel_job(*, db_session: Session, job_id: str, submitted_by: str | None) ->
     if JobState(job.state).is_final:
         return job
     now = utcnow()
+    # A bisection's steps are jobs of their own: the one still going stops with it.
+    steps = db_session.scalars(
+        sa.select(Job).where(
+            Job.parent_id == job.id, Job.state.not_in([s.value for s in JobState if s.is_final])
+        )
+    )
+    for step in steps:
+        _cancel_runs(db_session, step.id, now)
+        step.state = JobState.CANCELLED
+        step.updated_at = now
+    _cancel_runs(db_session, job_id, now)
+    job.state = JobState.CANCELLED
+    job.updated_at = now
+    auth_service.record_audit(
+        db_session=db_session,
+        actor=f"apikey:{submitted_by}" if submitted_by else "local",
+        kind="job.cancelled",
+        subject_id=job.id,
+    )
+    db_session.commit()
+    return job
+
+
+def _cancel_runs(db_session: Session, job_id: str, now: Any) -> None:
     for run in job_runs(db_session=db_session, job_id=job_id):
         if run.state in (RunState.QUEUED, RunState.LEASED):
             if run.state == RunState.LEASED:
@@ -250,16 +302,6 @@ def cancel_job(*, db_session: Session, job_id: str, submitted_by: str | None) ->
                 attempt.ended_at = now
             run.state = RunState.CANCELLED
             run.reason = "job cancelled"
-    job.state = JobState.CANCELLED
-    job.updated_at = now
-    auth_service.record_audit(
-        db_session=db_session,
-        actor=f"apikey:{submitted_by}" if submitted_by else "local",
-        kind="job.cancelled",
-        subject_id=job.id,
-    )
-    db_session.commit()
-    return job
 
 
 def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
@@ -315,13 +357,31 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
     host_names = dict(
         db_session.execute(sa.select(Host.id, Host.name).where(Host.id.in_(host_ids))).all()
     )
-    return _job_out(job, runs, attempts, host_names)
+    is_bisection = job.spec.get("mode") == "bisect" and job.parent_id is None
+    return _job_out(
+        job,
+        runs,
+        attempts,
+        host_names,
+        steps=_steps(db_session, job.id) if is_bisection else [],
+        resolved_spec=next((run.resolved_spec for run in runs if run.resolved_spec), None),
+    )
 
 
 def _job_out(
-    job: Job, runs: list[Run], attempts: dict[str, list[AttemptOut]], host_names: dict[str, str]
+    job: Job,
+    runs: list[Run],
+    attempts: dict[str, list[AttemptOut]],
+    host_names: dict[str, str],
+    *,
+    steps: list[StepOut],
+    resolved_spec: dict[str, Any] | None = None,
 ) -> JobOut:
     return JobOut(
+        parent_id=job.parent_id,
+        step=job.step,
+        steps=steps,
+        resolved_spec=resolved_spec,
         id=job.id,
         state=job.state,
         spec=job.spec,
@@ -349,3 +409,53 @@ def _job_out(
             for run in runs
         ],
     )
+
+
+def _queued_step(step: Job) -> StepOut:
+    """A step just stored: queued, its commits not resolved yet."""
+    return StepOut(
+        id=step.id,
+        step=step.step or 0,
+        state=step.state,
+        lo=None,
+        mid=None,
+        hi=None,
+        commits_apart=None,
+        decision=None,
+        why=None,
+        cells_done=None,
+        cells_total=None,
+        evidence_url=None,
+        reason=None,
+    )
+
+
+def _steps(db_session: Session, job_id: str) -> list[StepOut]:
+    """A bisection's steps with their commits, decisions and evidence (empty for other jobs)."""
+    out = []
+    for step in bisect.steps_of(db_session=db_session, job_id=job_id):
+        ran = bisect.spec_as_run(db_session=db_session, job=step)
+        line = ran.bisect.line if ran.bisect else None
+        lo, mid, hi = ran.bisect.step_commits() if ran.bisect and line else (None, None, None)
+        section = (step.summary or {}).get("bisect") or {}
+        progress = next(
+            (run.progress or {} for run in job_runs(db_session=db_session, job_id=step.id)), {}
+        )
+        out.append(
+            StepOut(
+                id=step.id,
+                step=step.step or 0,
+                state=step.state,
+                lo=lo,
+                mid=mid,
+                hi=hi,
+                commits_apart=len(line) - 1 if line else None,
+                decision=section.get("decision"),
+                why=section.get("why"),
+                cells_done=progress.get("cells_done"),
+                cells_total=progress.get("cells_total"),
+                evidence_url=f"/e/{step.evidence_id}" if step.evidence_id else None,
+                reason=step.reason,
+            )
+        )
+    return out

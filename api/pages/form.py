@@ -27,9 +27,15 @@ MODES = (
     ("sweep", "sweep: the same code over several flag settings"),
     (
         "history",
-        "history: each candidate's ref is a commit, measured against the baseline's commit",
+        "history: each candidate's ref is a commit, measured against the baseline's commit "
+        "(or a range A..B, resolved by the host)",
     ),
+    ("bisect", "bisect: the first commit between good and bad that is slower (or faster)"),
 )
+# Modes whose commits a host resolves (a history's range, a bisection's good..bad): the
+# baseline row gives the configuration (flags, no ref) and the other rows stay empty.
+HISTORY_FIELDS = ("range", "every", "last")
+BISECT_FIELDS = ("good", "bad", "direction")
 FORM_ERROR = "_form"
 
 
@@ -63,6 +69,10 @@ def blank_form() -> JobForm:
         "hosts": "1",
         "precision": "0.05",
         "seed": "0",
+        **dict.fromkeys(HISTORY_FIELDS, ""),
+        "good": "",
+        "bad": "",
+        "direction": "slower",
     }
     for index in range(VARIANT_ROWS):
         values[f"variant-{index}-name"] = DEFAULT_NAMES[index] if index < 2 else ""
@@ -161,9 +171,12 @@ def build_payload(
         rows[len(variants)] = index
         variants.append(variant)
 
+    mode = values["mode"] or "ab"
+    if (mode == "history" and values["range"]) or mode == "bisect":
+        _one_configuration(form, variants, rows, "range" if mode == "history" else "good..bad")
     payload: dict[str, Any] = {
         "schema": "coldbench.job/1",
-        "mode": values["mode"] or "ab",
+        "mode": mode,
         "adapter": choose_adapter(form, adapters or {}),
         "repository": repository,
         "variants": variants,
@@ -185,7 +198,30 @@ def build_payload(
         payload["precision"] = float(values["precision"])
     except ValueError:
         form.add_error("precision", "precision: give a fraction such as 0.05")
+    if mode == "history" and values["range"]:
+        history: dict[str, Any] = {"range": values["range"]}
+        for name in ("every", "last"):
+            if values[name]:
+                history[name] = _int_field(form, name, name)
+        payload["history"] = history
+    elif values["every"] or values["last"]:
+        form.add_error("range", "every and last thin a range A..B of mode history")
+    if mode == "bisect":
+        payload["bisect"] = {name: values[name] for name in BISECT_FIELDS}
     return payload, rows
+
+
+def _one_configuration(
+    form: JobForm, variants: list[dict[str, Any]], rows: dict[int, int], source: str
+) -> None:
+    """A range or a bisection: the baseline row is the configuration every commit runs in."""
+    if variants and variants[0].get("ref"):
+        form.add_error("variant-0-ref", f"the commits come from the {source}: leave ref empty")
+    if len(variants) > 1:
+        form.add_error(
+            f"variant-{rows[1]}-name",
+            f"the commits come from the {source}: give only the baseline row (the configuration)",
+        )
 
 
 # JobSpec field (first element of a pydantic error location) -> form field.
@@ -210,6 +246,11 @@ def _field_of_location(location: tuple[Any, ...], rows: dict[int, int]) -> str:
     if not location:
         return FORM_ERROR
     head = str(location[0])
+    if head in ("history", "bisect"):
+        part = str(location[1]) if len(location) > 1 else ""
+        if part in (*HISTORY_FIELDS, *BISECT_FIELDS):
+            return part
+        return "range" if head == "history" else "good"
     if head == "variants" and len(location) >= 2 and isinstance(location[1], int):
         row = rows.get(location[1], 0)
         part = str(location[2]) if len(location) > 2 else "name"

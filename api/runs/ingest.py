@@ -18,15 +18,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from api.artifacts import service as artifact_service
+from api.artifacts.models import Artifact
 from api.artifacts.store import ArtifactStore
 from api.auth import service as auth_service
 from api.database import utcnow
 from api.errors import validation_message
 from api.jobs import service as job_service
+from api.jobs.models import Job
 from api.runs.models import Cell, Run
 from api.settings import Settings
+from evidence.bundle import JOB_FILE
 from evidence.protocol import RunState
-from evidence.schemas import Record
+from evidence.resolution import resolution_problem
+from evidence.schemas import JobSpec, Record
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,28 @@ def parse_cells(raw: bytes, run: Run) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, problems
 
 
+def _resolved_spec(
+    store: ArtifactStore, artifacts: list[Artifact], job_spec: JobSpec
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(the spec the host resolved, None) from the run's job.json, or (None, what is wrong).
+
+    A run that never measured (refused: its job.json is the job's own spec) resolved nothing.
+    """
+    uploaded = next((a for a in artifacts if a.name == JOB_FILE), None)
+    if uploaded is None:
+        return None, f"the job left commits to resolve but the run uploaded no {JOB_FILE}"
+    try:
+        resolved = JobSpec.model_validate_json(store.read_bytes(uploaded.sha256))
+    except ValidationError as error:
+        return None, validation_message(f"{JOB_FILE} of the run", error)
+    if resolved == job_spec:
+        return None, None
+    problem = resolution_problem(job_spec, resolved)
+    if problem is not None:
+        return None, f"{JOB_FILE} refused: {problem}"
+    return resolved.model_dump(mode="json", by_alias=True), None
+
+
 def _insert_missing(db_session: Session, rows: list[dict[str, Any]]) -> None:
     dialect = db_session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
@@ -125,6 +151,12 @@ def ingest_run(
     records = next((a for a in artifacts if a.name == RECORDS_FILE), None)
     if records is None:
         return _fail(db_session, run, f"no {RECORDS_FILE} was uploaded")
+    job_spec = JobSpec.model_validate(db_session.get_one(Job, run.job_id).spec)
+    if job_spec.needs_host_resolution:
+        resolved, problem = _resolved_spec(store, artifacts, job_spec)
+        if problem is not None:
+            return _fail(db_session, run, problem)
+        run.resolved_spec = resolved
     rows, invalid = parse_cells(store.read_bytes(records.sha256), run)
     db_session.commit()  # end the read transaction before the batches
     for start in range(0, len(rows), settings.ingest_batch_size):

@@ -38,6 +38,9 @@ class Run(Base):
     reason: Mapped[str | None] = mapped_column(sa.Text)
     # Records that failed validation at ingest ("line N: why"); the raw file stays stored.
     ingest_errors: Mapped[list[str] | None] = mapped_column(sa.JSON)
+    # The spec this run's host ran when the job left refs for it to resolve (a history's range,
+    # a bisection's good..bad; evidence/resolution.py), checked at ingest; analysis uses it.
+    resolved_spec: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
 
 
 class RunAttempt(Base):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -128,3 +129,48 @@ def test_submit_wait_ends_when_the_job_is_cancelled(tmp_path: Path) -> None:
         assert waiting.returncode == 1
         assert "ended cancelled without evidence" in stderr
         assert "cancelled" in stderr.splitlines()[-2]  # the last progress line
+
+
+def test_history_ranges_and_bisections_are_checked_before_anything_is_sent() -> None:
+    """Nothing listens on the API address: each of these must stop at the local checks."""
+
+    def submit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "coldbench", "submit", "--api", "http://127.0.0.1:9", *args],
+            env={**os.environ, "COLDBENCH_API_KEY": "cbk_x_y"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    for args, message in (
+        (["--mode", "bisect", "--repo", "r", "--good", "v1"], "needs --good REF, --bad REF"),
+        (["--range", "a..b", "--variant", "x"], "belong to --mode history"),
+        (["--mode", "history", "--repo", "r", "--last", "2", "--variant", "a"], "thin a --range"),
+        (["--mode", "history", "--repo", "r", "--range", "--upload-pack=x..b"], "range"),
+        (
+            [*("--mode", "bisect", "--repo", "r", "--good", "a", "--bad", "b"), "--direction"]
+            + ["slower", "--variant", "x:ref=main", "--contexts", "64"],
+            "one variant without a ref",
+        ),
+    ):
+        done = submit(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr and "cannot reach" not in done.stderr, (args, done.stderr)
+
+
+def test_waiting_on_a_bisection_shows_its_steps() -> None:
+    from coldbench.submit import progress_line
+
+    job = {
+        "id": "j",
+        "state": "running",
+        "runs": [],
+        "steps": [
+            {"step": 1, "state": "done", "decision": "lower", "cells_done": 18, "cells_total": 18},
+            {"step": 2, "state": "running", "decision": None, "cells_done": 3, "cells_total": 12},
+        ],
+    }
+    assert progress_line(job) == (
+        "job j: running; step 1 [done lower] 18/18 cells; step 2 [running] 3/12 cells"
+    )

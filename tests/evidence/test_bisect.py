@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from evidence.bisect import bisect_sentences, decide_step
+from evidence.bisect import bisect_sentences, decide_step, next_line, step_spec
 from evidence.markdown import render_summary_md
 from evidence.report import render_report_html
+from evidence.resolution import resolution_problem
 from evidence.schemas import JobSpec
 from evidence.summary import summarize
 from evidence.summary_schema import StepResult
@@ -39,18 +40,80 @@ def test_faster_mirrors_slower() -> None:
     assert decide_step(None, _r(0.91, 0.95), "faster", False)[0] == "not a single step"
 
 
-def _spec(names: list[str], steps: list[dict]) -> JobSpec:
+def _spec(names: list[str], steps: list[dict], line: list[str] | None = None) -> JobSpec:
+    """A step over `line` (by default the variants' own commits, one letter each)."""
+    commits = [n[-1] * 40 for n in names]
     return JobSpec.model_validate(
         {
             "mode": "bisect",
             "adapter": "mlx-lm",
             "repository": "mlx-lm",
-            "variants": [{"name": n, "ref": n[-1] * 40} for n in names],
+            "variants": [{"name": n, "ref": c} for n, c in zip(names, commits, strict=True)],
             "contexts": [64],
             "rounds": 8,
-            "bisect": {"good": "v1", "bad": "main", "direction": "slower", "steps": steps},
+            "bisect": {
+                "good": "v1",
+                "bad": "main",
+                "direction": "slower",
+                "steps": steps,
+                "line": line or commits,
+            },
         }
     )
+
+
+def _submitted(**bisect: object) -> JobSpec:
+    """A bisection as the service receives it: one variant without a ref, good..bad."""
+    return JobSpec.model_validate(
+        {
+            "mode": "bisect",
+            "adapter": "mlx-lm",
+            "repository": "mlx-lm",
+            "variants": [{"name": "wide", "flags": {"prefill_step_size": 64}}],
+            "contexts": [64],
+            "rounds": 6,
+            "bisect": {"good": "v1", "bad": "main", "direction": "slower", **bisect},
+        }
+    )
+
+
+def test_the_halving_rule_walks_a_line_to_its_first_changed_commit() -> None:
+    """The one rule both the local runner and the service follow: step commits, next line."""
+    line = [c * 40 for c in "abcdef"]  # a good ... f bad; the change is at d
+    submitted = _submitted()
+    assert submitted.needs_host_resolution
+    spec = step_spec(submitted, line, [])
+    assert not spec.needs_host_resolution
+    assert [v.ref for v in spec.variants] == ["a" * 40, "c" * 40, "f" * 40]
+    assert [v.name for v in spec.variants] == ["lo-aaaaaaaaaa", "mid-cccccccccc", "hi-ffffffffff"]
+    assert all(v.flags == {"prefill_step_size": 64} for v in spec.variants)
+    assert spec.baseline == "lo-aaaaaaaaaa"
+    assert resolution_problem(submitted, spec) is None
+    walked = []
+    decisions = {"c": "upper", "e": "lower", "d": "lower"}  # mid like lo, like hi, like hi
+    while line is not None:
+        lo, mid, hi = step_spec(submitted, line, []).bisect.step_commits()  # type: ignore[union-attr]
+        walked.append((lo[0], mid and mid[0], hi[0]))
+        line = next_line(line, decisions[mid[0]] if mid else "found")
+    assert walked == [("a", "c", "f"), ("c", "d", "f"), ("c", None, "d")]
+    assert next_line(["a" * 40, "b" * 40, "c" * 40], "not a single step") is None
+
+
+def test_a_host_resolution_may_choose_commits_and_nothing_else() -> None:
+    submitted = _submitted()
+    line = [c * 40 for c in "abc"]
+    honest = step_spec(submitted, line, [])
+    assert resolution_problem(submitted, honest) is None
+    other_flags = honest.model_copy(
+        update={"variants": [v.model_copy(update={"flags": {}}) for v in honest.variants]}
+    )
+    assert "more than its commits" in (resolution_problem(submitted, other_flags) or "")
+    more_rounds = honest.model_copy(update={"rounds": 60})
+    assert "more than its commits" in (resolution_problem(submitted, more_rounds) or "")
+    assert "did not resolve" in (resolution_problem(submitted, submitted) or "")
+    named = _spec(["lo-a", "hi-b"], [])
+    assert resolution_problem(named, named) is None
+    assert resolution_problem(named, honest) == "the spec the host ran is not the job's"
 
 
 def test_the_last_step_names_the_commit_its_parent_the_ratio_and_every_step() -> None:
@@ -99,8 +162,15 @@ def test_a_step_that_is_not_the_last_says_the_search_goes_on() -> None:
 def test_bisect_spec_rules() -> None:
     with pytest.raises(ValueError, match="exactly one context"):
         JobSpec.model_validate({**_spec(["lo-a", "hi-b"], []).model_dump(), "contexts": [64, 128]})
-    with pytest.raises(ValueError, match="2 or 3 commits"):
-        _spec(["lo-a"], [])
+    with pytest.raises(ValueError, match="lo, mid, hi of its line"):
+        _spec(["lo-a", "hi-c"], [], line=[c * 40 for c in "abc"])  # no mid
+    with pytest.raises(ValueError, match="one variant without a ref"):
+        JobSpec.model_validate(
+            {**_spec(["lo-a", "hi-b"], []).model_dump(), "bisect": _submitted().bisect}
+        )
+    # A ref is never an option for git: refused before it reaches a host.
+    with pytest.raises(ValueError, match="not a plain branch"):
+        _submitted(good="--upload-pack=touch /tmp/x")
     with pytest.raises(ValueError, match="location"):
         _spec(
             ["lo-a", "hi-b"],

@@ -308,3 +308,49 @@ def test_history_mode_is_offered_and_its_rules_land_beside_their_fields(
     assert job.spec["mode"] == "history" and job.spec["adapter"] == "mlx-lm"
     assert [v["ref"] for v in job.spec["variants"]] == ["v1.0", "main"]
     assert _job_count(db_session) == before + 1
+
+
+def test_a_history_range_and_a_bisection_are_submitted_from_the_form(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    page = web.get("/").text
+    assert 'name="mode" value="bisect"' in page and 'id="good"' in page and 'id="range"' in page
+    one_row = {"repository": "mlx-lm", "variant-1-name": "", "variant-1-flags": ""}
+    response = web.post(
+        "/",
+        data=_fields(page, mode="history", range="v1.0..main", last="3", **one_row),
+        follow_redirects=False,
+    )
+    assert response.status_code == 303, _errors(response.text)
+    job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
+    assert job.spec["history"]["range"] == "v1.0..main" and job.spec["history"]["last"] == 3
+    assert job.spec["variants"][0]["ref"] is None
+
+    bisect = {"mode": "bisect", "good": "v1.0", "bad": "main", "direction": "slower"}
+    response = web.post(
+        "/",
+        data=_fields(page, **bisect, **one_row, custom_contexts="64", rounds="6"),
+        follow_redirects=False,
+    )
+    assert response.status_code == 303, _errors(response.text)
+    job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
+    assert job.spec["bisect"] == {
+        "good": "v1.0",
+        "bad": "main",
+        "direction": "slower",
+        "steps": [],
+        "line": None,
+    }
+    assert job.spec["variants"] == [
+        {"name": "base", "ref": None, "recipe": None, "flags": {"prefill_step_size": 64}}
+    ]
+    before = _job_count(db_session)
+    two_rows = web.post("/", data=_fields(page, **bisect, repository="mlx-lm"))
+    assert "give only the baseline row" in _errors(two_rows.text)["variant-1-name"]
+    injected = web.post(
+        "/", data=_fields(page, **{**bisect, "good": "--exec=x"}, **one_row, custom_contexts="64")
+    )
+    assert injected.status_code == 422
+    assert "not a plain branch" in _errors(injected.text)["good"]
+    assert _job_count(db_session) == before

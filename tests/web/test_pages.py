@@ -357,3 +357,52 @@ def test_hosts_page_shows_the_calibration_of_calibrated_hosts(
     assert "llama-8b-shape, 24 rounds, measured 2026-11-29" in row
     fresh = re.search(r'<tr id="host-fresh-box">(.*?)</tr>', html, re.S).group(1)
     assert "not calibrated" in fresh
+
+
+def test_a_bisection_page_shows_its_steps_as_they_complete(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    from api.jobs import bisect
+    from api.jobs import service as job_service
+    from evidence.bisect import step_spec
+    from evidence.schemas import JobSpec
+    from tests.api.factories import job_payload
+
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    job = job_service.create_job(
+        db_session=db_session,
+        settings=settings,
+        payload=job_payload(
+            mode="bisect",
+            adapter="mlx-lm",
+            repository="mlx-lm",
+            variants=[{"name": "stock"}],
+            contexts=[64],
+            rounds=6,
+            bisect={"good": "v1", "bad": "main", "direction": "slower"},
+        ),
+    )
+    html = web.get(f"/jobs/{job.id}").text
+    assert 'id="bisect-facts">first slower commit between <code>v1</code>' in html
+    assert 'id="bisect-steps"' in html and "good..bad, resolved by its host" in html
+    (first,) = bisect.steps_of(db_session=db_session, job_id=job.id)
+    line = [c * 40 for c in "abc"]
+    (run,) = job_service.job_runs(db_session=db_session, job_id=first.id)
+    run.resolved_spec = step_spec(JobSpec.model_validate(first.spec), line, []).model_dump(
+        mode="json", by_alias=True
+    )
+    first.state, first.evidence_id = "done", "1" * 24
+    first.summary = {"bisect": {"decision": "lower", "why": "mid is slower like hi"}}
+    db_session.commit()
+    assert bisect.advance(db_session=db_session, job_id=first.id) == "step 2"
+    live = web.get(f"/jobs/{job.id}/progress.json").json()["html"]
+    step_one = re.search(r'<tr id="step-1">(.*?)</tr>', live, re.S).group(1)
+    assert "<code>aaaaaaaaaa</code> · <code>bbbbbbbbbb</code> · <code>cccccccccc</code>" in step_one
+    assert "<strong>lower</strong>: mid is slower like hi" in step_one
+    assert f'href="/e/{"1" * 24}"' in step_one
+    step_two = re.search(r'<tr id="step-2">(.*?)</tr>', live, re.S).group(1)
+    assert (
+        "<code>aaaaaaaaaa</code> · – · <code>bbbbbbbbbb</code>" in step_two and "queued" in step_two
+    )
+    second = bisect.steps_of(db_session=db_session, job_id=job.id)[-1]
+    assert f'step 2 of <a href="/jobs/{job.id}">' in web.get(f"/jobs/{second.id}").text

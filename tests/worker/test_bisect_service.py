@@ -1,0 +1,232 @@
+"""Bisection and history ranges through the real service: PostgreSQL, `coldbench server` (API,
+embedded Celery worker and beat), `coldbench worker` as the host, a copy of the installed
+mlx_lm with one planted slowdown.
+
+The host resolves good..bad (and a history's range) in its own mirror; the server builds each
+later step from the previous one with evidence/bisect.py's rule, each step a job with its own
+run and evidence; the bisection's job ends with the step that names the commit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import SLOW_PREFILL_SYNC_OLD
+from tests.worker.test_agent import write_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+# 0.5 s per prefill chunk (one chunk at 64 tokens): several times the whole cell of the tiny
+# model, so 6 rounds settle every comparison even on a loaded 2-core machine.
+PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.5)  # planted: work per chunk\n"
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@coldbench.invalid", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def planted_repo(
+    mlx_lm_repo: tuple[Path, tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, str]]:
+    """main of mlx_lm_repo, then the planted slowdown, then a later commit."""
+    source, (main, _slow) = mlx_lm_repo
+    repo = tmp_path_factory.mktemp("planted") / "mlx-lm"
+    _git(source.parent, "clone", "-q", "--branch", main, str(source), str(repo))
+    shas = {"base": _git(repo, "rev-parse", "HEAD")}
+    generate = repo / "mlx_lm" / "generate.py"
+    text = generate.read_text()
+    assert text.count(SLOW_PREFILL_SYNC_OLD) == 1 and "\nimport time\n" in text
+    generate.write_text(text.replace(SLOW_PREFILL_SYNC_OLD, PLANTED))
+    _git(repo, "commit", "-q", "-am", "prefill: extra work per chunk")
+    shas["slow"] = _git(repo, "rev-parse", "HEAD")
+    (repo / "NOTES.md").write_text("notes\n")
+    _git(repo, "add", "NOTES.md")
+    _git(repo, "commit", "-q", "-m", "docs: add notes")
+    shas["after"] = _git(repo, "rev-parse", "HEAD")
+    return repo, shas
+
+
+@pytest.fixture(scope="module")
+def host(
+    planted_repo: tuple[Path, dict[str, str]],
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Any, Path]]:
+    """The service and one enrolled host that allows the planted repository as `planted`."""
+    from tests.worker.service import running_service, stop_process
+
+    repo, _shas = planted_repo
+    root = tmp_path_factory.mktemp("bisect-host")
+    config = write_config(
+        root / "host" / "worker.toml", name="host-b", repositories={"planted": (str(repo), ["e"])}
+    )
+    (root / "service").mkdir()
+    with running_service(root / "service", lease_ttl_s=10) as service:
+        _start_celery(service, root / "celery.log")
+        log = root / "agent.log"
+        agent = service.start_agent(config, token=service.enrollment_token(), log=log)
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                with service.http() as client:
+                    if "host-b" in {h["name"] for h in client.get("/hosts").json()}:
+                        break
+                assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.3)
+            yield service, log
+        finally:
+            stop_process(agent)
+
+
+def _start_celery(service: Any, log: Path) -> None:
+    """A Celery worker on the service's embedded broker (its state folder's SQLite file):
+    ingest, analysis, rendering, and the bisection's next steps."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "coldbench", "celery", "worker", "--pool", "solo"],
+            env=service.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    service.processes.append(proc)
+    deadline = time.monotonic() + 90
+    while "ready" not in log.read_text(errors="replace"):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)
+
+
+def _spec(**extra: Any) -> dict[str, Any]:
+    return {
+        "adapter": "mlx-lm",
+        "repository": "planted",
+        "contexts": [64],
+        "decode_tokens": 0,
+        "model": "preset:tiny",
+        **extra,
+    }
+
+
+def _wait(service: Any, job_id: str, log: Path, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = service.job(job_id)
+        if job["state"] in ("done", "failed", "cancelled"):
+            return job
+        assert time.monotonic() < deadline, (job, log.read_text()[-3000:])
+        time.sleep(1)
+
+
+def test_a_history_range_is_resolved_by_the_host_and_recorded(
+    host: tuple[Any, Path], planted_repo: tuple[Path, dict[str, str]]
+) -> None:
+    service, log = host
+    _repo, shas = planted_repo
+    # A ref that git would read as an option never leaves the API.
+    injected = service.submit(
+        _spec(mode="history", variants=[{"name": "c"}], history={"range": "--output=/x..HEAD"})
+    )
+    assert injected.status_code == 422 and "range" in injected.text
+    two_hosts = service.submit(
+        _spec(mode="history", variants=[{"name": "c"}], history={"range": "a..b"}, hosts=2)
+    )
+    assert two_hosts.status_code == 422 and "resolved to commits by the one host" in two_hosts.text
+
+    created = service.submit(
+        _spec(
+            mode="history",
+            variants=[{"name": "c", "flags": {"prefill_step_size": 32}}],
+            history={"range": f"{shas['base'][:12]}..HEAD", "last": 1},
+            rounds=2,
+            rounds_per_process=2,
+        )
+    )
+    assert created.status_code == 201, created.text
+    job = _wait(service, created.json()["id"], log, timeout_s=400)
+    assert job["state"] == "done", (job, log.read_text()[-3000:])
+    resolved = job["resolved_spec"]
+    assert [v["ref"] for v in resolved["variants"]] == [shas["base"], shas["after"]]
+    assert all(v["flags"] == {"prefill_step_size": 32} for v in resolved["variants"])
+    assert job["spec"]["variants"] == [
+        {"name": "c", "ref": None, "recipe": None, "flags": {"prefill_step_size": 32}}
+    ]
+    with service.http() as client:
+        summary = client.get(f"{service.url}/e/{job['evidence_id']}.json").json()
+    assert summary["history"]["reference"]["commit"] == shas["base"]
+    assert [c["commit"] for c in summary["history"]["commits"]] == [shas["after"]]
+
+
+def test_a_bisection_through_the_service_finds_the_planted_commit_step_by_step(
+    host: tuple[Any, Path], planted_repo: tuple[Path, dict[str, str]]
+) -> None:
+    service, log = host
+    _repo, shas = planted_repo
+    listed = service.submit(
+        _spec(
+            mode="bisect",
+            variants=[{"name": "lo", "ref": shas["base"]}, {"name": "hi", "ref": shas["after"]}],
+            bisect={"good": shas["base"], "bad": "HEAD", "direction": "slower"},
+        )
+    )
+    assert listed.status_code == 422 and "one variant without a ref" in listed.text
+
+    created = service.submit(
+        _spec(
+            mode="bisect",
+            variants=[{"name": "stock"}],
+            bisect={"good": shas["base"][:12], "bad": "HEAD", "direction": "slower"},
+            # 6 pairs in 2 process blocks per variant: the fewest that give each comparison
+            # an interval, and 2 model loads per variant and step instead of 6.
+            rounds=6,
+            rounds_per_process=3,
+        )
+    )
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    assert created.json()["runs"] == [] and len(created.json()["steps"]) == 1
+    job = _wait(service, job_id, log, timeout_s=900)
+    assert job["state"] == "done", (job, log.read_text()[-3000:])
+
+    # base slow after: the midpoint slow is like after (lower), then the pair base..slow
+    # names slow. Halving the other way (upper) through the service is
+    # tests/api/test_bisection.py's, with a real host tests/worker/test_history_cli.py's.
+    steps = job["steps"]
+    assert [(s["lo"], s["mid"], s["hi"]) for s in steps] == [
+        (shas["base"], shas["slow"], shas["after"]),
+        (shas["base"], None, shas["slow"]),
+    ]
+    assert [s["decision"] for s in steps] == ["lower", "found"]
+    assert all(s["state"] == "done" and s["evidence_url"] for s in steps)
+    assert len({s["evidence_url"] for s in steps}) == 2
+    assert job["evidence_url"] == steps[-1]["evidence_url"]
+
+    with service.http() as client:
+        summary = client.get(f"{service.url}{job['evidence_url']}.json").json()
+        report = client.get(f"{service.url}{job['evidence_url']}").text
+    section = summary["bisect"]
+    assert section["first_bad_commit"] == shas["slow"] and section["parent"] == shas["base"]
+    assert section["ratio"]["ci_high"] < 1 and section["subject"] == "prefill: extra work per chunk"
+    assert [s["location"] for s in section["steps"]] == [steps[0]["evidence_url"]]
+    for step in steps[:1]:
+        assert f'href="{step["evidence_url"]}"' in report
+    # Each step's job points back to its bisection.
+    first = service.job(steps[0]["id"])
+    assert first["parent_id"] == job_id and first["step"] == 1
+    assert first["resolved_spec"]["bisect"]["line"] == [shas["base"], shas["slow"], shas["after"]]
+    response = httpx.get(f"{service.url}/api/v1/jobs/{job_id}", timeout=10)
+    assert response.status_code == 401  # jobs are read with a key

@@ -1,0 +1,50 @@
+"""The `coldbench run` line a bundle carries repeats what was run, in each mode's own options."""
+
+from __future__ import annotations
+
+import shlex
+
+from evidence.bisect import step_spec
+from evidence.history import history_spec
+from evidence.schemas import JobSpec
+from worker.provenance import reproduce_command
+
+BASE = {"adapter": "mlx-lm", "repository": "r", "contexts": [64], "rounds": 6}
+FLAGS = {"prefill_step_size": 64}
+
+
+def _args(spec: JobSpec) -> list[str]:
+    return shlex.split(reproduce_command(spec, repository_url="/src/r"))
+
+
+def test_a_bisection_step_repeats_as_a_bisection_of_its_stretch() -> None:
+    submitted = JobSpec.model_validate(
+        {
+            **BASE,
+            "mode": "bisect",
+            "variants": [{"name": "stock", "flags": FLAGS}],
+            "bisect": {"good": "v1", "bad": "main", "direction": "faster"},
+        }
+    )
+    args = _args(submitted)
+    assert args[args.index("--good") + 1 :][:5] == ["v1", "--bad", "main", "--direction", "faster"]
+    step = _args(step_spec(submitted, ["a" * 40, "b" * 40, "c" * 40], []))
+    assert step[step.index("--good") + 1] == "a" * 40 and step[step.index("--bad") + 1] == "c" * 40
+    assert [a for a in step if "ref=" in a] == []  # bisect mode refuses refs in --variant
+    assert step[step.index("--variant") + 1] == "lo-aaaaaaaaaa:prefill_step_size=64"
+
+
+def test_a_history_repeats_with_its_range_or_its_commits() -> None:
+    submitted = JobSpec.model_validate(
+        {
+            **BASE,
+            "mode": "history",
+            "variants": [{"name": "x", "flags": FLAGS}],
+            "history": {"range": "v1..main", "every": 2},
+        }
+    )
+    args = _args(submitted)
+    assert args[args.index("--range") :][:4] == ["--range", "v1..main", "--every", "2"]
+    resolved = _args(history_spec(submitted, "a" * 40, ["b" * 40]))
+    assert resolved[resolved.index("--commits") + 1] == f"{'a' * 40},{'b' * 40}"
+    assert resolved.count("--variant") == 1 and not [a for a in resolved if "ref=" in a]
