@@ -15,9 +15,14 @@ from tests.conftest import SLOW_PREFILL_SYNC_OLD
 
 pytestmark = pytest.mark.slow
 
-# 1.5 s of extra time per prefill chunk: far above this shared CPU's noise at 128 tokens (one
-# chunk), even when other work loads it.
-PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(1.5)  # planted: work per chunk\n"
+# 0.75 s of extra time per prefill chunk against 0.12-0.13 s for a whole 64-token prefill (one
+# chunk) of the tiny preset on this CPU (0.88 s with it; this file's runs, 2026-12-01): about
+# 7x slower, so one pair flips only if the baseline's cell alone runs 7x slower than usual, far
+# above this shared CPU's noise even when other work loads it. It was 1.5 s at 128 tokens
+# (0.25 s without it, 1.75 s with it): the same margin at twice the wall time, since every
+# slow process sleeps in its warm-up and in its cell (36 of them between history and bisect).
+PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.75)  # planted: work per chunk\n"
+CONTEXT = "64"
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -63,8 +68,18 @@ def series_repo(
     return repo, shas
 
 
+@pytest.fixture(scope="module")
+def series_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One --state-dir for the history and the bisect run of series_repo: the second reuses
+    the first's mirror and its cached builds of the same commits (worker/build.py checks a
+    reused build's marker and import path as it does a fresh one), which saves a build per
+    commit. Each test alone still builds from nothing."""
+    return tmp_path_factory.mktemp("series-state") / "state"
+
+
 def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build(
     series_repo: tuple[Path, dict[str, str]],
+    series_state: Path,
     coldbench_cmd: list[str],
     tiny_model_dir: Path,
     tmp_path: Path,
@@ -76,8 +91,8 @@ def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build
             *coldbench_cmd,
             "run",
             *("--repo", str(repo), "--mode", "history", "--range", f"{shas['base']}..HEAD"),
-            *("--contexts", "128", "--rounds", "6", "--decode-tokens", "0"),
-            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+            *("--contexts", CONTEXT, "--rounds", "6", "--decode-tokens", "0"),
+            *("--out", str(out), "--state-dir", str(series_state)),
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -139,6 +154,7 @@ def test_history_input_errors_are_one_line(
 
 def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     series_repo: tuple[Path, dict[str, str]],
+    series_state: Path,
     coldbench_cmd: list[str],
     tiny_model_dir: Path,
     tmp_path: Path,
@@ -151,8 +167,8 @@ def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
             "run",
             *("--repo", str(repo), "--mode", "bisect", "--good", shas["base"]),
             *("--bad", shas["fixed"], "--direction", "slower"),
-            *("--contexts", "128", "--rounds", "6", "--decode-tokens", "0"),
-            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+            *("--contexts", CONTEXT, "--rounds", "6", "--decode-tokens", "0"),
+            *("--out", str(out), "--state-dir", str(series_state)),
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -180,4 +196,4 @@ def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     assert first["first_bad_commit"] is None and first["reason"] == "bisection not finished"
     report = (steps[-1] / "report.html").read_text()
     assert 'href="../step-01/report.html"' in report and shas["slow"] in report
-    assert f"First slower commit at 128 tokens: {shas['slow']}" in done.stdout
+    assert f"First slower commit at {CONTEXT} tokens: {shas['slow']}" in done.stdout
