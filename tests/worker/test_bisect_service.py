@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import SLOW_PREFILL_SYNC_OLD
+from tests.worker.conftest import git
 from tests.worker.test_agent import write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -29,16 +30,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.5)  # planted: work per chunk\n"
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@coldbench.invalid", *args],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def planted_repo(
     mlx_lm_repo: tuple[Path, tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
@@ -46,18 +37,18 @@ def planted_repo(
     """main of mlx_lm_repo, then the planted slowdown, then a later commit."""
     source, (main, _slow) = mlx_lm_repo
     repo = tmp_path_factory.mktemp("planted") / "mlx-lm"
-    _git(source.parent, "clone", "-q", "--branch", main, str(source), str(repo))
-    shas = {"base": _git(repo, "rev-parse", "HEAD")}
+    git(source.parent, "clone", "-q", "--branch", main, str(source), str(repo))
+    shas = {"base": git(repo, "rev-parse", "HEAD")}
     generate = repo / "mlx_lm" / "generate.py"
     text = generate.read_text()
     assert text.count(SLOW_PREFILL_SYNC_OLD) == 1 and "\nimport time\n" in text
     generate.write_text(text.replace(SLOW_PREFILL_SYNC_OLD, PLANTED))
-    _git(repo, "commit", "-q", "-am", "prefill: extra work per chunk")
-    shas["slow"] = _git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "-am", "prefill: extra work per chunk")
+    shas["slow"] = git(repo, "rev-parse", "HEAD")
     (repo / "NOTES.md").write_text("notes\n")
-    _git(repo, "add", "NOTES.md")
-    _git(repo, "commit", "-q", "-m", "docs: add notes")
-    shas["after"] = _git(repo, "rev-parse", "HEAD")
+    git(repo, "add", "NOTES.md")
+    git(repo, "commit", "-q", "-m", "docs: add notes")
+    shas["after"] = git(repo, "rev-parse", "HEAD")
     return repo, shas
 
 

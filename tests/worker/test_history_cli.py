@@ -12,6 +12,7 @@ import pytest
 
 from evidence.bundle import verify_bundle
 from tests.conftest import SLOW_PREFILL_SYNC_OLD
+from tests.worker.conftest import git
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +26,6 @@ PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.75)  # planted: work
 CONTEXT = "64"
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@coldbench.invalid", *args],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def series_repo(
     mlx_lm_repo: tuple[Path, tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
@@ -42,29 +33,29 @@ def series_repo(
     """main of mlx_lm_repo, then: docs, tidy, the planted slowdown, a broken build, the fix."""
     source, (main, _slow) = mlx_lm_repo
     repo = tmp_path_factory.mktemp("series") / "mlx-lm"
-    _git(source.parent, "clone", "-q", "--branch", main, str(source), str(repo))
-    shas = {"base": _git(repo, "rev-parse", "HEAD")}
+    git(source.parent, "clone", "-q", "--branch", main, str(source), str(repo))
+    shas = {"base": git(repo, "rev-parse", "HEAD")}
     (repo / "NOTES.md").write_text("notes\n")
-    _git(repo, "add", "NOTES.md")
-    _git(repo, "commit", "-q", "-m", "docs: add notes")
-    shas["docs"] = _git(repo, "rev-parse", "HEAD")
+    git(repo, "add", "NOTES.md")
+    git(repo, "commit", "-q", "-m", "docs: add notes")
+    shas["docs"] = git(repo, "rev-parse", "HEAD")
     (repo / "NOTES.md").write_text("notes, tidied\n")
-    _git(repo, "commit", "-q", "-am", "tidy notes")
-    shas["tidy"] = _git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "-am", "tidy notes")
+    shas["tidy"] = git(repo, "rev-parse", "HEAD")
     generate = repo / "mlx_lm" / "generate.py"
     text = generate.read_text()
     assert text.count(SLOW_PREFILL_SYNC_OLD) == 1 and "\nimport time\n" in text
     generate.write_text(text.replace(SLOW_PREFILL_SYNC_OLD, PLANTED))
-    _git(repo, "commit", "-q", "-am", "prefill: extra work per chunk")
-    shas["slow"] = _git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "-am", "prefill: extra work per chunk")
+    shas["slow"] = git(repo, "rev-parse", "HEAD")
     pyproject = repo / "pyproject.toml"
     good = pyproject.read_text()
     pyproject.write_text(good + "this is not toml [\n")
-    _git(repo, "commit", "-q", "-am", "build: break pyproject")
-    shas["broken"] = _git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "-am", "build: break pyproject")
+    shas["broken"] = git(repo, "rev-parse", "HEAD")
     pyproject.write_text(good)
-    _git(repo, "commit", "-q", "-am", "build: fix pyproject")
-    shas["fixed"] = _git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "-am", "build: fix pyproject")
+    shas["fixed"] = git(repo, "rev-parse", "HEAD")
     return repo, shas
 
 
