@@ -117,6 +117,26 @@ class Service:
                 raise AssertionError(f"jobs not done in {timeout_s} s: {jobs}")
             time.sleep(0.5)
 
+    def wait_hosts(
+        self,
+        names: set[str],
+        agents: list[tuple[subprocess.Popen[Any], Path]],
+        *,
+        timeout_s: float = 90,
+    ) -> None:
+        """Until every named host has registered; an agent that exits or a host that never
+        shows up fails the test with the agents' logs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.http() as client:
+                if names <= {h["name"] for h in client.get("/hosts").json()}:
+                    return
+            for proc, log in agents:
+                assert proc.poll() is None, log.read_text(errors="replace")
+            logs = [log.read_text(errors="replace") for _, log in agents]
+            assert time.monotonic() < deadline, logs
+            time.sleep(0.3)
+
     def start_agent(
         self, config: Path, *, token: str | None, log: Path, extra: list[str] | None = None
     ) -> subprocess.Popen[Any]:

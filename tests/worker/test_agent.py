@@ -196,16 +196,7 @@ def _embedded_job(
 
 
 def _wait_enrolled(service: Service, names: set[str], procs: list, logs: list[Path]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        with service.http() as client:
-            hosts = {h["name"] for h in client.get("/hosts").json()}
-        if names <= hosts:
-            return
-        for proc, log in zip(procs, logs, strict=True):
-            assert proc.poll() is None, _log(log)
-        assert time.monotonic() < deadline, [_log(log) for log in logs]
-        time.sleep(0.3)
+    service.wait_hosts(names, list(zip(procs, logs, strict=True)), timeout_s=60)
 
 
 def _measured(service: Service, run_id: str) -> list[dict]:

@@ -72,13 +72,7 @@ def host(
         log = root / "agent.log"
         agent = service.start_agent(config, token=service.enrollment_token(), log=log)
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                with service.http() as client:
-                    if "host-b" in {h["name"] for h in client.get("/hosts").json()}:
-                        break
-                assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.3)
+            service.wait_hosts({"host-b"}, [(agent, log)])
             yield service, log
         finally:
             stop_process(agent)

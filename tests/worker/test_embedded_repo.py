@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -160,13 +159,7 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
         log = root / "agent.log"
         agent = service.start_agent(config, token=service.enrollment_token(), log=log)
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                with service.http() as client:
-                    if "host-e" in {h["name"] for h in client.get("/hosts").json()}:
-                        break
-                assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.3)
+            service.wait_hosts({"host-e"}, [(agent, log)])
             created = service.submit(
                 {
                     "adapter": "embedded",

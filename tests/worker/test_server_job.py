@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import httpx
@@ -65,13 +64,7 @@ def test_a_server_experiment_submitted_on_the_form_runs_on_a_host(
         log = root / "agent.log"
         agent = service.start_agent(config, token=service.enrollment_token(), log=log)
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                with service.http() as client:
-                    if "host-s" in {h["name"] for h in client.get("/hosts").json()}:
-                        break
-                assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.3)
+            service.wait_hosts({"host-s"}, [(agent, log)])
 
             # The submitter logs in and submits the form, as a browser would.
             with httpx.Client(base_url=service.url, timeout=30) as browser:
