@@ -99,8 +99,9 @@ class VariantProcess:
         if not warmup:  # the warm-up travels in the ready event: stdout starts with "ready"
             self.emit({"event": "record", "record": record})
         # Between cells this process holds only its weights (engine.memory). After the record
-        # is out: a device error here (a CUDA context broken by the cell) ends the process, and
-        # the orchestrator starts a fresh instance for the next cell instead of losing them all.
+        # is out: a device error here (a CUDA context broken by the cell) ends the process, so
+        # the orchestrator starts a fresh instance for this variant's next cells (at most the
+        # next one is lost, as "process gone") instead of every later cell failing in it.
         release_cached_buffers()
         return record
 
