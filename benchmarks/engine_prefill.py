@@ -11,6 +11,9 @@ token) of:
 - `cell`: the coldbench cell (`engine.cell`) with flags off (stock-like: clear_cache=true,
   compile=false, 2,048-token chunks);
 - `cell:<flags>`: the cell with each candidate of the best flags; the fastest median is `best`.
+  `--try-fastpaths` adds each candidate with kernels/' fast paths on (`,fused`); a fast path
+  that falls back or is not exercised makes the cell invalid (engine/judge.py), so such a
+  candidate gets no figure rather than the reference path's.
 
 Measurements interleave: every round runs every method once per context in an order rotated
 by the round (and per context), on a prompt of fresh ids chosen by (seed, round, context), so
@@ -261,6 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--best-steps", default="2048,4096", help="prefill_step_size candidates for best flags"
     )
     parser.add_argument("--try-compile", action="store_true", help="compile=true candidates")
+    parser.add_argument(
+        "--try-fastpaths",
+        action="store_true",
+        help="candidates with kernels/' fast paths on (fused_swiglu, fused_add_rms_norm)",
+    )
     parser.add_argument("--no-cell", action="store_true", help="stock and bare loop only")
     parser.add_argument(
         "--stock-only", action="store_true", help="stock generate_step alone (long sweeps)"
@@ -275,8 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 3:
         parser.error("--rounds must be >= 3 (medians of fewer establish nothing)")
     contexts = [int(c) for c in args.contexts.split(",")]
-    if args.stock_only and args.try_compile:
-        parser.error("--stock-only measures no cell: drop --try-compile")
+    if args.stock_only and (args.try_compile or args.try_fastpaths):
+        parser.error("--stock-only measures no cell: drop --try-compile and --try-fastpaths")
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -334,6 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     name += ",compile" if compiled else ""
                     methods[name] = lambda m, ids, f=flags: cell_prefill_s(m, ids, flags=f)
                     cell_methods[name] = bare_name
+                    if args.try_fastpaths and not compiled:
+                        # the fast paths cannot be combined with compile (engine.flags)
+                        fused = {**flags, "fused_swiglu": True, "fused_add_rms_norm": True}
+                        methods[name + ",fused"] = lambda m, ids, f=fused: cell_prefill_s(
+                            m, ids, flags=f
+                        )
+                        cell_methods[name + ",fused"] = bare_name
 
     results, peaks = measure(
         model,
