@@ -232,7 +232,7 @@ def run_cell(
     }
     try:
         # A requested feature this backend cannot run is recorded as such, never as run.
-        skipped = not_exercised(list(flags.non_default()))
+        skipped = not_exercised(flags.judged())
         for name, why in skipped.items():
             counters[f"{name}.not_exercised"] = why
         forward = forward_for(model, flags)
@@ -355,7 +355,8 @@ def fast_path_counters(forward: Forward, flags: Flags, counters: dict[str, Any])
 def execution(
     flags: Flags, prompt_tokens: int, widths: list[int], counters: dict[str, Any]
 ) -> list[tuple[Expectation, Observation]]:
-    """What each non-default flag implies for this prompt, and what the cell observed.
+    """What each non-default flag and each fast path that is on implies for this prompt, and
+    what the cell observed.
 
     The loop above cuts N tokens into chunks of the step with the remainder last (the last
     chunk carries the logits), so the widths a step implies are `split_runs(N, step)`.
@@ -363,7 +364,7 @@ def execution(
     stock = Flags()
     planned = split_runs(prompt_tokens, flags.prefill_step_size)
     pairs: list[tuple[Expectation, Observation]] = []
-    for name in flags.non_default():
+    for name in flags.judged():
         skipped = counters.get(f"{name}.not_exercised")
         if name == "prefill_step_size":
             expectation = Expectation(

@@ -71,6 +71,12 @@ class Flags:
         default = Flags()
         return {k: v for k, v in asdict(self).items() if getattr(default, k) != v}
 
+    def judged(self) -> list[str]:
+        """The flags whose execution a cell must prove: every non-default one, and every fast
+        path that is on, by request or by this engine's default (a branch that turns a kernel
+        on claims it runs, so a fallback must not be timed as the kernel)."""
+        return list(dict.fromkeys([*self.non_default(), *self.fast_paths()]))
+
 
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool):

@@ -9,7 +9,8 @@ check gives the reason:
 3. Prefilled tokens: the engine prefilled exactly N (skipped where the adapter cannot see it,
    e.g. a server).
 4. Decoded tokens: exactly the cell's decode count.
-5. Execution, for each requested non-default flag or option. The adapter states an
+5. Execution, for each requested non-default flag or option (and each fast path that is on,
+   also by an engine branch's default). The adapter states an
    `Expectation`: what the requested value implies at this context and what the stock value
    implies there (for chunking: the chunk widths the requested step gives for N tokens, and
    the widths the stock step gives), and an `Observation`: what its counters saw (the chunk

@@ -140,6 +140,9 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
 # The `step-64` commit of `coldbench_repo`: the embedded engine's default prefill step changed.
 ENGINE_STEP_OLD = "    prefill_step_size: int = 2048\n"
 ENGINE_STEP_NEW = "    prefill_step_size: int = 64  # coldbench test branch\n"
+SWIGLU_ON_BRANCH = "fused-swiglu-on"
+SWIGLU_OLD = "    fused_swiglu: bool = False\n"
+SWIGLU_NEW = "    fused_swiglu: bool = True  # coldbench test branch\n"
 
 
 @pytest.fixture(scope="session")
@@ -148,8 +151,9 @@ def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tupl
 
     `engine/`, `kernels/` and `evidence/` of this checkout plus a minimal pyproject.toml
     (`pip install -e .` works) on branch `main`; branch `step-64` changes one engine flag's
-    default (`Flags.prefill_step_size` 2048 -> 64, see ENGINE_STEP_*). Returns (repository
-    path, (main, step-64)).
+    default (`Flags.prefill_step_size` 2048 -> 64, see ENGINE_STEP_*); branch
+    `fused-swiglu-on` turns a fast path on by default. Returns (repository path, (main,
+    step-64)).
     """
     import shutil
     import subprocess
@@ -194,5 +198,11 @@ def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tupl
     assert text.count(ENGINE_STEP_OLD) == 1, "engine.flags default step not found"
     flags_py.write_text(text.replace(ENGINE_STEP_OLD, ENGINE_STEP_NEW))
     git("commit", "-q", "-am", "Embedded engine: 64-token prefill chunks by default")
+    # A fast-path branch as issue 11 judges them: the kernel on by default, not by request.
+    git("checkout", "-q", "-b", SWIGLU_ON_BRANCH, "main")
+    text = flags_py.read_text()
+    assert text.count(SWIGLU_OLD) == 1, "engine.flags default fused_swiglu not found"
+    flags_py.write_text(text.replace(SWIGLU_OLD, SWIGLU_NEW))
+    git("commit", "-q", "-am", "Embedded engine: fused_swiglu on by default")
     git("checkout", "-q", "main")
     return repo, ("main", "step-64")

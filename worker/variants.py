@@ -93,6 +93,11 @@ def child_env(extra: dict[str, str] | None = None, *, first: str | None = None) 
     head = [first] if first else [str(engine_root())]
     paths = [*head, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # `python -m`/`-c` would otherwise put the working directory ahead of PYTHONPATH: an
+    # orchestrator started from a coldbench checkout then ran that checkout's engine/ in every
+    # variant of an embedded repository instead of the variant's worktree (and the variant
+    # refused to run). Python 3.11+ leaves it out with this.
+    env["PYTHONSAFEPATH"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env

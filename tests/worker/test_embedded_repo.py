@@ -18,6 +18,7 @@ import pytest
 
 from evidence.bundle import verify_bundle
 from evidence.records import read_records
+from tests.conftest import SWIGLU_ON_BRANCH
 from worker.config import ConfigError, local_repository, parse_host_config
 
 pytestmark = pytest.mark.slow
@@ -219,6 +220,7 @@ def test_offline_recipe_runs_branches_without_a_package_index(
             *("--repo", str(repo), "--adapter", "embedded", "--recipe", "offline"),
             *("--variant", f"main:ref={main}"),
             *("--variant", f"fast:ref={step64},fused_swiglu=true"),
+            *("--variant", f"branch:ref={SWIGLU_ON_BRANCH}"),
             *("--contexts", "128", "--rounds", "1", "--decode-tokens", "2"),
             *("--out", str(out), "--state-dir", str(tmp_path / "state")),
         ],
@@ -245,6 +247,9 @@ def test_offline_recipe_runs_branches_without_a_package_index(
     assert {r.status for r in records if r.variant == "main"} == {"ok"}
     fast = [r for r in records if r.variant == "fast"]
     assert fast and all(r.status == "invalid" for r in fast)
-    assert {r.reason for r in fast} == {
-        "not exercised: fused_swiglu (needs metal or cuda; this host runs MLX on cpu)"
-    }
+    not_exercised = "not exercised: fused_swiglu (needs metal or cuda; this host runs MLX on cpu)"
+    assert {r.reason for r in fast} == {not_exercised}
+    # A branch whose default turns the fast path on is judged like a request for it: its
+    # reference path's time is never reported as the kernel's.
+    branch = [r for r in records if r.variant == "branch"]
+    assert branch and {(r.status, r.reason) for r in branch} == {("invalid", not_exercised)}

@@ -6,6 +6,7 @@ The real engine runner is exercised end to end in test_cli.py and test_agent.py.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from evidence.records import parse_records
 from worker.schedule import plan_rounds
-from worker.variants import Progress, VariantError, VariantLaunch, run_schedule
+from worker.variants import Progress, VariantError, VariantLaunch, child_env, run_schedule
 
 RUNNER = "tests.worker.misbehaving_runner"
 
@@ -205,3 +206,25 @@ def test_rounds_per_process_must_be_positive(tmp_path: Path) -> None:
         run_schedule(
             [_launch("a")], rounds, workdir=tmp_path, cell_timeout_s=30, rounds_per_process=0
         )
+
+
+def test_a_child_imports_the_worktree_put_first_not_the_working_directorys_engine(
+    tmp_path: Path,
+) -> None:
+    """An orchestrator started inside a coldbench checkout must not run that checkout's engine/
+    in a variant of an embedded repository (seen on the H200 dry run: `-m` puts the working
+    directory first on sys.path)."""
+    for where, mark in (("cwd", "the working directory"), ("worktree", "the worktree")):
+        package = tmp_path / where / "engine"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f"MARK = {mark!r}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "import engine; print(engine.MARK)"],
+        cwd=tmp_path / "cwd",
+        env=child_env(first=str(tmp_path / "worktree")),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "the worktree"
