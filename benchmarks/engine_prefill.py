@@ -278,6 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="tokens of each method's untimed warm-up (default: the largest context)",
     )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="the device's dense peak for the dtype (H200 bf16: 989), for throughput-to-peak",
+    )
     parser.add_argument("--json", help="write raw timings and the summary here")
     args = parser.parse_args(argv)
     if args.rounds < 3:
@@ -361,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     summary = summarize(results, cell_methods)
     print_table(summary, contexts)
+    if not args.stock_only:
+        print_flops(summary, config, contexts, args.peak_tflops)
     estimates = memory_estimates(model, config, args.dtype, contexts, step)
     print_memory(peaks, estimates, contexts)
     if args.json:
@@ -412,6 +419,49 @@ def memory_estimates(
         ).total_bytes
         for c in contexts
     }
+
+
+def prefill_flops(config: dict[str, Any], tokens: int) -> float:
+    """Floating-point operations of one prefill of `tokens`: the backbone's matrix multiplies
+    (2 per weight per token: q/k/v/o projections and the MLP, the routed experts' for a MoE
+    layer), causal attention (QK^T and PV over the keys at or before each query: 2 x 2 x heads x
+    head_dim x N(N+1)/2 per layer) and the lm_head on the last position. Norms, RoPE and
+    elementwise work are left out, as throughput-to-peak figures usually do."""
+    c = {**config, **(config.get("text_config") or {})}
+    hidden = int(c["hidden_size"])
+    layers = int(c["num_hidden_layers"])
+    heads = int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    if c.get("num_experts_per_tok") and c.get("moe_intermediate_size"):
+        mlp = int(c["num_experts_per_tok"]) * 3 * hidden * int(c["moe_intermediate_size"])
+        mlp += hidden * int(c.get("num_experts") or 0)  # the router
+    else:
+        mlp = 3 * hidden * int(c.get("intermediate_size") or 4 * hidden)
+    projections = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    matmul = 2.0 * tokens * layers * (projections + mlp)
+    attention = layers * 4.0 * heads * head_dim * tokens * (tokens + 1) / 2
+    return matmul + attention + 2.0 * hidden * int(c.get("vocab_size") or 0)
+
+
+def print_flops(
+    summary: dict[int, dict[str, Any]],
+    config: dict[str, Any],
+    contexts: Sequence[int],
+    peak_tflops: float | None,
+) -> None:
+    """Effective TFLOP/s of stock and the best candidate per context (prefill_flops over the
+    median time), and their fraction of `peak_tflops` when given."""
+    for context in contexts:
+        flops = prefill_flops(config, context)
+        for name in ("stock", summary[context]["best"]):
+            tps = summary[context]["tps"].get(name) if name else None
+            if not tps:
+                continue
+            tflops = flops * tps / context / 1e12
+            share = f" = {tflops / peak_tflops:.1%} of {peak_tflops:,.0f}" if peak_tflops else ""
+            print(f"effective at {context:,}: {name}: {tflops:,.1f} TFLOP/s{share}")
+            summary[context].setdefault("tflops", {})[name] = round(tflops, 2)
 
 
 def print_memory(
