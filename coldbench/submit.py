@@ -73,6 +73,23 @@ def submit(
     ] = "",
     labels: Annotated[str, typer.Option(help="Host labels the job needs, comma-separated.")] = "",
     hosts: Annotated[int, typer.Option(help="Reproductions on this many distinct hosts.")] = 1,
+    rounds_per_process: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Rounds one process per variant measures before every variant's process is "
+            "replaced (default: rounds // 12, at least 1).",
+        ),
+    ] = None,
+    fresh_process: Annotated[
+        bool, typer.Option(help="A fresh process per cell (slow; no process offsets at all).")
+    ] = False,
+    precision: Annotated[
+        float,
+        typer.Option(
+            help="Verdict precision: 'no established change' needs the interval inside 1 +/- this."
+        ),
+    ] = 0.05,
     seed: int = 0,
     corpus: Annotated[
         str, typer.Option(help="Prompt corpus: builtin, or a name from hosts' worker.toml.")
@@ -133,6 +150,9 @@ def submit(
         "corpus": corpus,
         "host_labels": split_list(labels),
         "hosts": hosts,
+        "rounds_per_process": rounds_per_process,
+        "fresh_process": fresh_process,
+        "precision": precision,
     }
     if commit_range is not None:
         raw_spec["history"] = {"range": commit_range, "every": every, "last": last}

@@ -55,6 +55,10 @@ def test_submit_posts_a_valid_job_and_reports_refusals_in_one_line(tmp_path: Pat
             "2",
             "--labels",
             "lab:test",
+            "--rounds-per-process",
+            "1",
+            "--precision",
+            "0.02",
         )
         assert done.returncode == 0, done.stderr
         job_id = done.stdout.split()[1]
@@ -66,6 +70,7 @@ def test_submit_posts_a_valid_job_and_reports_refusals_in_one_line(tmp_path: Pat
             "flags": {"prefill_step_size": 64, "clear_cache": False},
         }
         assert job["spec"]["contexts"] == [64, 128]
+        assert (job["spec"]["rounds_per_process"], job["spec"]["precision"]) == (1, 0.02)
 
         # Caught locally, before anything is sent.
         bad_contexts = _submit(service, "--variant", "a", "--contexts", "12x")

@@ -1,0 +1,62 @@
+"""benchmarks/host_e2e.py: a benchmark host end to end on the embedded default, as the H200 runs
+it (issue 11), here on the CPU with the tiny preset and a bundle of two commits of the engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from evidence.bundle import bundle_records, read_bundle, verify_bundle
+from tests.worker.conftest import git
+
+pytestmark = pytest.mark.slow
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_two_refs_from_a_bundle_through_service_celery_and_agent_give_a_verified_zip(
+    coldbench_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    repo, (main, step64) = coldbench_repo
+    bundle = tmp_path / "cb.bundle"
+    git(repo, "bundle", "create", str(bundle), main, step64)
+    out = tmp_path / "evidence"
+    # Started from the repository root, as on the GPU machine: the variant processes must
+    # still run each ref's worktree, not this checkout's engine/ (the offline recipe).
+    done = subprocess.run(
+        [
+            *(sys.executable, "benchmarks/host_e2e.py", "--repo", str(bundle)),
+            *("--ref", main, "--ref", step64, "--model", str(tiny_model_dir)),
+            *("--contexts", "128", "--rounds", "1", "--decode-tokens", "1"),
+            *("--out", str(out), "--workdir", str(tmp_path / "work"), "--timeout-s", "400"),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["ok"] and result["verify"] == "ok", result
+    zip_path = Path(result["zip"])
+    assert zip_path.parent == out and verify_bundle(zip_path).is_intact
+    commits = {name: git(repo, "rev-parse", name) for name in (main, step64)}
+    assert result["variants"] == commits
+    assert result["cells"] == result["cells_ok"] == 2
+    for key in ("startup_s", "time_to_first_cell_s", "time_to_upload_s", "measuring_s"):
+        assert 0 < result[key] < result["wall_s"], key
+    assert result["time_to_upload_s"] <= result["time_to_first_evidence_s"]
+    assert result["cells_per_minute"] > result["cells_per_minute_end_to_end"] > 0
+    # each ref's own engine ran: the step-64 branch's default cuts 128 tokens into two chunks
+    timed = [r for r in bundle_records(read_bundle(zip_path)) if r.round >= 0]
+    assert {r.variant: r.counters["chunk_widths"] for r in timed} == {main: "128", step64: "64x2"}
+    # everything it started is stopped: the API no longer answers
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(result["api"] + "/healthz", timeout=2)
