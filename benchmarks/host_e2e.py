@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         result["variants"] = variant_commits(zip_path)
         result["ok"] = result["verify"] == "ok"
-    except (Failed, RuntimeError, subprocess.SubprocessError, OSError) as error:
+    except (Failed, RuntimeError, subprocess.SubprocessError, OSError, httpx.HTTPError) as error:
         result["error"] = str(error)[-2000:]
         print(f"host_e2e failed: {error}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
