@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -26,7 +26,33 @@ from evidence.variant import parse_feature
 log = logging.getLogger(__name__)
 
 
-def auto_labels(host: Host) -> list[str]:
+class HostTraits(Protocol):
+    """What matching a job to a host reads: a Host, or the lean HostView of a submission."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def labels(self) -> list[str]: ...
+    @property
+    def fingerprint(self) -> dict[str, Any]: ...
+    @property
+    def repositories(self) -> dict[str, Any]: ...
+    @property
+    def models(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class HostView:
+    """The columns of a host that job matching reads (HostTraits), without the ORM object."""
+
+    name: str
+    labels: list[str]
+    fingerprint: dict[str, Any]
+    repositories: dict[str, Any]
+    models: list[str]
+
+
+def auto_labels(host: HostTraits) -> list[str]:
     """Labels every host has without configuring them: its name, backend and OS."""
     labels = [f"host:{host.name}"]
     backend = host.fingerprint.get("backend")
@@ -38,7 +64,7 @@ def auto_labels(host: Host) -> list[str]:
     return labels
 
 
-def effective_labels(host: Host) -> set[str]:
+def effective_labels(host: HostTraits) -> set[str]:
     return set(host.labels) | set(auto_labels(host))
 
 
@@ -131,19 +157,32 @@ def update_host_report(
     that send them, its repositories and models (an edited worker.toml is seen at the next
     lease instead of at the next enrollment). Never its labels: those are the admin's.
     """
-    host.fingerprint = fingerprint
+    for name, value in host_report_values(
+        fingerprint=fingerprint, repositories=repositories, models=models
+    ).items():
+        setattr(host, name, value)
+
+
+def host_report_values(
+    *,
+    fingerprint: dict[str, Any],
+    repositories: dict[str, RepositoryOffer] | None = None,
+    models: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """The host columns a report sets (update_host_report's rule), by column name."""
+    values: dict[str, Any] = {"fingerprint": fingerprint, "last_heartbeat_at": utcnow()}
     if repositories is not None:
-        host.repositories = _stored_offers(repositories)
+        values["repositories"] = _stored_offers(repositories)
     if models is not None:
-        host.models = sorted(set(models))
-    host.last_heartbeat_at = utcnow()
+        values["models"] = sorted(set(models))
+    return values
 
 
 def _stored_offers(repositories: dict[str, RepositoryOffer]) -> dict[str, Any]:
     return {name: offer.model_dump(mode="json") for name, offer in sorted(repositories.items())}
 
 
-def repository_offers(host: Host) -> dict[str, RepositoryOffer]:
+def repository_offers(host: HostTraits) -> dict[str, RepositoryOffer]:
     """What the host registered per repository (rows from before adapters were reported were
     given the mlx-lm adapter by the migration `repository_offers`)."""
     return {name: RepositoryOffer.model_validate(raw) for name, raw in host.repositories.items()}
@@ -255,6 +294,18 @@ def list_hosts(*, db_session: Session, include_revoked: bool = False) -> list[Ho
     return list(db_session.scalars(query))
 
 
+def host_views(*, db_session: Session) -> list[HostView]:
+    """The hosts not revoked, by name, as the columns job matching reads: a Core query, no
+    ORM objects (a submission checks its spec against every host; 50 Host objects with their
+    calibrations were a third of a submission's CPU)."""
+    query = (
+        sa.select(Host.name, Host.labels, Host.fingerprint, Host.repositories, Host.models)
+        .where(Host.revoked_at.is_(None))
+        .order_by(Host.name)
+    )
+    return [HostView(*row) for row in db_session.connection().execute(query)]
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why one host cannot run a job, and the job spec field (a JobSpec path) it is about.
@@ -269,7 +320,7 @@ class Refusal:
     depth: int
 
 
-def why_host_cannot_run(host: Host, spec: JobSpec) -> Refusal | None:
+def why_host_cannot_run(host: HostTraits, spec: JobSpec) -> Refusal | None:
     """None when the host satisfies the job's labels, repository, adapter, recipes, options
     and model; otherwise the first thing it lacks."""
     missing = sorted(set(spec.host_labels) - effective_labels(host))
@@ -330,7 +381,7 @@ def _option_problem(
     return None if why is None else f"refuses {option}={value}: {why}"
 
 
-def describe_allow_lists(hosts: list[Host]) -> str:
+def describe_allow_lists(hosts: Sequence[HostTraits]) -> str:
     """`studio-1: mlx-lm (recipes editable), box: none` for error messages."""
     parts = []
     for host in hosts:

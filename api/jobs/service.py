@@ -88,11 +88,17 @@ def validate_job_spec(
             f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed", field="hosts"
         )
 
-    hosts = host_service.list_hosts(db_session=db_session)
+    hosts = host_service.host_views(db_session=db_session)
     if not hosts:
         raise Invalid("no host is registered yet; enroll one with `coldbench admin enroll`")
-    refusals = {host.name: host_service.why_host_cannot_run(host, spec) for host in hosts}
-    able = [name for name, refusal in refusals.items() if refusal is None]
+    refusals: dict[str, host_service.Refusal | None] = {}
+    able: list[str] = []
+    for host in hosts:
+        refusals[host.name] = host_service.why_host_cannot_run(host, spec)
+        if refusals[host.name] is None:
+            able.append(host.name)
+            if len(able) == spec.hosts:
+                return spec  # enough hosts can run it: the others need not be judged
     if not able:
         refused = [(name, r) for name, r in refusals.items() if r is not None]
         detail = "; ".join(f"{name} {refusal.reason}" for name, refusal in refused)
@@ -102,13 +108,11 @@ def validate_job_spec(
         # The field of the host that came closest (the first such host on a tie).
         closest = max((refusal for _, refusal in refused), key=lambda r: r.depth)
         raise Invalid(message, field=closest.field)
-    if len(able) < spec.hosts:
-        raise Invalid(
-            f"hosts={spec.hosts} asks for distinct hosts but only {len(able)} can run it: "
-            f"{', '.join(able)}",
-            field="hosts",
-        )
-    return spec
+    raise Invalid(
+        f"hosts={spec.hosts} asks for distinct hosts but only {len(able)} can run it: "
+        f"{', '.join(able)}",
+        field="hosts",
+    )
 
 
 def check_list_lengths(*, settings: Settings, payload: dict[str, Any]) -> None:
