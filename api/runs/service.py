@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from pydantic import ValidationError
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
@@ -281,6 +282,57 @@ def claim_lease(
     )
 
 
+# The claim's statements, built once: only their parameters change from claim to claim.
+_HOST_BUSY = (
+    sa.select(
+        sa.exists().where(
+            _runs.c.host_id == sa.bindparam("host_id"), _runs.c.state == RunState.LEASED
+        )
+    )
+    .select_from(_hosts)
+    .where(_hosts.c.id == sa.bindparam("host_id"))
+    .with_for_update(of=_hosts)
+)
+
+
+def _claim_statement(eligible: sa.ColumnElement[bool]) -> sa.UpdateBase:
+    """UPDATE the oldest eligible queued run that no concurrent claimer has locked."""
+    chosen = (
+        sa.select(_runs.c.id)
+        .join(_jobs, _jobs.c.id == _runs.c.job_id)
+        .where(eligible, _runs.c.state == RunState.QUEUED)
+        .order_by(_jobs.c.created_at, _jobs.c.id, _runs.c.slot)
+        .limit(1)
+        .with_for_update(of=_runs, skip_locked=True)
+        .scalar_subquery()
+    )
+    when = _runs.c.leased_at.type
+    # The guard on state keeps the claim atomic also where FOR UPDATE is a no-op (SQLite).
+    return (
+        sa.update(_runs)
+        .where(_runs.c.id == chosen, _runs.c.state == RunState.QUEUED)
+        .values(
+            state=RunState.LEASED,
+            host_id=sa.bindparam("host_id", type_=_runs.c.host_id.type),
+            attempt=_runs.c.attempt + 1,
+            leased_at=sa.bindparam("now", type_=when),
+            lease_expires_at=sa.bindparam("expires", type_=when),
+            deadline_at=sa.bindparam("deadline", type_=when),
+            progress=None,
+        )
+        .returning(_runs.c.id, _runs.c.job_id, _runs.c.attempt)
+    )
+
+
+# PostgreSQL: `id = ANY(%(eligible)s)`, one array parameter, so the SQL text is the same for
+# any number of eligible runs (psycopg caches and prepares it; an IN list of 1 to 64
+# placeholders was a new statement to convert each time). Elsewhere an expanding IN.
+_CLAIM_ANY = _claim_statement(
+    _runs.c.id == sa.any_(sa.bindparam("eligible", type_=postgresql.ARRAY(sa.String)))
+)
+_CLAIM_IN = _claim_statement(_runs.c.id.in_(sa.bindparam("eligible", expanding=True)))
+
+
 # Claims of one request that lost every eligible run to concurrent claimers before it looks
 # again at once (with work queued, waiting for the next notification would cost up to
 # lease_poll_s).
@@ -299,12 +351,7 @@ def _claim(
                 set_committed_value(host, name, host_values[name])
     # Serialize the claims of one host (one run per host at a time): lock its row and look
     # for a run it holds in one statement.
-    busy = connection.execute(
-        sa.select(sa.exists().where(_runs.c.host_id == host.id, _runs.c.state == RunState.LEASED))
-        .select_from(_hosts)
-        .where(_hosts.c.id == host.id)
-        .with_for_update(of=_hosts)
-    ).scalar()
+    busy = connection.execute(_HOST_BUSY, {"host_id": host.id}).scalar()
     if busy:
         return None
     for _ in range(CLAIM_RACES_MAX):
@@ -312,29 +359,15 @@ def _claim(
         if not eligible:
             return None
         now = utcnow()
-        chosen = (
-            sa.select(_runs.c.id)
-            .join(_jobs, _jobs.c.id == _runs.c.job_id)
-            .where(_runs.c.id.in_(eligible), _runs.c.state == RunState.QUEUED)
-            .order_by(_jobs.c.created_at, _jobs.c.id, _runs.c.slot)
-            .limit(1)
-            .with_for_update(of=_runs, skip_locked=True)
-            .scalar_subquery()
-        )
-        # The guard on state keeps the claim atomic also where FOR UPDATE is a no-op (SQLite).
         claimed = connection.execute(
-            sa.update(_runs)
-            .where(_runs.c.id == chosen, _runs.c.state == RunState.QUEUED)
-            .values(
-                state=RunState.LEASED,
-                host_id=host.id,
-                attempt=_runs.c.attempt + 1,
-                leased_at=now,
-                lease_expires_at=now + timedelta(seconds=settings.lease_ttl_s),
-                deadline_at=now + timedelta(seconds=settings.run_timeout_s),
-                progress=None,
-            )
-            .returning(_runs.c.id, _runs.c.job_id, _runs.c.attempt)
+            _CLAIM_ANY if connection.dialect.name == "postgresql" else _CLAIM_IN,
+            {
+                "eligible": eligible,
+                "host_id": host.id,
+                "now": now,
+                "expires": now + timedelta(seconds=settings.lease_ttl_s),
+                "deadline": now + timedelta(seconds=settings.run_timeout_s),
+            },
         ).one_or_none()
         if claimed is not None:
             return str(claimed[0]), str(claimed[1]), int(claimed[2])
