@@ -294,16 +294,31 @@ def list_hosts(*, db_session: Session, include_revoked: bool = False) -> list[Ho
     return list(db_session.scalars(query))
 
 
-def host_views(*, db_session: Session) -> list[HostView]:
+def host_views(*, db_session: Session, repositories: bool = True) -> list[HostView]:
     """The hosts not revoked, by name, as the columns job matching reads: a Core query, no
     ORM objects (a submission checks its spec against every host; 50 Host objects with their
-    calibrations were a third of a submission's CPU)."""
-    query = (
-        sa.select(Host.name, Host.labels, Host.fingerprint, Host.repositories, Host.models)
-        .where(Host.revoked_at.is_(None))
-        .order_by(Host.name)
+    calibrations were a third of a submission's CPU). Of the fingerprint only what
+    auto_labels reads; the repository offers only with `repositories` (a job that names a
+    repository)."""
+    query = sa.select(
+        Host.name,
+        Host.labels,
+        Host.fingerprint["backend"].as_string(),
+        Host.fingerprint["os"].as_string(),
+        Host.repositories if repositories else sa.null(),
+        Host.models,
     )
-    return [HostView(*row) for row in db_session.connection().execute(query)]
+    query = query.where(Host.revoked_at.is_(None)).order_by(Host.name)
+    return [
+        HostView(
+            name=name,
+            labels=labels,
+            fingerprint={key: value for key, value in (("backend", backend), ("os", os_name))},
+            repositories=offers or {},
+            models=models,
+        )
+        for name, labels, backend, os_name, offers, models in db_session.connection().execute(query)
+    ]
 
 
 @dataclass(frozen=True)
