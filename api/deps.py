@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -17,12 +19,24 @@ from api.hosts.models import Host
 from api.settings import Settings
 
 
-def get_db(request: Request) -> Iterator[Session]:
+async def get_db(request: Request) -> AsyncIterator[Session]:
+    """A session per request, opened and (usually) closed on the event loop.
+
+    Async on purpose: a sync generator dependency costs two trips through the thread pool per
+    request (enter and exit), a fifth of a small request's server CPU under load. Creating a
+    session does no I/O; closing one does only while a transaction is open (its rollback), and
+    only then goes to a thread, shielded so that a cancelled request still returns its
+    connection.
+    """
     db_session = request.app.state.sessionmaker()
     try:
         yield db_session
     finally:
-        db_session.close()
+        if db_session.in_transaction():
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(db_session.close)
+        else:
+            db_session.close()
 
 
 def get_settings(request: Request) -> Settings:
