@@ -914,6 +914,12 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
         ) as service,
     ):
         server_pid = service.processes[0].pid
+        if args.pin:
+            # The server alone on core 0; this load generator and the Celery worker on core 1
+            # (PostgreSQL and everything else on the machine stay where the kernel puts them).
+            os.sched_setaffinity(server_pid, {0})
+            os.sched_setaffinity(service.processes[1].pid, {1})
+            os.sched_setaffinity(0, {1})
         cpu_before = cpu_s(server_pid)
         sessions_before = db_sessions(service)
         walls = asyncio.run(load(service, args, figures))
@@ -1070,6 +1076,11 @@ def main() -> None:
         default=[],
         metavar="COLDBENCH_NAME=VALUE",
         help="a setting for the server and Celery worker of both checkouts (repeatable)",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin the server to core 0, the load generator and the Celery worker to core 1",
     )
     parser.add_argument("--drain-s", type=float, default=180, help="longest wait for ingest")
     parser.add_argument(
