@@ -195,3 +195,74 @@ def test_claims_do_not_expire_leases_the_sweep_does_and_wakes_waiters(
     lease = result["lease"]
     assert lease is not None and (lease.run_id, lease.attempt) == (first.run_id, 2)
     assert result["waited_s"] < 3
+
+
+def test_hosts_claiming_in_rounds_take_every_run_once_with_one_attempt_and_audit_each(
+    live_db: str, live_sessionmaker: Any
+) -> None:
+    """The claim's Core statements under real contention: 12 hosts claim at once, round after
+    round (each finishes its run between rounds), until 30 runs of jobs for 1 and 3 hosts are
+    taken. No run twice, no host on two slots of one job, one attempt and one audit row per
+    claim, jobs running, and each host's row and object say what was written."""
+    from api.auth.models import AuditEvent
+    from api.jobs.models import Job
+
+    settings = _settings(live_db)
+    with live_sessionmaker() as db_session:
+        host_ids = [make_host(db_session, f"host-{i:02d}")[0].id for i in range(12)]
+        for _ in range(18):
+            make_job(db_session, settings)
+        for _ in range(4):
+            make_job(db_session, settings, hosts=3)
+    claims: list[tuple[str, str, int]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def claim_round(host_id: str, barrier: threading.Barrier) -> None:
+        try:
+            with live_sessionmaker() as db_session:
+                host = db_session.get(Host, host_id)
+                db_session.commit()
+                barrier.wait()
+                lease = run_service.claim_lease(
+                    db_session=db_session, settings=settings, host=host, report=_report()
+                )
+                # The object shows the committed row, with nothing left to write.
+                assert host.health == ("busy" if lease else "ready")
+                assert not db_session.dirty
+                if lease is not None:
+                    with lock:
+                        claims.append((lease.run_id, host_id, lease.attempt))
+                    # Done with it (as complete_run leaves them): it may claim again.
+                    db_session.execute(
+                        sa.update(Run).where(Run.id == lease.run_id).values(state="completed")
+                    )
+                    db_session.execute(
+                        sa.update(Host).where(Host.id == host_id).values(health="ready")
+                    )
+                    db_session.commit()
+        except BaseException as error:  # surfaced below
+            errors.append(error)
+
+    for _ in range(6):
+        barrier = threading.Barrier(len(host_ids))
+        threads = [threading.Thread(target=claim_round, args=(h, barrier)) for h in host_ids]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert errors == []
+    run_ids = [run_id for run_id, _, _ in claims]
+    assert len(run_ids) == len(set(run_ids)) == 30  # every run, none twice
+    with live_sessionmaker() as db_session:
+        runs = {run.id: run for run in db_session.scalars(sa.select(Run))}
+        assert all(run.state == "completed" and run.attempt == 1 for run in runs.values())
+        slots = {(runs[run_id].job_id, host_id) for run_id, host_id, _ in claims}
+        assert len(slots) == 30  # a host never on two slots of one job
+        attempts = db_session.execute(sa.select(RunAttempt.run_id, RunAttempt.host_id)).all()
+        assert sorted(attempts) == sorted((run_id, host_id) for run_id, host_id, _ in claims)
+        audited = db_session.scalars(
+            sa.select(AuditEvent.subject_id).where(AuditEvent.kind == "run.leased")
+        ).all()
+        assert sorted(audited) == sorted(run_ids)
+        assert set(db_session.scalars(sa.select(Job.state))) == {"running"}

@@ -1,0 +1,79 @@
+"""A submission: judged against the hosts' columns, written as Core inserts, answered from
+what it wrote (api/jobs/service.py: submit_job)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from api.errors import Invalid
+from api.jobs import service as job_service
+from api.jobs.models import Job
+from api.runs.models import Run
+from api.settings import Settings
+from tests.api.factories import job_payload, make_host
+
+
+def test_submission_answers_what_it_stored_and_reads_nothing_after_its_commit(
+    db_session: Session, settings: Settings
+) -> None:
+    make_host(db_session, "studio-1")
+    make_host(db_session, "studio-2", labels=["gpu"])
+    make_host(db_session, "box", models=["other-model"])
+    engine = db_session.get_bind().engine
+    statements: list[str] = []
+    committed: list[int] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    def on_commit(_session: Session) -> None:
+        committed.append(len(statements))
+
+    sa.event.listen(engine, "before_cursor_execute", note)
+    sa.event.listen(db_session, "after_commit", on_commit)
+    try:
+        answer = job_service.submit_job(
+            db_session=db_session, settings=settings, payload=job_payload(hosts=2)
+        )
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", note)
+        sa.event.remove(db_session, "after_commit", on_commit)
+    assert committed and committed[-1] == len(statements)  # nothing read after the commit
+    job = db_session.get(Job, answer.id)
+    assert job is not None and sa.inspect(job).persistent
+    runs = db_session.scalars(sa.select(Run).where(Run.job_id == answer.id)).all()
+    assert sorted(run.slot for run in runs) == [0, 1]
+    assert all(sa.inspect(run).persistent for run in runs)
+    # The answer is the job as read back afresh from the database.
+    db_session.expire_all()
+    fresh = job_service.job_detail(db_session=db_session, job_id=answer.id)
+    assert answer.model_dump() == fresh.model_dump()
+    assert fresh.state == "queued" and [run.attempt for run in fresh.runs] == [0, 0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"hosts": 3}, "only 2 can run it: studio-1, studio-2"),
+        ({"host_labels": ["tpu"]}, "no registered host can run this job: box lacks labels tpu"),
+        ({"model": "preset:huge"}, "studio-2 has no model 'preset:huge'"),
+    ],
+)
+def test_refusals_still_judge_every_host(
+    db_session: Session, settings: Settings, overrides: dict[str, Any], message: str
+) -> None:
+    make_host(db_session, "studio-1")
+    make_host(db_session, "studio-2", labels=["gpu"])
+    make_host(db_session, "box", models=["other-model"])
+    with pytest.raises(Invalid) as refused:
+        job_service.submit_job(
+            db_session=db_session,
+            settings=settings,
+            payload=job_payload(**overrides),
+        )
+    assert message in refused.value.message
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 0
