@@ -313,8 +313,8 @@ class LoadClient:
 
     Why not httpx: on this 2-core machine the load generator shares the cores with the server,
     PostgreSQL and Celery, and its CPU shows up as the server's latency. httpx's AsyncClient
-    cost about 9 ms of CPU per request here (py-spy and /proc, 2026-12-01); this client about
-    a tenth of that. It speaks just what the server answers: Content-Length bodies (JSON, 204)
+    cost 6 to 9 ms of CPU per request here, this client about 1 ms (/proc, 2026-12-01;
+    docs/RELIABILITY.md). It speaks just what the server answers: Content-Length bodies (JSON, 204)
     on kept-alive connections, one request at a time per connection. A broken connection
     raises httpx.TransportError, which `send` retries as before.
     """
