@@ -409,6 +409,9 @@ def memory_estimates(
     kv_heads = int(config.get("num_key_value_heads") or heads)
     probe = {4: "float32", 2: "bfloat16"}[memory.itemsize(shaped)]
     materialized = memory.attention_materializes_scores(probe, heads, kv_heads, head_dim)
+    from engine.backend import detect_backend
+
+    gpu = detect_backend() in memory.GPU_BACKENDS
     return {
         c: memory.estimate(
             shaped,
@@ -416,6 +419,7 @@ def memory_estimates(
             chunk_tokens=step,
             weights_bytes=weights,
             attention_materialized=materialized,
+            gpu=gpu,
         ).total_bytes
         for c in contexts
     }

@@ -123,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kv_heads = int(c.get("num_key_value_heads") or heads)
     materialized = memory.attention_materializes_scores(args.dtype, heads, kv_heads, head_dim)
     vocab = int(c.get("vocab_size") or 256)
+    from engine.backend import detect_backend
+
+    gpu = detect_backend() in memory.GPU_BACKENDS
 
     rows: list[dict[str, Any]] = []
     header = (
@@ -141,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 chunk_tokens=chunk,
                 weights_bytes=parameters,
                 attention_materialized=materialized,
+                gpu=gpu,
             )
             above_weights = estimate.kv_cache_bytes + estimate.activations_bytes
             row = {

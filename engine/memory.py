@@ -8,10 +8,25 @@ with the estimate in the reason: the cell is an error record, the other contexts
 
 peak = weights (the safetensors files' bytes)
      + KV cache: layers x 2 x kv_heads x head_dim x context (rounded up to mlx-lm's 256-token
-       growth step) x itemsize, plus one layer's copy while the cache grows
+       growth step) x itemsize, plus the copies made while it grows: one layer's on the CPU, a
+       quarter of the cache on a GPU (measured, below)
      + activations of one chunk: hidden states, q/k/v, the MLP's gate/up/product (the routed
        experts' for a mixture of experts) and, where this backend's attention materializes the
-       scores (probed once: CPU always does), scores and softmax of heads x chunk x context.
+       scores (probed once: CPU always does), scores and softmax of heads x chunk x context;
+       one layer's on the CPU, GPU_LAYERS_IN_FLIGHT layers' on a GPU.
+
+Why a GPU needs more than one layer's activations. A GPU backend frees a buffer when the work
+that used it has completed, and MLX queues many layers' work before it waits, so several layers'
+intermediates are alive at once. Measured on the H200 (2026-12-01, llama-8b-shape bf16,
+benchmarks/memory_probe.py and the cells' peaks, docs/PERFORMANCE.md "Where a prefill's memory
+goes"): above the weights and the KV cache itself, a stock prefill (2,048-token chunks) needed
+5.4 GiB at 4K growing to 13.3 GiB at 256K, i.e. 5.3 GiB (19.4 layers' activations by the formula
+above) plus a quarter of the KV cache. The estimate before that measurement (one layer) was 70-84%
+of the measured peaks; with these two terms it is 0.98-1.01x of stock's (2,048-token chunks) and
+1.11-1.15x of 4,096-token chunks' from 4K to 256K (tests/engine/test_memory.py holds the figures).
+Metal is treated as a GPU too (it also frees a buffer when the command buffer that used it
+completes); that is an assumption there, not a measurement: benchmarks/memory_probe.py measures
+it on any host.
 
 The device's memory is Metal's recommended working set, CUDA's total memory, or the system's
 memory on the CPU; `COLDBENCH_DEVICE_MEMORY_BYTES` overrides it (a host sharing its GPU, or a
@@ -19,20 +34,23 @@ test simulating a small device). Peak memory measured per cell stays in the reco
 (`peak_memory_bytes`), so every report shows the estimate's accuracy against context.
 
 The variant processes of one run are resident on the device together (they interleave cell by
-cell), so the orchestrator tells each how many peers it has (`COLDBENCH_PEER_PROCESSES`):
-- the guard leaves each peer its weights and a context margin;
-- the runner hands MLX's buffer cache back after every cell (`release_cached_buffers`), so an
-  idle process holds only its weights;
-- within a cell MLX keeps freed buffers for reuse up to its own memory limit (by default most of
-  the device), which a process alone may do and one with peers may not: `share_device` lowers
-  that limit to what the peers leave, so MLX reclaims its cache before the device is full.
-Seen on the H200 (2026-12-01, 8B shape, stock against `clear_cache=false` with 4,096-token
-chunks): with warm-ups overlapping, both processes lost their 64K and 128K cells to
-`cudaMallocAsync ... out of memory` and every later cell of a process failed with it; with
-warm-ups in turn and the cache handed back, the `clear_cache=false` process, whose cache grows
-through a whole prefill, still lost every 128K and 256K cell beside the idle stock process
-(its own warm-ups, run before the stock process loaded, passed). `share_device` is the answer
-to that second case; it has not run on the H200 yet.
+cell), so the orchestrator tells each how many peers it has (`COLDBENCH_PEER_PROCESSES`), and
+each process gets a share of the device (`MemoryGuard.share`): the guard checks the estimate
+against it and `share_device` lowers MLX's memory limit to it, so a process that keeps its
+buffer cache (`clear_cache=false`) reclaims it before the share is spent. The runner also hands
+MLX's buffer cache back after every cell (`release_cached_buffers`).
+- Metal and CPU: an idle process holds its weights, so the share is the device less each peer's
+  weights and a margin (PEER_OVERHEAD_BYTES).
+- CUDA: the device is split evenly. Seen on the H200 (2026-12-01, 8B shape, stock against
+  `clear_cache=false` with 4,096-token chunks, 128K and 256K): with the share computed as for
+  Metal (the device less the idle peer's weights, 123 GiB of 140), every cell of the
+  `clear_cache=false` process failed with `cudaMallocAsync ... out of memory` beside the idle
+  stock process, although alone it had warmed both contexts with a 58 GiB peak. Its buffer cache
+  may grow to its memory limit, and an idle CUDA process does not give back what its memory pool
+  reserved when MLX empties its cache (MLX frees into CUDA's stream-ordered pool, which keeps the
+  pages until it is trimmed). An even split bounds what every process can hold, whatever its
+  pool keeps; the two 256K processes need 58-61 GiB of their 68 GiB each. (Not yet re-run on the
+  H200 with this rule.)
 """
 
 from __future__ import annotations
@@ -57,6 +75,10 @@ GIB = 1 << 30
 # What an idle peer holds beyond its weights: its CUDA or Metal context, compiled kernels and
 # the small buffers MLX keeps (a margin, not a measurement; the guard's reason shows it).
 PEER_OVERHEAD_BYTES = 2 * GIB
+# A GPU's in-flight intermediates and KV growth copies (module docstring; measured on the H200).
+GPU_LAYERS_IN_FLIGHT = 20
+GPU_KV_GROWTH = 0.25
+GPU_BACKENDS = ("cuda", "metal")
 
 
 class ContextTooLarge(ValueError):
@@ -112,8 +134,10 @@ def estimate(
     chunk_tokens: int,
     weights_bytes: int,
     attention_materialized: bool,
+    gpu: bool = False,
 ) -> MemoryEstimate:
-    """The peak of one cold prefill of `context_tokens` in chunks of `chunk_tokens`."""
+    """The peak of one cold prefill of `context_tokens` in chunks of `chunk_tokens` (`gpu`: on a
+    GPU backend, whose intermediates of several layers are alive at once)."""
     c = _text_config(config)
     size = itemsize(config)
     hidden = int(c["hidden_size"])
@@ -123,14 +147,15 @@ def estimate(
     head_dim = int(c.get("head_dim") or hidden // heads)
     positions = -(-context_tokens // KV_STEP) * KV_STEP
     layer_kv = 2 * kv_heads * head_dim * positions * size
-    kv_cache = layers * layer_kv + layer_kv  # + one layer's copy while its cache grows
+    growth = max(layer_kv, int(GPU_KV_GROWTH * layers * layer_kv)) if gpu else layer_kv
+    kv_cache = layers * layer_kv + growth
     chunk = min(chunk_tokens, context_tokens)
     if c.get("num_experts_per_tok") and c.get("moe_intermediate_size"):
         mlp = int(c["num_experts_per_tok"]) * (3 * int(c["moe_intermediate_size"]) + hidden)
     else:
         mlp = 3 * int(c.get("intermediate_size") or 4 * hidden)
     per_token = 4 * hidden + 2 * (heads + 2 * kv_heads) * head_dim + mlp
-    activations = chunk * per_token * size
+    activations = chunk * per_token * size * (min(layers, GPU_LAYERS_IN_FLIGHT) if gpu else 1)
     activations += 2 * int(c.get("vocab_size") or 0) * 4  # the last position's logits
     if attention_materialized:
         # scores and their softmax (heads x chunk x keys), and the causal mask (bool)
@@ -242,9 +267,11 @@ class MemoryGuard:
         device: DeviceMemory,
         attention_materialized: bool,
         peers: int = 0,
+        backend: str = "cpu",
     ) -> None:
         self.config = dict(config)
         self.peers = peers
+        self.backend = backend
         self.weights_bytes = weights_bytes
         self.chunk_tokens = chunk_tokens
         self.device = device
@@ -272,6 +299,8 @@ class MemoryGuard:
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{path / 'config.json'} lacks the attention shape: {error}") from None
         dtype = {4: "float32", 2: "bfloat16"}[itemsize(config)]
+        from engine.backend import detect_backend
+
         return cls(
             config,
             weights_bytes=weights_bytes(path),
@@ -279,6 +308,7 @@ class MemoryGuard:
             device=device_memory(),
             attention_materialized=attention_materializes_scores(dtype, heads, kv_heads, head_dim),
             peers=peer_processes(),
+            backend=detect_backend(),
         )
 
     @classmethod
@@ -295,37 +325,57 @@ class MemoryGuard:
             chunk_tokens=self.chunk_tokens,
             weights_bytes=self.weights_bytes,
             attention_materialized=self.attention_materialized,
+            gpu=self.backend in GPU_BACKENDS,
         )
 
-    def held_by_peers(self) -> int:
-        return self.peers * (self.weights_bytes + PEER_OVERHEAD_BYTES)
+    def share(self) -> int | None:
+        """What this process may use of the device beside its peers (module docstring); None
+        when the device's size is unknown."""
+        if self.device.bytes is None:
+            return None
+        if not self.peers:
+            return self.device.bytes
+        if self.backend == "cuda":
+            processes = self.peers + 1
+            return (self.device.bytes - processes * PEER_OVERHEAD_BYTES) // processes
+        return self.device.bytes - self.peers * (self.weights_bytes + PEER_OVERHEAD_BYTES)
+
+    def share_reason(self) -> str:
+        """How the share was set, for the guard's refusal."""
+        if self.backend == "cuda":
+            return (
+                f"split evenly between the {self.peers + 1} variant processes of this run, less "
+                f"{gib(PEER_OVERHEAD_BYTES)} each for its context (an idle CUDA process keeps what "
+                "its memory pool reserved)"
+            )
+        others = f"{self.peers} other variant process{'es' if self.peers > 1 else ''} of this run"
+        return f"the weights and context of {others} hold the rest"
 
     def share_device(self) -> int | None:
-        """With peers, lower MLX's memory limit to what they leave this process (never raise
-        it), so its buffer cache is reclaimed before the device is full; returns the limit in
-        force, or None when there are no peers or the device's size is unknown."""
-        if not self.peers or self.device.bytes is None:
+        """With peers, lower MLX's memory limit to this process's share (never raise it), so its
+        buffer cache is reclaimed before the share is spent; returns the limit in force, or None
+        when there are no peers or the device's size is unknown."""
+        share = self.share()
+        if not self.peers or share is None:
             return None
         import mlx.core as mx
 
-        share = max(self.device.bytes - self.held_by_peers(), self.weights_bytes)
-        limit = min(int(mx.get_memory_limit()), share)
+        limit = min(int(mx.get_memory_limit()), max(share, self.weights_bytes))
         mx.set_memory_limit(limit)
         return limit
 
     def check(self, context_tokens: int) -> None:
-        if self.device.bytes is None:
+        share = self.share()
+        if share is None or self.device.bytes is None:
             return
         needed = self.estimate(context_tokens)
-        held_by_peers = self.held_by_peers()
-        if needed.total_bytes > self.device.bytes - held_by_peers:
-            peers = (
-                f", {gib(held_by_peers)} of it held by the weights and context of "
-                f"{self.peers} other variant process{'es' if self.peers > 1 else ''} of this run"
+        if needed.total_bytes > share:
+            shared = (
+                f" and this process may use {gib(share)} of it: {self.share_reason()}"
                 if self.peers
                 else ""
             )
             raise ContextTooLarge(
                 f"context {context_tokens} tokens does not fit: it needs {needed.describe()}, "
-                f"the device has {gib(self.device.bytes)} ({self.device.source}{peers})"
+                f"the device has {gib(self.device.bytes)} ({self.device.source}){shared}"
             )

@@ -46,6 +46,63 @@ def test_kv_cache_of_the_8b_shape_at_256k() -> None:
     assert "KV cache 33.0 GiB" in estimate.describe()
 
 
+# Peak memory of one cold prefill on the H200 (2026-12-01, llama-8b-shape-long bf16, weights
+# 14.96 GiB), GiB by context: stock's cells (2,048-token chunks) and the warm-ups of
+# `prefill_step_size=4096, clear_cache=false` (docs/PERFORMANCE.md, "Long contexts").
+H200_PEAKS_GIB = {
+    2048: {4096: 20.9, 16384: 23.5, 65536: 30.9, 131072: 40.2, 262144: 60.3},
+    4096: {4096: 23.0, 16384: 25.0, 65536: 32.0, 131072: 41.2, 262144: 58.0},
+}
+
+
+@pytest.mark.parametrize("chunk", sorted(H200_PEAKS_GIB))
+def test_the_gpu_estimate_follows_the_peaks_measured_on_the_h200(chunk: int) -> None:
+    config = {**get_preset("llama-8b-shape-long").config, "torch_dtype": "bfloat16"}
+    for context, measured_gib in H200_PEAKS_GIB[chunk].items():
+        measured = measured_gib * (1 << 30)
+        kwargs: dict[str, Any] = dict(
+            context_tokens=context,
+            chunk_tokens=chunk,
+            weights_bytes=int(14.96 * (1 << 30)),
+            attention_materialized=False,
+        )
+        gpu = memory.estimate(config, gpu=True, **kwargs).total_bytes
+        one_layer = memory.estimate(config, **kwargs).total_bytes
+        # the one-layer estimate the guard used before was 70-84% of these peaks
+        assert one_layer < 0.85 * measured
+        assert 0.97 * measured <= gpu <= 1.16 * measured, (chunk, context, gpu / measured)
+
+
+def test_cuda_splits_the_device_evenly_between_a_runs_processes() -> None:
+    config = {**get_preset("llama-8b-shape-long").config, "torch_dtype": "bfloat16"}
+    device = memory.DeviceMemory(143_771 << 20, "cuda total_memory")  # the H200
+
+    def guard(backend: str, peers: int) -> MemoryGuard:
+        return MemoryGuard(
+            config,
+            weights_bytes=int(14.96 * (1 << 30)),
+            chunk_tokens=4096,
+            device=device,
+            attention_materialized=False,
+            peers=peers,
+            backend=backend,
+        )
+
+    two = guard("cuda", 1)
+    assert two.share() == (device.bytes - 2 * memory.PEER_OVERHEAD_BYTES) // 2
+    two.check(262_144)  # the 256K cell beside one peer: about 66 of 68 GiB
+    three = guard("cuda", 2)
+    with pytest.raises(ContextTooLarge) as refused:
+        three.check(262_144)
+    assert "split evenly between the 3 variant processes of this run" in str(refused.value)
+    three.check(65_536)
+    # Metal and the CPU leave each idle peer its weights and a margin, no more
+    assert guard("metal", 2).share() == device.bytes - 2 * (
+        int(14.96 * (1 << 30)) + memory.PEER_OVERHEAD_BYTES
+    )
+    guard("metal", 2).check(262_144)
+
+
 def test_the_estimate_bounds_the_measured_peak(
     tiny_model: tuple[Any, Any, dict[str, Any]], tiny_model_dir: Path
 ) -> None:
