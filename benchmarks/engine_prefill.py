@@ -62,6 +62,17 @@ PrefillTimer = Callable[[nn.Module, list[int]], float]
 INVALID: dict[tuple[int, str], str] = {}
 
 
+def run_header() -> dict[str, Any]:
+    """When, how and where a benchmark ran: the head of every JSON these scripts write."""
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv,
+        "device": str(mx.default_device()),
+        "machine": platform.platform(),
+        "mlx": mx.__version__,
+    }
+
+
 # -- model and prompts ---------------------------------------------------------------------
 
 
@@ -374,11 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).write_text(
             json.dumps(
                 {
-                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "argv": sys.argv,
-                    "device": str(mx.default_device()),
-                    "machine": platform.platform(),
-                    "mlx": mx.__version__,
+                    **run_header(),
                     "model_config": config,
                     "timings_s": {str(c): r for c, r in results.items()},
                     "summary": {str(c): s for c, s in summary.items()},

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,7 @@ import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from benchmarks.engine_prefill import build_in_memory, load_model  # noqa: E402
+from benchmarks.engine_prefill import build_in_memory, load_model, run_header  # noqa: E402
 from engine import memory  # noqa: E402
 
 GIB = 1 << 30
@@ -171,11 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).write_text(
             json.dumps(
                 {
-                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "argv": sys.argv,
-                    "device": str(mx.default_device()),
-                    "machine": platform.platform(),
-                    "mlx": mx.__version__,
+                    **run_header(),
                     "weights_active_bytes": weights,
                     "parameters_bytes": parameters,
                     "attention_materialized": materialized,

@@ -278,3 +278,21 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k != DEVICE_MEMORY_ENV}
+
+
+def test_the_memory_probe_measures_each_term_of_the_estimate(tmp_path: Path) -> None:
+    """benchmarks/memory_probe.py on the tiny preset: the KV cache it measures is the estimate's
+    (without the growth copy), and on this CPU the estimate bounds the measured peak."""
+    from benchmarks import memory_probe
+
+    out = tmp_path / "probe.json"
+    argv = ["--preset", "tiny", "--dtype", "float32", "--contexts", "128,256"]
+    assert memory_probe.main([*argv, "--chunks", "64", "--json", str(out)]) == 0
+    probe = json.loads(out.read_text())
+    assert probe["device"] and probe["argv"] and probe["attention_materialized"] is not None
+    config = get_preset("tiny").config
+    layers = int(config["num_hidden_layers"])
+    for row in probe["rows"]:
+        one_layer_copy = row["estimated_kv_bytes"] // (layers + 1)
+        assert row["measured_kv_bytes"] == row["estimated_kv_bytes"] - one_layer_copy
+        assert 0 < row["measured_peak_above_weights_bytes"] <= row["estimated_above_weights_bytes"]
