@@ -39,6 +39,12 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 DEFAULT_WARMUP_TOKENS = 256
 
 
+# Set by the orchestrator in a variant process's environment: load, print `loaded`, wait for
+# `{"op": "warmup"}` (engine/runner.py). An environment variable, not a plan field, so that a
+# runner of an older engine commit, whose Plan refuses unknown fields, still starts.
+WARMUP_GATE_ENV = "COLDBENCH_WARMUP_GATE"
+
+
 @dataclass(frozen=True)
 class CellRequest:
     round: int

@@ -9,7 +9,13 @@ appending each record to the plan's `records_path` (flush + fsync: a crash loses
 cell in flight) and printing `{"event": "record", "record": {...}}`. With `cells` in the plan
 it runs those and exits (batch mode). The warm-up records are in the records file and in the
 ready event (`"warmups": [...]`, and the first as `"warmup"`), so stdout's first line is always
-`ready` or `error`. stdout
+`loaded`, `ready` or `error`.
+
+With `COLDBENCH_WARMUP_GATE=1` (set by the orchestrator, worker/variants.py) the runner prints
+`{"event": "loaded"}` once the model is loaded and waits for the stdin line `{"op": "warmup"}`
+before its warm-ups (`{"op": "exit"}` or EOF end it): a block's processes load at the same time
+and warm up one after another. A runner that does not know the gate (an older commit of an
+embedded repository) warms up at once and prints `ready`, which the orchestrator accepts. stdout
 carries only these JSON lines; logs go to stderr. A plan or load failure prints
 `{"event": "error", "reason": "..."}` and exits 2; a bad stdin line gets an error event and the
 process keeps serving.
@@ -26,7 +32,7 @@ from typing import IO, Any
 
 from engine.cell import now_iso
 from engine.memory import release_cached_buffers
-from engine.plan import CellRequest, Plan
+from engine.plan import WARMUP_GATE_ENV, CellRequest, Plan
 
 log = logging.getLogger("engine.runner")
 RECORD_SCHEMA = "coldbench.record/1"
@@ -128,6 +134,19 @@ class VariantProcess:
         self.records.close()
 
 
+def wait_for_warmup(lines: IO[str], process: VariantProcess) -> bool:
+    """Block until the orchestrator's `{"op": "warmup"}`; False on `exit` or EOF."""
+    for line in lines:
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            message = None
+        if isinstance(message, dict) and message.get("op") in ("warmup", "exit"):
+            return message["op"] == "warmup"
+        process.emit({"event": "error", "reason": f"expected a warmup op, got {line.strip()[:80]}"})
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.runner", description=__doc__)
     parser.add_argument("--plan", required=True, help="plan JSON file")
@@ -156,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
         return 2
     try:
+        if plan.cells is None and os.environ.get(WARMUP_GATE_ENV) == "1":
+            process.emit({"event": "loaded"})
+            if not wait_for_warmup(sys.stdin, process):
+                return 0
         warmups = [
             process.run(CellRequest(0, 0, context), warmup=True) for context in plan.warmup_shapes()
         ]

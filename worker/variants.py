@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.memory import PEER_PROCESSES_ENV
+from engine.plan import WARMUP_GATE_ENV
 from worker.schedule import Cell, start_order
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class VariantProcess:
         self.plan_path.write_text(json.dumps(plan, indent=2, sort_keys=True))
         self.target: dict[str, Any] | None = None
         self.early_records: list[dict[str, Any]] = []
+        self._ready_event: dict[str, Any] | None = None
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
@@ -135,8 +137,10 @@ class VariantProcess:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             # peers: the other variants' processes resident beside it (engine.memory's guard)
+            # the gate: it loads, then waits for `release_warmup` (engine/runner.py)
             env=child_env(
-                {**launch.env, PEER_PROCESSES_ENV: str(peers)}, first=launch.pythonpath_first
+                {**launch.env, PEER_PROCESSES_ENV: str(peers), WARMUP_GATE_ENV: "1"},
+                first=launch.pythonpath_first,
             ),
             # Its own session: a Ctrl-C or SIGTERM meant for the orchestrator does not kill the
             # cell in flight; the orchestrator decides when its children stop.
@@ -181,16 +185,52 @@ class VariantProcess:
             if isinstance(event, dict):
                 return event
 
-    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
+    def wait_loaded(self, timeout_s: float) -> None:
+        """Wait until the runner has loaded the model, then let it warm up. A runner without
+        the gate (an older engine commit) has warmed up already: its `ready` is kept for
+        `wait_ready`."""
         deadline = time.monotonic() + timeout_s
-        while True:
+        while self._ready_event is None:
             try:
                 event = self._next_event(deadline)
             except TimeoutError:
                 self.kill()
                 raise VariantError(
-                    f"variant {self.launch.name}: not ready after {timeout_s:.0f} s"
+                    f"variant {self.launch.name}: not loaded after {timeout_s:.0f} s"
                 ) from None
+            kind = event.get("event")
+            if kind == "loaded":
+                self._send({"op": "warmup"})
+                return
+            if kind == "error":
+                self.kill()
+                raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
+            if kind == "ready":
+                self._ready_event = event
+            elif kind == "record":
+                self.early_records.append(event["record"])
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as error:
+            raise VariantError(f"variant {self.launch.name}: process gone ({error})") from None
+
+    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._ready_event is not None:
+                event, self._ready_event = self._ready_event, None
+            else:
+                try:
+                    event = self._next_event(deadline)
+                except TimeoutError:
+                    self.kill()
+                    raise VariantError(
+                        f"variant {self.launch.name}: not ready after {timeout_s:.0f} s"
+                    ) from None
             kind = event.get("event")
             if kind == "ready":
                 self.target = dict(event.get("target") or {})
@@ -207,12 +247,7 @@ class VariantProcess:
 
     def run_cell(self, cell: Cell, timeout_s: float) -> dict[str, Any]:
         """Send one cell, wait for its record; on timeout kill the process and raise."""
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(cell.message()).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as error:
-            raise VariantError(f"variant {self.launch.name}: process gone ({error})") from None
+        self._send(cell.message())
         deadline = time.monotonic() + timeout_s
         while True:
             event = self._next_event(deadline)
@@ -340,6 +375,7 @@ def run_schedule(
 
     def ready(process: VariantProcess) -> VariantProcess:
         try:
+            process.wait_loaded(ready_timeout_s)
             target = process.wait_ready(ready_timeout_s)
         except BaseException:
             process.kill()
@@ -376,16 +412,23 @@ def run_schedule(
     ):
 
         def start_block(block: int) -> None:
-            """Stop every variant's process, then start fresh ones for this block in its rotated
-            order, one after another: each loads and runs its warm-ups before the next starts,
-            because warm-ups at every context of the matrix at once would need every process's
-            largest peak on the device together (on the H200, two 8B processes warming 64K and
-            128K ran out of memory; engine.memory). A variant that cannot load fails the run
-            before the block's first timed cell."""
+            """Stop every variant's process, then start fresh ones for this block: they load
+            their models at the same time, and warm up one after another in the block's rotated
+            order, because warm-ups at every context of the matrix at once would need every
+            process's largest peak on the device together (on the H200, two 8B processes warming
+            64K and 128K ran out of memory; engine.memory). A variant that cannot load fails the
+            run before the block's first timed cell."""
             for name in list(processes):
                 processes.pop(name).stop()
-            for name in start_order(list(by_name), seed=seed, block=block):
-                processes[name] = ready(spawn(name))
+            order = start_order(list(by_name), seed=seed, block=block)
+            spawned = [spawn(name) for name in order]
+            try:
+                for process in spawned:
+                    processes[process.launch.name] = ready(process)
+            except BaseException:
+                for process in spawned:
+                    process.kill()
+                raise
 
         block: int | None = None
         try:

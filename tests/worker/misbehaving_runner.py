@@ -2,8 +2,10 @@
 
 Only for driving the orchestrator's fault paths (a hung cell, a crash mid-cell, a model that
 does not load), which the real runner cannot be made to do on purpose. The plan's `flags`
-choose the fault: `hang_round`, `crash_round`, `fail_load`, `cell_s`, `warmup_s` (the warm-up's
-length; its record carries when it ran and the peer count the orchestrator gave the process).
+choose the fault: `hang_round`, `crash_round`, `fail_load`, `cell_s`, `load_s` and `warmup_s`
+(how long loading and the warm-up take; the warm-up's record carries when each ran and the peer
+count the orchestrator gave the process), `no_gate` (a runner that predates the load/warm-up
+gate: it warms up at once and prints `ready`).
 """
 
 from __future__ import annotations
@@ -57,11 +59,22 @@ def main() -> None:
         sys.stdout.flush()
         sys.exit(2)
     out = open(plan["records_path"], "a")  # noqa: SIM115 - open for the process's life
+    load_started = datetime.now(UTC).isoformat()
+    time.sleep(float(flags.get("load_s", 0)))
+    load_ended = datetime.now(UTC).isoformat()
+    if os.environ.get("COLDBENCH_WARMUP_GATE") == "1" and not flags.get("no_gate"):
+        print(json.dumps({"event": "loaded"}))
+        sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line or json.loads(line).get("op") != "warmup":
+            sys.exit(0)
     warm_started = datetime.now(UTC).isoformat()
     time.sleep(float(flags.get("warmup_s", 0)))
     warmup = _record(plan, {"round": -1, "order": -1, "context_tokens": 8}, "warmup", "warm-up")
     warmup["started_at"] = warm_started
     warmup["counters"]["peers"] = os.environ.get("COLDBENCH_PEER_PROCESSES")
+    warmup["counters"]["load_started"] = load_started
+    warmup["counters"]["load_ended"] = load_ended
     out.write(json.dumps(warmup) + "\n")
     out.flush()
     print(

@@ -186,6 +186,29 @@ def test_a_block_warms_its_processes_one_after_another_and_counts_peers(tmp_path
             assert ended <= started, f"block {block}: warm-ups overlap: {spans}"
 
 
+def test_a_blocks_processes_load_together_then_warm_up_in_turn(tmp_path: Path) -> None:
+    # Loading (imports, weights) needs no more memory at once than the weights the processes
+    # hold anyway, so it overlaps; the warm-ups still take turns. One runner predates the gate
+    # (an older engine commit) and is accepted as it is.
+    rounds = plan_rounds(["a", "b", "c"], [64], seed=2, rounds=1)
+    launches = [_launch(name, load_s=1.0, warmup_s=0.2) for name in "ab"]
+    outcome = run_schedule(
+        [*launches, _launch("c", load_s=1.0, warmup_s=0.2, no_gate=True)],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=1,
+        seed=2,
+    )
+    warmups = [r for r in outcome.records if r["status"] == "warmup"]
+    assert sorted(w["variant"] for w in warmups) == ["a", "b", "c"]
+    loads = [(w["counters"]["load_started"], w["counters"]["load_ended"]) for w in warmups]
+    assert max(started for started, _ in loads) < min(ended for _, ended in loads), loads
+    gated = sorted((w["started_at"], w["ended_at"]) for w in warmups if w["variant"] != "c")
+    assert gated[0][1] <= gated[1][0], f"warm-ups overlap: {gated}"
+    assert all(r["status"] == "ok" for r in outcome.records if r["round"] >= 0)
+
+
 def test_a_restart_after_a_crash_is_a_new_process_instance(tmp_path: Path) -> None:
     rounds = plan_rounds(["a"], [64], seed=0, rounds=3)
     outcome = run_schedule(
