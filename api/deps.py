@@ -68,6 +68,16 @@ def get_current_worker(db_session: SessionDep, credentials: BearerDep) -> Host:
     return host
 
 
+def get_current_worker_id(db_session: SessionDep, credentials: BearerDep) -> str:
+    """The calling worker's id, for routes that need no more of the host than who it is."""
+    worker_id = auth_service.authenticate_worker_id(
+        db_session=db_session, token=bearer_token(credentials)
+    )
+    if worker_id is None:
+        raise NotAuthenticated("invalid worker token")
+    return worker_id
+
+
 def get_current_submitter(db_session: SessionDep, credentials: BearerDep) -> ApiKey:
     key = auth_service.authenticate_submitter(
         db_session=db_session, token=bearer_token(credentials)
@@ -87,5 +97,6 @@ def require_admin(settings: SettingsDep, credentials: BearerDep) -> None:
 
 
 CurrentWorker = Annotated[Host, Depends(get_current_worker)]
+CurrentWorkerId = Annotated[str, Depends(get_current_worker_id)]
 CurrentSubmitter = Annotated[ApiKey, Depends(get_current_submitter)]
 AdminKey = Annotated[None, Depends(require_admin)]

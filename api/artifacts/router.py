@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from api.artifacts import service
-from api.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
+from api.deps import CurrentWorkerId, SessionDep, SettingsDep, StoreDep
 from api.errors import TooLarge
 from api.routing import StrictJSONRoute
 from evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
@@ -30,7 +30,7 @@ async def upload_artifact(
     db_session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
-    host: CurrentWorker,
+    host_id: CurrentWorkerId,
     attempt: Annotated[int, Query(ge=1, le=ATTEMPT_MAX)],
     x_content_sha256: Annotated[str | None, Header(alias=CONTENT_SHA256_HEADER)] = None,
     content_length: Annotated[int | None, Header()] = None,
@@ -44,7 +44,7 @@ async def upload_artifact(
     await run_in_threadpool(
         lambda: service.check_upload(
             db_session=db_session,
-            host=host,
+            host_id=host_id,
             run_id=run_id,
             attempt=attempt,
             name=name,
@@ -57,7 +57,7 @@ async def upload_artifact(
     row, created = await run_in_threadpool(
         lambda: service.record_upload(
             db_session=db_session,
-            host=host,
+            host_id=host_id,
             run_id=run_id,
             attempt=attempt,
             name=name,

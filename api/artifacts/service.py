@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -11,8 +13,8 @@ from sqlalchemy.orm import Session
 from api.artifacts.models import Artifact
 from api.artifacts.store import SHA256_PATTERN, StoredBlob
 from api.errors import Conflict, Invalid
-from api.hosts.models import Host
 from api.runs import service as run_service
+from api.runs.models import Run, RunAttempt
 
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -36,63 +38,128 @@ def find_artifact(*, db_session: Session, run_id: str, attempt: int, name: str) 
     ).one_or_none()
 
 
+@dataclass(frozen=True)
+class StoredArtifact:
+    """An artifact row as an upload answers it."""
+
+    name: str
+    sha256: str
+    bytes: int
+
+
+# What an upload is judged on, in one statement: the run (its state, holder, attempt), who held
+# the named attempt, and the artifact already stored under this name for it. Core on the
+# session's connection: through the ORM this was five queries, each loading objects, twice per
+# upload, the largest share of an agent's requests' server CPU (docs/RELIABILITY.md).
+_runs = cast(sa.Table, Run.__table__)
+_attempts = cast(sa.Table, RunAttempt.__table__)
+_artifacts = cast(sa.Table, Artifact.__table__)
+_ATTEMPT = sa.bindparam("w_attempt", type_=sa.Integer)
+_UPLOAD_STATE = (
+    sa.select(
+        _runs.c.state,
+        _runs.c.host_id,
+        _runs.c.attempt,
+        _attempts.c.host_id.label("attempt_host_id"),
+        _artifacts.c.sha256,
+        _artifacts.c.bytes,
+    )
+    .select_from(
+        _runs.outerjoin(
+            _attempts, sa.and_(_attempts.c.run_id == _runs.c.id, _attempts.c.attempt == _ATTEMPT)
+        ).outerjoin(
+            _artifacts,
+            sa.and_(
+                _artifacts.c.run_id == _runs.c.id,
+                _artifacts.c.attempt == _ATTEMPT,
+                _artifacts.c.name == sa.bindparam("w_name", type_=_artifacts.c.name.type),
+            ),
+        )
+    )
+    .where(_runs.c.id == sa.bindparam("w_run", type_=_runs.c.id.type))
+)
+
+
 def check_upload(
-    *, db_session: Session, host: Host, run_id: str, attempt: int, name: str, sha256: str
-) -> Artifact | None:
-    """Refuse an upload before its bytes are read; returns the identical row if one exists."""
-    run_service.host_attempt(db_session=db_session, host=host, run_id=run_id, attempt=attempt)
-    run = run_service.get_run(db_session=db_session, run_id=run_id)
-    existing = find_artifact(db_session=db_session, run_id=run_id, attempt=attempt, name=name)
+    *,
+    db_session: Session,
+    host_id: str,
+    run_id: str,
+    attempt: int,
+    name: str,
+    sha256: str,
+    release: bool = True,
+) -> StoredArtifact | None:
+    """Refuse an upload before its bytes are read; returns the identical row if one exists.
+
+    `release` ends the read transaction (the body streams next, holding no connection)."""
+    found = (
+        db_session.connection()
+        .execute(_UPLOAD_STATE, {"w_run": run_id, "w_attempt": attempt, "w_name": name})
+        .one_or_none()
+    )
+    run_service.require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
+    existing = (
+        None if found.sha256 is None else StoredArtifact(name, found.sha256, int(found.bytes))
+    )
     if existing is not None and existing.sha256 != sha256:
         raise Conflict(
             f"{name} of run {run_id} attempt {attempt} was already uploaded with sha256 "
             f"{existing.sha256}; a stored artifact never changes"
         )
-    if existing is None and not run_service.is_current(run, host, attempt):
+    if existing is None and not run_service.row_is_current(found, host_id, attempt):
         raise Conflict(
-            f"attempt {attempt} of run {run_id} is no longer current (run is {run.state}, "
-            f"attempt {run.attempt})"
+            f"attempt {attempt} of run {run_id} is no longer current (run is {found.state}, "
+            f"attempt {found.attempt})"
         )
-    db_session.rollback()  # release the read transaction while the body streams
+    if release:
+        db_session.rollback()
     return existing
 
 
 def record_upload(
-    *, db_session: Session, host: Host, run_id: str, attempt: int, name: str, blob: StoredBlob
-) -> tuple[Artifact, bool]:
+    *, db_session: Session, host_id: str, run_id: str, attempt: int, name: str, blob: StoredBlob
+) -> tuple[StoredArtifact, bool]:
     """The row for a stored blob; (row, created). Idempotent for the same name and digest."""
 
-    def recheck() -> Artifact | None:
+    def recheck(release: bool) -> StoredArtifact | None:
         return check_upload(
             db_session=db_session,
-            host=host,
+            host_id=host_id,
             run_id=run_id,
             attempt=attempt,
             name=name,
             sha256=blob.sha256,
+            release=release,
         )
 
-    existing = recheck()
-    if existing is not None:
-        return existing, False
-    row = Artifact(
-        run_id=run_id,
-        attempt=attempt,
-        name=name,
-        sha256=blob.sha256,
-        bytes=blob.bytes,
-        storage_path=blob.storage_path,
-    )
-    db_session.add(row)
     try:
+        # The check and the insert in one transaction: one connection checkout, not two.
+        existing = recheck(release=False)
+        if existing is not None:
+            db_session.rollback()
+            return existing, False
+        db_session.connection().execute(
+            sa.insert(_artifacts).values(
+                run_id=run_id,
+                attempt=attempt,
+                name=name,
+                sha256=blob.sha256,
+                bytes=blob.bytes,
+                storage_path=blob.storage_path,
+            )
+        )
         db_session.commit()
     except IntegrityError:
         # A concurrent upload of the same name won the race; same answer as a repeat.
         db_session.rollback()
-        existing = recheck()
+        existing = recheck(release=True)
         assert existing is not None
         return existing, False
-    return row, True
+    except BaseException:
+        db_session.rollback()
+        raise
+    return StoredArtifact(name, blob.sha256, blob.bytes), True
 
 
 def run_artifacts(*, db_session: Session, run_id: str, attempt: int) -> list[Artifact]:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from api.deps import BearerDep, CurrentSubmitter, CurrentWorker, SessionDep, SettingsDep
+from api.deps import (
+    BearerDep,
+    CurrentSubmitter,
+    CurrentWorker,
+    CurrentWorkerId,
+    SessionDep,
+    SettingsDep,
+)
 from api.deps import bearer_token as _bearer_token
 from api.hosts import service
 from api.hosts.schemas import HostOut
@@ -41,12 +48,12 @@ def register(body: RegisterRequest, db_session: SessionDep, credentials: BearerD
 
 @router.post("/workers/heartbeat", response_model=HeartbeatResponse)
 def heartbeat(
-    body: HeartbeatRequest, db_session: SessionDep, settings: SettingsDep, host: CurrentWorker
+    body: HeartbeatRequest, db_session: SessionDep, settings: SettingsDep, host_id: CurrentWorkerId
 ):
     cancel = run_service.heartbeat(
         db_session=db_session,
         settings=settings,
-        host=host,
+        host_id=host_id,
         run_id=body.run_id,
         attempt=body.attempt,
         progress=body.progress.model_dump(mode="json") if body.progress else None,

@@ -382,22 +382,39 @@ def _cancel_runs(db_session: Session, job_id: str, now: Any) -> None:
             run.reason = "job cancelled"
 
 
-def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
-    """Derive the job's state from its runs (no commit); True when analysis should start."""
-    job = db_session.get(Job, job_id)
-    if job is None or job.state in (JobState.CANCELLED, JobState.DONE, JobState.ANALYZING):
-        return False
-    states = [run.state for run in job_runs(db_session=db_session, job_id=job_id)]
-    if all(RunState(state).is_final for state in states):
-        if RunState.PROCESSED in states:
+def next_job_state(current: str, run_states: list[str]) -> tuple[str, str | None] | None:
+    """The job's new state derived from its runs' states, with the reason to store, or None
+    when it stays (also for a job cancelled, done or being analysed)."""
+    if current in (JobState.CANCELLED, JobState.DONE, JobState.ANALYZING):
+        return None
+    reason = None
+    if all(RunState(state).is_final for state in run_states):
+        if RunState.PROCESSED in run_states:
             new_state = JobState.ANALYZING
         else:
             new_state = JobState.FAILED
-            job.reason = "no run produced results"
-    elif all(state == RunState.QUEUED for state in states):
+            reason = "no run produced results"
+    elif all(state == RunState.QUEUED for state in run_states):
         new_state = JobState.QUEUED
     else:
         new_state = JobState.RUNNING
+    if new_state == current and reason is None:
+        return None
+    return new_state, reason
+
+
+def refresh_job_state(*, db_session: Session, job_id: str) -> bool:
+    """Derive the job's state from its runs (no commit); True when analysis should start."""
+    job = db_session.get(Job, job_id)
+    if job is None:
+        return False
+    states = [run.state for run in job_runs(db_session=db_session, job_id=job_id)]
+    change = next_job_state(job.state, states)
+    if change is None:
+        return False
+    new_state, reason = change
+    if reason is not None:
+        job.reason = reason
     if new_state != job.state:
         job.state = new_state
         job.updated_at = utcnow()

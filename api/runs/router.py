@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 
-from api.deps import CurrentWorker, SessionDep, SettingsDep
+from api.deps import CurrentWorker, CurrentWorkerId, SessionDep, SettingsDep
 from api.routing import StrictJSONRoute
 from api.runs import service
 from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
@@ -45,14 +45,14 @@ async def claim_lease(
 
 
 @router.post("/runs/{run_id}/complete", response_model=CompleteResponse)
-def complete(run_id: str, body: CompleteRequest, db_session: SessionDep, host: CurrentWorker):
-    run = service.complete_run(
+def complete(run_id: str, body: CompleteRequest, db_session: SessionDep, host_id: CurrentWorkerId):
+    done = service.complete_run(
         db_session=db_session,
-        host=host,
+        host_id=host_id,
         run_id=run_id,
         attempt=body.attempt,
         status=body.status,
         reason=body.reason,
         manifest=body.manifest,
     )
-    return CompleteResponse(run_id=run.id, attempt=run.attempt, state=run.state)
+    return CompleteResponse(run_id=done.run_id, attempt=done.attempt, state=done.state)

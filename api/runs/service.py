@@ -409,131 +409,358 @@ async def wait_for_lease(
             return None
 
 
-# --- heartbeat --------------------------------------------------------------------------
+# --- heartbeat ---------------------------------------------------------------------------
+
+# Heartbeats and completions are most of an agent's requests: Core statements on the session's
+# connection, like the claim (through the ORM each cost 7 to 23 ms of server CPU under load,
+# most of it loading, autoflushing and flushing objects; docs/RELIABILITY.md).
+_artifacts = cast(sa.Table, Artifact.__table__)
+
+# A run as a host's request about one of its attempts sees it: the run's state, holder and
+# current attempt, and who held attempt `w_attempt` (NULL: no such attempt).
+_RUN_AND_ATTEMPT = (
+    sa.select(
+        _runs.c.state,
+        _runs.c.host_id,
+        _runs.c.attempt,
+        _runs.c.job_id,
+        _attempts.c.host_id.label("attempt_host_id"),
+        _attempts.c.state.label("attempt_state"),
+    )
+    .select_from(
+        _runs.outerjoin(
+            _attempts,
+            sa.and_(
+                _attempts.c.run_id == _runs.c.id,
+                _attempts.c.attempt == sa.bindparam("w_attempt", type_=sa.Integer),
+            ),
+        )
+    )
+    .where(_runs.c.id == sa.bindparam("w_run", type_=_runs.c.id.type))
+)
+
+
+def require_holder(found: Any, *, host_id: str, run_id: str, attempt: int) -> None:
+    """NotFound when `found` (a row of a run and one attempt) is None, Forbidden unless that
+    attempt was this host's: `host_attempt`'s refusals, for Core rows."""
+    if found is None:
+        raise NotFound(f"no run {run_id!r}")
+    if found.attempt_host_id != host_id:
+        raise Forbidden(f"run {run_id} attempt {attempt} is not leased to this worker")
+
+
+def row_is_current(found: Any, host_id: str, attempt: int) -> bool:
+    """`is_current` for a Core row of the run."""
+    return found.state == RunState.LEASED and found.host_id == host_id and found.attempt == attempt
+
+
+def _held_by(statement: Any) -> Any:
+    """`statement` limited to the run `w_run` while attempt `w_attempt` of it is leased to
+    host `w_host`."""
+    return statement.where(
+        _runs.c.id == sa.bindparam("w_run", type_=_runs.c.id.type),
+        _runs.c.state == RunState.LEASED,
+        _runs.c.host_id == sa.bindparam("w_host", type_=_runs.c.host_id.type),
+        _runs.c.attempt == sa.bindparam("w_attempt", type_=sa.Integer),
+    )
+
+
+_WHEN = _runs.c.lease_expires_at.type
+_HOST_SEEN = (
+    sa.update(_hosts)
+    .where(_hosts.c.id == sa.bindparam("w_host", type_=_hosts.c.id.type))
+    .values(last_heartbeat_at=sa.bindparam("w_now", type_=_WHEN))
+)
+_RENEW = _held_by(sa.update(_runs)).values(lease_expires_at=sa.bindparam("w_expires", type_=_WHEN))
+_RENEW_WITH_PROGRESS = _held_by(sa.update(_runs)).values(
+    lease_expires_at=sa.bindparam("w_expires", type_=_WHEN),
+    progress=sa.bindparam("w_progress", type_=_runs.c.progress.type),
+)
 
 
 def heartbeat(
     *,
     db_session: Session,
     settings: Settings,
-    host: Host,
+    host_id: str,
     run_id: str | None,
     attempt: int | None,
     progress: dict[str, Any] | None,
 ) -> bool:
-    """Record that the host is alive (and the run's progress); True when it should stop."""
+    """Record that the host is alive (and the run's progress); True when it should stop.
+
+    Two or three statements: the host's heartbeat time, then the lease renewed only where
+    the run is still leased to this host as this attempt; when it is not, why (not this
+    host's attempt: refused; cancelled with its job, or lost and requeued: stop working)."""
+    if run_id is not None and attempt is None:
+        raise Invalid("heartbeat names a run_id without its attempt")
     now = utcnow()
-    host.last_heartbeat_at = now
     cancel = False
-    if run_id is not None:
-        if attempt is None:
-            raise Invalid("heartbeat names a run_id without its attempt")
-        host_attempt(db_session=db_session, host=host, run_id=run_id, attempt=attempt)
-        run = get_run(db_session=db_session, run_id=run_id)
-        if is_current(run, host, attempt):
-            run.lease_expires_at = now + timedelta(seconds=settings.lease_ttl_s)
+    try:
+        connection = db_session.connection()
+        connection.execute(_HOST_SEEN, {"w_host": host_id, "w_now": now})
+        if run_id is not None:
+            params: dict[str, Any] = {
+                "w_run": run_id,
+                "w_host": host_id,
+                "w_attempt": attempt,
+                "w_expires": now + timedelta(seconds=settings.lease_ttl_s),
+            }
             if progress is not None:
-                run.progress = progress
-        else:
-            # Cancelled with its job, or this attempt was lost and requeued: stop working.
-            cancel = True
-    db_session.commit()
+                params["w_progress"] = progress
+            renewed = connection.execute(
+                _RENEW if progress is None else _RENEW_WITH_PROGRESS, params
+            ).rowcount
+            if renewed != 1:
+                found = connection.execute(
+                    _RUN_AND_ATTEMPT, {"w_run": run_id, "w_attempt": attempt}
+                ).one_or_none()
+                require_holder(found, host_id=host_id, run_id=run_id, attempt=cast(int, attempt))
+                cancel = True
+        db_session.commit()
+    except BaseException:
+        db_session.rollback()
+        raise
+    _expire_loaded(db_session, (Host, host_id), (Run, run_id))
     return cancel
+
+
+def _expire_loaded(db_session: Session, *keys: tuple[type, str | None]) -> None:
+    """Objects of this session (tests share one) read these rows again when next used."""
+    for model, key in keys:
+        if key is None:
+            continue
+        loaded = db_session.identity_map.get(identity_key(model, key))
+        if loaded is not None:
+            db_session.expire(loaded)
 
 
 # --- completion -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Completed:
+    """What a completion answers: the run, its attempt and the state it is in now."""
+
+    run_id: str
+    attempt: int
+    state: str
+
+
+_UPLOADED = sa.select(_artifacts.c.name, _artifacts.c.sha256, _artifacts.c.bytes).where(
+    _artifacts.c.run_id == sa.bindparam("w_run", type_=_artifacts.c.run_id.type),
+    _artifacts.c.attempt == sa.bindparam("w_attempt", type_=sa.Integer),
+)
+_END_ATTEMPT = (
+    sa.update(_attempts)
+    .where(
+        _attempts.c.run_id == sa.bindparam("w_run", type_=_attempts.c.run_id.type),
+        _attempts.c.attempt == sa.bindparam("w_attempt", type_=sa.Integer),
+    )
+    .values(
+        state=sa.bindparam("w_state", type_=_attempts.c.state.type),
+        ended_at=sa.bindparam("w_now", type_=_WHEN),
+        reason=sa.bindparam("w_reason", type_=_attempts.c.reason.type),
+    )
+)
+_HOST_READY = (
+    sa.update(_hosts)
+    .where(
+        _hosts.c.id == sa.bindparam("w_host", type_=_hosts.c.id.type),
+        _hosts.c.health != "ready",
+    )
+    .values(health="ready")
+)
+_JOB_AND_RUN_STATES = (
+    sa.select(_jobs.c.state, _runs.c.state.label("run_state"))
+    .select_from(_jobs.join(_runs, _runs.c.job_id == _jobs.c.id))
+    .where(_jobs.c.id == sa.bindparam("w_job", type_=_jobs.c.id.type))
+)
+
+
+def _refresh_job_state(connection: sa.Connection, job_id: str, now: Any) -> bool:
+    """`job_service.refresh_job_state` as Core statements: one read of the job's state and
+    its runs' states, one write when the state changes; True when analysis should start."""
+    rows = connection.execute(_JOB_AND_RUN_STATES, {"w_job": job_id}).all()
+    if not rows:
+        return False
+    change = job_service.next_job_state(rows[0].state, [row.run_state for row in rows])
+    if change is None:
+        return False
+    new_state, reason = change
+    values: dict[str, Any] = {}
+    if new_state != rows[0].state:
+        values.update(state=new_state, updated_at=now)
+    if reason is not None:
+        values["reason"] = reason
+    connection.execute(sa.update(_jobs).where(_jobs.c.id == job_id).values(**values))
+    return new_state == JobState.ANALYZING
+
+
 def complete_run(
     *,
     db_session: Session,
-    host: Host,
+    host_id: str,
     run_id: str,
     attempt: int,
     status: str,
     reason: str | None,
     manifest: dict[str, Any],
-) -> Run:
-    """Close an attempt; after the commit, send ingest (succeeded) or analysis (failed)."""
+) -> Completed:
+    """Close an attempt; after the commit, send ingest (succeeded) or analysis (failed).
+
+    The usual case (the attempt is current) is Core statements: one read of the run and the
+    attempt, one of its uploads, updates guarded by the run still being leased to this host
+    as this attempt, the audit row and the job's state. A completion that is not current (a
+    retry, a late one) or that lost a race with expiry takes the ORM path, `_complete_late`.
+    """
+    try:
+        connection = db_session.connection()
+        found = connection.execute(
+            _RUN_AND_ATTEMPT, {"w_run": run_id, "w_attempt": attempt}
+        ).one_or_none()
+        require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
+        if not row_is_current(found, host_id, attempt):
+            db_session.rollback()
+            return _complete_late(
+                db_session=db_session,
+                host_id=host_id,
+                run_id=run_id,
+                attempt=attempt,
+                status=status,
+                reason=reason,
+                manifest=manifest,
+            )
+        try:
+            parsed = Manifest.model_validate(manifest)
+        except ValidationError as error:
+            raise Invalid(validation_message("manifest", error), field="manifest") from None
+        now = utcnow()
+        held = {"w_run": run_id, "w_host": host_id, "w_attempt": attempt}
+        values: dict[str, Any] = {
+            "manifest": parsed.model_dump(mode="json"),
+            "completed_at": now,
+            "lease_expires_at": None,
+        }
+        if status == "succeeded":
+            uploaded = {
+                row.name: row
+                for row in connection.execute(_UPLOADED, {"w_run": run_id, "w_attempt": attempt})
+            }
+            check_uploads(parsed, uploaded)
+            values["state"] = RunState.COMPLETED
+        elif status == "failed":
+            values["state"] = RunState.FAILED
+            values["reason"] = reason or "the worker reported a failure without a reason"
+        else:
+            raise Invalid(f"status must be succeeded or failed, not {status!r}")
+        state = values["state"]
+        if connection.execute(_held_by(sa.update(_runs)).values(**values), held).rowcount != 1:
+            # Expired (or cancelled) since the read above: judged again as a late completion.
+            db_session.rollback()
+            return _complete_late(
+                db_session=db_session,
+                host_id=host_id,
+                run_id=run_id,
+                attempt=attempt,
+                status=status,
+                reason=reason,
+                manifest=manifest,
+            )
+        connection.execute(
+            _END_ATTEMPT,
+            {
+                "w_run": run_id,
+                "w_attempt": attempt,
+                "w_state": state,
+                "w_now": now,
+                "w_reason": reason,
+            },
+        )
+        connection.execute(_HOST_READY, {"w_host": host_id})
+        connection.execute(
+            sa.insert(_audit).values(
+                at=now,
+                actor=f"host:{host_id}",
+                kind=f"run.{state}",
+                subject_id=run_id,
+                detail={"attempt": attempt, "reason": reason},
+            )
+        )
+        analyze = _refresh_job_state(connection, found.job_id, now)
+        db_session.commit()
+    except BaseException:
+        db_session.rollback()
+        raise
+    _expire_loaded(db_session, (Run, run_id), (Job, found.job_id), (Host, host_id))
+    if state == RunState.COMPLETED:
+        dispatch.send_task("ingest_run", run_id)
+    elif analyze:
+        dispatch.send_task("analyze_job", found.job_id)
+    return Completed(run_id=run_id, attempt=attempt, state=str(state))
+
+
+def check_uploads(parsed: Manifest, uploaded: dict[str, Any]) -> None:
+    """Invalid unless every file the manifest lists (and each required one) was uploaded for
+    this attempt with the listed digest and size; `uploaded` maps names to rows with
+    `sha256` and `bytes`."""
+    problems = [f"{name} (required)" for name in REQUIRED_FILES if name not in parsed.files]
+    for name, entry in sorted(parsed.files.items()):
+        stored = uploaded.get(name)
+        if stored is None:
+            problems.append(f"{name} (not uploaded)")
+        elif stored.sha256 != entry.sha256 or stored.bytes != entry.bytes:
+            problems.append(f"{name} (uploaded with another digest or size)")
+    if problems:
+        raise Invalid(f"manifest files not uploaded as listed: {', '.join(problems)}")
+
+
+def _complete_late(
+    *,
+    db_session: Session,
+    host_id: str,
+    run_id: str,
+    attempt: int,
+    status: str,
+    reason: str | None,
+    manifest: dict[str, Any],
+) -> Completed:
+    """A completion of an attempt that is no longer current: the same one again (a retried
+    request) answers what was stored; any other is kept verbatim for audit, never ingested,
+    and refused."""
+    host = db_session.get(Host, host_id)
+    assert host is not None  # authenticated in this request
     attempt_row = host_attempt(db_session=db_session, host=host, run_id=run_id, attempt=attempt)
     run = get_run(db_session=db_session, run_id=run_id)
-    if not is_current(run, host, attempt):
-        if (
-            run.attempt == attempt
-            and run.host_id == host.id
-            and run.state in (RunState.COMPLETED, RunState.PROCESSED, RunState.FAILED)
-            and attempt_row.state in (RunState.COMPLETED, RunState.FAILED)
-        ):
-            return run  # the same complete again (a retried request)
-        # Kept verbatim for audit, never ingested.
-        attempt_row.late_complete = {
-            "received_at": utcnow().isoformat(),
-            "status": status,
-            "reason": reason,
-            "manifest": manifest,
-        }
-        auth_service.record_audit(
-            db_session=db_session,
-            actor=f"host:{host.id}",
-            kind="run.late_complete",
-            subject_id=run_id,
-            attempt=attempt,
-        )
-        db_session.commit()
-        raise Conflict(
-            f"attempt {attempt} of run {run_id} is no longer current (run is {run.state}, "
-            f"attempt {run.attempt}); its data is kept for audit but not used"
-        )
-    try:
-        parsed = Manifest.model_validate(manifest)
-    except ValidationError as error:
-        raise Invalid(validation_message("manifest", error), field="manifest") from None
-    now = utcnow()
-    if status == "succeeded":
-        uploaded = {
-            a.name: a
-            for a in db_session.scalars(
-                sa.select(Artifact).where(Artifact.run_id == run_id, Artifact.attempt == attempt)
-            )
-        }
-        problems = [f"{name} (required)" for name in REQUIRED_FILES if name not in parsed.files]
-        for name, entry in sorted(parsed.files.items()):
-            stored = uploaded.get(name)
-            if stored is None:
-                problems.append(f"{name} (not uploaded)")
-            elif stored.sha256 != entry.sha256 or stored.bytes != entry.bytes:
-                problems.append(f"{name} (uploaded with another digest or size)")
-        if problems:
-            raise Invalid(f"manifest files not uploaded as listed: {', '.join(problems)}")
-        run.state = RunState.COMPLETED
-        attempt_row.state = RunState.COMPLETED
-    elif status == "failed":
-        run.state = RunState.FAILED
-        attempt_row.state = RunState.FAILED
-        run.reason = reason or "the worker reported a failure without a reason"
-    else:
-        raise Invalid(f"status must be succeeded or failed, not {status!r}")
-    run.manifest = parsed.model_dump(mode="json")
-    run.completed_at = now
-    run.lease_expires_at = None
-    attempt_row.ended_at = now
-    attempt_row.reason = reason
-    host.health = "ready"
+    if is_current(run, host, attempt):
+        # Current again meanwhile cannot happen (an attempt number is never reused); refuse
+        # rather than complete it twice.
+        raise Conflict(f"attempt {attempt} of run {run_id} changed while completing; retry")
+    if (
+        run.attempt == attempt
+        and run.host_id == host.id
+        and run.state in (RunState.COMPLETED, RunState.PROCESSED, RunState.FAILED)
+        and attempt_row.state in (RunState.COMPLETED, RunState.FAILED)
+    ):
+        return Completed(run_id=run.id, attempt=run.attempt, state=run.state)
+    attempt_row.late_complete = {
+        "received_at": utcnow().isoformat(),
+        "status": status,
+        "reason": reason,
+        "manifest": manifest,
+    }
     auth_service.record_audit(
         db_session=db_session,
         actor=f"host:{host.id}",
-        kind=f"run.{run.state}",
+        kind="run.late_complete",
         subject_id=run_id,
         attempt=attempt,
-        reason=reason,
     )
-    analyze = job_service.refresh_job_state(db_session=db_session, job_id=run.job_id)
     db_session.commit()
-    if run.state == RunState.COMPLETED:
-        dispatch.send_task("ingest_run", run.id)
-    elif analyze:
-        dispatch.send_task("analyze_job", run.job_id)
-    return run
+    raise Conflict(
+        f"attempt {attempt} of run {run_id} is no longer current (run is {run.state}, "
+        f"attempt {run.attempt}); its data is kept for audit but not used"
+    )
 
 
 # --- expiry -----------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
     run_service.heartbeat(
         db_session=db_session,
         settings=settings,
-        host=host,
+        host_id=host.id,
         run_id=lease.run_id,
         attempt=lease.attempt,
         progress={"cells_done": 3, "cells_total": 8, "variant": "cand", "context_tokens": 64},
@@ -124,7 +124,7 @@ def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
     run_service.heartbeat(
         db_session=db_session,
         settings=settings,
-        host=host,
+        host_id=host.id,
         run_id=lease.run_id,
         attempt=lease.attempt,
         progress={
@@ -271,7 +271,7 @@ def test_a_finished_run_shows_its_final_count_not_its_last_heartbeat(
     run_service.heartbeat(
         db_session=db_session,
         settings=settings,
-        host=host,
+        host_id=host.id,
         run_id=lease.run_id,
         attempt=lease.attempt,
         progress={"cells_done": 87, "cells_total": 96},
@@ -321,7 +321,7 @@ def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
     run_service.heartbeat(
         db_session=db_session,
         settings=settings,
-        host=host,
+        host_id=host.id,
         run_id=lease.run_id,
         attempt=lease.attempt,
         progress={
