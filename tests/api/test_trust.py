@@ -186,6 +186,46 @@ def test_revoked_host_gets_401_and_its_run_is_requeued(
     assert lease(client, again.json()["secret"]).json()["run_id"] == run_id
 
 
+def test_agent_routes_check_the_secret_and_revocation_on_every_request(
+    client: TestClient, db_session: Session, settings: Settings
+) -> None:
+    """Heartbeat, upload and complete authenticate from the host's id, secret digest and
+    revocation alone (not the whole host): a forged secret for a real id, a well-formed token
+    of an unknown id and a revoked host's secret are all 401, each time."""
+    settings.admin_token_sha256 = sha256_hex(ADMIN_TOKEN.encode())
+    host, secret = make_host(db_session, "studio-1")
+    make_job(db_session, settings)
+    run_id = lease(client, secret).json()["run_id"]
+    forged = f"cbw_{host.id}_" + "A" * 43
+    unknown = "cbw_" + "0" * 16 + "_" + secret.rsplit("_", 1)[1]
+
+    def calls(token: str) -> list[Any]:
+        records = records_jsonl(run_id)
+        return [
+            client.post(
+                "/api/v1/workers/heartbeat",
+                json={"run_id": run_id, "attempt": 1},
+                headers=bearer(token),
+            ),
+            upload(client, token, run_id, "records.jsonl", records),
+            client.post(
+                f"/api/v1/runs/{run_id}/complete",
+                json={"attempt": 1, "status": "failed", "reason": "OOM", "manifest": {"files": {}}},
+                headers=bearer(token),
+            ),
+        ]
+
+    for token in (forged, unknown):
+        assert [r.status_code for r in calls(token)] == [401, 401, 401]
+    beat, uploaded, completed = calls(secret)
+    assert beat.status_code == 200 and beat.json()["cancel"] is False, beat.text
+    assert uploaded.status_code == 201, uploaded.text
+    assert completed.status_code == 200 and completed.json()["state"] == "failed", completed.text
+    revoked = client.post("/api/v1/admin/hosts/studio-1/revoke", headers=bearer(ADMIN_TOKEN))
+    assert revoked.status_code == 200, revoked.text
+    assert [r.status_code for r in calls(secret)] == [401, 401, 401]
+
+
 def test_revoked_api_key_gets_401(
     client: TestClient, db_session: Session, settings: Settings
 ) -> None:
