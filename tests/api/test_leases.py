@@ -266,3 +266,52 @@ def test_hosts_claiming_in_rounds_take_every_run_once_with_one_attempt_and_audit
         ).all()
         assert sorted(audited) == sorted(run_ids)
         assert set(db_session.scalars(sa.select(Job.state))) == {"running"}
+
+
+def test_a_completion_that_loses_its_race_with_expiry_is_kept_for_audit_and_refused(
+    live_db: str, live_sessionmaker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease expires between the completion's read of the run and its guarded update:
+    nothing of the completion is applied to the requeued run; it is refused and kept on its
+    attempt, as a late completion is."""
+    settings = _settings(live_db)
+    with live_sessionmaker() as db_session:
+        host, _ = make_host(db_session, "slow")
+        make_job(db_session, settings)
+        lease = run_service.claim_lease(
+            db_session=db_session, settings=settings, host=host, report=_report()
+        )
+        assert lease is not None
+        host_id = host.id
+    real = run_service.Manifest.model_validate
+    expired: list[str] = []
+
+    def validate_after_expiry(value: Any) -> Any:
+        # Between the read and the update: the sweep finds the lease lost and requeues it.
+        with live_sessionmaker() as other:
+            run = other.get(Run, lease.run_id)
+            run_service.lose_attempt(db_session=other, settings=settings, run=run, why="test")
+            other.commit()
+        expired.append(lease.run_id)
+        return real(value)
+
+    monkeypatch.setattr(run_service.Manifest, "model_validate", validate_after_expiry)
+    with live_sessionmaker() as db_session, pytest.raises(Exception, match="no longer current"):
+        run_service.complete_run(
+            db_session=db_session,
+            host_id=host_id,
+            run_id=lease.run_id,
+            attempt=lease.attempt,
+            status="failed",
+            reason="OOM",
+            manifest={"files": {}},
+        )
+    assert expired == [lease.run_id]
+    with live_sessionmaker() as db_session:
+        run = db_session.get(Run, lease.run_id)
+        assert run is not None and run.state == "queued" and run.manifest is None
+        attempt = db_session.scalars(
+            sa.select(RunAttempt).where(RunAttempt.run_id == lease.run_id)
+        ).one()
+        assert attempt.state == "expired"
+        assert attempt.late_complete is not None and attempt.late_complete["reason"] == "OOM"
