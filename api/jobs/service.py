@@ -182,14 +182,17 @@ def _create_job(
     spec = validate_job_spec(db_session=db_session, settings=settings, payload=payload)
     spec_json = spec.model_dump(mode="json", by_alias=True)
     actor = f"apikey:{submitted_by}" if submitted_by else "local"
+    now = utcnow()
+    job = Job(
+        id=auth_service.new_id(),
+        spec=spec_json,
+        spec_sha256=sha256_json(spec_json),
+        state=JobState.QUEUED,
+        submitted_by=submitted_by,
+        created_at=now,
+        updated_at=now,
+    )
     if spec.mode == "bisect":
-        job = Job(
-            id=auth_service.new_id(),
-            spec=spec_json,
-            spec_sha256=sha256_json(spec_json),
-            state=JobState.QUEUED,
-            submitted_by=submitted_by,
-        )
         db_session.add(job)
         db_session.flush()
         steps = [bisect.add_step(db_session=db_session, bisection=job, spec=spec, step=1)]
@@ -207,16 +210,6 @@ def _create_job(
     # session's connection: the ORM's unit of work for these rows was a third of a
     # submission's CPU. The objects are built with every value written, then attached to the
     # session as persistent rows after the commit (no query).
-    now = utcnow()
-    job = Job(
-        id=auth_service.new_id(),
-        spec=spec_json,
-        spec_sha256=sha256_json(spec_json),
-        state=JobState.QUEUED,
-        submitted_by=submitted_by,
-        created_at=now,
-        updated_at=now,
-    )
     runs = [
         Run(
             id=auth_service.new_id(),

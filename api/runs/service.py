@@ -614,6 +614,19 @@ def complete_run(
     as this attempt, the audit row and the job's state. A completion that is not current (a
     retry, a late one) or that lost a race with expiry takes the ORM path, `_complete_late`.
     """
+
+    def late() -> Completed:
+        db_session.rollback()
+        return _complete_late(
+            db_session=db_session,
+            host_id=host_id,
+            run_id=run_id,
+            attempt=attempt,
+            status=status,
+            reason=reason,
+            manifest=manifest,
+        )
+
     try:
         connection = db_session.connection()
         found = connection.execute(
@@ -621,16 +634,7 @@ def complete_run(
         ).one_or_none()
         require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
         if not row_is_current(found, host_id, attempt):
-            db_session.rollback()
-            return _complete_late(
-                db_session=db_session,
-                host_id=host_id,
-                run_id=run_id,
-                attempt=attempt,
-                status=status,
-                reason=reason,
-                manifest=manifest,
-            )
+            return late()
         try:
             parsed = Manifest.model_validate(manifest)
         except ValidationError as error:
@@ -657,16 +661,7 @@ def complete_run(
         state = values["state"]
         if connection.execute(_held_by(sa.update(_runs)).values(**values), held).rowcount != 1:
             # Expired (or cancelled) since the read above: judged again as a late completion.
-            db_session.rollback()
-            return _complete_late(
-                db_session=db_session,
-                host_id=host_id,
-                run_id=run_id,
-                attempt=attempt,
-                status=status,
-                reason=reason,
-                manifest=manifest,
-            )
+            return late()
         connection.execute(
             _END_ATTEMPT,
             {
