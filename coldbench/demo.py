@@ -270,7 +270,10 @@ def demo(
     def interrupted(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupted)
+    # SIGINT too: a shell starts a background job (`coldbench demo &` in a script, a CI runner)
+    # with SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all.
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, interrupted)
     with ExitStack() as cleanup:
         cleanup.callback(children.stop_all)
         pool = cleanup.enter_context(ThreadPoolExecutor(max_workers=2))

@@ -85,6 +85,9 @@ def test_ctrl_c_twice_stops_every_child(tmp_path: Path, coldbench_cmd: list[str]
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # as a shell starts a background job (a CI runner, `coldbench demo &`): SIGINT ignored,
+        # so Python would install no KeyboardInterrupt handler unless the demo does
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         # Interrupt once the agent runs: the server, Celery and the agent are all up then.
