@@ -191,24 +191,30 @@ class VariantProcess:
         `wait_ready`."""
         deadline = time.monotonic() + timeout_s
         while self._ready_event is None:
-            try:
-                event = self._next_event(deadline)
-            except TimeoutError:
-                self.kill()
-                raise VariantError(
-                    f"variant {self.launch.name}: not loaded after {timeout_s:.0f} s"
-                ) from None
+            event = self._startup_event(deadline, "loaded", timeout_s)
             kind = event.get("event")
             if kind == "loaded":
                 self._send({"op": "warmup"})
                 return
-            if kind == "error":
-                self.kill()
-                raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
             if kind == "ready":
                 self._ready_event = event
             elif kind == "record":
                 self.early_records.append(event["record"])
+
+    def _startup_event(self, deadline: float, awaited: str, timeout_s: float) -> dict[str, Any]:
+        """The next event while the process starts; on a timeout or an `error` event the
+        process is killed and the start fails."""
+        try:
+            event = self._next_event(deadline)
+        except TimeoutError:
+            self.kill()
+            raise VariantError(
+                f"variant {self.launch.name}: not {awaited} after {timeout_s:.0f} s"
+            ) from None
+        if event.get("event") == "error":
+            self.kill()
+            raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
+        return event
 
     def _send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -224,13 +230,7 @@ class VariantProcess:
             if self._ready_event is not None:
                 event, self._ready_event = self._ready_event, None
             else:
-                try:
-                    event = self._next_event(deadline)
-                except TimeoutError:
-                    self.kill()
-                    raise VariantError(
-                        f"variant {self.launch.name}: not ready after {timeout_s:.0f} s"
-                    ) from None
+                event = self._startup_event(deadline, "ready", timeout_s)
             kind = event.get("event")
             if kind == "ready":
                 self.target = dict(event.get("target") or {})
@@ -239,9 +239,6 @@ class VariantProcess:
                     warmups = [event.get("warmup")]
                 self.early_records.extend(w for w in warmups if isinstance(w, dict))
                 return self.target
-            if kind == "error":
-                self.kill()
-                raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
             if kind == "record":
                 self.early_records.append(event["record"])
 
