@@ -555,6 +555,10 @@ def run(
     command = shlex.join(["coldbench", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else None
 
     refused: str | None = None
+    # A live bar only where someone watches a terminal; redirected to a file (nohup, CI, an ssh
+    # log) a bar is drawn once at the end, so a run of hours would show nothing until then:
+    # there each phase and each finished cell is one plain line instead.
+    live = console.is_terminal
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -562,13 +566,18 @@ def run(
         TextColumn("{task.fields[left]}"),
         console=console,
         transient=False,
+        disable=not live,
     ) as bar:
         task = bar.add_task("preparing", total=None, left="")
+        cells_printed = 0
 
         def on_phase(text: str) -> None:
             bar.update(task, description=text)
+            if not live:
+                console.print(text, highlight=False)
 
         def on_progress(progress: CellProgress) -> None:
+            nonlocal cells_printed
             where = (
                 f"{progress.variant} @ {progress.context_tokens} tokens"
                 if progress.variant
@@ -584,6 +593,14 @@ def run(
                 completed=progress.cells_done,
                 left=left,
             )
+            # A cell reports as it starts and as it ends: a line for each one ended.
+            if not live and progress.cells_done not in (0, cells_printed):
+                cells_printed = progress.cells_done
+                console.print(
+                    f"{progress.cells_done}/{progress.cells_total} cells done, last {where}"
+                    + (f" ({left.strip()})" if left else ""),
+                    highlight=False,
+                )
 
         try:
             outcome = execute_run(

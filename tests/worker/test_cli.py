@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,10 @@ def test_aa_never_claims_a_difference(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"bundle {out.resolve()}" in done.stdout
+    # stderr is no terminal here (a log, nohup, CI): a plain line as each cell ends, not one
+    # progress bar drawn when the run is over.
+    ended = re.findall(r"^(\d+)/24 cells done, last [ab] @ (?:64|128) tokens", done.stderr, re.M)
+    assert [int(n) for n in ended] == list(range(1, 25)), done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["comparisons"]) == 2
     for row in summary["comparisons"]:
