@@ -42,6 +42,7 @@ from api.runs.models import Run
 from api.runs.router import router as runs_router
 from api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from api.settings import Settings, get_settings
+from api.transactions import AsyncDatabase, make_async_engine
 from evidence.protocol import API_PREFIX, ErrorBody, RunState
 
 log = logging.getLogger(__name__)
@@ -112,12 +113,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.is_embedded:
         # The embedded default owns its SQLite file: bring it to the current schema.
         upgrade_database(settings.sqlalchemy_url)
+    # Two engines on one database: the async one for the requests written as programs of
+    # statements (leases, heartbeats, uploads, completions, submissions: api/transactions.py),
+    # the sync one for the rest (pages, lists, registration, the periodic sweep). Together
+    # they keep at most db_pool_size + db_max_overflow connections.
+    is_sqlite = settings.sqlalchemy_url.startswith("sqlite")
+    sync_pool = min(settings.db_sync_pool_size, settings.db_pool_size - 1)
     engine = make_engine(
+        settings.sqlalchemy_url,
+        **({} if is_sqlite else {"pool_size": sync_pool, "max_overflow": 0}),
+    )
+    async_engine = make_async_engine(
         settings.sqlalchemy_url,
         **(
             {}
-            if settings.sqlalchemy_url.startswith("sqlite")
-            else {"pool_size": settings.db_pool_size, "max_overflow": settings.db_max_overflow}
+            if is_sqlite
+            else {
+                "pool_size": settings.db_pool_size - sync_pool,
+                "max_overflow": settings.db_max_overflow,
+            }
         ),
     )
 
@@ -146,6 +160,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            await async_engine.dispose()
             engine.dispose()
 
     app = FastAPI(
@@ -159,6 +174,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.database = AsyncDatabase(async_engine, app.state.sessionmaker)
     app.state.store = open_store(settings)
     app.state.work_signal = work_signal
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated
 
 import anyio
@@ -15,8 +16,11 @@ from api.artifacts.store import ArtifactStore
 from api.auth import service as auth_service
 from api.auth.models import ApiKey
 from api.errors import NotAuthenticated
+from api.hosts import service as host_service
 from api.hosts.models import Host
+from api.hosts.service import LeasingHost
 from api.settings import Settings
+from api.transactions import Database
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:
@@ -39,15 +43,24 @@ async def get_db(request: Request) -> AsyncIterator[Session]:
             db_session.close()
 
 
-def get_settings(request: Request) -> Settings:
+# Async, as every dependency of a hot path: FastAPI runs a sync dependency in the thread
+# pool, a hand-off per request even for reading an attribute.
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> ArtifactStore:
+async def get_store(request: Request) -> ArtifactStore:
     return request.app.state.store
 
 
+async def get_database(request: Request) -> Database:
+    """The async engine's transactions (api/transactions.py); tests replace it with their
+    rolled-back session."""
+    return request.app.state.database
+
+
 SessionDep = Annotated[Session, Depends(get_db)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 
@@ -68,14 +81,31 @@ def get_current_worker(db_session: SessionDep, credentials: BearerDep) -> Host:
     return host
 
 
-def get_current_worker_id(db_session: SessionDep, credentials: BearerDep) -> str:
+async def get_current_worker_id(db: DatabaseDep, credentials: BearerDep) -> str:
     """The calling worker's id, for routes that need no more of the host than who it is."""
-    worker_id = auth_service.authenticate_worker_id(
-        db_session=db_session, token=bearer_token(credentials)
-    )
+    token = bearer_token(credentials)
+    worker_id = await db.run(partial(auth_service.worker_id_program, token))
     if worker_id is None:
         raise NotAuthenticated("invalid worker token")
     return worker_id
+
+
+async def get_leasing_host(db: DatabaseDep, credentials: BearerDep) -> LeasingHost:
+    """The calling worker as its lease request is judged, read in one query."""
+    token = bearer_token(credentials)
+    host = await db.run(partial(host_service.leasing_host_program, token))
+    if host is None:
+        raise NotAuthenticated("invalid worker token")
+    return host
+
+
+async def get_current_submitter_id(db: DatabaseDep, credentials: BearerDep) -> str:
+    """The calling API key's id, for routes that need no more of the key."""
+    token = bearer_token(credentials)
+    key_id = await db.run(partial(auth_service.submitter_id_program, token))
+    if key_id is None:
+        raise NotAuthenticated("invalid API key")
+    return key_id
 
 
 def get_current_submitter(db_session: SessionDep, credentials: BearerDep) -> ApiKey:
@@ -98,5 +128,7 @@ def require_admin(settings: SettingsDep, credentials: BearerDep) -> None:
 
 CurrentWorker = Annotated[Host, Depends(get_current_worker)]
 CurrentWorkerId = Annotated[str, Depends(get_current_worker_id)]
+CurrentLeasingHost = Annotated[LeasingHost, Depends(get_leasing_host)]
+CurrentSubmitterId = Annotated[str, Depends(get_current_submitter_id)]
 CurrentSubmitter = Annotated[ApiKey, Depends(get_current_submitter)]
 AdminKey = Annotated[None, Depends(require_admin)]

@@ -60,8 +60,12 @@ class Settings(BaseSettings):
     # PostgreSQL connection is a new server process: with 10 kept, 50 busy agents made the
     # server open about 480 in 30 s (each paid in the database's CPU); with 40 kept, about 40.
     # The sum stays 50 per API process (two replicas fit PostgreSQL's default 100).
-    db_pool_size: int = Field(40, ge=1)
+    db_pool_size: int = Field(40, ge=2)
     db_max_overflow: int = Field(10, ge=0)
+    # Of db_pool_size, the connections of the sync engine (pages, lists, registration, the
+    # sweep); the rest, and the overflow, are the async engine's (the agents' requests and
+    # submissions).
+    db_sync_pool_size: int = Field(8, ge=1)
 
     lease_ttl_s: int = Field(60, ge=1)
     lease_wait_max_s: int = Field(25, ge=0)

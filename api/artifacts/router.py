@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.exc import IntegrityError
 
 from api.artifacts import service
-from api.deps import CurrentWorkerId, SessionDep, SettingsDep, StoreDep
+from api.deps import CurrentWorkerId, DatabaseDep, SettingsDep, StoreDep
 from api.errors import TooLarge
 from api.routing import StrictJSONRoute
 from evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
@@ -27,7 +28,7 @@ async def upload_artifact(
     name: str,
     request: Request,
     response: Response,
-    db_session: SessionDep,
+    db: DatabaseDep,
     settings: SettingsDep,
     store: StoreDep,
     host_id: CurrentWorkerId,
@@ -41,29 +42,17 @@ async def upload_artifact(
             f"Content-Length {content_length} exceeds the limit of "
             f"{settings.max_artifact_bytes} bytes"
         )
-    await run_in_threadpool(
-        lambda: service.check_upload(
-            db_session=db_session,
-            host_id=host_id,
-            run_id=run_id,
-            attempt=attempt,
-            name=name,
-            sha256=sha256,
-        )
-    )
+    upload = {"host_id": host_id, "run_id": run_id, "attempt": attempt, "name": name}
+    await db.run(partial(service.upload_check_program, **upload, sha256=sha256))
     blob = await store.put_stream(
         request.stream(), expected_sha256=sha256, max_bytes=settings.max_artifact_bytes
     )
-    row, created = await run_in_threadpool(
-        lambda: service.record_upload(
-            db_session=db_session,
-            host_id=host_id,
-            run_id=run_id,
-            attempt=attempt,
-            name=name,
-            blob=blob,
-        )
-    )
+    record = partial(service.record_upload_program, **upload, blob=blob)
+    try:
+        row, created = await db.run(record)
+    except IntegrityError:
+        # A concurrent upload of the same name won the race; same answer as a repeat.
+        row, created = await db.run(record)
     if not created:
         response.status_code = status.HTTP_200_OK
     return ArtifactReceipt(

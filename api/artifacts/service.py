@@ -15,6 +15,7 @@ from api.artifacts.store import SHA256_PATTERN, StoredBlob
 from api.errors import Conflict, Invalid
 from api.runs import service as run_service
 from api.runs.models import Run, RunAttempt
+from api.transactions import Execute, Program, run_in_session
 
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -80,24 +81,13 @@ _UPLOAD_STATE = (
 )
 
 
-def check_upload(
-    *,
-    db_session: Session,
-    host_id: str,
-    run_id: str,
-    attempt: int,
-    name: str,
-    sha256: str,
-    release: bool = True,
-) -> StoredArtifact | None:
-    """Refuse an upload before its bytes are read; returns the identical row if one exists.
-
-    `release` ends the read transaction (the body streams next, holding no connection)."""
+def upload_check_program(
+    *, host_id: str, run_id: str, attempt: int, name: str, sha256: str
+) -> Program[StoredArtifact | None]:
+    """Refuse an upload before its bytes are read; returns the identical row if one exists."""
     found = (
-        db_session.connection()
-        .execute(_UPLOAD_STATE, {"w_run": run_id, "w_attempt": attempt, "w_name": name})
-        .one_or_none()
-    )
+        yield Execute(_UPLOAD_STATE, {"w_run": run_id, "w_attempt": attempt, "w_name": name})
+    ).one_or_none()
     run_service.require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
     existing = (
         None if found.sha256 is None else StoredArtifact(name, found.sha256, int(found.bytes))
@@ -112,54 +102,60 @@ def check_upload(
             f"attempt {attempt} of run {run_id} is no longer current (run is {found.state}, "
             f"attempt {found.attempt})"
         )
-    if release:
-        db_session.rollback()
     return existing
+
+
+def record_upload_program(
+    *, host_id: str, run_id: str, attempt: int, name: str, blob: StoredBlob
+) -> Program[tuple[StoredArtifact, bool]]:
+    """The row for a stored blob, checked again and inserted in one transaction; (row,
+    created). Idempotent for the same name and digest."""
+    existing = yield from upload_check_program(
+        host_id=host_id, run_id=run_id, attempt=attempt, name=name, sha256=blob.sha256
+    )
+    if existing is not None:
+        return existing, False
+    yield Execute(
+        sa.insert(_artifacts).values(
+            run_id=run_id,
+            attempt=attempt,
+            name=name,
+            sha256=blob.sha256,
+            bytes=blob.bytes,
+            storage_path=blob.storage_path,
+        )
+    )
+    return StoredArtifact(name, blob.sha256, blob.bytes), True
+
+
+def check_upload(
+    *, db_session: Session, host_id: str, run_id: str, attempt: int, name: str, sha256: str
+) -> StoredArtifact | None:
+    """`upload_check_program` on a sync session (its read transaction ends: the body streams
+    next, holding no connection)."""
+    return run_in_session(
+        db_session,
+        upload_check_program(
+            host_id=host_id, run_id=run_id, attempt=attempt, name=name, sha256=sha256
+        ),
+    )
 
 
 def record_upload(
     *, db_session: Session, host_id: str, run_id: str, attempt: int, name: str, blob: StoredBlob
 ) -> tuple[StoredArtifact, bool]:
-    """The row for a stored blob; (row, created). Idempotent for the same name and digest."""
+    """`record_upload_program` on a sync session."""
 
-    def recheck(release: bool) -> StoredArtifact | None:
-        return check_upload(
-            db_session=db_session,
-            host_id=host_id,
-            run_id=run_id,
-            attempt=attempt,
-            name=name,
-            sha256=blob.sha256,
-            release=release,
+    def program() -> Program[tuple[StoredArtifact, bool]]:
+        return record_upload_program(
+            host_id=host_id, run_id=run_id, attempt=attempt, name=name, blob=blob
         )
 
     try:
-        # The check and the insert in one transaction: one connection checkout, not two.
-        existing = recheck(release=False)
-        if existing is not None:
-            db_session.rollback()
-            return existing, False
-        db_session.connection().execute(
-            sa.insert(_artifacts).values(
-                run_id=run_id,
-                attempt=attempt,
-                name=name,
-                sha256=blob.sha256,
-                bytes=blob.bytes,
-                storage_path=blob.storage_path,
-            )
-        )
-        db_session.commit()
+        return run_in_session(db_session, program())
     except IntegrityError:
         # A concurrent upload of the same name won the race; same answer as a repeat.
-        db_session.rollback()
-        existing = recheck(release=True)
-        assert existing is not None
-        return existing, False
-    except BaseException:
-        db_session.rollback()
-        raise
-    return StoredArtifact(name, blob.sha256, blob.bytes), True
+        return run_in_session(db_session, program())
 
 
 def run_artifacts(*, db_session: Session, run_id: str, attempt: int) -> list[Artifact]:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from api.auth.models import ApiKey, AuditEvent, EnrollmentToken
 from api.database import utcnow
 from api.hosts.models import Host
+from api.transactions import Execute, Program, run_statements
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +107,38 @@ _WORKER_SECRET = sa.select(_HOSTS.c.secret_sha256).where(
 )
 
 
-def authenticate_worker_id(*, db_session: Session, token: str) -> str | None:
+def worker_token_id(token: str) -> str | None:
+    """The worker id a `cbw_<id>_<random>` token names (not yet checked), or None."""
+    match = _ID_TOKEN.fullmatch(token)
+    if match is None or match.group(1) != "cbw":
+        return None
+    return match.group(2)
+
+
+def token_matches(token: str, stored_sha256: str | None) -> bool:
+    """The token's digest equals the stored one (compared in constant time)."""
+    return stored_sha256 is not None and _matches(token, stored_sha256)
+
+
+def worker_id_program(token: str) -> Program[str | None]:
     """The id of the worker this token is the secret of, or None (unknown, revoked, wrong).
 
     The same decision as `authenticate_worker` (the same digest compared in constant time,
     revocation read from the database on every request), without loading the host."""
-    match = _ID_TOKEN.fullmatch(token)
-    if match is None or match.group(1) != "cbw":
+    worker_id = worker_token_id(token)
+    if worker_id is None:
         return None
-    stored = db_session.execute(_WORKER_SECRET, {"worker_id": match.group(2)}).scalar()
-    if stored is None or not _matches(token, stored):
-        return None
-    return match.group(2)
+    stored = (yield Execute(_WORKER_SECRET, {"worker_id": worker_id})).scalar()
+    return worker_id if token_matches(token, stored) else None
+
+
+def authenticate_worker_id(*, db_session: Session, token: str) -> str | None:
+    """`worker_id_program` in the session's transaction."""
+    return run_statements(db_session.connection(), worker_id_program(token), _no_announce)
+
+
+def _no_announce() -> None:
+    raise AssertionError("authentication queues no work")
 
 
 def is_admin(*, token: str, admin_token_sha256: str) -> bool:
@@ -133,6 +154,22 @@ def authenticate_submitter(*, db_session: Session, token: str) -> ApiKey | None:
     if key is None or key.revoked_at is not None or not _matches(token, key.key_sha256):
         return None
     return key
+
+
+_KEYS = cast(sa.Table, ApiKey.__table__)
+_KEY_SECRET = sa.select(_KEYS.c.key_sha256).where(
+    _KEYS.c.id == sa.bindparam("key_id"), _KEYS.c.revoked_at.is_(None)
+)
+
+
+def submitter_id_program(token: str) -> Program[str | None]:
+    """The id of the API key `token` is, unless unknown, revoked or wrong: what
+    `authenticate_submitter` decides, without loading the key."""
+    match = _ID_TOKEN.fullmatch(token)
+    if match is None or match.group(1) != "cbk":
+        return None
+    stored = (yield Execute(_KEY_SECRET, {"key_id": match.group(2)})).scalar()
+    return match.group(2) if token_matches(token, stored) else None
 
 
 def revoke_api_key(*, db_session: Session, key_or_id: str, actor: str) -> ApiKey:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, status
 
 from api.deps import (
@@ -9,6 +11,7 @@ from api.deps import (
     CurrentSubmitter,
     CurrentWorker,
     CurrentWorkerId,
+    DatabaseDep,
     SessionDep,
     SettingsDep,
 )
@@ -47,16 +50,18 @@ def register(body: RegisterRequest, db_session: SessionDep, credentials: BearerD
 
 
 @router.post("/workers/heartbeat", response_model=HeartbeatResponse)
-def heartbeat(
-    body: HeartbeatRequest, db_session: SessionDep, settings: SettingsDep, host_id: CurrentWorkerId
+async def heartbeat(
+    body: HeartbeatRequest, db: DatabaseDep, settings: SettingsDep, host_id: CurrentWorkerId
 ):
-    cancel = run_service.heartbeat(
-        db_session=db_session,
-        settings=settings,
-        host_id=host_id,
-        run_id=body.run_id,
-        attempt=body.attempt,
-        progress=body.progress.model_dump(mode="json") if body.progress else None,
+    cancel = await db.run(
+        partial(
+            run_service.heartbeat_program,
+            settings=settings,
+            host_id=host_id,
+            run_id=body.run_id,
+            attempt=body.attempt,
+            progress=body.progress.model_dump(mode="json") if body.progress else None,
+        )
     )
     return HeartbeatResponse(cancel=cancel)
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -18,6 +18,7 @@ from api.errors import Conflict, Invalid, NotAuthenticated, NotFound
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
+from api.transactions import Execute, Program, run_statements
 from evidence.calibration import HostCalibration
 from evidence.protocol import RepositoryOffer, RunState
 from evidence.schemas import BUILTIN_CORPUS, JobSpec
@@ -50,6 +51,64 @@ class HostView:
     fingerprint: dict[str, Any]
     repositories: dict[str, Any]
     models: list[str]
+
+
+@dataclass(frozen=True)
+class LeasingHost:
+    """A host as its lease request is judged (HostTraits, plus its id and health): read in one
+    Core query when the request is authenticated, never as an ORM object."""
+
+    id: str
+    name: str
+    labels: list[str]
+    fingerprint: dict[str, Any]
+    repositories: dict[str, Any]
+    models: list[str]
+    health: str
+
+    @classmethod
+    def of(cls, host: Host) -> LeasingHost:
+        return cls(
+            id=host.id,
+            name=host.name,
+            labels=list(host.labels),
+            fingerprint=host.fingerprint,
+            repositories=host.repositories,
+            models=list(host.models),
+            health=host.health,
+        )
+
+
+_HOSTS = cast(sa.Table, Host.__table__)
+_LEASING_HOST = sa.select(
+    _HOSTS.c.secret_sha256,
+    _HOSTS.c.name,
+    _HOSTS.c.labels,
+    _HOSTS.c.fingerprint,
+    _HOSTS.c.repositories,
+    _HOSTS.c.models,
+    _HOSTS.c.health,
+).where(_HOSTS.c.id == sa.bindparam("worker_id"), _HOSTS.c.revoked_at.is_(None))
+
+
+def leasing_host_program(token: str) -> Program[LeasingHost | None]:
+    """The host whose secret `token` is (not revoked), as a lease reads it; None otherwise
+    (`auth_service.authenticate_worker`'s decision)."""
+    worker_id = auth_service.worker_token_id(token)
+    if worker_id is None:
+        return None
+    row = (yield Execute(_LEASING_HOST, {"worker_id": worker_id})).one_or_none()
+    if row is None or not auth_service.token_matches(token, row.secret_sha256):
+        return None
+    return LeasingHost(
+        id=worker_id,
+        name=row.name,
+        labels=row.labels,
+        fingerprint=row.fingerprint,
+        repositories=row.repositories,
+        models=row.models,
+        health=row.health,
+    )
 
 
 def auto_labels(host: HostTraits) -> list[str]:
@@ -294,21 +353,31 @@ def list_hosts(*, db_session: Session, include_revoked: bool = False) -> list[Ho
     return list(db_session.scalars(query))
 
 
-def host_views(*, db_session: Session, repositories: bool = True) -> list[HostView]:
+def _host_views_query(repositories: bool) -> sa.Select[Any]:
+    return (
+        sa.select(
+            Host.name,
+            Host.labels,
+            Host.fingerprint["backend"].as_string(),
+            Host.fingerprint["os"].as_string(),
+            Host.repositories if repositories else sa.null(),
+            Host.models,
+        )
+        .where(Host.revoked_at.is_(None))
+        .order_by(Host.name)
+    )
+
+
+_HOST_VIEWS = {repositories: _host_views_query(repositories) for repositories in (False, True)}
+
+
+def host_views_program(repositories: bool = True) -> Program[list[HostView]]:
     """The hosts not revoked, by name, as the columns job matching reads: a Core query, no
     ORM objects (a submission checks its spec against every host; 50 Host objects with their
     calibrations were a third of a submission's CPU). Of the fingerprint only what
     auto_labels reads; the repository offers only with `repositories` (a job that names a
     repository)."""
-    query = sa.select(
-        Host.name,
-        Host.labels,
-        Host.fingerprint["backend"].as_string(),
-        Host.fingerprint["os"].as_string(),
-        Host.repositories if repositories else sa.null(),
-        Host.models,
-    )
-    query = query.where(Host.revoked_at.is_(None)).order_by(Host.name)
+    rows = (yield Execute(_HOST_VIEWS[repositories])).all()
     return [
         HostView(
             name=name,
@@ -317,8 +386,19 @@ def host_views(*, db_session: Session, repositories: bool = True) -> list[HostVi
             repositories=offers or {},
             models=models,
         )
-        for name, labels, backend, os_name, offers, models in db_session.connection().execute(query)
+        for name, labels, backend, os_name, offers, models in rows
     ]
+
+
+def host_views(*, db_session: Session, repositories: bool = True) -> list[HostView]:
+    """`host_views_program` in the session's transaction."""
+    return run_statements(
+        db_session.connection(), host_views_program(repositories), _queues_nothing
+    )
+
+
+def _queues_nothing() -> None:
+    raise AssertionError("reading hosts queues no work")
 
 
 @dataclass(frozen=True)

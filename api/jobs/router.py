@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, status
 
-from api.deps import CurrentSubmitter, SessionDep, SettingsDep
+from api.deps import (
+    CurrentSubmitter,
+    CurrentSubmitterId,
+    DatabaseDep,
+    SessionDep,
+    SettingsDep,
+)
 from api.jobs import service
 from api.jobs.schemas import JobListItem, JobOut
 from api.routing import StrictJSONRoute
@@ -15,14 +22,19 @@ router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
 
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobOut)
-def create_job(
-    db_session: SessionDep,
+async def create_job(
+    db: DatabaseDep,
     settings: SettingsDep,
-    submitter: CurrentSubmitter,
+    submitter_id: CurrentSubmitterId,
     payload: dict[str, Any] = Body(..., description="a coldbench.job/1 JobSpec"),
 ):
-    return service.submit_job(
-        db_session=db_session, settings=settings, payload=payload, submitted_by=submitter.id
+    submitted = await db.run(partial(service.submit_program, settings, payload, submitter_id))
+    if isinstance(submitted, service.Submitted):
+        return service.submitted_out(submitted.job, submitted.runs, [])
+    return await db.run_with_session(
+        lambda db_session: service.submit_job(
+            db_session=db_session, settings=settings, payload=payload, submitted_by=submitter_id
+        )
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -22,6 +23,7 @@ from api.runs.models import Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
 from api.runs.wakeup import announce_work
 from api.settings import Settings
+from api.transactions import ANNOUNCE_WORK, Execute, Program, run_in_session, run_statements
 from evidence.canonical import sha256_json
 from evidence.protocol import JobState, RunState
 from evidence.schemas import MAX_HISTORY_COMMITS, JobSpec
@@ -35,6 +37,18 @@ def validate_job_spec(
     *, db_session: Session, settings: Settings, payload: dict[str, Any]
 ) -> JobSpec:
     """The spec as JobSpec, or Invalid with one message that says what to change."""
+    return run_statements(
+        db_session.connection(), validate_job_spec_program(settings, payload), _queues_nothing
+    )
+
+
+def _queues_nothing() -> None:
+    raise AssertionError("validating a job queues no work")
+
+
+def validate_job_spec_program(settings: Settings, payload: dict[str, Any]) -> Program[JobSpec]:
+    """`validate_job_spec` as statements: the spec's own checks, then one query of the hosts
+    it is judged against."""
     check_list_lengths(settings=settings, payload=payload)
     try:
         spec = JobSpec.model_validate(payload)
@@ -90,7 +104,7 @@ def validate_job_spec(
             f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed", field="hosts"
         )
 
-    hosts = host_service.host_views(db_session=db_session, repositories=spec.repository is not None)
+    hosts = yield from host_service.host_views_program(spec.repository is not None)
     if not hosts:
         raise Invalid("no host is registered yet; enroll one with `coldbench admin enroll`")
     refusals: dict[str, host_service.Refusal | None] = {}
@@ -168,8 +182,111 @@ def submit_job(
     job, runs, steps = _create_job(
         db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
     )
+    return submitted_out(job, runs, steps)
+
+
+def submitted_out(job: Job, runs: list[Run], steps: list[Job]) -> JobOut:
+    """A job just stored as job_detail shows it."""
     first_steps = [_queued_step(step) for step in steps]
     return _job_out(job, runs, {run.id: [] for run in runs}, {}, steps=first_steps)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """An A/B (or history, ablation) job as stored: its rows, built with every value written."""
+
+    job: Job
+    runs: list[Run]
+
+
+class _Bisection:
+    """A bisection: its first step is a job of its own, stored through the ORM
+    (api/jobs/bisect.py) on a sync session."""
+
+
+BISECTION = _Bisection()
+
+
+def submit_program(
+    settings: Settings, payload: dict[str, Any], submitted_by: str | None
+) -> Program[Submitted | _Bisection]:
+    """Validate, then the job, its runs and its audit row as three Core inserts (the ORM's
+    unit of work for these rows was a third of a submission's CPU) and the announcement.
+    `BISECTION` (nothing written) for a bisection."""
+    spec = yield from validate_job_spec_program(settings, payload)
+    if spec.mode == "bisect":
+        return BISECTION
+    job = _new_job(spec, submitted_by)
+    runs = [
+        Run(
+            id=auth_service.new_id(),
+            job_id=job.id,
+            slot=slot,
+            attempt=0,
+            state=RunState.QUEUED,
+            created_at=job.created_at,
+        )
+        for slot in range(spec.hosts)
+    ]
+    yield Execute(
+        sa.insert(_jobs).values(
+            id=job.id,
+            spec=job.spec,
+            spec_sha256=job.spec_sha256,
+            state=job.state,
+            submitted_by=submitted_by,
+            created_at=job.created_at,
+            updated_at=job.updated_at,
+        )
+    )
+    yield Execute(
+        sa.insert(_runs),
+        [
+            {
+                "id": run.id,
+                "job_id": job.id,
+                "slot": run.slot,
+                "attempt": 0,
+                "state": run.state,
+                "created_at": run.created_at,
+            }
+            for run in runs
+        ],
+    )
+    yield Execute(
+        sa.insert(_audit).values(
+            at=job.created_at,
+            actor=_actor(submitted_by),
+            kind="job.created",
+            subject_id=job.id,
+            detail={"spec_sha256": job.spec_sha256},
+        )
+    )
+    yield ANNOUNCE_WORK
+    for row in (job, *runs):
+        # Every column not written is NULL in the row: loaded as such, never read again.
+        for column in sa.inspect(type(row)).column_attrs:
+            if column.key not in row.__dict__:
+                set_committed_value(row, column.key, None)
+    return Submitted(job, runs)
+
+
+def _actor(submitted_by: str | None) -> str:
+    return f"apikey:{submitted_by}" if submitted_by else "local"
+
+
+def _new_job(spec: JobSpec, submitted_by: str | None) -> Job:
+    spec_json = spec.model_dump(mode="json", by_alias=True)
+    now = utcnow()
+    return Job(
+        id=auth_service.new_id(),
+        spec=spec_json,
+        spec_sha256=sha256_json(spec_json),
+        state=JobState.QUEUED,
+        submitted_by=submitted_by,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def _create_job(
@@ -179,97 +296,28 @@ def _create_job(
     payload: dict[str, Any],
     submitted_by: str | None,
 ) -> tuple[Job, list[Run], list[Job]]:
+    submitted = run_in_session(db_session, submit_program(settings, payload, submitted_by))
+    if isinstance(submitted, Submitted):
+        # Attached to the session as persistent rows (no query).
+        for row in (submitted.job, *submitted.runs):
+            make_transient_to_detached(row)
+            db_session.add(row)
+        return submitted.job, submitted.runs, []
     spec = validate_job_spec(db_session=db_session, settings=settings, payload=payload)
-    spec_json = spec.model_dump(mode="json", by_alias=True)
-    actor = f"apikey:{submitted_by}" if submitted_by else "local"
-    now = utcnow()
-    job = Job(
-        id=auth_service.new_id(),
-        spec=spec_json,
-        spec_sha256=sha256_json(spec_json),
-        state=JobState.QUEUED,
-        submitted_by=submitted_by,
-        created_at=now,
-        updated_at=now,
+    job = _new_job(spec, submitted_by)
+    db_session.add(job)
+    db_session.flush()
+    steps = [bisect.add_step(db_session=db_session, bisection=job, spec=spec, step=1)]
+    auth_service.record_audit(
+        db_session=db_session,
+        actor=_actor(submitted_by),
+        kind="job.created",
+        subject_id=job.id,
+        spec_sha256=job.spec_sha256,
     )
-    if spec.mode == "bisect":
-        db_session.add(job)
-        db_session.flush()
-        steps = [bisect.add_step(db_session=db_session, bisection=job, spec=spec, step=1)]
-        auth_service.record_audit(
-            db_session=db_session,
-            actor=actor,
-            kind="job.created",
-            subject_id=job.id,
-            spec_sha256=job.spec_sha256,
-        )
-        announce_work(db_session)
-        db_session.commit()
-        return job, [], steps
-    # The common case as three Core inserts (the job, its runs, its audit row) on the
-    # session's connection: the ORM's unit of work for these rows was a third of a
-    # submission's CPU. The objects are built with every value written, then attached to the
-    # session as persistent rows after the commit (no query).
-    runs = [
-        Run(
-            id=auth_service.new_id(),
-            job_id=job.id,
-            slot=slot,
-            attempt=0,
-            state=RunState.QUEUED,
-            created_at=now,
-        )
-        for slot in range(spec.hosts)
-    ]
-    try:
-        connection = db_session.connection()
-        connection.execute(
-            sa.insert(_jobs).values(
-                id=job.id,
-                spec=job.spec,
-                spec_sha256=job.spec_sha256,
-                state=job.state,
-                submitted_by=submitted_by,
-                created_at=now,
-                updated_at=now,
-            )
-        )
-        connection.execute(
-            sa.insert(_runs),
-            [
-                {
-                    "id": run.id,
-                    "job_id": job.id,
-                    "slot": run.slot,
-                    "attempt": 0,
-                    "state": run.state,
-                    "created_at": now,
-                }
-                for run in runs
-            ],
-        )
-        connection.execute(
-            sa.insert(_audit).values(
-                at=now,
-                actor=actor,
-                kind="job.created",
-                subject_id=job.id,
-                detail={"spec_sha256": job.spec_sha256},
-            )
-        )
-        announce_work(db_session)
-        db_session.commit()
-    except BaseException:
-        db_session.rollback()
-        raise
-    for row in (job, *runs):
-        # Every column not written is NULL in the row: loaded as such, never read again.
-        for column in sa.inspect(type(row)).column_attrs:
-            if column.key not in row.__dict__:
-                set_committed_value(row, column.key, None)
-        make_transient_to_detached(row)
-        db_session.add(row)
-    return job, runs, []
+    announce_work(db_session)
+    db_session.commit()
+    return job, [], steps
 
 
 _jobs = cast(sa.Table, Job.__table__)

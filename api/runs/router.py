@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response, status
+from functools import partial
 
-from api.deps import CurrentWorker, CurrentWorkerId, SessionDep, SettingsDep
+from fastapi import APIRouter, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CurrentLeasingHost, CurrentWorkerId, DatabaseDep, SettingsDep
 from api.routing import StrictJSONRoute
 from api.runs import service
 from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
@@ -20,14 +23,14 @@ router = APIRouter(route_class=StrictJSONRoute, tags=["runs"])
 async def claim_lease(
     body: LeaseRequest,
     request: Request,
-    db_session: SessionDep,
+    db: DatabaseDep,
     settings: SettingsDep,
-    host: CurrentWorker,
+    host: CurrentLeasingHost,
 ):
-    # Async: the long-poll waits on the event loop for a notification, holding no thread and
-    # no database connection; each claim runs in the thread pool.
+    # The long-poll waits on the event loop for a notification, holding no thread and no
+    # database connection; each claim is one transaction on the async engine.
     lease = await service.wait_for_lease(
-        db_session=db_session,
+        db=db,
         settings=settings,
         host=host,
         signal=request.app.state.work_signal,
@@ -45,14 +48,22 @@ async def claim_lease(
 
 
 @router.post("/runs/{run_id}/complete", response_model=CompleteResponse)
-def complete(run_id: str, body: CompleteRequest, db_session: SessionDep, host_id: CurrentWorkerId):
-    done = service.complete_run(
-        db_session=db_session,
-        host_id=host_id,
-        run_id=run_id,
-        attempt=body.attempt,
-        status=body.status,
-        reason=body.reason,
-        manifest=body.manifest,
-    )
+async def complete(run_id: str, body: CompleteRequest, db: DatabaseDep, host_id: CurrentWorkerId):
+    arguments = {
+        "host_id": host_id,
+        "run_id": run_id,
+        "attempt": body.attempt,
+        "status": body.status,
+        "reason": body.reason,
+        "manifest": body.manifest,
+    }
+    written = await db.run(partial(service.complete_program, **arguments))
+    if isinstance(written, service.CompletionWritten):
+        # Sending to Celery is blocking network I/O: not on the event loop.
+        await run_in_threadpool(service.send_completion_tasks, written)
+        done = written.completed
+    else:
+        done = await db.run_with_session(
+            lambda db_session: service.complete_late(db_session=db_session, **arguments)
+        )
     return CompleteResponse(run_id=done.run_id, attempt=done.attempt, state=done.state)

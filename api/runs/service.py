@@ -18,8 +18,9 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -38,11 +39,13 @@ from api.database import utcnow
 from api.errors import Conflict, Forbidden, Invalid, NotFound, validation_message
 from api.hosts import service as host_service
 from api.hosts.models import Host
+from api.hosts.service import LeasingHost
 from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, announce_work
 from api.settings import Settings
+from api.transactions import Database, Execute, Program, run_in_session
 from evidence.protocol import JobState, Lease, RepositoryOffer, RunState
 from evidence.schemas import JobSpec, Manifest
 
@@ -120,9 +123,7 @@ _attempts = cast(sa.Table, RunAttempt.__table__)
 _audit = cast(sa.Table, AuditEvent.__table__)
 
 
-def _job_specs(
-    connection: sa.Connection, job_ids: set[str]
-) -> dict[str, tuple[JobSpec, dict[str, Any]]]:
+def _job_specs(job_ids: set[str]) -> Program[dict[str, tuple[JobSpec, dict[str, Any]]]]:
     """Parsed specs by job id; a job's spec never changes, so each is parsed once per process."""
     found: dict[str, tuple[JobSpec, dict[str, Any]]] = {}
     with _spec_cache_lock:
@@ -131,8 +132,8 @@ def _job_specs(
                 found[job_id] = _spec_cache[job_id]
     missing = job_ids - found.keys()
     if missing:
-        rows = connection.execute(
-            sa.select(_jobs.c.id, _jobs.c.spec).where(_jobs.c.id.in_(missing))
+        rows = (
+            yield Execute(sa.select(_jobs.c.id, _jobs.c.spec).where(_jobs.c.id.in_(missing)))
         ).all()
         with _spec_cache_lock:
             for job_id, spec_json in rows:
@@ -155,27 +156,29 @@ _CANDIDATES = (
 )
 
 
-def _eligible_run_ids(connection: sa.Connection, host: Host) -> list[str]:
+def _eligible_run_ids(host: LeasingHost) -> Program[list[str]]:
     """Queued runs this host may take, oldest job first (no locks taken)."""
     after: tuple[Any, str, int] | None = None
     for _ in range(CANDIDATE_PAGES_MAX):
         query = _CANDIDATES
         if after is not None:
             query = query.where(sa.tuple_(_jobs.c.created_at, _jobs.c.id, _runs.c.slot) > after)
-        candidates = connection.execute(query).all()
+        candidates = (yield Execute(query)).all()
         if not candidates:
             return []
         job_ids = {row.job_id for row in candidates}
-        specs = _job_specs(connection, job_ids)
+        specs = yield from _job_specs(job_ids)
         # `hosts: N` reproductions run on N distinct hosts: a host that held another slot of
         # a job never takes a second one (it may take a requeued attempt of its own slot).
         shared = {job_id for job_id in job_ids if specs[job_id][0].hosts > 1}
         touched = (
             set(
-                connection.execute(
-                    sa.select(_runs.c.job_id, _runs.c.slot)
-                    .join(_attempts, _attempts.c.run_id == _runs.c.id)
-                    .where(_attempts.c.host_id == host.id, _runs.c.job_id.in_(shared))
+                (
+                    yield Execute(
+                        sa.select(_runs.c.job_id, _runs.c.slot)
+                        .join(_attempts, _attempts.c.run_id == _runs.c.id)
+                        .where(_attempts.c.host_id == host.id, _runs.c.job_id.in_(shared))
+                    )
                 ).all()
             )
             if shared
@@ -202,84 +205,115 @@ def _eligible_run_ids(connection: sa.Connection, host: Host) -> list[str]:
     return []
 
 
-def claim_lease(
-    *, db_session: Session, settings: Settings, host: Host, report: HostReport | None = None
-) -> Lease | None:
-    """One short transaction: take the oldest queued run this host may run, or None.
+@dataclass(frozen=True)
+class Claimed:
+    """What a claim did: the lease (None: nothing fits, or the host holds a run) and the host
+    columns it wrote."""
+
+    lease: Lease | None
+    host_values: dict[str, Any]
+
+
+def claim_program(
+    *, settings: Settings, host: LeasingHost, report: HostReport | None, dialect: str
+) -> Program[Claimed]:
+    """One short transaction: take the oldest queued run this host may run.
 
     Rows of other hosts' candidates are never locked: only the run being taken is, by one
     `UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED)`, so concurrent claimers pass
-    each other instead of queueing. Core statements on the session's connection, about seven
-    in all: the host's row is written once, at the end, with its report and its new health.
+    each other instead of queueing. Core statements, about seven in all: the host's row is
+    written once, at the end, with its report and its new health.
     """
-    try:
-        connection = db_session.connection()
-        host_values: dict[str, Any] = {}
-        if report is not None:
-            host_values = host_service.host_report_values(
-                fingerprint=report.fingerprint,
-                repositories=report.repositories,
-                models=report.models,
+    host_values: dict[str, Any] = {}
+    if report is not None:
+        host_values = host_service.host_report_values(
+            fingerprint=report.fingerprint,
+            repositories=report.repositories,
+            models=report.models,
+        )
+        if host.health == "lost":
+            host_values["health"] = "ready"
+        # Eligibility is judged on the host as it will be written (it is, in this
+        # transaction).
+        host = replace(
+            host,
+            **{
+                name: host_values[name]
+                for name in ("fingerprint", "repositories", "models")
+                if name in host_values
+            },
+        )
+    claimed = yield from _claim(settings, host, dialect)
+    lease = None
+    if claimed is not None:
+        run_id, job_id, attempt = claimed
+        now = utcnow()
+        yield Execute(
+            sa.insert(_attempts).values(
+                run_id=run_id,
+                attempt=attempt,
+                host_id=host.id,
+                state=RunState.LEASED,
+                started_at=now,
             )
-            if host.health == "lost":
-                host_values["health"] = "ready"
-        claimed = _claim(connection, settings, host, host_values)
-        if claimed is not None:
-            run_id, job_id, attempt = claimed
-            now = utcnow()
-            connection.execute(
-                sa.insert(_attempts).values(
-                    run_id=run_id,
-                    attempt=attempt,
-                    host_id=host.id,
-                    state=RunState.LEASED,
-                    started_at=now,
-                )
+        )
+        host_values["health"] = "busy"
+        # A claimed run makes its job running (refresh_job_state's rule, without reading
+        # every run of the job).
+        yield Execute(
+            sa.update(_jobs)
+            .where(_jobs.c.id == job_id, _jobs.c.state == JobState.QUEUED)
+            .values(state=JobState.RUNNING, updated_at=now)
+        )
+        yield Execute(
+            sa.insert(_audit).values(
+                at=now,
+                actor=f"host:{host.id}",
+                kind="run.leased",
+                subject_id=run_id,
+                detail={"attempt": attempt},
             )
-            host_values["health"] = "busy"
-            # A claimed run makes its job running (refresh_job_state's rule, without reading
-            # every run of the job).
-            connection.execute(
-                sa.update(_jobs)
-                .where(_jobs.c.id == job_id, _jobs.c.state == JobState.QUEUED)
-                .values(state=JobState.RUNNING, updated_at=now)
-            )
-            connection.execute(
-                sa.insert(_audit).values(
-                    at=now,
-                    actor=f"host:{host.id}",
-                    kind="run.leased",
-                    subject_id=run_id,
-                    detail={"attempt": attempt},
-                )
-            )
-        if host_values:
-            connection.execute(
-                sa.update(_hosts).where(_hosts.c.id == host.id).values(**host_values)
-            )
-        db_session.commit()
-    except BaseException:
-        db_session.rollback()
-        raise
-    # The host object shows what was written, without a second write at the next flush.
-    for name, value in host_values.items():
-        set_committed_value(host, name, value)
-    if claimed is None:
-        return None
-    # Objects of this session (tests share one) read the run and its job again when used.
-    for model, key in ((Run, run_id), (Job, job_id)):
-        loaded = db_session.identity_map.get(identity_key(model, key))
-        if loaded is not None:
-            db_session.expire(loaded)
-    log.info("run leased", extra={"run_id": run_id, "host_id": host.id})
-    return Lease(
-        run_id=run_id,
-        attempt=attempt,
-        job_id=job_id,
-        spec=_job_specs(connection, {job_id})[job_id][1],
-        timeout_s=settings.run_timeout_s,
-        lease_ttl_s=settings.lease_ttl_s,
+        )
+        specs = yield from _job_specs({job_id})
+        lease = Lease(
+            run_id=run_id,
+            attempt=attempt,
+            job_id=job_id,
+            spec=specs[job_id][1],
+            timeout_s=settings.run_timeout_s,
+            lease_ttl_s=settings.lease_ttl_s,
+        )
+    if host_values:
+        yield Execute(sa.update(_hosts).where(_hosts.c.id == host.id).values(**host_values))
+    return Claimed(lease, host_values)
+
+
+def _log_claim(claimed: Claimed, host_id: str) -> None:
+    if claimed.lease is not None:
+        log.info("run leased", extra={"run_id": claimed.lease.run_id, "host_id": host_id})
+
+
+def claim_lease(
+    *, db_session: Session, settings: Settings, host: Host, report: HostReport | None = None
+) -> Lease | None:
+    """`claim_program` on a sync session (the tests', the command line's)."""
+    claimed = run_in_session(
+        db_session,
+        claim_program(
+            settings=settings,
+            host=host_service.LeasingHost.of(host),
+            report=report,
+            dialect=db_session.get_bind().dialect.name,
+        ),
     )
+    # The host object shows what was written, without a second write at the next flush.
+    for name, value in claimed.host_values.items():
+        set_committed_value(host, name, value)
+    if claimed.lease is not None:
+        # Objects of this session (tests share one) read the run and its job again.
+        _expire_loaded(db_session, (Run, claimed.lease.run_id), (Job, claimed.lease.job_id))
+    _log_claim(claimed, host.id)
+    return claimed.lease
 
 
 # The claim's statements, built once: only their parameters change from claim to claim.
@@ -340,34 +374,31 @@ CLAIM_RACES_MAX = 3
 
 
 def _claim(
-    connection: sa.Connection, settings: Settings, host: Host, host_values: dict[str, Any]
-) -> tuple[str, str, int] | None:
+    settings: Settings, host: LeasingHost, dialect: str
+) -> Program[tuple[str, str, int] | None]:
     """(run id, job id, attempt) of the run this host just took, or None (nothing fits, or
-    the host holds a run). Eligibility is judged on the host as it will be written."""
-    if "repositories" in host_values or "models" in host_values or "fingerprint" in host_values:
-        # The report is judged as if already written (it is, in this transaction).
-        for name in ("fingerprint", "repositories", "models"):
-            if name in host_values:
-                set_committed_value(host, name, host_values[name])
+    the host holds a run)."""
     # Serialize the claims of one host (one run per host at a time): lock its row and look
     # for a run it holds in one statement.
-    busy = connection.execute(_HOST_BUSY, {"host_id": host.id}).scalar()
+    busy = (yield Execute(_HOST_BUSY, {"host_id": host.id})).scalar()
     if busy:
         return None
     for _ in range(CLAIM_RACES_MAX):
-        eligible = _eligible_run_ids(connection, host)
+        eligible = yield from _eligible_run_ids(host)
         if not eligible:
             return None
         now = utcnow()
-        claimed = connection.execute(
-            _CLAIM_ANY if connection.dialect.name == "postgresql" else _CLAIM_IN,
-            {
-                "eligible": eligible,
-                "host_id": host.id,
-                "now": now,
-                "expires": now + timedelta(seconds=settings.lease_ttl_s),
-                "deadline": now + timedelta(seconds=settings.run_timeout_s),
-            },
+        claimed = (
+            yield Execute(
+                _CLAIM_ANY if dialect == "postgresql" else _CLAIM_IN,
+                {
+                    "eligible": eligible,
+                    "host_id": host.id,
+                    "now": now,
+                    "expires": now + timedelta(seconds=settings.lease_ttl_s),
+                    "deadline": now + timedelta(seconds=settings.run_timeout_s),
+                },
+            )
         ).one_or_none()
         if claimed is not None:
             return str(claimed[0]), str(claimed[1]), int(claimed[2])
@@ -378,9 +409,9 @@ def _claim(
 
 async def wait_for_lease(
     *,
-    db_session: Session,
+    db: Database,
     settings: Settings,
-    host: Host,
+    host: LeasingHost,
     signal: WorkSignal,
     report: HostReport,
     wait_s: float,
@@ -397,16 +428,31 @@ async def wait_for_lease(
     pending_report: HostReport | None = report
     while True:
         seen = signal.generation
-        lease = await run_in_threadpool(
-            claim_lease, db_session=db_session, settings=settings, host=host, report=pending_report
+        claimed = await db.run(
+            partial(
+                claim_program,
+                settings=settings,
+                host=host,
+                report=pending_report,
+                dialect=db.dialect_name,
+            )
         )
+        _log_claim(claimed, host.id)
+        if pending_report is not None:
+            host = replace(
+                host,
+                **{k: v for k, v in claimed.host_values.items() if k in _LEASING_HOST_FIELDS},
+            )
         pending_report = None
         remaining = deadline - loop.time()
-        if lease is not None or remaining <= 0:
-            return lease
+        if claimed.lease is not None or remaining <= 0:
+            return claimed.lease
         await signal.wait(since=seen, timeout_s=min(remaining, settings.lease_poll_s))
         if gone is not None and await gone():
             return None
+
+
+_LEASING_HOST_FIELDS = {"fingerprint", "repositories", "models", "health"}
 
 
 # --- heartbeat ---------------------------------------------------------------------------
@@ -478,6 +524,41 @@ _RENEW_WITH_PROGRESS = _held_by(sa.update(_runs)).values(
 )
 
 
+def heartbeat_program(
+    *,
+    settings: Settings,
+    host_id: str,
+    run_id: str | None,
+    attempt: int | None,
+    progress: dict[str, Any] | None,
+) -> Program[bool]:
+    """Record that the host is alive (and the run's progress); True when it should stop.
+
+    Two or three statements: the host's heartbeat time, then the lease renewed only where
+    the run is still leased to this host as this attempt; when it is not, why (not this
+    host's attempt: refused; cancelled with its job, or lost and requeued: stop working)."""
+    if run_id is not None and attempt is None:
+        raise Invalid("heartbeat names a run_id without its attempt")
+    now = utcnow()
+    yield Execute(_HOST_SEEN, {"w_host": host_id, "w_now": now})
+    if run_id is None:
+        return False
+    params: dict[str, Any] = {
+        "w_run": run_id,
+        "w_host": host_id,
+        "w_attempt": attempt,
+        "w_expires": now + timedelta(seconds=settings.lease_ttl_s),
+    }
+    if progress is not None:
+        params["w_progress"] = progress
+    renewed = (yield Execute(_RENEW if progress is None else _RENEW_WITH_PROGRESS, params)).rowcount
+    if renewed == 1:
+        return False
+    found = (yield Execute(_RUN_AND_ATTEMPT, {"w_run": run_id, "w_attempt": attempt})).one_or_none()
+    require_holder(found, host_id=host_id, run_id=run_id, attempt=cast(int, attempt))
+    return True
+
+
 def heartbeat(
     *,
     db_session: Session,
@@ -487,40 +568,13 @@ def heartbeat(
     attempt: int | None,
     progress: dict[str, Any] | None,
 ) -> bool:
-    """Record that the host is alive (and the run's progress); True when it should stop.
-
-    Two or three statements: the host's heartbeat time, then the lease renewed only where
-    the run is still leased to this host as this attempt; when it is not, why (not this
-    host's attempt: refused; cancelled with its job, or lost and requeued: stop working)."""
-    if run_id is not None and attempt is None:
-        raise Invalid("heartbeat names a run_id without its attempt")
-    now = utcnow()
-    cancel = False
-    try:
-        connection = db_session.connection()
-        connection.execute(_HOST_SEEN, {"w_host": host_id, "w_now": now})
-        if run_id is not None:
-            params: dict[str, Any] = {
-                "w_run": run_id,
-                "w_host": host_id,
-                "w_attempt": attempt,
-                "w_expires": now + timedelta(seconds=settings.lease_ttl_s),
-            }
-            if progress is not None:
-                params["w_progress"] = progress
-            renewed = connection.execute(
-                _RENEW if progress is None else _RENEW_WITH_PROGRESS, params
-            ).rowcount
-            if renewed != 1:
-                found = connection.execute(
-                    _RUN_AND_ATTEMPT, {"w_run": run_id, "w_attempt": attempt}
-                ).one_or_none()
-                require_holder(found, host_id=host_id, run_id=run_id, attempt=cast(int, attempt))
-                cancel = True
-        db_session.commit()
-    except BaseException:
-        db_session.rollback()
-        raise
+    """`heartbeat_program` on a sync session."""
+    cancel = run_in_session(
+        db_session,
+        heartbeat_program(
+            settings=settings, host_id=host_id, run_id=run_id, attempt=attempt, progress=progress
+        ),
+    )
     _expire_loaded(db_session, (Host, host_id), (Run, run_id))
     return cancel
 
@@ -578,10 +632,10 @@ _JOB_AND_RUN_STATES = (
 )
 
 
-def _refresh_job_state(connection: sa.Connection, job_id: str, now: Any) -> bool:
+def _refresh_job_state(job_id: str, now: Any) -> Program[bool]:
     """`job_service.refresh_job_state` as Core statements: one read of the job's state and
     its runs' states, one write when the state changes; True when analysis should start."""
-    rows = connection.execute(_JOB_AND_RUN_STATES, {"w_job": job_id}).all()
+    rows = (yield Execute(_JOB_AND_RUN_STATES, {"w_job": job_id})).all()
     if not rows:
         return False
     change = job_service.next_job_state(rows[0].state, [row.run_state for row in rows])
@@ -593,8 +647,95 @@ def _refresh_job_state(connection: sa.Connection, job_id: str, now: Any) -> bool
         values.update(state=new_state, updated_at=now)
     if reason is not None:
         values["reason"] = reason
-    connection.execute(sa.update(_jobs).where(_jobs.c.id == job_id).values(**values))
+    yield Execute(sa.update(_jobs).where(_jobs.c.id == job_id).values(**values))
     return new_state == JobState.ANALYZING
+
+
+@dataclass(frozen=True)
+class CompletionWritten:
+    """A current attempt completed: what to answer, and what to send after the commit."""
+
+    completed: Completed
+    job_id: str
+    analyze: bool
+
+
+class _Late:
+    """The attempt is not current (a retry, a late one, or one that lost a race with expiry):
+    judged by `complete_late` on the ORM."""
+
+
+LATE = _Late()
+
+
+def complete_program(
+    *,
+    host_id: str,
+    run_id: str,
+    attempt: int,
+    status: str,
+    reason: str | None,
+    manifest: dict[str, Any],
+) -> Program[CompletionWritten | _Late]:
+    """Close the current attempt: one read of the run and the attempt, one of its uploads,
+    updates guarded by the run still being leased to this host as this attempt, the audit row
+    and the job's state. `LATE` (nothing written) when the attempt is not current."""
+    found = (yield Execute(_RUN_AND_ATTEMPT, {"w_run": run_id, "w_attempt": attempt})).one_or_none()
+    require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
+    if not row_is_current(found, host_id, attempt):
+        return LATE
+    try:
+        parsed = Manifest.model_validate(manifest)
+    except ValidationError as error:
+        raise Invalid(validation_message("manifest", error), field="manifest") from None
+    now = utcnow()
+    held = {"w_run": run_id, "w_host": host_id, "w_attempt": attempt}
+    values: dict[str, Any] = {
+        "manifest": parsed.model_dump(mode="json"),
+        "completed_at": now,
+        "lease_expires_at": None,
+    }
+    if status == "succeeded":
+        uploaded = {
+            row.name: row
+            for row in (yield Execute(_UPLOADED, {"w_run": run_id, "w_attempt": attempt}))
+        }
+        check_uploads(parsed, uploaded)
+        values["state"] = RunState.COMPLETED
+    elif status == "failed":
+        values["state"] = RunState.FAILED
+        values["reason"] = reason or "the worker reported a failure without a reason"
+    else:
+        raise Invalid(f"status must be succeeded or failed, not {status!r}")
+    state = values["state"]
+    if (yield Execute(_held_by(sa.update(_runs)).values(**values), held)).rowcount != 1:
+        # Expired (or cancelled) since the read above: judged again as a late completion
+        # (this transaction wrote nothing).
+        return LATE
+    yield Execute(
+        _END_ATTEMPT,
+        {"w_run": run_id, "w_attempt": attempt, "w_state": state, "w_now": now, "w_reason": reason},
+    )
+    yield Execute(_HOST_READY, {"w_host": host_id})
+    yield Execute(
+        sa.insert(_audit).values(
+            at=now,
+            actor=f"host:{host_id}",
+            kind=f"run.{state}",
+            subject_id=run_id,
+            detail={"attempt": attempt, "reason": reason},
+        )
+    )
+    analyze = yield from _refresh_job_state(found.job_id, now)
+    return CompletionWritten(Completed(run_id, attempt, str(state)), found.job_id, analyze)
+
+
+def send_completion_tasks(written: CompletionWritten) -> None:
+    """After the commit: ingest a completed run, or analyze a job its failure finished."""
+    if written.completed.state == RunState.COMPLETED:
+        dispatch.send_task("ingest_run", written.completed.run_id)
+    elif written.analyze:
+        dispatch.send_task("analyze_job", written.job_id)
 
 
 def complete_run(
@@ -607,17 +748,21 @@ def complete_run(
     reason: str | None,
     manifest: dict[str, Any],
 ) -> Completed:
-    """Close an attempt; after the commit, send ingest (succeeded) or analysis (failed).
-
-    The usual case (the attempt is current) is Core statements: one read of the run and the
-    attempt, one of its uploads, updates guarded by the run still being leased to this host
-    as this attempt, the audit row and the job's state. A completion that is not current (a
-    retry, a late one) or that lost a race with expiry takes the ORM path, `_complete_late`.
-    """
-
-    def late() -> Completed:
-        db_session.rollback()
-        return _complete_late(
+    """`complete_program` on a sync session; after the commit, send ingest (succeeded) or
+    analysis (failed). A completion that is not current takes `complete_late`."""
+    written = run_in_session(
+        db_session,
+        complete_program(
+            host_id=host_id,
+            run_id=run_id,
+            attempt=attempt,
+            status=status,
+            reason=reason,
+            manifest=manifest,
+        ),
+    )
+    if isinstance(written, _Late):
+        return complete_late(
             db_session=db_session,
             host_id=host_id,
             run_id=run_id,
@@ -626,73 +771,9 @@ def complete_run(
             reason=reason,
             manifest=manifest,
         )
-
-    try:
-        connection = db_session.connection()
-        found = connection.execute(
-            _RUN_AND_ATTEMPT, {"w_run": run_id, "w_attempt": attempt}
-        ).one_or_none()
-        require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
-        if not row_is_current(found, host_id, attempt):
-            return late()
-        try:
-            parsed = Manifest.model_validate(manifest)
-        except ValidationError as error:
-            raise Invalid(validation_message("manifest", error), field="manifest") from None
-        now = utcnow()
-        held = {"w_run": run_id, "w_host": host_id, "w_attempt": attempt}
-        values: dict[str, Any] = {
-            "manifest": parsed.model_dump(mode="json"),
-            "completed_at": now,
-            "lease_expires_at": None,
-        }
-        if status == "succeeded":
-            uploaded = {
-                row.name: row
-                for row in connection.execute(_UPLOADED, {"w_run": run_id, "w_attempt": attempt})
-            }
-            check_uploads(parsed, uploaded)
-            values["state"] = RunState.COMPLETED
-        elif status == "failed":
-            values["state"] = RunState.FAILED
-            values["reason"] = reason or "the worker reported a failure without a reason"
-        else:
-            raise Invalid(f"status must be succeeded or failed, not {status!r}")
-        state = values["state"]
-        if connection.execute(_held_by(sa.update(_runs)).values(**values), held).rowcount != 1:
-            # Expired (or cancelled) since the read above: judged again as a late completion.
-            return late()
-        connection.execute(
-            _END_ATTEMPT,
-            {
-                "w_run": run_id,
-                "w_attempt": attempt,
-                "w_state": state,
-                "w_now": now,
-                "w_reason": reason,
-            },
-        )
-        connection.execute(_HOST_READY, {"w_host": host_id})
-        connection.execute(
-            sa.insert(_audit).values(
-                at=now,
-                actor=f"host:{host_id}",
-                kind=f"run.{state}",
-                subject_id=run_id,
-                detail={"attempt": attempt, "reason": reason},
-            )
-        )
-        analyze = _refresh_job_state(connection, found.job_id, now)
-        db_session.commit()
-    except BaseException:
-        db_session.rollback()
-        raise
-    _expire_loaded(db_session, (Run, run_id), (Job, found.job_id), (Host, host_id))
-    if state == RunState.COMPLETED:
-        dispatch.send_task("ingest_run", run_id)
-    elif analyze:
-        dispatch.send_task("analyze_job", found.job_id)
-    return Completed(run_id=run_id, attempt=attempt, state=str(state))
+    _expire_loaded(db_session, (Run, run_id), (Job, written.job_id), (Host, host_id))
+    send_completion_tasks(written)
+    return written.completed
 
 
 def check_uploads(parsed: Manifest, uploaded: dict[str, Any]) -> None:
@@ -710,7 +791,7 @@ def check_uploads(parsed: Manifest, uploaded: dict[str, Any]) -> None:
         raise Invalid(f"manifest files not uploaded as listed: {', '.join(problems)}")
 
 
-def _complete_late(
+def complete_late(
     *,
     db_session: Session,
     host_id: str,

@@ -9,6 +9,9 @@ the transaction that queues it:
 - elsewhere (the embedded SQLite default) the signals of this process are woken after the
   commit.
 
+A transaction written as a program of statements (api/transactions.py) announces work with its
+`ANNOUNCE_WORK` step, which applies the same rule on either connection type.
+
 A wait is always bounded (`lease_poll_s`), so a lost notification (a listener reconnecting, work
 queued by another process on SQLite) costs at most one poll interval, never a stuck agent.
 """
@@ -91,11 +94,16 @@ def announce_work(db_session: Session) -> None:
         db_session.info[_PENDING] = True
 
 
+def notify_local() -> None:
+    """Wake this process's lease waiters (after a commit that queued runs, non-PostgreSQL)."""
+    for signal in list(_local_signals):
+        signal.notify()
+
+
 @event.listens_for(Session, "after_commit")
 def _after_commit(db_session: Session) -> None:
     if db_session.info.pop(_PENDING, False):
-        for signal in list(_local_signals):
-            signal.notify()
+        notify_local()
 
 
 @event.listens_for(Session, "after_rollback")

@@ -21,8 +21,9 @@ from sqlalchemy.orm import Session
 from api import dispatch
 from api.app import create_app
 from api.database import Base, make_engine, make_sessionmaker, upgrade_database
-from api.deps import get_db
+from api.deps import get_database, get_db
 from api.settings import Settings
+from api.transactions import SessionDatabase
 from tests.conftest import POSTGRES_URL
 
 
@@ -141,6 +142,9 @@ def client(settings: Settings, db_session: Session, sent_tasks: SentTasks) -> It
         yield db_session
 
     app.dependency_overrides[get_db] = _db
+    # The requests written as programs of statements (api/transactions.py) run on the same
+    # rolled-back session.
+    app.dependency_overrides[get_database] = lambda: SessionDatabase(db_session)
     with TestClient(app) as test_client:
         yield test_client
     app.state.engine.dispose()

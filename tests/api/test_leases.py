@@ -14,10 +14,12 @@ import sqlalchemy as sa
 
 from api.database import utcnow
 from api.hosts.models import Host
+from api.hosts.service import LeasingHost
 from api.runs import service as run_service
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, listen_for_work
 from api.settings import Settings
+from api.transactions import Program, SessionDatabase
 from tests.api.factories import fingerprint, make_host, make_job
 
 pytestmark = pytest.mark.postgres
@@ -96,8 +98,8 @@ def test_a_claim_that_loses_its_race_looks_again_at_once(
     real = run_service._eligible_run_ids
     looks: list[list[str]] = []
 
-    def eligible(db_session: Any, host: Host) -> list[str]:
-        looks.append([taken.run_id] if not looks else real(db_session, host))
+    def eligible(host: LeasingHost) -> Program[list[str]]:
+        looks.append([taken.run_id] if not looks else (yield from real(host)))
         return looks[-1]
 
     monkeypatch.setattr(run_service, "_eligible_run_ids", eligible)
@@ -126,9 +128,9 @@ def _wait_in_loop(
             host = db_session.get(Host, host_id)
             started = time.monotonic()
             result["lease"] = await run_service.wait_for_lease(
-                db_session=db_session,
+                db=SessionDatabase(db_session),
                 settings=settings,
-                host=host,
+                host=LeasingHost.of(host),
                 signal=signal,
                 report=_report(),
                 wait_s=wait_s,

@@ -1,0 +1,218 @@
+"""A transaction written once as a program of Core statements, run on either connection type.
+
+The agents' requests (lease, heartbeat, upload, completion) and job submission are short
+transactions of a few Core statements. Each is written once, as a generator (a *program*) that
+yields `Execute` steps and receives each statement's buffered result, and returns its answer:
+
+    def heartbeat_program(...) -> Program[bool]:
+        yield Execute(_HOST_SEEN, {...})
+        renewed = (yield Execute(_RENEW, {...})).rowcount
+        ...
+
+Two drivers run a program, so no rule exists in a sync and an async copy:
+
+- `run_in_session` on a sync `Session` (the services' sync entry points, Celery, the command
+  line and the tests' rolled-back sessions): its connection, then `commit()` or `rollback()`.
+- `AsyncDatabase.run` on the request path: a connection of the API process's async engine
+  (asyncpg on PostgreSQL, aiosqlite on SQLite), on the event loop, with no thread-pool hand-off
+  (measured: a hand-off per request and the GIL switches among many threads cost about a tenth
+  of the server's CPU under load; running sync psycopg on the loop instead blocked it on every
+  round trip and put lease p99 at 10 s; docs/RELIABILITY.md).
+
+The pool does not ping each connection it hands out (a round trip per request): a statement
+that finds its connection dropped (the server restarted, `pg_terminate_backend`) invalidates
+the pool, and the program runs again on a fresh connection, once, provided the failure came
+before the commit was sent (nothing was written). A dropped connection during the commit is
+not retried: whether it committed is unknown, and the agent's retry of the request is the
+idempotent way to find out.
+
+`Database` is what an endpoint receives (`api/deps.py: DatabaseDep`); tests replace it with a
+`SessionDatabase` on their rolled-back session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from api.runs import wakeup
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """Run `statement` with `params` (a dict, or a list of dicts for an executemany); the
+    program receives its buffered result (`.one_or_none()`, `.scalar()`, `.all()`,
+    `.rowcount`)."""
+
+    statement: sa.Executable
+    params: Any = None
+
+
+class _AnnounceWork:
+    """Runs became claimable in this transaction: wake the lease waiters once it commits
+    (`wakeup.announce_work`'s rule: `pg_notify` in the transaction on PostgreSQL, the process's
+    own signals after the commit elsewhere)."""
+
+
+ANNOUNCE_WORK = _AnnounceWork()
+
+Step = Execute | _AnnounceWork
+Program = Generator[Step, Any, T]
+
+_NOTIFY = sa.select(sa.func.pg_notify(wakeup.CHANNEL, ""))
+
+
+def run_statements(
+    connection: sa.Connection, program: Program[T], announce: Callable[[], None]
+) -> T:
+    """Drive `program` on a sync connection inside the caller's transaction (no commit);
+    `announce` is called where it announces work."""
+    try:
+        step = next(program)
+        while True:
+            if isinstance(step, Execute):
+                result = connection.execute(step.statement, step.params)
+            else:
+                announce()
+                result = None
+            step = program.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def run_in_session(db_session: Session, program: Program[T]) -> T:
+    """Drive `program` on the session's connection, then commit (roll back on any error)."""
+    try:
+        value = run_statements(
+            db_session.connection(), program, lambda: wakeup.announce_work(db_session)
+        )
+        db_session.commit()
+    except BaseException:
+        db_session.rollback()
+        raise
+    return value
+
+
+class Database(Protocol):
+    """What an endpoint runs its transactions on."""
+
+    dialect_name: str
+
+    async def run(self, make_program: Callable[[], Program[T]]) -> T:
+        """One transaction: the program's statements, then commit."""
+        ...
+
+    async def run_with_session(self, work: Callable[[Session], T]) -> T:
+        """The rare paths kept on the ORM (a late completion, a bisection's first step): `work`
+        on a sync session that commits itself, off the event loop."""
+        ...
+
+
+class AsyncDatabase:
+    """The API process's async engine: one connection per transaction, on the event loop."""
+
+    def __init__(self, engine: AsyncEngine, sessions: sessionmaker[Session]) -> None:
+        self.engine = engine
+        self.sessions = sessions
+        self.dialect_name = engine.dialect.name
+
+    async def run(self, make_program: Callable[[], Program[T]]) -> T:
+        for tries_left in (1, 0):
+            sent_commit = False
+            try:
+                # Shielded: a cancelled request (its client left) still returns its connection
+                # clean, never half-way through a statement.
+                with anyio.CancelScope(shield=True):
+                    async with self.engine.connect() as connection:
+                        value, announce = await self._drive(connection, make_program())
+                        sent_commit = True
+                        await connection.commit()
+            except DBAPIError as error:
+                if not error.connection_invalidated or sent_commit or not tries_left:
+                    raise
+                log.warning(
+                    "database connection dropped (%s); running the transaction again", error.orig
+                )
+                continue
+            if announce and self.dialect_name != "postgresql":
+                wakeup.notify_local()
+            return value
+        raise AssertionError("unreachable")
+
+    async def _drive(self, connection: Any, program: Program[T]) -> tuple[T, bool]:
+        announce = False
+        try:
+            step = next(program)
+            while True:
+                if isinstance(step, Execute):
+                    result = await connection.execute(step.statement, step.params)
+                else:
+                    announce = True
+                    result = None
+                    if self.dialect_name == "postgresql":
+                        await connection.execute(_NOTIFY)
+                step = program.send(result)
+        except StopIteration as done:
+            return done.value, announce
+
+    async def run_with_session(self, work: Callable[[Session], T]) -> T:
+        def in_thread() -> T:
+            with self.sessions() as db_session:
+                return work(db_session)
+
+        return await run_in_threadpool(in_thread)
+
+
+class SessionDatabase:
+    """A sync session as a `Database` (tests' rolled-back sessions): programs run at once on
+    its connection, on the calling thread."""
+
+    def __init__(self, db_session: Session) -> None:
+        self.db_session = db_session
+        self.dialect_name = db_session.get_bind().dialect.name
+
+    async def run(self, make_program: Callable[[], Program[T]]) -> T:
+        try:
+            return run_in_session(self.db_session, make_program())
+        finally:
+            # Objects the caller holds in this session read what the program wrote.
+            self.db_session.expire_all()
+
+    async def run_with_session(self, work: Callable[[Session], T]) -> T:
+        return work(self.db_session)
+
+
+def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """The async engine for a sync engine URL: asyncpg for PostgreSQL, aiosqlite for SQLite
+    (with the same pragmas as the sync engine: WAL, foreign keys, a 30 s busy timeout)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_async_engine(
+            parsed.set(drivername="sqlite+aiosqlite"), connect_args={"timeout": 30}, **kwargs
+        )
+
+        @sa.event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        return engine
+    return create_async_engine(parsed.set(drivername="postgresql+asyncpg"), **kwargs)
