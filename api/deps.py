@@ -84,7 +84,7 @@ def get_current_worker(db_session: SessionDep, credentials: BearerDep) -> Host:
 async def get_current_worker_id(db: DatabaseDep, credentials: BearerDep) -> str:
     """The calling worker's id, for routes that need no more of the host than who it is."""
     token = bearer_token(credentials)
-    worker_id = await db.run(partial(auth_service.worker_id_program, token))
+    worker_id = await db.read(partial(auth_service.worker_id_program, token))
     if worker_id is None:
         raise NotAuthenticated("invalid worker token")
     return worker_id
@@ -93,7 +93,7 @@ async def get_current_worker_id(db: DatabaseDep, credentials: BearerDep) -> str:
 async def get_leasing_host(db: DatabaseDep, credentials: BearerDep) -> LeasingHost:
     """The calling worker as its lease request is judged, read in one query."""
     token = bearer_token(credentials)
-    host = await db.run(partial(host_service.leasing_host_program, token))
+    host = await db.read(partial(host_service.leasing_host_program, token))
     if host is None:
         raise NotAuthenticated("invalid worker token")
     return host
@@ -102,7 +102,7 @@ async def get_leasing_host(db: DatabaseDep, credentials: BearerDep) -> LeasingHo
 async def get_current_submitter_id(db: DatabaseDep, credentials: BearerDep) -> str:
     """The calling API key's id, for routes that need no more of the key."""
     token = bearer_token(credentials)
-    key_id = await db.run(partial(auth_service.submitter_id_program, token))
+    key_id = await db.read(partial(auth_service.submitter_id_program, token))
     if key_id is None:
         raise NotAuthenticated("invalid API key")
     return key_id

@@ -115,6 +115,11 @@ class Database(Protocol):
         """One transaction: the program's statements, then commit."""
         ...
 
+    async def read(self, make_program: Callable[[], Program[T]]) -> T:
+        """A program that only reads, and needs no snapshot across its statements (one
+        query: authentication): without a transaction where the engine allows it."""
+        ...
+
     async def run_with_session(self, work: Callable[[Session], T]) -> T:
         """The rare paths kept on the ORM (a late completion, a bisection's first step): `work`
         on a sync session that commits itself, off the event loop."""
@@ -126,17 +131,25 @@ class AsyncDatabase:
 
     def __init__(self, engine: AsyncEngine, sessions: sessionmaker[Session]) -> None:
         self.engine = engine
+        # The same pool without BEGIN and COMMIT: two round trips fewer for a lone read.
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.sessions = sessions
         self.dialect_name = engine.dialect.name
 
     async def run(self, make_program: Callable[[], Program[T]]) -> T:
+        return await self._run(self.engine, make_program)
+
+    async def read(self, make_program: Callable[[], Program[T]]) -> T:
+        return await self._run(self._autocommit, make_program)
+
+    async def _run(self, engine: AsyncEngine, make_program: Callable[[], Program[T]]) -> T:
         for tries_left in (1, 0):
             sent_commit = False
             try:
                 # Shielded: a cancelled request (its client left) still returns its connection
                 # clean, never half-way through a statement.
                 with anyio.CancelScope(shield=True):
-                    async with self.engine.connect() as connection:
+                    async with engine.connect() as connection:
                         value, announce = await self._drive(connection, make_program())
                         sent_commit = True
                         await connection.commit()
@@ -190,6 +203,9 @@ class SessionDatabase:
         finally:
             # Objects the caller holds in this session read what the program wrote.
             self.db_session.expire_all()
+
+    async def read(self, make_program: Callable[[], Program[T]]) -> T:
+        return await self.run(make_program)
 
     async def run_with_session(self, work: Callable[[Session], T]) -> T:
         return work(self.db_session)

@@ -43,7 +43,7 @@ async def upload_artifact(
             f"{settings.max_artifact_bytes} bytes"
         )
     upload = {"host_id": host_id, "run_id": run_id, "attempt": attempt, "name": name}
-    await db.run(partial(service.upload_check_program, **upload, sha256=sha256))
+    await db.read(partial(service.upload_check_program, **upload, sha256=sha256))
     blob = await store.put_stream(
         request.stream(), expected_sha256=sha256, max_bytes=settings.max_artifact_bytes
     )

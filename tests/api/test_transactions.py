@@ -71,7 +71,9 @@ def live(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Live]:
         url = request.getfixturevalue("live_db")
     engine = make_engine(url)
     try:
-        yield Live(url, Settings(database_url=url, artifact_dir=tmp_path), make_sessionmaker(engine))
+        yield Live(
+            url, Settings(database_url=url, artifact_dir=tmp_path), make_sessionmaker(engine)
+        )
     finally:
         engine.dispose()
 
@@ -88,15 +90,16 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
     store = LocalArtifactStore(tmp_path / "store")
 
     async def scenario(db: AsyncDatabase) -> dict[str, Any]:
-        assert await db.run(partial(auth_service.submitter_id_program, key)) == key_id
-        assert await db.run(partial(auth_service.submitter_id_program, key + "x")) is None
+        # Authentication reads without a transaction (`read`); the rest are transactions.
+        assert await db.read(partial(auth_service.submitter_id_program, key)) == key_id
+        assert await db.read(partial(auth_service.submitter_id_program, key + "x")) is None
         generation = signal.generation
         submitted = await db.run(
             partial(job_service.submit_program, live.settings, job_payload(), key_id)
         )
         assert isinstance(submitted, job_service.Submitted)
         woken = signal.generation > generation
-        leasing = await db.run(partial(host_service.leasing_host_program, secret))
+        leasing = await db.read(partial(host_service.leasing_host_program, secret))
         assert leasing is not None and leasing.id == host.id
         claimed = await db.run(
             partial(
@@ -129,11 +132,17 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
         upload = {"host_id": host.id, "run_id": lease.run_id, "attempt": lease.attempt}
         for name, content in files.items():
             blob = store.put_bytes(content)
-            assert await db.run(
-                partial(
-                    artifact_service.upload_check_program, **upload, name=name, sha256=blob.sha256
+            assert (
+                await db.read(
+                    partial(
+                        artifact_service.upload_check_program,
+                        **upload,
+                        name=name,
+                        sha256=blob.sha256,
+                    )
                 )
-            ) is None
+                is None
+            )
             for created in (True, False):  # the same upload again: the row already stored
                 row, was_created = await db.run(
                     partial(artifact_service.record_upload_program, **upload, name=name, blob=blob)
@@ -221,6 +230,18 @@ def test_dropped_connections_are_replaced_and_the_program_runs_once_more(live_db
             starts.clear()
             assert await database.run(program) == host.id
             assert len(starts) == 1  # the pool holds fresh connections again
+            # The same for a read without a transaction.
+            await asyncio.gather(*(database.read(program) for _ in range(4)))
+            with engine.connect() as connection:
+                connection.execute(
+                    sa.text(
+                        "select pg_terminate_backend(pid) from pg_stat_activity "
+                        "where datname = current_database() and pid != pg_backend_pid()"
+                    )
+                )
+            starts.clear()
+            assert await database.read(program) == host.id
+            assert len(starts) == 2
         finally:
             await database.engine.dispose()
 
