@@ -56,6 +56,7 @@ _runs = cast(sa.Table, Run.__table__)
 _attempts = cast(sa.Table, RunAttempt.__table__)
 _artifacts = cast(sa.Table, Artifact.__table__)
 _ATTEMPT = sa.bindparam("w_attempt", type_=sa.Integer)
+_INSERT_ARTIFACT = sa.insert(_artifacts)
 _UPLOAD_STATE = (
     sa.select(
         _runs.c.state,
@@ -116,14 +117,15 @@ def record_upload_program(
     if existing is not None:
         return existing, False
     yield Execute(
-        sa.insert(_artifacts).values(
-            run_id=run_id,
-            attempt=attempt,
-            name=name,
-            sha256=blob.sha256,
-            bytes=blob.bytes,
-            storage_path=blob.storage_path,
-        )
+        _INSERT_ARTIFACT,
+        {
+            "run_id": run_id,
+            "attempt": attempt,
+            "name": name,
+            "sha256": blob.sha256,
+            "bytes": blob.bytes,
+            "storage_path": blob.storage_path,
+        },
     )
     return StoredArtifact(name, blob.sha256, blob.bytes), True
 

@@ -229,18 +229,19 @@ def submit_program(
         for slot in range(spec.hosts)
     ]
     yield Execute(
-        sa.insert(_jobs).values(
-            id=job.id,
-            spec=job.spec,
-            spec_sha256=job.spec_sha256,
-            state=job.state,
-            submitted_by=submitted_by,
-            created_at=job.created_at,
-            updated_at=job.updated_at,
-        )
+        _INSERT_JOB,
+        {
+            "id": job.id,
+            "spec": job.spec,
+            "spec_sha256": job.spec_sha256,
+            "state": job.state,
+            "submitted_by": submitted_by,
+            "created_at": job.created_at,
+            "updated_at": job.updated_at,
+        },
     )
     yield Execute(
-        sa.insert(_runs),
+        _INSERT_RUN,
         [
             {
                 "id": run.id,
@@ -254,13 +255,14 @@ def submit_program(
         ],
     )
     yield Execute(
-        sa.insert(_audit).values(
-            at=job.created_at,
-            actor=_actor(submitted_by),
-            kind="job.created",
-            subject_id=job.id,
-            detail={"spec_sha256": job.spec_sha256},
-        )
+        _INSERT_AUDIT,
+        {
+            "at": job.created_at,
+            "actor": _actor(submitted_by),
+            "kind": "job.created",
+            "subject_id": job.id,
+            "detail": {"spec_sha256": job.spec_sha256},
+        },
     )
     yield ANNOUNCE_WORK
     for row in (job, *runs):
@@ -323,6 +325,9 @@ def _create_job(
 _jobs = cast(sa.Table, Job.__table__)
 _runs = cast(sa.Table, Run.__table__)
 _audit = cast(sa.Table, AuditEvent.__table__)
+_INSERT_JOB = sa.insert(_jobs)
+_INSERT_RUN = sa.insert(_runs)
+_INSERT_AUDIT = sa.insert(_audit)
 
 
 def get_job(*, db_session: Session, job_id: str) -> Job:

@@ -249,30 +249,28 @@ def claim_program(
         run_id, job_id, attempt = claimed
         now = utcnow()
         yield Execute(
-            sa.insert(_attempts).values(
-                run_id=run_id,
-                attempt=attempt,
-                host_id=host.id,
-                state=RunState.LEASED,
-                started_at=now,
-            )
+            _INSERT_ATTEMPT,
+            {
+                "run_id": run_id,
+                "attempt": attempt,
+                "host_id": host.id,
+                "state": RunState.LEASED,
+                "started_at": now,
+            },
         )
         host_values["health"] = "busy"
         # A claimed run makes its job running (refresh_job_state's rule, without reading
         # every run of the job).
+        yield Execute(_JOB_RUNNING, {"w_job": job_id, "w_now": now})
         yield Execute(
-            sa.update(_jobs)
-            .where(_jobs.c.id == job_id, _jobs.c.state == JobState.QUEUED)
-            .values(state=JobState.RUNNING, updated_at=now)
-        )
-        yield Execute(
-            sa.insert(_audit).values(
-                at=now,
-                actor=f"host:{host.id}",
-                kind="run.leased",
-                subject_id=run_id,
-                detail={"attempt": attempt},
-            )
+            _INSERT_AUDIT,
+            {
+                "at": now,
+                "actor": f"host:{host.id}",
+                "kind": "run.leased",
+                "subject_id": run_id,
+                "detail": {"attempt": attempt},
+            },
         )
         specs = yield from _job_specs({job_id})
         lease = Lease(
@@ -284,8 +282,25 @@ def claim_program(
             lease_ttl_s=settings.lease_ttl_s,
         )
     if host_values:
-        yield Execute(sa.update(_hosts).where(_hosts.c.id == host.id).values(**host_values))
+        # The columns set are the parameters' keys (the statement is built once).
+        yield Execute(_UPDATE_HOST, {"w_host": host.id, **host_values})
     return Claimed(lease, host_values)
+
+
+# Built once, like every statement of the request paths: constructing a statement and its cache
+# key costs more Python than executing a cached one.
+_INSERT_ATTEMPT = sa.insert(_attempts)
+_INSERT_AUDIT = sa.insert(_audit)
+_UPDATE_HOST = sa.update(_hosts).where(_hosts.c.id == sa.bindparam("w_host"))
+_UPDATE_JOB = sa.update(_jobs).where(_jobs.c.id == sa.bindparam("w_job"))
+_JOB_RUNNING = (
+    sa.update(_jobs)
+    .where(_jobs.c.id == sa.bindparam("w_job"), _jobs.c.state == JobState.QUEUED)
+    .values(
+        state=JobState.RUNNING,
+        updated_at=sa.bindparam("w_now", type_=_jobs.c.updated_at.type),
+    )
+)
 
 
 def _log_claim(claimed: Claimed, host_id: str) -> None:
@@ -647,7 +662,7 @@ def _refresh_job_state(job_id: str, now: Any) -> Program[bool]:
         values.update(state=new_state, updated_at=now)
     if reason is not None:
         values["reason"] = reason
-    yield Execute(sa.update(_jobs).where(_jobs.c.id == job_id).values(**values))
+    yield Execute(_UPDATE_JOB, {"w_job": job_id, **values})
     return new_state == JobState.ANALYZING
 
 
@@ -718,13 +733,14 @@ def complete_program(
     )
     yield Execute(_HOST_READY, {"w_host": host_id})
     yield Execute(
-        sa.insert(_audit).values(
-            at=now,
-            actor=f"host:{host_id}",
-            kind=f"run.{state}",
-            subject_id=run_id,
-            detail={"attempt": attempt, "reason": reason},
-        )
+        _INSERT_AUDIT,
+        {
+            "at": now,
+            "actor": f"host:{host_id}",
+            "kind": f"run.{state}",
+            "subject_id": run_id,
+            "detail": {"attempt": attempt, "reason": reason},
+        },
     )
     analyze = yield from _refresh_job_state(found.job_id, now)
     return CompletionWritten(Completed(run_id, attempt, str(state)), found.job_id, analyze)
