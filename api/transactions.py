@@ -15,9 +15,9 @@ Two drivers run a program, so no rule exists in a sync and an async copy:
   line and the tests' rolled-back sessions): its connection, then `commit()` or `rollback()`.
 - `AsyncDatabase.run` on the request path: a connection of the API process's async engine
   (asyncpg on PostgreSQL, aiosqlite on SQLite), on the event loop, with no thread-pool hand-off
-  (measured: a hand-off per request and the GIL switches among many threads cost about a tenth
-  of the server's CPU under load; running sync psycopg on the loop instead blocked it on every
-  round trip and put lease p99 at 10 s; docs/RELIABILITY.md).
+  (measured: the thread-pool hand-offs cost about a tenth of the server's CPU under load;
+  calling sync psycopg on the loop instead blocks it on every round trip: 60% of the loop
+  thread's samples waited in psycopg, lease p99 reached seconds; docs/RELIABILITY.md).
 
 The pool does not ping each connection it hands out (a round trip per request): a statement
 that finds its connection dropped (the server restarted, `pg_terminate_backend`) invalidates
