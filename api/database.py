@@ -57,6 +57,16 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    """Every new SQLite connection, sync or aiosqlite (a "connect" event listener)."""
+    cursor = dbapi_connection.cursor()
+    # WAL lets readers (long-polling claimers, pages) run beside one writer.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
 def make_engine(url: str, **kwargs: Any) -> sa.Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -65,16 +75,7 @@ def make_engine(url: str, **kwargs: Any) -> sa.Engine:
         engine = sa.create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs
         )
-
-        @sa.event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            # WAL lets readers (long-polling claimers, pages) run beside one writer.
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
+        sa.event.listen(engine, "connect", sqlite_pragmas)
         return engine
     return sa.create_engine(url, pool_pre_ping=True, **kwargs)
 

@@ -44,6 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from api.database import sqlite_pragmas
 from api.runs import wakeup
 
 log = logging.getLogger(__name__)
@@ -221,14 +222,6 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
         engine = create_async_engine(
             parsed.set(drivername="sqlite+aiosqlite"), connect_args={"timeout": 30}, **kwargs
         )
-
-        @sa.event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
+        sa.event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
     return create_async_engine(parsed.set(drivername="postgresql+asyncpg"), **kwargs)
