@@ -651,8 +651,9 @@ def run(
         invalid = outcome.summary.invalid.total
         if invalid:
             out_console.print(f"{invalid} cells not ok (see summary.md)")
-    out_console.print(f"evidence {outcome.evidence_id}")
-    out_console.print(f"bundle {folder.resolve()}")
+    # Whole lines, never wrapped at the terminal's width: scripts and people copy them.
+    out_console.print(f"evidence {outcome.evidence_id}", soft_wrap=True)
+    out_console.print(f"bundle {folder.resolve()}", soft_wrap=True)
     if outcome.status != "succeeded":
         typer.echo(f"error: run failed: {outcome.reason}", err=True)
         raise typer.Exit(1)
