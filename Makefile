@@ -30,8 +30,15 @@ demo: install
 services:
 	.ci/services
 
+# Two pytest workers (pytest-xdist): most of the suite's time is real processes starting and
+# waiting (servers, Celery, agents, variant processes loading mlx-lm), about one core of two.
+# Each worker starts on its half of the tests in order and then takes from the other's rest.
+# Each worker's session has its own databases, Redis key prefixes, ports, temporary folders
+# and host lock (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: install services
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # Style, the import rules of the package docstrings (pyproject.toml's import-linter contracts)
 # and types of evidence/ and engine/.

@@ -23,6 +23,15 @@ POSTGRES_URL = os.environ.get(
 REDIS_URL = os.environ.get("COLDBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_host_lock(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Agents started without `--host-lock` (the demo's) take a lock file of this test session,
+    not the host's /tmp/coldbench-host.lock: the workers of `pytest -n` (the Makefile's test
+    target) and other test sessions on this machine would otherwise queue on each other's
+    agents. Inherited by child processes; the lock itself is tested in test_config.py."""
+    os.environ["COLDBENCH_HOST_LOCK"] = str(tmp_path_factory.mktemp("host-lock") / "host.lock")
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
