@@ -21,6 +21,7 @@ from evidence.calibration import HostCalibration
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timing
 def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
     coldbench_cmd: list[str], tmp_path: Path
 ) -> None:

@@ -104,6 +104,7 @@ def test_aa_never_claims_a_difference(
     assert run["model"]["weights_sha256"] and run["job_spec_sha256"]
 
 
+@pytest.mark.timing
 def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -> None:
     """1-token chunks against one 128-token chunk: on this machine's CPU clearly fewer tok/s
     (docs/worker.md). Not 16-token chunks against 256: those measured about 1.2x *faster* here;
