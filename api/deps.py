@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -20,7 +20,9 @@ from api.hosts import service as host_service
 from api.hosts.models import Host
 from api.hosts.service import LeasingHost
 from api.settings import Settings
-from api.transactions import Database
+from api.transactions import Database, Program
+
+T = TypeVar("T")
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:
@@ -81,31 +83,33 @@ def get_current_worker(db_session: SessionDep, credentials: BearerDep) -> Host:
     return host
 
 
+async def _caller(
+    db: Database,
+    credentials: HTTPAuthorizationCredentials | None,
+    program: Callable[[str], Program[T | None]],
+    refusal: str,
+) -> T:
+    """Whom the bearer token belongs to, as `program` reads it in one query (no transaction);
+    NotAuthenticated(refusal) when nobody."""
+    caller = await db.read(partial(program, bearer_token(credentials)))
+    if caller is None:
+        raise NotAuthenticated(refusal)
+    return caller
+
+
 async def get_current_worker_id(db: DatabaseDep, credentials: BearerDep) -> str:
     """The calling worker's id, for routes that need no more of the host than who it is."""
-    token = bearer_token(credentials)
-    worker_id = await db.read(partial(auth_service.worker_id_program, token))
-    if worker_id is None:
-        raise NotAuthenticated("invalid worker token")
-    return worker_id
+    return await _caller(db, credentials, auth_service.worker_id_program, "invalid worker token")
 
 
 async def get_leasing_host(db: DatabaseDep, credentials: BearerDep) -> LeasingHost:
     """The calling worker as its lease request is judged, read in one query."""
-    token = bearer_token(credentials)
-    host = await db.read(partial(host_service.leasing_host_program, token))
-    if host is None:
-        raise NotAuthenticated("invalid worker token")
-    return host
+    return await _caller(db, credentials, host_service.leasing_host_program, "invalid worker token")
 
 
 async def get_current_submitter_id(db: DatabaseDep, credentials: BearerDep) -> str:
     """The calling API key's id, for routes that need no more of the key."""
-    token = bearer_token(credentials)
-    key_id = await db.read(partial(auth_service.submitter_id_program, token))
-    if key_id is None:
-        raise NotAuthenticated("invalid API key")
-    return key_id
+    return await _caller(db, credentials, auth_service.submitter_id_program, "invalid API key")
 
 
 def get_current_submitter(db_session: SessionDep, credentials: BearerDep) -> ApiKey:
