@@ -31,11 +31,12 @@ async def create_job(
     submitted = await db.run(partial(service.submit_program, settings, payload, submitter_id))
     if isinstance(submitted, service.Submitted):
         return service.submitted_out(submitted.job, submitted.runs, [])
-    return await db.run_with_session(
-        lambda db_session: service.submit_job(
-            db_session=db_session, settings=settings, payload=payload, submitted_by=submitter_id
+    job, runs, steps = await db.run_with_session(
+        lambda db_session: service.create_bisection(
+            db_session=db_session, spec=submitted.spec, submitted_by=submitter_id
         )
     )
+    return service.submitted_out(job, runs, steps)
 
 
 @router.get("/jobs", response_model=list[JobListItem])

@@ -23,7 +23,7 @@ from api.runs.models import Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
 from api.runs.wakeup import announce_work
 from api.settings import Settings
-from api.transactions import ANNOUNCE_WORK, Execute, Program, run_in_session, run_statements
+from api.transactions import ANNOUNCE_WORK, Execute, Program, run_in_session
 from evidence.canonical import sha256_json
 from evidence.protocol import JobState, RunState
 from evidence.schemas import MAX_HISTORY_COMMITS, JobSpec
@@ -33,22 +33,9 @@ from evidence.variant import expand_variants
 log = logging.getLogger(__name__)
 
 
-def validate_job_spec(
-    *, db_session: Session, settings: Settings, payload: dict[str, Any]
-) -> JobSpec:
-    """The spec as JobSpec, or Invalid with one message that says what to change."""
-    return run_statements(
-        db_session.connection(), validate_job_spec_program(settings, payload), _queues_nothing
-    )
-
-
-def _queues_nothing() -> None:
-    raise AssertionError("validating a job queues no work")
-
-
 def validate_job_spec_program(settings: Settings, payload: dict[str, Any]) -> Program[JobSpec]:
-    """`validate_job_spec` as statements: the spec's own checks, then one query of the hosts
-    it is judged against."""
+    """The spec as JobSpec, or Invalid with one message that says what to change: the spec's
+    own checks, then one query of the hosts it is judged against."""
     check_list_lengths(settings=settings, payload=payload)
     try:
         spec = JobSpec.model_validate(payload)
@@ -199,23 +186,23 @@ class Submitted:
     runs: list[Run]
 
 
-class _Bisection:
-    """A bisection: its first step is a job of its own, stored through the ORM
-    (api/jobs/bisect.py) on a sync session."""
+@dataclass(frozen=True)
+class Bisection:
+    """A validated bisection, not yet stored: its first step is a job of its own, stored
+    through the ORM (`create_bisection`, api/jobs/bisect.py) on a sync session."""
 
-
-BISECTION = _Bisection()
+    spec: JobSpec
 
 
 def submit_program(
     settings: Settings, payload: dict[str, Any], submitted_by: str | None
-) -> Program[Submitted | _Bisection]:
+) -> Program[Submitted | Bisection]:
     """Validate, then the job, its runs and its audit row as three Core inserts (the ORM's
     unit of work for these rows was a third of a submission's CPU) and the announcement.
-    `BISECTION` (nothing written) for a bisection."""
+    A bisection is only validated (nothing written): `Bisection` carries its spec."""
     spec = yield from validate_job_spec_program(settings, payload)
     if spec.mode == "bisect":
-        return BISECTION
+        return Bisection(spec)
     job = _new_job(spec, submitted_by)
     runs = [
         Run(
@@ -305,7 +292,13 @@ def _create_job(
             make_transient_to_detached(row)
             db_session.add(row)
         return submitted.job, submitted.runs, []
-    spec = validate_job_spec(db_session=db_session, settings=settings, payload=payload)
+    return create_bisection(db_session=db_session, spec=submitted.spec, submitted_by=submitted_by)
+
+
+def create_bisection(
+    *, db_session: Session, spec: JobSpec, submitted_by: str | None
+) -> tuple[Job, list[Run], list[Job]]:
+    """Store a validated bisection and its first step; commit."""
     job = _new_job(spec, submitted_by)
     db_session.add(job)
     db_session.flush()
