@@ -88,11 +88,20 @@ def claim_enrollment_token(*, db_session: Session, token: str) -> EnrollmentToke
     return row
 
 
-def authenticate_worker(*, db_session: Session, token: str) -> Host | None:
+def token_id(token: str, kind: str) -> str | None:
+    """The id a `<kind>_<id>_<random>` token names (kind `cbw`: a worker, `cbk`: an API key),
+    not yet checked; None when the token is not of that form."""
     match = _ID_TOKEN.fullmatch(token)
-    if match is None or match.group(1) != "cbw":
+    if match is None or match.group(1) != kind:
         return None
-    host = db_session.get(Host, match.group(2))
+    return match.group(2)
+
+
+def authenticate_worker(*, db_session: Session, token: str) -> Host | None:
+    worker_id = token_id(token, "cbw")
+    if worker_id is None:
+        return None
+    host = db_session.get(Host, worker_id)
     if host is None or host.revoked_at is not None or not _matches(token, host.secret_sha256):
         return None
     return host
@@ -107,14 +116,6 @@ _WORKER_SECRET = sa.select(_HOSTS.c.secret_sha256).where(
 )
 
 
-def worker_token_id(token: str) -> str | None:
-    """The worker id a `cbw_<id>_<random>` token names (not yet checked), or None."""
-    match = _ID_TOKEN.fullmatch(token)
-    if match is None or match.group(1) != "cbw":
-        return None
-    return match.group(2)
-
-
 def token_matches(token: str, stored_sha256: str | None) -> bool:
     """The token's digest equals the stored one (compared in constant time)."""
     return stored_sha256 is not None and _matches(token, stored_sha256)
@@ -125,7 +126,7 @@ def worker_id_program(token: str) -> Program[str | None]:
 
     The same decision as `authenticate_worker` (the same digest compared in constant time,
     revocation read from the database on every request), without loading the host."""
-    worker_id = worker_token_id(token)
+    worker_id = token_id(token, "cbw")
     if worker_id is None:
         return None
     stored = (yield Execute(_WORKER_SECRET, {"worker_id": worker_id})).scalar()
@@ -147,10 +148,10 @@ def is_admin(*, token: str, admin_token_sha256: str) -> bool:
 
 
 def authenticate_submitter(*, db_session: Session, token: str) -> ApiKey | None:
-    match = _ID_TOKEN.fullmatch(token)
-    if match is None or match.group(1) != "cbk":
+    key_id = token_id(token, "cbk")
+    if key_id is None:
         return None
-    key = db_session.get(ApiKey, match.group(2))
+    key = db_session.get(ApiKey, key_id)
     if key is None or key.revoked_at is not None or not _matches(token, key.key_sha256):
         return None
     return key
@@ -165,11 +166,11 @@ _KEY_SECRET = sa.select(_KEYS.c.key_sha256).where(
 def submitter_id_program(token: str) -> Program[str | None]:
     """The id of the API key `token` is, unless unknown, revoked or wrong: what
     `authenticate_submitter` decides, without loading the key."""
-    match = _ID_TOKEN.fullmatch(token)
-    if match is None or match.group(1) != "cbk":
+    key_id = token_id(token, "cbk")
+    if key_id is None:
         return None
-    stored = (yield Execute(_KEY_SECRET, {"key_id": match.group(2)})).scalar()
-    return match.group(2) if token_matches(token, stored) else None
+    stored = (yield Execute(_KEY_SECRET, {"key_id": key_id})).scalar()
+    return key_id if token_matches(token, stored) else None
 
 
 def revoke_api_key(*, db_session: Session, key_or_id: str, actor: str) -> ApiKey:
@@ -177,8 +178,7 @@ def revoke_api_key(*, db_session: Session, key_or_id: str, actor: str) -> ApiKey
     signed in with it end at their next request."""
     from api.errors import NotFound
 
-    match = _ID_TOKEN.fullmatch(key_or_id)
-    key_id = match.group(2) if match is not None and match.group(1) == "cbk" else key_or_id
+    key_id = token_id(key_or_id, "cbk") or key_or_id
     key = db_session.get(ApiKey, key_id) if re.fullmatch(r"[0-9a-f]{16}", key_id) else None
     if key is None:
         raise NotFound(f"no API key {key_or_id[:20]!r} (give its id: cbk_<id>_...)")

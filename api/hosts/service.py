@@ -94,7 +94,7 @@ _LEASING_HOST = sa.select(
 def leasing_host_program(token: str) -> Program[LeasingHost | None]:
     """The host whose secret `token` is (not revoked), as a lease reads it; None otherwise
     (`auth_service.authenticate_worker`'s decision)."""
-    worker_id = auth_service.worker_token_id(token)
+    worker_id = auth_service.token_id(token, "cbw")
     if worker_id is None:
         return None
     row = (yield Execute(_LEASING_HOST, {"worker_id": worker_id})).one_or_none()
