@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from api.auth.models import ApiKey, AuditEvent, EnrollmentToken
 from api.database import utcnow
 from api.hosts.models import Host
-from api.transactions import Execute, Program, run_statements
+from api.transactions import Execute, Program
 
 log = logging.getLogger(__name__)
 
@@ -131,15 +131,6 @@ def worker_id_program(token: str) -> Program[str | None]:
         return None
     stored = (yield Execute(_WORKER_SECRET, {"worker_id": worker_id})).scalar()
     return worker_id if token_matches(token, stored) else None
-
-
-def authenticate_worker_id(*, db_session: Session, token: str) -> str | None:
-    """`worker_id_program` in the session's transaction."""
-    return run_statements(db_session.connection(), worker_id_program(token), _no_announce)
-
-
-def _no_announce() -> None:
-    raise AssertionError("authentication queues no work")
 
 
 def is_admin(*, token: str, admin_token_sha256: str) -> bool:

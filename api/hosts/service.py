@@ -18,7 +18,7 @@ from api.errors import Conflict, Invalid, NotAuthenticated, NotFound
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
-from api.transactions import Execute, Program, run_statements
+from api.transactions import Execute, Program
 from evidence.calibration import HostCalibration
 from evidence.protocol import RepositoryOffer, RunState
 from evidence.schemas import BUILTIN_CORPUS, JobSpec
@@ -388,17 +388,6 @@ def host_views_program(repositories: bool = True) -> Program[list[HostView]]:
         )
         for name, labels, backend, os_name, offers, models in rows
     ]
-
-
-def host_views(*, db_session: Session, repositories: bool = True) -> list[HostView]:
-    """`host_views_program` in the session's transaction."""
-    return run_statements(
-        db_session.connection(), host_views_program(repositories), _queues_nothing
-    )
-
-
-def _queues_nothing() -> None:
-    raise AssertionError("reading hosts queues no work")
 
 
 @dataclass(frozen=True)
