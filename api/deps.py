@@ -16,9 +16,7 @@ from api.artifacts.store import ArtifactStore
 from api.auth import service as auth_service
 from api.auth.models import ApiKey
 from api.errors import NotAuthenticated
-from api.hosts import service as host_service
 from api.hosts.models import Host
-from api.hosts.service import LeasingHost
 from api.settings import Settings
 from api.transactions import Database, Program
 
@@ -102,11 +100,6 @@ async def get_current_worker_id(db: DatabaseDep, credentials: BearerDep) -> str:
     return await _caller(db, credentials, auth_service.worker_id_program, "invalid worker token")
 
 
-async def get_leasing_host(db: DatabaseDep, credentials: BearerDep) -> LeasingHost:
-    """The calling worker as its lease request is judged, read in one query."""
-    return await _caller(db, credentials, host_service.leasing_host_program, "invalid worker token")
-
-
 async def get_current_submitter_id(db: DatabaseDep, credentials: BearerDep) -> str:
     """The calling API key's id, for routes that need no more of the key."""
     return await _caller(db, credentials, auth_service.submitter_id_program, "invalid API key")
@@ -132,7 +125,6 @@ def require_admin(settings: SettingsDep, credentials: BearerDep) -> None:
 
 CurrentWorker = Annotated[Host, Depends(get_current_worker)]
 CurrentWorkerId = Annotated[str, Depends(get_current_worker_id)]
-CurrentLeasingHost = Annotated[LeasingHost, Depends(get_leasing_host)]
 CurrentSubmitterId = Annotated[str, Depends(get_current_submitter_id)]
 CurrentSubmitter = Annotated[ApiKey, Depends(get_current_submitter)]
 AdminKey = Annotated[None, Depends(require_admin)]

@@ -26,16 +26,30 @@ before the commit was sent (nothing was written). A dropped connection during th
 not retried: whether it committed is unknown, and the agent's retry of the request is the
 idempotent way to find out.
 
+Requests that arrive together and do the same short transaction (lease claims, job
+submissions) can share one: `Database.run_grouped` is a group commit. A request adds its item
+to its process's queue for that program and waits; one task at a time takes every waiting item
+(up to `GROUP_MAX_ITEMS`), runs `make_program(items)` as one transaction, and hands each
+request its own answer, or its own error (an `Exception` in the answer's place fails only that
+request; an error of the transaction fails all of its items). Items that arrive while a
+transaction runs form the next. Why: on this stack a transaction costs about 1 ms of the API
+process's CPU before its first statement does anything (begin, commit, the pool, the async
+adaptation) and each statement about 0.4 ms (docs/RELIABILITY.md); fifty agents asking for
+work at once paid that fifty times over, in turn, on one event loop. A group pays it once,
+and its statements carry all of its items (`= ANY(:ids)`, executemany).
+
 `Database` is what an endpoint receives (`api/deps.py: DatabaseDep`); tests replace it with a
 `SessionDatabase` on their rolled-back session.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import sqlalchemy as sa
@@ -50,6 +64,11 @@ from api.runs import wakeup
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Item = TypeVar("Item")
+
+# Items of one grouped transaction at most: the statements stay small, and a long queue is
+# served in transactions of this size one after another.
+GROUP_MAX_ITEMS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +113,11 @@ def run_statements(
         return done.value  # type: ignore[no-any-return]
 
 
+def run_one_in_session(db_session: Session, make_program: GroupProgram[Item, T], item: Item) -> T:
+    """A grouped program for one item on a sync session (the command line, Celery, tests)."""
+    return _answer(run_in_session(db_session, make_program([item])), 0)
+
+
 def run_in_session(db_session: Session, program: Program[T]) -> T:
     """Drive `program` on the session's connection, then commit (roll back on any error)."""
     try:
@@ -121,10 +145,80 @@ class Database(Protocol):
         query: authentication): without a transaction where the engine allows it."""
         ...
 
+    async def run_grouped(self, make_program: GroupProgram[Item, T], item: Item) -> T:
+        """Group commit: `item` joins the items of concurrent requests waiting for the same
+        `make_program` (a module-level function: the group's key), and one transaction of
+        `make_program(items)` answers them all. Raises the item's own error, if it has one."""
+        ...
+
     async def run_with_session(self, work: Callable[[Session], T]) -> T:
         """The rare paths kept on the ORM (a late completion, a bisection's first step): `work`
         on a sync session that commits itself, off the event loop."""
         ...
+
+
+# `make_program(items)` answers each item in order: its value, or the Exception that request
+# raises.
+GroupProgram = Callable[[Sequence[Item]], Program[list[T | Exception]]]
+
+
+def _answer(answers: list[T | Exception], index: int) -> T:
+    answer = answers[index]
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+@dataclass
+class _Group(Generic[Item, T]):
+    """The items waiting for one grouped program, and whether a task is serving them."""
+
+    make_program: GroupProgram[Item, T]
+    waiting: list[tuple[Item, asyncio.Future[T]]] = field(default_factory=list)
+    server: asyncio.Task[None] | None = None
+
+    async def join(self, database: AsyncDatabase, item: Item) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self.waiting.append((item, future))
+        if self.server is None:
+            # Started, not run here: the requests already on the loop's ready queue join the
+            # first transaction.
+            self.server = loop.create_task(self._serve(database))
+        # A cancelled request (its client left) cancels only its future: the transaction it
+        # may be part of runs to its end for the others.
+        return await future
+
+    async def _serve(self, database: AsyncDatabase) -> None:
+        try:
+            while self.waiting:
+                batch = [(item, f) for item, f in self.waiting[:GROUP_MAX_ITEMS] if not f.done()]
+                del self.waiting[:GROUP_MAX_ITEMS]
+                if not batch:
+                    continue
+                try:
+                    answers = await database.run(
+                        partial(self.make_program, [item for item, _ in batch])
+                    )
+                except Exception as error:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                for index, (_, future) in enumerate(batch):
+                    if future.done():
+                        continue
+                    answer = answers[index]
+                    if isinstance(answer, Exception):
+                        future.set_exception(answer)
+                    else:
+                        future.set_result(answer)
+        finally:
+            # Cancelled (the process is stopping): nobody will serve what still waits.
+            for _, future in self.waiting:
+                future.cancel()
+            self.waiting.clear()
+            self.server = None
 
 
 class AsyncDatabase:
@@ -132,6 +226,7 @@ class AsyncDatabase:
 
     def __init__(self, engine: AsyncEngine, sessions: sessionmaker[Session]) -> None:
         self.engine = engine
+        self._groups: dict[Callable[..., Any], _Group[Any, Any]] = {}
         # The same pool without BEGIN and COMMIT: two round trips fewer for a lone read.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.sessions = sessions
@@ -142,6 +237,12 @@ class AsyncDatabase:
 
     async def read(self, make_program: Callable[[], Program[T]]) -> T:
         return await self._run(self._autocommit, make_program)
+
+    async def run_grouped(self, make_program: GroupProgram[Item, T], item: Item) -> T:
+        group = self._groups.get(make_program)
+        if group is None:
+            group = self._groups[make_program] = _Group(make_program)
+        return await group.join(self, item)
 
     async def _run(self, engine: AsyncEngine, make_program: Callable[[], Program[T]]) -> T:
         for tries_left in (1, 0):
@@ -207,6 +308,10 @@ class SessionDatabase:
 
     async def read(self, make_program: Callable[[], Program[T]]) -> T:
         return await self.run(make_program)
+
+    async def run_grouped(self, make_program: GroupProgram[Item, T], item: Item) -> T:
+        # One request at a time reaches a test's session: a group of one.
+        return _answer(await self.run(lambda: make_program([item])), 0)
 
     async def run_with_session(self, work: Callable[[Session], T]) -> T:
         return work(self.db_session)

@@ -1119,7 +1119,7 @@ def main() -> None:
             if result.get(key) and baseline.get(key)
         }
         print("  this/baseline: " + ", ".join(f"{k[6:]} {v}" for k, v in ratios.items()))
-        result.update({f"baseline_{key}": baseline[key] for key in RATIO_KEYS})
+        result.update({f"baseline_{key}": baseline[key] for key in RATIO_KEYS if key in baseline})
         result.update(ratios)
     result.pop("first_errors")
     print(json.dumps(result, sort_keys=True))

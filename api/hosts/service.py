@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -55,8 +55,8 @@ class HostView:
 
 @dataclass(frozen=True)
 class LeasingHost:
-    """A host as its lease request is judged (HostTraits, plus its id and health): read in one
-    Core query when the request is authenticated, never as an ORM object."""
+    """A host as its lease request is judged (HostTraits, plus its id and health): read by the
+    claim's Core query of the hosts' rows (api/runs/service.py), never as an ORM object."""
 
     id: str
     name: str
@@ -77,38 +77,6 @@ class LeasingHost:
             models=list(host.models),
             health=host.health,
         )
-
-
-_HOSTS = cast(sa.Table, Host.__table__)
-_LEASING_HOST = sa.select(
-    _HOSTS.c.secret_sha256,
-    _HOSTS.c.name,
-    _HOSTS.c.labels,
-    _HOSTS.c.fingerprint,
-    _HOSTS.c.repositories,
-    _HOSTS.c.models,
-    _HOSTS.c.health,
-).where(_HOSTS.c.id == sa.bindparam("worker_id"), _HOSTS.c.revoked_at.is_(None))
-
-
-def leasing_host_program(token: str) -> Program[LeasingHost | None]:
-    """The host whose secret `token` is (not revoked), as a lease reads it; None otherwise
-    (`auth_service.authenticate_worker`'s decision)."""
-    worker_id = auth_service.token_id(token, "cbw")
-    if worker_id is None:
-        return None
-    row = (yield Execute(_LEASING_HOST, {"worker_id": worker_id})).one_or_none()
-    if row is None or not auth_service.token_matches(token, row.secret_sha256):
-        return None
-    return LeasingHost(
-        id=worker_id,
-        name=row.name,
-        labels=row.labels,
-        fingerprint=row.fingerprint,
-        repositories=row.repositories,
-        models=row.models,
-        health=row.health,
-    )
 
 
 def auto_labels(host: HostTraits) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, status
@@ -28,7 +27,10 @@ async def create_job(
     submitter_id: CurrentSubmitterId,
     payload: dict[str, Any] = Body(..., description="a coldbench.job/1 JobSpec"),
 ):
-    submitted = await db.run(partial(service.submit_program, settings, payload, submitter_id))
+    # Joins the submissions of concurrent requests in one transaction (a group commit).
+    submitted = await db.run_grouped(
+        service.submit_group_program, service.Submission(settings, payload, submitter_id)
+    )
     if isinstance(submitted, service.Submitted):
         return service.submitted_out(submitted.job, submitted.runs, [])
     job, runs, steps = await db.run_with_session(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 from pydantic import ValidationError
@@ -14,7 +15,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from api.auth import service as auth_service
 from api.auth.models import AuditEvent
 from api.database import utcnow
-from api.errors import Forbidden, Invalid, NotFound, invalid
+from api.errors import Forbidden, Invalid, NotFound, ServiceError, invalid
 from api.hosts import service as host_service
 from api.jobs import bisect
 from api.jobs.models import Job
@@ -23,7 +24,7 @@ from api.runs.models import Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
 from api.runs.wakeup import announce_work
 from api.settings import Settings
-from api.transactions import ANNOUNCE_WORK, Execute, Program, run_in_session
+from api.transactions import ANNOUNCE_WORK, Execute, Program, run_one_in_session
 from evidence.canonical import sha256_json
 from evidence.protocol import JobState, RunState
 from evidence.schemas import MAX_HISTORY_COMMITS, JobSpec
@@ -36,6 +37,15 @@ log = logging.getLogger(__name__)
 def validate_job_spec_program(settings: Settings, payload: dict[str, Any]) -> Program[JobSpec]:
     """The spec as JobSpec, or Invalid with one message that says what to change: the spec's
     own checks, then one query of the hosts it is judged against."""
+    spec = checked_spec(settings, payload)
+    hosts = yield from host_service.host_views_program(spec.repository is not None)
+    judge_hosts(spec, hosts)
+    return spec
+
+
+def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
+    """The spec's own checks and this service's limits (no database): the spec as JobSpec, or
+    Invalid with one message that says what to change."""
     check_list_lengths(settings=settings, payload=payload)
     try:
         spec = JobSpec.model_validate(payload)
@@ -91,7 +101,11 @@ def validate_job_spec_program(settings: Settings, payload: dict[str, Any]) -> Pr
             f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed", field="hosts"
         )
 
-    hosts = yield from host_service.host_views_program(spec.repository is not None)
+    return spec
+
+
+def judge_hosts(spec: JobSpec, hosts: list[host_service.HostView]) -> None:
+    """Invalid unless enough of the registered hosts (`host_views_program`) can run the job."""
     if not hosts:
         raise Invalid("no host is registered yet; enroll one with `coldbench admin enroll`")
     refusals: dict[str, host_service.Refusal | None] = {}
@@ -101,7 +115,7 @@ def validate_job_spec_program(settings: Settings, payload: dict[str, Any]) -> Pr
         if refusals[host.name] is None:
             able.append(host.name)
             if len(able) == spec.hosts:
-                return spec  # enough hosts can run it: the others need not be judged
+                return  # enough hosts can run it: the others need not be judged
     if not able:
         refused = [(name, r) for name, r in refusals.items() if r is not None]
         detail = "; ".join(f"{name} {refusal.reason}" for name, refusal in refused)
@@ -178,8 +192,7 @@ def submitted_out(job: Job, runs: list[Run], steps: list[Job]) -> JobOut:
     return _job_out(job, runs, {run.id: [] for run in runs}, {}, steps=first_steps)
 
 
-@dataclass(frozen=True)
-class Submitted:
+class Submitted(NamedTuple):
     """An A/B (or history, ablation) job as stored: its rows, built with every value written."""
 
     job: Job
@@ -194,16 +207,104 @@ class Bisection:
     spec: JobSpec
 
 
-def submit_program(
-    settings: Settings, payload: dict[str, Any], submitted_by: str | None
-) -> Program[Submitted | Bisection]:
-    """Validate, then the job, its runs and its audit row as three Core inserts (the ORM's
-    unit of work for these rows was a third of a submission's CPU) and the announcement.
-    A bisection is only validated (nothing written): `Bisection` carries its spec."""
-    spec = yield from validate_job_spec_program(settings, payload)
-    if spec.mode == "bisect":
-        return Bisection(spec)
-    job = _new_job(spec, submitted_by)
+@dataclass(frozen=True)
+class Submission:
+    """One submission request: the payload, who sent it, and the settings it is judged by."""
+
+    settings: Settings
+    payload: dict[str, Any]
+    submitted_by: str | None
+
+
+def submit_group_program(
+    submissions: Sequence[Submission],
+) -> Program[list[Submitted | Bisection | Exception]]:
+    """Concurrent submissions in one transaction (a group commit, `Database.run_grouped`):
+    each spec checked on its own, one query of the hosts they are judged against, then every
+    accepted job, its runs and its audit row as three Core inserts (the ORM's unit of work for
+    these rows was a third of a submission's CPU) and one announcement. A refused spec is its
+    own request's Invalid; the others are stored. A bisection is only validated (nothing
+    written): `Bisection` carries its spec."""
+    checked: list[JobSpec | Exception] = []
+    for submission in submissions:
+        try:
+            checked.append(checked_spec(submission.settings, submission.payload))
+        except ServiceError as error:
+            checked.append(error)
+    specs = [spec for spec in checked if isinstance(spec, JobSpec)]
+    hosts: list[host_service.HostView] = []
+    if specs:
+        with_repositories = any(spec.repository is not None for spec in specs)
+        hosts = yield from host_service.host_views_program(with_repositories)
+    answers: list[Submitted | Bisection | Exception] = []
+    for submission, spec in zip(submissions, checked, strict=True):
+        if isinstance(spec, Exception):
+            answers.append(spec)
+            continue
+        try:
+            judge_hosts(spec, hosts)
+        except ServiceError as error:
+            answers.append(error)
+            continue
+        answers.append(Bisection(spec) if spec.mode == "bisect" else _new_rows(spec, submission))
+    stored = [answer for answer in answers if isinstance(answer, Submitted)]
+    if not stored:
+        return answers
+    yield Execute(
+        _INSERT_JOB,
+        [
+            {
+                "id": job.id,
+                "spec": job.spec,
+                "spec_sha256": job.spec_sha256,
+                "state": job.state,
+                "submitted_by": job.submitted_by,
+                "created_at": job.created_at,
+                "updated_at": job.updated_at,
+            }
+            for job, _ in stored
+        ],
+    )
+    yield Execute(
+        _INSERT_RUN,
+        [
+            {
+                "id": run.id,
+                "job_id": run.job_id,
+                "slot": run.slot,
+                "attempt": 0,
+                "state": run.state,
+                "created_at": run.created_at,
+            }
+            for _, runs in stored
+            for run in runs
+        ],
+    )
+    yield Execute(
+        _INSERT_AUDIT,
+        [
+            {
+                "at": job.created_at,
+                "actor": _actor(job.submitted_by),
+                "kind": "job.created",
+                "subject_id": job.id,
+                "detail": {"spec_sha256": job.spec_sha256},
+            }
+            for job, _ in stored
+        ],
+    )
+    yield ANNOUNCE_WORK
+    for job, runs in stored:
+        for row in (job, *runs):
+            # Every column not written is NULL in the row: loaded as such, never read again.
+            for column in sa.inspect(type(row)).column_attrs:
+                if column.key not in row.__dict__:
+                    set_committed_value(row, column.key, None)
+    return answers
+
+
+def _new_rows(spec: JobSpec, submission: Submission) -> Submitted:
+    job = _new_job(spec, submission.submitted_by)
     runs = [
         Run(
             id=auth_service.new_id(),
@@ -215,48 +316,6 @@ def submit_program(
         )
         for slot in range(spec.hosts)
     ]
-    yield Execute(
-        _INSERT_JOB,
-        {
-            "id": job.id,
-            "spec": job.spec,
-            "spec_sha256": job.spec_sha256,
-            "state": job.state,
-            "submitted_by": submitted_by,
-            "created_at": job.created_at,
-            "updated_at": job.updated_at,
-        },
-    )
-    yield Execute(
-        _INSERT_RUN,
-        [
-            {
-                "id": run.id,
-                "job_id": job.id,
-                "slot": run.slot,
-                "attempt": 0,
-                "state": run.state,
-                "created_at": run.created_at,
-            }
-            for run in runs
-        ],
-    )
-    yield Execute(
-        _INSERT_AUDIT,
-        {
-            "at": job.created_at,
-            "actor": _actor(submitted_by),
-            "kind": "job.created",
-            "subject_id": job.id,
-            "detail": {"spec_sha256": job.spec_sha256},
-        },
-    )
-    yield ANNOUNCE_WORK
-    for row in (job, *runs):
-        # Every column not written is NULL in the row: loaded as such, never read again.
-        for column in sa.inspect(type(row)).column_attrs:
-            if column.key not in row.__dict__:
-                set_committed_value(row, column.key, None)
     return Submitted(job, runs)
 
 
@@ -285,7 +344,9 @@ def _create_job(
     payload: dict[str, Any],
     submitted_by: str | None,
 ) -> tuple[Job, list[Run], list[Job]]:
-    submitted = run_in_session(db_session, submit_program(settings, payload, submitted_by))
+    submitted = run_one_in_session(
+        db_session, submit_group_program, Submission(settings, payload, submitted_by)
+    )
     if isinstance(submitted, Submitted):
         # Attached to the session as persistent rows (no query).
         for row in (submitted.job, *submitted.runs):

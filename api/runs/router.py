@@ -7,7 +7,9 @@ from functools import partial
 from fastapi import APIRouter, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CurrentLeasingHost, CurrentWorkerId, DatabaseDep, SettingsDep
+from api.auth.service import token_id
+from api.deps import BearerDep, CurrentWorkerId, DatabaseDep, SettingsDep, bearer_token
+from api.errors import NotAuthenticated
 from api.routing import StrictJSONRoute
 from api.runs import service
 from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
@@ -25,20 +27,29 @@ async def claim_lease(
     request: Request,
     db: DatabaseDep,
     settings: SettingsDep,
-    host: CurrentLeasingHost,
+    credentials: BearerDep,
 ):
     # The long-poll waits on the event loop for a notification, holding no thread and no
-    # database connection; each claim is one transaction on the async engine.
+    # database connection. Each claim joins the claims of concurrent requests in one
+    # transaction, which also authenticates the token on the host's row it locks.
+    token = bearer_token(credentials)
+    host_id = token_id(token, "cbw")
+    if host_id is None:
+        raise NotAuthenticated("invalid worker token")
     lease = await service.wait_for_lease(
         db=db,
-        settings=settings,
-        host=host,
-        signal=request.app.state.work_signal,
-        report=service.HostReport(
-            fingerprint=body.fingerprint.model_dump(mode="json"),
-            repositories=body.repositories,
-            models=body.models,
+        request=service.ClaimRequest(
+            host_id=host_id,
+            report=service.HostReport(
+                fingerprint=body.fingerprint.model_dump(mode="json"),
+                repositories=body.repositories,
+                models=body.models,
+            ),
+            settings=settings,
+            dialect=db.dialect_name,
+            token=token,
         ),
+        signal=request.app.state.work_signal,
         wait_s=body.wait_s,
         gone=request.is_disconnected,
     )

@@ -17,10 +17,9 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from functools import partial
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -36,7 +35,14 @@ from api.artifacts.models import Artifact
 from api.auth import service as auth_service
 from api.auth.models import AuditEvent
 from api.database import utcnow
-from api.errors import Conflict, Forbidden, Invalid, NotFound, validation_message
+from api.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotAuthenticated,
+    NotFound,
+    validation_message,
+)
 from api.hosts import service as host_service
 from api.hosts.models import Host
 from api.hosts.service import LeasingHost
@@ -45,7 +51,7 @@ from api.jobs.models import Job
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, announce_work
 from api.settings import Settings
-from api.transactions import Database, Execute, Program, run_in_session
+from api.transactions import Database, Execute, Program, run_in_session, run_one_in_session
 from evidence.protocol import JobState, Lease, RepositoryOffer, RunState
 from evidence.schemas import JobSpec, Manifest
 
@@ -94,9 +100,10 @@ def is_current(run: Run, host: Host, attempt: int) -> bool:
 # first, then the next page, so a host that fits none of the oldest still finds newer work.
 CANDIDATE_PAGE = 100
 CANDIDATE_PAGES_MAX = 20
-# Runs offered to the final SKIP LOCKED pick: enough that 50 concurrent claimers find one
-# unlocked, few enough to keep the statement small.
-ELIGIBLE_MAX = 64
+# Runs offered to a group beyond one per host: spares for when concurrent claimers (the groups
+# of other API processes, the command line) hold some; each offered run is judged against the
+# hosts, so not many more.
+ELIGIBLE_SPARE = 32
 _SPEC_CACHE_MAX = 4096
 _spec_cache: OrderedDict[str, tuple[JobSpec, dict[str, Any]]] = OrderedDict()
 _spec_cache_lock = threading.Lock()
@@ -156,53 +163,21 @@ _CANDIDATES = (
 )
 
 
-def _eligible_run_ids(host: LeasingHost) -> Program[list[str]]:
-    """Queued runs this host may take, oldest job first (no locks taken)."""
-    after: tuple[Any, str, int] | None = None
-    for _ in range(CANDIDATE_PAGES_MAX):
-        query = _CANDIDATES
-        if after is not None:
-            query = query.where(sa.tuple_(_jobs.c.created_at, _jobs.c.id, _runs.c.slot) > after)
-        candidates = (yield Execute(query)).all()
-        if not candidates:
-            return []
-        job_ids = {row.job_id for row in candidates}
-        specs = yield from _job_specs(job_ids)
-        # `hosts: N` reproductions run on N distinct hosts: a host that held another slot of
-        # a job never takes a second one (it may take a requeued attempt of its own slot).
-        shared = {job_id for job_id in job_ids if specs[job_id][0].hosts > 1}
-        touched = (
-            set(
-                (
-                    yield Execute(
-                        sa.select(_runs.c.job_id, _runs.c.slot)
-                        .join(_attempts, _attempts.c.run_id == _runs.c.id)
-                        .where(_attempts.c.host_id == host.id, _runs.c.job_id.in_(shared))
-                    )
-                ).all()
-            )
-            if shared
-            else set()
-        )
-        touched_jobs = {job_id for job_id, _ in touched}
-        # A host's eligibility depends only on the job's spec: judged once per job.
-        fits: dict[str, bool] = {}
-        eligible = []
-        for row in candidates:
-            if row.job_id in touched_jobs and (row.job_id, row.slot) not in touched:
-                continue
-            if row.job_id not in fits:
-                spec = specs[row.job_id][0]
-                fits[row.job_id] = host_service.why_host_cannot_run(host, spec) is None
-            if fits[row.job_id]:
-                eligible.append(row.id)
-                if len(eligible) == ELIGIBLE_MAX:
-                    break
-        if eligible:
-            return eligible
-        last = candidates[-1]
-        after = (last.created_at, last.job_id, last.slot)
-    return []
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One lease request's claim: its host, what the host reports, and what it is judged with.
+
+    `token` is the bearer token from the request, checked against the host's stored digest
+    (constant time) and its revocation on the same row the claim locks, so a lease request
+    reads its host once. None only where the caller loaded the host itself (`claim_lease`:
+    the command line, tests).
+    """
+
+    host_id: str
+    report: HostReport | None
+    settings: Settings
+    dialect: str
+    token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,93 +189,397 @@ class Claimed:
     host_values: dict[str, Any]
 
 
-def claim_program(
-    *, settings: Settings, host: LeasingHost, report: HostReport | None, dialect: str
-) -> Program[Claimed]:
-    """One short transaction: take the oldest queued run this host may run.
-
-    Rows of other hosts' candidates are never locked: only the run being taken is, by one
-    `UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED)`, so concurrent claimers pass
-    each other instead of queueing. Core statements, about seven in all: the host's row is
-    written once, at the end, with its report and its new health.
-    """
-    host_values: dict[str, Any] = {}
-    if report is not None:
-        host_values = host_service.host_report_values(
-            fingerprint=report.fingerprint,
-            repositories=report.repositories,
-            models=report.models,
-        )
-        if host.health == "lost":
-            host_values["health"] = "ready"
-        # Eligibility is judged on the host as it will be written (it is, in this
-        # transaction).
-        host = replace(
-            host,
-            **{
-                name: host_values[name]
-                for name in ("fingerprint", "repositories", "models")
-                if name in host_values
-            },
-        )
-    claimed = yield from _claim(settings, host, dialect)
-    lease = None
-    if claimed is not None:
-        run_id, job_id, attempt = claimed
-        now = utcnow()
-        yield Execute(
-            _INSERT_ATTEMPT,
-            {
-                "run_id": run_id,
-                "attempt": attempt,
-                "host_id": host.id,
-                "state": RunState.LEASED,
-                "started_at": now,
-            },
-        )
-        host_values["health"] = "busy"
-        # A claimed run makes its job running (refresh_job_state's rule, without reading
-        # every run of the job).
-        yield Execute(_JOB_RUNNING, {"w_job": job_id, "w_now": now})
-        yield Execute(
-            _INSERT_AUDIT,
-            {
-                "at": now,
-                "actor": f"host:{host.id}",
-                "kind": "run.leased",
-                "subject_id": run_id,
-                "detail": {"attempt": attempt},
-            },
-        )
-        specs = yield from _job_specs({job_id})
-        lease = Lease(
-            run_id=run_id,
-            attempt=attempt,
-            job_id=job_id,
-            spec=specs[job_id][1],
-            timeout_s=settings.run_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-        )
-    if host_values:
-        # The columns set are the parameters' keys (the statement is built once).
-        yield Execute(_UPDATE_HOST, {"w_host": host.id, **host_values})
-    return Claimed(lease, host_values)
+def _any_or_in(column: sa.ColumnElement[Any], name: str) -> dict[bool, sa.ColumnElement[bool]]:
+    """`column` among the list parameter `name`, by whether the dialect is PostgreSQL: there
+    `= ANY(:name)`, one array parameter, so the SQL text (and asyncpg's prepared statement) is
+    the same for any number of ids; elsewhere an expanding IN."""
+    return {
+        True: column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.String))),
+        False: column.in_(sa.bindparam(name, expanding=True)),
+    }
 
 
-# Built once, like every statement of the request paths: constructing a statement and its cache
-# key costs more Python than executing a cached one.
+# The claim's statements, built once (constructing a statement and its cache key costs more
+# Python than executing a cached one), in the PostgreSQL form [True] and the other [False].
+_CLAIMING_HOSTS = {
+    is_pg: sa.select(
+        _hosts.c.id,
+        _hosts.c.secret_sha256,
+        _hosts.c.revoked_at,
+        _hosts.c.name,
+        _hosts.c.labels,
+        _hosts.c.fingerprint,
+        _hosts.c.repositories,
+        _hosts.c.models,
+        _hosts.c.health,
+    )
+    .where(among)
+    .order_by(_hosts.c.id)  # one lock order for every claimer: no deadlock between groups
+    .with_for_update(of=_hosts)
+    for is_pg, among in _any_or_in(_hosts.c.id, "host_ids").items()
+}
+# Read after the hosts' rows are locked, so it sees a claim of the same host committed by a
+# concurrent transaction while this one waited for the lock.
+_HOSTS_HOLDING_RUNS = {
+    is_pg: sa.select(_runs.c.host_id).where(among, _runs.c.state == RunState.LEASED)
+    for is_pg, among in _any_or_in(_runs.c.host_id, "host_ids").items()
+}
+_claim_times = {
+    name: sa.bindparam(name, type_=_runs.c.leased_at.type)
+    for name in ("now", "expires", "deadline")
+}
+_pairs = (
+    sa.func.unnest(
+        sa.bindparam("run_ids", type_=postgresql.ARRAY(sa.String)),
+        sa.bindparam("host_ids", type_=postgresql.ARRAY(sa.String)),
+    )
+    .table_valued("run_id", "host_id")
+    .render_derived(name="pick")
+)
+# PostgreSQL: lock the oldest of the runs offered to the group's hosts that no concurrent
+# claimer (another API process's group, the command line) holds, as many as there are hosts;
+# SKIP LOCKED, so claimers pass each other instead of queueing.
+_LOCK_RUNS = (
+    sa.select(_runs.c.id)
+    .join(_jobs, _jobs.c.id == _runs.c.job_id)
+    .where(
+        _runs.c.id == sa.any_(sa.bindparam("run_ids", type_=postgresql.ARRAY(sa.String))),
+        _runs.c.state == RunState.QUEUED,
+    )
+    .order_by(_jobs.c.created_at, _jobs.c.id, _runs.c.slot)
+    .limit(sa.bindparam("how_many"))
+    .with_for_update(of=_runs, skip_locked=True)
+)
+# Then every pick of the group in one UPDATE (the guard on state is for the SQLite form's sake).
+_CLAIM_PICKS = (
+    sa.update(_runs)
+    .where(_runs.c.id == _pairs.c.run_id, _runs.c.state == RunState.QUEUED)
+    .values(
+        state=RunState.LEASED,
+        host_id=_pairs.c.host_id,
+        attempt=_runs.c.attempt + 1,
+        leased_at=_claim_times["now"],
+        lease_expires_at=_claim_times["expires"],
+        deadline_at=_claim_times["deadline"],
+        progress=None,
+    )
+    .returning(_runs.c.id, _runs.c.job_id, _runs.c.attempt, _runs.c.host_id)
+)
+# Elsewhere (SQLite: one writer at a time, no row locks) one pick per statement, with the same
+# guard on state.
+_CLAIM_PICK = (
+    sa.update(_runs)
+    .where(_runs.c.id == sa.bindparam("run_id"), _runs.c.state == RunState.QUEUED)
+    .values(
+        state=RunState.LEASED,
+        host_id=sa.bindparam("host_id", type_=_runs.c.host_id.type),
+        attempt=_runs.c.attempt + 1,
+        leased_at=_claim_times["now"],
+        lease_expires_at=_claim_times["expires"],
+        deadline_at=_claim_times["deadline"],
+        progress=None,
+    )
+    .returning(_runs.c.id, _runs.c.job_id, _runs.c.attempt, _runs.c.host_id)
+)
 _INSERT_ATTEMPT = sa.insert(_attempts)
 _INSERT_AUDIT = sa.insert(_audit)
 _UPDATE_HOST = sa.update(_hosts).where(_hosts.c.id == sa.bindparam("w_host"))
 _UPDATE_JOB = sa.update(_jobs).where(_jobs.c.id == sa.bindparam("w_job"))
-_JOB_RUNNING = (
-    sa.update(_jobs)
-    .where(_jobs.c.id == sa.bindparam("w_job"), _jobs.c.state == JobState.QUEUED)
-    .values(
-        state=JobState.RUNNING,
-        updated_at=sa.bindparam("w_now", type_=_jobs.c.updated_at.type),
+# A claimed run makes its job running (refresh_job_state's rule, without reading every run of
+# the job).
+_JOBS_RUNNING = {
+    is_pg: sa.update(_jobs)
+    .where(among, _jobs.c.state == JobState.QUEUED)
+    .values(state=JobState.RUNNING, updated_at=sa.bindparam("w_now", type_=_jobs.c.updated_at.type))
+    for is_pg, among in _any_or_in(_jobs.c.id, "job_ids").items()
+}
+_TOUCHED = {
+    is_pg: sa.select(_attempts.c.host_id, _runs.c.job_id, _runs.c.slot)
+    .join(_runs, _attempts.c.run_id == _runs.c.id)
+    .where(_any_or_in(_attempts.c.host_id, "host_ids")[is_pg], among)
+    for is_pg, among in _any_or_in(_runs.c.job_id, "job_ids").items()
+}
+
+# Rounds of picking for hosts whose picks were taken by a concurrent claimer before it gives
+# up until the next notification (with work queued, waiting would cost up to lease_poll_s).
+CLAIM_RACES_MAX = 3
+
+
+def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claimed | Exception]]:
+    """One transaction for the claims of concurrent lease requests (a group commit,
+    `Database.run_grouped`): each authenticated host that holds no run takes the oldest queued
+    run it may run, and no run goes to two hosts.
+
+    About nine statements whatever the group's size: lock the hosts' rows (which serializes the
+    claims of one host, one run per host at a time, and authenticates the requests), see which
+    hold a run, page through the oldest queued runs picking one for each host in the order the
+    requests came, take the picks in one UPDATE (SKIP LOCKED: concurrent claimers pass each
+    other), then the attempts, the jobs' state, the audit rows and the hosts' rows. A request
+    whose token does not match, or whose host is revoked or gone, gets NotAuthenticated.
+    """
+    settings, is_pg = requests[0].settings, requests[0].dialect == "postgresql"
+    rows = {
+        row.id: row
+        for row in (
+            yield Execute(
+                _CLAIMING_HOSTS[is_pg], {"host_ids": sorted({r.host_id for r in requests})}
+            )
+        ).all()
+    }
+    answers: list[Claimed | Exception] = []
+    claimers: dict[str, LeasingHost] = {}
+    host_values: dict[str, dict[str, Any]] = {}
+    for request in requests:
+        row = rows.get(request.host_id)
+        if (
+            row is None
+            or row.revoked_at is not None
+            or (
+                request.token is not None
+                and not auth_service.token_matches(request.token, row.secret_sha256)
+            )
+        ):
+            answers.append(NotAuthenticated("invalid worker token"))
+            continue
+        if request.host_id in claimers:
+            # The same host twice in one group (an agent's retry): the first request claims.
+            answers.append(Claimed(None, {}))
+            continue
+        values, host = _reported(request.report, row)
+        claimers[host.id] = host
+        host_values[host.id] = values
+        answers.append(Claimed(None, values))  # its lease, if any, is filled in below
+    holding = (
+        set((yield Execute(_HOSTS_HOLDING_RUNS[is_pg], {"host_ids": list(claimers)})).scalars())
+        if claimers
+        else set()
     )
-)
+    taken = yield from _take_runs(
+        settings, is_pg, [host for host in claimers.values() if host.id not in holding]
+    )
+    if taken:
+        now = utcnow()
+        yield Execute(
+            _INSERT_ATTEMPT,
+            [
+                {
+                    "run_id": run_id,
+                    "attempt": attempt,
+                    "host_id": host_id,
+                    "state": RunState.LEASED,
+                    "started_at": now,
+                }
+                for host_id, (run_id, _, attempt) in taken.items()
+            ],
+        )
+        job_ids = sorted({job_id for _, job_id, _ in taken.values()})
+        yield Execute(_JOBS_RUNNING[is_pg], {"job_ids": job_ids, "w_now": now})
+        yield Execute(
+            _INSERT_AUDIT,
+            [
+                {
+                    "at": now,
+                    "actor": f"host:{host_id}",
+                    "kind": "run.leased",
+                    "subject_id": run_id,
+                    "detail": {"attempt": attempt},
+                }
+                for host_id, (run_id, _, attempt) in taken.items()
+            ],
+        )
+        for host_id in taken:
+            host_values[host_id]["health"] = "busy"
+    # The hosts' rows, one executemany per set of columns written (the statement is built once;
+    # the columns set are the parameters' keys).
+    by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for host_id, values in host_values.items():
+        if values:
+            by_columns.setdefault(tuple(sorted(values)), []).append({"w_host": host_id, **values})
+    for params in by_columns.values():
+        yield Execute(_UPDATE_HOST, params)
+    specs = yield from _job_specs({job_id for _, job_id, _ in taken.values()})
+    for index, request in enumerate(requests):
+        answer = answers[index]
+        # The first authenticated request of a host is its claimer (later ones got nothing).
+        if not isinstance(answer, Claimed) or request.host_id not in taken:
+            continue
+        run_id, job_id, attempt = taken.pop(request.host_id)
+        answers[index] = Claimed(
+            Lease(
+                run_id=run_id,
+                attempt=attempt,
+                job_id=job_id,
+                spec=specs[job_id][1],
+                timeout_s=settings.run_timeout_s,
+                lease_ttl_s=settings.lease_ttl_s,
+            ),
+            answer.host_values,
+        )
+    return answers
+
+
+def _reported(report: HostReport | None, row: Any) -> tuple[dict[str, Any], LeasingHost]:
+    """The host columns a lease request's report writes, and the host as it will be written
+    (eligibility is judged on that: it is written in this transaction)."""
+    host = LeasingHost(
+        id=row.id,
+        name=row.name,
+        labels=row.labels,
+        fingerprint=row.fingerprint,
+        repositories=row.repositories,
+        models=row.models,
+        health=row.health,
+    )
+    if report is None:
+        return {}, host
+    values = host_service.host_report_values(
+        fingerprint=report.fingerprint, repositories=report.repositories, models=report.models
+    )
+    if host.health == "lost":
+        values["health"] = "ready"
+    written = {
+        name: values[name]
+        for name in ("fingerprint", "repositories", "models", "health")
+        if name in values
+    }
+    return values, replace(host, **written)
+
+
+def _take_runs(
+    settings: Settings, is_pg: bool, hosts: list[LeasingHost]
+) -> Program[dict[str, tuple[str, str, int]]]:
+    """(run id, job id, attempt) by host id, for the hosts that took a run."""
+    taken: dict[str, tuple[str, str, int]] = {}
+    leased: set[str] = set()
+    lost: set[str] = set()  # runs a concurrent claimer holds: not offered again
+    for _ in range(CLAIM_RACES_MAX):
+        offers = yield from _offer_runs(is_pg, hosts, lost | leased)
+        if not offers.oldest_first:
+            break
+        if is_pg:
+            # The oldest offered runs that no concurrent claimer holds, as many as there are
+            # hosts (SKIP LOCKED: claimers pass each other instead of queueing).
+            params = {"run_ids": offers.oldest_first, "how_many": len(hosts)}
+            locked = list((yield Execute(_LOCK_RUNS, params)).scalars())
+            lost.update(set(offers.oldest_first[: len(hosts)]) - set(locked))
+        else:
+            locked = offers.oldest_first  # SQLite: one writer at a time, no row locks
+        picks = offers.assign(locked)
+        if picks:
+            now = utcnow()
+            times = {
+                "now": now,
+                "expires": now + timedelta(seconds=settings.lease_ttl_s),
+                "deadline": now + timedelta(seconds=settings.run_timeout_s),
+            }
+            if is_pg:
+                pairs = {"run_ids": list(picks.values()), "host_ids": list(picks)}
+                claimed = (yield Execute(_CLAIM_PICKS, {**pairs, **times})).all()
+            else:
+                claimed = []
+                for host_id, run_id in picks.items():
+                    row = (
+                        yield Execute(_CLAIM_PICK, {"run_id": run_id, "host_id": host_id, **times})
+                    ).one_or_none()
+                    if row is not None:
+                        claimed.append(row)
+            for run_id, job_id, attempt, host_id in claimed:
+                taken[str(host_id)] = (str(run_id), str(job_id), int(attempt))
+                leased.add(str(run_id))
+        # Hosts that were offered runs but took none (held by concurrent claimers) look again
+        # at once: each statement sees the latest commits (READ COMMITTED).
+        hosts = [host for host in hosts if host.id not in taken and offers.runs.get(host.id)]
+        if not hosts:
+            break
+    return taken
+
+
+@dataclass
+class _Offers:
+    """Queued runs offered to a group's hosts: each host's own, oldest first, no run offered
+    to two hosts (the first picks of all hosts, then their spares, in turn); and whether a
+    host fits a job, as judged."""
+
+    runs: dict[str, list[str]]
+    oldest_first: list[str]
+    hosts: list[LeasingHost]
+    jobs: dict[str, str]  # run id -> job id
+    fits: Callable[[LeasingHost, str], bool]
+
+    def assign(self, locked: list[str]) -> dict[str, str]:
+        """A run for each host it can go to, out of `locked` (the runs this transaction may
+        take, oldest first): a host's own offer first, else any other it fits."""
+        free = dict.fromkeys(locked)
+        picks: dict[str, str] = {}
+        for host in self.hosts:
+            for run_id in self.runs.get(host.id, ()):
+                if run_id in free:
+                    picks[host.id] = run_id
+                    del free[run_id]
+                    break
+        for host in self.hosts:
+            if host.id in picks or not self.runs.get(host.id):
+                continue
+            for run_id in free:
+                if self.fits(host, self.jobs[run_id]):
+                    picks[host.id] = run_id
+                    del free[run_id]
+                    break
+        return picks
+
+
+def _offer_runs(is_pg: bool, hosts: list[LeasingHost], excluded: set[str]) -> Program[_Offers]:
+    """Offers of the oldest queued runs to `hosts`: each run to the first host, in turn, that
+    may run it, until every host has one and there are ELIGIBLE_SPARE more (runs that
+    concurrent claimers may hold). No locks taken."""
+    specs: dict[str, tuple[JobSpec, dict[str, Any]]] = {}
+    judged: dict[tuple[str, str], bool] = {}  # a host's eligibility depends only on the spec
+
+    def fits(host: LeasingHost, job_id: str) -> bool:
+        key = (host.id, job_id)
+        if key not in judged:
+            judged[key] = host_service.why_host_cannot_run(host, specs[job_id][0]) is None
+        return judged[key]
+
+    offers = _Offers({}, [], hosts, {}, fits)
+    wanted = len(hosts) + ELIGIBLE_SPARE
+    turn = list(hosts)  # who is offered the next run it fits: the host at the front
+    after: tuple[Any, str, int] | None = None
+    for _ in range(CANDIDATE_PAGES_MAX):
+        query = _CANDIDATES
+        if after is not None:
+            query = query.where(sa.tuple_(_jobs.c.created_at, _jobs.c.id, _runs.c.slot) > after)
+        page = (yield Execute(query)).all()
+        candidates = [row for row in page if row.id not in excluded]
+        job_ids = {row.job_id for row in candidates}
+        specs.update((yield from _job_specs(job_ids - specs.keys())))
+        # `hosts: N` reproductions run on N distinct hosts: a host that held another slot of
+        # a job never takes a second one (it may take a requeued attempt of its own slot).
+        shared = sorted(job_id for job_id in job_ids if specs[job_id][0].hosts > 1)
+        touched: dict[str, set[tuple[str, int]]] = {}  # host id -> (job id, slot) it held
+        if shared:
+            params = {"host_ids": [host.id for host in hosts], "job_ids": shared}
+            for host_id, job_id, slot in (yield Execute(_TOUCHED[is_pg], params)).all():
+                touched.setdefault(host_id, set()).add((job_id, slot))
+        touched_jobs = {host_id: {job for job, _ in held} for host_id, held in touched.items()}
+        for row in candidates:
+            for index, host in enumerate(turn):
+                if row.job_id in touched_jobs.get(host.id, ()) and (
+                    (row.job_id, row.slot) not in touched[host.id]
+                ):
+                    continue
+                if fits(host, row.job_id):
+                    offers.runs.setdefault(host.id, []).append(row.id)
+                    offers.oldest_first.append(row.id)
+                    offers.jobs[row.id] = row.job_id
+                    turn.append(turn.pop(index))  # served: to the back of the turn
+                    break
+            if len(offers.oldest_first) >= wanted:
+                return offers
+        if len(page) < CANDIDATE_PAGE or all(host.id in offers.runs for host in hosts):
+            break
+        after = (page[-1].created_at, page[-1].job_id, page[-1].slot)
+    return offers
 
 
 def _log_claim(claimed: Claimed, host_id: str) -> None:
@@ -311,13 +590,14 @@ def _log_claim(claimed: Claimed, host_id: str) -> None:
 def claim_lease(
     *, db_session: Session, settings: Settings, host: Host, report: HostReport | None = None
 ) -> Lease | None:
-    """`claim_program` on a sync session (the tests', the command line's)."""
-    claimed = run_in_session(
+    """One claim on a sync session (the tests', the command line's), for a host it loaded."""
+    claimed = run_one_in_session(
         db_session,
-        claim_program(
-            settings=settings,
-            host=host_service.LeasingHost.of(host),
+        claim_group_program,
+        ClaimRequest(
+            host_id=host.id,
             report=report,
+            settings=settings,
             dialect=db_session.get_bind().dialect.name,
         ),
     )
@@ -331,143 +611,36 @@ def claim_lease(
     return claimed.lease
 
 
-# The claim's statements, built once: only their parameters change from claim to claim.
-_HOST_BUSY = (
-    sa.select(
-        sa.exists().where(
-            _runs.c.host_id == sa.bindparam("host_id"), _runs.c.state == RunState.LEASED
-        )
-    )
-    .select_from(_hosts)
-    .where(_hosts.c.id == sa.bindparam("host_id"))
-    .with_for_update(of=_hosts)
-)
-
-
-def _claim_statement(eligible: sa.ColumnElement[bool]) -> sa.UpdateBase:
-    """UPDATE the oldest eligible queued run that no concurrent claimer has locked."""
-    chosen = (
-        sa.select(_runs.c.id)
-        .join(_jobs, _jobs.c.id == _runs.c.job_id)
-        .where(eligible, _runs.c.state == RunState.QUEUED)
-        .order_by(_jobs.c.created_at, _jobs.c.id, _runs.c.slot)
-        .limit(1)
-        .with_for_update(of=_runs, skip_locked=True)
-        .scalar_subquery()
-    )
-    when = _runs.c.leased_at.type
-    # The guard on state keeps the claim atomic also where FOR UPDATE is a no-op (SQLite).
-    return (
-        sa.update(_runs)
-        .where(_runs.c.id == chosen, _runs.c.state == RunState.QUEUED)
-        .values(
-            state=RunState.LEASED,
-            host_id=sa.bindparam("host_id", type_=_runs.c.host_id.type),
-            attempt=_runs.c.attempt + 1,
-            leased_at=sa.bindparam("now", type_=when),
-            lease_expires_at=sa.bindparam("expires", type_=when),
-            deadline_at=sa.bindparam("deadline", type_=when),
-            progress=None,
-        )
-        .returning(_runs.c.id, _runs.c.job_id, _runs.c.attempt)
-    )
-
-
-# PostgreSQL: `id = ANY(%(eligible)s)`, one array parameter, so the SQL text is the same for
-# any number of eligible runs (psycopg caches and prepares it; an IN list of 1 to 64
-# placeholders was a new statement to convert each time). Elsewhere an expanding IN.
-_CLAIM_ANY = _claim_statement(
-    _runs.c.id == sa.any_(sa.bindparam("eligible", type_=postgresql.ARRAY(sa.String)))
-)
-_CLAIM_IN = _claim_statement(_runs.c.id.in_(sa.bindparam("eligible", expanding=True)))
-
-
-# Claims of one request that lost every eligible run to concurrent claimers before it looks
-# again at once (with work queued, waiting for the next notification would cost up to
-# lease_poll_s).
-CLAIM_RACES_MAX = 3
-
-
-def _claim(
-    settings: Settings, host: LeasingHost, dialect: str
-) -> Program[tuple[str, str, int] | None]:
-    """(run id, job id, attempt) of the run this host just took, or None (nothing fits, or
-    the host holds a run)."""
-    # Serialize the claims of one host (one run per host at a time): lock its row and look
-    # for a run it holds in one statement.
-    busy = (yield Execute(_HOST_BUSY, {"host_id": host.id})).scalar()
-    if busy:
-        return None
-    for _ in range(CLAIM_RACES_MAX):
-        eligible = yield from _eligible_run_ids(host)
-        if not eligible:
-            return None
-        now = utcnow()
-        claimed = (
-            yield Execute(
-                _CLAIM_ANY if dialect == "postgresql" else _CLAIM_IN,
-                {
-                    "eligible": eligible,
-                    "host_id": host.id,
-                    "now": now,
-                    "expires": now + timedelta(seconds=settings.lease_ttl_s),
-                    "deadline": now + timedelta(seconds=settings.run_timeout_s),
-                },
-            )
-        ).one_or_none()
-        if claimed is not None:
-            return str(claimed[0]), str(claimed[1]), int(claimed[2])
-        # Every eligible run was taken meanwhile: each statement sees the latest commits
-        # (READ COMMITTED), so the next look finds what is still queued.
-    return None
-
-
 async def wait_for_lease(
     *,
     db: Database,
-    settings: Settings,
-    host: LeasingHost,
+    request: ClaimRequest,
     signal: WorkSignal,
-    report: HostReport,
     wait_s: float,
     gone: Callable[[], Awaitable[bool]] | None = None,
 ) -> Lease | None:
-    """Long-poll on the event loop: claim, and between claims wait for a notification that
-    work was queued (bounded by lease_poll_s); None after wait_s seconds without a run, or as
-    soon as `gone()` says the client left (a run claimed for nobody would wait for expiry).
+    """Long-poll on the event loop: claim (grouped with the claims of concurrent requests), and
+    between claims wait for a notification that work was queued (bounded by lease_poll_s); None
+    after wait_s seconds without a run, or as soon as `gone()` says the client left (a run
+    claimed for nobody would wait for expiry). NotAuthenticated when the request's token is not
+    its host's.
 
     No database connection is held while waiting: each claim commits or rolls back.
     """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(wait_s, settings.lease_wait_max_s)
-    pending_report: HostReport | None = report
+    deadline = loop.time() + min(wait_s, request.settings.lease_wait_max_s)
     while True:
         seen = signal.generation
-        claimed = await db.run(
-            partial(
-                claim_program,
-                settings=settings,
-                host=host,
-                report=pending_report,
-                dialect=db.dialect_name,
-            )
-        )
-        _log_claim(claimed, host.id)
-        if pending_report is not None:
-            host = replace(
-                host,
-                **{k: v for k, v in claimed.host_values.items() if k in _LEASING_HOST_FIELDS},
-            )
-        pending_report = None
+        claimed = await db.run_grouped(claim_group_program, request)
+        _log_claim(claimed, request.host_id)
+        # The report is written by the first claim; the host row is read again by each.
+        request = replace(request, report=None)
         remaining = deadline - loop.time()
         if claimed.lease is not None or remaining <= 0:
             return claimed.lease
-        await signal.wait(since=seen, timeout_s=min(remaining, settings.lease_poll_s))
+        await signal.wait(since=seen, timeout_s=min(remaining, request.settings.lease_poll_s))
         if gone is not None and await gone():
             return None
-
-
-_LEASING_HOST_FIELDS = {"fingerprint", "repositories", "models", "health"}
 
 
 # --- heartbeat ---------------------------------------------------------------------------

@@ -95,14 +95,21 @@ def test_a_claim_that_loses_its_race_looks_again_at_once(
         )
         assert taken is not None and taken.job_id == first.id
     # The racer's first look saw only the run `other` took (read before that commit).
-    real = run_service._eligible_run_ids
+    real = run_service._offer_runs
     looks: list[list[str]] = []
 
-    def eligible(host: LeasingHost) -> Program[list[str]]:
-        looks.append([taken.run_id] if not looks else (yield from real(host)))
-        return looks[-1]
+    def offer(
+        is_pg: bool, hosts: list[LeasingHost], excluded: set[str]
+    ) -> Program[run_service._Offers]:
+        offers = yield from real(is_pg, hosts, excluded)
+        if not looks:
+            offers.runs = {host.id: [taken.run_id] for host in hosts}
+            offers.oldest_first = [taken.run_id]
+            offers.jobs = {taken.run_id: taken.job_id}
+        looks.append(offers.oldest_first)
+        return offers
 
-    monkeypatch.setattr(run_service, "_eligible_run_ids", eligible)
+    monkeypatch.setattr(run_service, "_offer_runs", offer)
     with live_sessionmaker() as db_session:
         racer = db_session.get(Host, racer_id)
         lease = run_service.claim_lease(
@@ -129,10 +136,10 @@ def _wait_in_loop(
             started = time.monotonic()
             result["lease"] = await run_service.wait_for_lease(
                 db=SessionDatabase(db_session),
-                settings=settings,
-                host=LeasingHost.of(host),
+                request=run_service.ClaimRequest(
+                    host_id=host.id, report=_report(), settings=settings, dialect="postgresql"
+                ),
                 signal=signal,
-                report=_report(),
                 wait_s=wait_s,
             )
             result["waited_s"] = time.monotonic() - started

@@ -8,6 +8,7 @@ asyncpg) with real commits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -22,7 +23,7 @@ from api.artifacts import service as artifact_service
 from api.artifacts.store import LocalArtifactStore
 from api.auth import service as auth_service
 from api.database import make_engine, make_sessionmaker, upgrade_database
-from api.hosts import service as host_service
+from api.errors import NotAuthenticated
 from api.jobs import service as job_service
 from api.runs import service as run_service
 from api.runs.wakeup import WorkSignal, register_local
@@ -94,21 +95,24 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
         assert await db.read(partial(auth_service.submitter_id_program, key)) == key_id
         assert await db.read(partial(auth_service.submitter_id_program, key + "x")) is None
         generation = signal.generation
-        submitted = await db.run(
-            partial(job_service.submit_program, live.settings, job_payload(), key_id)
+        submitted = await db.run_grouped(
+            job_service.submit_group_program,
+            job_service.Submission(live.settings, job_payload(), key_id),
         )
         assert isinstance(submitted, job_service.Submitted)
         woken = signal.generation > generation
-        leasing = await db.read(partial(host_service.leasing_host_program, secret))
-        assert leasing is not None and leasing.id == host.id
-        claimed = await db.run(
-            partial(
-                run_service.claim_program,
-                settings=live.settings,
-                host=leasing,
-                report=run_service.HostReport(fingerprint=fingerprint(hostname="async-1")),
-                dialect=db.dialect_name,
-            )
+        # The claim authenticates the token on the host's row it locks.
+        request = run_service.ClaimRequest(
+            host_id=host.id,
+            report=run_service.HostReport(fingerprint=fingerprint(hostname="async-1")),
+            settings=live.settings,
+            dialect=db.dialect_name,
+            token=secret + "x",
+        )
+        with pytest.raises(NotAuthenticated):
+            await db.run_grouped(run_service.claim_group_program, request)
+        claimed = await db.run_grouped(
+            run_service.claim_group_program, dataclasses.replace(request, token=secret)
         )
         lease = claimed.lease
         assert lease is not None and lease.job_id == submitted.job.id
