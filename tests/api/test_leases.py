@@ -19,7 +19,7 @@ from api.runs import service as run_service
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, listen_for_work
 from api.settings import Settings
-from api.transactions import Program, SessionDatabase
+from api.transactions import AsyncDatabase, Program, SessionDatabase, make_async_engine
 from tests.api.factories import fingerprint, make_host, make_job
 
 pytestmark = pytest.mark.postgres
@@ -324,3 +324,48 @@ def test_a_completion_that_loses_its_race_with_expiry_is_kept_for_audit_and_refu
         ).one()
         assert attempt.state == "expired"
         assert attempt.late_complete is not None and attempt.late_complete["reason"] == "OOM"
+
+
+def test_groups_of_two_api_processes_never_give_one_run_to_two_hosts(
+    live_db: str, live_sessionmaker: Any
+) -> None:
+    """Two async engines (two API processes' pools) each claiming for a group of ten hosts at
+    once, fifteen runs queued: SKIP LOCKED lets the groups pass each other, and every run goes
+    to exactly one host."""
+    settings = _settings(live_db)
+    with live_sessionmaker() as db_session:
+        hosts = [make_host(db_session, f"two-{i:02d}") for i in range(20)]
+        for _ in range(15):
+            make_job(db_session, settings)
+
+    async def main() -> list[Any]:
+        processes = [AsyncDatabase(make_async_engine(live_db), live_sessionmaker) for _ in range(2)]
+        try:
+            claims = [
+                processes[index % 2].run_grouped(
+                    run_service.claim_group_program,
+                    run_service.ClaimRequest(
+                        host_id=host.id,
+                        report=_report(),
+                        settings=settings,
+                        dialect="postgresql",
+                        token=secret,
+                    ),
+                )
+                for index, (host, secret) in enumerate(hosts)
+            ]
+            return await asyncio.gather(*claims)
+        finally:
+            for process in processes:
+                await process.engine.dispose()
+
+    answers = asyncio.run(main())
+    leases = [answer.lease for answer in answers if answer.lease is not None]
+    assert len(leases) == 15
+    assert len({lease.run_id for lease in leases}) == 15
+    with live_sessionmaker() as db_session:
+        leased = db_session.execute(
+            sa.select(Run.id, Run.host_id).where(Run.state == "leased")
+        ).all()
+        assert len(leased) == 15 and len({host_id for _, host_id in leased}) == 15
+        assert db_session.scalar(sa.select(sa.func.count()).select_from(RunAttempt)) == 15

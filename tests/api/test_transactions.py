@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,17 +22,23 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.artifacts import service as artifact_service
 from api.artifacts.store import LocalArtifactStore
 from api.auth import service as auth_service
+from api.auth.models import AuditEvent
 from api.database import make_engine, make_sessionmaker, upgrade_database
-from api.errors import NotAuthenticated
+from api.errors import Invalid, NotAuthenticated
+from api.hosts.models import Host
 from api.jobs import service as job_service
+from api.jobs.models import Job
 from api.runs import service as run_service
+from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, register_local
 from api.settings import Settings
 from api.transactions import AsyncDatabase, Execute, Program, make_async_engine
+from evidence.protocol import JobState, RunState
 from tests.api.factories import (
     fingerprint,
     job_payload,
     make_host,
+    make_job,
     manifest_for,
     provenance_json,
     records_jsonl,
@@ -251,3 +257,141 @@ def test_dropped_connections_are_replaced_and_the_program_runs_once_more(live_db
 
     asyncio.run(scenario())
     engine.dispose()
+
+
+# --- group commits ---------------------------------------------------------------------------
+
+_groups_seen: list[int] = []
+
+
+def _counted_claims(
+    requests: Sequence[run_service.ClaimRequest],
+) -> Program[list[run_service.Claimed | Exception]]:
+    """The claim program, noting each transaction's number of requests."""
+    _groups_seen.append(len(requests))
+    return (yield from run_service.claim_group_program(requests))
+
+
+def test_concurrent_claims_share_one_transaction_each_with_its_own_answer(live: Live) -> None:
+    with live.sessions() as db_session:
+        holder, _ = make_host(db_session, "holder")
+        hosts = [make_host(db_session, f"group-{i:02d}") for i in range(12)]
+        jobs = [make_job(db_session, live.settings) for _ in range(10)]
+        held = run_service.claim_lease(db_session=db_session, settings=live.settings, host=holder)
+        assert held is not None and held.job_id == jobs[0].id
+        holder_token = auth_service.create_enrollment_token(db_session=db_session)
+
+    def request(host_id: str, token: str) -> run_service.ClaimRequest:
+        report = run_service.HostReport(fingerprint=fingerprint(hostname=host_id))
+        return run_service.ClaimRequest(
+            host_id=host_id,
+            report=report,
+            settings=live.settings,
+            dialect=live.url.split(":")[0].split("+")[0],
+            token=token,
+        )
+
+    (first, first_secret), (second, second_secret) = hosts[0], hosts[1]
+    requests = [
+        request(first.id, first_secret + "x"),  # a wrong secret: refused, the others unharmed
+        *(request(host.id, secret) for host, secret in hosts),
+        request(second.id, second_secret),  # the same host again: the first request claims
+        request(holder.id, holder_token),  # an enrollment token is not the host's secret
+    ]
+    _groups_seen.clear()
+
+    async def scenario(db: AsyncDatabase) -> list[Any]:
+        claims = [db.run_grouped(_counted_claims, r) for r in requests]
+        return await asyncio.gather(*claims, return_exceptions=True)
+
+    answers = live.run(scenario)
+    assert _groups_seen == [len(requests)]  # one transaction for all of them
+    assert isinstance(answers[0], NotAuthenticated)
+    assert isinstance(answers[-1], NotAuthenticated)
+    leases = [answer.lease for answer in answers[1:13]]
+    # Nine runs were queued: the oldest to the first host asking, and so on.
+    assert [lease.job_id if lease else None for lease in leases] == [
+        *(job.id for job in jobs[1:]),
+        None,
+        None,
+        None,
+    ]
+    assert answers[13].lease is None  # one run per host at a time
+    with live.sessions() as db_session:
+        leased = db_session.execute(
+            sa.select(Run.id, Run.host_id).where(Run.state == RunState.LEASED)
+        ).all()
+        assert sorted(host_id for _, host_id in leased) == sorted(
+            [holder.id, *(host.id for host, _ in hosts[:9])]
+        )
+        assert {run_id for run_id, _ in leased} >= {lease.run_id for lease in leases if lease}
+        audited = db_session.scalar(
+            sa.select(sa.func.count())
+            .select_from(AuditEvent)
+            .where(AuditEvent.kind == "run.leased")
+        )
+        assert audited == 10
+        attempts = db_session.scalar(sa.select(sa.func.count()).select_from(RunAttempt))
+        assert attempts == 10
+        states = {job.id: job.state for job in db_session.scalars(sa.select(Job))}
+        assert all(states[job.id] == JobState.RUNNING for job in jobs)
+        # Every authenticated host's report was written, busy or not.
+        seen = db_session.scalars(sa.select(Host.fingerprint["hostname"].as_string())).all()
+        assert set(seen) >= {host.id for host, _ in hosts}
+
+
+def test_grouped_submissions_refuse_only_the_invalid_one(live: Live) -> None:
+    with live.sessions() as db_session:
+        make_host(db_session, "submit-host")
+    payloads = [job_payload(), job_payload(model="preset:absent"), job_payload(), job_payload()]
+
+    async def scenario(db: AsyncDatabase) -> list[Any]:
+        submissions = [
+            db.run_grouped(
+                job_service.submit_group_program,
+                job_service.Submission(live.settings, payload, None),
+            )
+            for payload in payloads
+        ]
+        return await asyncio.gather(*submissions, return_exceptions=True)
+
+    answers = live.run(scenario)
+    assert isinstance(answers[1], Invalid) and "preset:absent" in answers[1].message
+    stored = [answer for answer in answers if isinstance(answer, job_service.Submitted)]
+    assert len(stored) == 3
+    with live.sessions() as db_session:
+        assert sorted(db_session.scalars(sa.select(Job.id))) == sorted(s.job.id for s in stored)
+        assert db_session.scalar(sa.select(sa.func.count()).select_from(Run)) == 3
+
+
+def _numbered(items: Sequence[int]) -> Program[list[int | Exception]]:
+    """Each item doubled, odd items refused; 13 fails the whole transaction."""
+    _groups_seen.append(len(items))
+    yield Execute(sa.select(sa.literal(1)))
+    if 13 in items:
+        raise RuntimeError("the transaction failed")
+    return [Invalid(f"{item} is odd") if item % 2 else item * 2 for item in items]
+
+
+def test_a_group_answers_each_item_and_a_failed_transaction_fails_them_all(live: Live) -> None:
+    async def scenario(db: AsyncDatabase) -> tuple[list[Any], list[Any], list[Any]]:
+        _groups_seen.clear()
+        first = await asyncio.gather(
+            *(db.run_grouped(_numbered, i) for i in range(6)), return_exceptions=True
+        )
+        failed = await asyncio.gather(
+            *(db.run_grouped(_numbered, i) for i in (2, 13, 4)), return_exceptions=True
+        )
+        # A request that leaves before its group runs is not part of it.
+        waiting = [asyncio.ensure_future(db.run_grouped(_numbered, i)) for i in (20, 21, 22)]
+        waiting[0].cancel()
+        later = await asyncio.gather(*waiting, return_exceptions=True)
+        return first, failed, later
+
+    first, failed, later = live.run(scenario)
+    assert first[0::2] == [0, 4, 8]
+    assert [str(answer) for answer in first[1::2]] == ["1 is odd", "3 is odd", "5 is odd"]
+    assert all(isinstance(answer, RuntimeError) for answer in failed)
+    assert isinstance(later[0], asyncio.CancelledError)
+    assert str(later[1]) == "21 is odd" and later[2] == 44
+    assert _groups_seen == [6, 3, 2]
