@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, TypeVar
 
@@ -100,9 +101,25 @@ async def get_current_worker_id(db: DatabaseDep, credentials: BearerDep) -> str:
     return await _caller(db, credentials, auth_service.worker_id_program, "invalid worker token")
 
 
-async def get_current_submitter_id(db: DatabaseDep, credentials: BearerDep) -> str:
-    """The calling API key's id, for routes that need no more of the key."""
-    return await _caller(db, credentials, auth_service.submitter_id_program, "invalid API key")
+@dataclass(frozen=True)
+class BearerClaim:
+    """A bearer token of the expected kind and the id it names, not yet checked: the
+    transaction that reads that row checks it (a lease's claim, a submission's group commit),
+    so the request reads it once."""
+
+    token: str
+    id: str
+
+
+def _bearer_claim(kind: str, refusal: str) -> Callable[..., Awaitable[BearerClaim]]:
+    async def dependency(credentials: BearerDep) -> BearerClaim:
+        token = bearer_token(credentials)
+        claimed_id = auth_service.token_id(token, kind)
+        if claimed_id is None:
+            raise NotAuthenticated(refusal)
+        return BearerClaim(token, claimed_id)
+
+    return dependency
 
 
 def get_current_submitter(db_session: SessionDep, credentials: BearerDep) -> ApiKey:
@@ -125,6 +142,7 @@ def require_admin(settings: SettingsDep, credentials: BearerDep) -> None:
 
 CurrentWorker = Annotated[Host, Depends(get_current_worker)]
 CurrentWorkerId = Annotated[str, Depends(get_current_worker_id)]
-CurrentSubmitterId = Annotated[str, Depends(get_current_submitter_id)]
+WorkerClaim = Annotated[BearerClaim, Depends(_bearer_claim("cbw", "invalid worker token"))]
+SubmitterClaim = Annotated[BearerClaim, Depends(_bearer_claim("cbk", "invalid API key"))]
 CurrentSubmitter = Annotated[ApiKey, Depends(get_current_submitter)]
 AdminKey = Annotated[None, Depends(require_admin)]

@@ -95,6 +95,18 @@ Program = Generator[Step, Any, T]
 _NOTIFY = sa.select(sa.func.pg_notify(wakeup.CHANNEL, ""))
 
 
+def among_ids(column: sa.ColumnElement[Any], name: str) -> dict[bool, sa.ColumnElement[bool]]:
+    """`column` among the list parameter `name`, keyed by whether the dialect is PostgreSQL:
+    there `= ANY(:name)`, one array parameter, so the SQL text (and asyncpg's prepared
+    statement) is the same for any number of ids; elsewhere an expanding IN."""
+    from sqlalchemy.dialects import postgresql
+
+    return {
+        True: column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.String))),
+        False: column.in_(sa.bindparam(name, expanding=True)),
+    }
+
+
 def run_statements(
     connection: sa.Connection, program: Program[T], announce: Callable[[], None]
 ) -> T:

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Body, Query, status
 
 from api.deps import (
     CurrentSubmitter,
-    CurrentSubmitterId,
     DatabaseDep,
     SessionDep,
     SettingsDep,
+    SubmitterClaim,
 )
 from api.jobs import service
 from api.jobs.schemas import JobListItem, JobOut
@@ -24,18 +24,20 @@ router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
 async def create_job(
     db: DatabaseDep,
     settings: SettingsDep,
-    submitter_id: CurrentSubmitterId,
+    submitter: SubmitterClaim,
     payload: dict[str, Any] = Body(..., description="a coldbench.job/1 JobSpec"),
 ):
-    # Joins the submissions of concurrent requests in one transaction (a group commit).
-    submitted = await db.run_grouped(
-        service.submit_group_program, service.Submission(settings, payload, submitter_id)
+    # Joins the submissions of concurrent requests in one transaction (a group commit), which
+    # also checks each request's API key.
+    submission = service.Submission(
+        settings, payload, submitter.id, dialect=db.dialect_name, token=submitter.token
     )
+    submitted = await db.run_grouped(service.submit_group_program, submission)
     if isinstance(submitted, service.Submitted):
         return service.submitted_out(submitted.job, submitted.runs, [])
     job, runs, steps = await db.run_with_session(
         lambda db_session: service.create_bisection(
-            db_session=db_session, spec=submitted.spec, submitted_by=submitter_id
+            db_session=db_session, spec=submitted.spec, submitted_by=submitter.id
         )
     )
     return service.submitted_out(job, runs, steps)

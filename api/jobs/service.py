@@ -15,7 +15,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from api.auth import service as auth_service
 from api.auth.models import AuditEvent
 from api.database import utcnow
-from api.errors import Forbidden, Invalid, NotFound, ServiceError, invalid
+from api.errors import Forbidden, Invalid, NotAuthenticated, NotFound, ServiceError, invalid
 from api.hosts import service as host_service
 from api.jobs import bisect
 from api.jobs.models import Job
@@ -209,11 +209,17 @@ class Bisection:
 
 @dataclass(frozen=True)
 class Submission:
-    """One submission request: the payload, who sent it, and the settings it is judged by."""
+    """One submission request: the payload, who sent it, and the settings it is judged by.
+
+    `token` is the request's API key, checked (constant time) against its stored digest and
+    revocation by the group's one read of the keys; None only where the caller knows who
+    submits (the command line, tests)."""
 
     settings: Settings
     payload: dict[str, Any]
     submitted_by: str | None
+    dialect: str
+    token: str | None = None
 
 
 def submit_group_program(
@@ -225,8 +231,17 @@ def submit_group_program(
     these rows was a third of a submission's CPU) and one announcement. A refused spec is its
     own request's Invalid; the others are stored. A bisection is only validated (nothing
     written): `Bisection` carries its spec."""
+    with_keys = [submission for submission in submissions if submission.token is not None]
+    key_ids: dict[int, str | None] = {}
+    if with_keys:
+        tokens = [cast(str, submission.token) for submission in with_keys]
+        found = yield from auth_service.submitter_ids_program(tokens, submissions[0].dialect)
+        key_ids = {id(s): key_id for s, key_id in zip(with_keys, found, strict=True)}
     checked: list[JobSpec | Exception] = []
     for submission in submissions:
+        if submission.token is not None and key_ids[id(submission)] != submission.submitted_by:
+            checked.append(NotAuthenticated("invalid API key"))
+            continue
         try:
             checked.append(checked_spec(submission.settings, submission.payload))
         except ServiceError as error:
@@ -344,8 +359,9 @@ def _create_job(
     payload: dict[str, Any],
     submitted_by: str | None,
 ) -> tuple[Job, list[Run], list[Job]]:
+    dialect = db_session.get_bind().dialect.name
     submitted = run_one_in_session(
-        db_session, submit_group_program, Submission(settings, payload, submitted_by)
+        db_session, submit_group_program, Submission(settings, payload, submitted_by, dialect)
     )
     if isinstance(submitted, Submitted):
         # Attached to the session as persistent rows (no query).

@@ -7,9 +7,7 @@ from functools import partial
 from fastapi import APIRouter, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from api.auth.service import token_id
-from api.deps import BearerDep, CurrentWorkerId, DatabaseDep, SettingsDep, bearer_token
-from api.errors import NotAuthenticated
+from api.deps import CurrentWorkerId, DatabaseDep, SettingsDep, WorkerClaim
 from api.routing import StrictJSONRoute
 from api.runs import service
 from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
@@ -27,19 +25,15 @@ async def claim_lease(
     request: Request,
     db: DatabaseDep,
     settings: SettingsDep,
-    credentials: BearerDep,
+    worker: WorkerClaim,
 ):
     # The long-poll waits on the event loop for a notification, holding no thread and no
     # database connection. Each claim joins the claims of concurrent requests in one
     # transaction, which also authenticates the token on the host's row it locks.
-    token = bearer_token(credentials)
-    host_id = token_id(token, "cbw")
-    if host_id is None:
-        raise NotAuthenticated("invalid worker token")
     lease = await service.wait_for_lease(
         db=db,
         request=service.ClaimRequest(
-            host_id=host_id,
+            host_id=worker.id,
             report=service.HostReport(
                 fingerprint=body.fingerprint.model_dump(mode="json"),
                 repositories=body.repositories,
@@ -47,7 +41,7 @@ async def claim_lease(
             ),
             settings=settings,
             dialect=db.dialect_name,
-            token=token,
+            token=worker.token,
         ),
         signal=request.app.state.work_signal,
         wait_s=body.wait_s,

@@ -51,7 +51,14 @@ from api.jobs.models import Job
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, announce_work
 from api.settings import Settings
-from api.transactions import Database, Execute, Program, run_in_session, run_one_in_session
+from api.transactions import (
+    Database,
+    Execute,
+    Program,
+    among_ids,
+    run_in_session,
+    run_one_in_session,
+)
 from evidence.protocol import JobState, Lease, RepositoryOffer, RunState
 from evidence.schemas import JobSpec, Manifest
 
@@ -189,16 +196,6 @@ class Claimed:
     host_values: dict[str, Any]
 
 
-def _any_or_in(column: sa.ColumnElement[Any], name: str) -> dict[bool, sa.ColumnElement[bool]]:
-    """`column` among the list parameter `name`, by whether the dialect is PostgreSQL: there
-    `= ANY(:name)`, one array parameter, so the SQL text (and asyncpg's prepared statement) is
-    the same for any number of ids; elsewhere an expanding IN."""
-    return {
-        True: column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.String))),
-        False: column.in_(sa.bindparam(name, expanding=True)),
-    }
-
-
 # The claim's statements, built once (constructing a statement and its cache key costs more
 # Python than executing a cached one), in the PostgreSQL form [True] and the other [False].
 _CLAIMING_HOSTS = {
@@ -216,13 +213,13 @@ _CLAIMING_HOSTS = {
     .where(among)
     .order_by(_hosts.c.id)  # one lock order for every claimer: no deadlock between groups
     .with_for_update(of=_hosts)
-    for is_pg, among in _any_or_in(_hosts.c.id, "host_ids").items()
+    for is_pg, among in among_ids(_hosts.c.id, "host_ids").items()
 }
 # Read after the hosts' rows are locked, so it sees a claim of the same host committed by a
 # concurrent transaction while this one waited for the lock.
 _HOSTS_HOLDING_RUNS = {
     is_pg: sa.select(_runs.c.host_id).where(among, _runs.c.state == RunState.LEASED)
-    for is_pg, among in _any_or_in(_runs.c.host_id, "host_ids").items()
+    for is_pg, among in among_ids(_runs.c.host_id, "host_ids").items()
 }
 _claim_times = {
     name: sa.bindparam(name, type_=_runs.c.leased_at.type)
@@ -291,13 +288,13 @@ _JOBS_RUNNING = {
     is_pg: sa.update(_jobs)
     .where(among, _jobs.c.state == JobState.QUEUED)
     .values(state=JobState.RUNNING, updated_at=sa.bindparam("w_now", type_=_jobs.c.updated_at.type))
-    for is_pg, among in _any_or_in(_jobs.c.id, "job_ids").items()
+    for is_pg, among in among_ids(_jobs.c.id, "job_ids").items()
 }
 _TOUCHED = {
     is_pg: sa.select(_attempts.c.host_id, _runs.c.job_id, _runs.c.slot)
     .join(_runs, _attempts.c.run_id == _runs.c.id)
-    .where(_any_or_in(_attempts.c.host_id, "host_ids")[is_pg], among)
-    for is_pg, among in _any_or_in(_runs.c.job_id, "job_ids").items()
+    .where(among_ids(_attempts.c.host_id, "host_ids")[is_pg], among)
+    for is_pg, among in among_ids(_runs.c.job_id, "job_ids").items()
 }
 
 # Rounds of picking for hosts whose picks were taken by a concurrent claimer before it gives

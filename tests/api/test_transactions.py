@@ -97,14 +97,15 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
     store = LocalArtifactStore(tmp_path / "store")
 
     async def scenario(db: AsyncDatabase) -> dict[str, Any]:
-        # Authentication reads without a transaction (`read`); the rest are transactions.
-        assert await db.read(partial(auth_service.submitter_id_program, key)) == key_id
-        assert await db.read(partial(auth_service.submitter_id_program, key + "x")) is None
+        dialect = db.dialect_name
+        submission = job_service.Submission(live.settings, job_payload(), key_id, dialect, key)
+        with pytest.raises(NotAuthenticated):  # the group's one read of the keys checks each
+            await db.run_grouped(
+                job_service.submit_group_program,
+                dataclasses.replace(submission, token=key + "x"),
+            )
         generation = signal.generation
-        submitted = await db.run_grouped(
-            job_service.submit_group_program,
-            job_service.Submission(live.settings, job_payload(), key_id),
-        )
+        submitted = await db.run_grouped(job_service.submit_group_program, submission)
         assert isinstance(submitted, job_service.Submitted)
         woken = signal.generation > generation
         # The claim authenticates the token on the host's row it locks.
@@ -343,20 +344,29 @@ def test_concurrent_claims_share_one_transaction_each_with_its_own_answer(live: 
 def test_grouped_submissions_refuse_only_the_invalid_one(live: Live) -> None:
     with live.sessions() as db_session:
         make_host(db_session, "submit-host")
-    payloads = [job_payload(), job_payload(model="preset:absent"), job_payload(), job_payload()]
+        key = auth_service.create_api_key(db_session=db_session, name="k")
+    key_id = key.split("_")[1]
+    sent = [
+        (job_payload(), key),
+        (job_payload(model="preset:absent"), key),  # no host has it
+        (job_payload(), key + "x"),  # not the key's secret
+        (job_payload(), key),
+        (job_payload(), key),
+    ]
 
     async def scenario(db: AsyncDatabase) -> list[Any]:
         submissions = [
             db.run_grouped(
                 job_service.submit_group_program,
-                job_service.Submission(live.settings, payload, None),
+                job_service.Submission(live.settings, payload, key_id, db.dialect_name, token),
             )
-            for payload in payloads
+            for payload, token in sent
         ]
         return await asyncio.gather(*submissions, return_exceptions=True)
 
     answers = live.run(scenario)
     assert isinstance(answers[1], Invalid) and "preset:absent" in answers[1].message
+    assert isinstance(answers[2], NotAuthenticated)
     stored = [answer for answer in answers if isinstance(answer, job_service.Submitted)]
     assert len(stored) == 3
     with live.sessions() as db_session:
