@@ -802,6 +802,17 @@ _END_ATTEMPT = (
         reason=sa.bindparam("w_reason", type_=_attempts.c.reason.type),
     )
 )
+# The run closed by its current attempt's completion ([True]: a failure, with its reason).
+_CLOSE_RUN = {
+    failed: _held_by(sa.update(_runs)).values(
+        state=sa.bindparam("c_state", type_=_runs.c.state.type),
+        manifest=sa.bindparam("c_manifest", type_=_runs.c.manifest.type),
+        completed_at=sa.bindparam("c_now", type_=_WHEN),
+        lease_expires_at=None,
+        **({"reason": sa.bindparam("c_reason", type_=_runs.c.reason.type)} if failed else {}),
+    )
+    for failed in (False, True)
+}
 _HOST_READY = (
     sa.update(_hosts)
     .where(
@@ -874,11 +885,12 @@ def complete_program(
     except ValidationError as error:
         raise Invalid(validation_message("manifest", error), field="manifest") from None
     now = utcnow()
-    held = {"w_run": run_id, "w_host": host_id, "w_attempt": attempt}
     values: dict[str, Any] = {
-        "manifest": parsed.model_dump(mode="json"),
-        "completed_at": now,
-        "lease_expires_at": None,
+        "w_run": run_id,
+        "w_host": host_id,
+        "w_attempt": attempt,
+        "c_manifest": parsed.model_dump(mode="json"),
+        "c_now": now,
     }
     if status == "succeeded":
         uploaded = {
@@ -886,14 +898,14 @@ def complete_program(
             for row in (yield Execute(_UPLOADED, {"w_run": run_id, "w_attempt": attempt}))
         }
         check_uploads(parsed, uploaded)
-        values["state"] = RunState.COMPLETED
+        values["c_state"] = RunState.COMPLETED
     elif status == "failed":
-        values["state"] = RunState.FAILED
-        values["reason"] = reason or "the worker reported a failure without a reason"
+        values["c_state"] = RunState.FAILED
+        values["c_reason"] = reason or "the worker reported a failure without a reason"
     else:
         raise Invalid(f"status must be succeeded or failed, not {status!r}")
-    state = values["state"]
-    if (yield Execute(_held_by(sa.update(_runs)).values(**values), held)).rowcount != 1:
+    state = values["c_state"]
+    if (yield Execute(_CLOSE_RUN[status == "failed"], values)).rowcount != 1:
         # Expired (or cancelled) since the read above: judged again as a late completion
         # (this transaction wrote nothing).
         return LATE
