@@ -945,6 +945,12 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
         counted = drain(service, figures, args.drain_s)
         alone = one_at_a_time(service, args.single) if args.single > 0 else {}
         rendered = render_report(service, args.render_cells) if render else {}
+        # The server logs at WARNING and above here: anything it said is worth reading.
+        warnings = [
+            line
+            for line in (Path(tmp) / "server.log").read_text(errors="replace").splitlines()
+            if "WARNING" in line or "ERROR" in line
+        ]
     leases = len(figures.lease_s)
     requests = (
         len(figures.submit_s)
@@ -986,7 +992,8 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
         "dup_records": counted["dup_records"],
         "not_ingested_in_time": counted["not_ingested_in_time"],
         "errors": len(figures.errors),
-        "first_errors": figures.errors[:5],
+        "first_errors": figures.errors[:5] + [f"server log: {w[:300]}" for w in warnings[:3]],
+        "server_warnings": len(warnings),
         # Server CPU per request: what the service costs, whatever else loads the machine.
         "server_cpu_ms_per_request": round(1000 * server_cpu / max(1, requests), 2),
         # PostgreSQL sessions the server (and Celery) opened during the load: each one a new
@@ -1024,7 +1031,7 @@ def report(label: str, result: dict[str, Any]) -> None:
     print(
         f"  lost runs {result['lost_runs']}, lost records {result['lost_records']}, "
         f"duplicated leases {result['dup_leases']}, duplicated records {result['dup_records']}"
-        f", errors {result['errors']}"
+        f", errors {result['errors']}, server log warnings {result['server_warnings']}"
     )
     print(f"  PostgreSQL sessions opened during the load: {result['db_sessions_opened']}")
     if "alone_lease_p50_ms" in result:

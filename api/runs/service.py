@@ -458,7 +458,15 @@ def _take_runs(
             # hosts (SKIP LOCKED: claimers pass each other instead of queueing).
             params = {"run_ids": offers.oldest_first, "how_many": len(hosts)}
             locked = list((yield Execute(_LOCK_RUNS, params)).scalars())
-            lost.update(set(offers.oldest_first[: len(hosts)]) - set(locked))
+            # Every offered run older than the youngest locked one (all of them, when fewer
+            # than asked for were locked) that was not locked is held by a concurrent claimer,
+            # or taken: never offered again in this transaction.
+            reached = (
+                len(offers.oldest_first)
+                if len(locked) < len(hosts)
+                else 1 + max(offers.oldest_first.index(run_id) for run_id in locked)
+            )
+            lost.update(set(offers.oldest_first[:reached]) - set(locked))
         else:
             locked = offers.oldest_first  # SQLite: one writer at a time, no row locks
         picks = offers.assign(locked)
@@ -488,6 +496,14 @@ def _take_runs(
         hosts = [host for host in hosts if host.id not in taken and offers.runs.get(host.id)]
         if not hosts:
             break
+    else:
+        if hosts:
+            log.warning(
+                "%d hosts lost every run they were offered to concurrent claimers in %d rounds;"
+                " they wait for the next notification",
+                len(hosts),
+                CLAIM_RACES_MAX,
+            )
     return taken
 
 
