@@ -18,6 +18,7 @@ about twofold: read its shares, not its times).
 
     PYTHONPATH=. python benchmarks/request_cost.py --requests 200
     PYTHONPATH=. python benchmarks/request_cost.py --requests 200 --profile lease
+    python benchmarks/request_cost.py --checkout ../older-worktree   # another commit's app
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from typing import Any
 import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 KINDS = ("submit", "lease", "heartbeat", "upload", "complete")
 PROVENANCE = b'{"schema": "coldbench.provenance/1"}'
@@ -232,7 +232,14 @@ def main() -> None:
     parser.add_argument(
         "--redis", default=os.environ.get("COLDBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=REPO,
+        help="measure this checkout's app (e.g. a git worktree of an older commit)",
+    )
     args = parser.parse_args()
+    sys.path.insert(0, str(args.checkout.resolve()))
 
     name = f"coldbench_cost_{secrets.token_hex(4)}"
     prefix = f"coldbench-cost-{secrets.token_hex(4)}:"
