@@ -247,36 +247,32 @@ _LOCK_RUNS = (
     .limit(sa.bindparam("how_many"))
     .with_for_update(of=_runs, skip_locked=True)
 )
-# Then every pick of the group in one UPDATE (the guard on state is for the SQLite form's sake).
-_CLAIM_PICKS = (
-    sa.update(_runs)
-    .where(_runs.c.id == _pairs.c.run_id, _runs.c.state == RunState.QUEUED)
-    .values(
-        state=RunState.LEASED,
-        host_id=_pairs.c.host_id,
-        attempt=_runs.c.attempt + 1,
-        leased_at=_claim_times["now"],
-        lease_expires_at=_claim_times["expires"],
-        deadline_at=_claim_times["deadline"],
-        progress=None,
+
+
+def _take(picked: sa.ColumnElement[bool], host_id: sa.ColumnElement[Any]) -> sa.UpdateBase:
+    """What a taken run becomes: `picked` queued runs leased to `host_id` (the guard on state
+    keeps a claim atomic also where there are no row locks)."""
+    return (
+        sa.update(_runs)
+        .where(picked, _runs.c.state == RunState.QUEUED)
+        .values(
+            state=RunState.LEASED,
+            host_id=host_id,
+            attempt=_runs.c.attempt + 1,
+            leased_at=_claim_times["now"],
+            lease_expires_at=_claim_times["expires"],
+            deadline_at=_claim_times["deadline"],
+            progress=None,
+        )
+        .returning(_runs.c.id, _runs.c.job_id, _runs.c.attempt, _runs.c.host_id)
     )
-    .returning(_runs.c.id, _runs.c.job_id, _runs.c.attempt, _runs.c.host_id)
-)
-# Elsewhere (SQLite: one writer at a time, no row locks) one pick per statement, with the same
-# guard on state.
-_CLAIM_PICK = (
-    sa.update(_runs)
-    .where(_runs.c.id == sa.bindparam("run_id"), _runs.c.state == RunState.QUEUED)
-    .values(
-        state=RunState.LEASED,
-        host_id=sa.bindparam("host_id", type_=_runs.c.host_id.type),
-        attempt=_runs.c.attempt + 1,
-        leased_at=_claim_times["now"],
-        lease_expires_at=_claim_times["expires"],
-        deadline_at=_claim_times["deadline"],
-        progress=None,
-    )
-    .returning(_runs.c.id, _runs.c.job_id, _runs.c.attempt, _runs.c.host_id)
+
+
+# Then every pick of the group in one UPDATE; elsewhere (SQLite: one writer at a time, no row
+# locks) one pick per statement.
+_CLAIM_PICKS = _take(_runs.c.id == _pairs.c.run_id, _pairs.c.host_id)
+_CLAIM_PICK = _take(
+    _runs.c.id == sa.bindparam("run_id"), sa.bindparam("host_id", type_=_runs.c.host_id.type)
 )
 _INSERT_ATTEMPT = sa.insert(_attempts)
 _INSERT_AUDIT = sa.insert(_audit)
