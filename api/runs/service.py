@@ -303,12 +303,13 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
     `Database.run_grouped`): each authenticated host that holds no run takes the oldest queued
     run it may run, and no run goes to two hosts.
 
-    About nine statements whatever the group's size: lock the hosts' rows (which serializes the
+    About ten statements whatever the group's size: lock the hosts' rows (which serializes the
     claims of one host, one run per host at a time, and authenticates the requests), see which
-    hold a run, page through the oldest queued runs picking one for each host in the order the
-    requests came, take the picks in one UPDATE (SKIP LOCKED: concurrent claimers pass each
-    other), then the attempts, the jobs' state, the audit rows and the hosts' rows. A request
-    whose token does not match, or whose host is revoked or gone, gets NotAuthenticated.
+    hold a run, read the oldest queued runs and offer each to the first host, in turn, that may
+    run it (`_offer_runs`), lock the oldest offered runs no concurrent claimer holds (SKIP
+    LOCKED: claimers pass each other) and take them in one UPDATE (`_take_runs`), then the
+    attempts, the jobs' state, the audit rows and the hosts' rows. A request whose token does
+    not match, or whose host is revoked or gone, gets NotAuthenticated.
     """
     settings, is_pg = requests[0].settings, requests[0].dialect == "postgresql"
     rows = {
