@@ -228,18 +228,21 @@ def submit_group_program(
     """Concurrent submissions in one transaction (a group commit, `Database.run_grouped`):
     each spec checked on its own, one query of the hosts they are judged against, then every
     accepted job, its runs and its audit row as three Core inserts (the ORM's unit of work for
-    these rows was a third of a submission's CPU) and one announcement. A refused spec is its
-    own request's Invalid; the others are stored. A bisection is only validated (nothing
+    these rows was a third of a submission's CPU) and one announcement. A refused key or spec
+    is its own request's error; the others are stored. A bisection is only validated (nothing
     written): `Bisection` carries its spec."""
-    with_keys = [submission for submission in submissions if submission.token is not None]
+    # The API keys of the requests that came with one, in one read: a token that is not its
+    # key's (unknown, revoked, wrong) refuses its request before its spec is looked at.
+    tokens = {i: s.token for i, s in enumerate(submissions) if s.token is not None}
     key_ids: dict[int, str | None] = {}
-    if with_keys:
-        tokens = [cast(str, submission.token) for submission in with_keys]
-        found = yield from auth_service.submitter_ids_program(tokens, submissions[0].dialect)
-        key_ids = {id(s): key_id for s, key_id in zip(with_keys, found, strict=True)}
+    if tokens:
+        found = yield from auth_service.submitter_ids_program(
+            list(tokens.values()), submissions[0].dialect
+        )
+        key_ids = dict(zip(tokens, found, strict=True))
     checked: list[JobSpec | Exception] = []
-    for submission in submissions:
-        if submission.token is not None and key_ids[id(submission)] != submission.submitted_by:
+    for index, submission in enumerate(submissions):
+        if index in tokens and key_ids[index] != submission.submitted_by:
             checked.append(NotAuthenticated("invalid API key"))
             continue
         try:
