@@ -369,3 +369,22 @@ def test_groups_of_two_api_processes_never_give_one_run_to_two_hosts(
         ).all()
         assert len(leased) == 15 and len({host_id for _, host_id in leased}) == 15
         assert db_session.scalar(sa.select(sa.func.count()).select_from(RunAttempt)) == 15
+
+
+def test_offers_go_to_their_hosts_first_then_to_any_host_that_fits() -> None:
+    def host(host_id: str) -> LeasingHost:
+        return LeasingHost(host_id, host_id, [], {}, {}, [], "ready")
+
+    a, b, c = host("a"), host("b"), host("c")
+    offers = run_service._Offers(
+        runs={"a": ["r1", "r4"], "b": ["r2", "r5"], "c": ["r3"]},
+        oldest_first=["r1", "r2", "r3", "r4", "r5"],
+        hosts=[a, b, c],
+        jobs={f"r{i}": f"job{i}" for i in range(1, 6)},
+        fits=lambda h, job: not (h.id == "c" and job == "job5"),
+    )
+    # r2 and r3 were held by a concurrent claimer: b takes its spare r5; c, whose only offer
+    # is gone, takes a's spare r4 (c may not run job5).
+    assert offers.assign(["r1", "r4", "r5"]) == {"a": "r1", "b": "r5", "c": "r4"}
+    # Nothing left that c fits: c gets none (and looks again in the next round).
+    assert offers.assign(["r1", "r5"]) == {"a": "r1", "b": "r5"}
