@@ -66,18 +66,6 @@ class LeasingHost:
     models: list[str]
     health: str
 
-    @classmethod
-    def of(cls, host: Host) -> LeasingHost:
-        return cls(
-            id=host.id,
-            name=host.name,
-            labels=list(host.labels),
-            fingerprint=host.fingerprint,
-            repositories=host.repositories,
-            models=list(host.models),
-            health=host.health,
-        )
-
 
 def auto_labels(host: HostTraits) -> list[str]:
     """Labels every host has without configuring them: its name, backend and OS."""

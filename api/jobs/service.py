@@ -34,15 +34,6 @@ from evidence.variant import expand_variants
 log = logging.getLogger(__name__)
 
 
-def validate_job_spec_program(settings: Settings, payload: dict[str, Any]) -> Program[JobSpec]:
-    """The spec as JobSpec, or Invalid with one message that says what to change: the spec's
-    own checks, then one query of the hosts it is judged against."""
-    spec = checked_spec(settings, payload)
-    hosts = yield from host_service.host_views_program(spec.repository is not None)
-    judge_hosts(spec, hosts)
-    return spec
-
-
 def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
     """The spec's own checks and this service's limits (no database): the spec as JobSpec, or
     Invalid with one message that says what to change."""
