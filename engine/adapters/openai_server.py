@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import hashlib
 import http.client
 import json
@@ -522,7 +523,9 @@ def wipe_path(path: str) -> dict[str, Any]:
     """Delete one of the server's cache folders (or files) before it starts; say what went.
 
     The worker validated the path (absolute, not /, not the home folder); this re-checks the
-    two that would be disasters, since a plan file is only JSON."""
+    two that would be disasters, since a plan file is only JSON. A block's servers load at the
+    same time and wipe the same folder, so a file or folder a peer removed first is gone, as
+    wanted, and not an error."""
     target = Path(path)
     if not target.is_absolute() or target == Path(target.anchor) or target == Path.home():
         raise ServerLoadError(f"refusing to wipe {path!r}: name the server's cache folder")
@@ -534,17 +537,36 @@ def wipe_path(path: str) -> dict[str, Any]:
             for name in files:
                 with contextlib.suppress(OSError):
                     size += (Path(root) / name).lstat().st_size
-        try:
-            shutil.rmtree(target)
-        except OSError as exc:
-            raise ServerLoadError(f"cannot wipe {path}: {exc}") from exc
+        # a peer's server that is up already may write its block while this removes the
+        # folder (rmdir: not empty): another pass removes that too
+        for passes_left in (2, 1, 0):
+            try:
+                if sys.version_info >= (3, 12):
+                    shutil.rmtree(target, onexc=_gone_already_or_raise)
+                else:
+                    shutil.rmtree(target, onerror=_gone_already_or_raise)
+                break
+            except OSError as exc:
+                if exc.errno == errno.ENOTEMPTY and passes_left:
+                    continue
+                raise ServerLoadError(f"cannot wipe {path}: {exc}") from exc
     else:
         try:
             size = target.lstat().st_size
-            target.unlink()
+            target.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
         except OSError as exc:
             raise ServerLoadError(f"cannot wipe {path}: {exc}") from exc
     return {"path": path, "existed": True, "bytes": size}
+
+
+def _gone_already_or_raise(_function: Any, _path: str, error: Any) -> None:
+    """rmtree's error handler (`onexc` gets the exception, `onerror` before 3.12 its
+    exc_info): a peer's wipe removed this entry first; anything else raises."""
+    exc = error if isinstance(error, BaseException) else error[1]
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
 
 
 def server_interpreter(command: Sequence[str], argv: Sequence[str]) -> tuple[str | None, str]:
