@@ -151,7 +151,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         ]
         if engine.dialect.name == "postgresql":
-            await app.state.database.warm(settings.db_pool_size - sync_pool)
             background.append(
                 asyncio.create_task(listen_for_work(settings.sqlalchemy_url, work_signal))
             )

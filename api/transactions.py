@@ -253,25 +253,6 @@ class AsyncDatabase:
         self.sessions = sessions
         self.dialect_name = engine.dialect.name
 
-    async def warm(self, connections: int) -> None:
-        """Open `connections` of the pool at once and check them back in, before the first
-        request. Why: opening an asyncpg connection blocks the event loop for tens of
-        milliseconds (with `sslmode=prefer`, the default, it builds an SSL context and loads the
-        system's certificates: 35 ms seen in one stall), and a pool opened lazily does that
-        during the first seconds of load, in the middle of the requests that asked for it."""
-        opened = await asyncio.gather(
-            *(self.engine.connect() for _ in range(connections)), return_exceptions=True
-        )
-        for connection in opened:
-            if not isinstance(connection, BaseException):
-                await connection.close()
-        failed = [c for c in opened if isinstance(c, BaseException)]
-        if failed:
-            # Not fatal: a connection is opened again when a request needs it.
-            log.warning(
-                "could not open %d of %d pool connections: %s", len(failed), connections, failed[0]
-            )
-
     async def run(self, make_program: Callable[[], Program[T]]) -> T:
         return await self._run(self.engine, make_program)
 

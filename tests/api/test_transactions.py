@@ -410,47 +410,6 @@ def test_a_group_answers_each_item_and_a_failed_transaction_fails_them_all(live:
 # --- the pool ---------------------------------------------------------------------------------
 
 
-def _backends(engine: sa.Engine) -> int:
-    """Connections to this test's database other than the one asking."""
-    with engine.connect() as connection:
-        return connection.execute(
-            sa.text(
-                "select count(*) from pg_stat_activity "
-                "where datname = current_database() and pid != pg_backend_pid()"
-            )
-        ).scalar_one()
-
-
-@pytest.mark.postgres
-def test_warm_opens_the_pool_before_the_first_request(live_db: str) -> None:
-    """The server opens its async pool at start (opening an asyncpg connection stalls the
-    event loop), so a request finds its connection open."""
-    engine = make_engine(live_db)
-    sessions = make_sessionmaker(engine)
-    with sessions() as db_session:
-        host, secret = make_host(db_session, "warm-1")
-
-    async def scenario() -> tuple[int, int, int]:
-        database = AsyncDatabase(make_async_engine(live_db, pool_size=5, max_overflow=0), sessions)
-        try:
-            await database.warm(5)
-            pool = database.engine.pool
-            warmed = (pool.checkedin(), _backends(engine))  # type: ignore[attr-defined]
-            ids = await asyncio.gather(
-                *(database.read(partial(auth_service.worker_id_program, secret)) for _ in range(5))
-            )
-            assert ids == [host.id] * 5
-            return (*warmed, _backends(engine))
-        finally:
-            await database.engine.dispose()
-
-    checked_in, backends_warmed, backends_after = asyncio.run(scenario())
-    engine.dispose()
-    assert checked_in == 5
-    assert backends_warmed >= 5
-    assert backends_after == backends_warmed  # five requests at once opened nothing more
-
-
 @pytest.mark.postgres
 def test_a_cancelled_transaction_returns_its_connection(live_db: str) -> None:
     """A request cancelled in the middle of its transaction (its client left) rolls back and
@@ -486,18 +445,3 @@ def test_a_cancelled_transaction_returns_its_connection(live_db: str) -> None:
     engine.dispose()
     assert (checked_out, checked_in) == (0, 1)
     assert health == "ready"
-
-
-@pytest.mark.postgres
-def test_the_server_opens_its_pool_at_start(live_db: str, tmp_path: Path) -> None:
-    from fastapi.testclient import TestClient
-
-    from api.app import create_app
-
-    settings = Settings(
-        database_url=live_db, artifact_dir=tmp_path / "a", state_dir=tmp_path / "s",
-        db_pool_size=10, db_sync_pool_size=4,
-    )  # fmt: skip
-    app = create_app(settings)
-    with TestClient(app):
-        assert app.state.database.engine.pool.checkedin() == 6
