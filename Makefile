@@ -36,7 +36,8 @@ services:
 # Each worker's session has its own databases, Redis key prefixes, ports, temporary folders
 # and host lock (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
 # Tests marked `timing` assert a real speed difference on this CPU (1-token chunks slower than
-# one 128-token chunk): a second worker's load can drown it, so they run alone afterwards.
+# one 128-token chunk; a bisection's commit of identical code not slower than its parent): a
+# second worker's load can drown it, so they run alone afterwards.
 TEST_WORKERS ?= 2
 
 test: install services
