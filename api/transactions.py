@@ -35,7 +35,7 @@ error of the transaction fails all of its items). Up to `GROUP_TRANSACTIONS_MAX`
 transactions run at once; items that arrive while that many run form the next. Why: on this
 stack a transaction of one statement costs the API process about 0.7 ms of CPU (the pool,
 BEGIN, COMMIT, the async adaptation) and each further statement about 0.2 ms
-(`benchmarks/statement_cost.py`); a claim is about ten statements, and fifty agents asking
+(`benchmarks/statement_cost.py`); a claim is five statements or more, and fifty agents asking
 for work at once paid that fifty times over, in turn, on one event loop. A group pays it once,
 and its statements carry all of its items (`= ANY(:ids)`, executemany).
 

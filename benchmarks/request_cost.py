@@ -12,7 +12,9 @@ kind, times `--requests` requests one after another:
 - `upload`: PUT of records.jsonl to a leased run;
 - `complete`: POST /api/v1/runs/{id}/complete (its Celery message goes to Redis).
 
-It prints CPU milliseconds per request (process time, so it counts every thread) and, with
+It prints CPU milliseconds per request (process time, so it counts every thread), the
+database round trips per request (statements, BEGIN, COMMIT: a count, the same on any
+machine, where the CPU figures vary with how busy it is) and, with
 `--profile KIND`, that kind's costliest functions under cProfile (which slows everything
 about twofold: read its shares, not its times).
 
@@ -114,7 +116,30 @@ def fingerprint(name: str) -> dict[str, Any]:
     return {"hostname": name, "backend": "cpu", "os": "Linux 6.1", "cores": 2}
 
 
-async def measure(app: Any, settings: Any, args: argparse.Namespace) -> dict[str, float]:
+class RoundTrips:
+    """Round trips to the database of both of the app's engines: statements, and BEGIN and
+    COMMIT or ROLLBACK where a transaction is open (the autocommit reads send neither). A
+    count, not a time: the same on any machine, however busy."""
+
+    def __init__(self, *engines: sa.Engine) -> None:
+        self.count = 0
+        for engine in engines:
+            sa.event.listen(engine, "before_cursor_execute", self._statement)
+            for name in ("begin", "commit", "rollback"):
+                sa.event.listen(engine, name, self._transaction)
+
+    def _statement(self, *_: Any) -> None:
+        self.count += 1
+
+    def _transaction(self, connection: sa.Connection) -> None:
+        if connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            self.count += 1
+
+
+async def measure(
+    app: Any, settings: Any, args: argparse.Namespace
+) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU milliseconds per request and database round trips per request, by kind."""
     from api.auth import service as auth_service
     from api.hosts import service as host_service
 
@@ -197,11 +222,14 @@ async def measure(app: Any, settings: Any, args: argparse.Namespace) -> dict[str
         "complete": complete,
     }
     figures: dict[str, float] = {}
+    round_trips: dict[str, float] = {}
+    counter = RoundTrips(app.state.engine, app.state.database.engine.sync_engine)
     for kind in KINDS:
         if kind == "complete":  # its other required file, not timed
             for i in range(n):
                 await provenance(i)
         profiler = cProfile.Profile(time.process_time) if args.profile == kind else None
+        counted = counter.count
         started = time.process_time()
         if profiler:
             profiler.enable()
@@ -210,11 +238,12 @@ async def measure(app: Any, settings: Any, args: argparse.Namespace) -> dict[str
         if profiler:
             profiler.disable()
         figures[kind] = (time.process_time() - started) / n * 1000
+        round_trips[kind] = (counter.count - counted) / n
         if profiler:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats(args.sort).print_stats(args.top)
             print(out.getvalue())
-    return figures
+    return figures, round_trips
 
 
 def main() -> None:
@@ -264,11 +293,11 @@ def main() -> None:
             upgrade_database(settings.sqlalchemy_url)
             app = create_app(settings)
 
-            async def run() -> dict[str, float]:
+            async def run() -> tuple[dict[str, float], dict[str, float]]:
                 async with app.router.lifespan_context(app):
                     return await measure(app, settings, args)
 
-            figures = asyncio.run(run())
+            figures, round_trips = asyncio.run(run())
     finally:
         with admin.connect() as connection:
             connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -281,8 +310,18 @@ def main() -> None:
             broker.delete(*keys)
         broker.close()
     for kind, cpu_ms in figures.items():
-        print(f"{kind:10s} {cpu_ms:6.2f} ms CPU per request")
-    print(json.dumps({f"{kind}_cpu_ms": round(v, 3) for kind, v in figures.items()}))
+        print(
+            f"{kind:10s} {cpu_ms:6.2f} ms CPU per request, "
+            f"{round_trips[kind]:5.2f} database round trips"
+        )
+    print(
+        json.dumps(
+            {
+                **{f"{kind}_cpu_ms": round(v, 3) for kind, v in figures.items()},
+                **{f"{kind}_round_trips": round(v, 2) for kind, v in round_trips.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

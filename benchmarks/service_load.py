@@ -57,6 +57,7 @@ MODEL = "bench-model"
 VARIANTS = ("base", "cand")
 CONTEXTS = (64, 128)
 ROUNDS = 2
+LAG_SAMPLE_S = 0.005
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -279,6 +280,11 @@ class Figures:
     burst_s: list[float] = field(default_factory=list)  # each agent's first lease, all at once
     # every lease after an agent's first: the steady state, without the burst of 50 at once
     steady_s: list[float] = field(default_factory=list)
+    # (start, seconds) of every lease that returned a run, start on time.perf_counter()
+    lease_spans: list[tuple[float, float]] = field(default_factory=list)
+    # (when, seconds late) of the load generator's own event loop, sampled every 5 ms during
+    # the agent phase: a request's measured latency includes the time this loop was late
+    generator_lag: list[tuple[float, float]] = field(default_factory=list)
     empty_leases: int = 0
     uploads: int = 0
     completes: int = 0
@@ -501,6 +507,7 @@ async def agent_cycle(
         await asyncio.sleep(0.5)
         return
     figures.lease_s.append(time.perf_counter() - started)
+    figures.lease_spans.append((started, figures.lease_s[-1]))
     if first:
         figures.burst_s.append(figures.lease_s[-1])
     else:
@@ -638,8 +645,15 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
                 else:
                     await asyncio.sleep(0.05)
 
+        async def sample_lag() -> None:
+            while time.monotonic() < stop_at:
+                before = time.perf_counter()
+                await asyncio.sleep(LAG_SAMPLE_S)
+                figures.generator_lag.append((before, time.perf_counter() - before - LAG_SAMPLE_S))
+
         started = time.perf_counter()
         await asyncio.gather(
+            sample_lag(),
             *(top_up() for _ in range(args.topup)),
             *(
                 agent(client, name, secret, figures, stop_at, args.measure_s)
@@ -952,6 +966,8 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
             if "WARNING" in line or "ERROR" in line
         ]
     leases = len(figures.lease_s)
+    origin = figures.lease_spans[0][0] if figures.lease_spans else 0.0
+    lags = [lag for _, lag in figures.generator_lag]
     requests = (
         len(figures.submit_s)
         + len(figures.submit_under_load_s)
@@ -971,6 +987,17 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
         "lease_p99_ms": ms(percentile(figures.lease_s, 99)),
         "lease_burst_p99_ms": ms(percentile(figures.burst_s, 99)),
         "lease_steady_p99_ms": ms(percentile(figures.steady_s, 99)),
+        # The load generator's own event loop, late by this much: in every latency above.
+        "generator_lag_p99_ms": ms(percentile(lags, 99)),
+        "generator_lag_max_ms": ms(max(lags, default=float("nan"))),
+        "slowest_leases": [
+            {
+                "at_s": round(start - origin, 2),
+                "ms": ms(seconds),
+                "generator_stall_ms": ms(stall_within(figures.generator_lag, start, seconds)),
+            }
+            for start, seconds in sorted(figures.lease_spans, key=lambda span: -span[1])[:10]
+        ],
         "measure_s": args.measure_s,
         "empty_leases": figures.empty_leases,
         "min_queued_jobs": figures.min_queued if figures.min_queued < 1 << 30 else None,
@@ -1005,6 +1032,15 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
     }
 
 
+def stall_within(lag: list[tuple[float, float]], start: float, seconds: float) -> float:
+    """The longest the generator's loop was late during [start, start + seconds] (a sample
+    taken at `when` that came back late covers [when, when + its lag])."""
+    return max(
+        (late for when, late in lag if when < start + seconds and when + late > start),
+        default=0.0,
+    )
+
+
 def report(label: str, result: dict[str, Any]) -> None:
     print(
         f"{label}: agents {result['workers']}, {result['seconds']:g} s: {result['leases']} "
@@ -1016,6 +1052,15 @@ def report(label: str, result: dict[str, Any]) -> None:
         f"  lease p50 {result['lease_p50_ms']} ms, p99 {result['lease_p99_ms']} ms; "
         f"first leases of all agents at once p99 {result['lease_burst_p99_ms']} ms; "
         f"after each agent's first p99 {result['lease_steady_p99_ms']} ms"
+    )
+    print(
+        f"  the load generator's own loop late: p99 {result['generator_lag_p99_ms']} ms, "
+        f"longest {result['generator_lag_max_ms']} ms; slowest leases (s after the first, ms, "
+        "generator's longest stall in it): "
+        + ", ".join(
+            f"{lease['at_s']} s {lease['ms']} ({lease['generator_stall_ms']})"
+            for lease in result["slowest_leases"]
+        )
     )
     print(
         f"  submit at {result['submit_in_flight']} in flight: p50 {result['submit_p50_ms']} ms, "

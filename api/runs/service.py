@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -237,7 +237,7 @@ _pairs = (
 # claimer (another API process's group, the command line) holds, as many as there are hosts;
 # SKIP LOCKED, so claimers pass each other instead of queueing.
 _LOCK_RUNS = (
-    sa.select(_runs.c.id)
+    sa.select(_runs.c.id, _runs.c.job_id, _runs.c.attempt)
     .join(_jobs, _jobs.c.id == _runs.c.job_id)
     .where(
         _runs.c.id == sa.any_(sa.bindparam("run_ids", type_=postgresql.ARRAY(sa.String))),
@@ -268,9 +268,8 @@ def _take(picked: sa.ColumnElement[bool], host_id: sa.ColumnElement[Any]) -> sa.
     )
 
 
-# Then every pick of the group in one UPDATE; elsewhere (SQLite: one writer at a time, no row
-# locks) one pick per statement.
-_CLAIM_PICKS = _take(_runs.c.id == _pairs.c.run_id, _pairs.c.host_id)
+# SQLite (one writer at a time, no row locks): one pick per statement, then the writes below
+# one statement each.
 _CLAIM_PICK = _take(
     _runs.c.id == sa.bindparam("run_id"), sa.bindparam("host_id", type_=_runs.c.host_id.type)
 )
@@ -286,6 +285,68 @@ _JOBS_RUNNING = {
     .values(state=JobState.RUNNING, updated_at=sa.bindparam("w_now", type_=_jobs.c.updated_at.type))
     for is_pg, among in among_ids(_jobs.c.id, "job_ids").items()
 }
+
+
+def _rows_of(name: str, *columns: sa.ColumnClause[Any]) -> sa.TableValuedAlias:
+    """The JSON list parameter `name` as a table of `columns` (PostgreSQL's json_to_recordset):
+    any number of rows in one parameter, so the statement's text, and its prepared statement,
+    are the same for every group."""
+    return (
+        sa.func.json_to_recordset(sa.bindparam(name, type_=sa.JSON))
+        .table_valued(*columns)
+        .render_derived(name=name, with_types=True)
+    )
+
+
+_attempt_rows = _rows_of(
+    "attempt_rows",
+    sa.column("run_id", sa.String),
+    sa.column("attempt", sa.Integer),
+    sa.column("host_id", sa.String),
+    sa.column("state", sa.String),
+    sa.column("started_at", sa.DateTime(timezone=True)),
+)
+_audit_rows = _rows_of(
+    "audit_rows",
+    sa.column("at", sa.DateTime(timezone=True)),
+    sa.column("actor", sa.String),
+    sa.column("kind", sa.String),
+    sa.column("subject_id", sa.String),
+    sa.column("detail", sa.JSON),
+)
+_HOST_COLUMNS = ("fingerprint", "repositories", "models", "health", "last_heartbeat_at")
+_host_rows = _rows_of(
+    "host_rows",
+    sa.column("id", sa.String),
+    sa.column("fingerprint", sa.JSON),
+    sa.column("repositories", sa.JSON),
+    sa.column("models", sa.JSON),
+    sa.column("health", sa.String),
+    sa.column("last_heartbeat_at", sa.DateTime(timezone=True)),
+)
+# PostgreSQL: the group's writes in one statement, one round trip instead of five: the picks
+# (runs this transaction holds locked, so each is taken), their attempts, their jobs made
+# running, the audit rows, and the hosts' rows (a column a host's row leaves out keeps its
+# value). Answers how many runs it took.
+_WRITE_CLAIMS = (
+    sa.select(sa.func.count())
+    .select_from(_take(_runs.c.id == _pairs.c.run_id, _pairs.c.host_id).cte("picked"))
+    .add_cte(
+        sa.insert(_attempts)
+        .from_select(list(_attempt_rows.c.keys()), sa.select(*_attempt_rows.c))
+        .cte("attempts"),
+        _JOBS_RUNNING[True].cte("running"),
+        sa.insert(_audit)
+        .from_select(list(_audit_rows.c.keys()), sa.select(*_audit_rows.c))
+        .cte("audit"),
+        sa.update(_hosts)
+        .where(_hosts.c.id == _host_rows.c.id)
+        .values(
+            {name: sa.func.coalesce(_host_rows.c[name], _hosts.c[name]) for name in _HOST_COLUMNS}
+        )
+        .cte("hosts_seen"),
+    )
+)
 _TOUCHED = {
     is_pg: sa.select(_attempts.c.host_id, _runs.c.job_id, _runs.c.slot)
     .join(_runs, _attempts.c.run_id == _runs.c.id)
@@ -303,13 +364,15 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
     `Database.run_grouped`): each authenticated host that holds no run takes the oldest queued
     run it may run, and no run goes to two hosts.
 
-    About ten statements whatever the group's size: lock the hosts' rows (which serializes the
-    claims of one host, one run per host at a time, and authenticates the requests), see which
-    hold a run, read the oldest queued runs and offer each to the first host, in turn, that may
-    run it (`_offer_runs`), lock the oldest offered runs no concurrent claimer holds (SKIP
-    LOCKED: claimers pass each other) and take them in one UPDATE (`_take_runs`), then the
-    attempts, the jobs' state, the audit rows and the hosts' rows. A request whose token does
-    not match, or whose host is revoked or gone, gets NotAuthenticated.
+    The same statements whatever the group's size (five on PostgreSQL, where no run is
+    contested): lock the hosts' rows (which serializes the claims of one host, one run per
+    host at a time, and authenticates the requests), see which hold a run, read the oldest
+    queued runs and offer each to the first host, in turn, that may run it (`_offer_runs`),
+    lock the oldest offered runs no concurrent claimer holds (SKIP LOCKED: claimers pass each
+    other; `_take_runs`), then write the runs taken, their attempts, the jobs' state, the
+    audit rows and the hosts' rows: on PostgreSQL in one statement (`_write_claims`), on
+    SQLite one statement each. A request whose token does not match, or whose host is
+    revoked or gone, gets NotAuthenticated.
     """
     settings, is_pg = requests[0].settings, requests[0].dialect == "postgresql"
     rows = {
@@ -351,46 +414,48 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
     taken = yield from _take_runs(
         settings, is_pg, [host for host in claimers.values() if host.id not in holding]
     )
-    if taken:
-        now = utcnow()
-        yield Execute(
-            _INSERT_ATTEMPT,
-            [
-                {
-                    "run_id": run_id,
-                    "attempt": attempt,
-                    "host_id": host_id,
-                    "state": RunState.LEASED,
-                    "started_at": now,
-                }
-                for host_id, (run_id, _, attempt) in taken.items()
-            ],
-        )
-        job_ids = sorted({job_id for _, job_id, _ in taken.values()})
-        yield Execute(_JOBS_RUNNING[is_pg], {"job_ids": job_ids, "w_now": now})
-        yield Execute(
-            _INSERT_AUDIT,
-            [
-                {
-                    "at": now,
-                    "actor": f"host:{host_id}",
-                    "kind": "run.leased",
-                    "subject_id": run_id,
-                    "detail": {"attempt": attempt},
-                }
-                for host_id, (run_id, _, attempt) in taken.items()
-            ],
-        )
-        for host_id in taken:
-            host_values[host_id]["health"] = "busy"
-    # The hosts' rows, one executemany per set of columns written (the statement is built once;
-    # the columns set are the parameters' keys).
-    by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for host_id, values in host_values.items():
-        if values:
-            by_columns.setdefault(tuple(sorted(values)), []).append({"w_host": host_id, **values})
-    for params in by_columns.values():
-        yield Execute(_UPDATE_HOST, params)
+    now = utcnow()
+    attempt_rows = [
+        {
+            "run_id": run_id,
+            "attempt": attempt,
+            "host_id": host_id,
+            "state": RunState.LEASED,
+            "started_at": now,
+        }
+        for host_id, (run_id, _, attempt) in taken.items()
+    ]
+    audit_rows = [
+        {
+            "at": now,
+            "actor": f"host:{host_id}",
+            "kind": "run.leased",
+            "subject_id": run_id,
+            "detail": {"attempt": attempt},
+        }
+        for host_id, (run_id, _, attempt) in taken.items()
+    ]
+    job_ids = sorted({job_id for _, job_id, _ in taken.values()})
+    for host_id in taken:
+        host_values[host_id]["health"] = "busy"
+    if is_pg:
+        if taken or any(host_values.values()):
+            yield from _write_claims(settings, taken, attempt_rows, audit_rows, host_values, now)
+    else:
+        if taken:
+            yield Execute(_INSERT_ATTEMPT, attempt_rows)
+            yield Execute(_JOBS_RUNNING[is_pg], {"job_ids": job_ids, "w_now": now})
+            yield Execute(_INSERT_AUDIT, audit_rows)
+        # The hosts' rows, one executemany per set of columns written (the statement is built
+        # once; the columns set are the parameters' keys).
+        by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for host_id, values in host_values.items():
+            if values:
+                by_columns.setdefault(tuple(sorted(values)), []).append(
+                    {"w_host": host_id, **values}
+                )
+        for params in by_columns.values():
+            yield Execute(_UPDATE_HOST, params)
     specs = yield from _job_specs({job_id for _, job_id, _ in taken.values()})
     for index, request in enumerate(requests):
         answer = answers[index]
@@ -410,6 +475,48 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
             answer.host_values,
         )
     return answers
+
+
+def _write_claims(
+    settings: Settings,
+    taken: dict[str, tuple[str, str, int]],
+    attempt_rows: list[dict[str, Any]],
+    audit_rows: list[dict[str, Any]],
+    host_values: dict[str, dict[str, Any]],
+    now: datetime,
+) -> Program[None]:
+    """PostgreSQL: what a group's claims write, as `_WRITE_CLAIMS` (one statement)."""
+    params = {
+        "run_ids": [run_id for run_id, _, _ in taken.values()],
+        "host_ids": list(taken),
+        "now": now,
+        "expires": now + timedelta(seconds=settings.lease_ttl_s),
+        "deadline": now + timedelta(seconds=settings.run_timeout_s),
+        "job_ids": sorted({job_id for _, job_id, _ in taken.values()}),
+        "w_now": now,
+        "attempt_rows": _as_json(attempt_rows),
+        "audit_rows": _as_json(audit_rows),
+        "host_rows": _as_json(
+            [{"id": host_id, **values} for host_id, values in host_values.items() if values]
+        ),
+    }
+    took = (yield Execute(_WRITE_CLAIMS, params)).scalar()
+    if took != len(taken):
+        # Each pick was locked by this transaction as a queued run: this cannot happen, and
+        # the attempts and audit rows written with it would not be true.
+        raise RuntimeError(f"a claim took {took} of the {len(taken)} runs it held locked")
+
+
+def _as_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows for a JSON parameter: times as ISO 8601 text (which PostgreSQL reads back as
+    `timestamp with time zone`)."""
+    return [
+        {
+            key: (value.isoformat() if isinstance(value, datetime) else value)
+            for key, value in row.items()
+        }
+        for row in rows
+    ]
 
 
 def _reported(report: HostReport | None, row: Any) -> tuple[dict[str, Any], LeasingHost]:
@@ -442,7 +549,9 @@ def _reported(report: HostReport | None, row: Any) -> tuple[dict[str, Any], Leas
 def _take_runs(
     settings: Settings, is_pg: bool, hosts: list[LeasingHost]
 ) -> Program[dict[str, tuple[str, str, int]]]:
-    """(run id, job id, attempt) by host id, for the hosts that took a run."""
+    """(run id, job id, attempt) by host id, for the hosts that take a run: on PostgreSQL
+    the runs this transaction locked for them (`_write_claims` takes them), on SQLite the
+    runs already taken."""
     taken: dict[str, tuple[str, str, int]] = {}
     leased: set[str] = set()
     lost: set[str] = set()  # runs a concurrent claimer holds: not offered again
@@ -454,7 +563,11 @@ def _take_runs(
             # The oldest offered runs that no concurrent claimer holds, as many as there are
             # hosts (SKIP LOCKED: claimers pass each other instead of queueing).
             params = {"run_ids": offers.oldest_first, "how_many": len(hosts)}
-            locked = list((yield Execute(_LOCK_RUNS, params)).scalars())
+            locked_rows = [
+                (str(run_id), str(job_id), int(attempt))
+                for run_id, job_id, attempt in (yield Execute(_LOCK_RUNS, params)).all()
+            ]
+            locked = [run_id for run_id, _, _ in locked_rows]
             # Every offered run older than the youngest locked one (all of them, when fewer
             # than asked for were locked) that was not locked is held by a concurrent claimer,
             # or taken: never offered again in this transaction.
@@ -467,27 +580,27 @@ def _take_runs(
         else:
             locked = offers.oldest_first  # SQLite: one writer at a time, no row locks
         picks = offers.assign(locked)
-        if picks:
+        if is_pg:
+            # Locked by this transaction: each pick is taken by `_write_claims`.
+            attempts = {run_id: (job_id, attempt) for run_id, job_id, attempt in locked_rows}
+            for host_id, run_id in picks.items():
+                job_id, attempt = attempts[run_id]
+                taken[host_id] = (run_id, job_id, attempt + 1)
+                leased.add(run_id)
+        elif picks:
             now = utcnow()
             times = {
                 "now": now,
                 "expires": now + timedelta(seconds=settings.lease_ttl_s),
                 "deadline": now + timedelta(seconds=settings.run_timeout_s),
             }
-            if is_pg:
-                pairs = {"run_ids": list(picks.values()), "host_ids": list(picks)}
-                claimed = (yield Execute(_CLAIM_PICKS, {**pairs, **times})).all()
-            else:
-                claimed = []
-                for host_id, run_id in picks.items():
-                    row = (
-                        yield Execute(_CLAIM_PICK, {"run_id": run_id, "host_id": host_id, **times})
-                    ).one_or_none()
-                    if row is not None:
-                        claimed.append(row)
-            for run_id, job_id, attempt, host_id in claimed:
-                taken[str(host_id)] = (str(run_id), str(job_id), int(attempt))
-                leased.add(str(run_id))
+            for host_id, run_id in picks.items():
+                row = (
+                    yield Execute(_CLAIM_PICK, {"run_id": run_id, "host_id": host_id, **times})
+                ).one_or_none()
+                if row is not None:
+                    taken[str(row.host_id)] = (str(row.id), str(row.job_id), int(row.attempt))
+                    leased.add(str(row.id))
         # Hosts that were offered runs but took none (held by concurrent claimers) look again
         # at once: each statement sees the latest commits (READ COMMITTED).
         hosts = [host for host in hosts if host.id not in taken and offers.runs.get(host.id)]

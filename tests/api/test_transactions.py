@@ -283,7 +283,9 @@ def test_concurrent_claims_share_one_transaction_each_with_its_own_answer(live: 
         holder_token = auth_service.create_enrollment_token(db_session=db_session)
 
     def request(host_id: str, token: str) -> run_service.ClaimRequest:
-        report = run_service.HostReport(fingerprint=fingerprint(hostname=host_id))
+        # One host also reports its models; the others leave theirs as registered.
+        models = ["preset:tiny", "reported"] if host_id == hosts[10][0].id else None
+        report = run_service.HostReport(fingerprint=fingerprint(hostname=host_id), models=models)
         return run_service.ClaimRequest(
             host_id=host_id,
             report=report,
@@ -334,6 +336,14 @@ def test_concurrent_claims_share_one_transaction_each_with_its_own_answer(live: 
         assert audited == 10
         attempts = db_session.scalar(sa.select(sa.func.count()).select_from(RunAttempt))
         assert attempts == 10
+        # Each host's row as its report and its claim left it, written in the same transaction.
+        for index, (host, _) in enumerate(hosts):
+            row = db_session.get_one(Host, host.id)
+            assert row.fingerprint == fingerprint(hostname=host.id)
+            assert row.last_heartbeat_at is not None
+            assert row.last_heartbeat_at > host.created_at
+            assert row.health == ("busy" if index < 9 else "ready")
+            assert row.models == (["preset:tiny", "reported"] if index == 10 else ["preset:tiny"])
         states = {job.id: job.state for job in db_session.scalars(sa.select(Job))}
         assert all(states[job.id] == JobState.RUNNING for job in jobs)
         # Every authenticated host's report was written, busy or not.
