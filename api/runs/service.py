@@ -287,43 +287,23 @@ _JOBS_RUNNING = {
 }
 
 
-def _rows_of(name: str, *columns: sa.ColumnClause[Any]) -> sa.TableValuedAlias:
-    """The JSON list parameter `name` as a table of `columns` (PostgreSQL's json_to_recordset):
-    any number of rows in one parameter, so the statement's text, and its prepared statement,
-    are the same for every group."""
+def _rows_of(name: str, table: sa.Table, *columns: str) -> sa.TableValuedAlias:
+    """The JSON list parameter `name` as a table of `table`'s `columns`, typed as there
+    (PostgreSQL's json_to_recordset): any number of rows in one parameter, so the statement's
+    text, and its prepared statement, are the same for every group."""
     return (
         sa.func.json_to_recordset(sa.bindparam(name, type_=sa.JSON))
-        .table_valued(*columns)
+        .table_valued(*(sa.column(column, table.c[column].type) for column in columns))
         .render_derived(name=name, with_types=True)
     )
 
 
 _attempt_rows = _rows_of(
-    "attempt_rows",
-    sa.column("run_id", sa.String),
-    sa.column("attempt", sa.Integer),
-    sa.column("host_id", sa.String),
-    sa.column("state", sa.String),
-    sa.column("started_at", sa.DateTime(timezone=True)),
+    "attempt_rows", _attempts, "run_id", "attempt", "host_id", "state", "started_at"
 )
-_audit_rows = _rows_of(
-    "audit_rows",
-    sa.column("at", sa.DateTime(timezone=True)),
-    sa.column("actor", sa.String),
-    sa.column("kind", sa.String),
-    sa.column("subject_id", sa.String),
-    sa.column("detail", sa.JSON),
-)
+_audit_rows = _rows_of("audit_rows", _audit, "at", "actor", "kind", "subject_id", "detail")
 _HOST_COLUMNS = ("fingerprint", "repositories", "models", "health", "last_heartbeat_at")
-_host_rows = _rows_of(
-    "host_rows",
-    sa.column("id", sa.String),
-    sa.column("fingerprint", sa.JSON),
-    sa.column("repositories", sa.JSON),
-    sa.column("models", sa.JSON),
-    sa.column("health", sa.String),
-    sa.column("last_heartbeat_at", sa.DateTime(timezone=True)),
-)
+_host_rows = _rows_of("host_rows", _hosts, "id", *_HOST_COLUMNS)
 # PostgreSQL: the group's writes in one statement, one round trip instead of five: the picks
 # (runs this transaction holds locked, so each is taken), their attempts, their jobs made
 # running, the audit rows, and the hosts' rows (a column a host's row leaves out keeps its
