@@ -62,7 +62,7 @@ async def complete(run_id: str, body: CompleteRequest, db: DatabaseDep, host_id:
         "reason": body.reason,
         "manifest": body.manifest,
     }
-    written = await db.run(partial(service.complete_program, **arguments))
+    written = await db.run(partial(service.complete_program, **arguments, dialect=db.dialect_name))
     if isinstance(written, service.CompletionWritten):
         # Sending to Celery is blocking network I/O: not on the event loop.
         await run_in_threadpool(service.send_completion_tasks, written)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from api.auth.models import AuditEvent
 from api.database import utcnow
 from api.hosts.models import Host
 from api.hosts.service import LeasingHost
@@ -324,6 +325,11 @@ def test_a_completion_that_loses_its_race_with_expiry_is_kept_for_audit_and_refu
         ).one()
         assert attempt.state == "expired"
         assert attempt.late_complete is not None and attempt.late_complete["reason"] == "OOM"
+        # Nothing of the refused completion was recorded as the run's end.
+        kinds = db_session.scalars(
+            sa.select(AuditEvent.kind).where(AuditEvent.subject_id == lease.run_id)
+        ).all()
+        assert "run.failed" not in kinds
 
 
 def test_groups_of_two_api_processes_never_give_one_run_to_two_hosts(

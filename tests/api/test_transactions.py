@@ -166,6 +166,7 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
                 status="succeeded",
                 reason=None,
                 manifest=manifest_for(files),
+                dialect=db.dialect_name,
             )
         )
         assert isinstance(written, run_service.CompletionWritten)
@@ -176,6 +177,7 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
                 status="succeeded",
                 reason=None,
                 manifest=manifest_for(files),
+                dialect=db.dialect_name,
             )
         )
         assert again is run_service.LATE  # a retry is judged on the ORM path
