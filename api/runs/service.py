@@ -301,7 +301,8 @@ def _rows_of(name: str, table: sa.Table, *columns: str) -> sa.TableValuedAlias:
 _attempt_rows = _rows_of(
     "attempt_rows", _attempts, "run_id", "attempt", "host_id", "state", "started_at"
 )
-_audit_rows = _rows_of("audit_rows", _audit, "at", "actor", "kind", "subject_id", "detail")
+_AUDIT_COLUMNS = ("at", "actor", "kind", "subject_id", "detail")
+_audit_rows = _rows_of("audit_rows", _audit, *_AUDIT_COLUMNS)
 _HOST_COLUMNS = ("fingerprint", "repositories", "models", "health", "last_heartbeat_at")
 _host_rows = _rows_of("host_rows", _hosts, "id", *_HOST_COLUMNS)
 # PostgreSQL: the group's writes in one statement, one round trip instead of five: the picks
@@ -420,7 +421,9 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
         host_values[host_id]["health"] = "busy"
     if is_pg:
         if taken or any(host_values.values()):
-            yield from _write_claims(settings, taken, attempt_rows, audit_rows, host_values, now)
+            yield from _write_claims(
+                settings, taken, job_ids, attempt_rows, audit_rows, host_values, now
+            )
     else:
         if taken:
             yield Execute(_INSERT_ATTEMPT, attempt_rows)
@@ -460,6 +463,7 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
 def _write_claims(
     settings: Settings,
     taken: dict[str, tuple[str, str, int]],
+    job_ids: list[str],
     attempt_rows: list[dict[str, Any]],
     audit_rows: list[dict[str, Any]],
     host_values: dict[str, dict[str, Any]],
@@ -472,7 +476,7 @@ def _write_claims(
         "now": now,
         "expires": now + timedelta(seconds=settings.lease_ttl_s),
         "deadline": now + timedelta(seconds=settings.run_timeout_s),
-        "job_ids": sorted({job_id for _, job_id, _ in taken.values()}),
+        "job_ids": job_ids,
         "w_now": now,
         "attempt_rows": _as_json(attempt_rows),
         "audit_rows": _as_json(audit_rows),
@@ -936,10 +940,7 @@ def _close_and_record(close: sa.Update) -> sa.Select[Any]:
     closed = close.returning(_runs.c.id).cte("closed")
     was_closed = sa.exists(sa.select(closed.c.id))
     audit_values = sa.select(
-        *(
-            sa.bindparam(f"a_{name}", type_=_audit.c[name].type)
-            for name in ("at", "actor", "kind", "subject_id", "detail")
-        )
+        *(sa.bindparam(f"a_{name}", type_=_audit.c[name].type) for name in _AUDIT_COLUMNS)
     ).where(was_closed)
     return (
         sa.select(sa.func.count())
@@ -947,9 +948,7 @@ def _close_and_record(close: sa.Update) -> sa.Select[Any]:
         .add_cte(
             _END_ATTEMPT.where(was_closed).cte("ended"),
             _HOST_READY.where(was_closed).cte("ready"),
-            sa.insert(_audit)
-            .from_select(["at", "actor", "kind", "subject_id", "detail"], audit_values)
-            .cte("audit"),
+            sa.insert(_audit).from_select(list(_AUDIT_COLUMNS), audit_values).cte("audit"),
         )
     )
 
