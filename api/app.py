@@ -115,24 +115,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upgrade_database(settings.sqlalchemy_url)
     # Two engines on one database: the async one for the requests written as programs of
     # statements (leases, heartbeats, uploads, completions, submissions: api/transactions.py),
-    # the sync one for the rest (pages, lists, registration, the periodic sweep). Together
-    # they keep at most db_pool_size + db_max_overflow connections.
+    # the sync one for the rest (pages, lists, registration, the periodic sweep), each with a
+    # fixed number of connections (Settings.db_async_pool_size, db_sync_pool_size).
     is_sqlite = settings.sqlalchemy_url.startswith("sqlite")
-    sync_pool = min(settings.db_sync_pool_size, settings.db_pool_size - 1)
     engine = make_engine(
         settings.sqlalchemy_url,
-        **({} if is_sqlite else {"pool_size": sync_pool, "max_overflow": 0}),
+        **({} if is_sqlite else {"pool_size": settings.db_sync_pool_size, "max_overflow": 0}),
     )
     async_engine = make_async_engine(
         settings.sqlalchemy_url,
-        **(
-            {}
-            if is_sqlite
-            else {
-                "pool_size": settings.db_pool_size - sync_pool,
-                "max_overflow": settings.db_max_overflow,
-            }
-        ),
+        **({} if is_sqlite else {"pool_size": settings.db_async_pool_size, "max_overflow": 0}),
     )
 
     work_signal = WorkSignal()

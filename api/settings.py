@@ -56,15 +56,17 @@ class Settings(BaseSettings):
     # Threads serving synchronous endpoints and the database work of async ones (a waiting
     # lease request holds no thread).
     api_threads: int = Field(200, ge=8)
-    # Connections kept open, and opened beyond them at peaks (closed again when returned). A
-    # PostgreSQL connection is a new server process: with 10 kept, 50 busy agents made the
-    # server open about 480 in 30 s (each paid in the database's CPU); with 40 kept, about 40.
-    # The sum stays 50 per API process (two replicas fit PostgreSQL's default 100).
-    db_pool_size: int = Field(40, ge=2)
-    db_max_overflow: int = Field(10, ge=0)
-    # Of db_pool_size, the connections of the sync engine (pages, lists, registration, the
-    # sweep); the rest, and the overflow, are the async engine's (the agents' requests and
-    # submissions).
+    # Database connections of each API process, all opened on first need and kept; none is
+    # opened beyond them (a request waits for one). The async engine's serve the agents'
+    # requests and submissions, the sync engine's the rest (pages, lists, registration, the
+    # sweep). Few on purpose: PostgreSQL runs only as many statements at once as it has cores,
+    # and every connection is a server process that parses and plans each statement again on
+    # its first use (asyncpg's prepared statements are per connection). Measured under
+    # benchmarks/service_load.py (50 agents, 2 cores, docs/RELIABILITY.md): with 32 async
+    # connections and 10 more at peaks, 51 were opened during the load and each prepared
+    # every statement anew, about 750 preparations in the first seconds, lease p99 177 to
+    # 235 ms; with 6 and none more, 15 opened and the lease p99 fell to 83 to 105 ms.
+    db_async_pool_size: int = Field(6, ge=1)
     db_sync_pool_size: int = Field(8, ge=1)
 
     lease_ttl_s: int = Field(60, ge=1)

@@ -457,3 +457,41 @@ def test_a_cancelled_transaction_returns_its_connection(live_db: str) -> None:
     engine.dispose()
     assert (checked_out, checked_in) == (0, 1)
     assert health == "ready"
+
+
+@pytest.mark.postgres
+def test_requests_beyond_the_pool_wait_for_a_connection_and_open_no_more(
+    live_db: str, tmp_path: Path
+) -> None:
+    """The app's engines keep the configured connections and open none beyond them: more
+    transactions at once than connections all complete, on that many database sessions."""
+    from api.app import create_app
+
+    settings = Settings(
+        database_url=live_db,
+        artifact_dir=tmp_path / "artifacts",
+        state_dir=tmp_path / "state",
+        db_async_pool_size=2,
+        db_sync_pool_size=3,
+    )
+    app = create_app(settings)
+    database: AsyncDatabase = app.state.database
+    sync_pool, async_pool = app.state.engine.pool, database.engine.pool
+
+    def backend() -> Program[int]:
+        pid = (yield Execute(sa.text("SELECT pg_backend_pid()"))).scalar()
+        yield Execute(sa.text("SELECT pg_sleep(0.05)"))
+        return int(pid)
+
+    async def scenario() -> list[int]:
+        try:
+            return await asyncio.gather(*(database.run(backend) for _ in range(12)))
+        finally:
+            await database.engine.dispose()
+
+    backends = asyncio.run(scenario())
+    app.state.engine.dispose()
+    assert (sync_pool.size(), sync_pool._max_overflow) == (3, 0)  # type: ignore[attr-defined]
+    assert (async_pool.size(), async_pool._max_overflow) == (2, 0)  # type: ignore[attr-defined]
+    assert len(backends) == 12
+    assert len(set(backends)) == 2
