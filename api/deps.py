@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import anyio
 import anyio.to_thread
@@ -19,9 +18,7 @@ from api.auth.models import ApiKey
 from api.errors import NotAuthenticated
 from api.hosts.models import Host
 from api.settings import Settings
-from api.transactions import Database, Program
-
-T = TypeVar("T")
+from api.transactions import Database
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:
@@ -78,27 +75,8 @@ def bearer_token(credentials: BearerDep) -> str:
 def get_current_worker(db_session: SessionDep, credentials: BearerDep) -> Host:
     host = auth_service.authenticate_worker(db_session=db_session, token=bearer_token(credentials))
     if host is None:
-        raise NotAuthenticated("invalid worker token")
+        raise NotAuthenticated(auth_service.WORKER_REFUSAL)
     return host
-
-
-async def _caller(
-    db: Database,
-    credentials: HTTPAuthorizationCredentials | None,
-    program: Callable[[str], Program[T | None]],
-    refusal: str,
-) -> T:
-    """Whom the bearer token belongs to, as `program` reads it in one query (no transaction);
-    NotAuthenticated(refusal) when nobody."""
-    caller = await db.read(partial(program, bearer_token(credentials)))
-    if caller is None:
-        raise NotAuthenticated(refusal)
-    return caller
-
-
-async def get_current_worker_id(db: DatabaseDep, credentials: BearerDep) -> str:
-    """The calling worker's id, for routes that need no more of the host than who it is."""
-    return await _caller(db, credentials, auth_service.worker_id_program, "invalid worker token")
 
 
 @dataclass(frozen=True)
@@ -141,8 +119,7 @@ def require_admin(settings: SettingsDep, credentials: BearerDep) -> None:
 
 
 CurrentWorker = Annotated[Host, Depends(get_current_worker)]
-CurrentWorkerId = Annotated[str, Depends(get_current_worker_id)]
-WorkerClaim = Annotated[BearerClaim, Depends(_bearer_claim("cbw", "invalid worker token"))]
+WorkerClaim = Annotated[BearerClaim, Depends(_bearer_claim("cbw", auth_service.WORKER_REFUSAL))]
 SubmitterClaim = Annotated[BearerClaim, Depends(_bearer_claim("cbk", "invalid API key"))]
 CurrentSubmitter = Annotated[ApiKey, Depends(get_current_submitter)]
 AdminKey = Annotated[None, Depends(require_admin)]

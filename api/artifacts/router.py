@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy.exc import IntegrityError
 
 from api.artifacts import service
-from api.deps import CurrentWorkerId, DatabaseDep, SettingsDep, StoreDep
+from api.deps import DatabaseDep, SettingsDep, StoreDep, WorkerClaim
 from api.errors import TooLarge
 from api.routing import StrictJSONRoute
 from evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
@@ -31,7 +31,7 @@ async def upload_artifact(
     db: DatabaseDep,
     settings: SettingsDep,
     store: StoreDep,
-    host_id: CurrentWorkerId,
+    worker: WorkerClaim,
     attempt: Annotated[int, Query(ge=1, le=ATTEMPT_MAX)],
     x_content_sha256: Annotated[str | None, Header(alias=CONTENT_SHA256_HEADER)] = None,
     content_length: Annotated[int | None, Header()] = None,
@@ -42,8 +42,11 @@ async def upload_artifact(
             f"Content-Length {content_length} exceeds the limit of "
             f"{settings.max_artifact_bytes} bytes"
         )
-    upload = {"host_id": host_id, "run_id": run_id, "attempt": attempt, "name": name}
-    await db.read(partial(service.upload_check_program, **upload, sha256=sha256))
+    upload = {"host_id": worker.id, "run_id": run_id, "attempt": attempt, "name": name}
+    # The token is checked by the same read that checks the upload, before the body is read.
+    await db.read(
+        partial(service.upload_check_program, **upload, sha256=sha256, token=worker.token)
+    )
     blob = await store.put_stream(
         request.stream(), expected_sha256=sha256, max_bytes=settings.max_artifact_bytes
     )

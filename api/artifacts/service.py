@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from api.artifacts.models import Artifact
 from api.artifacts.store import SHA256_PATTERN, StoredBlob
+from api.auth import service as auth_service
 from api.errors import Conflict, Invalid
 from api.runs import service as run_service
 from api.runs.models import Run, RunAttempt
@@ -83,9 +84,12 @@ _UPLOAD_STATE = (
 
 
 def upload_check_program(
-    *, host_id: str, run_id: str, attempt: int, name: str, sha256: str
+    *, host_id: str, run_id: str, attempt: int, name: str, sha256: str, token: str | None = None
 ) -> Program[StoredArtifact | None]:
-    """Refuse an upload before its bytes are read; returns the identical row if one exists."""
+    """Refuse an upload before its bytes are read (with `token`, the request's bearer token,
+    first the host's authentication); returns the identical row if one exists."""
+    if token is not None:
+        yield from auth_service.require_worker_program(token, host_id)
     found = (
         yield Execute(_UPLOAD_STATE, {"w_run": run_id, "w_attempt": attempt, "w_name": name})
     ).one_or_none()

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from api.auth.models import ApiKey, AuditEvent, EnrollmentToken
 from api.database import utcnow
+from api.errors import NotAuthenticated, NotFound
 from api.hosts.models import Host
 from api.transactions import Execute, Program, among_ids
 
@@ -111,6 +112,7 @@ def authenticate_worker(*, db_session: Session, token: str) -> Host | None:
 # a completion needs to know of its caller (loading the whole Host row, with its JSON columns,
 # through the ORM was a tenth of such a request's CPU under load; docs/RELIABILITY.md).
 _HOSTS = cast(sa.Table, Host.__table__)
+WORKER_REFUSAL = "invalid worker token"
 _WORKER_SECRET = sa.select(_HOSTS.c.secret_sha256).where(
     _HOSTS.c.id == sa.bindparam("worker_id"), _HOSTS.c.revoked_at.is_(None)
 )
@@ -121,16 +123,16 @@ def token_matches(token: str, stored_sha256: str | None) -> bool:
     return stored_sha256 is not None and _matches(token, stored_sha256)
 
 
-def worker_id_program(token: str) -> Program[str | None]:
-    """The id of the worker this token is the secret of, or None (unknown, revoked, wrong).
+def require_worker_program(token: str, worker_id: str) -> Program[None]:
+    """NotAuthenticated unless `token` is the secret of host `worker_id`, not revoked: the
+    first statement of the caller's own transaction (one connection and transaction per
+    request, not one more to authenticate it).
 
     The same decision as `authenticate_worker` (the same digest compared in constant time,
     revocation read from the database on every request), without loading the host."""
-    worker_id = token_id(token, "cbw")
-    if worker_id is None:
-        return None
     stored = (yield Execute(_WORKER_SECRET, {"worker_id": worker_id})).scalar()
-    return worker_id if token_matches(token, stored) else None
+    if not token_matches(token, stored):
+        raise NotAuthenticated(WORKER_REFUSAL)
 
 
 def is_admin(*, token: str, admin_token_sha256: str) -> bool:
@@ -176,8 +178,6 @@ def submitter_ids_program(tokens: list[str], dialect: str) -> Program[list[str |
 def revoke_api_key(*, db_session: Session, key_or_id: str, actor: str) -> ApiKey:
     """Refuse this key from now on (its id, or the whole key); idempotent. Browser sessions
     signed in with it end at their next request."""
-    from api.errors import NotFound
-
     key_id = token_id(key_or_id, "cbk") or key_or_id
     key = db_session.get(ApiKey, key_id) if re.fullmatch(r"[0-9a-f]{16}", key_id) else None
     if key is None:

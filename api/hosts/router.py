@@ -10,10 +10,10 @@ from api.deps import (
     BearerDep,
     CurrentSubmitter,
     CurrentWorker,
-    CurrentWorkerId,
     DatabaseDep,
     SessionDep,
     SettingsDep,
+    WorkerClaim,
 )
 from api.deps import bearer_token as _bearer_token
 from api.hosts import service
@@ -51,13 +51,15 @@ def register(body: RegisterRequest, db_session: SessionDep, credentials: BearerD
 
 @router.post("/workers/heartbeat", response_model=HeartbeatResponse)
 async def heartbeat(
-    body: HeartbeatRequest, db: DatabaseDep, settings: SettingsDep, host_id: CurrentWorkerId
+    body: HeartbeatRequest, db: DatabaseDep, settings: SettingsDep, worker: WorkerClaim
 ):
+    # The token is checked in the heartbeat's own first statement (no transaction of its own).
     cancel = await db.run(
         partial(
             run_service.heartbeat_program,
             settings=settings,
-            host_id=host_id,
+            host_id=worker.id,
+            token=worker.token,
             run_id=body.run_id,
             attempt=body.attempt,
             progress=body.progress.model_dump(mode="json") if body.progress else None,

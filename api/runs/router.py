@@ -7,7 +7,7 @@ from functools import partial
 from fastapi import APIRouter, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CurrentWorkerId, DatabaseDep, SettingsDep, WorkerClaim
+from api.deps import DatabaseDep, SettingsDep, WorkerClaim
 from api.routing import StrictJSONRoute
 from api.runs import service
 from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
@@ -53,16 +53,19 @@ async def claim_lease(
 
 
 @router.post("/runs/{run_id}/complete", response_model=CompleteResponse)
-async def complete(run_id: str, body: CompleteRequest, db: DatabaseDep, host_id: CurrentWorkerId):
+async def complete(run_id: str, body: CompleteRequest, db: DatabaseDep, worker: WorkerClaim):
     arguments = {
-        "host_id": host_id,
+        "host_id": worker.id,
         "run_id": run_id,
         "attempt": body.attempt,
         "status": body.status,
         "reason": body.reason,
         "manifest": body.manifest,
     }
-    written = await db.run(partial(service.complete_program, **arguments, dialect=db.dialect_name))
+    # The token is checked in the completion's own transaction, before it reads the run.
+    written = await db.run(
+        partial(service.complete_program, **arguments, dialect=db.dialect_name, token=worker.token)
+    )
     if isinstance(written, service.CompletionWritten):
         # Sending to Celery is blocking network I/O: not on the event loop.
         await run_in_threadpool(service.send_completion_tasks, written)

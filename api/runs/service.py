@@ -377,7 +377,7 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
                 and not auth_service.token_matches(request.token, row.secret_sha256)
             )
         ):
-            answers.append(NotAuthenticated("invalid worker token"))
+            answers.append(NotAuthenticated(auth_service.WORKER_REFUSAL))
             continue
         if request.host_id in claimers:
             # The same host twice in one group (an agent's retry): the first request claims.
@@ -812,6 +812,11 @@ _HOST_SEEN = (
     .where(_hosts.c.id == sa.bindparam("w_host", type_=_hosts.c.id.type))
     .values(last_heartbeat_at=sa.bindparam("w_now", type_=_WHEN))
 )
+# The heartbeat's authentication and its first write in one statement: the secret's digest
+# comes back only where the host exists and is not revoked, and a mismatch rolls it back.
+_HOST_SEEN_RETURNING_SECRET = _HOST_SEEN.where(_hosts.c.revoked_at.is_(None)).returning(
+    _hosts.c.secret_sha256
+)
 _RENEW = _held_by(sa.update(_runs)).values(lease_expires_at=sa.bindparam("w_expires", type_=_WHEN))
 _RENEW_WITH_PROGRESS = _held_by(sa.update(_runs)).values(
     lease_expires_at=sa.bindparam("w_expires", type_=_WHEN),
@@ -826,16 +831,25 @@ def heartbeat_program(
     run_id: str | None,
     attempt: int | None,
     progress: dict[str, Any] | None,
+    token: str | None = None,
 ) -> Program[bool]:
     """Record that the host is alive (and the run's progress); True when it should stop.
 
-    Two or three statements: the host's heartbeat time, then the lease renewed only where
-    the run is still leased to this host as this attempt; when it is not, why (not this
-    host's attempt: refused; cancelled with its job, or lost and requeued: stop working)."""
+    Two or three statements: the host's heartbeat time (with `token`, a request's bearer
+    token, checked against the host's secret in the same statement: NotAuthenticated, nothing
+    written, unless it matches), then the lease renewed only where the run is still leased to
+    this host as this attempt; when it is not, why (not this host's attempt: refused;
+    cancelled with its job, or lost and requeued: stop working)."""
     if run_id is not None and attempt is None:
         raise Invalid("heartbeat names a run_id without its attempt")
     now = utcnow()
-    yield Execute(_HOST_SEEN, {"w_host": host_id, "w_now": now})
+    seen = {"w_host": host_id, "w_now": now}
+    if token is None:
+        yield Execute(_HOST_SEEN, seen)
+    else:
+        stored = (yield Execute(_HOST_SEEN_RETURNING_SECRET, seen)).scalar()
+        if not auth_service.token_matches(token, stored):
+            raise NotAuthenticated(auth_service.WORKER_REFUSAL)
     if run_id is None:
         return False
     params: dict[str, Any] = {
@@ -1006,11 +1020,15 @@ def complete_program(
     reason: str | None,
     manifest: dict[str, Any],
     dialect: str,
+    token: str | None = None,
 ) -> Program[CompletionWritten | _Late]:
-    """Close the current attempt: one read of the run and the attempt, one of its uploads,
-    updates guarded by the run still being leased to this host as this attempt (on PostgreSQL
-    one statement: `_CLOSE_AND_RECORD`), the audit row and the job's state. `LATE` (nothing
+    """Close the current attempt: with `token` (the request's bearer token) first the host's
+    authentication, then one read of the run and the attempt, one of its uploads, updates
+    guarded by the run still being leased to this host as this attempt (on PostgreSQL one
+    statement: `_CLOSE_AND_RECORD`), the audit row and the job's state. `LATE` (nothing
     written) when the attempt is not current."""
+    if token is not None:
+        yield from auth_service.require_worker_program(token, host_id)
     found = (yield Execute(_RUN_AND_ATTEMPT, {"w_run": run_id, "w_attempt": attempt})).one_or_none()
     require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
     if not row_is_current(found, host_id, attempt):

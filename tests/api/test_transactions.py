@@ -123,19 +123,23 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
         )
         lease = claimed.lease
         assert lease is not None and lease.job_id == submitted.job.id
-        worker_id = await db.run(partial(auth_service.worker_id_program, secret))
-        assert worker_id == host.id
-        cancel = await db.run(
-            partial(
-                run_service.heartbeat_program,
-                settings=live.settings,
-                host_id=host.id,
-                run_id=lease.run_id,
-                attempt=lease.attempt,
-                progress=None,
-            )
+        # Heartbeat, upload and completion check the request's token in their own
+        # transaction: a wrong one is refused there, and writes nothing.
+        beat = partial(
+            run_service.heartbeat_program,
+            settings=live.settings,
+            host_id=host.id,
+            run_id=lease.run_id,
+            attempt=lease.attempt,
+            progress=None,
         )
-        assert cancel is False
+        seen = "select last_heartbeat_at from hosts where id = :h"
+        seen_before = live.scalar(seen, h=host.id)
+        with pytest.raises(NotAuthenticated):
+            await db.run(partial(beat, token=secret + "x"))
+        assert live.scalar(seen, h=host.id) == seen_before
+        assert await db.run(partial(beat, token=secret)) is False
+        assert live.scalar(seen, h=host.id) != seen_before
         files = {
             "records.jsonl": records_jsonl(lease.run_id),
             "provenance.json": provenance_json(lease.run_id),
@@ -143,32 +147,30 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
         upload = {"host_id": host.id, "run_id": lease.run_id, "attempt": lease.attempt}
         for name, content in files.items():
             blob = store.put_bytes(content)
-            assert (
-                await db.read(
-                    partial(
-                        artifact_service.upload_check_program,
-                        **upload,
-                        name=name,
-                        sha256=blob.sha256,
-                    )
-                )
-                is None
+            check = partial(
+                artifact_service.upload_check_program, **upload, name=name, sha256=blob.sha256
             )
+            with pytest.raises(NotAuthenticated):
+                await db.read(partial(check, token=secret + "x"))
+            assert await db.read(partial(check, token=secret)) is None
             for created in (True, False):  # the same upload again: the row already stored
                 row, was_created = await db.run(
                     partial(artifact_service.record_upload_program, **upload, name=name, blob=blob)
                 )
                 assert was_created is created and row.sha256 == blob.sha256
-        written = await db.run(
-            partial(
-                run_service.complete_program,
-                **upload,
-                status="succeeded",
-                reason=None,
-                manifest=manifest_for(files),
-                dialect=db.dialect_name,
-            )
+        complete = partial(
+            run_service.complete_program,
+            **upload,
+            status="succeeded",
+            reason=None,
+            manifest=manifest_for(files),
+            dialect=db.dialect_name,
         )
+        with pytest.raises(NotAuthenticated):
+            await db.run(partial(complete, token=secret + "x"))
+        run_state = "select state from runs where id = :r"
+        assert live.scalar(run_state, r=lease.run_id) == "leased"
+        written = await db.run(partial(complete, token=secret))
         assert isinstance(written, run_service.CompletionWritten)
         again = await db.run(
             partial(
@@ -220,9 +222,10 @@ def test_dropped_connections_are_replaced_and_the_program_runs_once_more(live_db
         host, secret = make_host(db_session, "async-3")
     starts: list[int] = []
 
-    def program() -> Program[str | None]:
+    def program() -> Program[str]:
         starts.append(1)
-        return (yield from auth_service.worker_id_program(secret))
+        yield from auth_service.require_worker_program(secret, host.id)
+        return host.id
 
     async def scenario() -> None:
         database = AsyncDatabase(make_async_engine(live_db), sessions)
