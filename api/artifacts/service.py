@@ -81,18 +81,24 @@ _UPLOAD_STATE = (
     )
     .where(_runs.c.id == sa.bindparam("w_run", type_=_runs.c.id.type))
 )
+_UPLOAD_STATE_AS_WORKER = auth_service.with_worker_secret(_UPLOAD_STATE)
 
 
 def upload_check_program(
     *, host_id: str, run_id: str, attempt: int, name: str, sha256: str, token: str | None = None
 ) -> Program[StoredArtifact | None]:
     """Refuse an upload before its bytes are read (with `token`, the request's bearer token,
-    first the host's authentication); returns the identical row if one exists."""
-    if token is not None:
-        yield from auth_service.require_worker_program(token, host_id)
-    found = (
-        yield Execute(_UPLOAD_STATE, {"w_run": run_id, "w_attempt": attempt, "w_name": name})
-    ).one_or_none()
+    checked in the same read: NotAuthenticated unless it is the host's secret); returns the
+    identical row if one exists."""
+    params = {"w_run": run_id, "w_attempt": attempt, "w_name": name}
+    if token is None:
+        found = (yield Execute(_UPLOAD_STATE, params)).one_or_none()
+    else:
+        found = auth_service.worker_row(
+            (yield Execute(_UPLOAD_STATE_AS_WORKER, {**params, "worker_id": host_id})),
+            token,
+            present="state",
+        )
     run_service.require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
     existing = (
         None if found.sha256 is None else StoredArtifact(name, found.sha256, int(found.bytes))

@@ -123,16 +123,28 @@ def token_matches(token: str, stored_sha256: str | None) -> bool:
     return stored_sha256 is not None and _matches(token, stored_sha256)
 
 
-def require_worker_program(token: str, worker_id: str) -> Program[None]:
-    """NotAuthenticated unless `token` is the secret of host `worker_id`, not revoked: the
-    first statement of the caller's own transaction (one connection and transaction per
-    request, not one more to authenticate it).
+def with_worker_secret(statement: sa.Select[Any]) -> sa.Select[Any]:
+    """`statement` (a read of one row at most) as exactly one row, with the secret digest of
+    host `worker_id` beside its columns (`worker_secret`; NULL when unknown or revoked): a
+    request's authentication and its first read in one round trip (`worker_row`)."""
+    found = statement.subquery("found")
+    one = sa.select(sa.literal_column("1").label("one")).subquery("one")
+    return sa.select(_WORKER_SECRET.scalar_subquery().label("worker_secret"), *found.c).select_from(
+        one.outerjoin(found, sa.true())
+    )
+
+
+def worker_row(result: sa.Result[Any], token: str, *, present: str) -> Any:
+    """The row of a `with_worker_secret` statement: NotAuthenticated unless `token` is the
+    host's secret; then the statement's own row, or None where it found none (its column
+    `present`, never NULL in a found row, is NULL).
 
     The same decision as `authenticate_worker` (the same digest compared in constant time,
     revocation read from the database on every request), without loading the host."""
-    stored = (yield Execute(_WORKER_SECRET, {"worker_id": worker_id})).scalar()
-    if not token_matches(token, stored):
+    row = result.one()
+    if not token_matches(token, row.worker_secret):
         raise NotAuthenticated(WORKER_REFUSAL)
+    return row if getattr(row, present) is not None else None
 
 
 def is_admin(*, token: str, admin_token_sha256: str) -> bool:

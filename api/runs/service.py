@@ -779,6 +779,7 @@ _RUN_AND_ATTEMPT = (
     )
     .where(_runs.c.id == sa.bindparam("w_run", type_=_runs.c.id.type))
 )
+_RUN_AND_ATTEMPT_AS_WORKER = auth_service.with_worker_secret(_RUN_AND_ATTEMPT)
 
 
 def require_holder(found: Any, *, host_id: str, run_id: str, attempt: int) -> None:
@@ -1022,14 +1023,20 @@ def complete_program(
     dialect: str,
     token: str | None = None,
 ) -> Program[CompletionWritten | _Late]:
-    """Close the current attempt: with `token` (the request's bearer token) first the host's
-    authentication, then one read of the run and the attempt, one of its uploads, updates
-    guarded by the run still being leased to this host as this attempt (on PostgreSQL one
-    statement: `_CLOSE_AND_RECORD`), the audit row and the job's state. `LATE` (nothing
-    written) when the attempt is not current."""
-    if token is not None:
-        yield from auth_service.require_worker_program(token, host_id)
-    found = (yield Execute(_RUN_AND_ATTEMPT, {"w_run": run_id, "w_attempt": attempt})).one_or_none()
+    """Close the current attempt: one read of the run and the attempt (with `token`, the
+    request's bearer token, checked in the same read: NotAuthenticated unless it is the
+    host's secret), one of its uploads, updates guarded by the run still being leased to this
+    host as this attempt (on PostgreSQL one statement: `_CLOSE_AND_RECORD`), the audit row
+    and the job's state. `LATE` (nothing written) when the attempt is not current."""
+    params = {"w_run": run_id, "w_attempt": attempt}
+    if token is None:
+        found = (yield Execute(_RUN_AND_ATTEMPT, params)).one_or_none()
+    else:
+        found = auth_service.worker_row(
+            (yield Execute(_RUN_AND_ATTEMPT_AS_WORKER, {**params, "worker_id": host_id})),
+            token,
+            present="state",
+        )
     require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
     if not row_is_current(found, host_id, attempt):
         return LATE

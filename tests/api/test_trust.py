@@ -226,6 +226,29 @@ def test_agent_routes_check_the_secret_and_revocation_on_every_request(
     assert [r.status_code for r in calls(secret)] == [401, 401, 401]
 
 
+def test_a_run_that_does_not_exist_is_named_only_to_its_caller_s_host(
+    client: TestClient, db_session: Session
+) -> None:
+    """Upload and complete read the run and check the token in one statement: a wrong token
+    is refused whether or not the run exists (nothing said about it), a right one hears 404."""
+    host, secret = make_host(db_session, "studio-1")
+    forged = f"cbw_{host.id}_" + "A" * 43
+    missing = "0" * 16
+
+    def calls(token: str) -> list[int]:
+        return [
+            upload(client, token, missing, "records.jsonl", b"x").status_code,
+            client.post(
+                f"/api/v1/runs/{missing}/complete",
+                json={"attempt": 1, "status": "failed", "reason": "OOM", "manifest": {"files": {}}},
+                headers=bearer(token),
+            ).status_code,
+        ]
+
+    assert calls(forged) == [401, 401]
+    assert calls(secret) == [404, 404]
+
+
 def test_revoked_api_key_gets_401(
     client: TestClient, db_session: Session, settings: Settings
 ) -> None:
