@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api import dispatch
 from api.artifacts.router import router as artifacts_router
 from api.artifacts.service import total_artifact_bytes
 from api.artifacts.store import open_store
@@ -133,6 +134,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        # Before the first request: the first completion would otherwise pay for it.
+        dispatch.prepare()
         # An upload cut by a kill of this server (or a replica) left its spool file.
         swept = app.state.store.sweep_temporary(older_than_s=settings.upload_tmp_max_age_s)
         if swept:
