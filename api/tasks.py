@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 
 import sqlalchemy as sa
+from celery.signals import worker_init
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,6 +24,7 @@ from api.runs import ingest
 from api.runs import service as run_service
 from api.runs.models import Run
 from api.settings import Settings, get_settings
+from evidence import report
 from evidence.protocol import JobState
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,14 @@ def _settings() -> Settings:
 @lru_cache
 def _store() -> ArtifactStore:
     return open_store(get_settings())
+
+
+@worker_init.connect
+def _prepare_reports(**_: object) -> None:
+    """A worker builds what every report reuses when it starts (before a prefork pool forks
+    its children, which inherit it), not in the first job it analyses: that first job's
+    report, at the moment the first agents complete, cost 0.6 s more CPU than the next."""
+    report.prepare()
 
 
 @celery_app.task(name="coldbench.ingest_run", **TASK_OPTIONS)

@@ -72,6 +72,15 @@ def _environment() -> jinja2.Environment:
     )
 
 
+def prepare() -> None:
+    """Build now what every report reuses (plotly's template, plotly.js ready to inline, the
+    templates' environment): about 0.6 s of CPU, most of it importing plotly's graph objects,
+    that a long-lived process (a Celery worker) pays at start instead of in its first report."""
+    _template()
+    _plotly_js_inline()
+    _environment()
+
+
 def _script_json(value: Any) -> str:
     """JSON safe inside <script>: no `</script>`, no HTML comment openers."""
     text = json.dumps(value, allow_nan=False, separators=(",", ":"))

@@ -197,3 +197,18 @@ def test_worker_killed_mid_ingest_redelivers_without_duplicates(pipeline: Pipeli
             )
         ).all()
     assert len(rows) == 10 and len({row.line for row in rows}) == 10
+
+
+def test_a_starting_worker_builds_what_every_report_reuses() -> None:
+    """Celery's worker_init (sent before a prefork pool forks) prepares the report's plotly
+    template, inlined plotly.js and templates, so the first job's analysis does not pay it."""
+    from celery.signals import worker_init
+
+    import api.tasks  # noqa: F401 (connects the signal's receivers)
+    from evidence import report
+
+    cached = (report._template, report._plotly_js_inline, report._environment)
+    for function in cached:
+        function.cache_clear()
+    worker_init.send(sender=None)
+    assert [function.cache_info().currsize for function in cached] == [1, 1, 1]
