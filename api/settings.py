@@ -63,9 +63,10 @@ class Settings(BaseSettings):
     # and every connection is a server process that parses and plans each statement again on
     # its first use (asyncpg's prepared statements are per connection). Measured under
     # benchmarks/service_load.py (50 agents, 2 cores, docs/RELIABILITY.md): with 32 async
-    # connections and 10 more at peaks, 51 were opened during the load and each prepared
-    # every statement anew, about 750 preparations in the first seconds, lease p99 177 to
-    # 235 ms; with 6 and none more, 15 opened and the lease p99 fell to 83 to 105 ms.
+    # connections and 10 more at peaks, 51 were opened during the load and 749 statements
+    # prepared in it, most in its first seconds, where the event loop fell 15 to 23 ms behind
+    # at the median; with 6 and none more, 15 were opened, and side by side the lease p99 was
+    # lower in 5 runs of 6 (medians 108 and 165 ms).
     db_async_pool_size: int = Field(6, ge=1)
     db_sync_pool_size: int = Field(8, ge=1)
 
