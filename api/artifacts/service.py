@@ -90,15 +90,14 @@ def upload_check_program(
     """Refuse an upload before its bytes are read (with `token`, the request's bearer token,
     checked in the same read: NotAuthenticated unless it is the host's secret); returns the
     identical row if one exists."""
-    params = {"w_run": run_id, "w_attempt": attempt, "w_name": name}
-    if token is None:
-        found = (yield Execute(_UPLOAD_STATE, params)).one_or_none()
-    else:
-        found = auth_service.worker_row(
-            (yield Execute(_UPLOAD_STATE_AS_WORKER, {**params, "worker_id": host_id})),
-            token,
-            present="state",
-        )
+    found = yield from auth_service.read_for_worker_program(
+        _UPLOAD_STATE,
+        _UPLOAD_STATE_AS_WORKER,
+        {"w_run": run_id, "w_attempt": attempt, "w_name": name},
+        worker_id=host_id,
+        token=token,
+        present="state",
+    )
     run_service.require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
     existing = (
         None if found.sha256 is None else StoredArtifact(name, found.sha256, int(found.bytes))

@@ -126,7 +126,7 @@ def token_matches(token: str, stored_sha256: str | None) -> bool:
 def with_worker_secret(statement: sa.Select[Any]) -> sa.Select[Any]:
     """`statement` (a read of one row at most) as exactly one row, with the secret digest of
     host `worker_id` beside its columns (`worker_secret`; NULL when unknown or revoked): a
-    request's authentication and its first read in one round trip (`worker_row`)."""
+    request's authentication and its first read in one round trip (`read_for_worker_program`)."""
     found = statement.subquery("found")
     one = sa.select(sa.literal_column("1").label("one")).subquery("one")
     return sa.select(_WORKER_SECRET.scalar_subquery().label("worker_secret"), *found.c).select_from(
@@ -134,14 +134,25 @@ def with_worker_secret(statement: sa.Select[Any]) -> sa.Select[Any]:
     )
 
 
-def worker_row(result: sa.Result[Any], token: str, *, present: str) -> Any:
-    """The row of a `with_worker_secret` statement: NotAuthenticated unless `token` is the
-    host's secret; then the statement's own row, or None where it found none (its column
-    `present`, never NULL in a found row, is NULL).
+def read_for_worker_program(
+    statement: sa.Select[Any],
+    as_worker: sa.Select[Any],
+    params: dict[str, Any],
+    *,
+    worker_id: str,
+    token: str | None,
+    present: str,
+) -> Program[Any]:
+    """`statement`'s row, or None, read for host `worker_id`. With `token` (a request's bearer
+    token) it is read by `as_worker` (`with_worker_secret(statement)`): NotAuthenticated unless
+    the token is the host's secret, whether or not a row was found (which shows in its column
+    `present`, never NULL in a found row). Without, the caller authenticated the host.
 
     The same decision as `authenticate_worker` (the same digest compared in constant time,
     revocation read from the database on every request), without loading the host."""
-    row = result.one()
+    if token is None:
+        return (yield Execute(statement, params)).one_or_none()
+    row = (yield Execute(as_worker, {**params, "worker_id": worker_id})).one()
     if not token_matches(token, row.worker_secret):
         raise NotAuthenticated(WORKER_REFUSAL)
     return row if getattr(row, present) is not None else None

@@ -1028,15 +1028,14 @@ def complete_program(
     host's secret), one of its uploads, updates guarded by the run still being leased to this
     host as this attempt (on PostgreSQL one statement: `_CLOSE_AND_RECORD`), the audit row
     and the job's state. `LATE` (nothing written) when the attempt is not current."""
-    params = {"w_run": run_id, "w_attempt": attempt}
-    if token is None:
-        found = (yield Execute(_RUN_AND_ATTEMPT, params)).one_or_none()
-    else:
-        found = auth_service.worker_row(
-            (yield Execute(_RUN_AND_ATTEMPT_AS_WORKER, {**params, "worker_id": host_id})),
-            token,
-            present="state",
-        )
+    found = yield from auth_service.read_for_worker_program(
+        _RUN_AND_ATTEMPT,
+        _RUN_AND_ATTEMPT_AS_WORKER,
+        {"w_run": run_id, "w_attempt": attempt},
+        worker_id=host_id,
+        token=token,
+        present="state",
+    )
     require_holder(found, host_id=host_id, run_id=run_id, attempt=attempt)
     if not row_is_current(found, host_id, attempt):
         return LATE
