@@ -7,7 +7,10 @@ every round; its ratios are mid / lo and hi / lo with their 95% intervals. The s
   the change is not a single step between them;
 - `mid` like `hi` (its interval excludes 1 on the `direction` side and overlaps hi's): the
   change is in (lo, mid] -> `lower`;
-- `mid` like `lo` (its interval includes 1 and does not overlap hi's): in (mid, hi] -> `upper`;
+- `mid` like `lo` (not `direction`: its interval includes 1, or excludes it on the other side,
+  and does not overlap hi's): in (mid, hi] -> `upper`. As in `git bisect`, "good" means "not
+  bad": a mid established the other way (faster while the search is for slower) shows nothing
+  `direction` happened by mid, and on a noisy host identical code can read so;
 - anything else (between the two, or overlapping both): not a single step, or too noisy to
   tell -> stop and say so;
 - with no `mid` (lo and hi are neighbours) the first `direction` commit is `hi`, its parent
@@ -70,13 +73,13 @@ def decide_step(
     like_hi = _excludes_one(mid_interval, direction) and intervals_overlap(
         mid_interval, hi_interval
     )
-    like_lo = mid_interval[0] <= 1 <= mid_interval[1] and not intervals_overlap(
+    like_lo = not _excludes_one(mid_interval, direction) and not intervals_overlap(
         mid_interval, hi_interval
     )
     if like_hi:
         return "lower", f"mid is {direction} like hi ({_fmt(mid_interval)})"
     if like_lo:
-        return "upper", f"mid is like lo ({_fmt(mid_interval)} includes 1)"
+        return "upper", f"mid is like lo ({_fmt(mid_interval)} is not {direction})"
     return "not a single step", (
         f"mid's interval {_fmt(mid_interval)} lies between or overlaps both lo (1) and hi "
         f"({_fmt(hi_interval)}): the change is not a single step, or too noisy to tell"
