@@ -37,6 +37,7 @@ from api.hosts.router import router as hosts_router
 from api.jobs.router import router as jobs_router
 from api.pages.router import router as pages_router
 from api.pages.templates import web_dir
+from api.rehearsal import rehearse
 from api.routing import BodyLimitMiddleware, StrictJSONRoute, finite_or_text
 from api.runs import service as run_service
 from api.runs.models import Run
@@ -136,6 +137,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         # Before the first request: the first completion would otherwise pay for it.
         dispatch.prepare()
+        if settings.rehearse_at_start:
+            await rehearse(app.state.database, settings)
         # An upload cut by a kill of this server (or a replica) left its spool file.
         swept = app.state.store.sweep_temporary(older_than_s=settings.upload_tmp_max_age_s)
         if swept:

@@ -85,9 +85,10 @@ def make_sessionmaker(engine: sa.Engine) -> sessionmaker[Session]:
 
 
 def upgrade_database(url: str) -> None:
-    """`alembic upgrade head` on url (the embedded default runs this at start)."""
+    """`alembic upgrade head` on url (the embedded default runs this at start), leaving the
+    process's logging as it is."""
     from alembic import command
 
     from api.migration import alembic_config
 
-    command.upgrade(alembic_config(url), "head")
+    command.upgrade(alembic_config(url, configure_logger=False), "head")

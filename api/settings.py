@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     # lower in 5 runs of 6 (medians 108 and 165 ms).
     db_async_pool_size: int = Field(6, ge=1)
     db_sync_pool_size: int = Field(8, ge=1)
+    # Before its first request the server runs one agent cycle's transactions on each async
+    # connection and rolls them back, so that no request pays for compiling and preparing
+    # statements (api/rehearsal.py). Off only where many short-lived apps start (tests).
+    rehearse_at_start: bool = True
 
     lease_ttl_s: int = Field(60, ge=1)
     lease_wait_max_s: int = Field(25, ge=0)

@@ -313,6 +313,22 @@ class AsyncDatabase:
         except StopIteration as done:
             return done.value, announce
 
+    async def rehearse(self, make_program: Callable[[], Program[T]], connections: int) -> list[T]:
+        """Run a program on `connections` distinct connections of the pool, each in a
+        transaction that is rolled back (api/rehearsal.py): the first alone, so that each
+        statement is compiled once, then the others at once. Their answers, in order."""
+        held = [await self.engine.connect() for _ in range(connections)]
+        try:
+            first, _ = await self._drive(held[0], make_program())
+            rest = await asyncio.gather(
+                *(self._drive(connection, make_program()) for connection in held[1:])
+            )
+            return [first, *(value for value, _ in rest)]
+        finally:
+            for connection in held:
+                await connection.rollback()
+                await connection.close()
+
     async def run_with_session(self, work: Callable[[Session], T]) -> T:
         def in_thread() -> T:
             with self.sessions() as db_session:

@@ -95,6 +95,9 @@ def settings(db_url: str, tmp_path: Path) -> Settings:
         artifact_dir=tmp_path / "artifacts",
         state_dir=tmp_path / "state",
         max_artifact_bytes=64 * 1024,
+        # Its programs run on the test's rolled-back session: nothing to rehearse
+        # (tests/api/test_rehearsal.py tests the rehearsal).
+        rehearse_at_start=False,
     )
 
 
