@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,7 @@ async def rehearse(database: AsyncDatabase, settings: Settings) -> Rehearsed | N
     """Rehearse an agent cycle on each of the async pool's connections, rolled back; None
     (logged) when it failed: the server still starts, and its first requests pay as before."""
     connections = 1 if database.dialect_name == "sqlite" else settings.db_async_pool_size
+    started = time.perf_counter()
     try:
         outcomes = await database.rehearse(
             lambda: agent_cycle_program(settings, database.dialect_name), connections
@@ -160,5 +162,10 @@ async def rehearse(database: AsyncDatabase, settings: Settings) -> Rehearsed | N
         log.warning("the start-up rehearsal failed; serving without it", exc_info=True)
         return None
     reached = outcomes[0]
-    log.info("rehearsed an agent cycle on %d connections: %s", connections, reached.reached)
+    log.info(
+        "rehearsed an agent cycle on %d connections in %.0f ms: %s",
+        connections,
+        (time.perf_counter() - started) * 1000,
+        reached.reached,
+    )
     return reached

@@ -256,4 +256,5 @@ def test_the_server_rehearses_at_start_unless_told_not_to(
             TestClient(create_app(settings)),
         ):
             pass
-        assert ("rehearsed an agent cycle on 1 connections: completed" in caplog.text) is said
+        said_it = "rehearsed an agent cycle on 1 connections in " in caplog.text
+        assert said_it is said and (": completed" in caplog.text) is said
