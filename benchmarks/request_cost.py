@@ -17,8 +17,7 @@ first request of each kind (what a fresh server pays once: compiling and prepari
 unless it rehearsed them at start, api/rehearsal.py), the database round trips per request
 (statements, BEGIN, COMMIT: a count, the same on any machine, where the CPU figures vary with
 how busy it is) and, with `--profile KIND`, that kind's costliest functions under cProfile
-(which slows everything
-about twofold: read its shares, not its times).
+(which slows everything about twofold: read its shares, not its times).
 
     PYTHONPATH=. python benchmarks/request_cost.py --requests 200
     PYTHONPATH=. python benchmarks/request_cost.py --requests 200 --profile lease
