@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from api.errors import Invalid, StoreFull, TooLarge
 from evidence.canonical import sha256_file, sha256_hex
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK_BYTES = 1 << 20
+# An upload is held in memory until this much is pending, then written to its temporary file.
+SPILL_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -47,31 +49,60 @@ class StoredBlob:
 
 
 class _Spool:
-    """A temporary file that hashes and counts what is written, refusing past max_bytes."""
+    """An upload on its way to a temporary file: hashed and counted as it arrives (refused past
+    max_bytes), kept in memory until `SPILL_BYTES` are pending, written to the file by `spill`.
+
+    `add` is all the event loop does per chunk; `spill` (creating the file on its first call)
+    and publishing run in a worker thread. Measured with py-spy under
+    benchmarks/service_load.py (50 agents, docs/RELIABILITY.md): creating the temporary file
+    on the event loop (`mkstemp` in a folder where other uploads are renamed and fsynced at the
+    same time) was 12% of the loop thread's busy time. A body smaller than `SPILL_BYTES` (an
+    agent's records and provenance, typically) reaches the disk in one write, in the same
+    thread call that fsyncs and publishes it, and one whose digest does not match never does.
+    """
 
     def __init__(self, tmp_dir: Path, max_bytes: int) -> None:
         self.digest = hashlib.sha256()
         self.size = 0
         self.max_bytes = max_bytes
-        fd, name = tempfile.mkstemp(dir=tmp_dir, prefix="upload-")
-        self.path = Path(name)
-        self.handle = os.fdopen(fd, "wb")
+        self.tmp_dir = tmp_dir
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self.path: Path | None = None
+        self.handle: BinaryIO | None = None
 
-    def write(self, chunk: bytes) -> None:
+    def add(self, chunk: bytes) -> bool:
+        """Take a chunk; True when enough is pending to `spill`."""
         self.size += len(chunk)
         if self.size > self.max_bytes:
             raise TooLarge(f"artifact exceeds the limit of {self.max_bytes} bytes")
         self.digest.update(chunk)
+        self.pending.append(chunk)
+        self.pending_bytes += len(chunk)
+        return self.pending_bytes >= SPILL_BYTES
+
+    def spill(self) -> None:
+        """Write what is pending to the temporary file (blocking: not on the event loop)."""
         try:
-            self.handle.write(chunk)
+            if self.handle is None:
+                self.tmp_dir.mkdir(parents=True, exist_ok=True)
+                fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix="upload-")
+                self.path = Path(name)
+                self.handle = os.fdopen(fd, "wb")
+            self.handle.writelines(self.pending)
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFull("the artifact store is full; nothing stored") from None
             raise
+        self.pending.clear()
+        self.pending_bytes = 0
 
     def discard(self) -> None:
-        self.handle.close()
-        self.path.unlink(missing_ok=True)
+        self.pending.clear()
+        if self.handle is not None:
+            self.handle.close()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
 
 def storage_path(sha256: str) -> str:
@@ -107,11 +138,8 @@ class ArtifactStore(ABC):
 
     # -- shared: spooling, digest check, verification --
 
-    def _open_spool(self, max_bytes: int) -> _Spool:
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
-        return _Spool(self.spool_dir, max_bytes)
-
     def _commit(self, spool: _Spool, expected_sha256: str | None) -> StoredBlob:
+        """Check the digest, write what is pending, fsync and publish (blocking)."""
         actual = spool.digest.hexdigest()
         try:
             if expected_sha256 is not None and not hmac.compare_digest(actual, expected_sha256):
@@ -119,6 +147,8 @@ class ArtifactStore(ABC):
                     f"X-Content-SHA256 {expected_sha256} does not match the body's sha256 "
                     f"{actual}; nothing stored"
                 )
+            spool.spill()
+            assert spool.handle is not None
             spool.handle.flush()
             os.fsync(spool.handle.fileno())
             spool.handle.close()
@@ -133,24 +163,26 @@ class ArtifactStore(ABC):
         self, chunks: AsyncIterator[bytes], *, expected_sha256: str, max_bytes: int
     ) -> StoredBlob:
         """Store a request body; TooLarge, Invalid (digest mismatch) or StoreFull store
-        nothing."""
-        spool = self._open_spool(max_bytes)
+        nothing. The file work (creating, writing, fsync, publishing to a folder or a remote
+        store) runs in worker threads, never on the event loop."""
+        spool = _Spool(self.spool_dir, max_bytes)
         try:
             async for chunk in chunks:
-                spool.write(chunk)
+                if spool.add(chunk):
+                    await asyncio.to_thread(spool.spill)
         except BaseException:
-            spool.discard()
+            await asyncio.to_thread(spool.discard)
             raise
-        # Publishing may fsync or upload to a remote store: not on the event loop.
         return await asyncio.to_thread(self._commit, spool, expected_sha256)
 
     def put_chunks(
         self, chunks: Iterable[bytes], *, expected_sha256: str | None = None, max_bytes: int
     ) -> StoredBlob:
-        spool = self._open_spool(max_bytes)
+        spool = _Spool(self.spool_dir, max_bytes)
         try:
             for chunk in chunks:
-                spool.write(chunk)
+                if spool.add(chunk):
+                    spool.spill()
         except BaseException:
             spool.discard()
             raise
@@ -225,6 +257,7 @@ class LocalArtifactStore(ArtifactStore):
     def _publish(self, spool: _Spool, sha256: str) -> None:
         target = self.path(sha256)
         target.parent.mkdir(parents=True, exist_ok=True)
+        assert spool.path is not None  # written and closed by _commit
         os.replace(spool.path, target)
         directory = os.open(target.parent, os.O_RDONLY)
         try:
@@ -286,6 +319,7 @@ class S3ArtifactStore(ArtifactStore):
         from botocore.exceptions import ClientError
 
         try:
+            assert spool.path is not None  # written and closed by _commit
             with open(spool.path, "rb") as body:
                 self.client.put_object(
                     Bucket=self.bucket,

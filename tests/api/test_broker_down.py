@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api import dispatch
-from api.artifacts.store import LocalArtifactStore
+from api.artifacts.store import SPILL_BYTES, LocalArtifactStore
 from api.celery_app import make_celery
 from api.runs import ingest
 from api.runs.models import Run
@@ -86,9 +86,9 @@ def test_upload_cut_by_a_killed_server_is_swept(tmp_path: Path) -> None:
     # A real process streams an upload into the store and is killed mid-body.
     script = (
         "import sys, time\n"
-        "from api.artifacts.store import LocalArtifactStore\n"
+        "from api.artifacts.store import SPILL_BYTES, LocalArtifactStore\n"
         "def chunks():\n"
-        "    yield b'x' * 65536\n"
+        "    yield b'x' * SPILL_BYTES\n"
         "    print('streaming', flush=True)\n"
         "    time.sleep(60)\n"
         "    yield b'y'\n"
@@ -104,7 +104,7 @@ def test_upload_cut_by_a_killed_server_is_swept(tmp_path: Path) -> None:
         child.wait(10)
     store = LocalArtifactStore(root)
     (left,) = list(store.tmp_dir.iterdir())
-    assert left.stat().st_size == 65536
+    assert left.stat().st_size == SPILL_BYTES  # held in memory until then, then written
     in_flight = store.tmp_dir / "upload-in-flight"
     in_flight.write_bytes(b"another upload, still streaming")
     assert store.sweep_temporary(older_than_s=3600) == []  # both too young to be abandoned

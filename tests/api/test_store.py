@@ -4,12 +4,20 @@ process) keep the same content addressing, digest checks and refusals."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from api.artifacts.store import ArtifactStore, LocalArtifactStore, S3ArtifactStore, open_store
+from api.artifacts.store import (
+    SPILL_BYTES,
+    ArtifactStore,
+    LocalArtifactStore,
+    S3ArtifactStore,
+    _Spool,
+    open_store,
+)
 from api.errors import Invalid, StoreFull, TooLarge
 from api.settings import Settings
 from evidence.canonical import sha256_hex
@@ -72,6 +80,49 @@ def test_mismatch_and_oversize_store_nothing(store: tuple[ArtifactStore, Setting
         )
     assert not blobs.exists(wrong) and not blobs.exists(sha256_hex(data))
     assert _leftovers(blobs) == []
+
+
+def test_a_body_reaches_the_disk_only_in_worker_threads_and_past_spill_bytes(
+    store: tuple[ArtifactStore, Settings],
+) -> None:
+    """A small body stays in memory until its digest is checked (a mismatch never touches the
+    disk); a large one is written each SPILL_BYTES, never by the event loop's thread."""
+    blobs, _ = store
+    seen: list[int] = []  # spool files after each chunk
+    spilled_on_loop: set[bool] = set()
+
+    async def watched(*parts: bytes) -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+            seen.append(len(_leftovers(blobs)))
+
+    real_spill = _Spool.spill
+
+    def spill(self: _Spool) -> None:
+        # asyncio.run runs the event loop on this (the main) thread
+        spilled_on_loop.add(threading.main_thread().ident == threading.get_ident())
+        real_spill(self)
+
+    small = b"records\n" * 100
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_Spool, "spill", spill)
+        with pytest.raises(Invalid):
+            asyncio.run(
+                blobs.put_stream(
+                    watched(small), expected_sha256=sha256_hex(b"x"), max_bytes=1 << 30
+                )
+            )
+        assert seen == [0] and _leftovers(blobs) == []
+        seen.clear()
+        big = bytes(range(256)) * (3 * SPILL_BYTES // 256 + 7)
+        parts = [big[i : i + SPILL_BYTES // 2] for i in range(0, len(big), SPILL_BYTES // 2)]
+        stored = asyncio.run(
+            blobs.put_stream(watched(*parts), expected_sha256=sha256_hex(big), max_bytes=1 << 30)
+        )
+    # Nothing on disk after the first half, one file from the second half on.
+    assert seen == [0] + [1] * (len(parts) - 1)
+    assert spilled_on_loop == {False}
+    assert blobs.read_bytes(stored.sha256) == big and _leftovers(blobs) == []
 
 
 def test_altered_blob_is_reported(store: tuple[ArtifactStore, Settings], tmp_path: Path) -> None:
