@@ -172,7 +172,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.database = AsyncDatabase(async_engine, app.state.sessionmaker)
+    app.state.database = AsyncDatabase(
+        async_engine, app.state.sessionmaker, bulk_max=settings.db_bulk_transactions_max
+    )
     app.state.store = open_store(settings)
     app.state.work_signal = work_signal
 

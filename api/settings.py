@@ -73,6 +73,13 @@ class Settings(BaseSettings):
     # connection and rolls them back, so that no request pays for compiling and preparing
     # statements (api/rehearsal.py). Off only where many short-lived apps start (tests).
     rehearse_at_start: bool = True
+    # Transactions of uploads and completions at once per API process (0: no limit); the
+    # others wait for a turn, parked off the event loop's ready queue, and never hold more of
+    # the async pool than this, so a lease claim (or a heartbeat, a submission) neither waits
+    # for a connection behind them nor behind their statements on the loop. Measured under
+    # benchmarks/service_load.py (50 agents, docs/RELIABILITY.md): with 2, lease p99 lower in
+    # 4 alternating pairs of 4 against no limit, leases and uploads per second unchanged.
+    db_bulk_transactions_max: int = Field(2, ge=0)
 
     lease_ttl_s: int = Field(60, ge=1)
     lease_wait_max_s: int = Field(25, ge=0)

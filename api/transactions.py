@@ -156,11 +156,12 @@ class Database(Protocol):
 
     dialect_name: str
 
-    async def run(self, make_program: Callable[[], Program[T]]) -> T:
-        """One transaction: the program's statements, then commit."""
+    async def run(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
+        """One transaction: the program's statements, then commit. `bulk`: a transaction of
+        an upload or a completion, which take turns (`AsyncDatabase`)."""
         ...
 
-    async def read(self, make_program: Callable[[], Program[T]]) -> T:
+    async def read(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
         """A program that only reads, and needs no snapshot across its statements (one
         query: authentication): without a transaction where the engine allows it."""
         ...
@@ -245,19 +246,32 @@ class _Group(Generic[Item, T]):
 class AsyncDatabase:
     """The API process's async engine: one connection per transaction, on the event loop."""
 
-    def __init__(self, engine: AsyncEngine, sessions: sessionmaker[Session]) -> None:
+    def __init__(
+        self, engine: AsyncEngine, sessions: sessionmaker[Session], *, bulk_max: int = 0
+    ) -> None:
         self.engine = engine
+        # Bulk transactions (uploads', completions') at once; the others wait for a turn
+        # (Settings.db_bulk_transactions_max says why). 0: no limit.
+        self._bulk_turns = asyncio.Semaphore(bulk_max) if bulk_max else None
         self._groups: dict[Callable[..., Any], _Group[Any, Any]] = {}
         # The same pool without BEGIN and COMMIT: two round trips fewer for a lone read.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.sessions = sessions
         self.dialect_name = engine.dialect.name
 
-    async def run(self, make_program: Callable[[], Program[T]]) -> T:
-        return await self._run(self.engine, make_program)
+    async def run(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
+        return await self._turn(self.engine, make_program, bulk)
 
-    async def read(self, make_program: Callable[[], Program[T]]) -> T:
-        return await self._run(self._autocommit, make_program)
+    async def read(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
+        return await self._turn(self._autocommit, make_program, bulk)
+
+    async def _turn(
+        self, engine: AsyncEngine, make_program: Callable[[], Program[T]], bulk: bool
+    ) -> T:
+        if not bulk or self._bulk_turns is None:
+            return await self._run(engine, make_program)
+        async with self._bulk_turns:
+            return await self._run(engine, make_program)
 
     async def run_grouped(self, make_program: GroupProgram[Item, T], item: Item) -> T:
         group = self._groups.get(make_program)
@@ -345,14 +359,14 @@ class SessionDatabase:
         self.db_session = db_session
         self.dialect_name = db_session.get_bind().dialect.name
 
-    async def run(self, make_program: Callable[[], Program[T]]) -> T:
+    async def run(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
         try:
             return run_in_session(self.db_session, make_program())
         finally:
             # Objects the caller holds in this session read what the program wrote.
             self.db_session.expire_all()
 
-    async def read(self, make_program: Callable[[], Program[T]]) -> T:
+    async def read(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
         return await self.run(make_program)
 
     async def run_grouped(self, make_program: GroupProgram[Item, T], item: Item) -> T:

@@ -45,17 +45,18 @@ async def upload_artifact(
     upload = {"host_id": worker.id, "run_id": run_id, "attempt": attempt, "name": name}
     # The token is checked by the same read that checks the upload, before the body is read.
     await db.read(
-        partial(service.upload_check_program, **upload, sha256=sha256, token=worker.token)
+        partial(service.upload_check_program, **upload, sha256=sha256, token=worker.token),
+        bulk=True,
     )
     blob = await store.put_stream(
         request.stream(), expected_sha256=sha256, max_bytes=settings.max_artifact_bytes
     )
     record = partial(service.record_upload_program, **upload, blob=blob)
     try:
-        row, created = await db.run(record)
+        row, created = await db.run(record, bulk=True)
     except IntegrityError:
         # A concurrent upload of the same name won the race; same answer as a repeat.
-        row, created = await db.run(record)
+        row, created = await db.run(record, bulk=True)
     if not created:
         response.status_code = status.HTTP_200_OK
     return ArtifactReceipt(

@@ -64,7 +64,8 @@ async def complete(run_id: str, body: CompleteRequest, db: DatabaseDep, worker: 
     }
     # The token is checked in the completion's own transaction, before it reads the run.
     written = await db.run(
-        partial(service.complete_program, **arguments, dialect=db.dialect_name, token=worker.token)
+        partial(service.complete_program, **arguments, dialect=db.dialect_name, token=worker.token),
+        bulk=True,
     )
     if isinstance(written, service.CompletionWritten):
         # Sending to Celery is blocking network I/O: not on the event loop.

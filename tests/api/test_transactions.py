@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -500,3 +501,34 @@ def test_requests_beyond_the_pool_wait_for_a_connection_and_open_no_more(
     assert (async_pool.size(), async_pool._max_overflow) == (2, 0)  # type: ignore[attr-defined]
     assert len(backends) == 12
     assert len(set(backends)) == 2
+
+
+def test_bulk_transactions_take_turns_and_others_pass_them(live_db: str) -> None:
+    """Uploads' and completions' transactions (`bulk=True`) run `bulk_max` at a time; the
+    others (claims, heartbeats, submissions) do not wait for them."""
+    spans: dict[str, tuple[float, float]] = {}
+
+    def timed(name: str) -> Program[None]:
+        started = time.perf_counter()
+        yield Execute(sa.text("SELECT pg_sleep(0.1)"))
+        spans[name] = (started, time.perf_counter())
+
+    async def scenario() -> None:
+        engine = make_async_engine(live_db, pool_size=4, max_overflow=0)
+        database = AsyncDatabase(engine, make_sessionmaker(make_engine(live_db)), bulk_max=1)
+        try:
+            await asyncio.gather(
+                *(database.run(partial(timed, f"bulk-{i}"), bulk=True) for i in range(3)),
+                database.read(partial(timed, "bulk-read"), bulk=True),
+                database.run(partial(timed, "claim")),
+            )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+    bulk = sorted(span for name, span in spans.items() if name.startswith("bulk"))
+    assert len(bulk) == 4
+    for (_, end), (start, _) in zip(bulk, bulk[1:], strict=False):
+        assert start >= end  # one at a time
+    # The other one ran beside the first, without waiting for the turns.
+    assert spans["claim"][0] < bulk[0][1] and spans["claim"][1] < bulk[2][0]
