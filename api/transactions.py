@@ -331,8 +331,10 @@ class AsyncDatabase:
         """Run a program on `connections` distinct connections of the pool, each in a
         transaction that is rolled back (api/rehearsal.py): the first alone, so that each
         statement is compiled once, then the others at once. Their answers, in order."""
-        held = [await self.engine.connect() for _ in range(connections)]
+        held: list[Any] = []
         try:
+            for _ in range(connections):  # all held at once: distinct connections
+                held.append(await self.engine.connect())
             first, _ = await self._drive(held[0], make_program())
             rest = await asyncio.gather(
                 *(self._drive(connection, make_program()) for connection in held[1:])
