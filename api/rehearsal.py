@@ -3,9 +3,9 @@
 Why: the first request of each kind paid for what every later one reuses. SQLAlchemy compiles
 a statement on its first execution (its cache is the engine's: once per process), and asyncpg
 prepares it on each connection the first time that connection runs it. Measured one request
-at a time on a fresh server (`benchmarks/request_cost.py`, PostgreSQL, this stack): the first
-submission took 51 ms of CPU and the next ones 4 to 7, the first lease claim 27 ms against 3 to
-5, the first completion 38 against 4 to 5, the first upload 13 against 2 to 4. Under load the
+at a time on a fresh server (`benchmarks/request_cost.py`, PostgreSQL, two runs): the first
+lease claim took 23 and 30 ms of CPU against 3 to 5 per claim, the first upload 8 and 13 against
+2 to 4, the first heartbeat 3 and 5 against 1 to 2. Under load the
 first times come together: the fifty agents' first leases, all at once on a new server, waited
 for one claim transaction that compiled and prepared everything, and were the slowest leases of
 the run (docs/RELIABILITY.md, "The server rehearses before it serves").
@@ -13,7 +13,7 @@ the run (docs/RELIABILITY.md, "The server rehearses before it serves").
 So before the server takes its first request, `rehearse` runs the statements of a whole agent
 cycle, as the requests run them (the same programs, the same parameters' shapes, tokens
 checked): an API key and a host of its own, a job submitted for a model no real host has, its
-run claimed by that host, a heartbeat, the two uploads' checks and rows, the completion. It
+run claimed by that host, two heartbeats, the two uploads' checks and rows, the completion. It
 runs on every connection of the async pool at once (the first alone, so each statement is
 compiled once) and each transaction is rolled back: nothing it wrote is ever seen by another
 transaction, and its `pg_notify` is never delivered (PostgreSQL sends a notification at commit).

@@ -95,7 +95,8 @@ def settings(db_url: str, tmp_path: Path) -> Settings:
         artifact_dir=tmp_path / "artifacts",
         state_dir=tmp_path / "state",
         max_artifact_bytes=64 * 1024,
-        # Its programs run on the test's rolled-back session: nothing to rehearse
+        # The client fixture runs every program on the test's rolled-back session; rehearsing
+        # on the app's own engine at each test's start would only cost time
         # (tests/api/test_rehearsal.py tests the rehearsal).
         rehearse_at_start=False,
     )
