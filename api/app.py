@@ -39,7 +39,7 @@ from api.pages.router import router as pages_router
 from api.pages.templates import web_dir
 from api.rehearsal import rehearse
 from api.routing import BodyLimitMiddleware, StrictJSONRoute, finite_or_text
-from api.runs import service as run_service
+from api.runs import expiry
 from api.runs.models import Run
 from api.runs.router import router as runs_router
 from api.runs.wakeup import WorkSignal, listen_for_work, register_local
@@ -145,7 +145,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.info("removed %d abandoned upload temporaries", len(swept))
         background = [
             asyncio.create_task(
-                run_service.sweep_leases(sessionmaker=app.state.sessionmaker, settings=settings)
+                expiry.sweep_leases(sessionmaker=app.state.sessionmaker, settings=settings)
             )
         ]
         if engine.dialect.name == "postgresql":

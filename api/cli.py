@@ -179,7 +179,7 @@ def admin_revoke(
 ) -> None:
     """Revoke a host (its secret gets 401, its leased run is queued again) or an API key."""
     from api.auth import service as auth_service
-    from api.hosts import service as host_service
+    from api.runs import expiry
     from api.settings import get_settings
 
     if what not in ("host", "apikey"):
@@ -192,7 +192,7 @@ def admin_revoke(
             )
             typer.echo(f"API key {key.id} ({key.name}) revoked", err=True)
             return
-        host, runs = host_service.revoke_host(
+        host, runs = expiry.revoke_host(
             db_session=db_session, settings=get_settings(), name_or_id=subject, actor="admin:cli"
         )
         requeued = f"; run(s) {', '.join(runs)} queued again" if runs else ""

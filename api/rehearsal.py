@@ -39,7 +39,8 @@ from api.auth.models import ApiKey
 from api.database import utcnow
 from api.hosts.models import Host
 from api.jobs import service as job_service
-from api.runs import service as run_service
+from api.runs import claim as run_claim
+from api.runs import completion, heartbeat
 from api.settings import Settings
 from api.transactions import AsyncDatabase, Execute, Program
 from evidence.protocol import RunState
@@ -99,16 +100,16 @@ def agent_cycle_program(settings: Settings, dialect: str) -> Program[Rehearsed]:
     (submitted,) = yield from job_service.submit_group_program([submission])
     if isinstance(submitted, Exception):
         raise submitted
-    claim = run_service.ClaimRequest(
+    claim = run_claim.ClaimRequest(
         host_id=host_id,
         # What an agent reports with each lease (worker/agent.py): on SQLite the host's row is
         # written with one statement per set of columns reported.
-        report=run_service.HostReport(fingerprint=fingerprint, repositories={}, models=[model]),
+        report=run_claim.HostReport(fingerprint=fingerprint, repositories={}, models=[model]),
         settings=settings,
         dialect=dialect,
         token=secret,
     )
-    (claimed,) = yield from run_service.claim_group_program([claim])
+    (claimed,) = yield from run_claim.claim_group_program([claim])
     if isinstance(claimed, Exception):
         raise claimed
     if claimed.lease is None:
@@ -117,7 +118,7 @@ def agent_cycle_program(settings: Settings, dialect: str) -> Program[Rehearsed]:
         return Rehearsed("claimed nothing")
     run_id, attempt = claimed.lease.run_id, claimed.lease.attempt
     for progress in (None, {"cells_done": 0, "cells": 2}):
-        yield from run_service.heartbeat_program(
+        yield from heartbeat.heartbeat_program(
             settings=settings,
             host_id=host_id,
             run_id=run_id,
@@ -133,7 +134,7 @@ def agent_cycle_program(settings: Settings, dialect: str) -> Program[Rehearsed]:
         blob = StoredBlob(sha256, len(content), f"rehearsal/{sha256}")
         yield from artifact_service.record_upload_program(**upload, blob=blob)
         files[name] = {"sha256": sha256, "bytes": len(content)}
-    written = yield from run_service.complete_program(
+    written = yield from completion.complete_program(
         host_id=host_id,
         run_id=run_id,
         attempt=attempt,
@@ -143,7 +144,7 @@ def agent_cycle_program(settings: Settings, dialect: str) -> Program[Rehearsed]:
         dialect=dialect,
         token=secret,
     )
-    if not isinstance(written, run_service.CompletionWritten):
+    if not isinstance(written, completion.CompletionWritten):
         return Rehearsed("completion refused as late")
     assert written.completed.state == RunState.COMPLETED
     return Rehearsed("completed")

@@ -20,8 +20,7 @@ from api.database import make_engine, make_sessionmaker
 from api.evidence import service as evidence_service
 from api.jobs import bisect
 from api.jobs.models import Job
-from api.runs import ingest
-from api.runs import service as run_service
+from api.runs import expiry, ingest
 from api.runs.models import Run
 from api.settings import Settings, get_settings
 from evidence import report
@@ -115,7 +114,7 @@ def render_evidence(job_id: str) -> None:
 def expire_leases() -> None:
     """Beat: requeue runs whose lease or hard timeout passed."""
     with _session() as db_session:
-        job_ids = run_service.expire_leases(db_session=db_session, settings=_settings())
+        job_ids = expiry.expire_leases(db_session=db_session, settings=_settings())
     for job_id in job_ids:
         dispatch.send_task("analyze_job", job_id)
 

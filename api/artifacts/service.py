@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.artifacts.models import Artifact
@@ -16,7 +15,7 @@ from api.auth import service as auth_service
 from api.errors import Conflict, Invalid
 from api.runs import service as run_service
 from api.runs.models import Run, RunAttempt
-from api.transactions import Execute, Program, run_in_session
+from api.transactions import Execute, Program
 
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -30,14 +29,6 @@ def validate_upload_request(name: str, sha256: str | None) -> str:
     if not SHA256_PATTERN.fullmatch(sha256):
         raise Invalid("X-Content-SHA256 must be 64 lowercase hex digits")
     return sha256
-
-
-def find_artifact(*, db_session: Session, run_id: str, attempt: int, name: str) -> Artifact | None:
-    return db_session.scalars(
-        sa.select(Artifact).where(
-            Artifact.run_id == run_id, Artifact.attempt == attempt, Artifact.name == name
-        )
-    ).one_or_none()
 
 
 @dataclass(frozen=True)
@@ -137,36 +128,6 @@ def record_upload_program(
         },
     )
     return StoredArtifact(name, blob.sha256, blob.bytes), True
-
-
-def check_upload(
-    *, db_session: Session, host_id: str, run_id: str, attempt: int, name: str, sha256: str
-) -> StoredArtifact | None:
-    """`upload_check_program` on a sync session (its read transaction ends: the body streams
-    next, holding no connection)."""
-    return run_in_session(
-        db_session,
-        upload_check_program(
-            host_id=host_id, run_id=run_id, attempt=attempt, name=name, sha256=sha256
-        ),
-    )
-
-
-def record_upload(
-    *, db_session: Session, host_id: str, run_id: str, attempt: int, name: str, blob: StoredBlob
-) -> tuple[StoredArtifact, bool]:
-    """`record_upload_program` on a sync session."""
-
-    def program() -> Program[tuple[StoredArtifact, bool]]:
-        return record_upload_program(
-            host_id=host_id, run_id=run_id, attempt=attempt, name=name, blob=blob
-        )
-
-    try:
-        return run_in_session(db_session, program())
-    except IntegrityError:
-        # A concurrent upload of the same name won the race; same answer as a repeat.
-        return run_in_session(db_session, program())
 
 
 def run_artifacts(*, db_session: Session, run_id: str, attempt: int) -> list[Artifact]:

@@ -18,6 +18,7 @@ from api.auth.schemas import (
 from api.deps import AdminKey, SessionDep, SettingsDep
 from api.hosts import service as host_service
 from api.routing import StrictJSONRoute
+from api.runs import expiry
 
 router = APIRouter(route_class=StrictJSONRoute, prefix="/admin", tags=["admin"])
 
@@ -55,7 +56,7 @@ def set_host_labels(host: str, body: LabelsRequest, db_session: SessionDep, _adm
 @router.post("/hosts/{host}/revoke", response_model=HostRevokedResponse)
 def revoke_host(host: str, db_session: SessionDep, settings: SettingsDep, _admin: AdminKey):
     """Refuse the host's secret from now on (401) and queue its leased run again."""
-    row, runs = host_service.revoke_host(
+    row, runs = expiry.revoke_host(
         db_session=db_session, settings=settings, name_or_id=host, actor="admin:http"
     )
     assert row.revoked_at is not None

@@ -16,10 +16,10 @@ from api.deps import (
     WorkerClaim,
 )
 from api.deps import bearer_token as _bearer_token
-from api.hosts import service
+from api.hosts import matching, service
 from api.hosts.schemas import HostOut
 from api.routing import StrictJSONRoute
-from api.runs import service as run_service
+from api.runs import heartbeat as run_heartbeat
 from evidence.protocol import (
     CalibrationAccepted,
     CalibrationReport,
@@ -56,7 +56,7 @@ async def heartbeat(
     # The token is checked in the heartbeat's own first statement (no transaction of its own).
     cancel = await db.run(
         partial(
-            run_service.heartbeat_program,
+            run_heartbeat.heartbeat_program,
             settings=settings,
             host_id=worker.id,
             token=worker.token,
@@ -82,7 +82,7 @@ def list_hosts(db_session: SessionDep, settings: SettingsDep, _submitter: Curren
             id=host.id,
             name=host.name,
             labels=host.labels,
-            auto_labels=service.auto_labels(host),
+            auto_labels=matching.auto_labels(host),
             repositories=host.repositories,
             models=host.models,
             fingerprint=host.fingerprint,

@@ -1,12 +1,15 @@
-"""Hosts: registration with an enrollment token, listing, and what a host can run."""
+"""Hosts: registration with an enrollment token, the admin's labels, listing and health.
+
+Whether a host may run a job is `api/hosts/matching.py` (pure); revoking a host requeues its
+run, so it lives with lease expiry (api/runs/expiry.py).
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -15,85 +18,16 @@ from sqlalchemy.orm import Session
 from api.auth import service as auth_service
 from api.database import utcnow
 from api.errors import Conflict, Invalid, NotAuthenticated, NotFound
+from api.hosts import matching
+from api.hosts.matching import HostView, is_automatic_label
 from api.hosts.models import Host
 from api.runs.models import Run
 from api.settings import Settings
 from api.transactions import Execute, Program
 from evidence.calibration import HostCalibration
 from evidence.protocol import RepositoryOffer, RunState
-from evidence.schemas import BUILTIN_CORPUS, JobSpec
-from evidence.variant import parse_feature
 
 log = logging.getLogger(__name__)
-
-
-class HostTraits(Protocol):
-    """What matching a job to a host reads: a Host, or the lean HostView of a submission."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def labels(self) -> list[str]: ...
-    @property
-    def fingerprint(self) -> dict[str, Any]: ...
-    @property
-    def repositories(self) -> dict[str, Any]: ...
-    @property
-    def models(self) -> list[str]: ...
-
-
-@dataclass(frozen=True)
-class HostView:
-    """The columns of a host that job matching reads (HostTraits), without the ORM object."""
-
-    name: str
-    labels: list[str]
-    fingerprint: dict[str, Any]
-    repositories: dict[str, Any]
-    models: list[str]
-
-
-@dataclass(frozen=True)
-class LeasingHost:
-    """A host as its lease request is judged (HostTraits, plus its id and health): read by the
-    claim's Core query of the hosts' rows (api/runs/service.py), never as an ORM object."""
-
-    id: str
-    name: str
-    labels: list[str]
-    fingerprint: dict[str, Any]
-    repositories: dict[str, Any]
-    models: list[str]
-    health: str
-
-
-def auto_labels(host: HostTraits) -> list[str]:
-    """Labels every host has without configuring them: its name, backend and OS."""
-    labels = [f"host:{host.name}"]
-    backend = host.fingerprint.get("backend")
-    if backend:
-        labels.append(f"backend:{backend}")
-    os_name = str(host.fingerprint.get("os") or "").split()
-    if os_name:
-        labels.append(f"os:{os_name[0].lower()}")
-    return labels
-
-
-def effective_labels(host: HostTraits) -> set[str]:
-    return set(host.labels) | set(auto_labels(host))
-
-
-# Namespaces of the labels the server derives itself (auto_labels): never taken from a host,
-# so no host can carry `host:<another host's name>`.
-AUTOMATIC_LABEL_PREFIXES = ("host:", "backend:", "os:")
-
-
-def is_automatic_label(label: str) -> bool:
-    return label.startswith(AUTOMATIC_LABEL_PREFIXES)
-
-
-def _own_labels(labels: Iterable[str]) -> set[str]:
-    return {label for label in labels if not is_automatic_label(label)}
 
 
 def active_host_named(*, db_session: Session, name: str) -> Host | None:
@@ -135,8 +69,8 @@ def register_host(
     secret, secret_sha256 = auth_service.new_worker_secret(host.id)
     host.secret_sha256 = secret_sha256
     host.fingerprint = fingerprint
-    host.enrolled_labels = sorted(_own_labels(token.labels))
-    host.labels = sorted(_own_labels(token.labels) | _own_labels(labels))
+    host.enrolled_labels = sorted(matching.own_labels(token.labels))
+    host.labels = sorted(matching.own_labels(token.labels) | matching.own_labels(labels))
     host.repositories = _stored_offers(repositories)
     host.models = sorted(set(models))
     host.last_heartbeat_at = utcnow()
@@ -197,12 +131,6 @@ def _stored_offers(repositories: dict[str, RepositoryOffer]) -> dict[str, Any]:
     return {name: offer.model_dump(mode="json") for name, offer in sorted(repositories.items())}
 
 
-def repository_offers(host: HostTraits) -> dict[str, RepositoryOffer]:
-    """What the host registered per repository (rows from before adapters were reported were
-    given the mlx-lm adapter by the migration `repository_offers`)."""
-    return {name: RepositoryOffer.model_validate(raw) for name, raw in host.repositories.items()}
-
-
 def find_host(*, db_session: Session, name_or_id: str) -> Host:
     """The host not revoked with this name, else the host with this id; NotFound otherwise."""
     host = active_host_named(db_session=db_session, name=name_or_id) or db_session.get(
@@ -235,44 +163,6 @@ def set_labels(*, db_session: Session, name_or_id: str, labels: Iterable[str], a
     )
     db_session.commit()
     return host
-
-
-def revoke_host(
-    *, db_session: Session, settings: Settings, name_or_id: str, actor: str
-) -> tuple[Host, list[str]]:
-    """Refuse the host's secret from now on and queue its leased run again; returns (host, ids
-    of the runs requeued or expired). Idempotent."""
-    from api import dispatch
-    from api.runs import service as run_service
-    from api.runs.wakeup import announce_work
-
-    host = find_host(db_session=db_session, name_or_id=name_or_id)
-    db_session.scalars(sa.select(Host.id).where(Host.id == host.id).with_for_update()).one()
-    if host.revoked_at is None:
-        host.revoked_at = utcnow()
-        auth_service.record_audit(
-            db_session=db_session, actor=actor, kind="host.revoked", subject_id=host.id
-        )
-    leased = list(
-        db_session.scalars(
-            sa.select(Run)
-            .where(Run.host_id == host.id, Run.state == RunState.LEASED)
-            .with_for_update()
-        )
-    )
-    analyze = []
-    for run in leased:
-        if run_service.lose_attempt(
-            db_session=db_session, settings=settings, run=run, why="host revoked by the admin"
-        ):
-            analyze.append(run.job_id)
-    if any(run.state == RunState.QUEUED for run in leased):
-        announce_work(db_session)  # waiting hosts may take it at once
-    db_session.commit()
-    for job_id in analyze:
-        dispatch.send_task("analyze_job", job_id)
-    log.info("host revoked", extra={"host_id": host.id, "host_name": host.name})
-    return host, [run.id for run in leased]
 
 
 def store_calibration(*, db_session: Session, host: Host, calibration: HostCalibration) -> None:
@@ -344,102 +234,6 @@ def host_views_program(repositories: bool = True) -> Program[list[HostView]]:
         )
         for name, labels, backend, os_name, offers, models in rows
     ]
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why one host cannot run a job, and the job spec field (a JobSpec path) it is about.
-
-    `depth` counts the checks the host passed first: the deepest refusal among hosts is the
-    one a submitter should act on (a host that drives the repository with another adapter
-    says more than one that does not allow the repository at all).
-    """
-
-    field: str
-    reason: str
-    depth: int
-
-
-def why_host_cannot_run(host: HostTraits, spec: JobSpec) -> Refusal | None:
-    """None when the host satisfies the job's labels, repository, adapter, recipes, options
-    and model; otherwise the first thing it lacks."""
-    missing = sorted(set(spec.host_labels) - effective_labels(host))
-    if missing:
-        return Refusal("host_labels", f"lacks labels {', '.join(missing)}", 0)
-    if spec.repository is not None:
-        offer = repository_offers(host).get(spec.repository)
-        if offer is None:
-            return Refusal("repository", f"does not allow repository {spec.repository!r}", 1)
-        refusal = _why_offer_cannot_run(offer, spec)
-        if refusal is not None:
-            return refusal
-    if spec.model not in host.models:
-        # A preset is one of the host's models only where its worker.toml allows it
-        # (allow_presets): a submitter must not make a host write a 61 GB checkpoint.
-        return Refusal("model", f"has no model {spec.model!r}", 5)
-    if spec.corpus != BUILTIN_CORPUS and f"corpus:{spec.corpus}" not in effective_labels(host):
-        # the worker labels itself `corpus:NAME` for each corpus of its worker.toml
-        return Refusal("corpus", f"has no corpus {spec.corpus!r}", 5)
-    return None
-
-
-def _why_offer_cannot_run(offer: RepositoryOffer, spec: JobSpec) -> Refusal | None:
-    name = spec.repository
-    if offer.adapter != spec.adapter:
-        return Refusal(
-            "adapter", f"drives {name} with the {offer.adapter} adapter, not {spec.adapter}", 2
-        )
-    for index, variant in enumerate(spec.variants):
-        if variant.recipe is not None and variant.recipe not in offer.recipes:
-            return Refusal(
-                f"variants.{index}.recipe", f"defines no recipe {variant.recipe} for {name}", 3
-            )
-    if offer.adapter != "openai-server":
-        return None  # mlx-lm flags are the engine's own, judged on the host (engine/flags.py)
-    # A server's variant flags are the options its host declared, with values within bounds.
-    for index, variant in enumerate(spec.variants):
-        for option, value in variant.flags.items():
-            problem = _option_problem(offer, name, option, value)
-            if problem:
-                return Refusal(f"variants.{index}.flags", problem, 4)
-    for feature in spec.features:
-        option, value = parse_feature(feature)
-        problem = _option_problem(offer, name, option, value)
-        if problem:
-            return Refusal("features", problem, 4)
-    return None
-
-
-def _option_problem(
-    offer: RepositoryOffer, repository: str | None, option: str, value: Any
-) -> str | None:
-    declaration = offer.options.get(option)
-    if declaration is None:
-        declared = ", ".join(f"{n} ({d.describe()})" for n, d in sorted(offer.options.items()))
-        return f"declares no option {option} for {repository} (options: {declared or 'none'})"
-    why = declaration.why_not(value)
-    return None if why is None else f"refuses {option}={value}: {why}"
-
-
-def describe_allow_lists(hosts: Sequence[HostTraits]) -> str:
-    """`studio-1: mlx-lm (recipes editable), box: none` for error messages."""
-    parts = []
-    for host in hosts:
-        allowed = [
-            f"{name} (recipes {', '.join(offer.recipes) or 'none'})"
-            for name, offer in repository_offers(host).items()
-        ]
-        parts.append(f"{host.name}: {', '.join(allowed) or 'none'}")
-    return "; ".join(parts) or "no host is registered"
-
-
-def adapters_by_repository(hosts: Iterable[Host]) -> dict[str, list[str]]:
-    """repository -> every adapter some host drives it with (what the form offers)."""
-    adapters: dict[str, set[str]] = {}
-    for host in hosts:
-        for name, offer in repository_offers(host).items():
-            adapters.setdefault(name, set()).add(offer.adapter)
-    return {name: sorted(found) for name, found in sorted(adapters.items())}
 
 
 def current_runs(*, db_session: Session) -> dict[str, Run]:

@@ -17,6 +17,7 @@ from api.auth.models import AuditEvent
 from api.database import utcnow
 from api.errors import Forbidden, Invalid, NotAuthenticated, NotFound, ServiceError, invalid
 from api.hosts import service as host_service
+from api.hosts.matching import HostView, Refusal, describe_allow_lists, why_host_cannot_run
 from api.jobs import bisect
 from api.jobs.models import Job
 from api.jobs.schemas import JobListItem, JobOut, StepOut
@@ -95,14 +96,14 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
     return spec
 
 
-def judge_hosts(spec: JobSpec, hosts: list[host_service.HostView]) -> None:
+def judge_hosts(spec: JobSpec, hosts: list[HostView]) -> None:
     """Invalid unless enough of the registered hosts (`host_views_program`) can run the job."""
     if not hosts:
         raise Invalid("no host is registered yet; enroll one with `coldbench admin enroll`")
-    refusals: dict[str, host_service.Refusal | None] = {}
+    refusals: dict[str, Refusal | None] = {}
     able: list[str] = []
     for host in hosts:
-        refusals[host.name] = host_service.why_host_cannot_run(host, spec)
+        refusals[host.name] = why_host_cannot_run(host, spec)
         if refusals[host.name] is None:
             able.append(host.name)
             if len(able) == spec.hosts:
@@ -112,7 +113,7 @@ def judge_hosts(spec: JobSpec, hosts: list[host_service.HostView]) -> None:
         detail = "; ".join(f"{name} {refusal.reason}" for name, refusal in refused)
         message = f"no registered host can run this job: {detail}"
         if spec.repository is not None:
-            message += f" (allowed repositories: {host_service.describe_allow_lists(hosts)})"
+            message += f" (allowed repositories: {describe_allow_lists(hosts)})"
         # The field of the host that came closest (the first such host on a tie).
         closest = max((refusal for _, refusal in refused), key=lambda r: r.depth)
         raise Invalid(message, field=closest.field)
@@ -160,21 +161,6 @@ def create_job(
     return _create_job(
         db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
     )[0]
-
-
-def submit_job(
-    *,
-    db_session: Session,
-    settings: Settings,
-    payload: dict[str, Any],
-    submitted_by: str | None = None,
-) -> JobOut:
-    """create_job, answered with its job_detail built from what was just written (its runs are
-    queued, with no attempt and no host yet): no query after the commit."""
-    job, runs, steps = _create_job(
-        db_session=db_session, settings=settings, payload=payload, submitted_by=submitted_by
-    )
-    return submitted_out(job, runs, steps)
 
 
 def submitted_out(job: Job, runs: list[Run], steps: list[Job]) -> JobOut:
@@ -241,7 +227,7 @@ def submit_group_program(
         except ServiceError as error:
             checked.append(error)
     specs = [spec for spec in checked if isinstance(spec, JobSpec)]
-    hosts: list[host_service.HostView] = []
+    hosts: list[HostView] = []
     if specs:
         with_repositories = any(spec.repository is not None for spec in specs)
         hosts = yield from host_service.host_views_program(with_repositories)

@@ -27,6 +27,7 @@ from api.auth.models import ApiKey
 from api.deps import SessionDep, SettingsDep
 from api.errors import Invalid, NotFound, ServiceError
 from api.evidence import service as evidence_service
+from api.hosts import matching
 from api.hosts import service as host_service
 from api.jobs import service as job_service
 from api.pages import form as job_form
@@ -222,16 +223,16 @@ def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]
     models: set[str] = set()
     labels: set[str] = set()
     for host in hosts:
-        for name, offer in host_service.repository_offers(host).items():
+        for name, offer in matching.repository_offers(host).items():
             repositories.setdefault(name, set()).update(offer.recipes)
         models.update(host.models)
-        labels.update(host_service.effective_labels(host))
+        labels.update(matching.effective_labels(host))
     return {
         "form": form,
         "hosts": hosts,
         "repositories": {name: sorted(recipes) for name, recipes in sorted(repositories.items())},
         "recipes": sorted({r for recipes in repositories.values() for r in recipes}),
-        "adapters": job_form.adapter_choices(host_service.adapters_by_repository(hosts)),
+        "adapters": job_form.adapter_choices(matching.adapters_by_repository(hosts)),
         "models": ["preset:tiny", *sorted(models)],
         "labels": sorted(labels),
         "presets": job_form.CONTEXT_PRESETS,
@@ -261,7 +262,7 @@ async def submit_job(request: Request, db_session: SessionDep, settings: Setting
         return _forbidden(request, key)
     form = job_form.read_form(fields, [str(v) for v in fields.getlist("contexts")])
     hosts = host_service.list_hosts(db_session=db_session)
-    payload, rows = job_form.build_payload(form, host_service.adapters_by_repository(hosts))
+    payload, rows = job_form.build_payload(form, matching.adapters_by_repository(hosts))
     if not form.errors:
         job_form.validate_payload(form, payload, rows)
     if not form.errors:
@@ -290,7 +291,7 @@ def hosts_page(request: Request, db_session: SessionDep, settings: SettingsDep):
     hosts = host_service.list_hosts(db_session=db_session)
     context = {
         "hosts": hosts,
-        "auto_labels": {host.id: host_service.auto_labels(host) for host in hosts},
+        "auto_labels": {host.id: matching.auto_labels(host) for host in hosts},
         "calibrations": {host.id: host_service.calibration_lines(host) for host in hosts},
         "current_runs": host_service.current_runs(db_session=db_session),
         "lease_ttl_s": settings.lease_ttl_s,

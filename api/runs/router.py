@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import DatabaseDep, SettingsDep, WorkerClaim
 from api.routing import StrictJSONRoute
-from api.runs import service
+from api.runs import claim, completion
 from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["runs"])
@@ -30,11 +30,11 @@ async def claim_lease(
     # The long-poll waits on the event loop for a notification, holding no thread and no
     # database connection. Each claim joins the claims of concurrent requests in one
     # transaction, which also authenticates the token on the host's row it locks.
-    lease = await service.wait_for_lease(
+    lease = await claim.wait_for_lease(
         db=db,
-        request=service.ClaimRequest(
+        request=claim.ClaimRequest(
             host_id=worker.id,
-            report=service.HostReport(
+            report=claim.HostReport(
                 fingerprint=body.fingerprint.model_dump(mode="json"),
                 repositories=body.repositories,
                 models=body.models,
@@ -64,15 +64,17 @@ async def complete(run_id: str, body: CompleteRequest, db: DatabaseDep, worker: 
     }
     # The token is checked in the completion's own transaction, before it reads the run.
     written = await db.run(
-        partial(service.complete_program, **arguments, dialect=db.dialect_name, token=worker.token),
+        partial(
+            completion.complete_program, **arguments, dialect=db.dialect_name, token=worker.token
+        ),
         bulk=True,
     )
-    if isinstance(written, service.CompletionWritten):
+    if isinstance(written, completion.CompletionWritten):
         # Sending to Celery is blocking network I/O: not on the event loop.
-        await run_in_threadpool(service.send_completion_tasks, written)
+        await run_in_threadpool(completion.send_completion_tasks, written)
         done = written.completed
     else:
         done = await db.run_with_session(
-            lambda db_session: service.complete_late(db_session=db_session, **arguments)
+            lambda db_session: completion.complete_late(db_session=db_session, **arguments)
         )
     return CompleteResponse(run_id=done.run_id, attempt=done.attempt, state=done.state)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from api.artifacts.models import Artifact
 from api.database import utcnow
-from api.runs import service as run_service
+from api.runs import expiry
 from api.runs.models import Run, RunAttempt
 from api.settings import Settings
 from evidence.canonical import sha256_hex
@@ -279,7 +279,7 @@ def test_expired_lease_requeues_and_late_complete_is_refused(
     run = db_session.get(Run, world.run_id)
     run.lease_expires_at = utcnow() - timedelta(seconds=1)
     db_session.commit()
-    run_service.expire_leases(db_session=db_session, settings=settings)  # the periodic sweep
+    expiry.expire_leases(db_session=db_session, settings=settings)  # the periodic sweep
     taken = lease(client, world.other_worker).json()
     assert taken["run_id"] == world.run_id and taken["attempt"] == 2
     lost = db_session.scalars(
@@ -311,7 +311,7 @@ def test_expiry_stops_after_max_attempts(
         run = db_session.scalars(sa.select(Run).where(Run.job_id == job.id)).one()
         run.lease_expires_at = utcnow() - timedelta(seconds=1)
         db_session.commit()
-        run_service.expire_leases(db_session=db_session, settings=settings)
+        expiry.expire_leases(db_session=db_session, settings=settings)
     db_session.refresh(run)
     assert run.state == "expired" and f"lost {settings.max_attempts} attempts" in run.reason
     assert lease(client, secret).status_code == 204
@@ -454,7 +454,7 @@ def test_reported_failure_is_final(
     )
     assert response.json()["state"] == "failed"
     run = db_session.get(Run, world.run_id)
-    run_service.expire_leases(db_session=db_session, settings=settings)
+    expiry.expire_leases(db_session=db_session, settings=settings)
     db_session.refresh(run)
     assert run.state == "failed" and run.reason == "OOM"
     assert lease(client, world.other_worker).status_code == 204

@@ -14,13 +14,15 @@ import sqlalchemy as sa
 
 from api.auth.models import AuditEvent
 from api.database import utcnow
+from api.hosts.matching import LeasingHost
 from api.hosts.models import Host
-from api.hosts.service import LeasingHost
-from api.runs import service as run_service
+from api.runs import claim as run_claim
+from api.runs import completion, expiry
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, listen_for_work
 from api.settings import Settings
 from api.transactions import AsyncDatabase, Program, SessionDatabase, make_async_engine
+from tests.api import agent_calls
 from tests.api.factories import fingerprint, make_host, make_job
 
 pytestmark = pytest.mark.postgres
@@ -30,8 +32,8 @@ def _settings(url: str, **overrides: Any) -> Settings:
     return Settings(database_url=url, **overrides)
 
 
-def _report() -> run_service.HostReport:
-    return run_service.HostReport(fingerprint=fingerprint())
+def _report() -> run_claim.HostReport:
+    return run_claim.HostReport(fingerprint=fingerprint())
 
 
 def test_twenty_concurrent_claimers_each_run_claimed_once(
@@ -54,7 +56,7 @@ def test_twenty_concurrent_claimers_each_run_claimed_once(
                 barrier.wait()
                 # One pass each, and a second for those that found their candidate taken.
                 for _ in range(2):
-                    leases[host_id] = run_service.claim_lease(
+                    leases[host_id] = agent_calls.claim_lease(
                         db_session=db_session, settings=settings, host=host, report=_report()
                     )
                     if leases[host_id] is not None:
@@ -91,17 +93,17 @@ def test_a_claim_that_loses_its_race_looks_again_at_once(
         other, _ = make_host(db_session, "other")
         first = make_job(db_session, settings)
         second = make_job(db_session, settings)
-        taken = run_service.claim_lease(
+        taken = agent_calls.claim_lease(
             db_session=db_session, settings=settings, host=other, report=_report()
         )
         assert taken is not None and taken.job_id == first.id
     # The racer's first look saw only the run `other` took (read before that commit).
-    real = run_service._offer_runs
+    real = run_claim._offer_runs
     looks: list[list[str]] = []
 
     def offer(
         is_pg: bool, hosts: list[LeasingHost], excluded: set[str]
-    ) -> Program[run_service._Offers]:
+    ) -> Program[run_claim._Offers]:
         offers = yield from real(is_pg, hosts, excluded)
         if not looks:
             offers.runs = {host.id: [taken.run_id] for host in hosts}
@@ -110,10 +112,10 @@ def test_a_claim_that_loses_its_race_looks_again_at_once(
         looks.append(offers.oldest_first)
         return offers
 
-    monkeypatch.setattr(run_service, "_offer_runs", offer)
+    monkeypatch.setattr(run_claim, "_offer_runs", offer)
     with live_sessionmaker() as db_session:
         racer = db_session.get(Host, racer_id)
-        lease = run_service.claim_lease(
+        lease = agent_calls.claim_lease(
             db_session=db_session, settings=settings, host=racer, report=_report()
         )
     assert lease is not None and lease.job_id == second.id and len(looks) == 2
@@ -135,9 +137,9 @@ def _wait_in_loop(
         with live_sessionmaker() as db_session:
             host = db_session.get(Host, host_id)
             started = time.monotonic()
-            result["lease"] = await run_service.wait_for_lease(
+            result["lease"] = await run_claim.wait_for_lease(
                 db=SessionDatabase(db_session),
-                request=run_service.ClaimRequest(
+                request=run_claim.ClaimRequest(
                     host_id=host.id, report=_report(), settings=settings, dialect="postgresql"
                 ),
                 signal=signal,
@@ -186,7 +188,7 @@ def test_claims_do_not_expire_leases_the_sweep_does_and_wakes_waiters(
         lost_host, _ = make_host(db_session, "lost")
         waiter, _ = make_host(db_session, "waiter")
         make_job(db_session, settings)
-        first = run_service.claim_lease(
+        first = agent_calls.claim_lease(
             db_session=db_session, settings=settings, host=lost_host, report=_report()
         )
         assert first is not None
@@ -195,12 +197,12 @@ def test_claims_do_not_expire_leases_the_sweep_does_and_wakes_waiters(
         db_session.commit()
         # A claim is only a claim: the expired lease is left to the sweep.
         host = db_session.get(Host, waiter.id)
-        assert run_service.claim_lease(db_session=db_session, settings=settings, host=host) is None
+        assert agent_calls.claim_lease(db_session=db_session, settings=settings, host=host) is None
         assert db_session.get(Run, first.run_id, populate_existing=True).state == "leased"
     result = _wait_in_loop(live_db, live_sessionmaker, waiter.id, settings, wait_s=15)
     time.sleep(0.5)
     with live_sessionmaker() as db_session:
-        assert run_service.expire_leases(db_session=db_session, settings=settings) == []
+        assert expiry.expire_leases(db_session=db_session, settings=settings) == []
     result["thread"].join(20)
     lease = result["lease"]
     assert lease is not None and (lease.run_id, lease.attempt) == (first.run_id, 2)
@@ -234,7 +236,7 @@ def test_hosts_claiming_in_rounds_take_every_run_once_with_one_attempt_and_audit
                 host = db_session.get(Host, host_id)
                 db_session.commit()
                 barrier.wait()
-                lease = run_service.claim_lease(
+                lease = agent_calls.claim_lease(
                     db_session=db_session, settings=settings, host=host, report=_report()
                 )
                 # The object shows the committed row, with nothing left to write.
@@ -288,26 +290,26 @@ def test_a_completion_that_loses_its_race_with_expiry_is_kept_for_audit_and_refu
     with live_sessionmaker() as db_session:
         host, _ = make_host(db_session, "slow")
         make_job(db_session, settings)
-        lease = run_service.claim_lease(
+        lease = agent_calls.claim_lease(
             db_session=db_session, settings=settings, host=host, report=_report()
         )
         assert lease is not None
         host_id = host.id
-    real = run_service.Manifest.model_validate
+    real = completion.Manifest.model_validate
     expired: list[str] = []
 
     def validate_after_expiry(value: Any) -> Any:
         # Between the read and the update: the sweep finds the lease lost and requeues it.
         with live_sessionmaker() as other:
             run = other.get(Run, lease.run_id)
-            run_service.lose_attempt(db_session=other, settings=settings, run=run, why="test")
+            expiry.lose_attempt(db_session=other, settings=settings, run=run, why="test")
             other.commit()
         expired.append(lease.run_id)
         return real(value)
 
-    monkeypatch.setattr(run_service.Manifest, "model_validate", validate_after_expiry)
+    monkeypatch.setattr(completion.Manifest, "model_validate", validate_after_expiry)
     with live_sessionmaker() as db_session, pytest.raises(Exception, match="no longer current"):
-        run_service.complete_run(
+        agent_calls.complete_run(
             db_session=db_session,
             host_id=host_id,
             run_id=lease.run_id,
@@ -349,8 +351,8 @@ def test_groups_of_two_api_processes_never_give_one_run_to_two_hosts(
         try:
             claims = [
                 processes[index % 2].run_grouped(
-                    run_service.claim_group_program,
-                    run_service.ClaimRequest(
+                    run_claim.claim_group_program,
+                    run_claim.ClaimRequest(
                         host_id=host.id,
                         report=_report(),
                         settings=settings,
@@ -382,7 +384,7 @@ def test_offers_go_to_their_hosts_first_then_to_any_host_that_fits() -> None:
         return LeasingHost(host_id, host_id, [], {}, {}, [], "ready")
 
     a, b, c = host("a"), host("b"), host("c")
-    offers = run_service._Offers(
+    offers = run_claim._Offers(
         runs={"a": ["r1", "r4"], "b": ["r2", "r5"], "c": ["r3"]},
         oldest_first=["r1", "r2", "r3", "r4", "r5"],
         hosts=[a, b, c],

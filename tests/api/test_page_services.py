@@ -7,8 +7,9 @@ from sqlalchemy.orm import Session
 from api.auth import service as auth_service
 from api.database import utcnow
 from api.hosts import service as host_service
-from api.runs import service as run_service
+from api.runs import claim as run_claim
 from api.settings import Settings
+from tests.api import agent_calls
 from tests.api.factories import fingerprint, make_api_key, make_host, make_job
 
 
@@ -19,11 +20,11 @@ def test_current_runs_maps_each_leasing_host_to_its_run(
     make_host(db_session, "idle")
     job = make_job(db_session, settings)
     assert host_service.current_runs(db_session=db_session) == {}
-    lease = run_service.claim_lease(
+    lease = agent_calls.claim_lease(
         db_session=db_session,
         settings=settings,
         host=busy,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="busy")),
+        report=run_claim.HostReport(fingerprint=fingerprint(hostname="busy")),
     )
     current = host_service.current_runs(db_session=db_session)
     assert list(current) == [busy.id]

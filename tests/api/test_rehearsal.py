@@ -22,7 +22,9 @@ from api.artifacts.store import LocalArtifactStore
 from api.auth import service as auth_service
 from api.database import Base, make_engine, make_sessionmaker, upgrade_database
 from api.jobs import service as job_service
-from api.runs import service as run_service
+from api.runs import claim as run_claim
+from api.runs import completion
+from api.runs import heartbeat as run_heartbeat
 from api.runs.wakeup import CHANNEL, WorkSignal, register_local
 from api.settings import Settings
 from api.transactions import AsyncDatabase, Execute, Program, make_async_engine
@@ -74,9 +76,9 @@ def _agent_cycle(
         )
         submitted = await database.run_grouped(job_service.submit_group_program, submission)
         assert isinstance(submitted, job_service.Submitted)
-        request = run_service.ClaimRequest(
+        request = run_claim.ClaimRequest(
             host_id=host_id,
-            report=run_service.HostReport(
+            report=run_claim.HostReport(
                 fingerprint=fingerprint(hostname="real-1"),
                 repositories={},
                 models=["preset:tiny"],
@@ -85,12 +87,12 @@ def _agent_cycle(
             dialect=dialect,
             token=secret,
         )
-        lease = (await database.run_grouped(run_service.claim_group_program, request)).lease
+        lease = (await database.run_grouped(run_claim.claim_group_program, request)).lease
         assert lease is not None
         upload = {"host_id": host_id, "run_id": lease.run_id, "attempt": lease.attempt}
         await database.run(
             partial(
-                run_service.heartbeat_program,
+                run_heartbeat.heartbeat_program,
                 settings=settings,
                 **upload,
                 progress=None,
@@ -117,7 +119,7 @@ def _agent_cycle(
             )
         written = await database.run(
             partial(
-                run_service.complete_program,
+                completion.complete_program,
                 **upload,
                 status="succeeded",
                 reason=None,
@@ -126,7 +128,7 @@ def _agent_cycle(
                 token=secret,
             )
         )
-        assert isinstance(written, run_service.CompletionWritten)
+        assert isinstance(written, completion.CompletionWritten)
 
     return cycle()
 

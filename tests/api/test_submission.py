@@ -1,5 +1,5 @@
 """A submission: judged against the hosts' columns, written as Core inserts, answered from
-what it wrote (api/jobs/service.py: submit_job)."""
+what it wrote (api/jobs/service.py: submit_group_program, submitted_out)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,20 @@ from sqlalchemy.orm import Session
 from api.errors import Invalid
 from api.jobs import service as job_service
 from api.jobs.models import Job
+from api.jobs.schemas import JobOut
 from api.runs.models import Run
 from api.settings import Settings
+from api.transactions import run_one_in_session
 from tests.api.factories import job_payload, make_host
+
+
+def _submit(db_session: Session, settings: Settings, payload: dict[str, Any]) -> JobOut:
+    """What `POST /jobs` does for a job that is not a bisection."""
+    dialect = db_session.get_bind().dialect.name
+    submission = job_service.Submission(settings, payload, None, dialect)
+    submitted = run_one_in_session(db_session, job_service.submit_group_program, submission)
+    assert isinstance(submitted, job_service.Submitted)
+    return job_service.submitted_out(submitted.job, submitted.runs, [])
 
 
 def test_submission_answers_what_it_stored_and_reads_nothing_after_its_commit(
@@ -36,9 +47,7 @@ def test_submission_answers_what_it_stored_and_reads_nothing_after_its_commit(
     sa.event.listen(engine, "before_cursor_execute", note)
     sa.event.listen(db_session, "after_commit", on_commit)
     try:
-        answer = job_service.submit_job(
-            db_session=db_session, settings=settings, payload=job_payload(hosts=2)
-        )
+        answer = _submit(db_session, settings, job_payload(hosts=2))
     finally:
         sa.event.remove(engine, "before_cursor_execute", note)
         sa.event.remove(db_session, "after_commit", on_commit)
@@ -70,10 +79,6 @@ def test_refusals_still_judge_every_host(
     make_host(db_session, "studio-2", labels=["gpu"])
     make_host(db_session, "box", models=["other-model"])
     with pytest.raises(Invalid) as refused:
-        job_service.submit_job(
-            db_session=db_session,
-            settings=settings,
-            payload=job_payload(**overrides),
-        )
+        _submit(db_session, settings, job_payload(**overrides))
     assert message in refused.value.message
     assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 0

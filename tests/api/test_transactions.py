@@ -29,12 +29,15 @@ from api.errors import Invalid, NotAuthenticated
 from api.hosts.models import Host
 from api.jobs import service as job_service
 from api.jobs.models import Job
-from api.runs import service as run_service
+from api.runs import claim as run_claim
+from api.runs import completion
+from api.runs import heartbeat as run_heartbeat
 from api.runs.models import Run, RunAttempt
 from api.runs.wakeup import WorkSignal, register_local
 from api.settings import Settings
 from api.transactions import AsyncDatabase, Execute, Program, make_async_engine
 from evidence.protocol import JobState, RunState
+from tests.api import agent_calls
 from tests.api.factories import (
     fingerprint,
     job_payload,
@@ -110,24 +113,24 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
         assert isinstance(submitted, job_service.Submitted)
         woken = signal.generation > generation
         # The claim authenticates the token on the host's row it locks.
-        request = run_service.ClaimRequest(
+        request = run_claim.ClaimRequest(
             host_id=host.id,
-            report=run_service.HostReport(fingerprint=fingerprint(hostname="async-1")),
+            report=run_claim.HostReport(fingerprint=fingerprint(hostname="async-1")),
             settings=live.settings,
             dialect=db.dialect_name,
             token=secret + "x",
         )
         with pytest.raises(NotAuthenticated):
-            await db.run_grouped(run_service.claim_group_program, request)
+            await db.run_grouped(run_claim.claim_group_program, request)
         claimed = await db.run_grouped(
-            run_service.claim_group_program, dataclasses.replace(request, token=secret)
+            run_claim.claim_group_program, dataclasses.replace(request, token=secret)
         )
         lease = claimed.lease
         assert lease is not None and lease.job_id == submitted.job.id
         # Heartbeat, upload and completion check the request's token in their own
         # transaction: a wrong one is refused there, and writes nothing.
         beat = partial(
-            run_service.heartbeat_program,
+            run_heartbeat.heartbeat_program,
             settings=live.settings,
             host_id=host.id,
             run_id=lease.run_id,
@@ -160,7 +163,7 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
                 )
                 assert was_created is created and row.sha256 == blob.sha256
         complete = partial(
-            run_service.complete_program,
+            completion.complete_program,
             **upload,
             status="succeeded",
             reason=None,
@@ -172,10 +175,10 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
         run_state = "select state from runs where id = :r"
         assert live.scalar(run_state, r=lease.run_id) == "leased"
         written = await db.run(partial(complete, token=secret))
-        assert isinstance(written, run_service.CompletionWritten)
+        assert isinstance(written, completion.CompletionWritten)
         again = await db.run(
             partial(
-                run_service.complete_program,
+                completion.complete_program,
                 **upload,
                 status="succeeded",
                 reason=None,
@@ -183,7 +186,7 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
                 dialect=db.dialect_name,
             )
         )
-        assert again is run_service.LATE  # a retry is judged on the ORM path
+        assert again is completion.LATE  # a retry is judged on the ORM path
         return {"run_id": lease.run_id, "job_id": submitted.job.id, "woken": woken}
 
     done = live.run(scenario)
@@ -274,11 +277,11 @@ _groups_seen: list[int] = []
 
 
 def _counted_claims(
-    requests: Sequence[run_service.ClaimRequest],
-) -> Program[list[run_service.Claimed | Exception]]:
+    requests: Sequence[run_claim.ClaimRequest],
+) -> Program[list[run_claim.Claimed | Exception]]:
     """The claim program, noting each transaction's number of requests."""
     _groups_seen.append(len(requests))
-    return (yield from run_service.claim_group_program(requests))
+    return (yield from run_claim.claim_group_program(requests))
 
 
 def test_concurrent_claims_share_one_transaction_each_with_its_own_answer(live: Live) -> None:
@@ -286,15 +289,15 @@ def test_concurrent_claims_share_one_transaction_each_with_its_own_answer(live: 
         holder, _ = make_host(db_session, "holder")
         hosts = [make_host(db_session, f"group-{i:02d}") for i in range(12)]
         jobs = [make_job(db_session, live.settings) for _ in range(10)]
-        held = run_service.claim_lease(db_session=db_session, settings=live.settings, host=holder)
+        held = agent_calls.claim_lease(db_session=db_session, settings=live.settings, host=holder)
         assert held is not None and held.job_id == jobs[0].id
         holder_token = auth_service.create_enrollment_token(db_session=db_session)
 
-    def request(host_id: str, token: str) -> run_service.ClaimRequest:
+    def request(host_id: str, token: str) -> run_claim.ClaimRequest:
         # One host also reports its models; the others leave theirs as registered.
         models = ["preset:tiny", "reported"] if host_id == hosts[10][0].id else None
-        report = run_service.HostReport(fingerprint=fingerprint(hostname=host_id), models=models)
-        return run_service.ClaimRequest(
+        report = run_claim.HostReport(fingerprint=fingerprint(hostname=host_id), models=models)
+        return run_claim.ClaimRequest(
             host_id=host_id,
             report=report,
             settings=live.settings,

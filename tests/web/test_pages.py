@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session
 
 from api.auth.models import ApiKey
 from api.database import utcnow
-from api.runs import service as run_service
+from api.runs import claim as run_claim
 from api.settings import Settings
 from evidence.bundle import verify_files
 from evidence.calibration import HostCalibration
+from tests.api import agent_calls
 from tests.api.factories import fingerprint, make_host, make_job
 from tests.evidence.builders import calibration_sample
 from tests.web.builders import csrf_of, publish_evidence
@@ -73,16 +74,16 @@ def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
     host, _secret = make_host(db_session, "studio-1", labels=["lab:home"])
     make_host(db_session, "idle-box")
     job = make_job(db_session, settings)
-    lease = run_service.claim_lease(
+    lease = agent_calls.claim_lease(
         db_session=db_session,
         settings=settings,
         host=host,
-        report=run_service.HostReport(
+        report=run_claim.HostReport(
             fingerprint=fingerprint(hostname="studio-1", chip="Apple M3 Ultra", cores=32),
         ),
     )
     assert lease is not None
-    run_service.heartbeat(
+    agent_calls.heartbeat(
         db_session=db_session,
         settings=settings,
         host_id=host.id,
@@ -109,11 +110,11 @@ def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
     assert 'id="job-state">queued' in html and "waiting for a host" in html
     assert f'href="/jobs/{job.id}">Refresh' in html  # the no-JavaScript path
     assert '<script src="/static/job.js">' in html
-    lease = run_service.claim_lease(
+    lease = agent_calls.claim_lease(
         db_session=db_session,
         settings=settings,
         host=host,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
+        report=run_claim.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
     invalid = {
         "variant": "cand",
@@ -121,7 +122,7 @@ def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
         "context_tokens": 64,
         "reason": "silent no-op: prefill_step_size",
     }
-    run_service.heartbeat(
+    agent_calls.heartbeat(
         db_session=db_session,
         settings=settings,
         host_id=host.id,
@@ -262,13 +263,13 @@ def test_a_finished_run_shows_its_final_count_not_its_last_heartbeat(
 
     host, _secret = make_host(db_session, "studio-1")
     job = make_job(db_session, settings)
-    lease = run_service.claim_lease(
+    lease = agent_calls.claim_lease(
         db_session=db_session,
         settings=settings,
         host=host,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
+        report=run_claim.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
-    run_service.heartbeat(
+    agent_calls.heartbeat(
         db_session=db_session,
         settings=settings,
         host_id=host.id,
@@ -311,14 +312,14 @@ def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
 ) -> None:
     host, _secret = make_host(db_session, "studio-1")
     job = make_job(db_session, settings)
-    lease = run_service.claim_lease(
+    lease = agent_calls.claim_lease(
         db_session=db_session,
         settings=settings,
         host=host,
-        report=run_service.HostReport(fingerprint=fingerprint(hostname="studio-1")),
+        report=run_claim.HostReport(fingerprint=fingerprint(hostname="studio-1")),
     )
     hostile = "<script>alert(1)</script>"
-    run_service.heartbeat(
+    agent_calls.heartbeat(
         db_session=db_session,
         settings=settings,
         host_id=host.id,
