@@ -38,7 +38,12 @@ from api.jobs.router import router as jobs_router
 from api.pages.router import router as pages_router
 from api.pages.templates import web_dir
 from api.rehearsal import rehearse
-from api.routing import BodyLimitMiddleware, StrictJSONRoute, finite_or_text
+from api.routing import (
+    BodyLimitMiddleware,
+    CompressionMiddleware,
+    StrictJSONRoute,
+    finite_or_text,
+)
 from api.runs import expiry
 from api.runs.models import Run
 from api.runs.router import router as runs_router
@@ -50,6 +55,10 @@ from evidence.protocol import API_PREFIX, ErrorBody, RunState
 log = logging.getLogger(__name__)
 
 ARTIFACT_PATH = re.compile(rf"{API_PREFIX}/runs/[^/]+/artifacts/[^/]+")
+# What agents call in their loop: answered uncompressed (CompressionMiddleware).
+WORKER_PROTOCOL_PATH = re.compile(
+    rf"{API_PREFIX}/(leases|workers/(register|heartbeat)|runs/[^/]+/(artifacts/[^/]+|complete))$"
+)
 
 
 class _RequestCounter:
@@ -214,5 +223,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return settings.max_artifact_bytes
         return settings.max_request_body_bytes
 
+    app.add_middleware(CompressionMiddleware, skip=WORKER_PROTOCOL_PATH)
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)
     return app

@@ -5,17 +5,21 @@
   body is a 422 like any malformed JSON. Every router of the app uses it (a test checks).
 - `BodyLimitMiddleware` refuses a body larger than the limit before it is parsed: from its
   Content-Length at once, or while it streams, with 413 and a one-line JSON detail.
+- `CompressionMiddleware` gzips what a client that accepts gzip is sent (pages, evidence,
+  the JSON API), except the answers of the agents' protocol.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -142,3 +146,23 @@ class BodyLimitMiddleware:
             if not answered:
                 answered = True
                 await self._refuse(send, limit)
+
+
+class CompressionMiddleware:
+    """Starlette's GZipMiddleware for every response except those of the paths `skip`
+    matches (the agents' leases, heartbeats, uploads and completions: small answers, and the
+    request cost that the API budgets per agent). A response that already names its encoding
+    (plotly.js, compressed once and cached) passes as it is."""
+
+    def __init__(
+        self, app: ASGIApp, *, skip: re.Pattern[str], minimum_size: int = 1024, level: int = 6
+    ) -> None:
+        self.app = app
+        self.skip = skip
+        self.gzip = GZipMiddleware(app, minimum_size=minimum_size, compresslevel=level)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.skip.match(scope["path"]):
+            await self.gzip(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)

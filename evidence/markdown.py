@@ -127,7 +127,10 @@ def drift_context_text(run: RunDrift) -> list[str]:
     ]
 
 
-def evidence_id_line(evidence_id: str | None) -> str:
+def evidence_id_line(evidence_id: str | None, page_url: str | None = None) -> str:
+    """The id, linked to its page where the page's URL is known (the PR Markdown)."""
+    if evidence_id and page_url:
+        return f"Evidence id: [`{evidence_id}`]({page_url})"
     if evidence_id:
         return f"Evidence id: `{evidence_id}`"
     return (
@@ -197,8 +200,17 @@ def software_line(provenance: Provenance) -> str:
     return ", ".join(p for p in parts if p) or "unknown"
 
 
-def variant_software_text(software: Mapping[str, Any] | None) -> str:
-    """What a variant's own process imported: versions, then the engine's file."""
+_NATIVE_SUFFIXES = (".so", ".dylib", ".pyd")
+
+
+def _is_native(path: str) -> bool:
+    return path.endswith(_NATIVE_SUFFIXES) or ".so." in path
+
+
+def variant_software_text(software: Mapping[str, Any] | None, *, native_files: bool = True) -> str:
+    """What a variant's own process imported: versions, then the file of each module. Without
+    `native_files` (the Markdown) a compiled extension's path is left out: the version beside
+    it names that build, and provenance.json keeps the path."""
     if not software:
         return "not reported"
     parts = [
@@ -206,7 +218,11 @@ def variant_software_text(software: Mapping[str, Any] | None) -> str:
         f"mlx-lm {software['mlx_lm']}" if software.get("mlx_lm") else None,
         f"coldbench {software['coldbench']}" if software.get("coldbench") else None,
     ]
-    files = software.get("files") or {}
+    files = {
+        name: path
+        for name, path in (software.get("files") or {}).items()
+        if native_files or not _is_native(str(path))
+    }
     imported = ", ".join(f"{name} `{path}`" for name, path in sorted(files.items()))
     return "; ".join(p for p in [", ".join(p for p in parts if p), imported] if p) or "n/a"
 
@@ -415,11 +431,16 @@ def render_summary_md(
     provenances: Sequence[Provenance],
     *,
     evidence_id: str | None = None,
+    page_url: str | None = None,
 ) -> str:
-    """summary.md for this summary; compacted (details dropped, then cut) above 60,000 chars."""
-    text = _render(summary, provenances, evidence_id, compact=False)
+    """summary.md for this summary; compacted (details dropped, then cut) above 60,000 chars.
+
+    With `evidence_id` and `page_url` this is the PR Markdown (the id linked to its page):
+    what the evidence page copies, `/e/{id}.md` serves and the terminal prints. Inside a
+    bundle (no id) it is the bundle's summary.md."""
+    text = _render(summary, provenances, evidence_id, page_url, compact=False)
     if len(text) > MAX_CHARS:
-        text = _render(summary, provenances, evidence_id, compact=True)
+        text = _render(summary, provenances, evidence_id, page_url, compact=True)
     if len(text) > MAX_CHARS:
         notice = "\n\n(cut at 60,000 characters: the full tables are in summary.json)\n"
         text = text[: MAX_CHARS - len(notice)] + notice
@@ -496,6 +517,7 @@ def _render(
     summary: Summary,
     provenances: Sequence[Provenance],
     evidence_id: str | None,
+    page_url: str | None = None,
     *,
     compact: bool,
 ) -> str:
@@ -525,7 +547,7 @@ def _render(
     inert = inert_lines(summary)
     if inert:
         lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
-    lines += ["", evidence_id_line(evidence_id), ""]
+    lines += ["", evidence_id_line(evidence_id, page_url), ""]
     if evidence_id:
         lines += [f"Check the downloaded bundle: `{verify_command(evidence_id)}`", ""]
     for provenance in provenances:
@@ -536,8 +558,10 @@ def _render(
         lines.append(f"- Model: {model.name or model.path or 'unknown'}{weights}")
         if provenance.corpus is not None:
             lines.append(f"- Prompts: {corpus_line(provenance.corpus)}")
+    # Folded away at the end: refs, commits and flags of every variant (what the page's
+    # first screen states), with the software each process imported.
+    variant_lines: list[str] = []
     if provenances:
-        lines += ["", "Variants as built:", ""]
         rows: list[list[object]] = []
         seen = set()
         for provenance in provenances:
@@ -553,10 +577,10 @@ def _render(
                         target.ref or "n/a",
                         commit,
                         _flags(target.flags),
-                        variant_software_text(target.software),
+                        variant_software_text(target.software, native_files=False),
                     ]
                 )
-        lines += _table(
+        variant_lines = _table(
             ["variant", "repository", "ref", "commit", "flags", "software (its own process)"],
             rows,
         )
@@ -683,7 +707,12 @@ def _render(
     # that renders this Markdown (GitHub shows `&lt;` as `<`, also where a code span or fence
     # a host string opened or closed would otherwise let a tag through).
     body = escape_html("\n".join(lines))
-    details = ["", "<details><summary>How to read this</summary>", ""]
+    details = []
+    if variant_lines:
+        details += ["", "<details><summary>Variants as built</summary>", ""]
+        details += [escape_html(line) for line in variant_lines]
+        details += ["", "</details>"]
+    details += ["", "<details><summary>How to read this</summary>", ""]
     details += [f"- {escape_html(sentence)}" for sentence in how_to_read(settings)]
     details += ["", "</details>", ""]
     return body + "\n" + "\n".join(details)

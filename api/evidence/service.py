@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
+import json
 import logging
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,9 +25,12 @@ from api.hosts.models import Host
 from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Cell, Run
+from evidence.bundle import BundleError, bundle_records, provenances_of, read_zip
 from evidence.canonical import sha256_hex
+from evidence.markdown import render_summary_md
 from evidence.protocol import JobState, RunState
 from evidence.schemas import JobSpec, Provenance, Record
+from evidence.summary_schema import Summary
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +89,72 @@ def get_evidence(*, db_session: Session, evidence_id: str) -> Evidence:
     if row is None:
         raise NotFound(f"no evidence {evidence_id!r}")
     return row
+
+
+@dataclass(frozen=True, eq=False)
+class BundleView:
+    """What the pages and the PR Markdown read of a published bundle, parsed once (hashed
+    by identity: one object per cached bundle, so renderings can be cached by it)."""
+
+    summary: Summary
+    provenances: list[Provenance]
+    records: list[Record]
+    file_digests: dict[str, str]
+
+
+@functools.lru_cache(maxsize=8)
+def _bundle_view(bundle_sha256: str, read: Callable[[str], bytes]) -> BundleView:
+    """Cached by the zip's digest (and the store's `read`): a digest names one content."""
+    files = read_zip(read(bundle_sha256))
+    manifest = json.loads(files["manifest.json"])
+    return BundleView(
+        # A summary that does not match the contract raises pydantic's ValidationError (a
+        # ValueError), as a bundle that is no zip raises BundleError: callers fall back to
+        # the bundle's own files.
+        summary=Summary.model_validate_json(files["summary.json"]),
+        provenances=provenances_of(json.loads(files["provenance.json"])),
+        records=bundle_records(files),
+        file_digests={name: entry["sha256"] for name, entry in manifest["files"].items()},
+    )
+
+
+def bundle_view(*, store: ArtifactStore, evidence_id: str, entry: Any) -> BundleView:
+    """The bundle of published evidence after its zip's digest is checked again (NotFound,
+    Conflict as `checked_bytes`); BundleError, KeyError or ValueError when this version
+    cannot read it."""
+    checked_bytes(store=store, evidence_id=evidence_id, file_name="bundle.zip", entry=entry)
+    return _bundle_view(entry["sha256"], store.read_bytes)
+
+
+def evidence_page_url(base_url: str, evidence_id: str) -> str:
+    return f"{base_url.rstrip('/')}/e/{evidence_id}"
+
+
+def pr_markdown(
+    *, db_session: Session, store: ArtifactStore, evidence_id: str, base_url: str
+) -> str:
+    """The one Markdown for a pull request: summary.md with the evidence id linked to its
+    page at `base_url`. The evidence page copies it, `/e/{id}.md` serves it, the demo prints
+    it, and a pull-request comment can post it. A bundle this version cannot read gives its
+    own summary.md (checked), which names no id."""
+    row = get_evidence(db_session=db_session, evidence_id=evidence_id)
+    try:
+        view = bundle_view(store=store, evidence_id=evidence_id, entry=row.files.get("bundle.zip"))
+    except (BundleError, KeyError, ValueError):
+        log.exception("evidence %s: bundle not readable; serving its summary.md", evidence_id)
+        stored = checked_bytes(
+            store=store,
+            evidence_id=evidence_id,
+            file_name="summary.md",
+            entry=row.files.get("summary.md"),
+        )
+        return stored.decode("utf-8")
+    return render_summary_md(
+        view.summary,
+        view.provenances,
+        evidence_id=evidence_id,
+        page_url=evidence_page_url(base_url, evidence_id),
+    )
 
 
 def split_evidence_path(path: str) -> tuple[str, str]:

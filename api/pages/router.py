@@ -153,6 +153,22 @@ def _forbidden(request: Request, key: ApiKey | None) -> HTMLResponse:
     )
 
 
+def wants_html(request: Request) -> bool:
+    """A browser navigating (its Accept names text/html), not an API client."""
+    return "text/html" in request.headers.get("accept", "")
+
+
+def error_page(request: Request, title: str, message: str, *, status_code: int) -> HTMLResponse:
+    """A page saying what went wrong, for a public page's visitor (no session needed)."""
+    return _page(
+        request,
+        "error.html",
+        {"title": title, "message": message},
+        key=None,
+        status_code=status_code,
+    )
+
+
 def _not_found(request: Request, key: ApiKey | None, message: str) -> HTMLResponse:
     return _page(
         request, "error.html", {"title": "Not found", "message": message}, key=key, status_code=404
@@ -400,22 +416,20 @@ async def cancel_job(job_id: str, request: Request, db_session: SessionDep, sett
 def evidence_page(request: Request, db_session: Session, store: Any, evidence_id: str) -> Response:
     """`/e/{id}`: the report with plotly.js from /static, copy-Markdown and download buttons."""
     row = evidence_service.get_evidence(db_session=db_session, evidence_id=evidence_id)
-    # The bundle is re-checked before each render: altered bytes answer 409, not a page.
-    entry = row.files.get("bundle.zip")
-    evidence_service.checked_bytes(
-        store=store, evidence_id=evidence_id, file_name="bundle.zip", entry=entry
-    )
     header = (
         templates()
         .get_template("_evidence_header.html")
         .render(evidence_id=evidence_id, markdown="{markdown}")
     )
     try:
+        # The bundle is re-checked before each render: altered bytes answer 409, not a page.
+        view = evidence_service.bundle_view(
+            store=store, evidence_id=evidence_id, entry=row.files.get("bundle.zip")
+        )
         page = render_page(
             evidence_id,
-            entry["sha256"],
-            store.read_bytes,
-            f"{request.base_url}e/{evidence_id}",
+            view,
+            evidence_service.evidence_page_url(str(request.base_url), evidence_id),
             header,
         )
     except (BundleError, KeyError, ValueError):

@@ -21,10 +21,11 @@ from tests.evidence.builders import provenance, simulate_run
 from tests.web.builders import publish_evidence
 
 SUFFIXES = ["", ".html", ".md", ".json", ".zip"]
+# The stored file each URL is made from (the page and the PR Markdown: the bundle's zip).
 STORED_NAME = {
     "": "bundle.zip",
     ".html": "report.html",
-    ".md": "summary.md",
+    ".md": "bundle.zip",
     ".json": "summary.json",
     ".zip": "bundle.zip",
 }

@@ -224,7 +224,10 @@ def test_each_variant_shows_the_software_its_own_process_imported() -> None:
                 "mlx": "0.30.1",
                 "mlx_lm": version,
                 "coldbench": None,
-                "files": {"engine": f"/wt/{name}/engine/__init__.py"},
+                "files": {
+                    "engine": f"/wt/{name}/engine/__init__.py",
+                    "mlx": "/venv/mlx/core.cpython-311-x86_64-linux-gnu.so",
+                },
             },
         }
         for name, commit, version in (("base", "a", "0.32.2"), ("fast", "b", "0.31.0"))
@@ -233,5 +236,14 @@ def test_each_variant_shows_the_software_its_own_process_imported() -> None:
     text = render_summary_md(summary, [prov])
     assert "| base | embedded | n/a | aaaaaaaaaaaa | defaults | mlx 0.30.1, mlx-lm 0.32.2; " in text
     assert "engine `/wt/fast/engine/__init__.py`" in text and "mlx-lm 0.31.0" in text
+    # The Markdown folds the table away and leaves out compiled extensions' paths (the
+    # version names the build); the report's provenance keeps them.
+    assert text.index("<details><summary>Variants as built</summary>") < text.index(
+        "| base | embedded |"
+    )
+    assert ".so" not in text
     html = render_report_html(summary, [], [prov], None)
-    assert "<td>mlx 0.30.1, mlx-lm 0.31.0; engine /wt/fast/engine/__init__.py</td>" in html
+    assert (
+        "<td>mlx 0.30.1, mlx-lm 0.31.0; engine /wt/fast/engine/__init__.py, "
+        "mlx /venv/mlx/core.cpython-311-x86_64-linux-gnu.so</td>"
+    ) in html

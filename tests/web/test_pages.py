@@ -409,3 +409,92 @@ def test_a_bisection_page_shows_its_steps_as_they_complete(
     second = bisect.steps_of(db_session=db_session, job_id=job.id)[-1]
     assert f'step 2 of <a href="/jobs/{job.id}">' in web.get(f"/jobs/{second.id}").text
     assert f'step 2 of <a href="/jobs/{job.id}">{job.id}</a>' in web.get("/jobs").text
+
+
+def test_pages_are_gzipped_for_clients_that_accept_it_but_not_the_agents_loop(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    from api.app import WORKER_PROTOCOL_PATH
+
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    evidence_id = publish_evidence(db_session, settings, job)
+    for path in (f"/e/{evidence_id}", f"/e/{evidence_id}.md", "/jobs", f"/jobs/{job.id}"):
+        zipped = web.get(path, headers={"Accept-Encoding": "gzip"})
+        assert zipped.headers.get("content-encoding") == "gzip", path
+        assert "Accept-Encoding" in zipped.headers["vary"]
+        plain = web.get(path, headers={"Accept-Encoding": "identity"})
+        assert "content-encoding" not in plain.headers and plain.text == zipped.text, path
+    page = web.get(f"/e/{evidence_id}", headers={"Accept-Encoding": "gzip"})
+    assert int(page.headers["content-length"]) < len(page.content) / 3
+    # plotly.js is compressed once and cached by its route; the middleware leaves it alone.
+    plotly = web.get("/static/plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    assert plotly.headers["content-encoding"] == "gzip" and len(plotly.content) > 1_000_000
+    for path in (
+        "/api/v1/leases",
+        "/api/v1/workers/heartbeat",
+        "/api/v1/workers/register",
+        "/api/v1/runs/abc/artifacts/records.jsonl",
+        "/api/v1/runs/abc/complete",
+    ):
+        assert WORKER_PROTOCOL_PATH.match(path), path
+    assert not WORKER_PROTOCOL_PATH.match("/api/v1/jobs")
+
+
+def test_evidence_answers_head_and_a_bad_id_reads_as_a_page_in_a_browser(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    evidence_id = publish_evidence(db_session, settings, job)
+    anonymous = TestClient(web.app)
+    for suffix in ("", ".md", ".json", ".zip", ".html"):
+        got = anonymous.get(f"/e/{evidence_id}{suffix}", headers={"Accept-Encoding": "identity"})
+        head = anonymous.head(f"/e/{evidence_id}{suffix}", headers={"Accept-Encoding": "identity"})
+        assert head.status_code == 200 and head.content == b"", suffix
+        assert head.headers["content-type"] == got.headers["content-type"], suffix
+        assert head.headers["content-length"] == str(len(got.content)), suffix
+    browser = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+    for bad in ("0" * 24, "not-an-id", "0" * 24 + ".md"):
+        page = anonymous.get(f"/e/{bad}", headers=browser)
+        assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+        assert "<h1>No such evidence</h1>" in page.text and "no evidence" in page.text
+        api = anonymous.get(f"/e/{bad}", headers={"Accept": "application/json"})
+        assert api.status_code == 404 and api.json()["detail"].startswith("no evidence")
+    assert anonymous.head("/e/" + "0" * 24).status_code == 404
+
+
+def test_one_pr_markdown_linked_on_the_page_the_md_url_and_for_a_comment(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    from api.evidence import service as evidence_service
+
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    evidence_id = publish_evidence(db_session, settings, job)
+    served = web.get(f"/e/{evidence_id}.md").text
+    page = web.get(f"/e/{evidence_id}").text
+    copied = re.search(r'<textarea id="cb-markdown" readonly>(.*?)</textarea>', page, re.S)
+    html_unescaped = (
+        copied.group(1)
+        .replace("&quot;", '"')
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+    )
+    assert html_unescaped == served
+    assert f"Evidence id: [`{evidence_id}`](http://testserver/e/{evidence_id})" in served
+    assert "Evidence id: the first 24 hex digits" not in served
+    assert "<details><summary>Variants as built</summary>" in served
+    # What a pull-request comment posts: the same text for the same public URL.
+    assert (
+        evidence_service.pr_markdown(
+            db_session=db_session,
+            store=web.app.state.store,  # type: ignore[attr-defined]
+            evidence_id=evidence_id,
+            base_url="http://testserver/",
+        )
+        == served
+    )
+    # The job page's Markdown link is this URL.
+    assert f'href="/e/{evidence_id}.md">Markdown</a>' in web.get(f"/jobs/{job.id}").text
