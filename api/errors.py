@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from evidence.schemas import error_field
+from evidence.schemas import error_field, error_line
 
 
 class ServiceError(Exception):
@@ -53,12 +53,7 @@ class StoreFull(ServiceError):
 
 def validation_message(what: str, error: ValidationError) -> str:
     """`invalid job spec: contexts: must be positive; rounds: ...` in one line."""
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return f"invalid {what}: " + "; ".join(parts)
+    return f"invalid {what}: {error_line(error, every=True)}"
 
 
 def invalid(what: str, error: ValidationError) -> Invalid:

@@ -179,12 +179,12 @@ def cell_prefill_s(model: nn.Module, ids: list[int], *, flags: dict[str, Any]) -
     record = run_cell(
         model, ids, context_tokens=len(ids), flags=Flags.parse(flags), decode_tokens=1
     )
-    if record["status"] != "ok":
+    if record.status != "ok":
         # A cell the engine's own rule (engine/judge.py) calls invalid gets no figure here
         # either for that candidate at that context.
         INVALID.setdefault((len(ids), str(flags)), f"{record['status']}: {record['reason']}")
         return math.nan
-    return float(record["prefill_s"])
+    return float(record.prefill_s)
 
 
 # -- the interleaved schedule ---------------------------------------------------------------

@@ -87,8 +87,8 @@ def worker(args: argparse.Namespace) -> int:
         ids = prompt_ids(args.seed, round_index, args.context, vocab)
         record = run_cell(model, ids, context_tokens=len(ids), flags=flags, decode_tokens=1)
         return {
-            "prefill_s": record["prefill_s"],
-            "status": record["status"],
+            "prefill_s": record.prefill_s,
+            "status": record.status,
             "cpu": current_cpu(),
         }
 

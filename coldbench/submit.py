@@ -101,7 +101,7 @@ def submit(
     import httpx
     from pydantic import ValidationError
 
-    from evidence.schemas import JobSpec, error_field
+    from evidence.schemas import JobSpec, error_line
     from evidence.spec_text import parse_contexts, parse_features, split_list
     from evidence.variant import parse_variant
 
@@ -161,8 +161,7 @@ def submit(
     try:
         spec = JobSpec.model_validate(raw_spec)
     except ValidationError as error:
-        message = error.errors()[0]["msg"].removeprefix("Value error, ")
-        typer.echo(f"error: {error_field(error) or 'job'}: {message}", err=True)
+        typer.echo(f"error: {error_line(error, whole='job')}", err=True)
         raise typer.Exit(2) from None
 
     headers = {"Authorization": f"Bearer {key}"}

@@ -8,5 +8,6 @@ other targets (`mlx-lm` checkouts, `openai-server` commands) and the variant pro
 
 May import: mlx, mlx-lm, numpy, the standard library and `kernels/`. Nothing of HTTP, pydantic,
 the database, `evidence/`, `worker/` or `api/`: the GPU hosts run it with mlx, mlx-lm and numpy
-alone. Records leave this package as plain dicts shaped like DESIGN.md's record.
+alone. A record is made in one place, `engine.record` (standard-library dataclasses), and
+leaves this package as the JSON object of DESIGN.md's record.
 """

@@ -6,15 +6,14 @@ evaluated between chunks, so MLX never computes the lm_head of intermediate chun
 logits are never asked for); the last chunk asks for the logits of its last position only.
 There is no host sync inside the loop beyond that `mx.eval`.
 
-`run_cell` returns the measured part of a record (DESIGN.md's fields from `prompt_tokens`
-on); the variant process adds `run_id`, `variant`, `round` and `order`.
+`run_cell` returns the measured part of a record (`engine.record.Measurement`); the variant
+process adds `run_id`, `variant`, `round` and `order`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import mlx.core as mx
@@ -37,6 +36,7 @@ from engine.judge import (
     to_runs,
 )
 from engine.prompts import ids_sha256
+from engine.record import Measurement, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,6 @@ OUTPUT_HEAD = 16
 # tied embeddings) with nothing in between: the head can run on the last position alone, and
 # pre-norm blocks (input_layernorm, self_attn, post_attention_layernorm, mlp) can be split.
 _BACKBONE_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def cache_offset(prompt_cache: list[Any]) -> int | None:
@@ -198,13 +194,12 @@ def run_cell(
     flags: Flags,
     decode_tokens: int,
     prompt_cache: list[Any] | None = None,
-) -> dict[str, Any]:
+) -> Measurement:
     """Run one cell; never raises for a failure inside it (status `error` with the reason).
 
     `prompt_cache` exists to prove the guard: a cell handed a cache that already holds tokens
     is measured but marked invalid with the count.
     """
-    started_at = now_iso()
     counters: dict[str, Any] = {
         "prefill_tokens": None,
         "chunks": 0,
@@ -215,21 +210,12 @@ def run_cell(
         "compile.dispatched": 0,
         **{f"{name}.dispatched": 0 for name in kernels.FAST_PATHS},
     }
-    result: dict[str, Any] = {
-        "prompt_tokens": len(prompt_ids),
-        "prompt_sha256": ids_sha256(prompt_ids),
-        "cached_tokens": None,
-        "prefill_s": None,
-        "prefill_tps": None,
-        "decode_tokens": None,
-        "decode_s": None,
-        "decode_tps": None,
-        "output_sha256": None,
-        "output_head": None,
-        "output_margins": None,
-        "peak_memory_bytes": None,
-        "counters": counters,
-    }
+    result = Measurement(
+        prompt_tokens=len(prompt_ids),
+        prompt_sha256=ids_sha256(prompt_ids),
+        counters=counters,
+        started_at=now_iso(),
+    )
     try:
         # A requested feature this backend cannot run is recorded as such, never as run.
         skipped = not_exercised(flags.judged())
@@ -240,26 +226,24 @@ def run_cell(
             counters["compile.fallback"] = forward.reason
         cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
         cached = cache_offset(cache)
-        result["cached_tokens"] = cached
+        result.cached_tokens = cached
         kernels.COUNTERS.reset()
-        widths = _measure(forward, cache, prompt_ids, flags, decode_tokens, result, counters)
+        widths = _measure(forward, cache, prompt_ids, flags, decode_tokens, result)
         counters["compile.dispatched"] = forward.dispatched if flags.compile else 0
         fast_path_counters(forward, flags, counters)
         judge_cell(
             context_tokens=context_tokens,
             decode_tokens=decode_tokens,
             cached_tokens=cached,
-            prompt_tokens=result["prompt_tokens"],
+            prompt_tokens=result.prompt_tokens,
             prefilled_tokens=counters["prefill_tokens"],
-            decoded_tokens=result["decode_tokens"],
+            decoded_tokens=result.decode_tokens,
             execution=execution(flags, len(prompt_ids), widths, counters),
         ).record(result)
     except Exception as error:  # noqa: BLE001 - a failed cell is a record, not a crash
         log.exception("cell failed")
-        result["status"] = "error"
-        result["reason"] = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
-    result["started_at"] = started_at
-    result["ended_at"] = now_iso()
+        result.fail(error)
+    result.ended_at = now_iso()
     return result
 
 
@@ -269,10 +253,10 @@ def _measure(
     prompt_ids: list[int],
     flags: Flags,
     decode_tokens: int,
-    result: dict[str, Any],
-    counters: dict[str, Any],
+    result: Measurement,
 ) -> list[int]:
     """Time the prefill and decode into `result`; returns the prefill's chunk widths."""
+    counters = result.counters
     tokens = mx.array(prompt_ids, dtype=mx.int32)[None]
     total = len(prompt_ids)
     step = flags.prefill_step_size
@@ -299,7 +283,7 @@ def _measure(
     mx.eval(token, margin)
     mx.synchronize()
     prefill_s = time.perf_counter() - start
-    before, after = result["cached_tokens"], cache_offset(cache)
+    before, after = result.cached_tokens, cache_offset(cache)
     counters["prefill_tokens"] = None if after is None or before is None else after - before
     counters["chunks"] += 1
     widths.append(total - position)
@@ -324,18 +308,18 @@ def _measure(
     decode_s = time.perf_counter() - decode_start
 
     output_ids: list[int] = [int(i) for i in np.array(mx.stack(outputs)).tolist()][:decode_tokens]
-    result["prefill_s"] = prefill_s
-    result["prefill_tps"] = total / prefill_s if prefill_s > 0 else None
-    result["decode_tokens"] = len(output_ids)
+    result.prefill_s = prefill_s
+    result.prefill_tps = total / prefill_s if prefill_s > 0 else None
+    result.decode_tokens = len(output_ids)
     # The first output id comes from the prefill's logits; decode time covers the others.
     steps = len(output_ids) - 1
-    result["decode_s"] = decode_s if steps > 0 else None
-    result["decode_tps"] = steps / decode_s if steps > 0 and decode_s > 0 else None
-    result["output_sha256"] = ids_sha256(output_ids)
-    result["output_head"] = output_ids[:OUTPUT_HEAD]
+    result.decode_s = decode_s if steps > 0 else None
+    result.decode_tps = steps / decode_s if steps > 0 and decode_s > 0 else None
+    result.output_sha256 = ids_sha256(output_ids)
+    result.output_head = output_ids[:OUTPUT_HEAD]
     margin_values: list[float] = [float(m) for m in np.array(mx.stack(margins)).tolist()]
-    result["output_margins"] = margin_values[: len(output_ids)]
-    result["peak_memory_bytes"] = int(mx.get_peak_memory())
+    result.output_margins = margin_values[: len(output_ids)]
+    result.peak_memory_bytes = int(mx.get_peak_memory())
     return widths
 
 

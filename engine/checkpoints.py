@@ -31,6 +31,7 @@ import numpy as np
 
 from engine import corpus
 from engine.presets import DTYPES, PRESETS, Preset, get_preset
+from engine.record import one_line
 
 log = logging.getLogger(__name__)
 
@@ -418,7 +419,7 @@ def load_model(path: Path | str) -> tuple[Any, Any, dict[str, Any]]:
     try:
         model, tokenizer, config = load(str(path), return_config=True)  # type: ignore[misc]
     except Exception as error:  # noqa: BLE001 - any load failure becomes one clear line
-        raise CheckpointError(f"cannot load checkpoint {path}: {_one_line(error)}") from error
+        raise CheckpointError(f"cannot load checkpoint {path}: {one_line(error)}") from error
     return model, tokenizer, config
 
 
@@ -438,11 +439,6 @@ def _check_layout(path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} has no model*.safetensors")
     for file in files:
         _safetensors_header(file)
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return f"{type(error).__name__}: {text}" if type(error).__name__ not in text else text
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -513,7 +509,7 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
             raise ValueError("header is not an object")
         return header
     except (OSError, ValueError, struct.error) as error:
-        raise CheckpointError(f"corrupt safetensors file {path}: {_one_line(error)}") from None
+        raise CheckpointError(f"corrupt safetensors file {path}: {one_line(error)}") from None
 
 
 def count_parameters(path: Path, config: dict[str, Any]) -> int:

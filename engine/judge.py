@@ -38,6 +38,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engine.record import Measurement
+
 # A run of chunk widths: (width, how many consecutive chunks had it), in prefill order.
 Runs = tuple[tuple[int, int], ...]
 
@@ -81,11 +83,11 @@ class Judgement:
     reason: str | None
     inert: tuple[str, ...] = ()
 
-    def record(self, result: dict[str, Any]) -> None:
-        """Write the verdict into an adapter's result (status, reason, counters["inert"])."""
-        result["status"], result["reason"] = self.status, self.reason
+    def record(self, result: Measurement) -> None:
+        """Write the verdict into an adapter's measurement (status, reason, counters["inert"])."""
+        result.status, result.reason = self.status, self.reason
         if self.inert:
-            result.setdefault("counters", {})["inert"] = ",".join(self.inert)
+            result.counters["inert"] = ",".join(self.inert)
 
 
 def matches(expected: Any, observed: Any) -> bool:

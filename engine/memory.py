@@ -68,7 +68,6 @@ if TYPE_CHECKING:
 
 DEVICE_MEMORY_ENV = "COLDBENCH_DEVICE_MEMORY_BYTES"
 PEER_PROCESSES_ENV = "COLDBENCH_PEER_PROCESSES"
-DEFAULT_CHUNK = 2048  # generate_step's and the embedded cell's default prefill_step_size
 KV_STEP = 256  # mlx-lm's KVCache grows in steps of this many positions
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 GIB = 1 << 30
@@ -313,9 +312,13 @@ class MemoryGuard:
 
     @classmethod
     def for_plan(cls, plan: Plan, path: Path | str) -> MemoryGuard:
-        step = (plan.flags or {}).get("prefill_step_size", DEFAULT_CHUNK)
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            step = DEFAULT_CHUNK  # the adapter refuses the flag itself, with its own message
+        from engine.flags import Flags  # kernels/ and mlx: not for the worker's imports
+
+        step_flag = {k: v for k, v in (plan.flags or {}).items() if k == "prefill_step_size"}
+        try:
+            step = Flags.parse(step_flag).prefill_step_size
+        except ValueError:  # the adapter refuses the value itself, with its own message
+            step = Flags().prefill_step_size
         return cls.for_checkpoint(path, chunk_tokens=step)
 
     def estimate(self, context_tokens: int) -> MemoryEstimate:

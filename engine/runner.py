@@ -30,30 +30,11 @@ import os
 import sys
 from typing import IO, Any
 
-from engine.cell import now_iso
 from engine.memory import release_cached_buffers
 from engine.plan import WARMUP_GATE_ENV, CellRequest, Plan
+from engine.record import CellRecord, Measurement, clip, now_iso, one_line
 
 log = logging.getLogger("engine.runner")
-RECORD_SCHEMA = "coldbench.record/1"
-_MEASURED_NONE = (
-    "prompt_tokens",
-    "prompt_sha256",
-    "cached_tokens",
-    "prefill_s",
-    "prefill_tps",
-    "decode_tokens",
-    "decode_s",
-    "decode_tps",
-    "output_sha256",
-    "output_head",
-    "peak_memory_bytes",
-)
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text if isinstance(error, ValueError) and text else f"{type(error).__name__}: {text}"
 
 
 class VariantProcess:
@@ -70,37 +51,35 @@ class VariantProcess:
     def run(self, request: CellRequest, *, warmup: bool = False) -> dict[str, Any]:
         round_ = -1 if warmup else request.round
         order = -1 if warmup else request.order
-        record: dict[str, Any] = {
-            "schema": RECORD_SCHEMA,
-            "run_id": self.plan.run_id,
-            "variant": self.plan.variant,
-            "round": round_,
-            "order": order,
-            "context_tokens": request.context_tokens,
-            "adapter": self.plan.adapter,
-            "flags": self.plan.flags,
-        }
         started_at = now_iso()
         try:
             measured = self.adapter.run_cell(round_, order, request.context_tokens)
         except Exception as error:  # noqa: BLE001 - the cell fails, the process goes on
             if isinstance(error, ValueError):  # bad input (e.g. context too large): one line
-                log.warning("cell %s refused: %s", request, _one_line(error))
+                log.warning("cell %s refused: %s", request, one_line(error))
             else:
                 log.exception("cell %s failed", request)
-            measured = {key: None for key in _MEASURED_NONE}
-            measured |= {"counters": {}, "started_at": started_at, "ended_at": now_iso()}
-            measured |= {"status": "error", "reason": _one_line(error)[:500]}
-        record |= measured
-        if warmup and record["status"] != "error":
-            record["status"] = "warmup"
-            record["reason"] = "discarded warm-up" + (
-                f" (cell was {measured['status']}: {measured['reason']})"
-                if measured.get("status") not in (None, "ok")
+            measured = Measurement.failed(one_line(error), started_at=started_at)
+        cell = CellRecord.of(
+            measured,
+            run_id=self.plan.run_id,
+            variant=self.plan.variant,
+            round=round_,
+            order=order,
+            context_tokens=request.context_tokens,
+            adapter=self.plan.adapter,
+            flags=self.plan.flags,
+        )
+        if warmup and cell.status != "error":
+            cell.reason = "discarded warm-up" + (
+                f" (cell was {measured.status}: {measured.reason})"
+                if measured.status != "ok"
                 else ""
             )
+            cell.status = "warmup"
         elif warmup:
-            record["reason"] = f"warm-up: {record['reason']}"
+            cell.reason = f"warm-up: {cell.reason}"
+        record = cell.as_json()
         self._append(record)
         if not warmup:  # the warm-up travels in the ready event: stdout starts with "ready"
             self.emit({"event": "record", "record": record})
@@ -126,7 +105,7 @@ class VariantProcess:
                     return
                 request = CellRequest.from_json(message)
             except ValueError as error:
-                self.emit({"event": "error", "reason": f"bad cell request: {_one_line(error)}"})
+                self.emit({"event": "error", "reason": f"bad cell request: {one_line(error)}"})
                 continue
             self.run(request)
 
@@ -171,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 check(context)
     except Exception as error:  # noqa: BLE001 - reported as one line, exit 2
         log.exception("load failed")
-        out.write(json.dumps({"event": "error", "reason": _one_line(error)[:500]}) + "\n")
+        out.write(json.dumps({"event": "error", "reason": clip(one_line(error))}) + "\n")
         out.flush()
         return 2
     try:

@@ -31,7 +31,15 @@ from evidence.canonical import canonical_json, sha256_hex
 from evidence.markdown import render_summary_md
 from evidence.records import RECORDS_FILE, parse_records, records_bytes
 from evidence.report import render_report_html
-from evidence.schemas import FileEntry, JobSpec, Manifest, Provenance, Record, is_valid_name
+from evidence.schemas import (
+    FileEntry,
+    JobSpec,
+    Manifest,
+    Provenance,
+    Record,
+    error_line,
+    is_valid_name,
+)
 from evidence.summary import summarize
 from evidence.summary_schema import Summary, first_difference, summary_json_bytes
 
@@ -468,11 +476,8 @@ def verify_files(files: Mapping[str, bytes]) -> Verification:
     try:
         manifest = Manifest.model_validate_json(manifest_bytes)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "manifest"
-        return Verification(
-            evidence_id, len(files), [f"{MANIFEST_FILE}: invalid ({where}: {first['msg']})"]
-        )
+        why = error_line(error, whole="manifest")
+        return Verification(evidence_id, len(files), [f"{MANIFEST_FILE}: invalid ({why})"])
     for name, entry in sorted(manifest.files.items()):
         content = files.get(name)
         if content is None:
@@ -506,7 +511,7 @@ def verify_files(files: Mapping[str, bytes]) -> Verification:
         try:
             JobSpec.model_validate_json(files[JOB_FILE])
         except ValidationError as error:
-            problems.append(f"{JOB_FILE}: invalid ({_first_error(error)})")
+            problems.append(f"{JOB_FILE}: invalid ({error_line(error, whole='document')})")
     if SUMMARY_JSON_FILE in files:
         _, problem = summary_of(files[SUMMARY_JSON_FILE])
         if problem:
@@ -527,14 +532,9 @@ def summary_of(raw: bytes) -> tuple[Summary | None, str | None]:
         count = error.error_count()
         more = f" (and {count - 1} more)" if count > 1 else ""
         return None, (
-            f"{SUMMARY_JSON_FILE}: does not match the summary contract: {_first_error(error)}{more}"
+            f"{SUMMARY_JSON_FILE}: does not match the summary contract: "
+            f"{error_line(error, whole='document')}{more}"
         )
-
-
-def _first_error(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "document"
-    return f"{where}: {first['msg']}".replace("\n", " ")
 
 
 def _provenance_problems(
@@ -552,7 +552,7 @@ def _provenance_problems(
     try:
         runs = {p.run_id for p in provenances_of(document)}
     except ValidationError as error:
-        problems.append(f"{PROVENANCE_FILE}: invalid ({_first_error(error)})")
+        problems.append(f"{PROVENANCE_FILE}: invalid ({error_line(error, whole='document')})")
     if canonical_json(document) != canonical_json(dict(inline)):
         problems.append(f"{MANIFEST_FILE}: inline provenance differs from {PROVENANCE_FILE}")
     return problems, runs

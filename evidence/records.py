@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from evidence.canonical import canonical_json
-from evidence.schemas import Record
+from evidence.schemas import Record, error_line
 
 RECORDS_FILE = "records.jsonl"
 
@@ -22,14 +22,6 @@ class RecordsError(ValueError):
         shown = "; ".join(problems[:3])
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         super().__init__(f"{shown}{more}")
-
-
-def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "record"
-        parts.append(f"{field}: {item['msg']}")
-    return "; ".join(parts)
 
 
 def parse_records(
@@ -62,7 +54,8 @@ def parse_records(
         try:
             records.append(Record.model_validate(value))
         except ValidationError as error:
-            problems.append(f"{source} line {number}: {_describe(error)}")
+            problem = error_line(error, whole="record", every=True)
+            problems.append(f"{source} line {number}: {problem}")
     return records, problems
 
 

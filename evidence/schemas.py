@@ -57,11 +57,26 @@ class SpecError(ValueError):
 
 def error_field(error: ValidationError) -> str | None:
     """The dotted path of the field the first problem of `error` is about (None: the whole)."""
-    item = error.errors()[0]
+    return _problem_field(error.errors()[0])
+
+
+def _problem_field(item: Any) -> str | None:
     if item["loc"]:
         return ".".join(str(part) for part in item["loc"])
     cause = (item.get("ctx") or {}).get("error")
     return cause.field if isinstance(cause, SpecError) else None
+
+
+def error_line(error: ValidationError, *, whole: str | None = None, every: bool = False) -> str:
+    """A pydantic error as one line a user can act on: `field.path: what is wrong` of its first
+    problem (`every`: all of them, joined by `; `). A problem about no one field is named
+    `whole` when given; pydantic's `Value error, ` prefix is dropped, line breaks folded."""
+    parts = []
+    for item in error.errors(include_url=False)[: None if every else 1]:
+        message = " ".join(str(item["msg"]).removeprefix("Value error, ").split())
+        where = _problem_field(item) or whole
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
 
 
 class _Strict(BaseModel):

@@ -23,6 +23,7 @@ from evidence.schemas import (
     FlagValue,
     JobSpec,
     VariantSpec,
+    error_line,
 )
 from evidence.spec_text import parse_feature, parse_flag_value
 from evidence.spec_text import parse_variant as parse_variant_fields
@@ -46,9 +47,7 @@ def parse_variant(text: str) -> VariantSpec:
     try:
         return VariantSpec.model_validate(fields)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+        raise ValueError(error_line(error)) from None
 
 
 def minus_variant_name(flag: str) -> str:

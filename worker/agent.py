@@ -60,7 +60,7 @@ from evidence.protocol import (
     RepositoryOffer,
     RunStatus,
 )
-from evidence.schemas import HostInfo, JobSpec
+from evidence.schemas import HostInfo, JobSpec, error_line
 from worker.config import HostConfig
 from worker.fingerprint import host_fingerprint, host_labels
 from worker.variants import Progress as CellProgress
@@ -312,9 +312,7 @@ class Agent:
         try:
             return CalibrationAccepted.model_validate_json(response.content)
         except ValidationError as error:
-            raise AgentError(
-                f"calibration answer not understood: {error.errors()[0]['msg']}"
-            ) from None
+            raise AgentError(f"calibration answer not understood: {error_line(error)}") from None
 
     # -- heartbeat thread --
 

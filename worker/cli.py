@@ -83,7 +83,7 @@ def build_spec(
 ) -> JobSpec:
     from pydantic import ValidationError
 
-    from evidence.schemas import JobSpec, error_field
+    from evidence.schemas import JobSpec, error_field, error_line
     from evidence.spec_text import parse_features
 
     parsed = [parse_variant(v) for v in variants] or [parse_variant("base")]
@@ -111,10 +111,10 @@ def build_spec(
         return JobSpec.model_validate(raw)
     except ValidationError as error:
         field = error_field(error)
-        message = error.errors()[0]["msg"].removeprefix("Value error, ")
         if repository is None and field and field.endswith((".ref", ".recipe")):
             message = "ref= and recipe= name commits of a repository: add --repo PATH"
-        raise ValueError(f"{field or 'job'}: {message}") from None
+            raise ValueError(f"{field}: {message}") from None
+        raise ValueError(error_line(error, whole="job")) from None
 
 
 def history_variants(

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 from engine.memory import PEER_PROCESSES_ENV
 from engine.plan import WARMUP_GATE_ENV
+from engine.record import CellRecord, Measurement
 from worker.schedule import Cell, start_order
 
 log = logging.getLogger(__name__)
@@ -298,36 +299,20 @@ class VariantProcess:
 
 def _timeout_record(
     launch: VariantLaunch, cell: Cell, started: datetime, why: str, process: int
-) -> dict:
+) -> dict[str, Any]:
     """The record of a cell that never reported: status error, unknown values null."""
     plan = launch.plan
-    return {
-        "process": process,
-        "schema": "coldbench.record/1",
-        "run_id": plan.get("run_id", ""),
-        "variant": launch.name,
-        "round": cell.round,
-        "order": cell.order,
-        "context_tokens": cell.context_tokens,
-        "prompt_tokens": None,
-        "prompt_sha256": None,
-        "cached_tokens": None,
-        "prefill_s": None,
-        "prefill_tps": None,
-        "decode_tokens": None,
-        "decode_s": None,
-        "decode_tps": None,
-        "output_sha256": None,
-        "output_head": None,
-        "peak_memory_bytes": None,
-        "counters": {},
-        "started_at": started.isoformat(),
-        "ended_at": datetime.now(UTC).isoformat(),
-        "status": "error",
-        "reason": why,
-        "adapter": plan.get("adapter"),
-        "flags": plan.get("flags") or {},
-    }
+    return CellRecord.of(
+        Measurement.failed(why, started_at=started.isoformat()),
+        run_id=plan.get("run_id", ""),
+        variant=launch.name,
+        round=cell.round,
+        order=cell.order,
+        context_tokens=cell.context_tokens,
+        adapter=plan.get("adapter"),
+        flags=plan.get("flags") or {},
+        process=process,
+    ).as_json()
 
 
 def run_schedule(

@@ -5,8 +5,7 @@ registry below maps the adapter names of a plan (DESIGN.md: `embedded`, `mlx-lm`
 `openai-server`) to those modules and imports only the one a plan asks for.
 
 Contract of `Adapter.run_cell(round, order, context_tokens)`: return the measured part of a
-record (`engine.cell.run_cell`'s keys: `prompt_tokens` ... `counters`, `started_at`,
-`ended_at`, `status`, `reason`, optionally `output_margins`, `prompt_corpus_sha256`);
+record (`engine.record.Measurement`, judged by `engine.judge`);
 `round == -1` means the discarded warm-up, which must use a prompt no measured cell uses
 (`PromptSource.warmup_prompt`). The runner adds `schema`, `run_id`, `variant`, `round`,
 `order`, `context_tokens`, `adapter`, `flags`, and turns an exception into an error record.
@@ -30,9 +29,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.cell import now_iso
 from engine.plan import Plan
 from engine.prompts import Prompt
+from engine.record import Measurement, now_iso
 
 ADAPTERS: dict[str, str] = {
     "embedded": "engine.adapters.embedded",
@@ -44,7 +43,7 @@ ADAPTERS: dict[str, str] = {
 class Adapter(Protocol):
     def load(self) -> None: ...
 
-    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]: ...
+    def run_cell(self, round: int, order: int, context_tokens: int) -> Measurement: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -65,14 +64,14 @@ def create_adapter(plan: Plan) -> Adapter:
 
 
 def measure_prompt(
-    measure: Callable[..., dict[str, Any]], prompt: Prompt, context_tokens: int
-) -> dict[str, Any]:
+    measure: Callable[..., Measurement], prompt: Prompt, context_tokens: int
+) -> Measurement:
     """Run an out-of-process adapter's `measure(ids, context_tokens=...)` on one cell's prompt,
     stamping the wall-clock start and end and the corpus digest the prompt was cut from."""
     started_at = now_iso()
     result = measure(prompt.ids, context_tokens=context_tokens)
-    result["prompt_corpus_sha256"] = prompt.corpus_sha256
-    result["started_at"], result["ended_at"] = started_at, now_iso()
+    result.prompt_corpus_sha256 = prompt.corpus_sha256
+    result.started_at, result.ended_at = started_at, now_iso()
     return result
 
 

@@ -21,6 +21,7 @@ from engine.flags import Flags
 from engine.memory import MemoryGuard
 from engine.plan import Plan
 from engine.prompts import PromptSource
+from engine.record import Measurement
 
 
 class EmbeddedLoadError(ValueError):
@@ -72,7 +73,7 @@ class EmbeddedAdapter:
         assert self.prompts is not None, "load() first"
         self.prompts.check_context(context_tokens)
 
-    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
+    def run_cell(self, round: int, order: int, context_tokens: int) -> Measurement:
         assert self.prompts is not None, "load() first"
         prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
         result = run_cell(
@@ -82,7 +83,7 @@ class EmbeddedAdapter:
             flags=self.flags,
             decode_tokens=self.plan.decode_tokens,
         )
-        result["prompt_corpus_sha256"] = prompt.corpus_sha256
+        result.prompt_corpus_sha256 = prompt.corpus_sha256
         return result
 
     def describe(self) -> dict[str, Any]:

@@ -22,7 +22,6 @@ import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,6 +31,7 @@ import mlx.core as mx
 from engine import checkpoints
 from engine.adapters import measure_prompt, process_software
 from engine.backend import describe_backend
+from engine.flags import Flags
 from engine.judge import (
     Expectation,
     Observation,
@@ -45,13 +45,12 @@ from engine.judge import (
 from engine.memory import MemoryGuard
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
+from engine.record import Measurement
 
 logger = logging.getLogger(__name__)
 
 NAME = "mlx-lm"
 MODULE = "mlx_lm"
-# generate_step's own default; a request for any other value must show up in chunk widths.
-DEFAULT_PREFILL_STEP_SIZE = 2048
 SUPPORTED_FLAGS = ("prefill_step_size",)
 OUTPUT_HEAD = 16
 
@@ -60,26 +59,20 @@ class MlxLmLoadError(ValueError):
     """The checkout, its module or the model cannot be used: the variant must not run."""
 
 
-@dataclass(frozen=True)
-class MlxLmFlags:
-    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE
-    requested: frozenset[str] = field(default_factory=frozenset)
-
-
-def parse_flags(flags: Mapping[str, Any] | None) -> MlxLmFlags:
-    """Accept only what generate_step can honour; anything else is refused, never ignored."""
-    flags = dict(flags or {})
-    unknown = sorted(set(flags) - set(SUPPORTED_FLAGS))
+def parse_flags(flags: Mapping[str, Any] | None) -> Flags:
+    """Accept only what generate_step can honour; anything else is refused, never ignored.
+    Values are checked by `engine.flags.Flags` (the one rule for every adapter); the default
+    of `prefill_step_size` is generate_step's own, which this engine shares."""
+    unknown = sorted(set(flags or {}) - set(SUPPORTED_FLAGS))
     if unknown:
         raise MlxLmLoadError(
             f"mlx-lm adapter does not support flag(s) {', '.join(unknown)}; "
             f"supported: {', '.join(SUPPORTED_FLAGS)}"
         )
-    requested = frozenset(name for name in flags if flags[name] != getattr(MlxLmFlags(), name))
-    step = flags.get("prefill_step_size", DEFAULT_PREFILL_STEP_SIZE)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise MlxLmLoadError(f"prefill_step_size must be a positive integer, got {step!r}")
-    return MlxLmFlags(prefill_step_size=step, requested=requested)
+    try:
+        return Flags.parse(flags)
+    except ValueError as error:
+        raise MlxLmLoadError(str(error)) from None
 
 
 def _is_inside(path: str | Path | None, root: Path) -> bool:
@@ -191,7 +184,7 @@ class MlxLmAdapter:
             "software": process_software(),
         }
 
-    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
+    def run_cell(self, round: int, order: int, context_tokens: int) -> Measurement:
         assert self.prompts is not None, "load() first"
         prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
         return measure_prompt(self.measure, prompt, context_tokens)
@@ -202,7 +195,7 @@ class MlxLmAdapter:
         *,
         context_tokens: int,
         prompt_cache: list[Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Measurement:
         """Time one prefill + decode; `prompt_cache` lets a test hand in a warm cache."""
         step = self.flags.prefill_step_size
         decode_tokens = self.plan.decode_tokens
@@ -248,26 +241,26 @@ class MlxLmAdapter:
             "prefill_step_size.dispatched": sum(1 for w in widths[:-1] if w == step),
             "engine_module_file": self.engine_module_file,
         }
-        result: dict[str, Any] = {
-            "prompt_tokens": n,
-            "prompt_sha256": ids_sha256(prompt_ids),
-            "cached_tokens": cached_tokens,
-            "prefill_s": prefill_s,
-            "prefill_tps": n / prefill_s if prefill_s > 0 else None,
-            "decode_tokens": len(output),
-            "decode_s": decode_s,
-            "decode_tps": decode_steps / decode_s if decode_steps > 0 and decode_s else None,
-            "output_sha256": ids_sha256(output),
-            "output_head": output[:OUTPUT_HEAD],
-            "peak_memory_bytes": int(mx.get_peak_memory()),
-            "counters": counters,
-        }
+        result = Measurement(
+            prompt_tokens=n,
+            prompt_sha256=ids_sha256(prompt_ids),
+            cached_tokens=cached_tokens,
+            prefill_s=prefill_s,
+            prefill_tps=n / prefill_s if prefill_s > 0 else None,
+            decode_tokens=len(output),
+            decode_s=decode_s,
+            decode_tps=decode_steps / decode_s if decode_steps > 0 and decode_s else None,
+            output_sha256=ids_sha256(output),
+            output_head=output[:OUTPUT_HEAD],
+            peak_memory_bytes=int(mx.get_peak_memory()),
+            counters=counters,
+        )
         execution = []
-        if "prefill_step_size" in self.flags.requested:
+        if "prefill_step_size" in self.flags.non_default():
             expectation = Expectation(
                 "prefill_step_size",
                 generate_step_widths(n, step),
-                generate_step_widths(n, DEFAULT_PREFILL_STEP_SIZE),
+                generate_step_widths(n, Flags().prefill_step_size),
             )
             execution.append((expectation, Observation("prefill_step_size", to_runs(widths))))
         judge_cell(

@@ -74,6 +74,7 @@ from engine.judge import AtLeast, Expectation, Observation, judge_cell
 from engine.memory import MemoryGuard
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
+from engine.record import Measurement
 
 logger = logging.getLogger(__name__)
 
@@ -401,12 +402,12 @@ class OpenAIServerAdapter:
 
     # -- cells -------------------------------------------------------------------------------
 
-    def run_cell(self, round: int, order: int, context_tokens: int) -> dict[str, Any]:
+    def run_cell(self, round: int, order: int, context_tokens: int) -> Measurement:
         assert self.prompts is not None, "load() first"
         prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
         return measure_prompt(self.measure, prompt, context_tokens)
 
-    def measure(self, prompt_ids: Sequence[int], *, context_tokens: int) -> dict[str, Any]:
+    def measure(self, prompt_ids: Sequence[int], *, context_tokens: int) -> Measurement:
         if self.process is None or self.process.poll() is not None:
             code = None if self.process is None else self.process.poll()
             # The runner keeps 500 characters of an exception: the log's last lines fit.
@@ -459,36 +460,32 @@ class OpenAIServerAdapter:
             cache="the server",
             reuse=PROMPT_CACHE_REUSE,
         )
-        status: str = judgement.status
-        reason: str | None = judgement.reason
-        if stream["error"]:
-            status, reason = "error", f"{stream['error']}; server log: {self.stderr_tail()}"
-        elif prefill_s is None:
-            status, reason = "error", f"server streamed no token; server log: {self.stderr_tail()}"
         decode_steps = (decoded or 0) - 1
-        return {
-            "prompt_tokens": prompt_tokens,
-            "prompt_sha256": ids_sha256(server_ids),
-            "cached_tokens": cached_tokens,
-            "prefill_s": prefill_s,
-            "prefill_tps": n / prefill_s if prefill_s else None,
-            "decode_tokens": decoded,
-            "decode_s": decode_s if decode_steps > 0 else None,
-            "decode_tps": decode_steps / decode_s if decode_steps > 0 and decode_s else None,
+        result = Measurement(
+            prompt_tokens=prompt_tokens,
+            prompt_sha256=ids_sha256(server_ids),
+            cached_tokens=cached_tokens,
+            prefill_s=prefill_s,
+            prefill_tps=n / prefill_s if prefill_s else None,
+            decode_tokens=decoded,
+            decode_s=decode_s if decode_steps > 0 else None,
+            decode_tps=decode_steps / decode_s if decode_steps > 0 and decode_s else None,
             # The stream carries text, not ids: no output ids are known, only the text's digest.
-            "output_sha256": None,
-            "output_head": None,
-            "peak_memory_bytes": None,
-            "counters": {
+            counters={
                 "stream_events": stream["events"],
                 "prompt_ids_refit": list(server_ids) != [int(i) for i in prompt_ids],
                 "output_text_sha256": hashlib.sha256(stream["text"].encode()).hexdigest(),
                 **{f"{name}.dispatched": count for name, count in dispatched.items()},
-                **({"inert": ",".join(judgement.inert)} if judgement.inert else {}),
             },
-            "status": status,
-            "reason": reason,
-        }
+        )
+        judgement.record(result)
+        if stream["error"]:
+            result.status = "error"
+            result.reason = f"{stream['error']}; server log: {self.stderr_tail()}"
+        elif prefill_s is None:
+            result.status = "error"
+            result.reason = f"server streamed no token; server log: {self.stderr_tail()}"
+        return result
 
 
 def create(plan: Plan) -> OpenAIServerAdapter:

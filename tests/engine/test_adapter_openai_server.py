@@ -25,6 +25,7 @@ from engine.adapters.openai_server import (
     wipe_path,
 )
 from engine.plan import Plan
+from engine.record import Measurement
 
 MLX_LM_SERVER = ["{python}", "-m", "mlx_lm", "server", "--model", "{model}", "--port", "{port}"]
 
@@ -206,11 +207,11 @@ def test_server_without_cached_token_accounting_makes_cells_invalid(
         cell = adapter.run_cell(0, 0, 64)
     finally:
         adapter.close()
-    assert cell["status"] == "invalid"
-    assert cell["reason"] == "the server does not report cached tokens (cached_tokens unknown)"
-    assert cell["cached_tokens"] is None  # unknown, never assumed 0
-    assert cell["decode_tokens"] == 4
-    assert cell["prefill_s"] is not None and cell["prefill_s"] > 0
+    assert cell.status == "invalid"
+    assert cell.reason == "the server does not report cached tokens (cached_tokens unknown)"
+    assert cell.cached_tokens is None  # unknown, never assumed 0
+    assert cell.decode_tokens == 4
+    assert cell.prefill_s is not None and cell.prefill_s > 0
     assert process is not None and process.poll() is not None  # close() ended it
 
 
@@ -315,9 +316,9 @@ def test_a_server_that_never_streams_is_an_error_within_seconds(
         took = time.monotonic() - started
     finally:
         adapter.close()
-    assert cell["status"] == "error"
-    assert "no token 1.5 s after the request (first_token_timeout_s)" in cell["reason"]
-    assert "server log: " in cell["reason"] and "generation thread died" in cell["reason"]
+    assert cell.status == "error"
+    assert "no token 1.5 s after the request (first_token_timeout_s)" in cell.reason
+    assert "server log: " in cell.reason and "generation thread died" in cell.reason
     assert took < 10
 
 
@@ -335,9 +336,9 @@ def test_a_server_that_exits_mid_cell_is_an_error_with_its_log(
             adapter.run_cell(1, 0, 64)
     finally:
         adapter.close()
-    assert cell["status"] == "error" and took < 10
-    assert cell["reason"].startswith("server exited with code 3 during the cell; server log: ")
-    assert "the generation thread crashed" in cell["reason"]
+    assert cell.status == "error" and took < 10
+    assert cell.reason.startswith("server exited with code 3 during the cell; server log: ")
+    assert "the generation thread crashed" in cell.reason
     # The log stays beside the records for the run's bundle.
     assert "the generation thread crashed" in adapter.log_path.read_text()
 
@@ -364,9 +365,9 @@ def test_options_reach_the_server_and_their_proof_lines_are_counted(
     finally:
         adapter.close()
     for cell in cells:
-        assert cell["status"] == "ok", cell["reason"]
-        assert cell["counters"]["fast.dispatched"] == 1
-        assert cell["counters"]["env_fast.dispatched"] == 1
+        assert cell.status == "ok", cell.reason
+        assert cell.counters["fast.dispatched"] == 1
+        assert cell.counters["env_fast.dispatched"] == 1
     assert not cache.exists()
     assert target["wiped"] == [
         {"path": str(cache), "existed": True, "bytes": 1000},
@@ -398,9 +399,9 @@ def test_an_option_the_server_ignores_is_a_silent_no_op(
     finally:
         adapter.close()
     assert "--fake-fast" in adapter.argv
-    assert cell["status"] == "invalid"
-    assert cell["reason"] == "silent no-op: fast"
-    assert cell["counters"]["fast.dispatched"] == 0
+    assert cell.status == "invalid"
+    assert cell.reason == "silent no-op: fast"
+    assert cell.counters["fast.dispatched"] == 0
 
 
 def test_wipe_refuses_root_and_home(tmp_path: Path) -> None:
@@ -444,7 +445,7 @@ def test_a_bos_adding_tokenizer_needs_the_prompt_cache_off(
     tokenizer = load_tokenizer(model)
     assert tokenizer.encode("hello")[0] == tokenizer.bos_token_id  # really adds BOS
 
-    def cells(command: list[str], name: str) -> list[dict[str, object]]:
+    def cells(command: list[str], name: str) -> list[Measurement]:
         records = tmp_path / f"{name}.jsonl"
         adapter = OpenAIServerAdapter(
             Plan.from_json(
@@ -466,16 +467,16 @@ def test_a_bos_adding_tokenizer_needs_the_prompt_cache_off(
             adapter.close()
 
     default = cells(MLX_LM_SERVER, "default")
-    assert [c["cached_tokens"] for c in default[1:]] == [1, 1]
-    assert default[1]["status"] == "invalid"
-    assert default[1]["reason"] == (
+    assert [c.cached_tokens for c in default[1:]] == [1, 1]
+    assert default[1].status == "invalid"
+    assert default[1].reason == (
         "cached_tokens=1: the server reused its prompt cache; start it with its prompt cache "
         "off (mlx_lm.server: --prompt-cache-size 0)"
     )
     cache_off = cells([*MLX_LM_SERVER, "--prompt-cache-size", "0"], "cache-off")
     for cell in cache_off:
-        assert cell["status"] == "ok", cell["reason"]
-        assert cell["cached_tokens"] == 0 and cell["prompt_tokens"] == 64
+        assert cell.status == "ok", cell.reason
+        assert cell.cached_tokens == 0 and cell.prompt_tokens == 64
 
 
 def test_wipes_of_one_folder_side_by_side_all_succeed(tmp_path: Path) -> None:

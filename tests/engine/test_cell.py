@@ -12,6 +12,7 @@ from engine import checkpoints
 from engine.cell import run_cell
 from engine.flags import Flags
 from engine.prompts import PromptSource, ids_sha256
+from engine.record import CellRecord, Measurement
 from evidence.schemas import Record
 
 CONTEXT = 256
@@ -25,40 +26,42 @@ def prompt(tiny_prompts: PromptSource) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model: tuple[Any, Any, dict[str, Any]], prompt: list[int]) -> dict[str, Any]:
+def reference(tiny_model: tuple[Any, Any, dict[str, Any]], prompt: list[int]) -> Measurement:
     return run_cell(
         tiny_model[0], prompt, context_tokens=CONTEXT, flags=Flags(), decode_tokens=DECODE
     )
 
 
-def _cell(model: Any, prompt: list[int], **flags: Any) -> dict[str, Any]:
+def _cell(model: Any, prompt: list[int], **flags: Any) -> Measurement:
     return run_cell(
         model, prompt, context_tokens=CONTEXT, flags=Flags.parse(flags), decode_tokens=DECODE
     )
 
 
-def test_reference_cell_is_a_valid_cold_record(reference: dict[str, Any], prompt: list[int]):
-    assert reference["status"] == "ok", reference["reason"]
-    assert reference["cached_tokens"] == 0
-    assert reference["prompt_tokens"] == CONTEXT
-    assert reference["prompt_sha256"] == ids_sha256(prompt)
-    assert reference["decode_tokens"] == DECODE == len(reference["output_head"])
-    assert reference["output_sha256"] == ids_sha256(reference["output_head"])
-    assert len(reference["output_margins"]) == DECODE
-    assert all(m >= 0 for m in reference["output_margins"])
-    assert reference["prefill_s"] > 0 and reference["decode_s"] > 0
-    assert reference["prefill_tps"] == pytest.approx(CONTEXT / reference["prefill_s"])
-    assert reference["peak_memory_bytes"] > 0
-    counters = reference["counters"]
+def _record(measured: Measurement) -> dict[str, Any]:
+    identity = {"run_id": "r", "variant": "base", "round": 0, "order": 0}
+    return CellRecord.of(measured, **identity, context_tokens=CONTEXT).as_json()
+
+
+def test_reference_cell_is_a_valid_cold_record(reference: Measurement, prompt: list[int]):
+    assert reference.status == "ok", reference.reason
+    assert reference.cached_tokens == 0
+    assert reference.prompt_tokens == CONTEXT
+    assert reference.prompt_sha256 == ids_sha256(prompt)
+    assert reference.decode_tokens == DECODE == len(reference.output_head)
+    assert reference.output_sha256 == ids_sha256(reference.output_head)
+    assert len(reference.output_margins) == DECODE
+    assert all(m >= 0 for m in reference.output_margins)
+    assert reference.prefill_s > 0 and reference.decode_s > 0
+    assert reference.prefill_tps == pytest.approx(CONTEXT / reference.prefill_s)
+    assert reference.peak_memory_bytes > 0
+    counters = reference.counters
     assert counters["chunks"] == 1 and counters["chunk_width_max"] == CONTEXT
     assert counters["prefill_tokens"] == CONTEXT
     assert counters["lm_head_rows"] == 1  # llama: the head ran on the last position only
     assert counters["prefill_step_size.dispatched"] == 0  # default 2048: no chunk that wide
     # the record the runner writes from it satisfies the evidence contract
-    Record.model_validate(
-        {"run_id": "r", "variant": "base", "round": 0, "order": 0, "context_tokens": CONTEXT}
-        | reference
-    )
+    Record.model_validate(_record(reference))
 
 
 @pytest.mark.parametrize(
@@ -88,17 +91,17 @@ def test_reference_cell_is_a_valid_cold_record(reference: dict[str, Any], prompt
 def test_flag_changes_counters_and_keeps_greedy_output(
     tiny_model: tuple[Any, Any, dict[str, Any]],
     prompt: list[int],
-    reference: dict[str, Any],
+    reference: Measurement,
     flags: dict[str, Any],
     expected: dict[str, int],
 ) -> None:
     result = _cell(tiny_model[0], prompt, **flags)
-    assert result["status"] == "ok", result["reason"]
+    assert result.status == "ok", result.reason
     for name, value in expected.items():
-        assert result["counters"][name] == value, name
-    assert reference["counters"]["compile.dispatched"] == 0
-    assert result["output_head"] == reference["output_head"]
-    assert result["output_sha256"] == reference["output_sha256"]
+        assert result.counters[name] == value, name
+    assert reference.counters["compile.dispatched"] == 0
+    assert result.output_head == reference.output_head
+    assert result.output_sha256 == reference.output_sha256
 
 
 @pytest.mark.parametrize(
@@ -114,16 +117,16 @@ def test_flag_changes_counters_and_keeps_greedy_output(
 def test_a_request_that_implies_stock_here_is_ok_and_inert(
     tiny_model: tuple[Any, Any, dict[str, Any]],
     prompt: list[int],
-    reference: dict[str, Any],
+    reference: Measurement,
     flags: dict[str, Any],
     inert: str,
 ) -> None:
     result = _cell(tiny_model[0], prompt, **flags)
-    assert result["status"] == "ok", result["reason"]
-    assert result["counters"]["inert"] == inert
-    assert result["counters"]["chunk_widths"] == str(CONTEXT)
-    assert result["output_sha256"] == reference["output_sha256"]
-    assert "inert" not in reference["counters"]
+    assert result.status == "ok", result.reason
+    assert result.counters["inert"] == inert
+    assert result.counters["chunk_widths"] == str(CONTEXT)
+    assert result.output_sha256 == reference.output_sha256
+    assert "inert" not in reference.counters
 
 
 def test_a_step_wider_than_the_prompt_is_honest_where_stock_chunks(
@@ -138,9 +141,9 @@ def test_a_step_wider_than_the_prompt_is_honest_where_stock_chunks(
         flags=Flags(prefill_step_size=4096),
         decode_tokens=1,
     )
-    assert result["status"] == "ok", result["reason"]
-    assert result["counters"]["chunk_widths"] == "2100"
-    assert "inert" not in result["counters"]
+    assert result.status == "ok", result.reason
+    assert result.counters["chunk_widths"] == "2100"
+    assert "inert" not in result.counters
 
 
 @pytest.mark.parametrize("step", [1, 64])
@@ -161,9 +164,9 @@ def test_a_planted_no_op_step_is_invalid(
 
     monkeypatch.setattr(cell, "_measure", ignoring_the_step)
     result = _cell(tiny_model[0], prompt, prefill_step_size=step)
-    assert result["status"] == "invalid"
-    assert result["reason"] == "silent no-op: prefill_step_size"
-    assert result["counters"]["chunk_widths"] == str(CONTEXT)
+    assert result.status == "invalid"
+    assert result.reason == "silent no-op: prefill_step_size"
+    assert result.counters["chunk_widths"] == str(CONTEXT)
 
 
 def test_clear_cache_kept_where_stock_would_clear_is_judged_by_the_clears(
@@ -174,7 +177,7 @@ def test_clear_cache_kept_where_stock_would_clear_is_judged_by_the_clears(
     from engine import cell
 
     honest = _cell(tiny_model[0], prompt, prefill_step_size=64, clear_cache=False)
-    assert honest["status"] == "ok" and "inert" not in honest["counters"]
+    assert honest.status == "ok" and "inert" not in honest.counters
     # a build whose loop clears whatever the flag says
     measure = cell._measure
 
@@ -183,8 +186,8 @@ def test_clear_cache_kept_where_stock_would_clear_is_judged_by_the_clears(
 
     monkeypatch.setattr(cell, "_measure", clearing)
     planted = _cell(tiny_model[0], prompt, prefill_step_size=64, clear_cache=False)
-    assert planted["counters"]["cache_clears"] == 3
-    assert (planted["status"], planted["reason"]) == ("invalid", "silent no-op: clear_cache")
+    assert planted.counters["cache_clears"] == 3
+    assert (planted.status, planted.reason) == ("invalid", "silent no-op: clear_cache")
 
 
 def test_reused_cache_is_detected_invalid_with_its_count(
@@ -195,13 +198,13 @@ def test_reused_cache_is_detected_invalid_with_its_count(
     first = run_cell(
         model, prompt, context_tokens=CONTEXT, flags=Flags(), decode_tokens=2, prompt_cache=cache
     )
-    assert first["status"] == "ok" and first["cached_tokens"] == 0
+    assert first.status == "ok" and first.cached_tokens == 0
     second = run_cell(
         model, prompt, context_tokens=CONTEXT, flags=Flags(), decode_tokens=2, prompt_cache=cache
     )
-    assert second["status"] == "invalid"
-    assert second["cached_tokens"] == CONTEXT + 1  # the prompt and one decode step
-    assert second["reason"] == f"cached_tokens={CONTEXT + 1}: the KV cache was not fresh"
+    assert second.status == "invalid"
+    assert second.cached_tokens == CONTEXT + 1  # the prompt and one decode step
+    assert second.reason == f"cached_tokens={CONTEXT + 1}: the KV cache was not fresh"
 
 
 def test_prompt_length_mismatch_is_invalid(
@@ -210,9 +213,9 @@ def test_prompt_length_mismatch_is_invalid(
     result = run_cell(
         tiny_model[0], prompt[:-1], context_tokens=CONTEXT, flags=Flags(), decode_tokens=1
     )
-    assert result["status"] == "invalid"
-    assert result["reason"] == f"prompt has {CONTEXT - 1} tokens, the cell asks for {CONTEXT}"
-    assert result["decode_s"] is None and result["decode_tps"] is None  # one token: no steps
+    assert result.status == "invalid"
+    assert result.reason == f"prompt has {CONTEXT - 1} tokens, the cell asks for {CONTEXT}"
+    assert result.decode_s is None and result.decode_tps is None  # one token: no steps
 
 
 def test_failure_inside_the_cell_is_an_error_record(tmp_path: Path, prompt: list[int]) -> None:
@@ -221,13 +224,10 @@ def test_failure_inside_the_cell_is_an_error_record(tmp_path: Path, prompt: list
     attention = model.model.layers[1].self_attn
     attention.o_proj.weight = mx.zeros((7, 3))  # a real shape error in the forward pass
     result = run_cell(model, prompt, context_tokens=CONTEXT, flags=Flags(), decode_tokens=2)
-    assert result["status"] == "error"
-    assert "ValueError" in result["reason"] and "\n" not in result["reason"]
-    assert result["prefill_s"] is None and result["output_sha256"] is None
-    Record.model_validate(
-        {"run_id": "r", "variant": "base", "round": 0, "order": 0, "context_tokens": CONTEXT}
-        | result
-    )
+    assert result.status == "error"
+    assert "ValueError" in result.reason and "\n" not in result.reason
+    assert result.prefill_s is None and result.output_sha256 is None
+    Record.model_validate(_record(result))
 
 
 def test_moe_compile_keeps_output(tmp_path: Path) -> None:
@@ -236,9 +236,9 @@ def test_moe_compile_keeps_output(tmp_path: Path) -> None:
     ids = PromptSource.from_tokenizer(tokenizer).prompt(0, 0, 128).ids
     plain = run_cell(model, ids, context_tokens=128, flags=Flags(), decode_tokens=4)
     compiled = run_cell(model, ids, context_tokens=128, flags=Flags(compile=True), decode_tokens=4)
-    assert plain["status"] == compiled["status"] == "ok"
-    assert compiled["counters"]["compile.dispatched"] == 2 * 4
-    assert compiled["output_head"] == plain["output_head"]
+    assert plain.status == compiled.status == "ok"
+    assert compiled.counters["compile.dispatched"] == 2 * 4
+    assert compiled.output_head == plain.output_head
 
 
 @pytest.mark.parametrize(
@@ -279,9 +279,9 @@ def test_feature_needing_another_backend_is_recorded_not_exercised(
     monkeypatch.setitem(backend.FEATURE_BACKENDS, "compile", ("metal",))
     result = _cell(tiny_model[0], prompt, compile=True)
     why = "needs metal; this host runs MLX on cpu"
-    assert result["counters"]["compile.not_exercised"] == why
-    assert result["status"] == "invalid"
-    assert result["reason"] == f"not exercised: compile ({why})"
+    assert result.counters["compile.not_exercised"] == why
+    assert result.status == "invalid"
+    assert result.reason == f"not exercised: compile ({why})"
     assert backend.not_exercised(["compile"], backend="metal") == {}
 
 
@@ -289,8 +289,8 @@ def test_zero_decode_tokens_is_a_prefill_only_cell(
     tiny_model: tuple[Any, Any, dict[str, Any]], prompt: list[int]
 ) -> None:
     result = run_cell(tiny_model[0], prompt, context_tokens=CONTEXT, flags=Flags(), decode_tokens=0)
-    assert result["status"] == "ok", result["reason"]
-    assert result["output_head"] == [] and result["output_margins"] == []
-    assert result["output_sha256"] == ids_sha256([])
-    assert result["decode_tokens"] == 0 and result["decode_s"] is None
-    assert result["prefill_tps"] > 0
+    assert result.status == "ok", result.reason
+    assert result.output_head == [] and result.output_margins == []
+    assert result.output_sha256 == ids_sha256([])
+    assert result.decode_tokens == 0 and result.decode_s is None
+    assert result.prefill_tps > 0

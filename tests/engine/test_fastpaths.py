@@ -17,6 +17,7 @@ from engine import checkpoints
 from engine.cell import run_cell
 from engine.flags import Flags
 from engine.prompts import PromptSource
+from engine.record import Measurement
 from kernels import DISABLE_ENV, add_rms_norm, swiglu
 
 CONTEXT = 96
@@ -24,7 +25,7 @@ DECODE = 4
 STEP = 32
 
 
-def _cell(model: Any, prompt: list[int], **flags: Any) -> dict[str, Any]:
+def _cell(model: Any, prompt: list[int], **flags: Any) -> Measurement:
     return run_cell(
         model,
         prompt,
@@ -67,9 +68,9 @@ def test_fast_path_requested_on_cpu_is_not_exercised(
 ) -> None:
     result = _cell(tiny_model[0], prompt, **{flag: True})
     why = "needs metal or cuda; this host runs MLX on cpu"
-    assert result["status"] == "invalid"
-    assert result["reason"] == f"not exercised: {flag} ({why})"
-    counters = result["counters"]
+    assert result.status == "invalid"
+    assert result.reason == f"not exercised: {flag} ({why})"
+    counters = result.counters
     assert counters[f"{flag}.not_exercised"] == why
     assert counters[f"{flag}.dispatched"] == 0
     assert counters[f"{flag}.fallback"].startswith(why + " (")
@@ -78,7 +79,7 @@ def test_fast_path_requested_on_cpu_is_not_exercised(
 def test_flags_off_count_no_fast_path(
     tiny_model: tuple[Any, Any, dict[str, Any]], prompt: list[int]
 ) -> None:
-    counters = _cell(tiny_model[0], prompt)["counters"]
+    counters = _cell(tiny_model[0], prompt).counters
     assert counters["fused_swiglu.dispatched"] == counters["fused_add_rms_norm.dispatched"] == 0
     assert not any(key.endswith(".fallback") for key in counters)
 
@@ -104,12 +105,12 @@ def test_layer_step_gives_stock_ids_and_counts_dispatches_llama(
     model = tiny_model[0]
     stock = _cell(model, prompt)
     result = _cell(model, prompt, **flags)
-    assert result["status"] == "ok", result["reason"]
-    assert result["output_head"] == stock["output_head"]
+    assert result.status == "ok", result.reason
+    assert result.output_head == stock.output_head
     layers = len(model.model.layers)
     # forward passes: CONTEXT / STEP prefill chunks, then DECODE - 1 decode steps
     passes = CONTEXT // STEP + DECODE - 1
-    counters = result["counters"]
+    counters = result.counters
     if flags.get("fused_swiglu"):
         assert counters["fused_swiglu.dispatched"] == layers * passes
     if flags.get("fused_add_rms_norm"):
@@ -122,13 +123,13 @@ def test_layer_step_gives_stock_ids_on_qwen3_moe(tiny_moe: tuple[Any, list[int]]
     model, ids = tiny_moe
     stock = _cell(model, ids)
     result = _cell(model, ids, fused_swiglu=True, fused_add_rms_norm=True)
-    assert result["status"] == "ok", result["reason"]
-    assert result["output_head"] == stock["output_head"]
+    assert result.status == "ok", result.reason
+    assert result.output_head == stock.output_head
     passes = CONTEXT // STEP + DECODE - 1
     layers = len(model.model.layers)
     # the experts' activation runs once per MoE layer and pass (SwitchGLU's one call)
-    assert result["counters"]["fused_swiglu.dispatched"] == layers * passes
-    assert result["counters"]["fused_add_rms_norm.dispatched"] == 2 * layers * passes
+    assert result.counters["fused_swiglu.dispatched"] == layers * passes
+    assert result.counters["fused_add_rms_norm.dispatched"] == 2 * layers * passes
     # the model is left as loaded: the activation is swapped only while the step runs
     from mlx_lm.models.switch_layers import SwiGLU
 
@@ -141,13 +142,13 @@ def test_disabled_fast_path_falls_back_and_is_never_the_fast_paths_time(
 ) -> None:
     monkeypatch.setenv(DISABLE_ENV, "fused_swiglu")
     result = _cell(tiny_model[0], prompt, fused_swiglu=True, fused_add_rms_norm=True)
-    assert result["status"] == "invalid"
+    assert result.status == "invalid"
     calls = len(tiny_model[0].model.layers) * (CONTEXT // STEP + DECODE - 1)
-    assert result["reason"] == (
+    assert result.reason == (
         f"fell back: fused_swiglu (disabled by {DISABLE_ENV}=fused_swiglu "
         f"({calls} of {calls} calls))"
     )
-    assert result["counters"]["fused_add_rms_norm.dispatched"] == 2 * calls
+    assert result.counters["fused_add_rms_norm.dispatched"] == 2 * calls
 
 
 @pytest.mark.usefixtures("gpu_gates")
@@ -169,9 +170,9 @@ def test_a_model_the_step_cannot_drive_falls_back_with_the_reason(
         result = _cell(model, prompt, fused_add_rms_norm=True)
     finally:
         layer.post_attention_layernorm = norm
-    assert result["status"] == "invalid"
-    assert result["reason"] == (
+    assert result.status == "invalid"
+    assert result.reason == (
         "fell back: fused_add_rms_norm (post_attention_layernorm of llama is LayerNorm, "
         "not RMSNorm)"
     )
-    assert result["counters"]["fused_add_rms_norm.dispatched"] == 0
+    assert result.counters["fused_add_rms_norm.dispatched"] == 0

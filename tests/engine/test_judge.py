@@ -18,6 +18,7 @@ from engine.judge import (
     split_runs,
     to_runs,
 )
+from engine.record import Measurement
 
 N = 128
 
@@ -90,13 +91,13 @@ def test_fast_paths_not_exercised_and_fallbacks() -> None:
 
 
 def test_judgement_records_inert_flags_in_counters() -> None:
-    result: dict[str, Any] = {"counters": {"chunks": 1}}
+    result = Measurement(counters={"chunks": 1})
     Judgement("ok", None, ("prefill_step_size", "clear_cache")).record(result)
-    assert result["status"] == "ok" and result["reason"] is None
-    assert result["counters"] == {"chunks": 1, "inert": "prefill_step_size,clear_cache"}
-    result = {"counters": {}}
+    assert result.status == "ok" and result.reason is None
+    assert result.counters == {"chunks": 1, "inert": "prefill_step_size,clear_cache"}
+    result = Measurement()
     Judgement("invalid", "silent no-op: x").record(result)
-    assert result == {"counters": {}, "status": "invalid", "reason": "silent no-op: x"}
+    assert (result.status, result.reason, result.counters) == ("invalid", "silent no-op: x", {})
 
 
 def test_chunk_width_runs() -> None:

@@ -121,8 +121,8 @@ def test_the_estimate_bounds_the_measured_peak(
             model, ids, context_tokens=context, flags=Flags(prefill_step_size=step), decode_tokens=2
         )
         needed = guard.estimate(context)
-        measured = record["peak_memory_bytes"] - before
-        assert record["status"] == "ok"
+        measured = record.peak_memory_bytes - before
+        assert record.status == "ok"
         assert needed.weights_bytes >= sum(
             int(a.nbytes) for _, a in tree_flatten(model.parameters())
         )

@@ -77,3 +77,20 @@ def test_refs_that_could_be_options_or_ranges_are_refused(ref: str) -> None:
 def test_manifest_refuses_unsafe_names(name: str) -> None:
     with pytest.raises(ValidationError, match="unsafe or reserved"):
         Manifest.model_validate({"files": {name: {"sha256": "0" * 64, "bytes": 1}}})
+
+
+def test_a_validation_error_is_one_line_naming_its_field() -> None:
+    from evidence.schemas import error_line
+
+    base = {"model": "m", "contexts": [64], "variants": [{"name": "a"}, {"name": "b"}]}
+    with pytest.raises(ValidationError) as raised:
+        JobSpec.model_validate(base | {"contexts": [0], "rounds": "many"})
+    first = error_line(raised.value)
+    assert first == "contexts: context lengths must be positive token counts"
+    every = error_line(raised.value, every=True)
+    assert every.startswith(first + "; ") and "rounds: " in every and "\n" not in every
+    # a rule across fields names the field its SpecError is about, without pydantic's prefix
+    with pytest.raises(ValidationError) as raised:
+        JobSpec.model_validate(base | {"baseline": "nope"})
+    assert error_line(raised.value, whole="job").startswith("baseline: ")
+    assert "Value error" not in error_line(raised.value)
