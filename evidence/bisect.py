@@ -23,7 +23,7 @@ decision `decide_step`, the next step's line `next_line`, its spec `step_spec`. 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from evidence.schemas import BisectStep, JobSpec, Provenance
 from evidence.stats import intervals_overlap
@@ -170,8 +170,9 @@ def bisect_section(
     )
 
 
-def bisect_sentences(bisect: Bisect) -> list[str]:
-    """The answer first for a bisection step or its end."""
+def bisect_sentences(bisect: Bisect, text: Callable[[object], str] = str) -> list[str]:
+    """The answer first for a bisection step or its end; `text` formats what a host wrote
+    (the first bad commit's subject) as `history_sentences` does."""
     where = f"at {bisect.context_tokens} tokens"
     if bisect.first_bad_commit:
         ratio = bisect.ratio
@@ -179,7 +180,7 @@ def bisect_sentences(bisect: Bisect) -> list[str]:
         assert ratio is not None and ratio.ratio_median is not None
         assert ratio.ci_low is not None and ratio.ci_high is not None
         change = abs(ratio.ratio_median - 1) * 100
-        subject = f' "{bisect.subject}"' if bisect.subject else ""
+        subject = f' "{text(bisect.subject)}"' if bisect.subject else ""
         return [
             f"First {bisect.direction} commit {where}: {bisect.first_bad_commit}{subject} "
             f"({change:.1f}% {bisect.direction} than its parent {bisect.parent}, 95% "

@@ -9,7 +9,7 @@ did not build are listed with the reason and skipped; the next measured commit i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from evidence.schemas import JobSpec, Provenance, TargetInfo
 from evidence.stats import intervals_overlap
@@ -145,10 +145,12 @@ def short(commit: str | None, fallback: str) -> str:
     return commit[:10] if commit else fallback
 
 
-def history_sentences(history: History) -> list[str]:
-    """The answer first for a history: each step in words, or that there is none."""
+def history_sentences(history: History, text: Callable[[object], str] = str) -> list[str]:
+    """The answer first for a history: each step in words, or that there is none. `text`
+    formats what a host wrote (commits, subjects) for where the sentence is shown
+    (evidence/escaping.py's `md_text` for Markdown)."""
     reference = history.reference
-    against = f"against {short(reference.commit, reference.variant)}"
+    against = f"against {text(short(reference.commit, reference.variant))}"
     skipped = [c for c in history.commits if c.skipped]
     sentences = []
     if not history.steps:
@@ -158,18 +160,18 @@ def history_sentences(history: History) -> list[str]:
         )
     for step in history.steps:
         change = abs(step.to_ratio / step.from_ratio - 1) * 100
-        subject = f' ("{step.subject}")' if step.subject else ""
+        subject = f' ("{text(step.subject)}")' if step.subject else ""
         sentences.append(
             f"{step.context_tokens} tokens: {change:.1f}% {step.direction} at "
-            f"{short(step.to_commit, step.to_variant)}{subject}, after "
-            f"{short(step.from_commit, step.from_variant)} (ratio {against} "
+            f"{text(short(step.to_commit, step.to_variant))}{subject}, after "
+            f"{text(short(step.from_commit, step.from_variant))} (ratio {against} "
             f"{step.from_ratio:.3f} -> {step.to_ratio:.3f}; the intervals do not overlap)."
         )
     if skipped:
         sentences.append(
             f"{len(skipped)} commit{'s' if len(skipped) != 1 else ''} did not build and "
             f"{'were' if len(skipped) != 1 else 'was'} skipped: "
-            + ", ".join(short(c.commit, c.variant) for c in skipped)
+            + ", ".join(text(short(c.commit, c.variant)) for c in skipped)
             + "."
         )
     return sentences

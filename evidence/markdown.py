@@ -8,11 +8,13 @@ hashes this file); it says where to find it instead.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from evidence.bisect import bisect_sentences
+from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
 from evidence.history import history_sentences, short
 from evidence.schemas import CorpusInfo, Provenance
 from evidence.summary_schema import (
@@ -33,6 +35,7 @@ from evidence.summary_schema import (
 Interval = Comparison | HistoryPoint | ReproductionRun | Bracketing
 
 MAX_CHARS = 60_000
+_UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
 _MAX_LISTED = 20
 
 
@@ -147,8 +150,9 @@ def verify_command(evidence_id: str | None) -> str:
 
 
 def _cell(text: object) -> str:
-    """A Markdown table cell: no pipes or line breaks from free text."""
-    return str(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """A Markdown table cell: on one line, no pipe that is not escaped already (host text in
+    it went through `md_text` or `md_code`)."""
+    return _UNESCAPED_PIPE.sub(r"\\|", one_line(text))
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
@@ -182,11 +186,13 @@ def host_line(provenance: Provenance) -> str:
     ]
     name = host.registered_name or host.hostname or provenance.run_id
     machine = (
-        f"hostname `{host.hostname}`, "
+        f"hostname {md_code(host.hostname)}, "
         if host.registered_name and host.hostname and host.hostname != host.registered_name
         else ""
     )
-    return f"{name} ({machine}run `{provenance.run_id}`): " + ", ".join(p for p in parts if p)
+    return f"{md_text(name)} ({machine}run {md_code(provenance.run_id)}): " + ", ".join(
+        md_text(p) for p in parts if p
+    )
 
 
 def software_line(provenance: Provenance) -> str:
@@ -197,7 +203,7 @@ def software_line(provenance: Provenance) -> str:
         f"mlx-lm {software.mlx_lm}" if software.mlx_lm else None,
         f"coldbench {software.coldbench}" if software.coldbench else None,
     ]
-    return ", ".join(p for p in parts if p) or "unknown"
+    return ", ".join(md_text(p) for p in parts if p) or "unknown"
 
 
 _NATIVE_SUFFIXES = (".so", ".dylib", ".pyd")
@@ -223,12 +229,15 @@ def variant_software_text(software: Mapping[str, Any] | None, *, native_files: b
         for name, path in (software.get("files") or {}).items()
         if native_files or not _is_native(str(path))
     }
-    imported = ", ".join(f"{name} `{path}`" for name, path in sorted(files.items()))
-    return "; ".join(p for p in [", ".join(p for p in parts if p), imported] if p) or "n/a"
+    imported = ", ".join(
+        f"{md_text(name)} {md_code(path)}" for name, path in sorted(files.items(), key=str)
+    )
+    versions = ", ".join(md_text(p) for p in parts if p)
+    return "; ".join(p for p in [versions, imported] if p) or "n/a"
 
 
 def _flags(flags: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(flags.items())) or "defaults"
+    return ", ".join(f"{md_text(k)}={md_text(v)}" for k, v in sorted(flags.items())) or "defaults"
 
 
 def _pct(value: float) -> str:
@@ -289,13 +298,17 @@ def verdict_sentences(summary: Summary, *, compact: bool = False) -> list[str]:
     return sentences
 
 
-def answer_sentences(summary: Summary, *, compact: bool = False) -> list[str]:
+def answer_sentences(
+    summary: Summary, *, compact: bool = False, text: Callable[[object], str] = str
+) -> list[str]:
     """What every page opens with: a history's steps, a bisection's result, or one verdict
-    sentence per context (summary.md, report.html and the job page all call this)."""
+    sentence per context (summary.md, report.html and the job page all call this). `text`
+    formats what a host wrote for where the sentences are shown (`md_text` for Markdown; HTML
+    templates escape on their own)."""
     if summary.history:
-        return history_sentences(summary.history)
+        return history_sentences(summary.history, text)
     if summary.bisect:
-        return bisect_sentences(summary.bisect)
+        return bisect_sentences(summary.bisect, text)
     return verdict_sentences(summary, compact=compact)
 
 
@@ -344,8 +357,12 @@ _COMPARISON_HEADER = [
 
 def corpus_line(corpus: CorpusInfo) -> str:
     """`the built-in corpus, sha256 `c4a0185d3de21394`` or `host corpus `code`, sha256 ...`."""
-    which = "the built-in corpus" if corpus.source == "builtin" else f"host corpus `{corpus.name}`"
-    version = f" ({corpus.prompt_version})" if corpus.prompt_version else ""
+    which = (
+        "the built-in corpus"
+        if corpus.source == "builtin"
+        else f"host corpus {md_code(corpus.name)}"
+    )
+    version = f" ({md_text(corpus.prompt_version)})" if corpus.prompt_version else ""
     return f"{which}, sha256 `{corpus.sha256[:16]}`{version}"
 
 
@@ -451,8 +468,8 @@ def history_lines(history: History) -> list[str]:
     """The history's steps (with their commit subjects) and the commits that did not build."""
     reference = history.reference
     lines = [
-        f"### History against `{short(reference.commit, reference.variant)}`"
-        + (f" ({history.range})" if history.range else ""),
+        f"### History against {md_code(short(reference.commit, reference.variant))}"
+        + (f" ({md_text(history.range)})" if history.range else ""),
         "",
         f"_{history.rule}._",
         "",
@@ -461,9 +478,9 @@ def history_lines(history: History) -> list[str]:
         rows = [
             [
                 step.context_tokens,
-                short(step.from_commit, step.from_variant),
-                short(step.to_commit, step.to_variant),
-                step.subject or "",
+                md_text(short(step.from_commit, step.from_variant)),
+                md_text(short(step.to_commit, step.to_variant)),
+                md_text(step.subject or ""),
                 f"{step.from_ratio:.3f} -> {step.to_ratio:.3f}",
                 step.direction,
             ]
@@ -477,7 +494,10 @@ def history_lines(history: History) -> list[str]:
     skipped = [c for c in history.commits if c.skipped]
     if skipped:
         lines.append("")
-        lines += [f"- `{short(c.commit, c.variant)}` skipped: {_cell(c.skipped)}" for c in skipped]
+        lines += [
+            f"- {md_code(short(c.commit, c.variant))} skipped: {md_text(c.skipped)}"
+            for c in skipped
+        ]
     return lines
 
 
@@ -489,8 +509,8 @@ def bisect_lines(bisect: Bisect) -> list[str]:
             step.lo[:12],
             (step.mid or "-")[:12],
             step.hi[:12],
-            step.decision,
-            f"`{step.evidence_id}`" + (f" ({step.location})" if step.location else ""),
+            md_text(step.decision),
+            md_code(step.evidence_id) + (f" ({md_text(step.location)})" if step.location else ""),
         ]
         for position, step in enumerate(bisect.steps, 1)
     ]
@@ -507,7 +527,7 @@ def bisect_lines(bisect: Bisect) -> list[str]:
     header = ["step", "lo (good)", "mid", "hi (bad)", "decision", "evidence"]
     return [
         f"### Bisection: first {bisect.direction} commit at {bisect.context_tokens} "
-        f"tokens between `{bisect.good}` and `{bisect.bad}`",
+        f"tokens between {md_code(bisect.good)} and {md_code(bisect.bad)}",
         "",
         *_table(header, rows),
     ]
@@ -530,7 +550,8 @@ def _render(
     settings = summary.settings
     history = summary.history
     bisect = summary.bisect
-    lines += ["", *(f"- {sentence}" for sentence in answer_sentences(summary, compact=compact))]
+    answer = answer_sentences(summary, compact=compact, text=md_text)
+    lines += ["", *(f"- {sentence}" for sentence in answer)]
     if history:
         lines += ["", *history_lines(history)]
     if bisect:
@@ -546,7 +567,7 @@ def _render(
         lines += ["", floor]
     inert = inert_lines(summary)
     if inert:
-        lines += ["", "Inert flags per context:", "", *(f"- {_cell(line)}" for line in inert)]
+        lines += ["", "Inert flags per context:", "", *(f"- {md_text(line)}" for line in inert)]
     lines += ["", evidence_id_line(evidence_id, page_url), ""]
     if evidence_id:
         lines += [f"Check the downloaded bundle: `{verify_command(evidence_id)}`", ""]
@@ -555,7 +576,7 @@ def _render(
         lines.append(f"- Software (orchestrator): {software_line(provenance)}")
         model = provenance.model
         weights = f", weights sha256 `{model.weights_sha256[:16]}`" if model.weights_sha256 else ""
-        lines.append(f"- Model: {model.name or model.path or 'unknown'}{weights}")
+        lines.append(f"- Model: {md_text(model.name or model.path or 'unknown')}{weights}")
         if provenance.corpus is not None:
             lines.append(f"- Prompts: {corpus_line(provenance.corpus)}")
     # Folded away at the end: refs, commits and flags of every variant (what the page's
@@ -572,10 +593,10 @@ def _render(
                 commit = (target.commit or "n/a")[:12] + (" (dirty)" if target.dirty else "")
                 rows.append(
                     [
-                        target.variant,
-                        target.repository or "embedded",
-                        target.ref or "n/a",
-                        commit,
+                        md_text(target.variant),
+                        md_text(target.repository or "embedded"),
+                        md_text(target.ref or "n/a"),
+                        md_text(commit),
                         _flags(target.flags),
                         variant_software_text(target.software, native_files=False),
                     ]
@@ -667,7 +688,7 @@ def _render(
     for run in drift.runs:
         flag = " **flagged**" if run.flagged else ""
         lines.append(
-            f"- run `{run.run_id}`: {drift_rate_text(run)}, "
+            f"- run {md_code(run.run_id)}: {drift_rate_text(run)}, "
             f"{fmt_pct(run.drift_pct_across_run)} across the run "
             f"(threshold {drift.threshold_pct:.2f}%, {drift.threshold_source}){flag}"
         )
@@ -676,7 +697,7 @@ def _render(
         lines.append("- no baseline cells to measure drift")
     reproductions = summary.reproductions
     if reproductions and not compact:
-        hosts = [r.host or r.run_id for r in reproductions.comparisons[0].runs]
+        hosts = [md_text(r.host or r.run_id) for r in reproductions.comparisons[0].runs]
         rows = []
         for row in reproductions.comparisons:
             cells = [f"{fmt_interval(r)} {r.verdict}" for r in row.runs]
@@ -695,17 +716,16 @@ def _render(
         lines.append(f"{invalid.total} cells excluded from the statistics:")
         lines.append("")
         for reason, count in list(invalid.by_reason.items())[:_MAX_LISTED]:
-            lines.append(f"- {count} x {_cell(reason)}")
+            lines.append(f"- {count} x {md_text(reason)}")
     if invalid.pairs_with_different_prompts:
         lines.append(
             f"- {invalid.pairs_with_different_prompts} pairs dropped: different prompt ids"
         )
     commands = list(dict.fromkeys(p.command for p in provenances if p.command))
     if commands:
-        lines += ["", "Reproduce:", "", "```sh", *commands, "```"]
+        lines += ["", "Reproduce:", "", *md_fence(commands, "sh")]
     # Hosts supply names, reasons, versions and commands: no HTML of theirs reaches a page
-    # that renders this Markdown (GitHub shows `&lt;` as `<`, also where a code span or fence
-    # a host string opened or closed would otherwise let a tag through).
+    # that renders this Markdown (evidence/escaping.py).
     body = escape_html("\n".join(lines))
     details = []
     if variant_lines:
@@ -716,8 +736,3 @@ def _render(
     details += [f"- {escape_html(sentence)}" for sentence in how_to_read(settings)]
     details += ["", "</details>", ""]
     return body + "\n" + "\n".join(details)
-
-
-def escape_html(text: str) -> str:
-    """`&`, `<` and `>` as entities: Markdown renderers pass raw HTML through otherwise."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
