@@ -33,6 +33,8 @@ from api.database import make_engine, make_sessionmaker, upgrade_database
 from api.deps import SessionDep
 from api.errors import ServiceError
 from api.evidence.router import router as evidence_router
+from api.github.config import load_github_config
+from api.github.router import router as github_router
 from api.hosts.router import router as hosts_router
 from api.jobs.router import router as jobs_router
 from api.pages.router import router as pages_router
@@ -186,6 +188,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.store = open_store(settings)
     app.state.work_signal = work_signal
+    app.state.github = (
+        load_github_config(settings.github_config) if settings.github_config else None
+    )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, error: RequestValidationError) -> JSONResponse:
@@ -204,7 +209,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             body.model_dump(exclude_none=True), status_code=error.status_code, headers=headers
         )
 
-    for router in (hosts_router, runs_router, artifacts_router, jobs_router, auth_router):
+    for router in (
+        hosts_router,
+        runs_router,
+        artifacts_router,
+        jobs_router,
+        auth_router,
+        github_router,
+    ):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(evidence_router)
     app.include_router(pages_router)

@@ -39,8 +39,12 @@ def make_celery(settings: Settings) -> Celery:
                 "task": "coldbench.reprocess_unprocessed",
                 "schedule": settings.beat_reprocess_s,
             },
+            "github-catch-up": {
+                "task": "coldbench.github_catch_up",
+                "schedule": settings.beat_reprocess_s,
+            },
         },
-        include=["api.tasks"],
+        include=["api.tasks", "api.github.tasks"],
         # A request that completes a run sends its task after the commit: with the broker
         # unreachable it must fail fast (the beat task `reprocess_unprocessed` sends the task
         # again later), not hold the request for 20 s of reconnect attempts.

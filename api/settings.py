@@ -106,6 +106,11 @@ class Settings(BaseSettings):
     # slots; tests use it to kill a Celery worker while an ingest is half done.
     ingest_batch_pause_s: float = Field(0.0, ge=0)
 
+    # The GitHub integration's per-repository configuration (api/github/config.py, a TOML file
+    # holding tokens and webhook secrets: keep it readable by the service only); unset, the
+    # webhook answers 404 and no pull request is answered.
+    github_config: Path | None = None
+
     # Signs the browser's session and CSRF cookies (api/pages). Empty means a random secret
     # kept in state_dir/web-secret; replicas behind one proxy must share one value.
     web_secret: str = ""

@@ -18,6 +18,7 @@ from api.artifacts.store import ArtifactStore, open_store
 from api.celery_app import celery_app
 from api.database import make_engine, make_sessionmaker
 from api.evidence import service as evidence_service
+from api.github import service as github_service
 from api.jobs import bisect
 from api.jobs.models import Job
 from api.runs import expiry, ingest
@@ -80,6 +81,7 @@ def ingest_run(run_id: str) -> None:
         if run is not None:
             # a bisection's step: running (analysis follows), or failed (the bisection ends)
             _advance_bisection(db_session, run.job_id)
+            _answer_pull_request(db_session, run.job_id)
     if job_id is not None:
         dispatch.send_task("analyze_job", job_id)
 
@@ -91,6 +93,13 @@ def _advance_bisection(db_session: Session, job_id: str) -> None:
         log.info("bisection step job %s: %s", job_id, moved)
 
 
+def _answer_pull_request(db_session: Session, job_id: str) -> None:
+    """When a pull request asked for `job_id`: its answer on GitHub follows the job's state."""
+    pull_request_id = github_service.pull_request_of_job(db_session=db_session, job_id=job_id)
+    if pull_request_id is not None:
+        dispatch.send_task("github_answer_pull_request", pull_request_id)
+
+
 @celery_app.task(name="coldbench.analyze_job", **TASK_OPTIONS)
 def analyze_job(job_id: str) -> None:
     """Statistics recomputed on the server from the job's raw cells; bundle files rendered."""
@@ -98,6 +107,7 @@ def analyze_job(job_id: str) -> None:
         ready = evidence_service.analyze_job(db_session=db_session, store=_store(), job_id=job_id)
         if not ready:
             _advance_bisection(db_session, job_id)
+            _answer_pull_request(db_session, job_id)
     if ready:
         dispatch.send_task("render_evidence", job_id)
 
@@ -108,6 +118,7 @@ def render_evidence(job_id: str) -> None:
     with _session() as db_session:
         evidence_service.render_evidence(db_session=db_session, store=_store(), job_id=job_id)
         _advance_bisection(db_session, job_id)
+        _answer_pull_request(db_session, job_id)
 
 
 @celery_app.task(name="coldbench.expire_leases", **TASK_OPTIONS)

@@ -187,9 +187,11 @@ class Service:
 
 
 @contextlib.contextmanager
-def running_service(tmp: Path, *, lease_ttl_s: int = 60) -> Iterator[Service]:
+def running_service(
+    tmp: Path, *, lease_ttl_s: int = 60, port: int | None = None
+) -> Iterator[Service]:
     with fresh_postgres_database() as database_url:
-        port = free_port()
+        port = port or free_port()
         env = {
             **os.environ,
             "COLDBENCH_DATABASE_URL": database_url,

@@ -1,0 +1,76 @@
+"""The one comment the service keeps on a pull request, as Markdown it wrote itself.
+
+A hidden marker names it; it opens with where the latest job stands (and, once done, the
+evidence's own PR Markdown: the verdict sentences, the table, the evidence link, the
+reproduce command), says when the pull request's head has moved past the measured commit, and
+shows the reply to the last request that started nothing. Text that came from GitHub or a
+host is escaped: no HTML of theirs reaches the page that renders the comment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evidence.markdown import escape_html
+from evidence.protocol import JobState
+
+MARKER = "<!-- coldbench:pull-request -->"
+# GitHub refuses comment bodies above 65,536 characters; the evidence Markdown stays below
+# 60,000 (evidence/markdown.py) and the rest of the comment is short.
+MAX_COMMENT_CHARS = 65_000
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the comment says of one job asked for on the pull request."""
+
+    job_id: str
+    state: str
+    base_sha: str
+    head_sha: str
+    asked_by: str
+    command: str
+    job_url: str
+    reason: str | None = None
+    # The evidence's PR Markdown, with its id linked to its page (once the job is done).
+    evidence_markdown: str | None = None
+
+
+def short(sha: str) -> str:
+    return sha[:10]
+
+
+def job_lines(job: JobView) -> list[str]:
+    asked = (
+        f"`{escape_html(job.command)}` asked by @{job.asked_by}: head `{short(job.head_sha)}` "
+        f"against base `{short(job.base_sha)}`"
+    )
+    link = f"[job `{job.job_id}`]({job.job_url})"
+    if job.state == JobState.DONE and job.evidence_markdown:
+        return [f"{asked}, {link}.", "", job.evidence_markdown]
+    if job.state in (JobState.FAILED, JobState.CANCELLED):
+        why = f": {escape_html(job.reason)}" if job.reason else ""
+        return [f"**{job.state}**: {asked}, {link}{why}"]
+    return [f"**{job.state}**: {asked}, {link}. This comment is edited when it is done."]
+
+
+def render_comment(*, job: JobView | None, head_sha: str | None, notice: str | None) -> str:
+    """The comment's whole body."""
+    lines = [MARKER]
+    if job is not None and head_sha and head_sha != job.head_sha:
+        lines += [
+            "",
+            f"> **This evidence is for an older head** (`{short(job.head_sha)}`); the pull "
+            f"request's head is now `{short(head_sha)}`. Comment `/coldbench` to measure it.",
+        ]
+    if notice:
+        lines += ["", f"> {escape_html(notice)}"]
+    if job is not None:
+        lines += ["", *job_lines(job)]
+    elif not notice:
+        lines += ["", "No coldbench job for this pull request yet: comment `/coldbench ab`."]
+    body = "\n".join(lines) + "\n"
+    if len(body) > MAX_COMMENT_CHARS:
+        cut = "\n\n(cut: the full Markdown is on the evidence page)\n"
+        body = body[: MAX_COMMENT_CHARS - len(cut)] + cut
+    return body

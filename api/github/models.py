@@ -1,0 +1,71 @@
+"""What the GitHub integration stores: deliveries seen, pull requests answered, and the jobs
+each pull request asked for."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from api.database import Base, UTCDateTime, utcnow
+
+
+class GitHubDelivery(Base):
+    """One webhook delivery, by GitHub's id: a redelivery of the same id is not acted on twice.
+
+    The event is kept until a Celery task has handled it (`handled_at`), so a task lost to a
+    crash is sent again by the beat task."""
+
+    __tablename__ = "github_deliveries"
+
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    event: Mapped[str] = mapped_column(sa.String(40))
+    repository: Mapped[str] = mapped_column(sa.String(140))
+    payload: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    handled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    # What handling it did, in one line (a job started, or why not).
+    outcome: Mapped[str | None] = mapped_column(sa.Text)
+
+
+class PullRequest(Base):
+    """A pull request the service answers on: its one comment and the head it last saw."""
+
+    __tablename__ = "github_pull_requests"
+    __table_args__ = (sa.UniqueConstraint("repository", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    repository: Mapped[str] = mapped_column(sa.String(140))
+    number: Mapped[int] = mapped_column(sa.Integer)
+    # The service's comment, created once and edited in place afterwards.
+    comment_id: Mapped[int | None] = mapped_column(sa.BigInteger)
+    # sha256 of the comment's body as last sent: an unchanged body is not sent again.
+    comment_sha256: Mapped[str | None] = mapped_column(sa.String(64))
+    head_sha: Mapped[str | None] = mapped_column(sa.String(40))
+    # A GitHub App's installation on the repository (from its events): whose token answers.
+    installation_id: Mapped[int | None] = mapped_column(sa.BigInteger)
+    # The last reply to a request that started nothing (a refusal), shown in the comment.
+    notice: Mapped[str | None] = mapped_column(sa.Text)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PullRequestJob(Base):
+    """A job asked for on a pull request: the commits pinned when it was asked for, who asked,
+    and what was last reported to GitHub for it."""
+
+    __tablename__ = "github_pull_request_jobs"
+
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id"), primary_key=True)
+    pull_request_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("github_pull_requests.id"), index=True
+    )
+    base_sha: Mapped[str] = mapped_column(sa.String(40))
+    head_sha: Mapped[str] = mapped_column(sa.String(40))
+    asked_by: Mapped[str] = mapped_column(sa.String(40))
+    command: Mapped[str] = mapped_column(sa.String(500))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    # The state last posted as the commit status or check run (pending, success, ...).
+    reported_state: Mapped[str | None] = mapped_column(sa.String(16))
+    check_run_id: Mapped[int | None] = mapped_column(sa.BigInteger)

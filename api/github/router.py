@@ -1,0 +1,38 @@
+"""The webhook GitHub delivers pull-request events to: checked, recorded once, answered later.
+
+The signature is checked before the body is parsed; the delivery is stored by its id (a
+redelivery is answered 200 and does nothing) and handed to Celery after the commit.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response, status
+
+from api import dispatch
+from api.deps import DatabaseDep
+from api.errors import NotFound
+from api.github import service
+from api.github.config import GitHubConfig
+from api.github.events import verify_delivery
+
+router = APIRouter(tags=["github"])
+
+
+@router.post("/github/webhook", status_code=status.HTTP_202_ACCEPTED)
+async def webhook(request: Request, response: Response, db: DatabaseDep) -> dict[str, str]:
+    config: GitHubConfig | None = request.app.state.github
+    if config is None:
+        raise NotFound("the GitHub integration is not configured (COLDBENCH_GITHUB_CONFIG)")
+    headers = {key.lower(): value for key, value in request.headers.items()}
+    delivery = verify_delivery(config, headers, await request.body())
+    is_new, facts = await db.run_with_session(
+        lambda db_session: service.record_delivery(db_session=db_session, delivery=delivery)
+    )
+    if not is_new:
+        response.status_code = status.HTTP_200_OK
+        return {"delivery": delivery.delivery_id, "outcome": "already received"}
+    if facts is None:
+        response.status_code = status.HTTP_200_OK
+        return {"delivery": delivery.delivery_id, "outcome": "nothing to do"}
+    dispatch.send_task("github_handle_delivery", delivery.delivery_id)
+    return {"delivery": delivery.delivery_id, "outcome": "accepted"}

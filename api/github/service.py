@@ -1,0 +1,472 @@
+"""Pull requests asking for evidence and getting it: deliveries recorded once, requests turned
+into jobs on the pull request's pinned commits, and the answer on GitHub (one comment edited in
+place, a commit status or check run per job) kept in step with each job.
+
+Celery runs `handle_delivery` and `answer_pull_request` (api/github/tasks.py); GitHub is
+called there, never while a webhook request waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.artifacts.store import ArtifactStore
+from api.database import utcnow
+from api.errors import ServiceError
+from api.github import client
+from api.github.commands import Ask, CommandError, option_fields, parse_command
+from api.github.comment import JobView, render_comment
+from api.github.config import GitHubConfig, RepositoryConfig, StatusPolicy
+from api.github.events import Delivery, Facts, event_facts
+from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
+from api.jobs import service as jobs_service
+from api.jobs.models import Job
+from api.pages.evidence import pr_markdown
+from api.settings import Settings
+from evidence.bundle import PROVENANCE_FILE, provenances_of
+from evidence.canonical import sha256_hex
+from evidence.markdown import render_summary_md
+from evidence.protocol import JobState
+from evidence.summary_schema import Summary
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW = timedelta(hours=1)
+Conclusion = Literal["success", "neutral", "failure"]
+
+
+# --- deliveries ------------------------------------------------------------------------------
+
+
+def record_delivery(*, db_session: Session, delivery: Delivery) -> tuple[bool, Facts | None]:
+    """Store the delivery by its id: (False, None) when that id was seen before. An event the
+    service does not act on is stored as handled, without its body."""
+    facts = event_facts(delivery)
+    row = GitHubDelivery(
+        id=delivery.delivery_id,
+        event=delivery.event,
+        repository=delivery.repository,
+        payload=facts.model_dump(mode="json") if facts else None,
+        handled_at=None if facts else utcnow(),
+        outcome=None if facts else "not an event the service acts on",
+    )
+    db_session.add(row)
+    try:
+        db_session.commit()
+    except IntegrityError:
+        db_session.rollback()
+        return False, None
+    return True, facts
+
+
+def unhandled_delivery_ids(*, db_session: Session, older_than_s: float) -> list[str]:
+    """Deliveries stored but not handled (their task was lost): for the beat task."""
+    before = utcnow() - timedelta(seconds=older_than_s)
+    query = sa.select(GitHubDelivery.id).where(
+        GitHubDelivery.handled_at.is_(None), GitHubDelivery.received_at < before
+    )
+    return list(db_session.scalars(query.order_by(GitHubDelivery.received_at).limit(100)))
+
+
+def _pull_request_row(db_session: Session, repository: str, number: int) -> PullRequest:
+    query = sa.select(PullRequest).where(
+        PullRequest.repository == repository, PullRequest.number == number
+    )
+    row = db_session.scalars(query).first()
+    if row is None:
+        row = PullRequest(repository=repository, number=number)
+        db_session.add(row)
+        db_session.flush()
+    return row
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What GitHub said of a request: whether its author may ask, and the pull request now."""
+
+    may_ask: bool
+    heads: client.PullRequestHeads | None
+
+
+async def _ask_github(
+    repository: RepositoryConfig, full_name: str, facts: Facts, installation_id: int | None
+) -> Asked:
+    async with client.github_api(repository, installation_id=installation_id) as gh:
+        if repository.askers == "write":
+            may_ask = await client.may_write(gh, full_name, facts.login)
+        else:
+            may_ask = facts.login.lower() in {login.lower() for login in repository.askers}
+        if not may_ask:
+            return Asked(False, None)
+        return Asked(True, await client.pull_request(gh, full_name, facts.number))
+
+
+def handle_delivery(
+    *, db_session: Session, settings: Settings, config: GitHubConfig, delivery_id: str
+) -> int | None:
+    """Act on a stored delivery once: a job on the pull request's pinned commits, or the reason
+    none started. Returns the pull request whose answer must be brought up to date (None:
+    nothing to say on GitHub)."""
+    row = db_session.get(GitHubDelivery, delivery_id)
+    if row is None or row.handled_at is not None or row.payload is None:
+        return None
+    facts = Facts.model_validate(row.payload)
+    repository = config.repository(row.repository)
+    if repository is None:
+        _handled(db_session, row, "the repository is no longer configured")
+        return None
+    pull = _pull_request_row(db_session, row.repository, facts.number)
+    if facts.installation_id is not None:
+        pull.installation_id = facts.installation_id
+    ask: Ask | None = None
+    refusal: str | None = None
+    if facts.kind == "synchronize":
+        pull.head_sha = facts.head_sha
+        if not repository.auto_run_on_push:
+            _handled(db_session, row, "new head recorded")
+            return pull.id
+        ask = Ask()
+    elif facts.kind == "labeled":
+        if not repository.label or facts.label != repository.label:
+            _handled(db_session, row, "not the coldbench label")
+            return None
+        ask = Ask()
+    else:
+        try:
+            ask = parse_command(facts.command or "")
+        except CommandError as error:
+            refusal = f"@{facts.login}: not started: {error}"
+    asked = asyncio.run(_ask_github(repository, row.repository, facts, pull.installation_id))
+    if not asked.may_ask:
+        # No event from someone who may not ask starts a job or gets an answer.
+        _handled(db_session, row, f"ignored: {facts.login} may not ask")
+        return None
+    heads = asked.heads
+    assert heads is not None
+    pull.head_sha = heads.head_sha
+    if refusal is None and heads.state != "open":
+        refusal = f"@{facts.login}: not started: the pull request is {heads.state}"
+    if refusal is None and _jobs_in_window(db_session, pull) >= repository.max_jobs_per_hour:
+        refusal = (
+            f"@{facts.login}: not started: this pull request had {repository.max_jobs_per_hour} "
+            "jobs in the last hour; ask again later"
+        )
+    if refusal is not None or ask is None:
+        pull.notice = refusal
+        _handled(db_session, row, refusal or "nothing asked")
+        return pull.id
+    command = _command_text(ask, repository)
+    try:
+        payload = request_payload(repository, ask, heads)
+        # The delivery is marked handled in the job's own transaction: a redelivery (or this
+        # task run again) can never start the job twice.
+        row.handled_at = utcnow()
+        row.outcome = "job started"
+        job = jobs_service.create_job(
+            db_session=db_session, settings=settings, payload=payload, submitted_by=None
+        )
+    except (CommandError, ServiceError) as error:
+        db_session.rollback()
+        pull = _pull_request_row(db_session, row.repository, facts.number)
+        pull.head_sha = heads.head_sha
+        message = error.message if isinstance(error, ServiceError) else str(error)
+        pull.notice = f"@{facts.login}: not started: {message}"
+        _handled(db_session, db_session.get(GitHubDelivery, delivery_id), pull.notice)
+        return pull.id
+    pull = _pull_request_row(db_session, row.repository, facts.number)
+    db_session.add(
+        PullRequestJob(
+            job_id=job.id,
+            pull_request_id=pull.id,
+            base_sha=heads.base_sha,
+            head_sha=heads.head_sha,
+            asked_by=facts.login,
+            command=command,
+        )
+    )
+    pull.head_sha = heads.head_sha
+    pull.notice = None
+    pull.updated_at = utcnow()
+    db_session.commit()
+    log.info("pull request %s#%d: job %s", pull.repository, pull.number, job.id)
+    return pull.id
+
+
+def _handled(db_session: Session, row: GitHubDelivery | None, outcome: str) -> None:
+    if row is not None:
+        row.handled_at = utcnow()
+        row.outcome = outcome[:500]
+    db_session.commit()
+
+
+def _jobs_in_window(db_session: Session, pull: PullRequest) -> int:
+    query = sa.select(sa.func.count()).where(
+        PullRequestJob.pull_request_id == pull.id,
+        PullRequestJob.created_at > utcnow() - RATE_WINDOW,
+    )
+    return int(db_session.scalar(query) or 0)
+
+
+def _command_text(ask: Ask, repository: RepositoryConfig) -> str:
+    words = ["/coldbench", ask.mode or repository.defaults.mode]
+    words += [f"{key}={value}" for key, value in sorted(ask.options.items())]
+    return " ".join(words)
+
+
+def request_payload(
+    repository: RepositoryConfig, ask: Ask, heads: client.PullRequestHeads
+) -> dict[str, Any]:
+    """The job spec of a request: the pull request's base commit against its head commit, both
+    pinned by sha (an ablation: its features on the head commit), with the repository's
+    defaults for every option the request does not give."""
+    defaults = repository.defaults
+    options = {
+        "contexts": defaults.contexts,
+        "labels": defaults.labels,
+        "features": defaults.features,
+        "model": defaults.model or "",
+        "rounds": str(defaults.rounds) if defaults.rounds else "",
+    }
+    options = {key: value for key, value in options.items() if value}
+    options.update(ask.options)
+    mode = ask.mode or defaults.mode
+    fields = option_fields(options)
+    if mode != "ablation":
+        fields.pop("features", None)
+    head = {"name": f"pr-{heads.number}", "ref": heads.head_sha}
+    base = {"name": "base", "ref": heads.base_sha}
+    return {
+        "mode": mode,
+        "adapter": repository.adapter,
+        "repository": repository.coldbench_repository,
+        "variants": [head] if mode == "ablation" else [base, head],
+        **fields,
+    }
+
+
+# --- answering -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    """The commit status or check run of one job, as it should be now."""
+
+    state: Literal["pending", "success", "neutral", "failure", "cancelled"]
+    description: str
+    target_url: str
+
+    @property
+    def is_final(self) -> bool:
+        return self.state != "pending"
+
+
+def conclusion(policy: StatusPolicy, summary: Summary) -> Conclusion:
+    """failure when a comparison is slower by more than the policy allows, success when one is
+    faster (and none is a failure), neutral otherwise."""
+    limit = 1 - policy.failure_slower_pct / 100
+    comparisons = summary.comparisons
+    if any(
+        c.verdict == "slower" and c.ratio_median is not None and c.ratio_median < limit
+        for c in comparisons
+    ):
+        return "failure"
+    if any(c.verdict == "faster" for c in comparisons):
+        return "success"
+    return "neutral"
+
+
+def _verdict_counts(summary: Summary) -> str:
+    counts: dict[str, int] = {}
+    for comparison in summary.comparisons:
+        counts[comparison.verdict] = counts.get(comparison.verdict, 0) + 1
+    return ", ".join(f"{count} {verdict}" for verdict, count in counts.items()) or "no comparison"
+
+
+def job_report(job: Job, policy: StatusPolicy, config: GitHubConfig) -> Report:
+    job_url = config.link(f"/jobs/{job.id}")
+    if job.state == JobState.DONE and job.summary is not None and job.evidence_id:
+        summary = Summary.model_validate(job.summary)
+        return Report(
+            conclusion(policy, summary),
+            _verdict_counts(summary),
+            config.link(f"/e/{job.evidence_id}"),
+        )
+    if job.state == JobState.CANCELLED:
+        return Report("cancelled", "the job was cancelled", job_url)
+    if job.state == JobState.FAILED:
+        return Report("failure", (job.reason or "the job failed")[:140], job_url)
+    return Report("pending", f"{job.state} on coldbench", job_url)
+
+
+def evidence_markdown(job: Job, store: ArtifactStore, config: GitHubConfig) -> str | None:
+    """The job's PR Markdown (evidence/markdown.py) with its evidence id linked to its page."""
+    if job.evidence_id is None or job.summary is None or not job.bundle_files:
+        return None
+    entry = job.bundle_files.get(PROVENANCE_FILE)
+    if entry is None:
+        return None
+    provenances = provenances_of(json.loads(store.read_bytes(entry["sha256"])))
+    summary = Summary.model_validate(job.summary)
+    markdown = render_summary_md(summary, provenances, evidence_id=job.evidence_id)
+    return pr_markdown(markdown, job.evidence_id, config.link(f"/e/{job.evidence_id}"))
+
+
+def answer_pull_request(
+    *, db_session: Session, config: GitHubConfig, store: ArtifactStore, pull_request_id: int
+) -> None:
+    """Bring the pull request's comment and each of its jobs' status up to date (idempotent:
+    what GitHub already shows is not sent again)."""
+    query = sa.select(PullRequest).where(PullRequest.id == pull_request_id).with_for_update()
+    pull = db_session.scalars(query).first()
+    if pull is None:
+        return
+    repository = config.repository(pull.repository)
+    if repository is None:
+        db_session.rollback()
+        return
+    links = list(
+        db_session.scalars(
+            sa.select(PullRequestJob)
+            .where(PullRequestJob.pull_request_id == pull.id)
+            .order_by(PullRequestJob.created_at)
+        )
+    )
+    jobs = {
+        job.id: job
+        for job in db_session.scalars(
+            sa.select(Job).where(Job.id.in_([link.job_id for link in links]))
+        )
+    }
+    reports = {
+        link.job_id: job_report(jobs[link.job_id], repository.policy, config)
+        for link in links
+        if link.reported_state is None or link.reported_state == "pending"
+    }
+    view = None
+    if links:
+        latest = links[-1]
+        job = jobs[latest.job_id]
+        view = JobView(
+            job_id=job.id,
+            state=job.state,
+            base_sha=latest.base_sha,
+            head_sha=latest.head_sha,
+            asked_by=latest.asked_by,
+            command=latest.command,
+            job_url=config.link(f"/jobs/{job.id}"),
+            reason=job.reason,
+            evidence_markdown=evidence_markdown(job, store, config),
+        )
+    body = render_comment(job=view, head_sha=pull.head_sha, notice=pull.notice)
+    body_sha256 = sha256_hex(body.encode())
+    to_report = [
+        (link, reports[link.job_id])
+        for link in links
+        if link.job_id in reports and reports[link.job_id].state != link.reported_state
+    ]
+    comment_id = asyncio.run(
+        _send_answer(
+            repository,
+            pull,
+            body if body_sha256 != pull.comment_sha256 else None,
+            to_report,
+        )
+    )
+    pull.comment_id = comment_id
+    pull.comment_sha256 = body_sha256
+    for link, report in to_report:
+        link.reported_state = report.state
+    db_session.commit()
+
+
+async def _send_answer(
+    repository: RepositoryConfig,
+    pull: PullRequest,
+    body: str | None,
+    to_report: list[tuple[PullRequestJob, Report]],
+) -> int | None:
+    full_name = pull.repository
+    async with client.github_api(repository, installation_id=pull.installation_id) as gh:
+        for link, report in to_report:
+            await _report(gh, repository, full_name, link, report)
+        comment_id = pull.comment_id
+        if body is None:
+            return comment_id
+        if comment_id is not None and await client.edit_comment(gh, full_name, comment_id, body):
+            return comment_id
+        return await client.create_comment(gh, full_name, pull.number, body)
+
+
+async def _report(
+    gh: Any, repository: RepositoryConfig, full_name: str, link: PullRequestJob, report: Report
+) -> None:
+    title = f"coldbench: {report.description}"
+    if repository.report == "status":
+        state = {"neutral": repository.policy.neutral_status, "cancelled": "error"}.get(
+            report.state, report.state
+        )
+        await client.set_status(
+            gh,
+            full_name,
+            link.head_sha,
+            state=state,
+            description=report.description,
+            target_url=report.target_url,
+            context=repository.status_context,
+        )
+        return
+    if link.check_run_id is None:
+        link.check_run_id = await client.create_check_run(
+            gh,
+            full_name,
+            link.head_sha,
+            name=repository.status_context,
+            details_url=report.target_url,
+            title=title,
+        )
+    await client.update_check_run(
+        gh,
+        full_name,
+        link.check_run_id,
+        status="completed" if report.is_final else "queued",
+        conclusion=report.state if report.is_final else None,
+        details_url=report.target_url,
+        title=title,
+        summary=report.description,
+    )
+
+
+def pull_request_of_job(*, db_session: Session, job_id: str) -> int | None:
+    """The pull request that asked for `job_id` (None for any other job)."""
+    query = sa.select(PullRequestJob.pull_request_id).where(PullRequestJob.job_id == job_id)
+    return db_session.scalar(query)
+
+
+def unanswered_pull_request_ids(*, db_session: Session) -> list[int]:
+    """Pull requests with a job whose status was last posted as pending (or never) while the
+    job has moved on: for the beat task, which catches what a lost task left behind."""
+    query = (
+        sa.select(PullRequestJob.pull_request_id)
+        .join(Job, Job.id == PullRequestJob.job_id)
+        .where(
+            sa.or_(
+                PullRequestJob.reported_state.is_(None),
+                sa.and_(
+                    PullRequestJob.reported_state == "pending",
+                    Job.state.in_([JobState.DONE, JobState.FAILED, JobState.CANCELLED]),
+                ),
+            )
+        )
+        .distinct()
+        .limit(100)
+    )
+    return list(db_session.scalars(query))

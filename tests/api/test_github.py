@@ -1,0 +1,456 @@
+"""The GitHub integration against a fake GitHub API on loopback, on SQLite and PostgreSQL: the
+webhook's signature check before parsing, de-duplication by delivery id, who may ask, jobs on
+pinned commits, the rate limit, and the answer (one comment created then edited, statuses).
+
+The end-to-end path through a real server, Celery and an agent is
+tests/worker/test_github_pull_request.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from api.github import service
+from api.github.comment import MARKER
+from api.github.config import GitHubConfig, GitHubConfigError, load_github_config
+from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
+from api.jobs.models import Job
+from api.settings import Settings
+from evidence.protocol import JobState
+from tests.api.factories import make_host
+from tests.api.fake_github import (
+    TOKEN,
+    FakeGitHub,
+    comment_event,
+    pull_request_event,
+    serve,
+    signed,
+)
+
+REPO = "octo/mlx-lm"
+OTHER = "octo/other"
+SECRET = "webhook-secret-of-mlx-lm"
+OTHER_SECRET = "webhook-secret-of-other"
+BASE = "a" * 40
+HEAD = "b" * 40
+NEW_HEAD = "c" * 40
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[tuple[FakeGitHub, str]]:
+    github = FakeGitHub()
+    with serve(github) as url:
+        yield github, url
+
+
+@pytest.fixture
+def github(fake: tuple[FakeGitHub, str]) -> FakeGitHub:
+    github, _url = fake
+    github.calls.clear()
+    github.comments.clear()
+    github.statuses.clear()
+    github.permissions.update({"maintainer": "write", "reader": "read"})
+    github.add_pull(REPO, 7, base=BASE, head=HEAD)
+    return github
+
+
+def write_config(path: Path, api_url: str, **repository: Any) -> Path:
+    lines = [
+        'service_url = "https://bench.example.org"',
+        f'[repositories."{REPO}"]',
+        f'api_url = "{api_url}"',
+        f'token = "{TOKEN}"',
+        f'webhook_secret = "{SECRET}"',
+        'coldbench_repository = "mlx-lm"',
+        *(f"{key} = {json.dumps(value)}" for key, value in repository.items()),
+        f'[repositories."{REPO}".defaults]',
+        'contexts = "64"',
+        "rounds = 2",
+        f'[repositories."{OTHER}"]',
+        f'api_url = "{api_url}"',
+        f'token = "{TOKEN}"',
+        f'webhook_secret = "{OTHER_SECRET}"',
+        'coldbench_repository = "other"',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, fake: tuple[FakeGitHub, str]) -> Path:
+    return write_config(tmp_path / "github.toml", fake[1], max_jobs_per_hour=2)
+
+
+@pytest.fixture
+def config(config_path: Path) -> GitHubConfig:
+    return load_github_config(config_path)
+
+
+@pytest.fixture
+def settings(settings: Settings, config_path: Path) -> Settings:
+    return settings.model_copy(update={"github_config": config_path})
+
+
+@pytest.fixture
+def host(db_session: Session) -> None:
+    make_host(db_session, labels=["lab:studio"], repositories={"mlx-lm": {"recipes": ["editable"]}})
+
+
+def deliver(client: TestClient, payload: dict[str, Any], *, secret: str = SECRET, event: str):
+    body, headers = signed(payload, secret, event)
+    return client.post("/api/v1/github/webhook", content=body, headers=headers), headers
+
+
+def ask(client: TestClient, body: str, login: str = "maintainer") -> Any:
+    response, _ = deliver(client, comment_event(REPO, 7, login, body), event="issue_comment")
+    assert response.status_code in (200, 202), response.text
+    return response.json()
+
+
+def handle(db_session: Session, settings: Settings, config: GitHubConfig) -> list[int | None]:
+    pending = db_session.scalars(
+        sa.select(GitHubDelivery.id).where(GitHubDelivery.handled_at.is_(None))
+    ).all()
+    return [
+        service.handle_delivery(
+            db_session=db_session, settings=settings, config=config, delivery_id=delivery_id
+        )
+        for delivery_id in pending
+    ]
+
+
+# --- the webhook ---------------------------------------------------------------------------
+
+
+def test_unsigned_and_wrongly_signed_deliveries_are_refused_before_parsing(
+    client: TestClient, db_session: Session, sent_tasks: Any
+) -> None:
+    payload = comment_event(REPO, 7, "maintainer", "/coldbench ab")
+    body, headers = signed(payload, SECRET, "issue_comment")
+    unsigned = {k: v for k, v in headers.items() if k != "X-Hub-Signature-256"}
+    refused = client.post("/api/v1/github/webhook", content=body, headers=unsigned)
+    assert refused.status_code == 403
+    assert refused.json()["detail"] == "refused: no X-Hub-Signature-256 (sha256=...) header"
+    # The legacy SHA-1 signature alone is not enough.
+    sha1 = {**unsigned, "X-Hub-Signature": "sha1=" + "0" * 40}
+    assert client.post("/api/v1/github/webhook", content=body, headers=sha1).status_code == 403
+    wrong = {**headers, "X-Hub-Signature-256": "sha256=" + "0" * 64}
+    refused = client.post("/api/v1/github/webhook", content=body, headers=wrong)
+    assert refused.status_code == 403
+    assert "matches no configured webhook secret" in refused.json()["detail"]
+    # A body that is not JSON but carries a valid signature is only then parsed, and refused.
+    garbage, garbage_headers = b"{not json", signed({}, SECRET, "issue_comment")[1]
+    import hashlib
+    import hmac
+
+    garbage_headers["X-Hub-Signature-256"] = (
+        "sha256=" + hmac.new(SECRET.encode(), garbage, hashlib.sha256).hexdigest()
+    )
+    answer = client.post("/api/v1/github/webhook", content=garbage, headers=garbage_headers)
+    assert (
+        answer.status_code == 422 and answer.json()["detail"] == "the delivery's body is not JSON"
+    )
+    # Signed with another configured repository's secret: refused for this repository.
+    other, _ = deliver(client, payload, secret=OTHER_SECRET, event="issue_comment")
+    assert other.status_code == 403
+    assert (
+        other.json()["detail"] == "refused: the delivery is not signed with its repository's secret"
+    )
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(GitHubDelivery)) == 0
+    assert sent_tasks.calls == []
+
+
+def test_a_redelivered_event_is_recorded_and_sent_once(
+    client: TestClient, db_session: Session, sent_tasks: Any
+) -> None:
+    body, headers = signed(
+        comment_event(REPO, 7, "maintainer", "/coldbench ab"), SECRET, "issue_comment"
+    )
+    first = client.post("/api/v1/github/webhook", content=body, headers=headers)
+    again = client.post("/api/v1/github/webhook", content=body, headers=headers)
+    assert first.status_code == 202 and first.json()["outcome"] == "accepted"
+    assert again.status_code == 200 and again.json()["outcome"] == "already received"
+    assert sent_tasks.named("github_handle_delivery") == [(headers["X-GitHub-Delivery"],)]
+    stored = db_session.get(GitHubDelivery, headers["X-GitHub-Delivery"])
+    assert stored is not None and stored.handled_at is None
+    # Only the facts acted on are kept: no title, no URL from the event.
+    assert stored.payload == {
+        "kind": "comment",
+        "number": 7,
+        "login": "maintainer",
+        "command": "ab",
+        "label": None,
+        "head_sha": None,
+        "installation_id": None,
+    }
+
+
+def test_events_that_ask_nothing_are_recorded_as_handled(
+    client: TestClient, db_session: Session, sent_tasks: Any
+) -> None:
+    chat = ask(client, "Nice work! Maybe run /coldbench ab later.")
+    assert chat["outcome"] == "nothing to do"
+    response, _ = deliver(client, {"zen": "hi", "repository": {"full_name": REPO}}, event="ping")
+    assert response.status_code == 200 and response.json()["outcome"] == "nothing to do"
+    assert sent_tasks.calls == []
+
+
+def test_the_webhook_without_configuration_says_so(
+    client: TestClient, settings: Settings, db_session: Session
+) -> None:
+    client.app.state.github = None  # type: ignore[attr-defined]
+    response, _ = deliver(client, comment_event(REPO, 7, "m", "/coldbench"), event="issue_comment")
+    assert response.status_code == 404
+    assert "COLDBENCH_GITHUB_CONFIG" in response.json()["detail"]
+
+
+def test_configuration_errors_name_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "github.toml"
+    path.write_text(
+        'service_url = "https://bench.example.org"\n[repositories."a/b"]\n'
+        'webhook_secret = "short"\ncoldbench_repository = "x"\ntoken = "t"\n'
+    )
+    with pytest.raises(GitHubConfigError, match=r"repositories\.a/b\.webhook_secret: .*16"):
+        load_github_config(path)
+    path.write_text('service_url = "https://b.example"\n[repositories."a/b"]\nwebhook_secret = "')
+    with pytest.raises(GitHubConfigError, match="not TOML"):
+        load_github_config(path)
+    config = load_github_config(write_config(path, "https://ghe.example.org/api/v3"))
+    # Secrets never show in a repr or a log line.
+    assert TOKEN not in repr(config) and SECRET not in repr(config)
+    assert config.repository("OCTO/MLX-LM") is config.repositories[REPO]
+
+
+# --- requests become jobs ------------------------------------------------------------------
+
+
+def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    ask(client, "/coldbench ab rounds=3 labels=lab:studio")
+    [pull_request_id] = handle(db_session, settings, config)
+    link = db_session.scalars(sa.select(PullRequestJob)).one()
+    assert (link.base_sha, link.head_sha, link.asked_by) == (BASE, HEAD, "maintainer")
+    assert link.command == "/coldbench ab labels=lab:studio rounds=3"
+    job = db_session.get(Job, link.job_id)
+    assert job is not None and job.state == JobState.QUEUED
+    assert job.spec["repository"] == "mlx-lm" and job.spec["adapter"] == "mlx-lm"
+    assert [(v["name"], v["ref"]) for v in job.spec["variants"]] == [("base", BASE), ("pr-7", HEAD)]
+    assert (job.spec["contexts"], job.spec["rounds"], job.spec["host_labels"]) == (
+        [64],
+        3,
+        ["lab:studio"],
+    )
+    # Only the configured API base was called: permission, then the pull request.
+    assert [(c.method, c.path) for c in github.calls] == [
+        ("GET", f"/repos/{REPO}/collaborators/maintainer/permission"),
+        ("GET", f"/repos/{REPO}/pulls/7"),
+    ]
+    assert all(call.authorization == f"token {TOKEN}" for call in github.calls)
+
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    [status] = github.statuses
+    assert (status["sha"], status["state"], status["context"]) == (HEAD, "pending", "coldbench")
+    assert status["target_url"] == f"https://bench.example.org/jobs/{job.id}"
+    [(comment_id, comment)] = github.comments.items()
+    assert comment["number"] == 7 and comment["body"].startswith(MARKER)
+    assert f"[job `{job.id}`](https://bench.example.org/jobs/{job.id})" in comment["body"]
+    assert "**queued**" in comment["body"]
+    # Nothing changed: nothing is sent again.
+    calls = len(github.calls)
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    assert len(github.calls) == calls
+
+    # A push: the comment says its evidence is for an older head, edited in place.
+    deliver(
+        client,
+        pull_request_event(REPO, 7, "synchronize", "maintainer", head=NEW_HEAD),
+        event="pull_request",
+    )
+    assert handle(db_session, settings, config) == [pull_request_id]
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    assert list(github.comments) == [comment_id] and github.comments[comment_id]["edits"] == 1
+    assert (
+        "This evidence is for an older head** (`bbbbbbbbbb`)" in github.comments[comment_id]["body"]
+    )
+    assert len(github.statuses) == 1
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 1
+
+
+def test_an_outsider_starts_nothing_and_gets_no_answer(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    ask(client, "/coldbench ab", login="reader")
+    ask(client, "/coldbench ab", login="stranger")
+    deliver(
+        client,
+        pull_request_event(REPO, 7, "labeled", "stranger", head=HEAD, label="coldbench"),
+        event="pull_request",
+    )
+    assert handle(db_session, settings, config) == [None, None, None]
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 0
+    outcomes = db_session.scalars(sa.select(GitHubDelivery.outcome)).all()
+    assert sorted(outcomes) == [
+        "ignored: reader may not ask",
+        "ignored: stranger may not ask",
+        "ignored: stranger may not ask",
+    ]
+    assert github.called("GET", "/pulls/") == [] and github.called("POST") == []
+
+
+def test_a_listed_asker_needs_no_permission_lookup(
+    tmp_path: Path,
+    fake: tuple[FakeGitHub, str],
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    config = load_github_config(write_config(tmp_path / "listed.toml", fake[1], askers=["Tester"]))
+    ask(client, "/coldbench", login="tester")
+    ask(client, "/coldbench", login="maintainer")
+    handle(db_session, settings, config)
+    assert [link.asked_by for link in db_session.scalars(sa.select(PullRequestJob))] == ["tester"]
+    assert github.called("GET", "/permission") == []
+
+
+def test_refusals_are_answered_on_the_pull_request(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    ask(client, "/coldbench ab contexts=<b>4Q</b>")
+    [pull_request_id] = handle(db_session, settings, config)
+    pull = db_session.get(PullRequest, pull_request_id)
+    assert pull is not None
+    assert (
+        pull.notice
+        == "@maintainer: not started: '<b>4Q</b>' is not a token count (e.g. 512, 4096, 4K or 1M)"
+    )
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    [comment] = github.comments.values()
+    # The service's Markdown never passes on HTML that came from GitHub.
+    assert "<b>" not in comment["body"] and "&lt;b&gt;4Q&lt;/b&gt;" in comment["body"]
+
+    # No host allows the repository the pull request maps to: the service's own refusal.
+    ask(client, "/coldbench ab labels=lab:nowhere")
+    handle(db_session, settings, config)
+    assert "not started: no registered host can run this job" in (pull.notice or "")
+
+    # The rate limit per pull request: two jobs in the hour, then a refusal.
+    for _ in range(3):
+        ask(client, "/coldbench")
+    handle(db_session, settings, config)
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(PullRequestJob)) == 2
+    assert pull.notice == (
+        "@maintainer: not started: this pull request had 2 jobs in the last hour; ask again later"
+    )
+
+
+def test_a_closed_pull_request_is_not_measured(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    github.add_pull(REPO, 7, base=BASE, head=HEAD, state="closed")
+    ask(client, "/coldbench")
+    handle(db_session, settings, config)
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 0
+    assert db_session.scalars(sa.select(PullRequest.notice)).one() == (
+        "@maintainer: not started: the pull request is closed"
+    )
+
+
+def test_a_label_and_an_allowed_push_start_the_default_request(
+    tmp_path: Path,
+    fake: tuple[FakeGitHub, str],
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    config = load_github_config(
+        write_config(tmp_path / "auto.toml", fake[1], auto_run_on_push=True)
+    )
+    deliver(
+        client,
+        pull_request_event(REPO, 7, "labeled", "maintainer", head=HEAD, label="bug"),
+        event="pull_request",
+    )
+    deliver(
+        client,
+        pull_request_event(REPO, 7, "labeled", "maintainer", head=HEAD, label="coldbench"),
+        event="pull_request",
+    )
+    handle(db_session, settings, config)
+    github.add_pull(REPO, 7, base=BASE, head=NEW_HEAD)
+    deliver(
+        client,
+        pull_request_event(REPO, 7, "synchronize", "maintainer", head=NEW_HEAD),
+        event="pull_request",
+    )
+    deliver(
+        client,
+        pull_request_event(REPO, 7, "synchronize", "stranger", head=NEW_HEAD),
+        event="pull_request",
+    )
+    handle(db_session, settings, config)
+    links = db_session.scalars(sa.select(PullRequestJob).order_by(PullRequestJob.created_at))
+    assert [(link.head_sha, link.command) for link in links] == [
+        (HEAD, "/coldbench ab"),
+        (NEW_HEAD, "/coldbench ab"),
+    ]
+
+
+def test_conclusions_follow_the_policy() -> None:
+    from api.github.config import StatusPolicy
+    from evidence.summary_schema import Comparison, Summary
+
+    def summary(*verdicts: tuple[str, float]) -> Summary:
+        comparisons = [
+            Comparison.model_construct(verdict=verdict, ratio_median=ratio)
+            for verdict, ratio in verdicts
+        ]
+        return Summary.model_construct(comparisons=comparisons)
+
+    strict, lenient = StatusPolicy(), StatusPolicy(failure_slower_pct=5)
+    assert service.conclusion(strict, summary(("faster", 1.1))) == "success"
+    assert service.conclusion(strict, summary(("faster", 1.1), ("slower", 0.98))) == "failure"
+    assert service.conclusion(lenient, summary(("faster", 1.1), ("slower", 0.98))) == "success"
+    assert service.conclusion(lenient, summary(("slower", 0.9))) == "failure"
+    assert service.conclusion(strict, summary(("no established change", 1.0))) == "neutral"
+    assert service.conclusion(strict, summary(("inconclusive", 0.9))) == "neutral"

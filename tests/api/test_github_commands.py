@@ -1,0 +1,103 @@
+"""The `/coldbench` line of a pull-request comment: found, split, and read by the spec's text
+parsers; every mistake answered in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.github.commands import (
+    Ask,
+    CommandError,
+    available_modes,
+    find_command,
+    option_fields,
+    parse_command,
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("/coldbench ab", "ab"),
+        (
+            "Looks good.\n\n  /coldbench ablation features=compile\nthanks",
+            "ablation features=compile",
+        ),
+        ("/coldbench", ""),
+        ("/coldbench\r\nmore text", ""),
+        # Quoting someone else's command asks nothing; neither does a mention mid-line.
+        ("> /coldbench ab", None),
+        ("please run /coldbench ab", None),
+        ("/coldbenchmark ab", None),
+        ("no command here", None),
+    ],
+)
+def test_the_command_is_the_first_line_that_starts_with_it(body: str, expected: str | None):
+    assert find_command(body) == expected
+
+
+def test_mode_and_options_are_read():
+    assert parse_command("") == Ask()
+    assert parse_command("ab") == Ask(mode="ab")
+    assert parse_command("sweep contexts=4K,16K rounds=12 model=llama-3b labels=lab:studio") == Ask(
+        mode="sweep",
+        options={
+            "contexts": "4K,16K",
+            "rounds": "12",
+            "model": "llama-3b",
+            "labels": "lab:studio",
+        },
+    )
+    assert parse_command("rounds=3 mode=ablation") == Ask(mode="ablation", options={"rounds": "3"})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("benchmark", "unknown mode `benchmark`; modes: ab, ablation, sweep"),
+        ("ab rounds", "`rounds`: write options as key=value, e.g. rounds=12"),
+        ("ab =3", "`=3`: write options as key=value"),
+        ("ab command=rm", "unknown option `command`; options: contexts, rounds"),
+        ("ab rounds=3 rounds=4", "option `rounds` given twice"),
+        ("ab mode=sweep", "option `mode` given twice"),
+        ("ab `x`=1", "unknown option `'x'`"),
+        ("ab " + "x" * 600, "longer than 500 characters"),
+    ],
+)
+def test_mistakes_are_answered_in_one_line(text: str, message: str):
+    with pytest.raises(CommandError, match=None) as caught:
+        parse_command(text)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_commits_is_offered_only_where_the_job_spec_has_the_mode():
+    from typing import get_args
+
+    from evidence.schemas import Mode
+
+    assert ("commits" in available_modes()) == ("commits" in get_args(Mode))
+    assert available_modes()[:3] == ("ab", "ablation", "sweep")
+
+
+def test_option_values_go_through_the_spec_text_parsers():
+    fields = option_fields(
+        {
+            "contexts": "4K,16k",
+            "rounds": "12",
+            "model": "llama-3b",
+            "labels": "lab:studio, os:macos",
+            "features": "compile,clear_cache=false",
+        }
+    )
+    assert fields == {
+        "contexts": [4096, 16384],
+        "rounds": 12,
+        "model": "llama-3b",
+        "host_labels": ["lab:studio", "os:macos"],
+        "features": ["compile", "clear_cache=false"],
+    }
+    with pytest.raises(CommandError, match="'4Q' is not a token count"):
+        option_fields({"contexts": "4Q"})
+    with pytest.raises(CommandError, match="rounds=twelve is not a whole number"):
+        option_fields({"rounds": "twelve"})
