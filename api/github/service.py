@@ -9,7 +9,6 @@ called there, never while a webhook request waits.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +21,7 @@ from sqlalchemy.orm import Session
 from api.artifacts.store import ArtifactStore
 from api.database import utcnow
 from api.errors import ServiceError
+from api.evidence import service as evidence_service
 from api.github import client
 from api.github.commands import Ask, CommandError, option_fields, parse_command
 from api.github.comment import JobView, render_comment
@@ -30,11 +30,8 @@ from api.github.events import Delivery, Facts, event_facts
 from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
 from api.jobs import service as jobs_service
 from api.jobs.models import Job
-from api.pages.evidence import pr_markdown
 from api.settings import Settings
-from evidence.bundle import PROVENANCE_FILE, provenances_of
 from evidence.canonical import sha256_hex
-from evidence.markdown import render_summary_md
 from evidence.protocol import JobState
 from evidence.summary_schema import Summary
 
@@ -307,17 +304,15 @@ def job_report(job: Job, policy: StatusPolicy, config: GitHubConfig) -> Report:
     return Report("pending", f"{job.state} on coldbench", job_url)
 
 
-def evidence_markdown(job: Job, store: ArtifactStore, config: GitHubConfig) -> str | None:
-    """The job's PR Markdown (evidence/markdown.py) with its evidence id linked to its page."""
-    if job.evidence_id is None or job.summary is None or not job.bundle_files:
+def evidence_markdown(
+    db_session: Session, job: Job, store: ArtifactStore, config: GitHubConfig
+) -> str | None:
+    """The job's PR Markdown, its evidence id linked to its page (the evidence page's)."""
+    if job.evidence_id is None:
         return None
-    entry = job.bundle_files.get(PROVENANCE_FILE)
-    if entry is None:
-        return None
-    provenances = provenances_of(json.loads(store.read_bytes(entry["sha256"])))
-    summary = Summary.model_validate(job.summary)
-    markdown = render_summary_md(summary, provenances, evidence_id=job.evidence_id)
-    return pr_markdown(markdown, job.evidence_id, config.link(f"/e/{job.evidence_id}"))
+    return evidence_service.pr_markdown(
+        db_session=db_session, store=store, evidence_id=job.evidence_id, base_url=config.service_url
+    )
 
 
 def answer_pull_request(
@@ -364,7 +359,7 @@ def answer_pull_request(
             command=latest.command,
             job_url=config.link(f"/jobs/{job.id}"),
             reason=job.reason,
-            evidence_markdown=evidence_markdown(job, store, config),
+            evidence_markdown=evidence_markdown(db_session, job, store, config),
         )
     body = render_comment(job=view, head_sha=pull.head_sha, notice=pull.notice)
     body_sha256 = sha256_hex(body.encode())
