@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evidence.markdown import escape_html
+from evidence.escaping import escape_html, md_code, md_text
 from evidence.protocol import JobState
 
 MARKER = "<!-- coldbench:pull-request -->"
@@ -41,17 +41,20 @@ def short(sha: str) -> str:
 
 
 def job_lines(job: JobView) -> list[str]:
+    """The lines about one job; its evidence Markdown (already escaped) comes after them."""
     asked = (
-        f"`{escape_html(job.command)}` asked by @{job.asked_by}: head `{short(job.head_sha)}` "
-        f"against base `{short(job.base_sha)}`"
+        f"{md_code(job.command)} asked by @{job.asked_by}: head {md_code(short(job.head_sha))} "
+        f"against base {md_code(short(job.base_sha))}"
     )
-    link = f"[job `{job.job_id}`]({job.job_url})"
-    if job.state == JobState.DONE and job.evidence_markdown:
-        return [f"{asked}, {link}.", "", job.evidence_markdown]
+    link = f"[job {md_code(job.job_id)}]({job.job_url})"
     if job.state in (JobState.FAILED, JobState.CANCELLED):
-        why = f": {escape_html(job.reason)}" if job.reason else ""
-        return [f"**{job.state}**: {asked}, {link}{why}"]
-    return [f"**{job.state}**: {asked}, {link}. This comment is edited when it is done."]
+        why = f": {md_text(job.reason)}" if job.reason else ""
+        return [escape_html(f"**{job.state}**: {asked}, {link}{why}")]
+    if job.state == JobState.DONE and job.evidence_markdown:
+        return [escape_html(f"{asked}, {link}."), "", job.evidence_markdown]
+    return [
+        escape_html(f"**{job.state}**: {asked}, {link}. This comment is edited when it is done.")
+    ]
 
 
 def render_comment(*, job: JobView | None, head_sha: str | None, notice: str | None) -> str:
@@ -64,7 +67,7 @@ def render_comment(*, job: JobView | None, head_sha: str | None, notice: str | N
             f"request's head is now `{short(head_sha)}`. Comment `/coldbench` to measure it.",
         ]
     if notice:
-        lines += ["", f"> {escape_html(notice)}"]
+        lines += ["", escape_html(f"> {md_text(notice)}")]
     if job is not None:
         lines += ["", *job_lines(job)]
     elif not notice:
