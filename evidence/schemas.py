@@ -48,11 +48,24 @@ ABLATION_MINUS_PREFIX: Final = "all-minus-"
 
 class SpecError(ValueError):
     """A rule across fields, broken: raised in a model validator with the field it is about
-    (a dotted path such as `baseline` or `variants.1.ref`), which pydantic cannot locate."""
+    (a dotted path such as `baseline` or `variants.1.ref`), which pydantic cannot locate.
+
+    `problems` holds every rule the spec broke (JobSpec checks them all in one pass); the
+    error's own field and message are the first's, its text all of theirs."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+        self.problems: list[SpecError] = [self]
+
+    @classmethod
+    def of(cls, problems: list[SpecError]) -> SpecError:
+        """One error carrying every problem (one of them: that problem itself)."""
+        if len(problems) == 1:
+            return problems[0]
+        combined = cls(problems[0].field, "; ".join(str(problem) for problem in problems))
+        combined.problems = list(problems)
+        return combined
 
 
 def error_field(error: ValidationError) -> str | None:
@@ -435,12 +448,41 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
+        """Every rule across fields, each group reporting its first problem, all in one
+        error (`SpecError.problems`)."""
+        names = [v.name for v in self.variants]
+        problems: list[SpecError] = []
+        for rule in (
+            self._process_rules,
+            self._name_rules,
+            self._target_rules,
+            self._history_rules,
+            self._bisect_rules,
+            self._ref_rules,
+            self._ablation_rules,
+        ):
+            try:
+                rule(names)
+            except SpecError as problem:
+                problems.append(problem)
+        if problems:
+            raise SpecError.of(problems)
+        return self
+
+    def _process_rules(self, names: list[str]) -> None:
         if self.fresh_process and self.rounds_per_process is not None:
             raise SpecError(
                 "rounds_per_process",
                 "fresh_process (a process per cell) and rounds_per_process exclude each other",
             )
-        names = [v.name for v in self.variants]
+
+    def _name_rules(self, names: list[str]) -> None:
+        if self.baseline is None:
+            self.baseline = names[0]
+        elif self.baseline not in names:
+            raise SpecError(
+                "baseline", f"baseline {self.baseline!r} is not one of the variants {names}"
+            )
         duplicates = sorted(n for n, times in Counter(names).items() if times > 1)
         if duplicates:
             first = {n: i for i, n in reversed(list(enumerate(names)))}
@@ -449,18 +491,12 @@ class JobSpec(_Strict):
                 f"variants.{again}.name",
                 f"variant names must be unique; repeated: {', '.join(duplicates)}",
             )
-        if self.baseline is None:
-            self.baseline = names[0]
-        elif self.baseline not in names:
-            raise SpecError(
-                "baseline", f"baseline {self.baseline!r} is not one of the variants {names}"
-            )
-        if self.mode == "ablation" and not self.features:
-            raise SpecError("features", "ablation mode needs at least one feature")
+
+    def _target_rules(self, names: list[str]) -> None:
         if self.adapter != "embedded" and not self.repository:
             raise SpecError("repository", f"adapter {self.adapter} needs a repository")
-        self._history_rules(names)
-        self._bisect_rules(names)
+
+    def _ref_rules(self, names: list[str]) -> None:
         for index, variant in enumerate(self.variants):
             if self.repository is None and (variant.ref or variant.recipe):
                 raise SpecError(
@@ -476,9 +512,6 @@ class JobSpec(_Strict):
                     f"variants.{index}.ref",
                     f"variant {variant.name} names no ref of {self.repository}",
                 )
-        if self.mode == "ablation":
-            self._ablation_rules()
-        return self
 
     def _history_rules(self, names: list[str]) -> None:
         if self.mode != "history":
@@ -545,9 +578,13 @@ class JobSpec(_Strict):
         if self.baseline != names[0]:
             raise SpecError("baseline", "bisect mode: the baseline is the first variant (lo)")
 
-    def _ablation_rules(self) -> None:
+    def _ablation_rules(self, names: list[str]) -> None:
         """What evidence/variant.py's expansion needs: distinct features, each changing the
         first variant (the template), and names that fit and do not clash."""
+        if self.mode != "ablation":
+            return
+        if not self.features:
+            raise SpecError("features", "ablation mode needs at least one feature")
         features = [parse_feature(feature) for feature in self.features]
         flags = [flag for flag, _ in features]
         repeated = sorted(flag for flag, times in Counter(flags).items() if times > 1)

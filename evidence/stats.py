@@ -248,6 +248,17 @@ def order_statistic_interval(
     g(d+1)). Below 6 values no d qualifies at 95%: the full range."""
     ordered = np.sort(np.asarray(values, dtype=float))
     n = ordered.size
+    d, weight = order_statistic_position(n, confidence_level)
+    if weight == 0:
+        return float(ordered[d - 1]), float(ordered[n - d])
+    low = (1 - weight) * ordered[d - 1] + weight * ordered[d]
+    high = (1 - weight) * ordered[n - d] + weight * ordered[n - d - 1]
+    return float(low), float(high)
+
+
+def order_statistic_position(n: int, confidence_level: float) -> tuple[int, float]:
+    """(d, lambda) of `order_statistic_interval` for n values: its low end is
+    (1 - lambda) x(d) + lambda x(d+1), its high end the mirror; lambda 0: no interpolation."""
     cdf = scipy_stats.binom.cdf(np.arange(n + 1), n, 0.5)
 
     def coverage(d: int) -> float:
@@ -257,12 +268,9 @@ def order_statistic_interval(
     while 2 * (d + 1) <= n and coverage(d + 1) >= confidence_level:
         d += 1
     if coverage(d) < confidence_level or 2 * d + 1 > n:
-        return float(ordered[d - 1]), float(ordered[n - d])
+        return d, 0.0
     share = (coverage(d) - confidence_level) / (coverage(d) - coverage(d + 1))
-    weight = (n - d) * share / (d + (n - 2 * d) * share)
-    low = (1 - weight) * ordered[d - 1] + weight * ordered[d]
-    high = (1 - weight) * ordered[n - d] + weight * ordered[n - d - 1]
-    return float(low), float(high)
+    return d, (n - d) * share / (d + (n - 2 * d) * share)
 
 
 def median_interval(
@@ -416,6 +424,45 @@ def rounds_for_verdict(family_size: int, options: StatsOptions | None = None) ->
     pass Holm (`faster`/`slower`). More are needed when the spread is wide."""
     options = options or StatsOptions()
     return max(options.min_pairs, rounds_for_test(family_size, options.alpha))
+
+
+# Process pairs a default number of rounds must out-vote: a comparison still reaches its verdict
+# when this many of its independent units point the other way (a stalled process, a host hiccup).
+DISSENTING_UNITS = 2
+
+
+def rounds_to_outvote(
+    family_size: int, dissenting: int = DISSENTING_UNITS, options: StatsOptions | None = None
+) -> int:
+    """Fewest independent units (process pairs; rounds with the default blocks) with which a
+    comparison among `family_size` still reaches `faster` or `slower` when `dissenting` of them
+    point the other way, by less than the rest point their way:
+
+    - the order-statistic interval starts above them: its end (`order_statistic_position`) lies
+      beyond the dissenting units, or between the last of them and the next unit but at least
+      halfway to that unit (then (1 - lambda) / r + lambda r > 1 for any r > 1);
+    - the signed-rank test, with them at the smallest ranks, passes Holm's strictest step:
+      2 x #{subsets of ranks 1..n summing to at most 1 + ... + dissenting} / 2^n x family_size
+      < alpha.
+
+    At 95% and two dissenting units: 10 up to 5 comparisons, 11 up to 10, then about one more
+    per doubling of the family. Never fewer than `rounds_for_verdict`."""
+    options = options or StatsOptions()
+    family_size = max(family_size, 1)
+    worst = dissenting * (dissenting + 1) // 2
+    n = max(2 * dissenting + 1, options.min_pairs)
+    while True:
+        d, weight = order_statistic_position(n, options.confidence_level)
+        outside = d > dissenting or (d == dissenting and weight > 0.5)
+        # Rank sums of subsets of 1..n up to `worst` (those sums only use ranks <= worst).
+        sums = [1] + [0] * worst
+        for rank in range(1, min(n, worst) + 1):
+            for total in range(worst, rank - 1, -1):
+                sums[total] += sums[total - rank]
+        p = 2 * sum(sums) / 2**n
+        if outside and p * family_size < options.alpha:
+            return max(n, rounds_for_verdict(family_size, options))
+        n += 1
 
 
 def comparison_family_size(spec: JobSpec) -> int:

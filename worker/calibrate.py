@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence.calibration import CalibrationJob, HostCalibration, calibrate_result, job_of
+from evidence.job_options import build_job_spec
 from evidence.schemas import FlagValue, HostInfo, JobSpec
 from worker.run import execute_run
 
@@ -25,26 +26,27 @@ PLANTED_VARIANT = "c"
 def calibration_spec(
     *,
     model: str,
-    contexts: Sequence[int],
-    rounds: int,
-    decode_tokens: int,
+    contexts: Sequence[int] | str,
+    rounds: int | str,
+    decode_tokens: int | str,
     seed: int,
     base_flags: Mapping[str, FlagValue],
     planted_flags: Mapping[str, FlagValue] | None,
-    rounds_per_process: int | None,
+    rounds_per_process: int | str | None,
     variants: int = 3,
 ) -> JobSpec:
-    """`variants` variants (a, [b,] c); c carries the planted flags (None: an A/A job)."""
+    """`variants` variants (a, [b,] c); c carries the planted flags (None: an A/A job). Built
+    by the one builder (evidence/job_options.py): JobOptionsError names every bad option."""
     if variants not in (2, 3):
         raise ValueError("a calibration job has 2 or 3 variants")
     names = ["a", "b"][: variants - 1]
-    specs = [{"name": name, "flags": dict(base_flags)} for name in names] + [
+    rows = [{"name": name, "flags": dict(base_flags)} for name in names] + [
         {"name": PLANTED_VARIANT, "flags": {**base_flags, **(planted_flags or {})}}
     ]
-    return JobSpec.model_validate(
+    return build_job_spec(
         {
-            "variants": specs,
-            "contexts": list(contexts),
+            "variants": rows,
+            "contexts": contexts if isinstance(contexts, str) else list(contexts),
             "rounds": rounds,
             "decode_tokens": decode_tokens,
             "model": model,

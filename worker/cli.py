@@ -1,52 +1,48 @@
-"""`coldbench run` (the whole matrix on this machine, no server) and `coldbench worker`."""
+"""`coldbench run` (the whole matrix on this machine, no server), `coldbench calibrate` and
+`coldbench worker`.
+
+`run` goes options -> spec (`_local_setup`: this machine's repository, model and corpus, then
+the one builder, evidence/job_options.py) -> measuring (`_measure`, or `_bisect` for its steps)
+-> output (`_print_outcome`).
+"""
 
 from __future__ import annotations
 
 import re
-import shlex
-import sys
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+
+from evidence.job_options import typer_option as spec_option
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from evidence.schemas import JobSpec, VariantSpec
+    from evidence.schemas import JobSpec
     from evidence.summary_schema import Comparison
+    from worker.config import RepositoryConfig
+    from worker.run import RunOutcome
 
 app = typer.Typer(add_completion=False)
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
-def parse_variant(text: str) -> VariantSpec:
-    """`--variant NAME[:key=value,...]` (evidence/spec_text.py); errors name the option."""
-    from evidence.variant import parse_variant as parse
-
-    try:
-        return parse(text)
-    except ValueError as error:
-        raise ValueError(f"--variant {text!r}: {error}") from None
-
-
-def parse_contexts(text: str) -> list[int]:
-    """`--contexts 128,256` or `4K,16K` (evidence/spec_text.py); errors name the option."""
-    from evidence.spec_text import parse_contexts as parse
-
-    try:
-        return parse(text)
-    except ValueError as error:
-        raise ValueError(f"--contexts {text!r}: {error}") from None
+def _fail_all(lines: Sequence[str], code: int = 2) -> NoReturn:
+    """Every problem found, one line each; the last line says how many."""
+    for line in lines:
+        typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(code)
 
 
 def local_corpus(option: str) -> tuple[str, Path]:
-    """`--corpus NAME=FILE` or `--corpus FILE` -> (name, resolved file); exits on bad input."""
+    """`--corpus NAME=FILE` or `--corpus FILE` -> (name, resolved file); ValueError."""
     from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
 
     name, sep, file = option.partition("=")
@@ -55,122 +51,170 @@ def local_corpus(option: str) -> tuple[str, Path]:
         name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(option).stem).strip("-.")[:56] or "corpus"
     path = Path(file).expanduser().resolve()
     if not re.fullmatch(CORPUS_NAME_PATTERN, name) or name == BUILTIN_CORPUS:
-        _fail(f"--corpus {option}: {name!r} is not a corpus name (letters, digits, _ . -)")
+        raise ValueError(
+            f"--corpus {option}: {name!r} is not a corpus name (letters, digits, _ . -)"
+        )
     if not path.is_file():
-        _fail(f"--corpus {option}: {path} is not a file")
+        raise ValueError(f"--corpus {option}: {path} is not a file")
     return name, path
 
 
-def build_spec(
-    *,
-    model: str,
-    contexts: str,
-    rounds: int,
-    decode_tokens: int,
-    variants: list[str],
-    seed: int,
-    mode: str,
-    features: str | None,
-    repository: str | None,
-    recipe: str | None,
-    fresh_process: bool,
-    precision: float = 0.05,
-    corpus: str = "builtin",
-    rounds_per_process: int | None = None,
-    adapter: str | None = None,
-    history: dict[str, Any] | None = None,
-    bisect: dict[str, Any] | None = None,
-) -> JobSpec:
-    from pydantic import ValidationError
+def local_model(model: str) -> tuple[str, dict[str, Path]]:
+    """(the job's model name, this run's model table) for `--model DIR` or `preset:NAME`;
+    ValueError for a folder that is no checkpoint."""
+    if model.startswith("preset:"):
+        return model, {}
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME"
+        )
+    # Jobs name models; a folder becomes a name of this run's own model table.
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
+    return name, {name: path.resolve()}
 
-    from evidence.schemas import JobSpec, error_field, error_line
-    from evidence.spec_text import parse_features
 
-    parsed = [parse_variant(v) for v in variants] or [parse_variant("base")]
-    if recipe is not None:
-        parsed = [v.model_copy(update={"recipe": v.recipe or recipe}) for v in parsed]
-    raw = {
-        "mode": mode,
-        "adapter": adapter or ("mlx-lm" if repository else "embedded"),
-        "repository": repository,
-        "variants": [v.model_dump() for v in parsed],
-        "features": parse_features(features or ""),
-        "contexts": parse_contexts(contexts),
-        "rounds": rounds,
-        "decode_tokens": decode_tokens,
-        "model": model,
-        "seed": seed,
-        "fresh_process": fresh_process,
-        "rounds_per_process": rounds_per_process,
-        "precision": precision,
-        "corpus": corpus,
-        "history": history,
-        "bisect": bisect,
-    }
+@dataclass
+class LocalSetup:
+    """What `coldbench run` measures: the spec and this machine's side of it."""
+
+    spec: JobSpec
+    repositories: dict[str, RepositoryConfig] = field(default_factory=dict)
+    models: dict[str, Path] = field(default_factory=dict)
+    corpora: dict[str, Path] = field(default_factory=dict)
+    model_argument: str | None = None  # `--model` as given, where it is a folder
+    corpus_argument: str | None = None
+
+
+@dataclass
+class ServerOptions:
+    """`coldbench run --adapter openai-server`: the server as worker.toml would declare it."""
+
+    command: str | None = None
+    options: list[str] = field(default_factory=list)
+    wipe: list[str] = field(default_factory=list)
+    first_token_timeout_s: float | None = None
+
+    def given(self) -> list[str]:
+        return [
+            flag
+            for flag, value in (
+                ("--server-command", self.command),
+                ("--option", self.options),
+                ("--wipe", self.wipe),
+                ("--first-token-timeout-s", self.first_token_timeout_s),
+            )
+            if value
+        ]
+
+
+def _local_repository(
+    adapter: str | None,
+    repo: Path | None,
+    module: str | None,
+    server: ServerOptions,
+    problems: list[str],
+) -> RepositoryConfig | None:
+    """The repository `--repo` (or `--server-command`) names on this machine, or None."""
+    from worker.config import ConfigError, local_repository, server_repository
+
+    if adapter == "openai-server" and server.command is None:
+        problems.append("--adapter openai-server needs --server-command (with {port})")
+        return None
+    if adapter != "openai-server" and server.given():
+        problems.append(f"{', '.join(server.given())}: only with --adapter openai-server")
     try:
-        return JobSpec.model_validate(raw)
-    except ValidationError as error:
-        field = error_field(error)
-        if repository is None and field and field.endswith((".ref", ".recipe")):
-            message = "ref= and recipe= name commits of a repository: add --repo PATH"
-            raise ValueError(f"{field}: {message}") from None
-        raise ValueError(error_line(error, whole="job")) from None
+        if adapter == "openai-server":
+            return server_repository(
+                server_command=server.command or "",
+                options=server.options,
+                wipe=server.wipe,
+                first_token_timeout_s=server.first_token_timeout_s,
+                repo=repo,
+                module=module,
+            )
+        if repo is not None and adapter in (None, "embedded", "mlx-lm"):
+            return local_repository(repo, module=module, adapter=adapter or "mlx-lm")
+    except ConfigError as error:
+        problems.append(str(error))
+    return None
 
 
-def history_variants(
-    repository: Any,
+def _pinned_commits(
+    repository: RepositoryConfig, commits: str, state_dir: Path, problems: list[str]
+) -> list[str] | None:
+    """`--commits REF,REF,...` as the commits they name in the repository's mirror."""
+    from worker.checkout import CheckoutError, resolve_ref, update_mirror
+
+    try:
+        mirror = update_mirror(repository, state_dir=state_dir)
+        return [resolve_ref(mirror, ref) for ref in commits.split(",") if ref.strip()]
+    except CheckoutError as error:
+        problems.append(f"--commits: {error}")
+        return None
+
+
+def _local_setup(
+    given: dict[str, Any],
     *,
-    commit_range: str | None,
-    commits: str | None,
-    every: int | None,
-    last: int | None,
+    model: str | None,
+    corpus: str | None,
+    repo: Path | None,
+    module: str | None,
+    server: ServerOptions,
     state_dir: Path,
-    flags: list[str],
-) -> list[str]:
-    """`--variant` values for a history: the reference commit first, then each commit, all
-    with the same flags (one configuration; `--variant NAME:flag=value` gives them)."""
-    from evidence.spec_text import TARGET_KEYS
-    from worker.checkout import resolve_ref, update_mirror
+) -> LocalSetup:
+    """Options -> spec: this machine's model, corpus and repository, then the one builder.
+    Exits with every problem found, one line each."""
+    from evidence.job_options import JobOptionsError, build_job_spec, problem_lines
+    from evidence.schemas import INSTALLED_SERVER
 
-    if (commit_range is None) == (commits is None):
-        raise ValueError("--mode history needs --range A..B or --commits REF,REF,...")
-    if commits is not None and (every or last):
-        raise ValueError("--every and --last thin a --range, not a --commits list")
-    if len(flags) > 1:
-        raise ValueError("--mode history measures one configuration: give at most one --variant")
-    extra = ""
-    if flags:
-        _, _, extra = flags[0].partition(":")
-        if any(item.split("=")[0] in TARGET_KEYS for item in extra.split(",") if item):
-            raise ValueError("--mode history: the commits are the refs; --variant takes flags only")
-    if commit_range is not None:
-        # One variant without a ref: execute_run resolves the range in the mirror
-        # (worker.run.resolve_on_host), as a host of the service does.
-        return flags or ["base"]
-    mirror = update_mirror(repository, state_dir=state_dir)
-    refs = [ref for ref in (commits or "").split(",") if ref]
-    if len(refs) < 2:
-        raise ValueError("--commits: give the reference and at least one other commit")
-    reference, *shas = [resolve_ref(mirror, ref) for ref in refs]
-    suffix = f",{extra}" if extra else ""
-    return [f"ref-{reference[:10]}:ref={reference}{suffix}"] + [
-        f"c{position:02d}-{sha[:10]}:ref={sha}{suffix}" for position, sha in enumerate(shas, 1)
-    ]
+    problems: list[str] = []
+    setup_models: dict[str, Path] = {}
+    model_argument = None
+    if model is not None:
+        try:
+            given["model"], setup_models = local_model(model)
+            model_argument = model if setup_models else None
+        except ValueError as error:
+            problems.append(str(error))
+    corpora: dict[str, Path] = {}
+    if corpus is not None:
+        try:
+            given["corpus"], corpus_file = local_corpus(corpus)
+            corpora[given["corpus"]] = corpus_file
+        except ValueError as error:
+            problems.append(str(error))
+    adapter = given.get("adapter")
+    repository = _local_repository(adapter, repo, module, server, problems)
+    repositories = {repository.name: repository} if repository is not None else {}
+    if repository is not None:
+        given["repository"] = repository.name
+    elif adapter == "openai-server":
+        given["repository"] = INSTALLED_SERVER  # what is missing is said above
+    elif repo is not None:
+        given["repository"] = repo.name  # the problem with it is said above
+    if given.get("commits") and given.get("mode") == "history" and repository is not None:
+        pinned = _pinned_commits(repository, given["commits"], state_dir, problems)
+        given["commits"] = ",".join(pinned) if pinned is not None else None
+    try:
+        spec = build_job_spec(given)
+    except JobOptionsError as error:
+        problems += problem_lines(error)
+    if problems:
+        _fail_all(problems)
+    return LocalSetup(
+        spec=spec,
+        repositories=repositories,
+        models=setup_models,
+        corpora=corpora,
+        model_argument=model_argument,
+        corpus_argument=corpus,
+    )
 
 
 def _bisect(
-    *,
-    repository: Any,
-    good: str,
-    bad: str,
-    direction: str,
-    base: dict[str, Any],
-    models: dict[str, Path],
-    corpora: dict[str, Path],
-    out: Path | None,
-    state_dir: Path,
-    cell_timeout_s: float,
-    console: Any,
+    setup: LocalSetup, *, out: Path | None, state_dir: Path, cell_timeout_s: float, console: Any
 ) -> None:
     """Halve good..bad by paired lo/mid/hi steps, each its own run and bundle under `out`
     (step-01, step-02, ...); the last step's evidence names the result. The steps, decisions
@@ -181,30 +225,11 @@ def _bisect(
     from worker.fingerprint import host_fingerprint, host_labels
     from worker.run import RunRefused, execute_run
 
-    if len(base["flags"]) > 1:
-        raise ValueError("--mode bisect measures one configuration: give at most one --variant")
-    # One variant without a ref (the configuration); execute_run resolves --good..--bad to
-    # commits in the mirror, as a host of the service does.
-    spec = build_spec(
-        model=base["model"],
-        contexts=base["contexts"],
-        rounds=base["rounds"],
-        decode_tokens=base["decode_tokens"],
-        variants=base["flags"] or ["base"],
-        seed=base["seed"],
-        mode="bisect",
-        features=None,
-        repository=repository.name,
-        recipe=None,
-        fresh_process=False,
-        precision=base["precision"],
-        corpus=base["corpus"],
-        bisect={"good": good, "bad": bad, "direction": direction},
-    )
+    spec = setup.spec
     started = datetime.now(UTC)
     out = out or Path(f"bisect-{started:%Y%m%dT%H%M%S}")
     if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out {out}: folder exists and is not empty; choose a new one")
+        _fail(f"--out {out}: folder exists and is not empty; choose a new one")
     host = host_fingerprint()
     steps: list[BisectStep] = []
     while True:
@@ -218,19 +243,18 @@ def _bisect(
                 state_dir=state_dir,
                 host=host,
                 labels=host_labels(host, []),
-                repositories={repository.name: repository},
-                models=models,
-                corpora=corpora,
+                repositories=setup.repositories,
+                models=setup.models,
+                corpora=setup.corpora,
                 command=None,
                 cell_timeout_s=cell_timeout_s,
             )
         except RunRefused as error:
-            raise ValueError(str(error)) from None
+            _fail(str(error))
         folder = write_folder(out / name, outcome.files)
         folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
         if outcome.status != "succeeded" or not outcome.summary or outcome.spec is None:
-            typer.echo(f"error: {name} failed: {outcome.reason} (bundle {folder})", err=True)
-            raise typer.Exit(1)
+            _fail(f"{name} failed: {outcome.reason} (bundle {folder})", code=1)
         ran = outcome.spec.bisect
         assert ran is not None and ran.line is not None  # resolved by execute_run
         lo, mid, hi = ran.step_commits()
@@ -240,8 +264,7 @@ def _bisect(
         )
         section = outcome.summary.bisect
         if section is None:
-            typer.echo(f"error: {name}'s summary has no bisect section (bundle {folder})", err=True)
-            raise typer.Exit(1)
+            _fail(f"{name}'s summary has no bisect section (bundle {folder})", code=1)
         console.print(f"  {section.decision}: {section.why}")
         steps.append(
             BisectStep(
@@ -287,34 +310,30 @@ def _verdict_table(
 
 @app.command("run")
 def run(
-    model: Annotated[str, typer.Option(help="A checkpoint folder or preset:NAME.")] = "preset:tiny",
-    contexts: Annotated[str, typer.Option(help="Context lengths in tokens, e.g. 128,256.")] = (
-        "128,256"
-    ),
-    rounds: Annotated[int, typer.Option(min=1, help="Rounds (pairing units).")] = 3,
-    decode_tokens: Annotated[int, typer.Option(min=0, help="Greedy tokens after prefill.")] = 8,
-    variant: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--variant",
-            help="NAME[:key=value,...]; repeat. The first is the baseline. Keys ref and recipe "
-            "pick a commit and a build recipe of --repo; the rest are engine flags.",
-        ),
+    model: Annotated[
+        str | None,
+        spec_option("model", help="A checkpoint folder or preset:NAME. Default: preset:tiny."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of prompts, order and bootstrap.")] = 0,
-    out: Annotated[Path | None, typer.Option(help="Bundle folder to write (new).")] = None,
-    mode: Annotated[str, typer.Option(help="ab, ablation or sweep.")] = "ab",
-    features: Annotated[
-        str | None, typer.Option(help="Ablation features: flag or flag=value, comma-separated.")
+    contexts: Annotated[str | None, spec_option("contexts")] = None,
+    rounds: Annotated[str | None, spec_option("rounds")] = None,
+    decode_tokens: Annotated[str | None, spec_option("decode_tokens")] = None,
+    variant: Annotated[list[str] | None, spec_option("variants")] = None,
+    seed: Annotated[str | None, spec_option("seed")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Bundle folder to write (new; default: evidence-local-<time>)."),
     ] = None,
+    mode: Annotated[str | None, spec_option("mode")] = None,
+    features: Annotated[str | None, spec_option("features")] = None,
     repo: Annotated[
         Path | None, typer.Option(help="A git repository of the engine (mlx-lm or a fork).")
     ] = None,
     recipe: Annotated[
         str | None,
-        typer.Option(
+        spec_option(
+            "recipe",
             help="Build recipe for --repo variants: editable (default) or, for --adapter "
-            "embedded, offline (installs nothing: no package index needed)."
+            "embedded, offline (installs nothing: no package index needed).",
         ),
     ] = None,
     module: Annotated[
@@ -323,10 +342,11 @@ def run(
     ] = None,
     adapter: Annotated[
         str | None,
-        typer.Option(
+        spec_option(
+            "adapter",
             help="mlx-lm (--repo, the default with it), embedded (without --repo: this "
             "engine; with it: a checkout of coldbench whose engine/ each variant runs) or "
-            "openai-server (--server-command, with or without --repo)."
+            "openai-server (--server-command, with or without --repo).",
         ),
     ] = None,
     server_command: Annotated[
@@ -352,46 +372,16 @@ def run(
         float | None,
         typer.Option(min=0.001, help="openai-server: seconds to the first token (default 300)."),
     ] = None,
-    fresh_process: Annotated[
-        bool, typer.Option("--fresh-process", help="A new process for every cell.")
-    ] = False,
-    rounds_per_process: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Rounds each variant's process measures before every variant gets a fresh "
-            "one (default: rounds // 12, at least 1: 12 or more independent process pairs).",
-        ),
-    ] = None,
-    precision: Annotated[
-        float,
-        typer.Option(
-            min=0.001,
-            max=0.5,
-            help="Verdict precision: 'no established change' needs the 95% interval within "
-            "1 +- this.",
-        ),
-    ] = 0.05,
-    commit_range: Annotated[
-        str | None,
-        typer.Option(
-            "--range",
-            help="History: A..B, each commit on B's first-parent line after A against A.",
-        ),
-    ] = None,
-    every: Annotated[
-        int | None, typer.Option(min=1, help="History: every Nth commit (counted back from B).")
-    ] = None,
-    last: Annotated[int | None, typer.Option(min=1, help="History: the newest N commits.")] = None,
-    commits: Annotated[
-        str | None,
-        typer.Option(help="History: an explicit list REF,REF,...; the first is the reference."),
-    ] = None,
-    good: Annotated[str | None, typer.Option(help="Bisect: a ref that is not yet changed.")] = None,
-    bad: Annotated[str | None, typer.Option(help="Bisect: a ref that is changed.")] = None,
-    direction: Annotated[
-        str | None, typer.Option(help="Bisect: the change to find, slower or faster.")
-    ] = None,
+    fresh_process: Annotated[bool, spec_option("fresh_process")] = False,
+    rounds_per_process: Annotated[str | None, spec_option("rounds_per_process")] = None,
+    precision: Annotated[str | None, spec_option("precision")] = None,
+    commit_range: Annotated[str | None, spec_option("range")] = None,
+    every: Annotated[str | None, spec_option("every")] = None,
+    last: Annotated[str | None, spec_option("last")] = None,
+    commits: Annotated[str | None, spec_option("commits")] = None,
+    good: Annotated[str | None, spec_option("good")] = None,
+    bad: Annotated[str | None, spec_option("bad")] = None,
+    direction: Annotated[str | None, spec_option("direction")] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
@@ -408,153 +398,88 @@ def run(
     import logging
 
     from rich.console import Console
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=True)
+    state_dir = state_dir.resolve()
+    given: dict[str, Any] = {
+        "mode": mode,
+        "adapter": adapter,
+        "variants": variant,
+        "recipe": recipe,
+        "features": features,
+        "contexts": contexts,
+        "rounds": rounds,
+        "decode_tokens": decode_tokens,
+        "seed": seed,
+        "fresh_process": fresh_process,
+        "rounds_per_process": rounds_per_process,
+        "precision": precision,
+        "range": commit_range,
+        "every": every,
+        "last": last,
+        "commits": commits,
+        "good": good,
+        "bad": bad,
+        "direction": direction,
+    }
+    setup = _local_setup(
+        given,
+        model=model,
+        corpus=corpus,
+        repo=repo,
+        module=module,
+        server=ServerOptions(
+            server_command, list(option or []), list(wipe or []), first_token_timeout_s
+        ),
+        state_dir=state_dir,
+    )
+    if setup.spec.mode == "bisect":
+        _bisect(setup, out=out, state_dir=state_dir, cell_timeout_s=cell_timeout_s, console=console)
+        return
+    setup.spec = _checked_on_this_host(setup, state_dir)
+    run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    out = out or Path(f"evidence-{run_id}")
+    if out.exists() and any(out.iterdir()):
+        _fail(f"--out {out}: folder exists and is not empty; choose a new one")
+    outcome = _measure(
+        setup, run_id=run_id, state_dir=state_dir, cell_timeout_s=cell_timeout_s, console=console
+    )
+    _print_outcome(outcome, out)
+
+
+def _checked_on_this_host(setup: LocalSetup, state_dir: Path) -> JobSpec:
+    """The spec as this machine runs it: a range resolved in the mirror, then the host's own
+    checks (flags the adapter knows, options the declarations allow, the corpus), before
+    anything is built or measured. Warns when a resolved range's rounds cannot conclude."""
+    from evidence.stats import too_few_rounds
+    from worker.checkout import CheckoutError
+    from worker.config import ConfigError
+    from worker.run import check_job, resolve_on_host
+
+    try:
+        spec = resolve_on_host(setup.spec, setup.repositories, state_dir=state_dir)
+        check_job(spec, setup.repositories, setup.corpora)
+    except (ValueError, ConfigError, CheckoutError) as error:
+        _fail(str(error))
+    warning = too_few_rounds(spec)
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
+    return spec
+
+
+def _measure(
+    setup: LocalSetup, *, run_id: str, state_dir: Path, cell_timeout_s: float, console: Any
+) -> RunOutcome:
+    """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from worker.checkout import CheckoutError
-    from worker.config import ConfigError, local_repository, server_repository
     from worker.fingerprint import host_fingerprint, host_labels
     from worker.run import RunRefused, execute_run
     from worker.variants import Progress as CellProgress
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    console = Console(stderr=True)
-    if mode not in ("ab", "ablation", "sweep", "history", "bisect"):
-        _fail(f"--mode {mode!r}: choose ab, ablation, sweep, history or bisect")
-    if mode != "bisect" and any(option is not None for option in (good, bad, direction)):
-        _fail("--good, --bad and --direction belong to --mode bisect")
-    history_options = (commit_range, every, last, commits)
-    if mode != "history" and any(option is not None for option in history_options):
-        _fail("--range, --every, --last and --commits belong to --mode history")
-    models: dict[str, Path] = {}
-    model_name = model
-    if not model.startswith("preset:"):
-        path = Path(model).expanduser()
-        if not (path / "config.json").is_file():
-            _fail(f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME")
-        # Jobs name models; a folder becomes a name of this run's own model table.
-        model_name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
-        models[model_name] = path.resolve()
-    corpora: dict[str, Path] = {}
-    corpus_name = "builtin"
-    if corpus is not None:
-        corpus_name, corpus_file = local_corpus(corpus)
-        corpora[corpus_name] = corpus_file
-    repositories = {}
-    if adapter not in (None, "embedded", "mlx-lm", "openai-server"):
-        _fail(f"--adapter {adapter!r}: choose one of embedded, mlx-lm, openai-server")
-    server_given = [
-        name
-        for name, given in (
-            ("--server-command", server_command),
-            ("--option", option),
-            ("--wipe", wipe),
-            ("--first-token-timeout-s", first_token_timeout_s),
-        )
-        if given
-    ]
-    if adapter == "openai-server" and server_command is None:
-        _fail("--adapter openai-server needs --server-command (with {port})")
-    if adapter != "openai-server" and server_given:
-        _fail(f"{', '.join(server_given)}: only with --adapter openai-server")
-    if adapter == "mlx-lm" and repo is None:
-        _fail("--adapter mlx-lm drives a checkout: add --repo PATH")
-    try:
-        if adapter == "openai-server":
-            repository = server_repository(
-                server_command=server_command or "",
-                options=list(option or []),
-                wipe=list(wipe or []),
-                first_token_timeout_s=first_token_timeout_s,
-                repo=repo,
-                module=module,
-            )
-            repositories[repository.name] = repository
-        elif repo is not None:
-            repository = local_repository(repo, module=module, adapter=adapter or "mlx-lm")
-            repositories[repository.name] = repository
-        history = None
-        if mode == "history":
-            if repo is None:
-                raise ValueError("--mode history needs --repo PATH (its commits are measured)")
-            variant = history_variants(
-                repositories[next(iter(repositories))],
-                commit_range=commit_range,
-                commits=commits,
-                every=every,
-                last=last,
-                state_dir=state_dir.resolve(),
-                flags=list(variant or []),
-            )
-            if commit_range:
-                history = {"range": commit_range, "every": every, "last": last}
-        if mode == "bisect":
-            if repo is None:
-                raise ValueError("--mode bisect needs --repo PATH (its commits are bisected)")
-            if good is None or bad is None or direction not in ("slower", "faster"):
-                raise ValueError(
-                    "--mode bisect needs --good REF, --bad REF and --direction slower|faster"
-                )
-            if len(parse_contexts(contexts)) != 1:
-                raise ValueError("--mode bisect takes exactly one context (--contexts N)")
-            _bisect(
-                repository=repositories[next(iter(repositories))],
-                good=good,
-                bad=bad,
-                direction=direction,
-                base={
-                    "model": model_name,
-                    "contexts": contexts,
-                    "rounds": rounds,
-                    "decode_tokens": decode_tokens,
-                    "seed": seed,
-                    "precision": precision,
-                    "flags": list(variant or []),
-                    "corpus": corpus_name,
-                },
-                models=models,
-                corpora=corpora,
-                out=out,
-                state_dir=state_dir.resolve(),
-                cell_timeout_s=cell_timeout_s,
-                console=console,
-            )
-            return
-        spec = build_spec(
-            model=model_name,
-            contexts=contexts,
-            rounds=rounds,
-            decode_tokens=decode_tokens,
-            variants=list(variant or []),
-            seed=seed,
-            mode=mode,
-            features=features,
-            repository=next(iter(repositories), None),
-            recipe=recipe,
-            fresh_process=fresh_process,
-            precision=precision,
-            corpus=corpus_name,
-            rounds_per_process=rounds_per_process,
-            adapter=adapter,
-            history=history,
-        )
-        from worker.run import check_job, resolve_on_host
-
-        # a range that does not resolve, an option the declarations refuse (or a corpus it
-        # lacks) fails here, not later
-        spec = resolve_on_host(spec, repositories, state_dir=state_dir.resolve())
-        check_job(spec, repositories, corpora)
-    except (ValueError, ConfigError, CheckoutError) as error:
-        _fail(str(error))
-    started = datetime.now(UTC)
-    run_id = f"local-{started:%Y%m%dT%H%M%S}"
-    out = out or Path(f"evidence-{run_id}")
-    if out.exists() and any(out.iterdir()):
-        _fail(f"--out {out}: folder exists and is not empty; choose a new one")
-    workdir = state_dir.resolve() / "runs" / run_id
+    workdir = state_dir / "runs" / run_id
     host = host_fingerprint()
-    command = shlex.join(["coldbench", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else None
-
-    refused: str | None = None
     # A live bar only where someone watches a terminal; redirected to a file (nohup, CI, an ssh
     # log) a bar is drawn once at the end, so a run of hours would show nothing until then:
     # there each phase and each finished cell is one plain line instead.
@@ -603,29 +528,45 @@ def run(
                 )
 
         try:
-            outcome = execute_run(
-                spec,
+            return execute_run(
+                setup.spec,
                 run_id=run_id,
                 workdir=workdir,
-                state_dir=state_dir.resolve(),
+                state_dir=state_dir,
                 host=host,
                 labels=host_labels(host, []),
-                repositories=repositories,
-                models=models,
-                corpora=corpora,
-                command=command,
+                repositories=setup.repositories,
+                models=setup.models,
+                corpora=setup.corpora,
+                local_arguments=_local_arguments(setup),
                 cell_timeout_s=cell_timeout_s,
                 on_progress=on_progress,
                 on_phase=on_phase,
             )
         except RunRefused as error:
-            refused = str(error)
+            bar.stop()
+            _fail(str(error))
         except KeyboardInterrupt:
             bar.stop()
             console.print(f"interrupted; records so far are in {workdir}")
             raise typer.Exit(130) from None
-    if refused is not None:
-        _fail(refused)
+
+
+def _local_arguments(setup: LocalSetup) -> dict[str, str]:
+    """The reproduce command's arguments for what only this machine names: a model folder and
+    a corpus file (a host's names would mean nothing to `coldbench run`)."""
+    arguments = {}
+    if setup.model_argument is not None:
+        arguments["--model"] = str(Path(setup.model_argument).expanduser().resolve())
+    if setup.corpus_argument is not None:
+        name, path = local_corpus(setup.corpus_argument)
+        arguments["--corpus"] = f"{name}={path}"
+    return arguments
+
+
+def _print_outcome(outcome: RunOutcome, out: Path) -> None:
+    """The bundle written to `out`, its verdicts, where it is; exit 1 when the run failed."""
+    from rich.console import Console
 
     from evidence.bundle import write_folder, zip_bytes
 
@@ -655,20 +596,7 @@ def run(
     out_console.print(f"evidence {outcome.evidence_id}", soft_wrap=True)
     out_console.print(f"bundle {folder.resolve()}", soft_wrap=True)
     if outcome.status != "succeeded":
-        typer.echo(f"error: run failed: {outcome.reason}", err=True)
-        raise typer.Exit(1)
-
-
-def _model_option(model: str) -> tuple[str, dict[str, Path]]:
-    """(the job's model name, this run's model table) for `--model DIR` or `preset:NAME`."""
-    if model.startswith("preset:"):
-        return model, {}
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        _fail(f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME")
-    # Jobs name models; a folder becomes a name of this run's own model table.
-    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
-    return name, {name: path.resolve()}
+        _fail(f"run failed: {outcome.reason}", code=1)
 
 
 @app.command("calibrate")
@@ -681,9 +609,11 @@ def calibrate(
             "percent against --base-step at these contexts (required unless --merge).",
         ),
     ] = None,
-    model: Annotated[str, typer.Option(help="A checkpoint folder or preset:NAME.")] = "preset:tiny",
-    contexts: Annotated[str, typer.Option(help="Context lengths in tokens, e.g. 16384.")] = "256",
-    rounds: Annotated[int, typer.Option(min=1, help="Rounds of every job.")] = 24,
+    model: Annotated[
+        str, spec_option("model", help="A checkpoint folder or preset:NAME. Default: preset:tiny.")
+    ] = "preset:tiny",
+    contexts: Annotated[str, spec_option("contexts", default_text="256")] = "256",
+    rounds: Annotated[int, spec_option("rounds", help="Rounds of every job. Default: 24.")] = 24,
     jobs: Annotated[
         int, typer.Option(min=1, max=100, help="A/A jobs, and as many planted-effect jobs.")
     ] = 10,
@@ -691,17 +621,17 @@ def calibrate(
         int | None,
         typer.Option(min=1, help="prefill_step_size of every other variant (default: stock)."),
     ] = None,
-    rounds_per_process: Annotated[
-        int | None, typer.Option(min=1, help="As for coldbench run (default: rounds // 12).")
-    ] = None,
-    decode_tokens: Annotated[int, typer.Option(min=0, help="Greedy tokens after prefill.")] = 2,
+    rounds_per_process: Annotated[int | None, spec_option("rounds_per_process")] = None,
+    decode_tokens: Annotated[int, spec_option("decode_tokens", default_text="2")] = 2,
     variants: Annotated[
         int,
         typer.Option(
             min=2, max=3, help="Variants per job: 3 (a, b, c) as the targets are set, or 2."
         ),
     ] = 3,
-    seed: Annotated[int, typer.Option(help="Seed of the first job (then +1 per job).")] = 0,
+    seed: Annotated[
+        int, spec_option("seed", help="Seed of the first job (then +1 per job). Default: 0.")
+    ] = 0,
     out: Annotated[Path, typer.Option(help="The result file (JSON).")] = Path("calibration.json"),
     bundles: Annotated[
         Path | None, typer.Option(help="Keep every job's evidence bundle in this folder.")
@@ -729,16 +659,13 @@ def calibrate(
 
     from rich.console import Console
 
-    from worker.calibrate import run_calibration
+    from evidence.job_options import JobOptionsError, problem_lines
+    from worker.calibrate import calibration_spec, run_calibration
     from worker.fingerprint import host_fingerprint, host_labels
     from worker.run import RunRefused
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
-    try:
-        context_list = parse_contexts(contexts)
-    except ValueError as error:
-        _fail(str(error))
     if out.exists() and out.is_dir():
         _fail(f"--out {out}: is a folder; give a file name")
     if bundles is not None and bundles.exists() and any(bundles.iterdir()):
@@ -775,8 +702,25 @@ def calibrate(
         return
     if planted_step is None:
         _fail("--planted-step: give the planted variant's chunk width (or --merge FILES)")
-    model_name, models = _model_option(model)
+    try:
+        model_name, models = local_model(model)
+    except ValueError as error:
+        _fail(str(error))
     base_flags = {} if base_step is None else {"prefill_step_size": base_step}
+    try:  # every job's spec is this one's but for its seed: its problems, all at once
+        first = calibration_spec(
+            model=model_name,
+            contexts=contexts,
+            rounds=rounds,
+            decode_tokens=decode_tokens,
+            seed=seed,
+            base_flags=base_flags,
+            planted_flags={"prefill_step_size": planted_step},
+            rounds_per_process=rounds_per_process,
+            variants=variants,
+        )
+    except JobOptionsError as error:
+        _fail_all(problem_lines(error))
     host = host_fingerprint()
 
     def on_job(kind: str, index: int, total: int) -> None:
@@ -787,7 +731,7 @@ def calibrate(
         result = run_calibration(
             model=model_name,
             models=models,
-            contexts=context_list,
+            contexts=first.contexts,
             rounds=rounds,
             jobs=jobs,
             planted_flags={"prefill_step_size": planted_step},

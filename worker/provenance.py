@@ -242,15 +242,33 @@ def reproduce_command(
     *,
     repository_url: str | None = None,
     repository: RepositoryConfig | None = None,
+    commits: Mapping[str, str] | None = None,
+    local_arguments: Mapping[str, str] | None = None,
 ) -> str:
-    """The `coldbench run` line that repeats this run's plan on one machine."""
+    """The `coldbench run` line that repeats this run's plan on one machine: each variant at
+    the commit it measured (`commits`: variant name -> commit, where the ref was a branch or a
+    tag that may have moved since), and no `--out`, so every repetition writes a new folder
+    (`coldbench run`'s default is named after the time). `local_arguments` replace `--model`
+    and `--corpus` where the run named a folder or a file of this machine."""
     if repository is not None:
         repository_url = repository.url
+    local = dict(local_arguments or {})
+    if commits:
+        spec = spec.model_copy(
+            update={
+                "variants": [
+                    variant.model_copy(update={"ref": commits.get(variant.name, variant.ref)})
+                    if variant.ref is not None
+                    else variant
+                    for variant in spec.variants
+                ]
+            }
+        )
     argv = [
         "coldbench",
         "run",
         "--model",
-        spec.model,
+        local.get("--model", spec.model),
         "--contexts",
         ",".join(str(c) for c in spec.contexts),
         "--rounds",
@@ -265,7 +283,7 @@ def reproduce_command(
     if spec.features:
         argv += ["--features", ",".join(spec.features)]
     if spec.corpus != BUILTIN_CORPUS:
-        argv += ["--corpus", f"{spec.corpus}=CORPUS_FILE"]
+        argv += ["--corpus", local.get("--corpus", f"{spec.corpus}=CORPUS_FILE")]
     if repository_url:
         argv += ["--repo", repository_url]
     # `--repo` alone means an mlx-lm checkout, no `--repo` the embedded engine.
@@ -280,7 +298,6 @@ def reproduce_command(
         argv += ["--rounds-per-process", str(spec.rounds_per_process)]
     if spec.precision != 0.05:
         argv += ["--precision", str(spec.precision)]
-    argv += ["--out", "evidence-repro"]
     return shlex.join(argv)
 
 

@@ -394,12 +394,16 @@ def execute_run(
     models: Mapping[str, Path] | None = None,
     corpora: Mapping[str, Path] | None = None,
     command: str | None = None,
+    local_arguments: Mapping[str, str] | None = None,
     cell_timeout_s: float = CELL_TIMEOUT_S,
     on_progress: Callable[[Progress], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> RunOutcome:
-    """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`."""
+    """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`.
+
+    `command` is the provenance's reproduce line; by default the `coldbench run` line of the
+    spec at the commits measured (`reproduce_command`, with `local_arguments`)."""
     from engine.checkpoints import resolve_model
     from evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
 
@@ -484,7 +488,13 @@ def execute_run(
         targets=targets,
         model=model_info(spec.model, model),
         spec=spec,
-        command=command or reproduce_command(spec, repository=repository),
+        command=command
+        or reproduce_command(
+            spec,
+            repository=repository,
+            commits={t.variant: t.commit for t in targets if t.commit},
+            local_arguments=local_arguments,
+        ),
         labels=labels,
         corpus=corpus_info(spec.corpus, corpora.get(spec.corpus)),
     )

@@ -1,9 +1,11 @@
-"""The job form: its fields to a JobSpec payload, and every error to the field it concerns.
+"""The job form: its fields to the one builder of job specs, and every problem to its field.
 
-Parsing errors of the form's own syntax (a context list, a flag list) are found here; the spec
-is then validated by JobSpec (pydantic, errors located by field path) and by the same
-`jobs.service.create_job` the JSON API calls, whose errors carry the JobSpec field they are
-about (`ServiceError.field`); `form_field` maps a JobSpec path to the form's input.
+What the form's fields mean is evidence/job_options.py's (the builder `coldbench run` and
+`coldbench submit` use too): the form passes the fields of the chosen mode only (a bisection
+has no candidate rows, an A/B no range), the builder parses and validates them in one pass and
+names each problem's option and JobSpec field; `form_field` puts it beside its input. The same
+`jobs.service.create_job` as the JSON API then judges the spec against the service's limits and
+hosts, its problems located the same way (`ServiceError.field`).
 """
 
 from __future__ import annotations
@@ -12,30 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from evidence.schemas import JobSpec, SpecError
-from evidence.spec_text import parse_context, parse_flags, split_list
+from evidence.job_options import JOB_OPTIONS, MODE_HELP, JobOptionsError, build_job_spec
+from evidence.schemas import JobSpec
 from evidence.stats import rounds_for_verdict, too_few_rounds
 
 VARIANT_ROWS = 4
 DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
 CONTEXT_PRESETS = (4096, 8192, 16384, 32768, 65536, 131072)
-MODES = (
-    ("ab", "A/B: candidates against the baseline"),
-    ("ablation", "ablation: leave one feature out"),
-    ("sweep", "sweep: the same code over several flag settings"),
-    (
-        "history",
-        "history: each candidate's ref is a commit, measured against the baseline's commit "
-        "(or a range A..B, resolved by the host)",
-    ),
-    ("bisect", "bisect: the first commit between good and bad that is slower (or faster)"),
-)
-# Modes whose commits a host resolves (a history's range, a bisection's good..bad): the
-# baseline row gives the configuration (flags, no ref) and the other rows stay empty.
+MODES = tuple((mode, f"{mode}: {text}") for mode, text in MODE_HELP.items())
 HISTORY_FIELDS = ("range", "every", "last")
 BISECT_FIELDS = ("good", "bad", "direction")
+# The form's inputs of job options named otherwise (the rest are named as the option).
+_INPUT_OF_OPTION = {"labels": "host_labels", "variants": "variant-0-name"}
 FORM_ERROR = "_form"
 
 
@@ -61,8 +51,8 @@ def blank_form() -> JobForm:
         "mode": "ab",
         "features": "",
         "custom_contexts": "",
-        # The default matrix (one context, one candidate) can reach a verdict.
-        "rounds": str(rounds_for_verdict(1)),
+        # Blank: the builder's default for the job (enough for a verdict).
+        "rounds": "",
         "decode_tokens": "8",
         "model": "preset:tiny",
         "host_labels": "",
@@ -79,15 +69,6 @@ def blank_form() -> JobForm:
         values[f"variant-{index}-ref"] = ""
         values[f"variant-{index}-flags"] = ""
     return JobForm(values=values, contexts=[4096])
-
-
-def _int_field(form: JobForm, name: str, label: str) -> int | None:
-    text = form.values.get(name, "").strip()
-    try:
-        return int(text)
-    except ValueError:
-        form.add_error(name, f"{label}: give a whole number")
-        return None
 
 
 def read_form(fields: Mapping[str, Any], preset_contexts: list[str]) -> JobForm:
@@ -130,98 +111,76 @@ def choose_adapter(form: JobForm, adapters: Mapping[str, list[str]]) -> str:
     return offered[0] if offered else "mlx-lm"
 
 
-def build_payload(
+def uses_candidate_rows(mode: str, values: Mapping[str, str]) -> bool:
+    """A history over a range and a bisection run one configuration: the baseline row only."""
+    return not (mode == "bisect" or (mode == "history" and values.get("range", "").strip()))
+
+
+def build_spec(
     form: JobForm, adapters: Mapping[str, list[str]] | None = None
-) -> tuple[dict[str, Any], dict[int, int]]:
-    """The JobSpec payload, and which form row each spec variant came from.
+) -> tuple[JobSpec | None, dict[int, int]]:
+    """The job spec of the form (None when it has errors, each in form.errors), and which form
+    row each spec variant came from.
 
     `adapters` is what enrolled hosts allow per repository (hosts.service.adapters_by_repository).
-    Syntax errors go into form.errors; the payload is only meaningful when there are none.
+    Only the fields of the chosen mode are read: the page shows no others.
     """
     values = form.values
-    contexts = list(form.contexts)
-    for item in split_list(values["custom_contexts"]):
-        try:
-            contexts.append(parse_context(item))
-        except ValueError as error:
-            form.add_error("contexts", str(error))
-    if not contexts and "contexts" not in form.errors:
-        form.add_error("contexts", "choose at least one context length")
-
-    repository = values["repository"] or None
-    recipe = values["recipe"] or None
+    mode = values.get("mode") or "ab"
     variants: list[dict[str, Any]] = []
     rows: dict[int, int] = {}
-    for index in range(VARIANT_ROWS):
+    for index in range(VARIANT_ROWS if uses_candidate_rows(mode, values) else 1):
         name = values[f"variant-{index}-name"]
-        ref = values[f"variant-{index}-ref"]
-        flags_text = values[f"variant-{index}-flags"]
-        if index > 0 and not (name or ref or flags_text):
+        ref = values[f"variant-{index}-ref"] if values["repository"] else ""
+        flags = values[f"variant-{index}-flags"]
+        if index > 0 and not (name or ref or flags):
             continue  # an unused candidate row
-        try:
-            flags = parse_flags(flags_text)
-        except ValueError as error:
-            form.add_error(f"variant-{index}-flags", str(error))
-            flags = {}
-        variant: dict[str, Any] = {"name": name or DEFAULT_NAMES[index], "flags": flags}
-        if ref:
-            variant["ref"] = ref
-            if recipe:
-                variant["recipe"] = recipe
         rows[len(variants)] = index
-        variants.append(variant)
-
-    mode = values["mode"] or "ab"
-    if (mode == "history" and values["range"]) or mode == "bisect":
-        _one_configuration(form, variants, rows, "range" if mode == "history" else "good..bad")
-    payload: dict[str, Any] = {
-        "schema": "coldbench.job/1",
+        variants.append({"name": name or DEFAULT_NAMES[index], "ref": ref, "flags": flags})
+    given: dict[str, Any] = {
         "mode": mode,
+        "repository": values["repository"],
         "adapter": choose_adapter(form, adapters or {}),
-        "repository": repository,
+        "recipe": values["recipe"],
         "variants": variants,
-        "features": split_list(values["features"]),
-        "contexts": contexts,
-        "model": values["model"] or "preset:tiny",
-        "host_labels": split_list(values["host_labels"]),
+        "contexts": [*form.contexts, values["custom_contexts"]],
+        "model": values["model"],
+        "labels": values["host_labels"],
+        **{
+            name: values[name]
+            for name in (
+                "features",
+                "rounds",
+                "decode_tokens",
+                "hosts",
+                "seed",
+                "precision",
+                *HISTORY_FIELDS,
+                *BISECT_FIELDS,
+            )
+        },
     }
-    for name, label in (
-        ("rounds", "rounds"),
-        ("decode_tokens", "decode tokens"),
-        ("hosts", "hosts"),
-        ("seed", "seed"),
-    ):
-        number = _int_field(form, name, label)
-        if number is not None:
-            payload[name] = number
+    chosen = {
+        name: value
+        for name, value in given.items()
+        if name not in JOB_OPTIONS or JOB_OPTIONS[name].belongs_to(mode)
+    }
     try:
-        payload["precision"] = float(values["precision"])
-    except ValueError:
-        form.add_error("precision", "precision: give a fraction such as 0.05")
-    if mode == "history" and values["range"]:
-        history: dict[str, Any] = {"range": values["range"]}
-        for name in ("every", "last"):
-            if values[name]:
-                history[name] = _int_field(form, name, name)
-        payload["history"] = history
-    elif values["every"] or values["last"]:
-        form.add_error("range", "every and last thin a range A..B of mode history")
-    if mode == "bisect":
-        payload["bisect"] = {name: values[name] for name in BISECT_FIELDS}
-    return payload, rows
-
-
-def _one_configuration(
-    form: JobForm, variants: list[dict[str, Any]], rows: dict[int, int], source: str
-) -> None:
-    """A range or a bisection: the baseline row is the configuration every commit runs in."""
-    if variants and variants[0].get("ref"):
-        form.add_error("variant-0-ref", f"the commits come from the {source}: leave ref empty")
-    if len(variants) > 1:
-        form.add_error(
-            f"variant-{rows[1]}-name",
-            f"the commits come from the {source}: give only the baseline row (the configuration)",
-        )
+        spec = build_job_spec(chosen)
+    except JobOptionsError as error:
+        for problem in error.problems:
+            target = (
+                form_field(problem.field, rows)
+                if problem.field
+                else _INPUT_OF_OPTION.get(problem.option, problem.option)
+            )
+            form.add_error(
+                target if target in form.values or target == "contexts" else FORM_ERROR,
+                problem.message,
+            )
+        return None, rows
+    form.rounds_warning = too_few_rounds(spec)
+    return spec, rows
 
 
 # JobSpec field (first element of a pydantic error location) -> form field.
@@ -275,20 +234,3 @@ MAX_FAMILY_LOOKUP = 256
 
 def rounds_by_family() -> dict[int, int]:
     return {m: rounds_for_verdict(m) for m in range(1, MAX_FAMILY_LOOKUP + 1)}
-
-
-def validate_payload(form: JobForm, payload: dict[str, Any], rows: dict[int, int]) -> None:
-    """JobSpec's own validation, each error placed beside its field; a rounds warning when
-    the spec is valid but its rounds cannot reach a verdict."""
-    try:
-        spec = JobSpec.model_validate(payload)
-        form.rounds_warning = too_few_rounds(spec)
-    except ValidationError as error:
-        for item in error.errors():
-            message = item["msg"].removeprefix("Value error, ")
-            cause = (item.get("ctx") or {}).get("error")
-            if not item["loc"] and isinstance(cause, SpecError):
-                target = form_field(cause.field, rows)
-            else:
-                target = _field_of_location(tuple(item["loc"]), rows)
-            form.add_error(target, message)

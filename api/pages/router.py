@@ -278,13 +278,14 @@ async def submit_job(request: Request, db_session: SessionDep, settings: Setting
         return _forbidden(request, key)
     form = job_form.read_form(fields, [str(v) for v in fields.getlist("contexts")])
     hosts = host_service.list_hosts(db_session=db_session)
-    payload, rows = job_form.build_payload(form, matching.adapters_by_repository(hosts))
-    if not form.errors:
-        job_form.validate_payload(form, payload, rows)
-    if not form.errors:
+    spec, rows = job_form.build_spec(form, matching.adapters_by_repository(hosts))
+    if spec is not None and not form.errors:
         try:
             job = job_service.create_job(
-                db_session=db_session, settings=settings, payload=payload, submitted_by=key.id
+                db_session=db_session,
+                settings=settings,
+                payload=spec.model_dump(mode="json", by_alias=True),
+                submitted_by=key.id,
             )
         except Invalid as error:
             db_session.rollback()

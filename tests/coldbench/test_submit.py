@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -136,32 +135,31 @@ def test_submit_wait_ends_when_the_job_is_cancelled(tmp_path: Path) -> None:
         assert "cancelled" in stderr.splitlines()[-2]  # the last progress line
 
 
-def test_history_ranges_and_bisections_are_checked_before_anything_is_sent() -> None:
-    """Nothing listens on the API address: each of these must stop at the local checks."""
+def test_every_problem_is_reported_before_anything_is_sent() -> None:
+    """Nothing listens on the API address: the local checks must stop the submission, each
+    problem on its own line (what each option accepts: tests/evidence/test_job_options.py)."""
+    from typer.testing import CliRunner
 
-    def submit(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "coldbench", "submit", "--api", "http://127.0.0.1:9", *args],
-            env={**os.environ, "COLDBENCH_API_KEY": "cbk_x_y"},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    from coldbench.submit import app
 
-    for args, message in (
-        (["--mode", "bisect", "--repo", "r", "--good", "v1"], "needs --good REF, --bad REF"),
-        (["--range", "a..b", "--variant", "x"], "belong to --mode history"),
-        (["--mode", "history", "--repo", "r", "--last", "2", "--variant", "a"], "thin a --range"),
-        (["--mode", "history", "--repo", "r", "--range", "--upload-pack=x..b"], "range"),
-        (
-            [*("--mode", "bisect", "--repo", "r", "--good", "a", "--bad", "b"), "--direction"]
-            + ["slower", "--variant", "x:ref=main", "--contexts", "64"],
-            "one variant without a ref",
-        ),
-    ):
-        done = submit(*args)
-        assert done.returncode == 2, (args, done.stderr)
-        assert message in done.stderr and "cannot reach" not in done.stderr, (args, done.stderr)
+    done = CliRunner().invoke(
+        app,
+        [
+            *("--api", "http://127.0.0.1:9", "--key", "cbk_x_y", "--mode", "bisect"),
+            *("--repo", "r", "--good", "v1", "--range", "a..b", "--contexts", "64,12x"),
+        ],
+    )
+    assert done.exit_code == 2, done.output
+    lines = done.stderr.splitlines()
+    assert lines == [
+        "error: --range: belongs to mode history, not bisect",
+        "error: --contexts: '12x' is not a token count (e.g. 512, 4096, 4K or 1M)",
+        "error: --bad: bisect needs bad: a ref that is changed",
+        "error: --direction: bisect needs direction: slower or faster",
+    ], lines
+    assert "cannot reach" not in done.output
+    no_key = CliRunner().invoke(app, ["--api", "http://127.0.0.1:9", "--key", ""])
+    assert no_key.exit_code == 2 and "no API key" in no_key.stderr
 
 
 def test_waiting_on_a_bisection_shows_its_steps() -> None:

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from api.jobs.models import Job
 from api.pages import form as job_form
+from evidence.schemas import JobSpec
 from tests.api.factories import make_host
 from tests.web.builders import csrf_of
 
@@ -258,14 +259,18 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
     import html as html_lib
     import json
 
+    from evidence.job_options import default_rounds
     from evidence.stats import rounds_for_verdict
 
     make_host(db_session, "studio-1")
     page = web.get("/").text
-    # One context, one candidate by default: the fewest rounds that can reach a verdict.
-    default = re.search(r'id="rounds" name="rounds" inputmode="numeric" value="(\d+)"', page)
-    assert default and int(default.group(1)) == rounds_for_verdict(1)
-    assert rounds_for_verdict(1) >= 6  # below six pairs nothing can pass
+    # Left blank, rounds are the builder's default for the job: enough for a verdict.
+    assert re.search(r'id="rounds" name="rounds" inputmode="numeric" value=""', page)
+    blank = web.post("/", data=_fields(page, rounds=""), follow_redirects=False)
+    assert blank.status_code == 303, _errors(blank.text)
+    job = db_session.get(Job, blank.headers["location"].removeprefix("/jobs/"))
+    assert job.spec["rounds"] == default_rounds(JobSpec.model_validate(job.spec)) == 10
+    assert 'id="rounds-warning"' not in web.get(blank.headers["location"]).text
     table = re.search(r'data-rounds-needed="([^"]+)"', page).group(1)
     needed = json.loads(html_lib.unescape(table))
     assert needed["2"] == rounds_for_verdict(2) and needed["8"] == rounds_for_verdict(8)
@@ -345,9 +350,16 @@ def test_a_history_range_and_a_bisection_are_submitted_from_the_form(
     assert job.spec["variants"] == [
         {"name": "base", "ref": None, "recipe": None, "flags": {"prefill_step_size": 64}}
     ]
+    # A bisection shows no candidate row: what a hidden row still holds is not read.
+    two_rows = web.post(
+        "/",
+        data=_fields(page, **bisect, repository="mlx-lm", custom_contexts="64"),
+        follow_redirects=False,
+    )
+    assert two_rows.status_code == 303, _errors(two_rows.text)
+    job = db_session.get(Job, two_rows.headers["location"].removeprefix("/jobs/"))
+    assert [v["name"] for v in job.spec["variants"]] == ["base"]
     before = _job_count(db_session)
-    two_rows = web.post("/", data=_fields(page, **bisect, repository="mlx-lm"))
-    assert "give only the baseline row" in _errors(two_rows.text)["variant-1-name"]
     injected = web.post(
         "/", data=_fields(page, **{**bisect, "good": "--exec=x"}, **one_row, custom_contexts="64")
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,24 +72,23 @@ def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
     assert summary["noise_floor"]["process_pairs"] == 6
 
 
-def test_calibrate_refuses_bad_input_in_one_line(coldbench_cmd: list[str], tmp_path: Path) -> None:
+def test_calibrate_refuses_bad_input_in_one_line(tmp_path: Path, monkeypatch: Any) -> None:
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     for args, message in (
-        (["--contexts", "12x"], "--contexts '12x': '12x' is not a token count"),
+        (["--contexts", "12x"], "--contexts: '12x' is not a token count"),
+        (["--rounds", "0"], "--rounds: 0: give at least 1"),
         (["--bundles", str(tmp_path / "full")], "folder exists and is not empty"),
         (["--api", "ftp://x"], "--api 'ftp://x': give an http:// or https:// URL"),
         (["--model", str(tmp_path)], "not a checkpoint folder"),
     ):
-        done = subprocess.run(
-            [*coldbench_cmd, "calibrate", "--planted-step", "1", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        done = CliRunner().invoke(app, ["calibrate", "--planted-step", "1", *args])
+        assert done.exit_code == 2 and message in done.stderr, (args, done.output)
         assert not (tmp_path / "calibration.json").exists()
 
 

@@ -117,29 +117,28 @@ def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build
 
 
 def test_history_input_errors_are_one_line(
-    series_repo: tuple[Path, dict[str, str]], coldbench_cmd: list[str], tmp_path: Path
+    series_repo: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+
     repo, shas = series_repo
     for args, message in (
-        (["--mode", "history"], "needs --repo PATH"),
-        (["--repo", str(repo), "--mode", "history"], "needs --range A..B or --commits"),
+        # Both missing at once: both said (the range, and the repository).
+        (["--mode", "history"], "--repo: history mode needs a repository"),
+        (["--repo", str(repo), "--mode", "history"], "--range: history needs a range A..B"),
         (["--repo", str(repo), "--mode", "history", "--range", "HEAD..HEAD"], "holds no commit"),
-        (["--range", "a..b"], "belong to --mode history"),
+        (["--range", "a..b"], "--range: belongs to mode history"),
         (
             ["--repo", str(repo), "--mode", "history", "--range", "nope..HEAD"],
             "ref 'nope' not found",
         ),
     ):
-        done = subprocess.run(
-            [*coldbench_cmd, "run", *args, "--state-dir", str(tmp_path / "state")],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        assert done.returncode == 2 and lines and message in lines[-1], (args, done.stderr[-2000:])
+        done = CliRunner().invoke(app, ["run", *args, "--state-dir", str(tmp_path / "state")])
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        assert done.exit_code == 2 and errors, (args, done.output[-2000:])
+        assert any(message in error for error in errors), (args, errors)
     shutil.rmtree(tmp_path / "state", ignore_errors=True)
 
 

@@ -48,3 +48,29 @@ def test_a_history_repeats_with_its_range_or_its_commits() -> None:
     resolved = _args(history_spec(submitted, "a" * 40, ["b" * 40]))
     assert resolved[resolved.index("--commits") + 1] == f"{'a' * 40},{'b' * 40}"
     assert resolved.count("--variant") == 1 and not [a for a in resolved if "ref=" in a]
+
+
+def test_an_ab_repeats_at_the_commits_it_measured_into_a_new_folder() -> None:
+    """Branches move: the line names the commits measured; it names no `--out`, so running it
+    twice writes two folders (`coldbench run` names its default after the time)."""
+    spec = JobSpec.model_validate(
+        {
+            **BASE,
+            "variants": [
+                {"name": "main", "ref": "main"},
+                {"name": "pr", "ref": "pr", "flags": FLAGS},
+            ],
+        }
+    )
+    args = shlex.split(
+        reproduce_command(
+            spec,
+            repository_url="/src/r",
+            commits={"main": "a" * 40, "pr": "b" * 40},
+            local_arguments={"--model": "/models/tiny"},
+        )
+    )
+    variants = [args[i + 1] for i, arg in enumerate(args) if arg == "--variant"]
+    assert variants == [f"main:ref={'a' * 40}", f"pr:ref={'b' * 40},prefill_step_size=64"]
+    assert "--out" not in args
+    assert args[args.index("--model") + 1] == "/models/tiny"

@@ -48,3 +48,27 @@
   form.addEventListener("change", update);
   update();
 })();
+
+// Job form: show the fields of the chosen mode only (the server reads no others), the ref column
+// only for a repository (the embedded engine has no refs), and the candidate rows only where
+// the mode compares variants (a range or a bisection runs the baseline row's configuration).
+(function () {
+  "use strict";
+  var form = document.querySelector("form.job-form");
+  if (!form) { return; }
+  function show() {
+    var checked = form.querySelector("input[name=mode]:checked");
+    var mode = checked ? checked.value : "ab";
+    var range = form.elements.range ? form.elements.range.value.trim() : "";
+    form.querySelectorAll("[data-modes]").forEach(function (element) {
+      element.hidden = element.dataset.modes.split(" ").indexOf(mode) < 0;
+    });
+    var oneConfiguration = mode === "bisect" || (mode === "history" && range !== "");
+    form.querySelectorAll("tr.candidate").forEach(function (row) { row.hidden = oneConfiguration; });
+    var hasRefs = form.elements.repository && form.elements.repository.value !== "";
+    form.querySelectorAll(".ref-cell").forEach(function (cell) { cell.hidden = !hasRefs; });
+  }
+  form.addEventListener("input", show);
+  form.addEventListener("change", show);
+  show();
+})();

@@ -1,0 +1,659 @@
+"""The options of a job spec, declared once, and the one builder from them to a `JobSpec`.
+
+`coldbench run`, `coldbench submit`, `coldbench calibrate` and the web form take the same
+options (`JOB_OPTIONS`: name, command-line flag, help, the modes it belongs to, its default) and
+hand what a person gave, as typed text or as values, to `build_job_spec`. The builder parses
+every option (evidence/spec_text.py), refuses options given for another mode, fills the defaults
+of the chosen mode, and validates the result with `JobSpec`, whose validator owns every rule
+across fields. It reports every problem it finds in one pass (`JobOptionsError`), each with the
+option it belongs to and, where there is one, the JobSpec field path, so each front end can say
+it in its own terms (`--contexts` on the command line, the contexts input on the form).
+
+A default that depends on the job is computed from it: rounds (`default_rounds`) are enough for
+the job's comparisons to reach a verdict even when two process pairs disagree with the rest
+(evidence/stats.py's rule, `rounds_to_outvote`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, get_args
+
+from pydantic import ValidationError
+
+from evidence.schemas import (
+    MAX_HISTORY_COMMITS,
+    REF_PATTERN,
+    JobSpec,
+    Mode,
+    SpecError,
+)
+from evidence.spec_text import (
+    TARGET_KEYS,
+    parse_context,
+    parse_flags,
+    parse_variant,
+    split_list,
+)
+
+MODES: Final[tuple[str, ...]] = get_args(Mode)
+MODE_HELP: Final = {
+    "ab": "candidates against the baseline (the first variant)",
+    "ablation": "leave one feature out of the first variant with every feature on",
+    "sweep": "the same code over several flag settings",
+    "history": "each commit against a reference commit (--range A..B or a list of commits)",
+    "bisect": "the first commit between good and bad that is slower (or faster)",
+}
+# Modes whose commits the host resolves from refs: one variant, the configuration, no ref.
+_ONE_CONFIGURATION_MODES: Final = ("history", "bisect")
+DEFAULT_VARIANT: Final = "base"
+HISTORY_MODES: Final = ("history",)
+BISECT_MODES: Final = ("bisect",)
+
+
+@dataclass(frozen=True)
+class JobOption:
+    """One option of a job spec, as every front end offers it."""
+
+    name: str  # the builder's key and the form's input name
+    flag: str  # the command line's option
+    help: str
+    metavar: str = "TEXT"
+    modes: tuple[str, ...] = MODES
+    # What the help says the default is (None: no default worth saying).
+    default_text: str | None = None
+
+    def belongs_to(self, mode: str) -> bool:
+        return mode in self.modes
+
+    def help_text(self, default_text: str | None = None) -> str:
+        default = default_text if default_text is not None else self.default_text
+        only = "" if self.modes == MODES else f" (mode {' or '.join(self.modes)} only)"
+        return f"{self.help}{only}" + (f" Default: {default}." if default else "")
+
+
+def _options(*options: JobOption) -> dict[str, JobOption]:
+    return {option.name: option for option in options}
+
+
+JOB_OPTIONS: Final = _options(
+    JobOption(
+        "mode",
+        "--mode",
+        "What the job compares: "
+        + "; ".join(f"{mode}: {text}" for mode, text in MODE_HELP.items())
+        + ".",
+        metavar="|".join(MODES),
+        default_text="ab",
+    ),
+    JobOption(
+        "variants",
+        "--variant",
+        "NAME[:key=value,...]; repeat. The first is the baseline. Keys ref and recipe pick a "
+        "commit and a build recipe of the repository; the rest are engine flags. History over "
+        "a range and bisect take one variant without ref= (the configuration).",
+        metavar="NAME[:k=v,...]",
+        default_text=DEFAULT_VARIANT,
+    ),
+    JobOption(
+        "repository",
+        "--repo",
+        "The repository of the engine under test (none: this coldbench's embedded engine).",
+    ),
+    JobOption(
+        "adapter",
+        "--adapter",
+        "How the target is driven: embedded, mlx-lm or openai-server.",
+        metavar="embedded|mlx-lm|openai-server",
+        default_text="mlx-lm with a repository, else embedded",
+    ),
+    JobOption(
+        "recipe",
+        "--recipe",
+        "The host's build recipe for the variants that name none (e.g. editable).",
+    ),
+    JobOption(
+        "features",
+        "--features",
+        "Ablation features: flag or flag=value (the value that turns it on), comma-separated.",
+        metavar="FLAG[=VALUE],...",
+        modes=("ablation",),
+    ),
+    JobOption(
+        "contexts",
+        "--contexts",
+        "Prompt lengths in tokens: 128,256 or 4K,16K (K = 1024, M = 1024K).",
+        metavar="N,N,...",
+        default_text="128,256 (bisect: 256)",
+    ),
+    JobOption(
+        "rounds",
+        "--rounds",
+        "Rounds (pairing units).",
+        metavar="N",
+        default_text="enough for a verdict even when two process pairs disagree with the rest "
+        "(10 for up to 5 comparisons, more for larger matrices)",
+    ),
+    JobOption(
+        "decode_tokens", "--decode-tokens", "Greedy tokens after prefill.", "N", default_text="8"
+    ),
+    JobOption(
+        "model",
+        "--model",
+        "preset:NAME (synthetic, identical on every host) or a model name of the hosts.",
+        default_text="preset:tiny",
+    ),
+    JobOption("seed", "--seed", "Seed of prompts, order and bootstrap.", "N", default_text="0"),
+    JobOption(
+        "corpus",
+        "--corpus",
+        "Prompt corpus: builtin, or a name from the hosts' worker.toml.",
+        default_text="builtin",
+    ),
+    JobOption(
+        "labels",
+        "--labels",
+        "Host labels the job needs, comma-separated.",
+        metavar="LABEL,...",
+    ),
+    JobOption(
+        "hosts", "--hosts", "Reproductions on this many distinct hosts.", "N", default_text="1"
+    ),
+    JobOption(
+        "fresh_process",
+        "--fresh-process",
+        "A new process for every cell (slow; no process offsets at all).",
+    ),
+    JobOption(
+        "rounds_per_process",
+        "--rounds-per-process",
+        "Rounds each variant's process measures before every variant gets a fresh one.",
+        "N",
+        default_text="rounds // 12, at least 1 (12 or more independent process pairs)",
+    ),
+    JobOption(
+        "precision",
+        "--precision",
+        "Verdict precision: 'no established change' needs the 95% interval inside 1 +- this.",
+        "FRACTION",
+        default_text="0.05",
+    ),
+    JobOption(
+        "range",
+        "--range",
+        "A..B: each commit on B's first-parent line after A, against A (resolved by the host).",
+        "A..B",
+        modes=HISTORY_MODES,
+    ),
+    JobOption(
+        "every",
+        "--every",
+        "Every Nth commit of the range (counted back from B).",
+        "N",
+        modes=HISTORY_MODES,
+    ),
+    JobOption("last", "--last", "The newest N commits of the range.", "N", modes=HISTORY_MODES),
+    JobOption(
+        "commits",
+        "--commits",
+        "An explicit list of commits REF,REF,...; the first is the reference.",
+        "REF,REF,...",
+        modes=HISTORY_MODES,
+    ),
+    JobOption("good", "--good", "A ref that is not yet changed.", "REF", modes=BISECT_MODES),
+    JobOption("bad", "--bad", "A ref that is changed.", "REF", modes=BISECT_MODES),
+    JobOption(
+        "direction",
+        "--direction",
+        "The change to find: slower or faster.",
+        "slower|faster",
+        modes=BISECT_MODES,
+    ),
+)
+
+# JobSpec's top-level fields -> the option that sets them (where the names differ).
+_OPTION_OF_FIELD: Final = {"host_labels": "labels", "baseline": "variants"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the options: the option it belongs to, the JobSpec field path it
+    is about (None when it is not one field's), and a one-line message."""
+
+    option: str
+    message: str
+    field: str | None = None
+
+
+class JobOptionsError(ValueError):
+    """Every problem found in one pass over a job's options."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(f"{p.option}: {p.message}" for p in self.problems))
+
+
+@dataclass
+class _Build:
+    mode: str
+    problems: list[Problem] = field(default_factory=list)
+    # Options whose JobSpec problems would only repeat one already reported.
+    explained: set[str] = field(default_factory=set)
+
+    def add(self, option: str, message: str, field_path: str | None = None) -> None:
+        self.problems.append(Problem(option, message, field_path))
+
+
+def _given(value: Any) -> bool:
+    """A value a person gave: not None, not blank text, not an empty list, not False."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, Sequence | Mapping):
+        return bool(value)
+    return True
+
+
+def _int(build: _Build, name: str, value: Any, *, at_least: int | None = None) -> int | None:
+    if isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,18}\s*", value):
+        number = int(value)
+    else:
+        build.add(name, f"{value!r} is not a whole number")
+        return None
+    if at_least is not None and number < at_least:
+        build.add(name, f"{number}: give at least {at_least}")
+        return None
+    return number
+
+
+def _float(build: _Build, name: str, value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        build.add(name, f"{value!r} is not a number such as 0.05")
+        return None
+    if not math.isfinite(number):
+        build.add(name, f"{value!r} is not a finite number")
+        return None
+    return number
+
+
+def _bool(build: _Build, name: str, value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off", ""):
+        return False
+    build.add(name, f"{value!r}: give true or false")
+    return None
+
+
+def _texts(value: Any) -> list[str]:
+    """A list option as text (`a, b c`) or as a list of items."""
+    if isinstance(value, str):
+        return split_list(value)
+    return [part for item in value for part in split_list(str(item))]
+
+
+def _contexts(build: _Build, value: Any) -> list[int] | None:
+    contexts: list[int] = []
+    for item in [str(value)] if isinstance(value, int) else _texts(value):
+        try:
+            contexts.append(parse_context(item))
+        except ValueError as error:
+            build.add("contexts", str(error), "contexts")
+    if not contexts and not any(p.option == "contexts" for p in build.problems):
+        build.add("contexts", "give at least one context length, e.g. 128,256 or 4K", "contexts")
+    return contexts if contexts else None
+
+
+def _variant(build: _Build, index: int, value: Any, recipe: str | None) -> dict[str, Any] | None:
+    """A variant as `NAME[:key=value,...]` text or as a row {name, ref, recipe, flags} whose
+    flags are text (`a=1, b=false`) or a mapping."""
+    try:
+        if isinstance(value, str):
+            fields = parse_variant(value.strip())
+        else:
+            flags = value.get("flags") or {}
+            fields = {
+                "name": str(value.get("name") or "").strip(),
+                "flags": parse_flags(flags) if isinstance(flags, str) else dict(flags),
+            }
+            for key in TARGET_KEYS:
+                if _given(value.get(key)):
+                    fields[key] = str(value[key]).strip()
+    except ValueError as error:
+        where = "flags" if not isinstance(value, str) else None
+        build.add("variants", f"{_variant_label(value)}: {error}", _path(index, where))
+        return None
+    if recipe is not None and not fields.get("recipe"):
+        fields["recipe"] = recipe
+    return fields
+
+
+def _variant_label(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    return f"variant {value.get('name') or '(unnamed)'!r}"
+
+
+def _path(index: int, part: str | None) -> str:
+    return f"variants.{index}" + (f".{part}" if part else "")
+
+
+def _mode(build: _Build, value: Any) -> str:
+    if not _given(value):
+        return "ab"
+    mode = str(value).strip()
+    if mode not in MODES:
+        build.add("mode", f"{mode!r}: choose one of {', '.join(MODES)}", "mode")
+        return "ab"
+    return mode
+
+
+def build_job_spec(given: Mapping[str, Any], *, family_hint: int | None = None) -> JobSpec:
+    """The JobSpec of the options a person gave (`JOB_OPTIONS` names; None or blank: not
+    given), or JobOptionsError with every problem found.
+
+    Values may be typed text (as the form and the command line get them) or values (an int
+    for rounds, a list of contexts). `family_hint` is not for callers; see `default_rounds`.
+    """
+    unknown = sorted(set(given) - set(JOB_OPTIONS))
+    if unknown:
+        raise TypeError(f"not job options: {', '.join(unknown)}")
+    build = _Build(mode="ab")
+    build.mode = mode = _mode(build, given.get("mode"))
+    if not any(p.option == "mode" for p in build.problems):
+        for name, value in given.items():
+            if _given(value) and not JOB_OPTIONS[name].belongs_to(mode):
+                modes = " or ".join(JOB_OPTIONS[name].modes)
+                build.add(name, f"belongs to mode {modes}, not {mode}")
+    raw = _raw_spec(build, given)
+    rounds_given = _given(given.get("rounds"))
+    if not rounds_given:
+        raw["rounds"] = 1  # a placeholder: the default depends on the valid spec
+    spec = _validate(build, raw)
+    if build.problems:
+        raise JobOptionsError(build.problems)
+    assert spec is not None
+    if not rounds_given:
+        spec = spec.model_copy(update={"rounds": default_rounds(spec)})
+    return spec
+
+
+def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The JobSpec payload of the options (their text parsed); problems go to `build`."""
+    mode = build.mode
+    raw: dict[str, Any] = {"mode": mode}
+    repository = str(given["repository"]).strip() if _given(given.get("repository")) else None
+    raw["repository"] = repository
+    adapter = given.get("adapter")
+    raw["adapter"] = (
+        str(adapter).strip() if _given(adapter) else ("mlx-lm" if repository else "embedded")
+    )
+    recipe = str(given["recipe"]).strip() if _given(given.get("recipe")) else None
+    texts = given.get("variants")
+    listed: list[Any] = [texts] if isinstance(texts, str) else list(texts or [])
+    if mode == "history" and _given(given.get("commits")):
+        listed = _commit_variants(build, given, listed)
+    variants = [_variant(build, i, text, recipe) for i, text in enumerate(listed)]
+    if not variants:
+        variants = [_variant(build, 0, DEFAULT_VARIANT, recipe)]
+    raw["variants"] = [v for v in variants if v is not None] or [{"name": DEFAULT_VARIANT}]
+    if mode == "ablation":
+        raw["features"] = _texts(given.get("features") or "")
+    contexts = given.get("contexts")
+    if not _given(contexts):
+        contexts = "256" if mode == "bisect" else "128,256"
+    raw["contexts"] = _contexts(build, contexts) or [1]
+    for name in ("rounds", "decode_tokens", "seed", "hosts", "rounds_per_process"):
+        if _given(given.get(name)):
+            number = _int(build, name, given[name])
+            if number is not None:
+                raw[name] = number
+    if _given(given.get("precision")):
+        precision = _float(build, "precision", given["precision"])
+        if precision is not None:
+            raw["precision"] = precision
+    if _given(given.get("fresh_process")):
+        raw["fresh_process"] = _bool(build, "fresh_process", given["fresh_process"]) or False
+    for name in ("model", "corpus"):
+        if _given(given.get(name)):
+            raw[name] = str(given[name]).strip()
+    if _given(given.get("labels")):
+        raw["host_labels"] = _texts(given["labels"])
+    if mode == "history":
+        _history(build, given, raw)
+    if mode == "bisect":
+        _bisect(build, given, raw)
+    return raw
+
+
+def _commit_variants(build: _Build, given: Mapping[str, Any], listed: list[Any]) -> list[Any]:
+    """History over an explicit list of commits: the reference first, then each commit, all in
+    the one configuration `--variant NAME:flag=value` gives."""
+    refs = _texts(given["commits"])
+    if len(refs) < 2:
+        build.add("commits", "give the reference and at least one other commit")
+    bad = [ref for ref in refs if not REF_PATTERN.fullmatch(ref)]
+    if bad:
+        build.add("commits", f"{bad[0]!r} is not a plain branch, tag or commit name")
+        return listed
+    configuration = _configuration(build, "commits", listed)
+    extra = "".join(f",{key}={value}" for key, value in configuration.items())
+
+    def name(prefix: str, ref: str) -> str:
+        tail = re.sub(r"[^A-Za-z0-9_.+-]+", "-", ref)[:40].strip("-.") or "ref"
+        return f"{prefix}-{tail}"
+
+    return [f"{name('ref', refs[0])}:ref={refs[0]}{extra}"] + [
+        f"{name(f'c{position:02d}', ref)}:ref={ref}{extra}"
+        for position, ref in enumerate(refs[1:], 1)
+    ]
+
+
+def _configuration(build: _Build, source: str, listed: list[Any]) -> dict[str, Any]:
+    """The flags of the one variant a history or bisection is measured in (no ref)."""
+    if len(listed) > 1:
+        build.add(
+            "variants",
+            f"the commits come from {source}: give at most one variant (the configuration)",
+            "variants",
+        )
+    if not listed:
+        return {}
+    first = listed[0]
+    try:
+        fields = parse_variant(first) if isinstance(first, str) else dict(first)
+    except ValueError:
+        return {}  # reported with the variant itself
+    if any(_given(fields.get(key)) for key in TARGET_KEYS):
+        build.add(
+            "variants",
+            f"the commits come from {source}: the variant takes flags only, no ref or recipe",
+            "variants.0.ref",
+        )
+    flags = fields.get("flags") or {}
+    return dict(flags) if isinstance(flags, Mapping) else {}
+
+
+def _history(build: _Build, given: Mapping[str, Any], raw: dict[str, Any]) -> None:
+    has_range, has_commits = _given(given.get("range")), _given(given.get("commits"))
+    if has_range and has_commits:
+        build.add("range", "give --range A..B or a list of commits, not both", "history.range")
+    thinned = [name for name in ("every", "last") if _given(given.get(name))]
+    if thinned and not has_range:
+        build.add(thinned[0], "every and last thin a range A..B", f"history.{thinned[0]}")
+    if not has_range:
+        variants = raw["variants"]
+        if not has_commits and len(variants) == 1 and not variants[0].get("ref"):
+            build.add(
+                "range",
+                "history needs a range A..B, a list of commits, or variants with ref=COMMIT",
+                "history.range",
+            )
+            build.explained.add("variants")
+        return
+    _configuration(build, "the range", list(given.get("variants") or []))
+    history: dict[str, Any] = {"range": str(given["range"]).strip()}
+    for name in ("every", "last"):
+        if _given(given.get(name)):
+            number = _int(build, name, given[name], at_least=1)
+            if number is not None:
+                history[name] = number
+    raw["history"] = history
+
+
+def _bisect(build: _Build, given: Mapping[str, Any], raw: dict[str, Any]) -> None:
+    _configuration(build, "good..bad", list(given.get("variants") or []))
+    bisect: dict[str, Any] = {}
+    for name, what in (
+        ("good", "a ref that is not yet changed"),
+        ("bad", "a ref that is changed"),
+        ("direction", "slower or faster"),
+    ):
+        if _given(given.get(name)):
+            bisect[name] = str(given[name]).strip()
+        else:
+            build.add(name, f"bisect needs {name}: {what}", f"bisect.{name}")
+            # A stand-in, so what JobSpec says of the rest is not about its absence.
+            bisect[name] = "slower" if name == "direction" else "HEAD"
+    raw["bisect"] = bisect
+
+
+def _validate(build: _Build, raw: dict[str, Any]) -> JobSpec | None:
+    """JobSpec's own validation; each of its problems in the builder's terms."""
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as error:
+        # An option already refused stands in the payload as a placeholder (or not at all):
+        # what JobSpec says about it would be about the placeholder.
+        refused = {p.option for p in build.problems} | build.explained
+        for item in error.errors():
+            for problem in _problems_of(item, raw):
+                if problem.option not in refused:
+                    build.problems.append(problem)
+        return None
+
+
+def option_of_field(path: str | None) -> str:
+    """The option a JobSpec field path (`variants.1.flags`, `history.range`) comes from."""
+    if not path:
+        return "job"
+    head, _, rest = path.partition(".")
+    if head in ("history", "bisect"):
+        part = rest.split(".")[0]
+        return part if part in JOB_OPTIONS else ("range" if head == "history" else "good")
+    if head == "variants":
+        return "recipe" if rest.endswith(".recipe") else "variants"
+    return _OPTION_OF_FIELD.get(head, head if head in JOB_OPTIONS else "job")
+
+
+def _problems_of(item: Any, raw: Mapping[str, Any]) -> list[Problem]:
+    location = tuple(item["loc"])
+    cause = (item.get("ctx") or {}).get("error")
+    if not location and isinstance(cause, SpecError):
+        return [
+            Problem(option_of_field(problem.field), str(problem), problem.field)
+            for problem in cause.problems
+        ]
+    path = ".".join(str(part) for part in location) or None
+    return [Problem(option_of_field(path), human_message(item, raw), path)]
+
+
+_PATTERN_HINTS: Final = {
+    "model": "not a model name: preset:NAME or a model name of the hosts",
+    "corpus": "not a corpus name (letters, digits, _ . -)",
+    "host_labels": "not a host label (letters, digits, _ . : = -)",
+    "features": "not a feature: write flag or flag=value, e.g. compile or clear_cache=false",
+    "name": "not a name: letters, digits, _ . + - (up to 64, not starting with . - + _)",
+    "recipe": "not a recipe name: letters, digits, _ . + -",
+    "flags": "not a flag name (lowercase letters, digits, _)",
+}
+
+
+def human_message(item: Mapping[str, Any], raw: Mapping[str, Any] | None = None) -> str:
+    """One pydantic error as a person reads it: the value, and what would be accepted."""
+    kind = item["type"]
+    context = item.get("ctx") or {}
+    value = item.get("input")
+    location = [str(part) for part in item["loc"] if not isinstance(part, int)]
+    where = location[-1] if location else ""
+    if kind == "value_error":
+        return str(item["msg"]).removeprefix("Value error, ")
+    if kind == "string_pattern_mismatch":
+        if where == "flags" or (len(location) >= 2 and location[-2] == "flags"):
+            where = "flags"
+        hint = _PATTERN_HINTS.get(where, "not accepted here")
+        return f"{value!r}: {hint}"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        bound = context.get("ge", context.get("gt", context.get("le", context.get("lt"))))
+        words = {
+            "greater_than_equal": "at least",
+            "greater_than": "more than",
+            "less_than_equal": "at most",
+            "less_than": "less than",
+        }[kind]
+        return f"{value!r}: give {words} {bound}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return f"{value!r} is not a whole number"
+    if kind in ("float_parsing", "float_type", "finite_number"):
+        return f"{value!r} is not a number such as 0.05"
+    if kind == "literal_error":
+        return f"{value!r}: choose {context.get('expected', 'one of the listed values')}"
+    if kind == "too_short":
+        return f"give at least {context.get('min_length', 1)}"
+    if kind == "too_long":
+        return f"at most {context.get('max_length')} items"
+    if kind == "string_too_long":
+        return f"at most {context.get('max_length')} characters"
+    if kind == "missing":
+        return "required"
+    return str(item["msg"])
+
+
+def default_rounds(spec: JobSpec) -> int:
+    """Rounds that let every comparison of `spec` reach a verdict even when two of its process
+    pairs disagree with the rest (evidence/stats.py, `rounds_to_outvote`), over the job's whole
+    corrected family: a history over a range counts the most commits its host may resolve."""
+    from evidence.stats import comparison_family_size, rounds_to_outvote
+
+    family = comparison_family_size(spec)
+    if spec.mode == "history" and spec.needs_host_resolution and spec.history is not None:
+        commits = spec.history.last or spec.history.max_commits or MAX_HISTORY_COMMITS
+        family = len(spec.contexts) * commits
+    units = rounds_to_outvote(family)
+    return units * (spec.rounds_per_process or 1)
+
+
+def typer_option(name: str, *, help: str | None = None, default_text: str | None = None) -> Any:
+    """The `typer.Option` of a job option: its flag, help (with the default) and metavar.
+    `help` replaces the declared help where a front end takes the option its own way."""
+    import typer
+
+    option = JOB_OPTIONS[name]
+    text = option.help_text(default_text) if help is None else help
+    if name == "fresh_process":
+        return typer.Option(option.flag, help=text)
+    return typer.Option(option.flag, help=text, metavar=option.metavar, show_default=False)
+
+
+def problem_lines(error: JobOptionsError, flags: Mapping[str, str] | None = None) -> list[str]:
+    """Each problem as a command line says it: `--contexts: '12x' is not a token count ...`.
+    `flags` renames options a command spells its own way."""
+    lines = []
+    for problem in error.problems:
+        option = JOB_OPTIONS.get(problem.option)
+        flag = (flags or {}).get(problem.option) or (option.flag if option else None)
+        lines.append(f"{flag}: {problem.message}" if flag else problem.message)
+    return lines

@@ -1,0 +1,248 @@
+"""The one builder from options to a JobSpec: what `coldbench run`, `coldbench submit`,
+`coldbench calibrate` and the form accept, refuse and default to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from evidence.job_options import (
+    JOB_OPTIONS,
+    MODES,
+    JobOptionsError,
+    build_job_spec,
+    default_rounds,
+    option_of_field,
+    problem_lines,
+)
+from evidence.schemas import JobSpec
+from evidence.stats import (
+    StatsOptions,
+    decide,
+    holm,
+    median_interval,
+    rounds_for_verdict,
+    rounds_to_outvote,
+    signed_rank_p,
+)
+
+
+def _problems(given: dict[str, Any]) -> list[str]:
+    with pytest.raises(JobOptionsError) as raised:
+        build_job_spec(given)
+    return problem_lines(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        ({"variants": ["x:prefill_step_size"]}, "--variant: 'x:prefill_step_size': expected key="),
+        ({"contexts": "12x"}, "--contexts: '12x' is not a token count"),
+        ({"mode": "bogus"}, "--mode: 'bogus': choose one of ab, ablation, sweep, history, bisect"),
+        ({"variants": ["-x"]}, "--variant: '-x': not a name"),
+        ({"variants": ["a:ref=main"]}, "--variant: variants name a ref or recipe but the job"),
+        ({"mode": "ablation"}, "--features: ablation mode needs at least one feature"),
+        ({"adapter": "mlx-lm"}, "--repo: adapter mlx-lm needs a repository"),
+        ({"adapter": "vllm"}, "--adapter: 'vllm': choose 'embedded', 'mlx-lm' or 'openai-server'"),
+        ({"repository": "r", "variants": ["a"]}, "--variant: variant a names no ref of r"),
+        ({"rounds": "0"}, "--rounds: 0: give at least 1"),
+        ({"rounds": "many"}, "--rounds: 'many' is not a whole number"),
+        ({"precision": "0.7"}, "--precision: 0.7: give at most 0.5"),
+        ({"precision": "nan"}, "--precision: 'nan' is not a finite number"),
+        ({"model": "a model"}, "--model: 'a model': not a model name"),
+        ({"labels": "ok, b@d"}, "--labels: 'b@d': not a host label"),
+        ({"features": "compile"}, "--features: belongs to mode ablation, not ab"),
+        ({"range": "a..b"}, "--range: belongs to mode history, not ab"),
+        ({"good": "v1", "mode": "sweep"}, "--good: belongs to mode bisect, not sweep"),
+        (
+            {"mode": "bisect", "repository": "r", "good": "v1"},
+            "--bad: bisect needs bad: a ref that is changed",
+        ),
+        (
+            {"mode": "history", "repository": "r", "last": "2", "variants": ["a"]},
+            "--last: every and last thin a range A..B",
+        ),
+        (
+            {"mode": "history", "repository": "r", "range": "--upload-pack=x..b"},
+            "--range: range '--upload-pack=x..b' is not A..B with two plain refs",
+        ),
+        (
+            {
+                "mode": "bisect",
+                "repository": "r",
+                "good": "a",
+                "bad": "b",
+                "direction": "slower",
+                "variants": ["x:ref=main"],
+                "contexts": "64",
+            },
+            "--variant: the commits come from good..bad: the variant takes flags only",
+        ),
+        (
+            {"mode": "bisect", "repository": "r", "good": "a", "bad": "b", "direction": "up"},
+            "--direction: 'up': choose 'slower' or 'faster'",
+        ),
+        (
+            {"mode": "history", "repository": "r", "commits": "a,b", "range": "a..b"},
+            "--range: give --range A..B or a list of commits, not both",
+        ),
+        (
+            {"fresh_process": True, "rounds_per_process": "2"},
+            "--rounds-per-process: fresh_process (a process per cell) and rounds_per_process",
+        ),
+    ],
+)
+def test_each_bad_option_is_one_line_naming_it(given: dict[str, Any], line: str) -> None:
+    lines = _problems(given)
+    assert any(found.startswith(line) for found in lines), lines
+
+
+def test_every_problem_is_reported_in_one_pass() -> None:
+    lines = _problems(
+        {
+            "mode": "ab",
+            "contexts": "64, 12x",
+            "rounds": "0",
+            "precision": "2",
+            "model": "a model",
+            "labels": "b@d",
+            "range": "a..b",
+            "variants": ["base", "base"],
+        }
+    )
+    flags = sorted(line.split(":")[0] for line in lines)
+    assert flags == ["--contexts", "--labels", "--model", "--precision", "--range", "--rounds"]
+    # The rules across fields run too once the fields are valid: all of them at once.
+    lines = _problems(
+        {
+            "mode": "ablation",
+            "repository": "r",
+            "variants": ["a:ref=x", "a:ref=y"],
+            "fresh_process": "true",
+            "rounds_per_process": "2",
+        }
+    )
+    assert len(lines) == 3, lines
+    assert any("names the same" in line or "must be unique" in line for line in lines)
+    assert any("needs at least one feature" in line for line in lines)
+    assert any("exclude each other" in line for line in lines)
+
+
+def test_problems_carry_the_spec_field_for_the_form() -> None:
+    with pytest.raises(JobOptionsError) as raised:
+        build_job_spec({"variants": [{"name": "a"}, {"name": "b", "flags": "x"}]})
+    (problem,) = raised.value.problems
+    assert (problem.option, problem.field) == ("variants", "variants.1.flags")
+    assert "write flags as name=value" in problem.message
+    assert option_of_field("history.every") == "every"
+    assert option_of_field("bisect.good") == "good"
+    assert option_of_field("variants.0.recipe") == "recipe"
+    assert option_of_field("host_labels") == "labels"
+    assert option_of_field(None) == "job"
+
+
+def test_text_and_values_build_the_same_spec() -> None:
+    typed = build_job_spec(
+        {
+            "variants": [
+                "base:prefill_step_size=32",
+                "wide:prefill_step_size=64,clear_cache=false",
+            ],
+            "contexts": "4K, 128",
+            "rounds": "7",
+            "precision": "0.02",
+            "labels": "lab:a, backend:cpu",
+            "hosts": "2",
+            "fresh_process": "false",
+        }
+    )
+    valued = build_job_spec(
+        {
+            "variants": [
+                {"name": "base", "flags": {"prefill_step_size": 32}},
+                {"name": "wide", "flags": "prefill_step_size=64, clear_cache=false"},
+            ],
+            "contexts": [4096, "128"],
+            "rounds": 7,
+            "precision": 0.02,
+            "labels": ["lab:a", "backend:cpu"],
+            "hosts": 2,
+            "fresh_process": False,
+        }
+    )
+    assert typed == valued
+    assert typed.contexts == [128, 4096] and typed.host_labels == ["lab:a", "backend:cpu"]
+
+
+def test_defaults_per_mode() -> None:
+    plain = build_job_spec({})
+    assert plain.mode == "ab" and [v.name for v in plain.variants] == ["base"]
+    assert plain.contexts == [128, 256] and plain.model == "preset:tiny"
+    bisect = build_job_spec(
+        {"mode": "bisect", "repository": "r", "good": "v1", "bad": "main", "direction": "slower"}
+    )
+    assert bisect.contexts == [256] and bisect.needs_host_resolution
+    commits = build_job_spec(
+        {
+            "mode": "history",
+            "repository": "r",
+            "commits": "v1, main",
+            "variants": ["cfg:prefill_step_size=64"],
+        }
+    )
+    assert [(v.name, v.ref) for v in commits.variants] == [("ref-v1", "v1"), ("c01-main", "main")]
+    assert all(v.flags == {"prefill_step_size": 64} for v in commits.variants)
+
+
+def test_default_rounds_reach_a_verdict_in_every_mode() -> None:
+    """The default is never below the bare minimum for the job's corrected family, and grows
+    with it; a range the host has not resolved counts the most commits it may resolve to."""
+    for given in (
+        {},
+        {"variants": ["a", "b:prefill_step_size=64", "c:prefill_step_size=32"]},
+        {"mode": "ablation", "features": "compile, clear_cache=false, prefill_step_size=64"},
+        {"mode": "sweep", "variants": ["a", "b:prefill_step_size=64"], "contexts": "1K,2K,4K"},
+        {"mode": "bisect", "repository": "r", "good": "a", "bad": "b", "direction": "faster"},
+        {"mode": "history", "repository": "r", "range": "a..b", "last": "5"},
+        {"mode": "history", "repository": "r", "range": "a..b"},
+    ):
+        spec = build_job_spec(given)
+        assert spec.rounds == default_rounds(spec) >= 10, given
+    ranged = build_job_spec({"mode": "history", "repository": "r", "range": "a..b"})
+    assert ranged.rounds == rounds_to_outvote(2 * 64) > rounds_to_outvote(1)
+    blocks = build_job_spec({"rounds_per_process": "2"})
+    assert blocks.rounds == 2 * rounds_to_outvote(1)
+
+
+@pytest.mark.parametrize("family", [1, 2, 10, 40, 128])
+def test_rounds_to_outvote_is_what_the_verdict_rules_need(family: int) -> None:
+    """At the rule's n, units of which two point the other way (the smallest, by a little less
+    than the rest point their way) reach `faster` with the real interval, test and Holm; with
+    one unit fewer they do not."""
+    options = StatsOptions()
+
+    def verdict(n: int) -> str:
+        ratios = [1 / 1.199, 1 / 1.1995] + [1.2 + 0.01 * i for i in range(n - 2)]
+        low, high = median_interval(ratios, seed=1, options=options)
+        p = holm([signed_rank_p(ratios)] * family)[0]
+        return decide(n, low, high, p, options)
+
+    n = rounds_to_outvote(family)
+    assert verdict(n) == "faster"
+    assert verdict(n - 1) == "inconclusive"
+    assert n >= rounds_for_verdict(family)
+
+
+def test_every_mode_and_option_is_declared_once_with_help() -> None:
+    assert set(MODES) == {"ab", "ablation", "sweep", "history", "bisect"}
+    mode_help = JOB_OPTIONS["mode"].help_text()
+    assert all(mode in mode_help for mode in MODES)
+    for option in JOB_OPTIONS.values():
+        assert option.flag.startswith("--") and option.help
+    assert "mode history only" in JOB_OPTIONS["range"].help_text()
+
+
+def test_a_spec_from_the_builder_round_trips() -> None:
+    spec = build_job_spec({"mode": "ablation", "features": "compile", "rounds": "12"})
+    assert JobSpec.model_validate(spec.model_dump(mode="json", by_alias=True)) == spec
