@@ -260,10 +260,22 @@ class Report:
     state: Literal["pending", "success", "neutral", "failure", "cancelled"]
     description: str
     target_url: str
+    # The job's state while pending (queued, running, analyzing), else None.
+    pending_as: str | None = None
 
     @property
     def is_final(self) -> bool:
         return self.state != "pending"
+
+    @property
+    def key(self) -> str:
+        """What `PullRequestJob.reported_state` records once GitHub shows this report: the
+        conclusion, or the job's state while it is pending (a move from queued to running is
+        reported too)."""
+        return self.pending_as or self.state
+
+
+FINAL_REPORTS = ("success", "neutral", "failure", "cancelled")
 
 
 def conclusion(policy: StatusPolicy, summary: Summary) -> Conclusion:
@@ -301,7 +313,7 @@ def job_report(job: Job, policy: StatusPolicy, config: GitHubConfig) -> Report:
         return Report("cancelled", "the job was cancelled", job_url)
     if job.state == JobState.FAILED:
         return Report("failure", (job.reason or "the job failed")[:140], job_url)
-    return Report("pending", f"{job.state} on coldbench", job_url)
+    return Report("pending", f"{job.state} on coldbench", job_url, pending_as=job.state)
 
 
 def evidence_markdown(
@@ -344,7 +356,7 @@ def answer_pull_request(
     reports = {
         link.job_id: job_report(jobs[link.job_id], repository.policy, config)
         for link in links
-        if link.reported_state is None or link.reported_state == "pending"
+        if link.reported_state not in FINAL_REPORTS
     }
     view = None
     if links:
@@ -366,7 +378,7 @@ def answer_pull_request(
     to_report = [
         (link, reports[link.job_id])
         for link in links
-        if link.job_id in reports and reports[link.job_id].state != link.reported_state
+        if link.job_id in reports and reports[link.job_id].key != link.reported_state
     ]
     comment_id = asyncio.run(
         _send_answer(
@@ -379,7 +391,7 @@ def answer_pull_request(
     pull.comment_id = comment_id
     pull.comment_sha256 = body_sha256
     for link, report in to_report:
-        link.reported_state = report.state
+        link.reported_state = report.key
     db_session.commit()
 
 
@@ -432,12 +444,15 @@ async def _report(
         gh,
         full_name,
         link.check_run_id,
-        status="completed" if report.is_final else "queued",
+        status="completed" if report.is_final else _CHECK_RUN_STATUS[report.key],
         conclusion=report.state if report.is_final else None,
         details_url=report.target_url,
         title=title,
         summary=report.description,
     )
+
+
+_CHECK_RUN_STATUS = {"queued": "queued", "running": "in_progress", "analyzing": "in_progress"}
 
 
 def pull_request_of_job(*, db_session: Session, job_id: str) -> int | None:
@@ -447,8 +462,9 @@ def pull_request_of_job(*, db_session: Session, job_id: str) -> int | None:
 
 
 def unanswered_pull_request_ids(*, db_session: Session) -> list[int]:
-    """Pull requests with a job whose status was last posted as pending (or never) while the
-    job has moved on: for the beat task, which catches what a lost task left behind."""
+    """Pull requests with a job whose state moved on since GitHub was last told (or never
+    was): for the beat task. It reports a job's move from queued to running (the lease is
+    claimed by the API, which sends no task) and catches what a lost task left behind."""
     query = (
         sa.select(PullRequestJob.pull_request_id)
         .join(Job, Job.id == PullRequestJob.job_id)
@@ -456,8 +472,8 @@ def unanswered_pull_request_ids(*, db_session: Session) -> list[int]:
             sa.or_(
                 PullRequestJob.reported_state.is_(None),
                 sa.and_(
-                    PullRequestJob.reported_state == "pending",
-                    Job.state.in_([JobState.DONE, JobState.FAILED, JobState.CANCELLED]),
+                    PullRequestJob.reported_state.not_in(FINAL_REPORTS),
+                    Job.state != PullRequestJob.reported_state,
                 ),
             )
         )

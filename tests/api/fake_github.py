@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import jwt
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 
@@ -48,6 +49,9 @@ class FakeGitHub:
     check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     tokens: tuple[str, ...] = (TOKEN, INSTALLATION_TOKEN)
+    # A GitHub App's public key (PEM): its JWTs are checked against it, as GitHub does.
+    app_public_key: bytes | None = None
+    app_id: int | None = None
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1001))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -149,9 +153,15 @@ class FakeGitHub:
 
         @app.post(API_PREFIX + "/app/installations/{installation}/access_tokens", status_code=201)
         def access_token(installation: int, request: Request) -> dict[str, str]:
-            scheme, _, _jwt = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer":
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or fake.app_public_key is None:
                 raise HTTPException(401, "A JSON web token is required")
+            try:
+                claims = jwt.decode(token, fake.app_public_key, algorithms=["RS256"])
+            except jwt.InvalidTokenError as error:
+                raise HTTPException(401, f"bad JWT: {error}") from None
+            if str(claims["iss"]) != str(fake.app_id):
+                raise HTTPException(401, "the JWT names another App")
             return {"token": INSTALLATION_TOKEN, "expires_at": "2099-01-01T00:00:00Z"}
 
         return app

@@ -57,6 +57,7 @@ def github(fake: tuple[FakeGitHub, str]) -> FakeGitHub:
     github.calls.clear()
     github.comments.clear()
     github.statuses.clear()
+    github.check_runs.clear()
     github.permissions.update({"maintainer": "write", "reader": "read"})
     github.add_pull(REPO, 7, base=BASE, head=HEAD)
     return github
@@ -295,6 +296,22 @@ def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
     assert len(github.statuses) == 1
     assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 1
 
+    # A host claims the run (in the API, which sends no task): the beat task finds the job
+    # whose state moved on, and the status and comment follow.
+    assert service.unanswered_pull_request_ids(db_session=db_session) == []
+    job.state = JobState.RUNNING
+    db_session.commit()
+    assert service.unanswered_pull_request_ids(db_session=db_session) == [pull_request_id]
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    assert [(s["state"], s["description"]) for s in github.statuses] == [
+        ("pending", "queued on coldbench"),
+        ("pending", "running on coldbench"),
+    ]
+    assert "**running**" in github.comments[comment_id]["body"]
+    assert service.unanswered_pull_request_ids(db_session=db_session) == []
+
 
 def test_an_outsider_starts_nothing_and_gets_no_answer(
     client: TestClient,
@@ -454,3 +471,82 @@ def test_conclusions_follow_the_policy() -> None:
     assert service.conclusion(lenient, summary(("slower", 0.9))) == "failure"
     assert service.conclusion(strict, summary(("no established change", 1.0))) == "neutral"
     assert service.conclusion(strict, summary(("inconclusive", 0.9))) == "neutral"
+
+
+def test_a_github_app_reports_check_runs_with_installation_tokens(
+    tmp_path: Path,
+    fake: tuple[FakeGitHub, str],
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = tmp_path / "app.pem"
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    github.app_id, github.app_public_key = (
+        4242,
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+    )
+    path = tmp_path / "app.toml"
+    path.write_text(
+        'service_url = "https://bench.example.org"\n'
+        f'[repositories."{REPO}"]\n'
+        f'api_url = "{fake[1]}"\n'
+        "app_id = 4242\n"
+        f'private_key_file = "{pem}"\n'
+        f'webhook_secret = "{SECRET}"\n'
+        'coldbench_repository = "mlx-lm"\n'
+        'report = "check-run"\n'
+        f'[repositories."{REPO}".defaults]\n'
+        'contexts = "64"\n'
+    )
+    config = load_github_config(path)
+    response, _ = deliver(
+        client,
+        comment_event(REPO, 7, "maintainer", "/coldbench", installation=77),
+        event="issue_comment",
+    )
+    assert response.status_code == 202
+    [pull_request_id] = handle(db_session, settings, config)
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    # Each answer takes an installation token with a JWT signed by the App's key.
+    assert [c.path for c in github.called("POST", "/access_tokens")] == [
+        "/app/installations/77/access_tokens"
+    ] * 2
+    assert all(
+        c.authorization == "token ghs_fake_installation_token"
+        for c in github.calls
+        if "/access_tokens" not in c.path
+    )
+    [(check_id, check)] = github.check_runs.items()
+    assert (check["head_sha"], check["name"], check["status"]) == (HEAD, "coldbench", "queued")
+    assert github.statuses == []
+
+    job = db_session.scalars(sa.select(Job)).one()
+    job.state, job.reason = JobState.FAILED, "every run failed: build failed"
+    db_session.commit()
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    assert github.check_runs[check_id]["updates"][0]["status"] == "queued"
+    final = github.check_runs[check_id]["updates"][-1]
+    assert (final["status"], final["conclusion"]) == ("completed", "failure")
+    assert final["output"]["summary"] == "every run failed: build failed"
+    [comment] = github.comments.values()
+    assert "**failed**" in comment["body"] and "every run failed: build failed" in comment["body"]
+    assert len(github.check_runs) == 1
