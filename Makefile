@@ -12,7 +12,7 @@ else
 MLX_EXTRA ?= cpu
 endif
 comma := ,
-EXTRAS := test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
+EXTRAS := worker,server,test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
 
 .PHONY: demo test install lint services clean
 

@@ -1,71 +1,139 @@
-"""The `coldbench` command: mounts each package's typer app.
+"""The `coldbench` command: dispatches each subcommand to the package that owns it.
 
-Each package keeps its commands in its own `cli.py` and imports heavy modules (mlx, the
-database) inside the command functions, so `coldbench --help` stays fast.
+Each package keeps its commands in its own typer app (`worker/cli.py`, `api/cli.py`,
+`evidence/cli.py`, `coldbench/submit.py`, ...). This module imports none of them until a
+subcommand is named, and then only that one's module (as mlx-lm's command line does), so
+`coldbench --help` loads neither numpy nor the server stack, and a host with only
+`coldbench[worker]` installed runs `coldbench run` and `coldbench worker` without the server's
+packages. The list below is the one place a subcommand is named with its one-line help.
 """
 
 from __future__ import annotations
 
 import importlib
-
-import typer
-
-app = typer.Typer(
-    name="coldbench",
-    help="Cold-prefill benchmarks and checksummed evidence for MLX inference engines.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-
-# (module, attribute, name): a sub-app mounted as `coldbench NAME ...`, or a single command
-# when NAME is None (the module's app then holds exactly the commands to add at top level).
-_MOUNTS: list[tuple[str, str, str | None]] = [
-    ("coldbench.model", "model_app", "model"),
-    ("evidence.cli", "app", None),
-    ("worker.cli", "app", None),
-    ("api.cli", "app", None),
-    ("coldbench.submit", "app", None),
-    ("coldbench.demo", "app", None),
-]
+import sys
+from typing import Any, NamedTuple
 
 
-def _mount() -> None:
-    for module_name, attribute, name in _MOUNTS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            # A package still being built in this checkout; its commands are simply absent.
-            if error.name and module_name.startswith(error.name):
-                continue
+class Subcommand(NamedTuple):
+    module: str
+    attribute: str  # the module's typer app
+    help: str
+
+
+COMMANDS: dict[str, Subcommand] = {
+    "demo": Subcommand(
+        "coldbench.demo",
+        "app",
+        "Run the whole loop locally: server, Celery, one agent, an A/B job and an ablation.",
+    ),
+    "run": Subcommand(
+        "worker.cli",
+        "app",
+        "Run the cold-prefill matrix on this machine and write a checksummed evidence bundle.",
+    ),
+    "calibrate": Subcommand(
+        "worker.cli", "app", "Calibrate this host: how small an effect it resolves."
+    ),
+    "verify": Subcommand(
+        "evidence.cli",
+        "app",
+        "Check an evidence bundle: every file's sha256, every record, the provenance.",
+    ),
+    "submit": Subcommand(
+        "coldbench.submit", "app", "Submit a job to the central API (and wait for its evidence)."
+    ),
+    "worker": Subcommand(
+        "worker.cli",
+        "app",
+        "Run this host's agent: lease jobs from the server, measure them, upload the evidence.",
+    ),
+    "server": Subcommand(
+        "api.cli", "app", "Serve the API, the evidence pages, /healthz and /metrics."
+    ),
+    "db": Subcommand("api.cli", "app", "Database schema: Alembic migrations."),
+    "admin": Subcommand(
+        "api.cli", "app", "Enrollment tokens, API keys, host labels and revocation."
+    ),
+    "celery": Subcommand("api.cli", "app", "Celery worker and beat of the central service."),
+    "model": Subcommand(
+        "coldbench.model",
+        "model_app",
+        "Write synthetic checkpoints and show a checkpoint's digests.",
+    ),
+    "version": Subcommand("coldbench", "__version__", "Print coldbench's version."),
+}
+# The packages of each install (pyproject.toml's extras): a subcommand whose module needs one
+# that is missing says which extra to install.
+_EXTRA_OF_PACKAGE = {
+    "fastapi": "server",
+    "sqlalchemy": "server",
+    "celery": "server",
+    "alembic": "server",
+    "uvicorn": "server",
+    "jinja2": "server",
+    "plotly": "server",
+    "mlx": "worker",
+    "mlx_lm": "worker",
+}
+
+
+USAGE = "Usage: coldbench COMMAND [ARGS]...  (coldbench COMMAND --help for its options)"
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [
+        USAGE,
+        "",
+        "Cold-prefill benchmarks and checksummed evidence for MLX inference engines.",
+        "",
+        "Commands:",
+    ]
+    lines += [f"  {name.ljust(width)}  {entry.help}" for name, entry in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def _load(name: str) -> Any:
+    """The typer app of subcommand `name`'s module, or exit naming the extra it needs."""
+    entry = COMMANDS[name]
+    try:
+        module = importlib.import_module(entry.module)
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").split(".")[0]
+        extra = _EXTRA_OF_PACKAGE.get(missing)
+        if extra is None:
             raise
-        sub_app = getattr(module, attribute)
-        if name is not None:
-            app.add_typer(sub_app, name=name)
-        else:
-            for command in sub_app.registered_commands:
-                app.registered_commands.append(command)
-            for group in sub_app.registered_groups:
-                app.registered_groups.append(group)
+        sys.stderr.write(
+            f"error: `coldbench {name}` needs {missing}, which this install lacks: "
+            f"pip install 'coldbench[{extra}]'\n"
+        )
+        raise SystemExit(2) from None
+    return getattr(module, entry.attribute)
 
 
-@app.callback()
-def _root() -> None:
-    """Cold-prefill benchmarks and checksummed evidence for MLX inference engines."""
+def main(args: list[str] | None = None) -> Any:
+    """`coldbench COMMAND ...`: the subcommand's own typer app runs the rest of the line."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return None if argv else sys.exit(2)
+    name, rest = argv[0], argv[1:]
+    if name == "version":
+        from coldbench import __version__
 
+        print(__version__)
+        return None
+    if name not in COMMANDS:
+        sys.stderr.write(f"{USAGE}\nerror: no command {name!r}; commands: {', '.join(COMMANDS)}\n")
+        sys.exit(2)
+    import typer.main
 
-_mount()
-
-
-@app.command()
-def version() -> None:
-    """Print coldbench's version."""
-    from coldbench import __version__
-
-    typer.echo(__version__)
-
-
-def main() -> None:
-    app()
+    command = typer.main.get_command(_load(name))
+    if name in getattr(command, "commands", {}):
+        # A module app holding several top-level commands (`run`, `calibrate`, `worker`).
+        return command.main(args=[name, *rest], prog_name="coldbench")
+    return command.main(args=rest, prog_name=f"coldbench {name}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 from typer.testing import CliRunner
 
-from coldbench.cli import app
+from coldbench.model import model_app as app
 from engine import checkpoints, corpus
 
 # Pinned: the corpus must be the same bytes on every host (a changed generator changes every
@@ -96,13 +96,13 @@ def test_resolve_model(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 def test_inspect_cli(tiny_model_dir: Path) -> None:
     runner = CliRunner()
-    result = runner.invoke(app, ["model", "inspect", str(tiny_model_dir)])
+    result = runner.invoke(app, ["inspect", str(tiny_model_dir)])
     assert result.exit_code == 0, result.output
     info = checkpoints.inspect_checkpoint(tiny_model_dir)
     for key in ("config_sha256", "weights_sha256", "tokenizer_sha256"):
         assert info[key] in result.output
     assert "llama" in result.output and "4,000,000" in result.output
-    as_json = runner.invoke(app, ["model", "inspect", str(tiny_model_dir), "--json"])
+    as_json = runner.invoke(app, ["inspect", str(tiny_model_dir), "--json"])
     assert json.loads(as_json.output)["weights_sha256"] == info["weights_sha256"]
 
 
@@ -116,7 +116,7 @@ def test_create_cli_writes_and_refuses_to_overwrite(tmp_path: Path, coldbench_cm
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(out)
     assert json.loads((out / "config.json").read_text())["coldbench"]["seed"] == 3
-    again = CliRunner().invoke(app, ["model", "create", "--preset", "tiny", "--out", str(out)])
+    again = CliRunner().invoke(app, ["create", "--preset", "tiny", "--out", str(out)])
     assert again.exit_code == 2
     assert "already exists" in again.output
 
@@ -138,10 +138,10 @@ def _corrupt(tmp_path: Path, tiny_model_dir: Path, how: str) -> Path:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["model", "create", "--preset", "nope"], "unknown preset 'nope'; known presets:"),
-        (["model", "create", "--preset", "tiny", "--dtype", "int3"], "unknown dtype 'int3'"),
-        (["model", "create", "--preset", "tiny", "--quantize", "7"], "--quantize 7"),
-        (["model", "inspect", "/nonexistent/ckpt"], "does not exist"),
+        (["create", "--preset", "nope"], "unknown preset 'nope'; known presets:"),
+        (["create", "--preset", "tiny", "--dtype", "int3"], "unknown dtype 'int3'"),
+        (["create", "--preset", "tiny", "--quantize", "7"], "--quantize 7"),
+        (["inspect", "/nonexistent/ckpt"], "does not exist"),
     ],
 )
 def test_cli_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ def test_corrupt_checkpoint_is_one_line(
     tmp_path: Path, tiny_model_dir: Path, how: str, message: str
 ) -> None:
     path = _corrupt(tmp_path, tiny_model_dir, how)
-    result = CliRunner().invoke(app, ["model", "inspect", str(path)])
+    result = CliRunner().invoke(app, ["inspect", str(path)])
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
     with pytest.raises(checkpoints.CheckpointError, match=message.replace("*", r"\*")):
