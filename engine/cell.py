@@ -27,6 +27,7 @@ from engine.fastpaths import KernelSteps
 from engine.flags import Flags
 from engine.judge import (
     AtLeast,
+    ChunksOf,
     Expectation,
     Observation,
     chunk_count,
@@ -345,14 +346,16 @@ def execution(
     The loop above cuts N tokens into chunks of the step with the remainder last (the last
     chunk carries the logits), so the widths a step implies are `split_runs(N, step)`.
     """
-    stock = Flags()
+    stock = Flags().prefill_step_size
     planned = split_runs(prompt_tokens, flags.prefill_step_size)
     pairs: list[tuple[Expectation, Observation]] = []
     for name in flags.judged():
         skipped = counters.get(f"{name}.not_exercised")
         if name == "prefill_step_size":
             expectation = Expectation(
-                name, planned, split_runs(prompt_tokens, stock.prefill_step_size)
+                name,
+                ChunksOf(flags.prefill_step_size, planned),
+                ChunksOf(stock, split_runs(prompt_tokens, stock)),
             )
             observed: Any = to_runs(widths)
         elif name == "clear_cache":

@@ -10,23 +10,33 @@ check gives the reason:
    e.g. a server).
 4. Decoded tokens: exactly the cell's decode count.
 5. Execution, for each requested non-default flag or option (and each fast path that is on,
-   also by an engine branch's default). The adapter states an
-   `Expectation`: what the requested value implies at this context and what the stock value
-   implies there (for chunking: the chunk widths the requested step gives for N tokens, and
-   the widths the stock step gives), and an `Observation`: what its counters saw (the chunk
-   widths really delivered, dispatch counts, a fallback reason, a backend that cannot run it).
+   also by an engine branch's default). The adapter states an `Expectation`: what the
+   requested value implies at this context and what the stock value implies there, and an
+   `Observation`: what its counters saw (the chunk widths really delivered, dispatch counts,
+   proof lines, a fallback reason, a backend that cannot run it).
    - `not exercised: <flag> (why)`: this backend cannot run the flag (invalid);
    - `fell back: <flag> (why)`: a fast path that recorded a `<flag>.fallback` reason ran its
      reference path, so the cell's time is not the fast path's time (invalid);
    - the request implies exactly what stock implies at this context: `ok`, and the flag is
      listed as inert (a step wider than the prompt that the stock step also takes in one
      chunk; `clear_cache=false` when there is a single chunk, so nothing to keep between
-     chunks). The measurement is the stock configuration's, and summaries say so per context;
+     chunks; a server option set to the server's own default). The measurement is the stock
+     configuration's, and summaries say so per context;
+   - `not provable: <flag> (why)`: the only evidence the adapter has for the flag is a line
+     stock also prints at this context (invalid: neither ran nor not-ran can be shown);
    - the observation matches the request: `ok`;
-   - anything else (the observation matches stock, or neither): `silent no-op: <flag>`.
+   - the observation is what stock does (and not what the request implies): `silent no-op:
+     <flag>`, the cell provably did stock's work;
+   - neither: `not as requested: <flag> (...)` with what was implied and what was observed.
+     Something ran that is neither the request nor stock (a branch that caps chunks at 32
+     when asked for 64): the cell is invalid, but it is not called a no-op.
 
-An expectation is compared by equality, or by `AtLeast(n)` for counts (a fast path must
-dispatch at least once; a server option's proof line must match at least once).
+Chunk widths are judged by what a step implies, not by one loop's exact cut: `ChunksOf(step)`
+admits every layout that cuts N tokens into chunks of `step` whatever its remainder policy (the
+remainder last, first, merged with the first output's token, or the last token alone: the
+layouts mlx-lm has shipped and this engine's cell). Other expectations are compared by
+equality, or by `AtLeast(n)` for counts (a fast path must dispatch at least once; a server
+option's proof line must match at least once).
 
 The verdict goes into the record as `status` and `reason`; the inert flags go into
 `counters["inert"]` (comma-separated names, absent when none), which keeps record/1 as it is.
@@ -55,16 +65,54 @@ class AtLeast:
 
 
 @dataclass(frozen=True)
+class ChunksOf:
+    """The chunk widths a prefill step implies for a prompt, whatever the remainder policy.
+
+    `layout` is the cut of the adapter's own stock loop with this step (used to tell whether
+    two steps imply the same work here: inert); `admits` accepts any layout of the same tokens
+    in which every chunk is at most `step` wide and, a final one-token chunk aside (the step
+    that yields the first output), at most one chunk is narrower than `step` (the remainder,
+    wherever it goes)."""
+
+    step: int
+    layout: Runs
+
+    def admits(self, observed: Any) -> bool:
+        if not isinstance(observed, tuple) or sum(w * c for w, c in observed) != sum(
+            w * c for w, c in self.layout
+        ):
+            return False
+        widths = [width for width, count in observed for _ in range(count)]
+        if not widths or any(not 1 <= width <= self.step for width in widths):
+            return False
+        if len(widths) > 1 and widths[-1] == 1:
+            widths.pop()
+        return sum(1 for width in widths if width < self.step) <= 1
+
+    def __str__(self) -> str:
+        return f"chunks of {self.step}"
+
+
+@dataclass(frozen=True)
 class Expectation:
-    """What a requested flag value implies at this cell's context, and what stock implies."""
+    """What a requested flag value implies at this cell's context, and what stock implies.
+
+    `same_as_stock` says whether the two imply the same work when that is not what is compared
+    (a server option proven by a log line, whose request may still imply stock's work here);
+    by default requested and stock are compared (chunk steps by their layouts)."""
 
     flag: str
     requested: Any
     stock: Any
+    same_as_stock: bool | None = None
 
     @property
     def inert(self) -> bool:
-        return self.requested == self.stock
+        if self.same_as_stock is not None:
+            return self.same_as_stock
+        if isinstance(self.requested, ChunksOf) and isinstance(self.stock, ChunksOf):
+            return self.requested.layout == self.stock.layout
+        return bool(self.requested == self.stock)
 
 
 @dataclass(frozen=True)
@@ -75,6 +123,8 @@ class Observation:
     observed: Any
     fallback: str | None = None
     not_exercised: str | None = None
+    # Why the observation cannot tell the request from stock at this context.
+    unprovable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +143,15 @@ class Judgement:
 def matches(expected: Any, observed: Any) -> bool:
     if isinstance(expected, AtLeast):
         return isinstance(observed, int) and observed >= expected.count
+    if isinstance(expected, ChunksOf):
+        return expected.admits(observed)
     return bool(expected == observed)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple) and all(isinstance(run, tuple) for run in value):
+        return runs_text(value) or "none"
+    return str(value)
 
 
 def judge_cell(
@@ -143,8 +201,18 @@ def judge_cell(
             return Judgement("invalid", f"fell back: {flag} ({why})")
         if expectation.inert:
             inert.append(flag)
-        elif not matches(expectation.requested, observation.observed):
+            continue
+        if observation.unprovable:
+            return Judgement("invalid", f"not provable: {flag} ({observation.unprovable})")
+        if matches(expectation.requested, observation.observed):
+            continue
+        if matches(expectation.stock, observation.observed):
             return Judgement("invalid", f"silent no-op: {flag}")
+        return Judgement(
+            "invalid",
+            f"not as requested: {flag} (the request implies {_shown(expectation.requested)}, "
+            f"stock {_shown(expectation.stock)}; observed {_shown(observation.observed)})",
+        )
     return Judgement("ok", None, tuple(inert))
 
 
@@ -191,3 +259,10 @@ def runs_text(runs: Runs) -> str:
 
 def chunk_count(runs: Runs) -> int:
     return sum(count for _, count in runs)
+
+
+def generate_step_widths(prompt_tokens: int, step: int) -> Runs:
+    """Chunk widths stock mlx-lm's generate_step (and mlx_lm.server) delivers for N tokens:
+    N-1 tokens cut into chunks of `step` (remainder last), then the last token alone, which
+    yields the first output."""
+    return join_runs(split_runs(prompt_tokens - 1, step), ((1, 1),))

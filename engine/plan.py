@@ -11,7 +11,8 @@
 
 For the openai-server adapter, `server_options` maps each requested option to what the host's
 declaration resolved it to (`{"value": 4096, "argv": [...], "env": {...}, "proof": "regex" or
-null}`; the worker validates the variant's values, the engine only applies them), `wipe` lists
+null}`, optionally `stock`, `prefill_step` and `proof_template`, with which the adapter judges
+it; the worker validates the variant's values, the engine only applies them), `wipe` lists
 the cache folders deleted before the server starts, and `first_token_timeout_s` bounds the wait
 for a cell's first streamed token.
 
@@ -200,12 +201,22 @@ class Plan:
         return [DEFAULT_WARMUP_TOKENS]
 
 
+_OPTION_KEYS = {"value", "argv", "env", "proof"}
+# What engine.judge needs to judge an option at each context (evidence/options.py).
+_OPTION_JUDGED = {"stock", "prefill_step", "proof_template"}
+
+
 def _check_server_options(options: Any) -> None:
     if not isinstance(options, dict):
         raise ValueError("plan server_options must be an object of option -> resolution")
     for name, item in options.items():
-        if not isinstance(item, dict) or set(item) != {"value", "argv", "env", "proof"}:
-            raise ValueError(f"plan server_options.{name} needs value, argv, env and proof")
+        if not isinstance(item, dict) or not (
+            _OPTION_KEYS <= set(item) <= _OPTION_KEYS | _OPTION_JUDGED
+        ):
+            raise ValueError(
+                f"plan server_options.{name} needs value, argv, env and proof (and may say "
+                "stock, prefill_step and proof_template)"
+            )
         argv, env, proof = item["argv"], item["env"], item["proof"]
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise ValueError(f"plan server_options.{name}.argv must be a list of strings")
@@ -220,3 +231,9 @@ def _check_server_options(options: Any) -> None:
                 re.compile(proof)
             except re.error as error:
                 raise ValueError(f"plan server_options.{name}.proof: {error}") from None
+        if not isinstance(item.get("stock"), int | None):
+            raise ValueError(f"plan server_options.{name}.stock must be an int, a bool or null")
+        if not isinstance(item.get("prefill_step", False), bool):
+            raise ValueError(f"plan server_options.{name}.prefill_step must be true or false")
+        if not isinstance(item.get("proof_template"), str | None):
+            raise ValueError(f"plan server_options.{name}.proof_template must be a string or null")

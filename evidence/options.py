@@ -6,7 +6,10 @@ server command and/or environment variables, with `{value}` filled by the *valid
 A variant names options like flags (`fast=1`, `prefill_step_size=4096`); nothing else of the
 submitter's reaches the command line. An optional `proof` is a regular expression over the
 server's own output lines during a cell; its matches are the option's counter, and a requested
-option whose proof never matches is a silent no-op.
+option whose proof never matches is a silent no-op. `stock` (the server's own value) makes a
+request of that value inert and keeps a proof line stock would print too from counting;
+`prefill_step` says the option is the server's prefill chunk width, judged at each context as
+the engine flag `prefill_step_size` is (docs/ENGINE.md).
 
 This is contract: the worker validates variants against it before starting a server and the
 API (registration, submit) can validate the same declarations. Imports only pydantic.
@@ -52,6 +55,14 @@ class HostOption(BaseModel):
     # escaped. Its matches during a cell become the counter `<option>.dispatched`.
     proof: str | None = Field(None, max_length=PROOF_MAX_CHARS)
     description: str | None = Field(None, max_length=300)
+    # The value the server acts on when the option is not given (a bool option: false). A
+    # request of it is inert; a proof line it would print proves nothing.
+    stock: OptionValue | None = None
+    # The option is the width of the server's prefill chunks (mlx_lm.server's
+    # --prefill-step-size): what a value implies at a context is judged as for the engine flag
+    # prefill_step_size (a step wider than the prompt is inert where stock's is too), and a
+    # proof line naming a chunk boundary stock also reaches at that context counts for nothing.
+    prefill_step: bool = False
 
     @field_validator("argv")
     @classmethod
@@ -95,6 +106,22 @@ class HostOption(BaseModel):
             raise ValueError("min and max apply to int options only")
         if not self.argv and not self.env:
             raise ValueError("an option must set argv pieces or env variables (or both)")
+        if self.stock is not None and isinstance(self.stock, bool) != (self.type == "bool"):
+            raise ValueError(f"stock must be a{'' if self.type == 'bool' else 'n'} {self.type}")
+        if self.prefill_step and (self.type != "int" or self.stock is None):
+            raise ValueError(
+                "a prefill_step option is an int with its stock value (the server's own step)"
+            )
+        if (
+            self.type == "int"
+            and self.proof
+            and VALUE_PLACEHOLDER in self.proof
+            and self.stock is None
+        ):
+            raise ValueError(
+                "a proof naming {value} needs stock (the server's own value): a line stock "
+                "prints too proves nothing"
+            )
         if self.type == "int" and not any(
             VALUE_PLACEHOLDER in piece for piece in (*self.argv, *self.env.values())
         ):
@@ -172,10 +199,15 @@ def resolved_options(
     resolved: dict[str, dict[str, Any]] = {}
     for name in sorted(typed):
         argv, env = declared[name].render(typed[name])
+        option = declared[name]
         resolved[name] = {
             "value": typed[name],
             "argv": argv,
             "env": env,
-            "proof": declared[name].proof_pattern(typed[name]),
+            "proof": option.proof_pattern(typed[name]),
+            # what the engine needs to judge the option at each context (engine.judge)
+            "stock": option.stock,
+            "prefill_step": option.prefill_step,
+            "proof_template": option.proof,
         }
     return resolved

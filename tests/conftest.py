@@ -76,6 +76,21 @@ NOOP_STEP_NEW = (
     NOOP_STEP_OLD + "    prefill_step_size = 2048  # coldbench test branch: argument ignored\n"
 )
 
+# The `old-layout` branch of `mlx_lm_repo`: generate_step's prefill as mlx-lm shipped it before
+# the last token was split off (`while y.size > prefill_step_size`): full chunks of the step, then
+# the remainder (1 to step tokens) together with the step that yields the first token, so 128
+# tokens at step 64 are 64x2 and 256 are 64x4. An honest step, in another layout.
+OLD_LAYOUT_BRANCH = "old-layout"
+OLD_LAYOUT_LOOP_OLD = (
+    "        while total_prompt_tokens - prompt_processed_tokens > 1:\n"
+    "            remaining = (total_prompt_tokens - prompt_processed_tokens) - 1\n"
+    "            n_to_process = min(prefill_step_size, remaining)\n"
+)
+OLD_LAYOUT_LOOP_NEW = (
+    "        while total_prompt_tokens - prompt_processed_tokens > prefill_step_size:\n"
+    "            n_to_process = prefill_step_size  # coldbench test branch: the older layout\n"
+)
+
 
 @pytest.fixture(scope="session")
 def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, str]]:
@@ -84,7 +99,8 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
     Branch `main` holds the installed package files verbatim (plus a minimal pyproject.toml so
     `pip install -e .` works); branch `slow-prefill` changes the prefill loop of
     `mlx_lm/generate.py` (see SLOW_PREFILL_*); branch `noop-step` (NOOP_STEP_BRANCH) ignores
-    `prefill_step_size`. Returns (repository path, (main, slow-prefill)).
+    `prefill_step_size`; branch `old-layout` (OLD_LAYOUT_BRANCH) cuts the prompt the older way.
+    Returns (repository path, (main, slow-prefill)).
     """
     import shutil
     import subprocess
@@ -142,6 +158,11 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
     assert text.count(NOOP_STEP_OLD) == 1, "mlx_lm.generate_step's callback default not found"
     generate_py.write_text(text.replace(NOOP_STEP_OLD, NOOP_STEP_NEW))
     git("commit", "-q", "-am", "Planted no-op: generate_step ignores prefill_step_size")
+    git("checkout", "-q", "-b", OLD_LAYOUT_BRANCH, "main")
+    text = generate_py.read_text()
+    assert text.count(OLD_LAYOUT_LOOP_OLD) == 1, "mlx_lm.generate_step's prefill loop not found"
+    generate_py.write_text(text.replace(OLD_LAYOUT_LOOP_OLD, OLD_LAYOUT_LOOP_NEW))
+    git("commit", "-q", "-am", "The older prefill layout: the remainder goes with the first token")
     git("checkout", "-q", "main")
     return repo, ("main", "slow-prefill")
 

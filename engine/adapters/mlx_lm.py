@@ -11,8 +11,8 @@ variant's `prefill_step_size`. Prefill time is the time to the first token (its 
 materialised, so every prefill chunk has run); decode time is measured separately, from the
 first token to the last. Chunk widths come from the prompt progress callback, i.e. from the
 loop that actually ran in the checkout, not from what stock mlx-lm would do. `engine.judge`
-compares them with the widths the requested step implies for generate_step (N-1 tokens in
-chunks, then the last alone: `generate_step_widths`) and with stock's.
+judges them by what the requested step implies (`ChunksOf`: chunks of that step, whatever the
+checkout's remainder policy), and calls the cell a no-op only when the widths are stock's.
 """
 
 from __future__ import annotations
@@ -33,13 +33,12 @@ from engine.adapters import measure_prompt, process_software
 from engine.backend import describe_backend
 from engine.flags import Flags
 from engine.judge import (
+    ChunksOf,
     Expectation,
     Observation,
-    Runs,
-    join_runs,
+    generate_step_widths,
     judge_cell,
     runs_text,
-    split_runs,
     to_runs,
 )
 from engine.memory import MemoryGuard
@@ -257,10 +256,11 @@ class MlxLmAdapter:
         )
         execution = []
         if "prefill_step_size" in self.flags.non_default():
+            stock = Flags().prefill_step_size
             expectation = Expectation(
                 "prefill_step_size",
-                generate_step_widths(n, step),
-                generate_step_widths(n, Flags().prefill_step_size),
+                ChunksOf(step, generate_step_widths(n, step)),
+                ChunksOf(stock, generate_step_widths(n, stock)),
             )
             execution.append((expectation, Observation("prefill_step_size", to_runs(widths))))
         judge_cell(
@@ -281,12 +281,6 @@ class MlxLmAdapter:
 
 def create(plan: Plan) -> MlxLmAdapter:
     return MlxLmAdapter(plan)
-
-
-def generate_step_widths(prompt_tokens: int, step: int) -> Runs:
-    """Chunk widths stock generate_step delivers for N tokens: N-1 tokens cut into chunks of
-    `step` (remainder last), then the last token alone, which yields the first output."""
-    return join_runs(split_runs(prompt_tokens - 1, step), ((1, 1),))
 
 
 def _stock_chunks(prompt_tokens: int, step: int) -> int:

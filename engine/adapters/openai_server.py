@@ -2,8 +2,8 @@
 
 The command comes from the plan's `server_command` (in production from the host's config, never
 from a submitter). `{port}`, `{model}` and `{python}` in its arguments are replaced by a free
-loopback port, the model path and this interpreter. The adapter waits for `/v1/models` (or
-`/health`) to answer, then streams one `/v1/completions` request per cell (`temperature` 0,
+loopback port, the model path and this interpreter. The adapter waits for `/health` (or
+`/v1/models`) to answer, then streams one `/v1/completions` request per cell (`temperature` 0,
 `max_tokens` = decode tokens, `stream_options.include_usage`), and kills the server's process
 group in `close()`.
 
@@ -70,7 +70,7 @@ from typing import Any
 from engine import checkpoints
 from engine.adapters import measure_prompt
 from engine.backend import describe_backend
-from engine.judge import AtLeast, Expectation, Observation, judge_cell
+from engine.judge import AtLeast, Expectation, Observation, generate_step_widths, judge_cell
 from engine.memory import MemoryGuard
 from engine.plan import Plan
 from engine.prompts import PromptSource, ids_sha256
@@ -81,7 +81,10 @@ logger = logging.getLogger(__name__)
 NAME = "openai-server"
 READY_TIMEOUT_S = float(os.environ.get("COLDBENCH_SERVER_READY_TIMEOUT_S", "180"))
 REQUEST_TIMEOUT_S = float(os.environ.get("COLDBENCH_SERVER_REQUEST_TIMEOUT_S", "1800"))
-READY_PATHS = ("/v1/models", "/health")
+# /health first: mlx_lm.server answers /v1/models by scanning the Hugging Face cache, which logs
+# a CacheNotFound traceback into the server's log on a host without one.
+READY_PATHS = ("/health", "/v1/models")
+VALUE_PLACEHOLDER = "{value}"
 DEFAULT_FIRST_TOKEN_TIMEOUT_S = 300.0
 STDERR_TAIL_CHARS = 2000
 PROMPT_FIT_ATTEMPTS = 8
@@ -112,12 +115,16 @@ except Exception:
     out["coldbench"] = None
 target = sys.argv[1] if len(sys.argv) > 1 else ""
 if target.startswith("-m:"):
-    try:
-        spec = importlib.util.find_spec(target[3:])
-        if spec is not None and spec.origin:
+    # `-m pkg sub`: pkg's __main__ dispatches to pkg.sub when there is one (mlx_lm server)
+    module, _, sub = target[3:].partition(":")
+    for name in ([module + "." + sub] if sub else []) + [module + ".__main__", module]:
+        try:
+            spec = importlib.util.find_spec(name)
+        except Exception:
+            spec = None
+        if spec is not None and spec.origin and spec.origin != "built-in":
             out["files"]["server"] = os.path.realpath(spec.origin)
-    except Exception:
-        pass
+            break
 elif target:
     out["files"]["server"] = os.path.realpath(target)
 print(json.dumps(out))
@@ -402,6 +409,60 @@ class OpenAIServerAdapter:
 
     # -- cells -------------------------------------------------------------------------------
 
+    def option_execution(
+        self, name: str, lines: Sequence[str], context_tokens: int
+    ) -> tuple[Expectation, Observation] | None:
+        """What a requested option implies at this context and what the server's own lines
+        of the cell show (engine.judge), or None for an option with nothing to judge.
+
+        A proof line is the option's own word that it ran, at least one per cell, counted only
+        where stock could not have printed it: with the option's `stock` value, a line its
+        proof would match for stock (for a `prefill_step` option, for any chunk boundary stock
+        reaches at this context) counts for nothing. The request is inert where it implies
+        stock's work: the stock value itself, or a prefill step that cuts this prompt as
+        stock's does."""
+        option = self.options[name]
+        value, stock = option["value"], option.get("stock")
+        stock_values: set[Any] = set()
+        inert = False
+        if stock is not None and option.get("prefill_step"):
+            layout = generate_step_widths(context_tokens, stock)
+            inert = generate_step_widths(context_tokens, value) == layout
+            boundaries = [0]
+            for width, count in layout:
+                boundaries += [boundaries[-1] + width * (i + 1) for i in range(count)]
+            stock_values = set(boundaries)
+        elif stock is not None:
+            inert = value == stock
+            stock_values = {stock}
+        proof = self.proofs.get(name)
+        if proof is None:
+            return (
+                (Expectation(name, None, None, same_as_stock=True), Observation(name, None))
+                if inert
+                else None
+            )
+        template = option.get("proof_template") or ""
+        stock_lines = (
+            [re.compile(_render_proof(template, v)) for v in sorted(stock_values)]
+            if VALUE_PLACEHOLDER in template
+            else []
+        )
+        count = sum(
+            1
+            for line in lines
+            if proof.search(line) and not any(pattern.search(line) for pattern in stock_lines)
+        )
+        unprovable = None
+        if stock_lines and value in stock_values:
+            unprovable = (
+                f"its proof line at {context_tokens} tokens is one the stock server prints too"
+            )
+        return (
+            Expectation(name, AtLeast(1), 0, same_as_stock=inert),
+            Observation(name, count, unprovable=unprovable),
+        )
+
     def run_cell(self, round: int, order: int, context_tokens: int) -> Measurement:
         assert self.prompts is not None, "load() first"
         prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
@@ -429,9 +490,15 @@ class OpenAIServerAdapter:
             first_token_timeout_s=self.first_token_timeout_s,
         )
         lines = self._log_since(offset)
+        execution = [
+            judged
+            for name in sorted(self.options)
+            if (judged := self.option_execution(name, lines, context_tokens)) is not None
+        ]
         dispatched = {
-            name: sum(1 for line in lines if pattern.search(line))
-            for name, pattern in self.proofs.items()
+            name: observation.observed
+            for _, observation in execution
+            if (name := observation.flag) in self.proofs
         }
         usage = stream["usage"] or {}
         details = usage.get("prompt_tokens_details") or {}
@@ -452,11 +519,7 @@ class OpenAIServerAdapter:
             prefill_observed=False,  # the server's prefill loop is out of sight
             # max_tokens is at least 1: a prefill-only cell still streams one token.
             decoded_tokens=None if decoded is None else min(decoded, decode_tokens),
-            # A proof line is the option's own word that it ran: at least one per cell.
-            execution=[
-                (Expectation(name, AtLeast(1), 0), Observation(name, count))
-                for name, count in dispatched.items()
-            ],
+            execution=execution,
             cache="the server",
             reuse=PROMPT_CACHE_REUSE,
         )
@@ -486,6 +549,12 @@ class OpenAIServerAdapter:
             result.status = "error"
             result.reason = f"server streamed no token; server log: {self.stderr_tail()}"
         return result
+
+
+def _render_proof(template: str, value: Any) -> str:
+    """The proof with `{value}` filled, as evidence.options renders it (escaped)."""
+    text = ("1" if value else "0") if isinstance(value, bool) else str(int(value))
+    return template.replace(VALUE_PLACEHOLDER, re.escape(text))
 
 
 def create(plan: Plan) -> OpenAIServerAdapter:
@@ -567,7 +636,8 @@ def _gone_already_or_raise(_function: Any, _path: str, error: Any) -> None:
 
 
 def server_interpreter(command: Sequence[str], argv: Sequence[str]) -> tuple[str | None, str]:
-    """(the Python interpreter that runs the server, what it runs: `-m:module` or a script).
+    """(the Python interpreter that runs the server, what it runs: `-m:module`, with
+    `:subcommand` when a word follows the module, or a script).
 
     `{python}` first in the host's command is this interpreter; a script whose `#!` line names
     python runs under that interpreter. Anything else is not asked (None)."""
@@ -591,7 +661,8 @@ def server_interpreter(command: Sequence[str], argv: Sequence[str]) -> tuple[str
         return None, ""
     target = ""
     if len(rest) >= 2 and rest[0] == "-m":
-        target = f"-m:{rest[1]}"
+        sub = rest[2] if len(rest) > 2 and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", rest[2]) else ""
+        target = f"-m:{rest[1]}" + (f":{sub}" if sub else "")
     elif rest and not rest[0].startswith("-"):
         target = str(Path(rest[0]).resolve())
     return interpreter, target

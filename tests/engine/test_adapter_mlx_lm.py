@@ -142,8 +142,9 @@ def test_each_branch_runs_its_own_code(
         r["output_sha256"] for r in records["slow"]
     ]
     for record in records["slow-64"]:
+        # its 32-token chunks are neither what 64 implies nor stock's: said so, not a no-op
         assert record["status"] == "invalid"
-        assert record["reason"] == "silent no-op: prefill_step_size"
+        assert record["reason"].startswith("not as requested: prefill_step_size (")
         assert record["counters"]["prefill_step_size.dispatched"] == 0
 
 
@@ -200,6 +201,10 @@ def test_a_reused_prompt_cache_is_invalid(
     assert again["reason"] == "cached_tokens=66: the KV cache was not fresh"
 
 
+_NOT_64 = (
+    "not as requested: prefill_step_size (the request implies chunks of 64, stock chunks of "
+    "2048; observed 32x3+31+1)"
+)
 # Each case: (branch, requested prefill_step_size, context) ->
 # (status, reason, inert flags, chunk widths delivered, prefill_step_size.dispatched).
 _STEP_CASES = {
@@ -214,16 +219,28 @@ _STEP_CASES = {
     ("main", 4096, 128): ("ok", None, "prefill_step_size", "127+1", 0),
     # The planted no-op at such a step is indistinguishable from stock, and so is the request.
     ("noop-step", 4096, 128): ("ok", None, "prefill_step_size", "127+1", 0),
+    # The older layout (the remainder goes with the first token) obeys the step: ok, not a no-op.
+    ("old-layout", 64, 128): ("ok", None, None, "64x2", 1),
+    ("old-layout", 64, 256): ("ok", None, None, "64x4", 3),
+    ("old-layout", 1, 64): ("ok", None, None, "1x64", 63),
+    ("old-layout", 4096, 128): ("ok", None, "prefill_step_size", "128", 0),
+    # 32-token chunks when 64 are asked: neither the request nor stock, and said so.
+    ("slow", 64, 128): ("invalid", _NOT_64, None, "32x3+31+1", 0),
 }
 
 
 def test_prefill_step_size_is_judged_by_the_chunk_widths_delivered(
     mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from tests.conftest import NOOP_STEP_BRANCH
+    from tests.conftest import NOOP_STEP_BRANCH, OLD_LAYOUT_BRANCH
 
-    repo, (main, _slow) = mlx_lm_repo
-    branches = {"main": main, "noop-step": NOOP_STEP_BRANCH}
+    repo, (main, slow) = mlx_lm_repo
+    branches = {
+        "main": main,
+        "noop-step": NOOP_STEP_BRANCH,
+        "old-layout": OLD_LAYOUT_BRANCH,
+        "slow": slow,
+    }
     for name, branch in branches.items():
         checkout = _worktree(repo, branch, tmp_path / f"wt-{name}")
         cases = [(step, n) for (b, step, n) in _STEP_CASES if b == name]

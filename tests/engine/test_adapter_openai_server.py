@@ -24,6 +24,7 @@ from engine.adapters.openai_server import (
     server_argv,
     wipe_path,
 )
+from engine.judge import judge_cell
 from engine.plan import Plan
 from engine.record import Measurement
 
@@ -508,3 +509,140 @@ def test_wipes_of_one_folder_side_by_side_all_succeed(tmp_path: Path) -> None:
         assert not [r for r in results if isinstance(r, Exception)], (attempt, results)
         assert not cache.exists()
         assert any(r["existed"] for r in results if isinstance(r, dict))
+
+
+def _step_option(value: int, *, stock: int | None = 2048) -> dict[str, object]:
+    """A prefill-step option as worker/run.py resolves it from the documented declaration."""
+    template = "Prompt processing progress: {value}/"
+    return {
+        "value": value,
+        "argv": ["--prefill-step-size", str(value)],
+        "env": {},
+        "proof": template.replace("{value}", str(value)),
+        "stock": stock,
+        "prefill_step": True,
+        "proof_template": template,
+    }
+
+
+def _progress(*done: int, total: int) -> list[str]:
+    return [
+        f"2026-12-02 10:00:00,000 - INFO - Prompt processing progress: {d}/{total}" for d in done
+    ]
+
+
+def _option_verdict(tmp_path: Path, option: dict[str, object], lines: list[str], n: int) -> tuple:
+    plan = _plan(
+        Path("/m"), MLX_LM_SERVER, tmp_path, flags={"step": 0}, server_options={"step": option}
+    )
+    judged = OpenAIServerAdapter(plan).option_execution("step", lines, n)
+    assert judged is not None
+    judgement = judge_cell(
+        context_tokens=n,
+        decode_tokens=1,
+        cached_tokens=0,
+        prompt_tokens=n,
+        prefilled_tokens=None,
+        prefill_observed=False,
+        decoded_tokens=1,
+        execution=[judged],
+    )
+    return judgement.status, judgement.reason, judgement.inert, judged[1].observed
+
+
+def test_a_prefill_step_option_is_judged_by_what_it_implies(tmp_path: Path) -> None:
+    stock_lines = _progress(127, 128, total=128)  # what mlx_lm.server prints at 2048
+    # asked 128 at 128 tokens: the same cut as stock (127 then 1); stock's 128/128 line is no proof
+    assert _option_verdict(tmp_path, _step_option(128), stock_lines, 128) == (
+        "ok",
+        None,
+        ("step",),
+        0,
+    )
+    # a step wider than the prompt: inert, with or without a line (it printed stock's)
+    assert _option_verdict(tmp_path, _step_option(4096), stock_lines, 128)[:3] == (
+        "ok",
+        None,
+        ("step",),
+    )
+    # 64 at 128 tokens: its own boundary line proves it; a server that ignored it did not print it
+    honest = _progress(64, 127, 128, total=128)
+    assert _option_verdict(tmp_path, _step_option(64), honest, 128) == ("ok", None, (), 1)
+    assert _option_verdict(tmp_path, _step_option(64), stock_lines, 128)[:2] == (
+        "invalid",
+        "silent no-op: step",
+    )
+    # at 5000 tokens stock reaches 2048 and 4096: a request of 4096 cuts 4096+903+1, stock
+    # 2048x2+903+1, and the only proof line, 4096/5000, is one stock prints too
+    status, reason, _, _ = _option_verdict(
+        tmp_path, _step_option(4096), _progress(4096, 4999, 5000, total=5000), 5000
+    )
+    assert (status, reason) == (
+        "invalid",
+        "not provable: step (its proof line at 5000 tokens is one the stock server prints too)",
+    )
+    # an int option set to the server's own value is inert whatever its lines
+    plain = {**_step_option(2048), "prefill_step": False}
+    assert _option_verdict(tmp_path, plain, [], 128)[:3] == ("ok", None, ("step",))
+
+
+def test_mlx_lm_server_step_proven_only_by_lines_stock_cannot_print(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The documented option on the real mlx_lm.server: at 128 tokens a step of 128 cuts the
+    prompt as stock does (its `128/128` line is stock's too): inert, no proof counted; at 256
+    tokens its `128/256` boundary is its own. The server is probed on /health (its /v1/models
+    logs a CacheNotFound traceback without a Hugging Face cache) and the server module recorded
+    is mlx_lm/server.py, not the package's __init__."""
+    plan = _plan(
+        tiny_model_dir,
+        [*MLX_LM_SERVER, "--prompt-cache-size", "0"],
+        tmp_path,
+        flags={"step": 128},
+        server_options={"step": _step_option(128)},
+    )
+    adapter = OpenAIServerAdapter(plan)
+    adapter.load()
+    try:
+        same_cut, own_cut = adapter.run_cell(0, 0, 128), adapter.run_cell(1, 0, 256)
+        target = adapter.describe()
+    finally:
+        adapter.close()
+    assert (same_cut.status, same_cut.counters.get("inert")) == ("ok", "step"), same_cut.reason
+    assert same_cut.counters["step.dispatched"] == 0
+    assert own_cut.status == "ok" and "inert" not in own_cut.counters, own_cut.reason
+    assert own_cut.counters["step.dispatched"] == 1
+    log = adapter.log_path.read_text()
+    assert "Prompt processing progress: 128/256" in log and "CacheNotFound" not in log
+    assert target["ready_path"] == "/health"
+    assert target["software"]["files"]["server"].endswith("mlx_lm/server.py")
+
+
+def test_a_server_refusing_its_arguments_says_so_at_the_end_of_its_reason(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """argparse prints a long usage and then the error: the variant's load error keeps the end
+    of the log tail, where `unrecognized arguments` is."""
+    plan_path = tmp_path / "plan.json"
+    plan = {
+        "run_id": "r-args",
+        "variant": "bogus",
+        "adapter": "openai-server",
+        "model": str(tiny_model_dir),
+        "records_path": str(tmp_path / "records.jsonl"),
+        "server_command": [*MLX_LM_SERVER, "--no-such-option"],
+        "decode_tokens": 1,
+        "cells": [{"round": 0, "order": 0, "context_tokens": 64}],
+    }
+    plan_path.write_text(json.dumps(plan))
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.runner", "--plan", str(plan_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 2
+    event = json.loads(done.stdout.splitlines()[-1])
+    assert event["event"] == "error"
+    assert event["reason"].startswith("server exited with code 2 before ready: usage:")
+    assert event["reason"].endswith("unrecognized arguments: --no-such-option")

@@ -6,12 +6,13 @@ from typing import Any
 
 import pytest
 
-from engine.adapters.mlx_lm import generate_step_widths
 from engine.judge import (
     AtLeast,
+    ChunksOf,
     Expectation,
     Judgement,
     Observation,
+    generate_step_widths,
     join_runs,
     judge_cell,
     runs_text,
@@ -35,9 +36,21 @@ def _judge(**changes: Any) -> Judgement:
     return judge_cell(**(values | changes))
 
 
+def _steps(step: int, n: int = N) -> Expectation:
+    return Expectation(
+        "prefill_step_size",
+        ChunksOf(step, split_runs(n, step)),
+        ChunksOf(2048, split_runs(n, 2048)),
+    )
+
+
 def _step(step: int, observed_step: int, n: int = N) -> tuple[Expectation, Observation]:
-    expectation = Expectation("prefill_step_size", split_runs(n, step), split_runs(n, 2048))
-    return expectation, Observation("prefill_step_size", split_runs(n, observed_step))
+    return _steps(step, n), Observation("prefill_step_size", split_runs(n, observed_step))
+
+
+def _widths(step: int, widths: str, n: int = N) -> Judgement:
+    runs = to_runs(int(w) for w in widths.split(","))
+    return _judge(execution=[(_steps(step, n), Observation("prefill_step_size", runs))])
 
 
 def test_cold_length_prefill_and_decode_come_first() -> None:
@@ -59,7 +72,11 @@ def test_execution_ok_inert_and_silent_no_op() -> None:
     # the request implies stock's widths here: ok, listed as inert, whatever was observed
     assert _judge(execution=[_step(4096, 4096)]) == Judgement("ok", None, ("prefill_step_size",))
     assert _judge(execution=[_step(64, 2048)]).reason == "silent no-op: prefill_step_size"
-    assert _judge(execution=[_step(64, 32)]).reason == "silent no-op: prefill_step_size"
+    # 32-wide chunks when 64 are asked: neither the request nor stock, never a no-op
+    assert _judge(execution=[_step(64, 32)]).reason == (
+        "not as requested: prefill_step_size (the request implies chunks of 64, stock chunks "
+        "of 2048; observed 32x4)"
+    )
     # 4096 at 4096 tokens against stock 2048: not inert, and an honest build delivers one chunk
     assert _judge(
         context_tokens=4096,
@@ -74,6 +91,38 @@ def test_execution_ok_inert_and_silent_no_op() -> None:
     assert _judge(execution=[(clear, Observation("clear_cache", 3))]).reason == (
         "silent no-op: clear_cache"
     )
+    assert _judge(execution=[(clear, Observation("clear_cache", 1))]).reason == (
+        "not as requested: clear_cache (the request implies 0, stock 3; observed 1)"
+    )
+
+
+def test_a_step_is_judged_by_what_it_implies_whatever_the_remainder_policy() -> None:
+    # 128 tokens at 64: the remainder last, alone, with the first token, or first: all obey 64
+    for widths in ("64,64", "64,63,1", "63,64,1"):
+        assert _widths(64, widths) == Judgement("ok", None, ()), widths
+    # stock's cuts of 128 tokens (one chunk, or 127 then the last token): a no-op
+    for widths in ("128", "127,1"):
+        assert _widths(64, widths).reason == "silent no-op: prefill_step_size", widths
+    # neither: chunks wider than asked but not stock's, or narrower than asked
+    for widths in ("100,28", "32,32,32,32", "64,32,32", "1,64,63"):
+        reason = _widths(64, widths).reason
+        assert reason.startswith("not as requested: prefill_step_size ("), widths
+    # the tokens must add up: 64+32 is not a cut of 128 tokens by anyone
+    assert _widths(64, "64,32").reason.startswith("not as requested: prefill_step_size")
+    # one-token chunks obey step 1 in any layout; stock never cuts so
+    assert _widths(1, ",".join(["1"] * N)).status == "ok"
+    assert _widths(1, "127,1").reason == "silent no-op: prefill_step_size"
+
+
+def test_a_server_option_judged_by_a_proof_line() -> None:
+    proof = Expectation("step", AtLeast(1), 0, same_as_stock=False)
+    assert _judge(execution=[(proof, Observation("step", 1))]).status == "ok"
+    assert _judge(execution=[(proof, Observation("step", 0))]).reason == "silent no-op: step"
+    inert = Expectation("step", AtLeast(1), 0, same_as_stock=True)
+    assert _judge(execution=[(inert, Observation("step", 0))]).inert == ("step",)
+    why = "its proof line at 4097 tokens is one the stock server prints too"
+    unprovable = Observation("step", 1, unprovable=why)
+    assert _judge(execution=[(proof, unprovable)]).reason == f"not provable: step ({why})"
 
 
 def test_fast_paths_not_exercised_and_fallbacks() -> None:

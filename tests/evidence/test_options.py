@@ -13,6 +13,8 @@ STEP = HostOption(
     max=16384,
     argv=("--prefill-step-size", "{value}"),
     proof="Prompt processing progress: {value}/",
+    stock=2048,
+    prefill_step=True,
 )
 FAST = HostOption(type="bool", argv=("--fast",), env={"FAST_LOG": "{value}"}, proof="fast: on")
 
@@ -40,6 +42,9 @@ def test_rendering_fills_only_the_validated_value() -> None:
         "argv": ["--prefill-step-size", "128"],
         "env": {},
         "proof": "Prompt processing progress: 128/",
+        "stock": 2048,
+        "prefill_step": True,
+        "proof_template": "Prompt processing progress: {value}/",
     }
 
 
@@ -60,6 +65,14 @@ def test_a_submitter_cannot_add_an_option_or_an_argument() -> None:
         ({"type": "bool", "argv": ["--x={port}"]}, "the only placeholder is {value}"),
         ({"type": "bool", "argv": ["--x"], "proof": "("}, "not a regular expression"),
         ({"type": "bool", "env": {"A-B": "1"}}, "not an environment variable name"),
+        # a proof naming the value, without the server's own value: stock's lines would count
+        (
+            {"type": "int", "min": 1, "max": 8, "argv": ["--n", "{value}"], "proof": "n={value}"},
+            "a proof naming {value} needs stock",
+        ),
+        ({"type": "bool", "argv": ["--x"], "stock": 3}, "stock must be a bool"),
+        ({"type": "int", "min": 1, "max": 8, "argv": ["{value}"], "stock": True}, "be an int"),
+        ({"type": "bool", "argv": ["--x"], "prefill_step": True}, "a prefill_step option is an"),
     ],
 )
 def test_bad_declarations_are_refused(fields: dict[str, object], message: str) -> None:

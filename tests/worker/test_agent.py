@@ -440,6 +440,8 @@ def test_registration_reports_server_options_without_their_argv(tmp_path: Path) 
                 "max = 16384",
                 'argv = ["--prefill-step-size", "{value}"]',
                 'proof = "Prompt processing progress: {value}/"',
+                "stock = 2048",
+                "prefill_step = true",
             ]
         )
         + "\n"

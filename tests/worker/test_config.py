@@ -171,6 +171,8 @@ min = 64
 max = 16384
 argv = ["--prefill-step-size", "{value}"]
 proof = "Prompt processing progress: {value}/"
+stock = 2048
+prefill_step = true
 """
 
 
