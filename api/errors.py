@@ -45,6 +45,10 @@ class Invalid(ServiceError):
     status_code = 422
 
 
+class TooManyRequests(ServiceError):
+    status_code = 429
+
+
 class StoreFull(ServiceError):
     """The artifact store has no room: nothing of the request was kept; retry later."""
 

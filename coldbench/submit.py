@@ -54,6 +54,16 @@ def submit(
     precision: Annotated[str | None, spec_option("precision")] = None,
     seed: Annotated[str | None, spec_option("seed")] = None,
     corpus: Annotated[str | None, spec_option("corpus")] = None,
+    pull_request: Annotated[
+        str | None,
+        typer.Option(
+            "--pr",
+            metavar="OWNER/REPO#N",
+            help="Measure a pull request: its base commit against its head commit, pinned now, "
+            "on the repository the service maps it to; the answer also goes on the pull "
+            "request (docs/github.md). The service sets the repository and the variants.",
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Wait for the evidence and print its URL.")] = False,
     timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 3600.0,
 ) -> None:
@@ -86,30 +96,75 @@ def submit(
         "bad": bad,
         "direction": direction,
     }
-    try:
-        spec = build_job_spec(given)
-    except JobOptionsError as error:
-        problems += problem_lines(error, {"repository": "--repo"})
-    if problems:
-        for line in problems:
-            typer.echo(f"error: {line}", err=True)
-        raise typer.Exit(2)
-    job_id = _post(api, key or "", spec)
+    if pull_request is not None:
+        job_id = _ask_for_pull_request(api, key, pull_request, given, problems)
+    else:
+        try:
+            spec = build_job_spec(given)
+        except JobOptionsError as error:
+            problems += problem_lines(error, {"repository": "--repo"})
+        _exit_on(problems)
+        job_id = _post(api, key or "", spec)
     typer.echo(f"job {job_id} submitted: {api.rstrip('/')}/jobs/{job_id}")
     if wait:
         _wait_for_evidence(api, key or "", job_id, timeout_s)
 
 
+# What the service sets for a pull request: its configured repository and the PR's commits.
+_SET_BY_THE_PULL_REQUEST = {
+    "repository": "--repo",
+    "adapter": "--adapter",
+    "variants": "--variant",
+    "range": "--range",
+    "every": "--every",
+    "last": "--last",
+    "good": "--good",
+    "bad": "--bad",
+    "direction": "--direction",
+    "fresh_process": "--fresh-process",
+}
+
+
+def _exit_on(problems: list[str]) -> None:
+    if problems:
+        for line in problems:
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2)
+
+
+def _ask_for_pull_request(
+    api: str, key: str | None, pull_request: str, given: dict[str, Any], problems: list[str]
+) -> str:
+    """Ask the service for a pull request's job (it reads the PR's commits from GitHub and
+    builds the spec with the same builder); the job's id, or exit with the refusals."""
+    problems += [
+        f"{flag}: the service sets it from the pull request; leave it out with --pr"
+        for name, flag in _SET_BY_THE_PULL_REQUEST.items()
+        if given.get(name)
+    ]
+    _exit_on(problems)
+    options = {
+        name: str(value)
+        for name, value in given.items()
+        if value is not None and name not in _SET_BY_THE_PULL_REQUEST
+    }
+    body = {"pull_request": pull_request, "options": options}
+    return _post_json(api, key or "", f"{API_PREFIX}/github/pulls", body)
+
+
 def _post(api: str, key: str, spec: JobSpec) -> str:
     """Post the spec; the job's id, or exit 1 with the server's refusals."""
+    return _post_json(api, key, f"{API_PREFIX}/jobs", spec.model_dump(mode="json", by_alias=True))
+
+
+def _post_json(api: str, key: str, path: str, body: dict[str, Any]) -> str:
+    """Post a job's request; the job's id, or exit 1 with the server's refusals."""
     import httpx
 
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=api.rstrip("/"), headers=headers, timeout=30.0) as client:
         try:
-            response = client.post(
-                f"{API_PREFIX}/jobs", json=spec.model_dump(mode="json", by_alias=True)
-            )
+            response = client.post(path, json=body)
         except httpx.HTTPError as error:
             typer.echo(f"error: cannot reach {api}: {error}", err=True)
             raise typer.Exit(1) from None

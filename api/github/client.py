@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 from gidgethub import BadRequest
-from gidgethub.apps import get_installation_access_token
+from gidgethub.apps import get_installation_access_token, get_jwt
 from gidgethub.httpx import GitHubAPI
 
 from api.github.config import RepositoryConfig
@@ -43,9 +43,10 @@ def _only_to(api_base: str) -> Any:
 
 @asynccontextmanager
 async def github_api(
-    config: RepositoryConfig, *, installation_id: int | None = None
+    config: RepositoryConfig, *, installation_id: int | None = None, full_name: str | None = None
 ) -> AsyncIterator[GitHubAPI]:
-    """A client for one repository: its token, or an installation token of its App."""
+    """A client for one repository: its token, or an installation token of its App (of the
+    installation given, else of the one on `full_name`)."""
     async with httpx.AsyncClient(
         timeout=TIMEOUT_S,
         follow_redirects=False,
@@ -59,15 +60,23 @@ async def github_api(
                 base_url=config.api_base,
             )
             return
-        if installation_id is None:
-            raise ValueError("a GitHub App answers only events that name its installation")
         assert config.app_id is not None and config.private_key_file is not None  # validated
+        private_key = config.private_key_file.read_bytes()
         app = GitHubAPI(client, REQUESTER, base_url=config.api_base)
+        if installation_id is None:
+            if full_name is None:
+                raise ValueError("a GitHub App needs the installation or the repository")
+            installation = await app.getitem(
+                "/repos/{owner}/{repo}/installation",
+                _owner_repo(full_name),
+                jwt=get_jwt(app_id=str(config.app_id), private_key=private_key),
+            )
+            installation_id = int(installation["id"])
         access = await get_installation_access_token(
             app,
             installation_id=str(installation_id),
             app_id=str(config.app_id),
-            private_key=config.private_key_file.read_bytes(),
+            private_key=private_key,
         )
         yield GitHubAPI(client, REQUESTER, oauth_token=access["token"], base_url=config.api_base)
 

@@ -1,24 +1,44 @@
 """What a pull-request comment asks for: `/coldbench [MODE] [key=value ...]`, one line.
 
-The line's words are split here; every value is read by the job-spec text parsers of
-`evidence.spec_text` (the ones `coldbench run`, `submit` and the form use), and the job spec
-is validated by the same checks as any submission (`api.jobs.service.checked_spec`).
+The line's words are split here into a mode and `name=text` options; the options are those
+of the one job-spec builder (`evidence.job_options`, shared with `coldbench run`, `submit` and
+the form), which reads every value, and the job is checked like any submission.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import get_args
 
+from evidence.job_options import JOB_OPTIONS
 from evidence.schemas import Mode
-from evidence.spec_text import parse_contexts, split_list
 
 PREFIX = "/coldbench"
 # The modes a pull request can ask for (each must also be a mode of this service's JobSpec:
 # `commits` is accepted once it is).
 PULL_REQUEST_MODES = ("ab", "ablation", "sweep", "commits")
-OPTIONS = ("contexts", "rounds", "model", "labels", "features", "mode")
+# The builder's options a request may give; the service sets the repository, adapter and
+# variants (the pull request's commits), and the modes offered need no range or refs.
+OPTIONS = tuple(
+    name
+    for name in (
+        "contexts",
+        "rounds",
+        "model",
+        "labels",
+        "features",
+        "decode_tokens",
+        "recipe",
+        "hosts",
+        "precision",
+        "seed",
+        "corpus",
+        "rounds_per_process",
+        "mode",
+    )
+    if name in JOB_OPTIONS
+)
 MAX_LINE_CHARS = 500
 _COMMAND_LINE = re.compile(rf"^[ \t]*{re.escape(PREFIX)}(?:[ \t]+(.*))?$", re.MULTILINE)
 
@@ -62,38 +82,27 @@ def parse_command(text: str) -> Ask:
         key, sep, value = word.partition("=")
         if not sep or not key or not value:
             raise CommandError(f"`{_shown(word)}`: write options as key=value, e.g. rounds=12")
-        if key not in OPTIONS:
-            raise CommandError(f"unknown option `{_shown(key)}`; options: {', '.join(OPTIONS)}")
         if key in options or (key == "mode" and mode is not None):
             raise CommandError(f"option `{key}` given twice")
         options[key] = value
-    mode = options.pop("mode", mode)
+    if mode is not None:
+        options["mode"] = mode
+    return ask_of(options)
+
+
+def ask_of(options: dict[str, str]) -> Ask:
+    """A request from its options' text (`mode` among them), as the comment, `coldbench submit
+    --pr` and the form give them; CommandError naming the first unknown option or mode."""
+    unknown = [key for key in options if key not in OPTIONS]
+    if unknown:
+        raise CommandError(f"unknown option `{_shown(unknown[0])}`; options: {', '.join(OPTIONS)}")
+    given = dict(options)
+    mode = given.pop("mode", None)
     if mode is not None and mode not in available_modes():
         raise CommandError(f"unknown mode `{_shown(mode)}`; modes: {', '.join(available_modes())}")
-    return Ask(mode=mode, options=options)
+    return Ask(mode=mode, options=given)
 
 
 def _shown(text: str) -> str:
     """Submitter text quoted back in a reply: short and without backticks."""
     return text[:40].replace("`", "'")
-
-
-def option_fields(options: dict[str, str]) -> dict[str, Any]:
-    """JobSpec fields of the options' text (contexts, rounds, model, labels, features)."""
-    fields: dict[str, Any] = {}
-    try:
-        if "contexts" in options:
-            fields["contexts"] = parse_contexts(options["contexts"])
-        if "rounds" in options:
-            if not re.fullmatch(r"[0-9]{1,6}", options["rounds"]):
-                raise ValueError(f"rounds={_shown(options['rounds'])} is not a whole number")
-            fields["rounds"] = int(options["rounds"])
-    except ValueError as error:
-        raise CommandError(str(error)) from None
-    if "model" in options:
-        fields["model"] = options["model"]
-    if "labels" in options:
-        fields["host_labels"] = split_list(options["labels"])
-    if "features" in options:
-        fields["features"] = split_list(options["features"])
-    return fields

@@ -42,9 +42,9 @@ def short(sha: str) -> str:
 
 def job_lines(job: JobView) -> list[str]:
     """The lines about one job; its evidence Markdown (already escaped) comes after them."""
+    head, base = md_code(short(job.head_sha)), md_code(short(job.base_sha))
     asked = (
-        f"{md_code(job.command)} asked by @{job.asked_by}: head {md_code(short(job.head_sha))} "
-        f"against base {md_code(short(job.base_sha))}"
+        f"{md_code(job.command)} asked by {md_text(job.asked_by)}: head {head} against base {base}"
     )
     link = f"[job {md_code(job.job_id)}]({job.job_url})"
     if job.state in (JobState.FAILED, JobState.CANCELLED):

@@ -127,6 +127,11 @@ class GitHubConfig(_Strict):
                 return config
         return None
 
+    def repository_name(self, full_name: str) -> str:
+        """OWNER/NAME as this configuration spells it (the key rows are stored under)."""
+        wanted = full_name.lower()
+        return next((name for name in self.repositories if name.lower() == wanted), full_name)
+
     def link(self, path: str) -> str:
         return self.service_url.rstrip("/") + path
 

@@ -15,23 +15,27 @@ from datetime import timedelta
 from typing import Any, Literal
 
 import sqlalchemy as sa
+from gidgethub import BadRequest
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.artifacts.store import ArtifactStore
 from api.database import utcnow
-from api.errors import ServiceError
+from api.errors import Invalid, NotFound, ServiceError, TooManyRequests
 from api.evidence import service as evidence_service
 from api.github import client
-from api.github.commands import Ask, CommandError, option_fields, parse_command
+from api.github.commands import Ask, CommandError, ask_of, parse_command
 from api.github.comment import JobView, render_comment
 from api.github.config import GitHubConfig, RepositoryConfig, StatusPolicy
 from api.github.events import Delivery, Facts, event_facts
 from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
+from api.github.schemas import PullRequestAsk
 from api.jobs import service as jobs_service
 from api.jobs.models import Job
 from api.settings import Settings
+from api.transactions import Database
 from evidence.canonical import sha256_hex
+from evidence.job_options import JobOptionsError, build_job_spec
 from evidence.protocol import JobState
 from evidence.summary_schema import Summary
 
@@ -150,44 +154,112 @@ def handle_delivery(
     heads = asked.heads
     assert heads is not None
     pull.head_sha = heads.head_sha
-    if refusal is None and heads.state != "open":
-        refusal = f"@{facts.login}: not started: the pull request is {heads.state}"
-    if refusal is None and _jobs_in_window(db_session, pull) >= repository.max_jobs_per_hour:
-        refusal = (
-            f"@{facts.login}: not started: this pull request had {repository.max_jobs_per_hour} "
-            "jobs in the last hour; ask again later"
-        )
     if refusal is not None or ask is None:
         pull.notice = refusal
         _handled(db_session, row, refusal or "nothing asked")
         return pull.id
-    command = _command_text(ask, repository)
     try:
-        payload = request_payload(repository, ask, heads)
-        # The delivery is marked handled in the job's own transaction: a redelivery (or this
-        # task run again) can never start the job twice.
-        row.handled_at = utcnow()
-        row.outcome = "job started"
-        job = jobs_service.create_job(
-            db_session=db_session, settings=settings, payload=payload, submitted_by=None
+        start_pull_request_job(
+            db_session=db_session,
+            settings=settings,
+            repository=repository,
+            full_name=row.repository,
+            heads=heads,
+            ask=ask,
+            asked_by=f"@{facts.login}",
+            installation_id=facts.installation_id,
+            delivery=row,
         )
-    except (CommandError, ServiceError) as error:
+    except ServiceError as error:
         db_session.rollback()
         pull = _pull_request_row(db_session, row.repository, facts.number)
         pull.head_sha = heads.head_sha
-        message = error.message if isinstance(error, ServiceError) else str(error)
-        pull.notice = f"@{facts.login}: not started: {message}"
+        pull.installation_id = facts.installation_id or pull.installation_id
+        pull.notice = f"@{facts.login}: not started: {error.message}"
         _handled(db_session, db_session.get(GitHubDelivery, delivery_id), pull.notice)
-        return pull.id
-    pull = _pull_request_row(db_session, row.repository, facts.number)
+    return pull.id
+
+
+async def ask_for_pull_request(
+    *, db: Database, settings: Settings, config: GitHubConfig, asked: PullRequestAsk, asked_by: str
+) -> tuple[Job, int]:
+    """A submitter's request for a pull request (`coldbench submit --pr`, the form): a job on
+    its commits now, answered on the pull request like a comment's. (job, pull request id)."""
+    repository = config.repository(asked.full_name)
+    if repository is None:
+        raise NotFound(f"{asked.full_name} is not a repository this service answers on GitHub")
+    try:
+        ask = ask_of(asked.options)
+    except CommandError as error:
+        raise Invalid(str(error)) from None
+    async with client.github_api(repository, full_name=asked.full_name) as gh:
+        try:
+            heads = await client.pull_request(gh, asked.full_name, asked.number)
+        except BadRequest as error:
+            if error.status_code == 404:
+                raise NotFound(f"GitHub has no pull request {asked.pull_request}") from None
+            raise
+    name = config.repository_name(asked.full_name)
+
+    def start(db_session: Session) -> tuple[Job, int]:
+        job = start_pull_request_job(
+            db_session=db_session,
+            settings=settings,
+            repository=repository,
+            full_name=name,
+            heads=heads,
+            ask=ask,
+            asked_by=asked_by,
+        )
+        return job, _pull_request_row(db_session, name, heads.number).id
+
+    return await db.run_with_session(start)
+
+
+def start_pull_request_job(
+    *,
+    db_session: Session,
+    settings: Settings,
+    repository: RepositoryConfig,
+    full_name: str,
+    heads: client.PullRequestHeads,
+    ask: Ask,
+    asked_by: str,
+    installation_id: int | None = None,
+    delivery: GitHubDelivery | None = None,
+) -> Job:
+    """A job on the pull request's commits as `heads` has them, linked to the pull request,
+    within its rate limit; `delivery`, the event that asked, is marked handled in the job's
+    own transaction (a redelivery, or its task run again, never starts the job twice).
+    ServiceError says why none started."""
+    pull = _pull_request_row(db_session, full_name, heads.number)
+    pull.installation_id = installation_id or pull.installation_id
+    if heads.state != "open":
+        raise Invalid(f"the pull request is {heads.state}")
+    if _jobs_in_window(db_session, pull) >= repository.max_jobs_per_hour:
+        raise TooManyRequests(
+            f"this pull request had {repository.max_jobs_per_hour} jobs in the last hour; "
+            "ask again later"
+        )
+    try:
+        payload = request_payload(repository, ask, heads)
+    except JobOptionsError as error:
+        raise Invalid(str(error)) from None
+    if delivery is not None:
+        delivery.handled_at = utcnow()
+        delivery.outcome = "job started"
+    job = jobs_service.create_job(
+        db_session=db_session, settings=settings, payload=payload, submitted_by=None
+    )
+    pull = _pull_request_row(db_session, full_name, heads.number)
     db_session.add(
         PullRequestJob(
             job_id=job.id,
             pull_request_id=pull.id,
             base_sha=heads.base_sha,
             head_sha=heads.head_sha,
-            asked_by=facts.login,
-            command=command,
+            asked_by=asked_by[:40],
+            command=_command_text(ask, repository),
         )
     )
     pull.head_sha = heads.head_sha
@@ -195,7 +267,7 @@ def handle_delivery(
     pull.updated_at = utcnow()
     db_session.commit()
     log.info("pull request %s#%d: job %s", pull.repository, pull.number, job.id)
-    return pull.id
+    return job
 
 
 def _handled(db_session: Session, row: GitHubDelivery | None, outcome: str) -> None:
@@ -222,32 +294,32 @@ def _command_text(ask: Ask, repository: RepositoryConfig) -> str:
 def request_payload(
     repository: RepositoryConfig, ask: Ask, heads: client.PullRequestHeads
 ) -> dict[str, Any]:
-    """The job spec of a request: the pull request's base commit against its head commit, both
-    pinned by sha (an ablation: its features on the head commit), with the repository's
-    defaults for every option the request does not give."""
+    """The job spec of a request, through the one builder (evidence/job_options.py): the pull
+    request's base commit against its head commit, both pinned by sha (an ablation: its
+    features on the head commit), with the repository's defaults for every option the request
+    does not give. JobOptionsError names each option that is wrong."""
     defaults = repository.defaults
-    options = {
+    given: dict[str, Any] = {
         "contexts": defaults.contexts,
         "labels": defaults.labels,
         "features": defaults.features,
-        "model": defaults.model or "",
-        "rounds": str(defaults.rounds) if defaults.rounds else "",
+        "model": defaults.model,
+        "rounds": defaults.rounds,
     }
-    options = {key: value for key, value in options.items() if value}
-    options.update(ask.options)
     mode = ask.mode or defaults.mode
-    fields = option_fields(options)
     if mode != "ablation":
-        fields.pop("features", None)
-    head = {"name": f"pr-{heads.number}", "ref": heads.head_sha}
-    base = {"name": "base", "ref": heads.base_sha}
-    return {
-        "mode": mode,
-        "adapter": repository.adapter,
-        "repository": repository.coldbench_repository,
-        "variants": [head] if mode == "ablation" else [base, head],
-        **fields,
-    }
+        del given["features"]
+    given.update(ask.options)
+    head = f"pr-{heads.number}:ref={heads.head_sha}"
+    base = f"base:ref={heads.base_sha}"
+    given.update(
+        mode=mode,
+        repository=repository.coldbench_repository,
+        adapter=repository.adapter,
+        variants=[head] if mode == "ablation" else [base, head],
+    )
+    spec = build_job_spec(given)
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 # --- answering -------------------------------------------------------------------------------

@@ -63,6 +63,8 @@ def blank_form() -> JobForm:
         "good": "",
         "bad": "",
         "direction": "slower",
+        # OWNER/REPO#N: the service measures the pull request's commits (docs/github.md).
+        "pull_request": "",
     }
     for index in range(VARIANT_ROWS):
         values[f"variant-{index}-name"] = DEFAULT_NAMES[index] if index < 2 else ""
@@ -83,6 +85,29 @@ def read_form(fields: Mapping[str, Any], preset_contexts: list[str]) -> JobForm:
         else:
             form.add_error("contexts", f"{text!r} is not one of the context presets")
     return form
+
+
+def pull_request_options(form: JobForm) -> dict[str, str]:
+    """The form's options for a pull request's job (`api.github`): the PR's commits and its
+    repository are the service's, so the target and variant rows are not read."""
+    values = form.values
+    contexts = ", ".join([*(str(c) for c in form.contexts), values["custom_contexts"]])
+    given = {
+        "mode": values["mode"],
+        "contexts": contexts.strip(", "),
+        "labels": values["host_labels"],
+        **{
+            name: values[name]
+            for name in ("features", "rounds", "decode_tokens", "model", "hosts", "precision")
+        },
+        "seed": values["seed"],
+    }
+    mode = values["mode"] or "ab"
+    return {
+        name: value
+        for name, value in given.items()
+        if value and (name not in JOB_OPTIONS or JOB_OPTIONS[name].belongs_to(mode))
+    }
 
 
 def adapter_choices(adapters: Mapping[str, list[str]]) -> dict[str, list[str]]:

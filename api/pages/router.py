@@ -22,11 +22,14 @@ from fastapi.responses import (
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from api import dispatch
 from api.auth import service as auth_service
 from api.auth.models import ApiKey
-from api.deps import SessionDep, SettingsDep
+from api.deps import DatabaseDep, SessionDep, SettingsDep
 from api.errors import Invalid, NotFound, ServiceError
 from api.evidence import service as evidence_service
+from api.github import service as github_service
+from api.github.schemas import PullRequestAsk
 from api.hosts import matching
 from api.hosts import service as host_service
 from api.jobs import service as job_service
@@ -36,6 +39,7 @@ from api.pages.evidence import render_page
 from api.pages.templates import templates
 from api.routing import StrictJSONRoute
 from api.settings import Settings
+from api.transactions import Database
 from evidence.bundle import BundleError
 from evidence.markdown import answer_sentences, verdict_rows
 from evidence.protocol import JobState
@@ -233,7 +237,7 @@ async def logout(request: Request, db_session: SessionDep, settings: SettingsDep
 # --- the job form --------------------------------------------------------------------------
 
 
-def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]:
+def _form_context(request: Request, db_session: Session, form: job_form.JobForm) -> dict[str, Any]:
     hosts = host_service.list_hosts(db_session=db_session)
     repositories: dict[str, set[str]] = {}
     models: set[str] = set()
@@ -256,6 +260,10 @@ def _form_context(db_session: Session, form: job_form.JobForm) -> dict[str, Any]
         "variant_rows": range(job_form.VARIANT_ROWS),
         "form_error": job_form.FORM_ERROR,
         "rounds_by_family": job_form.rounds_by_family(),
+        # The repositories answered on GitHub (api/github): the pull-request field's examples.
+        "pull_request_repositories": sorted(request.app.state.github.repositories)
+        if request.app.state.github is not None
+        else [],
     }
 
 
@@ -264,12 +272,14 @@ def new_job(request: Request, db_session: SessionDep, settings: SettingsDep):
     key = _current_key(request, db_session, settings)
     if key is None:
         return _login_redirect(request)
-    context = _form_context(db_session, job_form.blank_form())
+    context = _form_context(request, db_session, job_form.blank_form())
     return _page(request, "form.html", context, key=key)
 
 
 @router.post("/")
-async def submit_job(request: Request, db_session: SessionDep, settings: SettingsDep):
+async def submit_job(
+    request: Request, db: DatabaseDep, db_session: SessionDep, settings: SettingsDep
+):
     key = _current_key(request, db_session, settings)
     if key is None:
         return _login_redirect(request)
@@ -277,6 +287,8 @@ async def submit_job(request: Request, db_session: SessionDep, settings: Setting
     if not _csrf_ok(request, fields, key):
         return _forbidden(request, key)
     form = job_form.read_form(fields, [str(v) for v in fields.getlist("contexts")])
+    if form.values["pull_request"]:
+        return await _submit_pull_request(request, db, db_session, settings, form, key)
     hosts = host_service.list_hosts(db_session=db_session)
     spec, rows = job_form.build_spec(form, matching.adapters_by_repository(hosts))
     if spec is not None and not form.errors:
@@ -293,8 +305,41 @@ async def submit_job(request: Request, db_session: SessionDep, settings: Setting
         else:
             log.info("job %s submitted from the form by key %s", job.id, key.id)
             return RedirectResponse(f"/jobs/{job.id}", status_code=303)
-    context = _form_context(db_session, form)
+    context = _form_context(request, db_session, form)
     return _page(request, "form.html", context, key=key, status_code=422)
+
+
+async def _submit_pull_request(
+    request: Request,
+    db: Database,
+    db_session: Session,
+    settings: Settings,
+    form: job_form.JobForm,
+    key: ApiKey,
+) -> Response:
+    """The form's pull-request field: the job on the PR's commits, as `coldbench submit --pr`
+    asks for it (api/github); a refusal is shown beside the field."""
+    config = request.app.state.github
+    try:
+        if config is None:
+            raise Invalid("the GitHub integration is not configured (COLDBENCH_GITHUB_CONFIG)")
+        try:
+            asked = PullRequestAsk(
+                pull_request=form.values["pull_request"],
+                options=job_form.pull_request_options(form),
+            )
+        except ValidationError:
+            raise Invalid("write the pull request as OWNER/REPO#N") from None
+        job, pull_request_id = await github_service.ask_for_pull_request(
+            db=db, settings=settings, config=config, asked=asked, asked_by=f"API key {key.name}"
+        )
+    except ServiceError as error:
+        form.add_error("pull_request", error.message)
+        context = _form_context(request, db_session, form)
+        return _page(request, "form.html", context, key=key, status_code=422)
+    dispatch.send_task("github_answer_pull_request", pull_request_id)
+    log.info("job %s for %s submitted from the form by key %s", job.id, asked.pull_request, key.id)
+    return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
 
 # --- hosts and jobs ----------------------------------------------------------------------

@@ -244,7 +244,7 @@ def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
     ask(client, "/coldbench ab rounds=3 labels=lab:studio")
     [pull_request_id] = handle(db_session, settings, config)
     link = db_session.scalars(sa.select(PullRequestJob)).one()
-    assert (link.base_sha, link.head_sha, link.asked_by) == (BASE, HEAD, "maintainer")
+    assert (link.base_sha, link.head_sha, link.asked_by) == (BASE, HEAD, "@maintainer")
     assert link.command == "/coldbench ab labels=lab:studio rounds=3"
     job = db_session.get(Job, link.job_id)
     assert job is not None and job.state == JobState.QUEUED
@@ -352,7 +352,7 @@ def test_a_listed_asker_needs_no_permission_lookup(
     ask(client, "/coldbench", login="tester")
     ask(client, "/coldbench", login="maintainer")
     handle(db_session, settings, config)
-    assert [link.asked_by for link in db_session.scalars(sa.select(PullRequestJob))] == ["tester"]
+    assert [link.asked_by for link in db_session.scalars(sa.select(PullRequestJob))] == ["@tester"]
     assert github.called("GET", "/permission") == []
 
 
@@ -368,9 +368,9 @@ def test_refusals_are_answered_on_the_pull_request(
     [pull_request_id] = handle(db_session, settings, config)
     pull = db_session.get(PullRequest, pull_request_id)
     assert pull is not None
-    assert (
-        pull.notice
-        == "@maintainer: not started: '<b>4Q</b>' is not a token count (e.g. 512, 4096, 4K or 1M)"
+    assert pull.notice == (
+        "@maintainer: not started: contexts: '<b>4Q</b>' is not a token count "
+        "(e.g. 512, 4096, 4K or 1M)"
     )
     service.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
@@ -550,3 +550,94 @@ def test_a_github_app_reports_check_runs_with_installation_tokens(
     [comment] = github.comments.values()
     assert "**failed**" in comment["body"] and "every run failed: build failed" in comment["body"]
     assert len(github.check_runs) == 1
+
+
+def test_a_submitter_asks_for_a_pull_request_through_the_api(
+    client: TestClient,
+    db_session: Session,
+    github: FakeGitHub,
+    host: None,
+    sent_tasks: Any,
+) -> None:
+    from tests.api.conftest import bearer
+    from tests.api.factories import make_api_key
+
+    key = bearer(make_api_key(db_session, "alice"))
+    asked = {"pull_request": f"{REPO}#7", "options": {"contexts": "64, 128", "rounds": "2"}}
+    assert client.post("/api/v1/github/pulls", json=asked).status_code == 401
+    created = client.post("/api/v1/github/pulls", json=asked, headers=key)
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert [(v["name"], v["ref"]) for v in job["spec"]["variants"]] == [
+        ("base", BASE),
+        ("pr-7", HEAD),
+    ]
+    assert (job["spec"]["contexts"], job["spec"]["rounds"]) == ([64, 128], 2)
+    link = db_session.get(PullRequestJob, job["id"])
+    assert link is not None and link.asked_by == "API key alice"
+    assert link.command == "/coldbench ab contexts=64, 128 rounds=2"
+    assert sent_tasks.named("github_answer_pull_request") == [(link.pull_request_id,)]
+
+    def refused(body: dict[str, Any]) -> tuple[int, str]:
+        response = client.post("/api/v1/github/pulls", json=body, headers=key)
+        return response.status_code, response.json()["detail"]
+
+    assert refused({"pull_request": "octo/unknown#7"}) == (
+        404,
+        "octo/unknown is not a repository this service answers on GitHub",
+    )
+    assert refused({"pull_request": f"{REPO}#8"}) == (
+        404,
+        f"GitHub has no pull request {REPO}#8",
+    )
+    assert refused({**asked, "options": {"repository": "other"}})[1].startswith(
+        "unknown option `repository`"
+    )
+    assert refused({**asked, "options": {"contexts": "4Q"}}) == (
+        422,
+        "contexts: '4Q' is not a token count (e.g. 512, 4096, 4K or 1M)",
+    )
+    assert refused({"pull_request": "octo/mlx-lm#x"})[0] == 422
+    assert refused({**asked, "options": {"contexts": "64\n/coldbench"}})[0] == 422
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 1
+
+
+def test_the_form_asks_for_a_pull_request(
+    client: TestClient,
+    db_session: Session,
+    github: FakeGitHub,
+    host: None,
+    sent_tasks: Any,
+) -> None:
+    from tests.api.factories import make_api_key
+    from tests.web.builders import login
+    from tests.web.test_form import _errors, _fields
+
+    login(client, make_api_key(db_session, "bob"))
+    page = client.get("/").text
+    assert 'name="pull_request"' in page and f"{REPO}#123" in page
+    fields = _fields(page, pull_request=f"{REPO}#7", custom_contexts="64", rounds="2")
+    # The variant rows say something else: the pull request's commits are measured instead.
+    fields["variant-1-flags"] = "prefill_step_size=32"
+    response = client.post("/", data=fields, follow_redirects=False)
+    assert response.status_code == 303, _errors(response.text)
+    job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
+    assert job is not None
+    assert [(v["name"], v["ref"], v["flags"]) for v in job.spec["variants"]] == [
+        ("base", BASE, {}),
+        ("pr-7", HEAD, {}),
+    ]
+    assert (job.spec["contexts"], job.spec["rounds"]) == ([64], 2)
+    link = db_session.get(PullRequestJob, job.id)
+    assert link is not None and link.asked_by == "API key bob"
+    assert len(sent_tasks.named("github_answer_pull_request")) == 1
+
+    for typed, message in [
+        ("octo/mlx-lm#seven", "write the pull request as OWNER/REPO#N"),
+        ("octo/nowhere#7", "octo/nowhere is not a repository this service answers on GitHub"),
+    ]:
+        refused = client.post("/", data={**fields, "pull_request": typed})
+        assert refused.status_code == 422
+        assert _errors(refused.text)["pull_request"] == message
+        assert f'value="{typed}"' in refused.text
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 1

@@ -10,7 +10,6 @@ from api.github.commands import (
     CommandError,
     available_modes,
     find_command,
-    option_fields,
     parse_command,
 )
 
@@ -58,6 +57,8 @@ def test_mode_and_options_are_read():
         ("ab rounds", "`rounds`: write options as key=value, e.g. rounds=12"),
         ("ab =3", "`=3`: write options as key=value"),
         ("ab command=rm", "unknown option `command`; options: contexts, rounds"),
+        ("ab repository=other", "unknown option `repository`"),
+        ("ab variants=x:ref=main", "unknown option `variants`"),
         ("ab rounds=3 rounds=4", "option `rounds` given twice"),
         ("ab mode=sweep", "option `mode` given twice"),
         ("ab `x`=1", "unknown option `'x'`"),
@@ -80,24 +81,36 @@ def test_commits_is_offered_only_where_the_job_spec_has_the_mode():
     assert available_modes()[:3] == ("ab", "ablation", "sweep")
 
 
-def test_option_values_go_through_the_spec_text_parsers():
-    fields = option_fields(
+def test_a_request_becomes_a_job_spec_through_the_one_builder():
+    from api.github.client import PullRequestHeads
+    from api.github.config import RepositoryConfig
+    from api.github.service import request_payload
+    from evidence.job_options import JobOptionsError
+
+    repository = RepositoryConfig.model_validate(
         {
-            "contexts": "4K,16k",
-            "rounds": "12",
-            "model": "llama-3b",
-            "labels": "lab:studio, os:macos",
-            "features": "compile,clear_cache=false",
+            "token": "t",
+            "webhook_secret": "s" * 16,
+            "coldbench_repository": "mlx-lm",
+            "defaults": {"contexts": "4K", "labels": "lab:studio", "features": "compile"},
         }
     )
-    assert fields == {
-        "contexts": [4096, 16384],
-        "rounds": 12,
-        "model": "llama-3b",
-        "host_labels": ["lab:studio", "os:macos"],
-        "features": ["compile", "clear_cache=false"],
-    }
-    with pytest.raises(CommandError, match="'4Q' is not a token count"):
-        option_fields({"contexts": "4Q"})
-    with pytest.raises(CommandError, match="rounds=twelve is not a whole number"):
-        option_fields({"rounds": "twelve"})
+    heads = PullRequestHeads(number=7, base_sha="a" * 40, head_sha="b" * 40, state="open")
+    spec = request_payload(
+        repository, parse_command("sweep contexts=4K,16k rounds=12 model=llama-3b"), heads
+    )
+    assert (spec["mode"], spec["repository"], spec["adapter"]) == ("sweep", "mlx-lm", "mlx-lm")
+    assert [(v["name"], v["ref"]) for v in spec["variants"]] == [
+        ("base", "a" * 40),
+        ("pr-7", "b" * 40),
+    ]
+    assert (spec["contexts"], spec["rounds"], spec["model"]) == ([4096, 16384], 12, "llama-3b")
+    assert spec["host_labels"] == ["lab:studio"] and spec["features"] == []
+    ablation = request_payload(repository, parse_command("ablation"), heads)
+    assert [v["name"] for v in ablation["variants"]] == ["pr-7"]
+    assert ablation["features"] == ["compile"]
+    # Without rounds, the builder's default: enough for a verdict.
+    assert spec["rounds"] > 1 and request_payload(repository, Ask(), heads)["rounds"] > 1
+    with pytest.raises(JobOptionsError, match="'4Q' is not a token count") as caught:
+        request_payload(repository, parse_command("contexts=4Q rounds=0"), heads)
+    assert "rounds" in str(caught.value)

@@ -162,6 +162,28 @@ def test_every_problem_is_reported_before_anything_is_sent() -> None:
     assert no_key.exit_code == 2 and "no API key" in no_key.stderr
 
 
+def test_a_pull_request_leaves_the_repository_and_variants_to_the_service() -> None:
+    """`--pr`: the service sets the repository and the pull request's commits; naming them
+    too is refused before anything is sent (the request itself: tests/worker/
+    test_github_pull_request.py)."""
+    from typer.testing import CliRunner
+
+    from coldbench.submit import app
+
+    done = CliRunner().invoke(
+        app,
+        [
+            *("--api", "http://127.0.0.1:9", "--key", "cbk_x_y", "--pr", "octo/mlx-lm#7"),
+            *("--repo", "mlx-lm", "--variant", "a:ref=main", "--contexts", "64"),
+        ],
+    )
+    assert done.exit_code == 2, done.output
+    assert done.stderr.splitlines() == [
+        "error: --repo: the service sets it from the pull request; leave it out with --pr",
+        "error: --variant: the service sets it from the pull request; leave it out with --pr",
+    ]
+
+
 def test_waiting_on_a_bisection_shows_its_steps() -> None:
     from coldbench.submit import progress_line
 

@@ -169,3 +169,16 @@ def _ask_and_check(service: Any, github: FakeGitHub, base: str, head: str, log: 
     assert github.statuses[-1]["target_url"] == evidence_url
     # Nothing was sent anywhere but the configured API, and only with its token.
     assert all(call.authorization == f"token {TOKEN}" for call in github.calls)
+
+    # From the command line: the same pull request, its commits pinned by the service.
+    printed = service.cli(
+        *("submit", "--api", service.url, "--key", service.api_key),
+        *("--pr", f"{REPO}#7", "--contexts", "64", "--rounds", "2"),
+    )
+    job_id = printed.split()[1]
+    asked = service.rows(
+        "select asked_by, head_sha from github_pull_request_jobs where job_id = :job",
+        job=job_id,
+    )
+    assert [tuple(row) for row in asked] == [("API key worker-tests", head)]
+    assert [v["ref"] for v in service.job(job_id)["spec"]["variants"]] == [base, head]
