@@ -641,3 +641,59 @@ def test_the_form_asks_for_a_pull_request(
         assert _errors(refused.text)["pull_request"] == message
         assert f'value="{typed}"' in refused.text
     assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 1
+
+
+def test_requests_go_only_to_the_configured_api_base(
+    config: GitHubConfig, github: FakeGitHub
+) -> None:
+    import asyncio
+
+    from api.github.client import OutboundRefused, github_api
+
+    repository = config.repositories[REPO]
+
+    async def elsewhere(url: str) -> None:
+        async with github_api(repository) as gh:
+            await gh.getitem(url)
+
+    prefix = repository.api_base.removesuffix("/api/v3")
+    for url in ("https://evil.example/repos/x", f"{prefix}/api/v30/x", f"{prefix}/other"):
+        with pytest.raises(OutboundRefused):
+            asyncio.run(elsewhere(url))
+    assert github.calls == []
+
+
+def test_a_deleted_comment_is_created_again_and_a_handled_delivery_is_not_redone(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    response = ask(client, "/coldbench")
+    [pull_request_id] = handle(db_session, settings, config)
+    assert (
+        service.handle_delivery(
+            db_session=db_session,
+            settings=settings,
+            config=config,
+            delivery_id=response["delivery"],
+        )
+        is None
+    )
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    [first] = github.comments
+    del github.comments[first]  # someone deleted it
+    job = db_session.scalars(sa.select(Job)).one()
+    job.state = JobState.RUNNING
+    db_session.commit()
+    service.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
+    )
+    [second] = github.comments
+    assert second != first and github.comments[second]["body"].startswith(MARKER)
+    assert db_session.get(PullRequest, pull_request_id).comment_id == second  # type: ignore[union-attr]
+    assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 1
