@@ -91,6 +91,26 @@ OLD_LAYOUT_LOOP_NEW = (
     "            n_to_process = prefill_step_size  # coldbench test branch: the older layout\n"
 )
 
+# The `loader-0.28` branch of `mlx_lm_repo`: `mlx_lm.utils.load` as every release before 0.28.3
+# shipped it, without `return_config` (it returns the model and the tokenizer only).
+LOADER_028_BRANCH = "loader-0.28"
+LOADER_RETURN_CONFIG = "    lazy: bool = False,\n    return_config: bool = False,\n"
+LOADER_RETURNS = (
+    "    if return_config:\n        return model, tokenizer, config\n"
+    "    else:\n        return model, tokenizer\n"
+)
+
+
+def _load_without_return_config(text: str) -> str:
+    """mlx_lm/utils.py with `load` (only) as before 0.28.3."""
+    head, body = text.split("\ndef load(", 1)
+    load, rest = body.split("\ndef ", 1)
+    assert load.count(LOADER_RETURN_CONFIG) == 1, "mlx_lm.utils.load's return_config not found"
+    assert load.count(LOADER_RETURNS) == 1, "mlx_lm.utils.load's returns not found"
+    load = load.replace(LOADER_RETURN_CONFIG, "    lazy: bool = False,\n")
+    load = load.replace(LOADER_RETURNS, "    return model, tokenizer\n")
+    return f"{head}\ndef load({load}\ndef {rest}"
+
 
 @pytest.fixture(scope="session")
 def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, str]]:
@@ -99,7 +119,8 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
     Branch `main` holds the installed package files verbatim (plus a minimal pyproject.toml so
     `pip install -e .` works); branch `slow-prefill` changes the prefill loop of
     `mlx_lm/generate.py` (see SLOW_PREFILL_*); branch `noop-step` (NOOP_STEP_BRANCH) ignores
-    `prefill_step_size`; branch `old-layout` (OLD_LAYOUT_BRANCH) cuts the prompt the older way.
+    `prefill_step_size`; branch `old-layout` (OLD_LAYOUT_BRANCH) cuts the prompt the older way;
+    branch `loader-0.28` (LOADER_028_BRANCH) has the loader of releases before 0.28.3.
     Returns (repository path, (main, slow-prefill)).
     """
     import shutil
@@ -163,6 +184,10 @@ def mlx_lm_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[s
     assert text.count(OLD_LAYOUT_LOOP_OLD) == 1, "mlx_lm.generate_step's prefill loop not found"
     generate_py.write_text(text.replace(OLD_LAYOUT_LOOP_OLD, OLD_LAYOUT_LOOP_NEW))
     git("commit", "-q", "-am", "The older prefill layout: the remainder goes with the first token")
+    git("checkout", "-q", "-b", LOADER_028_BRANCH, "main")
+    utils_py = repo / "mlx_lm" / "utils.py"
+    utils_py.write_text(_load_without_return_config(utils_py.read_text()))
+    git("commit", "-q", "-am", "mlx_lm.utils.load without return_config, as before 0.28.3")
     git("checkout", "-q", "main")
     return repo, ("main", "slow-prefill")
 

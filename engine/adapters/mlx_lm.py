@@ -9,8 +9,9 @@ in every record's counters (`engine_module_file`).
 A cell runs the checkout's `mlx_lm.generate.generate_step` on a fresh prompt cache with the
 variant's `prefill_step_size`. Prefill time is the time to the first token (its value is
 materialised, so every prefill chunk has run); decode time is measured separately, from the
-first token to the last. Chunk widths come from the prompt progress callback, i.e. from the
-loop that actually ran in the checkout, not from what stock mlx-lm would do. `engine.judge`
+first token to the last. Chunk widths are the token counts of the model's forward calls that
+took the prompt (`CallWidths`), i.e. from the loop that actually ran in the checkout, not from
+what stock mlx-lm would do. `engine.judge`
 judges them by what the requested step implies (`ChunksOf`: chunks of that step, whatever the
 checkout's remainder policy), and calls the cell a no-op only when the widths are stock's.
 """
@@ -18,6 +19,9 @@ checkout's remainder policy), and calls the cell a no-op only when the widths ar
 from __future__ import annotations
 
 import importlib
+import inspect
+import itertools
+import json
 import logging
 import sys
 import time
@@ -139,9 +143,8 @@ class MlxLmAdapter:
                     f"refusing to run: {part.__name__} was imported from {part.__file__}, "
                     f"not from inside the checkout {self.checkout}"
                 )
-        if not hasattr(generate, "generate_step"):
-            raise MlxLmLoadError(f"{generate.__file__} has no generate_step")
-        self.generate_step = generate.generate_step
+        self.generate_step = find_generate_step(generate, utils, self.mlx_lm_version)
+        self.takes_max_tokens = _takes(self.generate_step, "max_tokens")
         self.make_prompt_cache = cache.make_prompt_cache
         if self.plan.model.startswith("preset:"):
             model_path = checkpoints.resolve_model(self.plan.model, {})
@@ -155,7 +158,7 @@ class MlxLmAdapter:
         memory.share_device()
         try:
             # The checkout's own loader and model code: a fork may change either.
-            self.model, tokenizer, config = utils.load(str(model_path), return_config=True)
+            self.model, tokenizer, config = load_checkpoint(utils, model_path)
         except Exception as exc:
             raise MlxLmLoadError(
                 f"cannot load model {model_path} with {utils.__file__}: {exc}"
@@ -202,36 +205,35 @@ class MlxLmAdapter:
         # The checkout's own accounting of what the cache already holds; a cold cell has none.
         offsets = [c.offset for c in cache if isinstance(getattr(c, "offset", None), int)]
         cached_tokens = max(offsets) if offsets else None
-        progress: list[int] = []
+        model = CallWidths(self.model)
         prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
         mx.eval(prompt)
+        # generate_step's first token ends the prefill; with 0 decode tokens it is dropped.
+        wanted = max(decode_tokens, 1)
+        extra = {"max_tokens": wanted} if self.takes_max_tokens else {}
         mx.reset_peak_memory()
         mx.synchronize()
         started = time.perf_counter()
-        steps = self.generate_step(
-            prompt,
-            self.model,
-            # generate_step's first token ends the prefill; with 0 decode tokens it is dropped.
-            max_tokens=max(decode_tokens, 1),
-            prompt_cache=cache,
-            prefill_step_size=step,
-            prompt_progress_callback=lambda done, _total: progress.append(int(done)),
+        generator = self.generate_step(
+            prompt, model, prompt_cache=cache, prefill_step_size=step, **extra
         )
-        first_token, _ = next(steps)  # an int: every prefill chunk has been evaluated
+        steps = itertools.islice(generator, wanted)  # before 0.20.4 it never stops by itself
+        first_token, _ = next(steps)  # a value: every prefill chunk has been evaluated
         first_token_at = time.perf_counter()
         output = [int(first_token)]
         output.extend(int(token) for token, _ in steps)
         mx.synchronize()
         ended = time.perf_counter()
+        generator.close()
         output = output[:decode_tokens]
 
         n = len(prompt_ids)
-        widths = [b - a for a, b in zip([0, *progress], progress, strict=False) if b > a]
+        widths = model.prefill_widths(n)
         prefill_s = first_token_at - started
         decode_steps = len(output) - 1  # the first token came out of the prefill
         decode_s = ended - first_token_at if decode_steps > 0 else None
         counters: dict[str, Any] = {
-            "prefill_tokens": progress[-1] if progress else None,
+            "prefill_tokens": sum(widths) if widths else None,
             "chunks": len(widths),
             "chunk_width_max": max(widths, default=0),
             "chunk_widths": runs_text(to_runs(widths)),
@@ -277,6 +279,80 @@ class MlxLmAdapter:
 
     def close(self) -> None:
         self.model = None
+
+
+# What the adapter must pass to generate_step; every release since 0.20 takes both (and
+# `max_tokens` since 0.20.4: before, the adapter stops the generator itself).
+GENERATE_STEP_ARGUMENTS = ("prompt_cache", "prefill_step_size")
+
+
+class CallWidths:
+    """The checkout's model as generate_step sees it, recording how many tokens each forward
+    call was given: the chunk widths of the loop that really ran, whatever the checkout's
+    progress callback reports (before 0.27 it reported where a chunk started, not where it
+    ended) and whether it has one."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.widths: list[int] = []
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        shape = getattr(inputs, "shape", ())
+        self.widths.append(int(shape[-1]) if shape else 0)
+        return self._model(inputs, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def prefill_widths(self, prompt_tokens: int) -> list[int]:
+        """The calls that took the prompt: in order, until they hold all of its tokens (the
+        calls after it decode)."""
+        taken: list[int] = []
+        for width in self.widths:
+            if sum(taken) >= prompt_tokens:
+                break
+            taken.append(width)
+        return taken
+
+
+def _takes(function: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return True
+
+
+def find_generate_step(generate: ModuleType, utils: ModuleType, version: str | None) -> Any:
+    """The checkout's generate_step: in mlx_lm.generate since 0.23, in mlx_lm.utils before.
+    MlxLmLoadError when it is missing or takes neither a prompt cache nor a prefill step."""
+    found = getattr(generate, "generate_step", None) or getattr(utils, "generate_step", None)
+    if found is None:
+        raise MlxLmLoadError(
+            f"mlx-lm {version or '(unknown version)'} has no generate_step in mlx_lm.generate "
+            "or mlx_lm.utils"
+        )
+    missing = [name for name in GENERATE_STEP_ARGUMENTS if not _takes(found, name)]
+    if missing:
+        raise MlxLmLoadError(
+            f"mlx-lm {version or '(unknown version)'}: generate_step takes no "
+            f"{', '.join(missing)}: the adapter cannot give it a fresh cache and the step"
+        )
+    return found
+
+
+def load_checkpoint(utils: ModuleType, model_path: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, config) through the checkout's own `mlx_lm.utils.load`: with
+    `return_config=True` where it takes it (0.28.3 and later), else `load(path)` and the
+    checkpoint's config.json (every release since 0.20)."""
+    try:
+        takes_config = "return_config" in inspect.signature(utils.load).parameters
+    except (TypeError, ValueError):
+        takes_config = False
+    if takes_config:
+        model, tokenizer, config = utils.load(str(model_path), return_config=True)
+        return model, tokenizer, config
+    model, tokenizer = utils.load(str(model_path))
+    return model, tokenizer, json.loads((model_path / "config.json").read_text())
 
 
 def create(plan: Plan) -> MlxLmAdapter:

@@ -279,3 +279,45 @@ def test_prefill_step_size_is_judged_by_the_chunk_widths_delivered(
             assert counters.get("inert") == inert, where
             assert counters["chunk_widths"] == widths, where
             assert counters["prefill_step_size.dispatched"] == dispatched, where
+
+
+def test_a_checkout_whose_loader_predates_return_config_runs(
+    mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """mlx-lm before 0.28.3 (v0.26.4, v0.28.2, ...): `load()` takes no return_config."""
+    from tests.conftest import LOADER_028_BRANCH
+
+    repo, _branches = mlx_lm_repo
+    checkout = _worktree(repo, LOADER_028_BRANCH, tmp_path / "wt-loader")
+    plan = _plan(tmp_path, "old-loader", tiny_model_dir, checkout)
+    code, events, stderr = _finish(_start(plan, _env(checkout)))
+    assert code == 0, stderr[-2000:]
+    assert events[0]["target"]["engine_module_file"] == str(
+        checkout.resolve() / "mlx_lm/__init__.py"
+    )
+    records = [
+        json.loads(line) for line in (tmp_path / "old-loader.jsonl").read_text().splitlines()
+    ]
+    measured = [r for r in records if r["status"] != "warmup"]
+    assert [r["status"] for r in measured] == ["ok", "ok"], measured[0]["reason"]
+
+
+def test_generate_step_is_found_where_each_release_kept_it() -> None:
+    from types import SimpleNamespace
+
+    from engine.adapters.mlx_lm import find_generate_step
+
+    def current(prompt, model, *, max_tokens=256, prompt_cache=None, prefill_step_size=2048):
+        yield from ()
+
+    def no_step(prompt, model, *, prompt_cache=None):
+        yield from ()
+
+    # since 0.23 in mlx_lm.generate; before, mlx_lm.generate was the CLI and utils had it
+    generate, utils = SimpleNamespace(generate_step=current), SimpleNamespace()
+    assert find_generate_step(generate, utils, "0.30") is current
+    assert find_generate_step(utils, generate, "0.22") is current
+    with pytest.raises(MlxLmLoadError, match=r"fork: generate_step takes no prefill_step_size"):
+        find_generate_step(SimpleNamespace(generate_step=no_step), utils, "fork")
+    with pytest.raises(MlxLmLoadError, match="has no generate_step"):
+        find_generate_step(utils, utils, None)
