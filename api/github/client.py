@@ -108,6 +108,8 @@ class PullRequestHeads:
     base_sha: str
     head_sha: str
     state: str
+    # Where head's line leaves the base branch (asked for mode `commits` only).
+    merge_base_sha: str | None = None
 
 
 async def pull_request(gh: GitHubAPI, full_name: str, number: int) -> PullRequestHeads:
@@ -120,6 +122,15 @@ async def pull_request(gh: GitHubAPI, full_name: str, number: int) -> PullReques
         head_sha=str(answer["head"]["sha"]),
         state=str(answer["state"]),
     )
+
+
+async def merge_base(gh: GitHubAPI, full_name: str, base: str, head: str) -> str:
+    """The merge base of two commits (GitHub's compare)."""
+    answer = await gh.getitem(
+        "/repos/{owner}/{repo}/compare/{basehead}",
+        {**_owner_repo(full_name), "basehead": f"{base}...{head}"},
+    )
+    return str(answer["merge_base_commit"]["sha"])
 
 
 async def set_status(

@@ -35,6 +35,7 @@ OPTIONS = tuple(
         "seed",
         "corpus",
         "rounds_per_process",
+        "alone",
         "mode",
     )
     if name in JOB_OPTIONS

@@ -9,6 +9,7 @@ called there, never while a webhook request waits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -99,7 +100,11 @@ class Asked:
 
 
 async def _ask_github(
-    repository: RepositoryConfig, full_name: str, facts: Facts, installation_id: int | None
+    repository: RepositoryConfig,
+    full_name: str,
+    facts: Facts,
+    installation_id: int | None,
+    mode: str | None,
 ) -> Asked:
     async with client.github_api(repository, installation_id=installation_id) as gh:
         if repository.askers == "write":
@@ -108,7 +113,19 @@ async def _ask_github(
             may_ask = facts.login.lower() in {login.lower() for login in repository.askers}
         if not may_ask:
             return Asked(False, None)
-        return Asked(True, await client.pull_request(gh, full_name, facts.number))
+        return Asked(True, await _heads(gh, repository, full_name, facts.number, mode))
+
+
+async def _heads(
+    gh: Any, repository: RepositoryConfig, full_name: str, number: int, mode: str | None
+) -> client.PullRequestHeads:
+    """The pull request's commits now; for mode `commits` also where head's line leaves the
+    base branch (the merge base), which the commits of base..head follow."""
+    heads = await client.pull_request(gh, full_name, number)
+    if (mode or repository.defaults.mode) != "commits":
+        return heads
+    merge_base = await client.merge_base(gh, full_name, heads.base_sha, heads.head_sha)
+    return dataclasses.replace(heads, merge_base_sha=merge_base)
 
 
 def handle_delivery(
@@ -146,7 +163,8 @@ def handle_delivery(
             ask = parse_command(facts.command or "")
         except CommandError as error:
             refusal = f"@{facts.login}: not started: {error}"
-    asked = asyncio.run(_ask_github(repository, row.repository, facts, pull.installation_id))
+    mode = ask.mode if ask is not None else None
+    asked = asyncio.run(_ask_github(repository, row.repository, facts, pull.installation_id, mode))
     if not asked.may_ask:
         # No event from someone who may not ask starts a job or gets an answer.
         _handled(db_session, row, f"ignored: {facts.login} may not ask")
@@ -194,7 +212,7 @@ async def ask_for_pull_request(
         raise Invalid(str(error)) from None
     async with client.github_api(repository, full_name=asked.full_name) as gh:
         try:
-            heads = await client.pull_request(gh, asked.full_name, asked.number)
+            heads = await _heads(gh, repository, asked.full_name, asked.number, ask.mode)
         except BadRequest as error:
             if error.status_code == 404:
                 raise NotFound(f"GitHub has no pull request {asked.pull_request}") from None
@@ -256,7 +274,7 @@ def start_pull_request_job(
         PullRequestJob(
             job_id=job.id,
             pull_request_id=pull.id,
-            base_sha=heads.base_sha,
+            base_sha=heads.merge_base_sha or heads.base_sha,
             head_sha=heads.head_sha,
             asked_by=asked_by[:40],
             command=_command_text(ask, repository),
@@ -310,14 +328,15 @@ def request_payload(
     if mode != "ablation":
         del given["features"]
     given.update(ask.options)
-    head = f"pr-{heads.number}:ref={heads.head_sha}"
-    base = f"base:ref={heads.base_sha}"
-    given.update(
-        mode=mode,
-        repository=repository.coldbench_repository,
-        adapter=repository.adapter,
-        variants=[head] if mode == "ablation" else [base, head],
-    )
+    given.update(mode=mode, repository=repository.coldbench_repository, adapter=repository.adapter)
+    if mode == "commits":
+        # The host resolves the commits of base..head on head's first-parent line and measures
+        # head without each; the variants are the builder's one configuration.
+        given.update(base=heads.merge_base_sha or heads.base_sha, head=heads.head_sha)
+    else:
+        head = f"pr-{heads.number}:ref={heads.head_sha}"
+        base = f"base:ref={heads.base_sha}"
+        given["variants"] = [head] if mode == "ablation" else [base, head]
     spec = build_job_spec(given)
     return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
 

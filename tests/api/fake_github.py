@@ -55,8 +55,19 @@ class FakeGitHub:
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1001))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add_pull(self, repo: str, number: int, *, base: str, head: str, state: str = "open"):
+    def add_pull(
+        self,
+        repo: str,
+        number: int,
+        *,
+        base: str,
+        head: str,
+        state: str = "open",
+        merge_base: str | None = None,
+    ) -> None:
         self.pulls[(repo, number)] = {"base": base, "head": head, "state": state}
+        if merge_base is not None:
+            self.pulls[(repo, number)]["merge_base"] = merge_base
 
     def called(self, method: str, fragment: str = "") -> list[Call]:
         with self.lock:
@@ -105,6 +116,17 @@ class FakeGitHub:
                 "base": {"sha": found["base"], "ref": "main"},
                 "head": {"sha": found["head"], "ref": "feature"},
             }
+
+        @app.get(API_PREFIX + "/repos/{owner}/{repo}/compare/{basehead}")
+        def compare(owner: str, repo: str, basehead: str, request: Request) -> dict[str, Any]:
+            authorized(request)
+            base, _, head = basehead.partition("...")
+            found = next(
+                (p for (name, _), p in fake.pulls.items() if name == f"{owner}/{repo}"), None
+            )
+            if found is None or (base, head) != (found["base"], found["head"]):
+                raise HTTPException(404, "Not Found")
+            return {"merge_base_commit": {"sha": found.get("merge_base", base)}}
 
         @app.post(API_PREFIX + "/repos/{owner}/{repo}/statuses/{sha}", status_code=201)
         async def status(owner: str, repo: str, sha: str, request: Request) -> dict[str, Any]:

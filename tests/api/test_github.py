@@ -697,3 +697,31 @@ def test_a_deleted_comment_is_created_again_and_a_handled_delivery_is_not_redone
     assert second != first and github.comments[second]["body"].startswith(MARKER)
     assert db_session.get(PullRequest, pull_request_id).comment_id == second  # type: ignore[union-attr]
     assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 1
+
+
+def test_mode_commits_measures_the_pull_requests_line_from_its_merge_base(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    from api.github.commands import CommandError, available_modes, parse_command
+
+    if "commits" not in available_modes():
+        # Until the service's job spec has the mode, a request for it is refused in one line.
+        with pytest.raises(CommandError, match="unknown mode `commits`; modes: ab, abl"):
+            parse_command("commits")
+        return
+    merge_base = "d" * 40
+    github.add_pull(REPO, 7, base=BASE, head=HEAD, merge_base=merge_base)
+    ask(client, "/coldbench commits alone=true contexts=64 rounds=2")
+    handle(db_session, settings, config)
+    link = db_session.scalars(sa.select(PullRequestJob)).one()
+    assert (link.base_sha, link.head_sha) == (merge_base, HEAD)
+    job = db_session.get(Job, link.job_id)
+    assert job is not None and job.spec["mode"] == "commits"
+    commits = job.spec["commits"]
+    assert (commits["base"], commits["head"], commits["alone"]) == (merge_base, HEAD, True)
+    assert github.called("GET", f"/compare/{BASE}...{HEAD}")
