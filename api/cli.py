@@ -36,6 +36,14 @@ def server(
     from api.settings import get_settings
 
     settings = get_settings()
+    if settings.github_config:
+        from api.github.config import GitHubConfigError, load_github_config
+
+        try:
+            load_github_config(settings.github_config)
+        except GitHubConfigError as error:
+            typer.echo(f"error: COLDBENCH_GITHUB_CONFIG: {error}", err=True)
+            raise typer.Exit(2) from None
     if settings.is_embedded:
         # Migrate once here, not in each of several worker processes at the same moment.
         from api.database import upgrade_database

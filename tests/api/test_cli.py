@@ -50,3 +50,31 @@ def test_db_commands_on_the_embedded_default(tmp_path: Path, coldbench_cmd: list
     listing = _run([*coldbench_cmd, "--help"], tmp_path).stdout
     for command in ("server", "db", "admin", "celery"):
         assert command in listing
+
+
+def test_server_refuses_a_github_configuration_that_is_not_valid(
+    tmp_path: Path, coldbench_cmd: list[str]
+) -> None:
+    config = tmp_path / "github.toml"
+    config.write_text(
+        'service_url = "https://bench.example.org"\n[repositories."octo/mlx-lm"]\n'
+        'token = "t"\nwebhook_secret = "too-short"\ncoldbench_repository = "mlx-lm"\n'
+    )
+    env = {
+        **os.environ,
+        "COLDBENCH_STATE_DIR": str(tmp_path),
+        "COLDBENCH_GITHUB_CONFIG": str(config),
+    }
+    done = subprocess.run(
+        [*coldbench_cmd, "server", "--port", "9"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"error: COLDBENCH_GITHUB_CONFIG: {config}: repositories.octo/mlx-lm.webhook_secret: "
+        "webhook_secret needs at least 16 characters"
+    )
