@@ -12,6 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from evidence.schemas import JobSpec
+
 log = logging.getLogger(__name__)
 
 # Stable constraint names so migrations can drop and alter them by name on PostgreSQL.
@@ -51,6 +53,25 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class SpecColumn(sa.TypeDecorator[JobSpec]):
+    """A job spec: JSON in the database, a `JobSpec` in Python (validated as it is loaded), so
+    no service parses a spec's JSON itself. Bound values are JobSpecs (dumped as the API
+    stores them: `mode="json"`, field aliases) or that JSON."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def process_bind_param(
+        self, value: JobSpec | dict[str, Any] | None, dialect: Dialect
+    ) -> dict[str, Any] | None:
+        if isinstance(value, JobSpec):
+            return value.model_dump(mode="json", by_alias=True)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> JobSpec | None:
+        return None if value is None else JobSpec.model_validate(value)
 
 
 def utcnow() -> datetime:

@@ -23,13 +23,13 @@ from api.errors import Conflict, NotFound, validation_message
 from api.evidence.models import Evidence
 from api.hosts.models import Host
 from api.jobs import service as job_service
-from api.jobs.models import Job
+from api.jobs.models import Job, spec_as_run
 from api.runs.models import Cell, Run
 from evidence.bundle import BundleError, bundle_records, provenances_of, read_zip
 from evidence.canonical import sha256_hex
 from evidence.markdown import render_summary_md
 from evidence.protocol import JobState, RunState
-from evidence.schemas import JobSpec, Provenance, Record
+from evidence.schemas import Provenance, Record
 from evidence.summary_schema import Summary
 
 log = logging.getLogger(__name__)
@@ -205,13 +205,10 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         for run in job_service.job_runs(db_session=db_session, job_id=job_id)
         if run.state == RunState.PROCESSED
     ]
-    spec = JobSpec.model_validate(job.spec)
-    if spec.needs_host_resolution:
-        # The commits its host resolved (checked at ingest); one host resolves a job's refs.
-        resolved = next((run.resolved_spec for run in runs if run.resolved_spec), None)
-        runs = [run for run in runs if resolved is not None and run.resolved_spec == resolved]
-        if resolved is not None:
-            spec = JobSpec.model_validate(resolved)
+    spec = spec_as_run(job, runs)
+    if job.spec.needs_host_resolution:
+        # Only the runs that measured the commits resolved (one host resolves a job's refs).
+        runs = [run for run in runs if run.resolved_spec is not None and run.resolved_spec == spec]
     provenances: list[Provenance] = []
     build_logs: dict[str, bytes] = {}
     problems: list[str] = []

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from api.auth import service as auth_service
 from api.database import utcnow
-from api.jobs.models import Job
+from api.jobs.models import Job, spec_as_run
 from api.runs.models import Run
 from api.runs.wakeup import announce_work
 from evidence.bisect import next_line, step_spec
@@ -35,11 +35,10 @@ log = logging.getLogger(__name__)
 
 def add_step(*, db_session: Session, bisection: Job, spec: JobSpec, step: int) -> Job:
     """Store step `step` of `bisection` as a queued job with one queued run (no commit)."""
-    spec_json = spec.model_dump(mode="json", by_alias=True)
     job = Job(
         id=auth_service.new_id(),
-        spec=spec_json,
-        spec_sha256=sha256_json(spec_json),
+        spec=spec,
+        spec_sha256=sha256_json(spec.model_dump(mode="json", by_alias=True)),
         state=JobState.QUEUED,
         submitted_by=bisection.submitted_by,
         parent_id=bisection.id,
@@ -56,14 +55,6 @@ def steps_of(*, db_session: Session, job_id: str) -> list[Job]:
     """The steps of a bisection's job, in order (empty for any other job)."""
     query = sa.select(Job).where(Job.parent_id == job_id).order_by(Job.step)
     return list(db_session.scalars(query))
-
-
-def spec_as_run(*, db_session: Session, job: Job) -> JobSpec:
-    """The spec a job's run measured: the one its host resolved, where it resolved one."""
-    resolved = db_session.scalars(
-        sa.select(Run.resolved_spec).where(Run.job_id == job.id, Run.resolved_spec.is_not(None))
-    ).first()
-    return JobSpec.model_validate(resolved if resolved is not None else job.spec)
 
 
 def advance(*, db_session: Session, job_id: str) -> str | None:
@@ -94,7 +85,7 @@ def advance(*, db_session: Session, job_id: str) -> str | None:
             db_session.commit()
         return None
     section: dict[str, Any] = (latest.summary or {}).get("bisect") or {}
-    ran = spec_as_run(db_session=db_session, job=latest)
+    ran = spec_as_run(latest, db_session.scalars(sa.select(Run).where(Run.job_id == latest.id)))
     if not section or ran.bisect is None or ran.bisect.line is None or not latest.evidence_id:
         bisection.state = JobState.FAILED
         bisection.reason = f"step {latest.step} has no bisection result in its evidence"

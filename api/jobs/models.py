@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.database import Base, UTCDateTime, one_of, utcnow
+from api.database import Base, SpecColumn, UTCDateTime, one_of, utcnow
 from evidence.protocol import JobState
+from evidence.schemas import JobSpec
+
+if TYPE_CHECKING:
+    from api.runs.models import Run
 
 
 class Job(Base):
@@ -20,7 +25,7 @@ class Job(Base):
     )
 
     id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
-    spec: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    spec: Mapped[JobSpec] = mapped_column(SpecColumn)
     spec_sha256: Mapped[str] = mapped_column(sa.String(64), index=True)
     state: Mapped[str] = mapped_column(sa.String(16), default=JobState.QUEUED, index=True)
     submitted_by: Mapped[str | None] = mapped_column(sa.ForeignKey("api_keys.id"))
@@ -37,3 +42,14 @@ class Job(Base):
     # numbered from 1; the bisection's job has no runs (api/jobs/bisect.py).
     parent_id: Mapped[str | None] = mapped_column(sa.ForeignKey("jobs.id"), index=True)
     step: Mapped[int | None] = mapped_column(sa.Integer)
+
+
+def spec_as_run(job: Job, runs: Iterable[Run]) -> JobSpec:
+    """The spec a job's runs measured: the one its host resolved where the job left commits
+    to resolve (a history's range, a bisection's good..bad; one host resolves a job's refs,
+    checked at ingest), else the job's own."""
+    if job.spec.needs_host_resolution:
+        resolved = next((run.resolved_spec for run in runs if run.resolved_spec), None)
+        if resolved is not None:
+            return resolved
+    return job.spec

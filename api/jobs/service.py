@@ -19,7 +19,7 @@ from api.errors import Forbidden, Invalid, NotAuthenticated, NotFound, ServiceEr
 from api.hosts import service as host_service
 from api.hosts.matching import HostView, Refusal, describe_allow_lists, why_host_cannot_run
 from api.jobs import bisect
-from api.jobs.models import Job
+from api.jobs.models import Job, spec_as_run
 from api.jobs.schemas import JobListItem, JobOut, StepOut
 from api.runs.models import Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
@@ -29,6 +29,7 @@ from api.transactions import ANNOUNCE_WORK, Execute, Program, run_one_in_session
 from evidence.canonical import sha256_json
 from evidence.protocol import JobState, RunState
 from evidence.schemas import MAX_HISTORY_COMMITS, JobSpec
+from evidence.stats import too_few_rounds
 from evidence.summary_schema import Summary
 from evidence.variant import expand_variants
 
@@ -319,12 +320,11 @@ def _actor(submitted_by: str | None) -> str:
 
 
 def _new_job(spec: JobSpec, submitted_by: str | None) -> Job:
-    spec_json = spec.model_dump(mode="json", by_alias=True)
     now = utcnow()
     return Job(
         id=auth_service.new_id(),
-        spec=spec_json,
-        spec_sha256=sha256_json(spec_json),
+        spec=spec,
+        spec_sha256=sha256_json(spec.model_dump(mode="json", by_alias=True)),
         state=JobState.QUEUED,
         submitted_by=submitted_by,
         created_at=now,
@@ -548,7 +548,7 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
     host_names = dict(
         db_session.execute(sa.select(Host.id, Host.name).where(Host.id.in_(host_ids))).all()
     )
-    is_bisection = job.spec.get("mode") == "bisect" and job.parent_id is None
+    is_bisection = job.spec.mode == "bisect" and job.parent_id is None
     return _job_out(
         job,
         runs,
@@ -559,6 +559,17 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
     )
 
 
+def rounds_warning(job: Job, runs: list[Run]) -> str | None:
+    """Why the job's rounds cannot reach a verdict, or None: over the commits its host
+    resolved once it has (a range's size is known only then)."""
+    spec = spec_as_run(job, runs)
+    warning = too_few_rounds(spec)
+    if warning and spec.mode == "history" and job.spec.history and job.spec.needs_host_resolution:
+        resolved = "" if spec is job.spec else f" to {len(spec.variants) - 1} commits"
+        return f"the host resolved {job.spec.history.range}{resolved}: {warning}"
+    return warning
+
+
 def _job_out(
     job: Job,
     runs: list[Run],
@@ -566,16 +577,19 @@ def _job_out(
     host_names: dict[str, str],
     *,
     steps: list[StepOut],
-    resolved_spec: dict[str, Any] | None = None,
+    resolved_spec: JobSpec | None = None,
 ) -> JobOut:
     return JobOut(
         parent_id=job.parent_id,
         step=job.step,
         steps=steps,
-        resolved_spec=resolved_spec,
+        resolved_spec=(
+            None if resolved_spec is None else resolved_spec.model_dump(mode="json", by_alias=True)
+        ),
         id=job.id,
         state=job.state,
-        spec=job.spec,
+        spec=job.spec.model_dump(mode="json", by_alias=True),
+        rounds_warning=rounds_warning(job, runs),
         spec_sha256=job.spec_sha256,
         created_at=job.created_at,
         updated_at=job.updated_at,
@@ -625,13 +639,12 @@ def _steps(db_session: Session, job_id: str) -> list[StepOut]:
     """A bisection's steps with their commits, decisions and evidence (empty for other jobs)."""
     out = []
     for step in bisect.steps_of(db_session=db_session, job_id=job_id):
-        ran = bisect.spec_as_run(db_session=db_session, job=step)
+        runs = job_runs(db_session=db_session, job_id=step.id)
+        ran = spec_as_run(step, runs)
         line = ran.bisect.line if ran.bisect else None
         lo, mid, hi = ran.bisect.step_commits() if ran.bisect and line else (None, None, None)
         section = (step.summary or {}).get("bisect") or {}
-        progress = next(
-            (run.progress or {} for run in job_runs(db_session=db_session, job_id=step.id)), {}
-        )
+        progress = next((run.progress or {} for run in runs), {})
         out.append(
             StepOut(
                 id=step.id,

@@ -43,8 +43,6 @@ from api.transactions import Database
 from evidence.bundle import BundleError
 from evidence.markdown import answer_sentences, verdict_rows
 from evidence.protocol import JobState
-from evidence.schemas import JobSpec
-from evidence.stats import too_few_rounds
 
 log = logging.getLogger(__name__)
 
@@ -390,15 +388,8 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
         "invalid": invalid,
         "is_final": JobState(job.state).is_final,
         "answer": answer,
-        "rounds_warning": _rounds_warning(job.spec),
+        "rounds_warning": job.rounds_warning,
     }
-
-
-def _rounds_warning(spec: dict[str, Any]) -> str | None:
-    try:
-        return too_few_rounds(JobSpec.model_validate(spec))
-    except ValidationError:  # a job stored under an older schema: no warning
-        return None
 
 
 @router.get("/jobs/{job_id}")

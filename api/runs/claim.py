@@ -86,8 +86,8 @@ def _job_specs(job_ids: set[str]) -> Program[dict[str, tuple[JobSpec, dict[str, 
             yield Execute(sa.select(_jobs.c.id, _jobs.c.spec).where(_jobs.c.id.in_(missing)))
         ).all()
         with _spec_cache_lock:
-            for job_id, spec_json in rows:
-                found[job_id] = (JobSpec.model_validate(spec_json), spec_json)
+            for job_id, spec in rows:
+                found[job_id] = (spec, spec.model_dump(mode="json", by_alias=True))
                 _spec_cache[job_id] = found[job_id]
             while len(_spec_cache) > _SPEC_CACHE_MAX:
                 _spec_cache.popitem(last=False)

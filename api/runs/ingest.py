@@ -87,7 +87,7 @@ def parse_cells(raw: bytes, run: Run) -> tuple[list[dict[str, Any]], list[str]]:
 
 def _resolved_spec(
     store: ArtifactStore, artifacts: list[Artifact], job_spec: JobSpec
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> tuple[JobSpec | None, str | None]:
     """(the spec the host resolved, None) from the run's job.json, or (None, what is wrong).
 
     A run that never measured (refused: its job.json is the job's own spec) resolved nothing.
@@ -104,7 +104,7 @@ def _resolved_spec(
     problem = resolution_problem(job_spec, resolved)
     if problem is not None:
         return None, f"{JOB_FILE} refused: {problem}"
-    return resolved.model_dump(mode="json", by_alias=True), None
+    return resolved, None
 
 
 def _insert_missing(db_session: Session, rows: list[dict[str, Any]]) -> None:
@@ -151,7 +151,7 @@ def ingest_run(
     records = next((a for a in artifacts if a.name == RECORDS_FILE), None)
     if records is None:
         return _fail(db_session, run, f"no {RECORDS_FILE} was uploaded")
-    job_spec = JobSpec.model_validate(db_session.get_one(Job, run.job_id).spec)
+    job_spec = db_session.get_one(Job, run.job_id).spec
     if job_spec.needs_host_resolution:
         resolved, problem = _resolved_spec(store, artifacts, job_spec)
         if problem is not None:

@@ -8,8 +8,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.database import Base, UTCDateTime, one_of, utcnow
+from api.database import Base, SpecColumn, UTCDateTime, one_of, utcnow
 from evidence.protocol import ATTEMPT_STATES, RunState
+from evidence.schemas import JobSpec
 
 
 class Run(Base):
@@ -40,7 +41,7 @@ class Run(Base):
     ingest_errors: Mapped[list[str] | None] = mapped_column(sa.JSON)
     # The spec this run's host ran when the job left refs for it to resolve (a history's range,
     # a bisection's good..bad; evidence/resolution.py), checked at ingest; analysis uses it.
-    resolved_spec: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    resolved_spec: Mapped[JobSpec | None] = mapped_column(SpecColumn)
 
 
 class RunAttempt(Base):

@@ -48,8 +48,7 @@ def _end_step(
     """What ingest, analysis and rendering leave behind when a step ends with `decision`."""
     if line is not None:  # step 1: its host resolved good..bad
         (run,) = job_service.job_runs(db_session=db_session, job_id=step.id)
-        spec = step_spec(JobSpec.model_validate(step.spec), line, [])
-        run.resolved_spec = spec.model_dump(mode="json", by_alias=True)
+        run.resolved_spec = step_spec(step.spec, line, [])
     step.state = JobState.DONE
     step.evidence_id = evidence * 24
     step.summary = {"bisect": {"decision": decision, "why": f"because {decision}"}}

@@ -248,9 +248,9 @@ def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
     assert link.command == "/coldbench ab labels=lab:studio rounds=3"
     job = db_session.get(Job, link.job_id)
     assert job is not None and job.state == JobState.QUEUED
-    assert job.spec["repository"] == "mlx-lm" and job.spec["adapter"] == "mlx-lm"
-    assert [(v["name"], v["ref"]) for v in job.spec["variants"]] == [("base", BASE), ("pr-7", HEAD)]
-    assert (job.spec["contexts"], job.spec["rounds"], job.spec["host_labels"]) == (
+    assert job.spec.repository == "mlx-lm" and job.spec.adapter == "mlx-lm"
+    assert [(v.name, v.ref) for v in job.spec.variants] == [("base", BASE), ("pr-7", HEAD)]
+    assert (job.spec.contexts, job.spec.rounds, job.spec.host_labels) == (
         [64],
         3,
         ["lab:studio"],
@@ -623,11 +623,11 @@ def test_the_form_asks_for_a_pull_request(
     assert response.status_code == 303, _errors(response.text)
     job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
     assert job is not None
-    assert [(v["name"], v["ref"], v["flags"]) for v in job.spec["variants"]] == [
+    assert [(v.name, v.ref, v.flags) for v in job.spec.variants] == [
         ("base", BASE, {}),
         ("pr-7", HEAD, {}),
     ]
-    assert (job.spec["contexts"], job.spec["rounds"]) == ([64], 2)
+    assert (job.spec.contexts, job.spec.rounds) == ([64], 2)
     link = db_session.get(PullRequestJob, job.id)
     assert link is not None and link.asked_by == "API key bob"
     assert len(sent_tasks.named("github_answer_pull_request")) == 1
@@ -721,7 +721,7 @@ def test_mode_commits_measures_the_pull_requests_line_from_its_merge_base(
     link = db_session.scalars(sa.select(PullRequestJob)).one()
     assert (link.base_sha, link.head_sha) == (merge_base, HEAD)
     job = db_session.get(Job, link.job_id)
-    assert job is not None and job.spec["mode"] == "commits"
-    commits = job.spec["commits"]
-    assert (commits["base"], commits["head"], commits["alone"]) == (merge_base, HEAD, True)
+    assert job is not None and job.spec.mode == "commits"
+    commits = job.spec.commits  # Job.spec is a JobSpec (api/database.py SpecColumn)
+    assert (commits.base, commits.head, commits.alone) == (merge_base, HEAD, True)
     assert github.called("GET", f"/compare/{BASE}...{HEAD}")

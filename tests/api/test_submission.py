@@ -82,3 +82,36 @@ def test_refusals_still_judge_every_host(
         _submit(db_session, settings, job_payload(**overrides))
     assert message in refused.value.message
     assert db_session.scalar(sa.select(sa.func.count()).select_from(Job)) == 0
+
+
+def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
+    db_session: Session, settings: Settings
+) -> None:
+    """Until a host resolves a range, its number of commits (the comparisons its verdicts are
+    corrected over) is unknown; once it has, the job says when its rounds cannot conclude."""
+    from evidence.history import history_spec
+
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    payload = {
+        "mode": "history",
+        "adapter": "mlx-lm",
+        "repository": "mlx-lm",
+        "variants": [{"name": "base"}],
+        "history": {"range": "v1..main"},
+        "contexts": [64],
+        "rounds": 10,
+    }
+    answer = _submit(db_session, settings, payload)
+    assert answer.rounds_warning is None
+    job = db_session.get_one(Job, answer.id)
+    (run,) = db_session.scalars(sa.select(Run).where(Run.job_id == job.id)).all()
+    commits = [f"{n:040x}" for n in range(1, 41)]
+    run.resolved_spec = history_spec(job.spec, f"{0:040x}", commits)
+    db_session.commit()
+    detail = job_service.job_detail(db_session=db_session, job_id=job.id)
+    assert detail.rounds_warning == (
+        "the host resolved v1..main to 40 commits: 10 rounds cannot reach a verdict: "
+        "40 comparisons corrected together (Holm) need at least 11 rounds, more when the "
+        "spread is wide"
+    )
+    assert detail.resolved_spec is not None and len(detail.resolved_spec["variants"]) == 41

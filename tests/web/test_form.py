@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from api.jobs.models import Job
 from api.pages import form as job_form
-from evidence.schemas import JobSpec
 from tests.api.factories import make_host
 from tests.web.builders import csrf_of
 
@@ -88,14 +87,14 @@ def test_submit_creates_the_job_and_redirects_to_its_page(
     job_id = response.headers["location"].removeprefix("/jobs/")
     job = db_session.get(Job, job_id)
     assert job is not None
-    assert job.spec["contexts"] == [64, 128, 4096]
-    assert job.spec["variants"][1] == {
+    assert job.spec.contexts == [64, 128, 4096]
+    assert job.spec.variants[1].model_dump() == {
         "name": "cand",
         "ref": None,
         "recipe": None,
         "flags": {"prefill_step_size": 64, "clear_cache": False},
     }
-    assert job.spec["adapter"] == "embedded" and job.spec["repository"] is None
+    assert job.spec.adapter == "embedded" and job.spec.repository is None
     assert job.submitted_by == api_key.split("_")[1]
     page = web.get(response.headers["location"])
     assert page.status_code == 200 and job_id in page.text
@@ -194,7 +193,7 @@ def test_form_offers_each_repositorys_adapters_and_submits_a_server_job(
     response = web.post("/", data=fields, follow_redirects=False)
     assert response.status_code == 303, _errors(response.text)
     job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
-    assert job is not None and job.spec["adapter"] == "openai-server"
+    assert job is not None and job.spec.adapter == "openai-server"
 
 
 def test_adapter_and_option_refusals_land_beside_their_fields(
@@ -269,7 +268,7 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
     blank = web.post("/", data=_fields(page, rounds=""), follow_redirects=False)
     assert blank.status_code == 303, _errors(blank.text)
     job = db_session.get(Job, blank.headers["location"].removeprefix("/jobs/"))
-    assert job.spec["rounds"] == default_rounds(JobSpec.model_validate(job.spec)) == 10
+    assert job.spec.rounds == default_rounds(job.spec) == 10
     assert 'id="rounds-warning"' not in web.get(blank.headers["location"]).text
     table = re.search(r'data-rounds-needed="([^"]+)"', page).group(1)
     needed = json.loads(html_lib.unescape(table))
@@ -310,8 +309,8 @@ def test_history_mode_is_offered_and_its_rules_land_beside_their_fields(
     response = web.post("/", data=fields, follow_redirects=False)
     assert response.status_code == 303, _errors(response.text)
     job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
-    assert job.spec["mode"] == "history" and job.spec["adapter"] == "mlx-lm"
-    assert [v["ref"] for v in job.spec["variants"]] == ["v1.0", "main"]
+    assert job.spec.mode == "history" and job.spec.adapter == "mlx-lm"
+    assert [v.ref for v in job.spec.variants] == ["v1.0", "main"]
     assert _job_count(db_session) == before + 1
 
 
@@ -329,8 +328,9 @@ def test_a_history_range_and_a_bisection_are_submitted_from_the_form(
     )
     assert response.status_code == 303, _errors(response.text)
     job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
-    assert job.spec["history"]["range"] == "v1.0..main" and job.spec["history"]["last"] == 3
-    assert job.spec["variants"][0]["ref"] is None
+    assert job.spec.history is not None
+    assert (job.spec.history.range, job.spec.history.last) == ("v1.0..main", 3)
+    assert job.spec.variants[0].ref is None
 
     bisect = {"mode": "bisect", "good": "v1.0", "bad": "main", "direction": "slower"}
     response = web.post(
@@ -340,14 +340,14 @@ def test_a_history_range_and_a_bisection_are_submitted_from_the_form(
     )
     assert response.status_code == 303, _errors(response.text)
     job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
-    assert job.spec["bisect"] == {
+    assert job.spec.bisect is not None and job.spec.bisect.model_dump() == {
         "good": "v1.0",
         "bad": "main",
         "direction": "slower",
         "steps": [],
         "line": None,
     }
-    assert job.spec["variants"] == [
+    assert [v.model_dump() for v in job.spec.variants] == [
         {"name": "base", "ref": None, "recipe": None, "flags": {"prefill_step_size": 64}}
     ]
     # A bisection shows no candidate row: what a hidden row still holds is not read.
@@ -358,7 +358,7 @@ def test_a_history_range_and_a_bisection_are_submitted_from_the_form(
     )
     assert two_rows.status_code == 303, _errors(two_rows.text)
     job = db_session.get(Job, two_rows.headers["location"].removeprefix("/jobs/"))
-    assert [v["name"] for v in job.spec["variants"]] == ["base"]
+    assert [v.name for v in job.spec.variants] == ["base"]
     before = _job_count(db_session)
     injected = web.post(
         "/", data=_fields(page, **{**bisect, "good": "--exec=x"}, **one_row, custom_contexts="64")

@@ -367,7 +367,6 @@ def test_a_bisection_page_shows_its_steps_as_they_complete(
     from api.jobs import bisect
     from api.jobs import service as job_service
     from evidence.bisect import step_spec
-    from evidence.schemas import JobSpec
     from tests.api.factories import job_payload
 
     make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
@@ -390,9 +389,7 @@ def test_a_bisection_page_shows_its_steps_as_they_complete(
     (first,) = bisect.steps_of(db_session=db_session, job_id=job.id)
     line = [c * 40 for c in "abc"]
     (run,) = job_service.job_runs(db_session=db_session, job_id=first.id)
-    run.resolved_spec = step_spec(JobSpec.model_validate(first.spec), line, []).model_dump(
-        mode="json", by_alias=True
-    )
+    run.resolved_spec = step_spec(first.spec, line, [])
     first.state, first.evidence_id = "done", "1" * 24
     first.summary = {"bisect": {"decision": "lower", "why": "mid is slower like hi"}}
     db_session.commit()
