@@ -18,7 +18,7 @@ from api.artifacts.store import ArtifactStore, open_store
 from api.celery_app import celery_app
 from api.database import make_engine, make_sessionmaker
 from api.evidence import service as evidence_service
-from api.github import service as github_service
+from api.github import answer as github_answer
 from api.jobs import bisect
 from api.jobs.models import Job
 from api.runs import expiry, ingest
@@ -95,7 +95,7 @@ def _advance_bisection(db_session: Session, job_id: str) -> None:
 
 def _answer_pull_request(db_session: Session, job_id: str) -> None:
     """When a pull request asked for `job_id`: its answer on GitHub follows the job's state."""
-    pull_request_id = github_service.pull_request_of_job(db_session=db_session, job_id=job_id)
+    pull_request_id = github_answer.pull_request_of_job(db_session=db_session, job_id=job_id)
     if pull_request_id is not None:
         dispatch.send_task("github_answer_pull_request", pull_request_id)
 

@@ -3,6 +3,6 @@
 Webhook deliveries (signature checked before parsing, de-duplicated by id), `/coldbench`
 commands and labels turned into jobs on the pull request's pinned base and head commits, and
 the answer: one comment edited in place and a commit status or check run per job. Models,
-service, router, Celery tasks, the GitHub client (gidgethub) and the per-repository
-configuration.
+service (asking), answer (answering), comment, router, Celery tasks, the GitHub client
+(gidgethub) and the per-repository configuration.
 """

@@ -1,9 +1,9 @@
-"""Pull requests asking for evidence and getting it: deliveries recorded once, requests turned
-into jobs on the pull request's pinned commits, and the answer on GitHub (one comment edited in
-place, a commit status or check run per job) kept in step with each job.
+"""Pull requests asking for evidence: deliveries recorded once, and requests (a comment, a
+label, a push, `coldbench submit --pr`, the form) turned into jobs on the pull request's pinned
+commits. The answer on GitHub is api/github/answer.py's.
 
-Celery runs `handle_delivery` and `answer_pull_request` (api/github/tasks.py); GitHub is
-called there, never while a webhook request waits.
+Celery runs `handle_delivery` (api/github/tasks.py): GitHub is called there, never while a
+webhook request waits.
 """
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import sqlalchemy as sa
 from gidgethub import BadRequest
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.artifacts.store import ArtifactStore
 from api.database import utcnow
 from api.errors import Invalid, NotFound, ServiceError, TooManyRequests
-from api.evidence import service as evidence_service
 from api.github import client
 from api.github.commands import Ask, CommandError, ask_of, parse_command
-from api.github.comment import JobView, render_comment
-from api.github.config import GitHubConfig, RepositoryConfig, StatusPolicy
+from api.github.config import GitHubConfig, RepositoryConfig
 from api.github.events import Delivery, Facts, event_facts
 from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
 from api.github.schemas import PullRequestAsk
@@ -35,15 +32,11 @@ from api.jobs import service as jobs_service
 from api.jobs.models import Job
 from api.settings import Settings
 from api.transactions import Database
-from evidence.canonical import sha256_hex
 from evidence.job_options import JobOptionsError, build_job_spec
-from evidence.protocol import JobState
-from evidence.summary_schema import Summary
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW = timedelta(hours=1)
-Conclusion = Literal["success", "neutral", "failure"]
 
 
 # --- deliveries ------------------------------------------------------------------------------
@@ -151,7 +144,8 @@ def handle_delivery(
         pull.head_sha = facts.head_sha
         if not repository.auto_run_on_push:
             _handled(db_session, row, "new head recorded")
-            return pull.id
+            # Only a pull request the service has answered on hears of its new head.
+            return pull.id if pull.comment_id is not None else None
         ask = Ask()
     elif facts.kind == "labeled":
         if not repository.label or facts.label != repository.label:
@@ -339,236 +333,3 @@ def request_payload(
         given["variants"] = [head] if mode == "ablation" else [base, head]
     spec = build_job_spec(given)
     return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-# --- answering -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Report:
-    """The commit status or check run of one job, as it should be now."""
-
-    state: Literal["pending", "success", "neutral", "failure", "cancelled"]
-    description: str
-    target_url: str
-    # The job's state while pending (queued, running, analyzing), else None.
-    pending_as: str | None = None
-
-    @property
-    def is_final(self) -> bool:
-        return self.state != "pending"
-
-    @property
-    def key(self) -> str:
-        """What `PullRequestJob.reported_state` records once GitHub shows this report: the
-        conclusion, or the job's state while it is pending (a move from queued to running is
-        reported too)."""
-        return self.pending_as or self.state
-
-
-FINAL_REPORTS = ("success", "neutral", "failure", "cancelled")
-
-
-def conclusion(policy: StatusPolicy, summary: Summary) -> Conclusion:
-    """failure when a comparison is slower by more than the policy allows, success when one is
-    faster (and none is a failure), neutral otherwise."""
-    limit = 1 - policy.failure_slower_pct / 100
-    comparisons = summary.comparisons
-    if any(
-        c.verdict == "slower" and c.ratio_median is not None and c.ratio_median < limit
-        for c in comparisons
-    ):
-        return "failure"
-    if any(c.verdict == "faster" for c in comparisons):
-        return "success"
-    return "neutral"
-
-
-def _verdict_counts(summary: Summary) -> str:
-    counts: dict[str, int] = {}
-    for comparison in summary.comparisons:
-        counts[comparison.verdict] = counts.get(comparison.verdict, 0) + 1
-    return ", ".join(f"{count} {verdict}" for verdict, count in counts.items()) or "no comparison"
-
-
-def job_report(job: Job, policy: StatusPolicy, config: GitHubConfig) -> Report:
-    job_url = config.link(f"/jobs/{job.id}")
-    if job.state == JobState.DONE and job.summary is not None and job.evidence_id:
-        summary = Summary.model_validate(job.summary)
-        return Report(
-            conclusion(policy, summary),
-            _verdict_counts(summary),
-            config.link(f"/e/{job.evidence_id}"),
-        )
-    if job.state == JobState.CANCELLED:
-        return Report("cancelled", "the job was cancelled", job_url)
-    if job.state == JobState.FAILED:
-        return Report("failure", (job.reason or "the job failed")[:140], job_url)
-    return Report("pending", f"{job.state} on coldbench", job_url, pending_as=job.state)
-
-
-def evidence_markdown(
-    db_session: Session, job: Job, store: ArtifactStore, config: GitHubConfig
-) -> str | None:
-    """The job's PR Markdown, its evidence id linked to its page (the evidence page's)."""
-    if job.evidence_id is None:
-        return None
-    return evidence_service.pr_markdown(
-        db_session=db_session, store=store, evidence_id=job.evidence_id, base_url=config.service_url
-    )
-
-
-def answer_pull_request(
-    *, db_session: Session, config: GitHubConfig, store: ArtifactStore, pull_request_id: int
-) -> None:
-    """Bring the pull request's comment and each of its jobs' status up to date (idempotent:
-    what GitHub already shows is not sent again)."""
-    query = sa.select(PullRequest).where(PullRequest.id == pull_request_id).with_for_update()
-    pull = db_session.scalars(query).first()
-    if pull is None:
-        return
-    repository = config.repository(pull.repository)
-    if repository is None:
-        db_session.rollback()
-        return
-    links = list(
-        db_session.scalars(
-            sa.select(PullRequestJob)
-            .where(PullRequestJob.pull_request_id == pull.id)
-            .order_by(PullRequestJob.created_at)
-        )
-    )
-    jobs = {
-        job.id: job
-        for job in db_session.scalars(
-            sa.select(Job).where(Job.id.in_([link.job_id for link in links]))
-        )
-    }
-    reports = {
-        link.job_id: job_report(jobs[link.job_id], repository.policy, config)
-        for link in links
-        if link.reported_state not in FINAL_REPORTS
-    }
-    view = None
-    if links:
-        latest = links[-1]
-        job = jobs[latest.job_id]
-        view = JobView(
-            job_id=job.id,
-            state=job.state,
-            base_sha=latest.base_sha,
-            head_sha=latest.head_sha,
-            asked_by=latest.asked_by,
-            command=latest.command,
-            job_url=config.link(f"/jobs/{job.id}"),
-            reason=job.reason,
-            evidence_markdown=evidence_markdown(db_session, job, store, config),
-        )
-    body = render_comment(job=view, head_sha=pull.head_sha, notice=pull.notice)
-    body_sha256 = sha256_hex(body.encode())
-    to_report = [
-        (link, reports[link.job_id])
-        for link in links
-        if link.job_id in reports and reports[link.job_id].key != link.reported_state
-    ]
-    comment_id = asyncio.run(
-        _send_answer(
-            repository,
-            pull,
-            body if body_sha256 != pull.comment_sha256 else None,
-            to_report,
-        )
-    )
-    pull.comment_id = comment_id
-    pull.comment_sha256 = body_sha256
-    for link, report in to_report:
-        link.reported_state = report.key
-    db_session.commit()
-
-
-async def _send_answer(
-    repository: RepositoryConfig,
-    pull: PullRequest,
-    body: str | None,
-    to_report: list[tuple[PullRequestJob, Report]],
-) -> int | None:
-    full_name = pull.repository
-    async with client.github_api(repository, installation_id=pull.installation_id) as gh:
-        for link, report in to_report:
-            await _report(gh, repository, full_name, link, report)
-        comment_id = pull.comment_id
-        if body is None:
-            return comment_id
-        if comment_id is not None and await client.edit_comment(gh, full_name, comment_id, body):
-            return comment_id
-        return await client.create_comment(gh, full_name, pull.number, body)
-
-
-async def _report(
-    gh: Any, repository: RepositoryConfig, full_name: str, link: PullRequestJob, report: Report
-) -> None:
-    title = f"coldbench: {report.description}"
-    if repository.report == "status":
-        state = {"neutral": repository.policy.neutral_status, "cancelled": "error"}.get(
-            report.state, report.state
-        )
-        await client.set_status(
-            gh,
-            full_name,
-            link.head_sha,
-            state=state,
-            description=report.description,
-            target_url=report.target_url,
-            context=repository.status_context,
-        )
-        return
-    if link.check_run_id is None:
-        link.check_run_id = await client.create_check_run(
-            gh,
-            full_name,
-            link.head_sha,
-            name=repository.status_context,
-            details_url=report.target_url,
-            title=title,
-        )
-    await client.update_check_run(
-        gh,
-        full_name,
-        link.check_run_id,
-        status="completed" if report.is_final else _CHECK_RUN_STATUS[report.key],
-        conclusion=report.state if report.is_final else None,
-        details_url=report.target_url,
-        title=title,
-        summary=report.description,
-    )
-
-
-_CHECK_RUN_STATUS = {"queued": "queued", "running": "in_progress", "analyzing": "in_progress"}
-
-
-def pull_request_of_job(*, db_session: Session, job_id: str) -> int | None:
-    """The pull request that asked for `job_id` (None for any other job)."""
-    query = sa.select(PullRequestJob.pull_request_id).where(PullRequestJob.job_id == job_id)
-    return db_session.scalar(query)
-
-
-def unanswered_pull_request_ids(*, db_session: Session) -> list[int]:
-    """Pull requests with a job whose state moved on since GitHub was last told (or never
-    was): for the beat task. It reports a job's move from queued to running (the lease is
-    claimed by the API, which sends no task) and catches what a lost task left behind."""
-    query = (
-        sa.select(PullRequestJob.pull_request_id)
-        .join(Job, Job.id == PullRequestJob.job_id)
-        .where(
-            sa.or_(
-                PullRequestJob.reported_state.is_(None),
-                sa.and_(
-                    PullRequestJob.reported_state.not_in(FINAL_REPORTS),
-                    Job.state != PullRequestJob.reported_state,
-                ),
-            )
-        )
-        .distinct()
-        .limit(100)
-    )
-    return list(db_session.scalars(query))

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from api import dispatch
 from api.celery_app import celery_app
-from api.github import service
+from api.github import answer, service
 from api.github.config import GitHubConfig, load_github_config
 from api.tasks import TASK_OPTIONS, _session, _settings, _store
 
@@ -43,7 +43,7 @@ def github_answer_pull_request(pull_request_id: int) -> None:
     if config is None:
         return
     with _session() as db_session:
-        service.answer_pull_request(
+        answer.answer_pull_request(
             db_session=db_session, config=config, store=_store(), pull_request_id=pull_request_id
         )
 
@@ -57,7 +57,7 @@ def github_catch_up() -> None:
         deliveries = service.unhandled_delivery_ids(
             db_session=db_session, older_than_s=DELIVERY_RETRY_AFTER_S
         )
-        pulls = service.unanswered_pull_request_ids(db_session=db_session)
+        pulls = answer.unanswered_pull_request_ids(db_session=db_session)
     for delivery_id in deliveries:
         dispatch.send_task("github_handle_delivery", delivery_id)
     for pull_request_id in pulls:

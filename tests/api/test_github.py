@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.github import service
+from api.github import answer, service
 from api.github.comment import MARKER
 from api.github.config import GitHubConfig, GitHubConfigError, load_github_config
 from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
@@ -262,7 +262,7 @@ def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
     ]
     assert all(call.authorization == f"token {TOKEN}" for call in github.calls)
 
-    service.answer_pull_request(
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     [status] = github.statuses
@@ -274,7 +274,7 @@ def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
     assert "**queued**" in comment["body"]
     # Nothing changed: nothing is sent again.
     calls = len(github.calls)
-    service.answer_pull_request(
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     assert len(github.calls) == calls
@@ -286,7 +286,7 @@ def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
         event="pull_request",
     )
     assert handle(db_session, settings, config) == [pull_request_id]
-    service.answer_pull_request(
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     assert list(github.comments) == [comment_id] and github.comments[comment_id]["edits"] == 1
@@ -298,11 +298,11 @@ def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
 
     # A host claims the run (in the API, which sends no task): the beat task finds the job
     # whose state moved on, and the status and comment follow.
-    assert service.unanswered_pull_request_ids(db_session=db_session) == []
+    assert answer.unanswered_pull_request_ids(db_session=db_session) == []
     job.state = JobState.RUNNING
     db_session.commit()
-    assert service.unanswered_pull_request_ids(db_session=db_session) == [pull_request_id]
-    service.answer_pull_request(
+    assert answer.unanswered_pull_request_ids(db_session=db_session) == [pull_request_id]
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     assert [(s["state"], s["description"]) for s in github.statuses] == [
@@ -310,7 +310,7 @@ def test_an_allowed_comment_starts_a_job_on_the_pinned_commits(
         ("pending", "running on coldbench"),
     ]
     assert "**running**" in github.comments[comment_id]["body"]
-    assert service.unanswered_pull_request_ids(db_session=db_session) == []
+    assert answer.unanswered_pull_request_ids(db_session=db_session) == []
 
 
 def test_an_outsider_starts_nothing_and_gets_no_answer(
@@ -372,7 +372,7 @@ def test_refusals_are_answered_on_the_pull_request(
         "@maintainer: not started: contexts: '<b>4Q</b>' is not a token count "
         "(e.g. 512, 4096, 4K or 1M)"
     )
-    service.answer_pull_request(
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     [comment] = github.comments.values()
@@ -465,12 +465,12 @@ def test_conclusions_follow_the_policy() -> None:
         return Summary.model_construct(comparisons=comparisons)
 
     strict, lenient = StatusPolicy(), StatusPolicy(failure_slower_pct=5)
-    assert service.conclusion(strict, summary(("faster", 1.1))) == "success"
-    assert service.conclusion(strict, summary(("faster", 1.1), ("slower", 0.98))) == "failure"
-    assert service.conclusion(lenient, summary(("faster", 1.1), ("slower", 0.98))) == "success"
-    assert service.conclusion(lenient, summary(("slower", 0.9))) == "failure"
-    assert service.conclusion(strict, summary(("no established change", 1.0))) == "neutral"
-    assert service.conclusion(strict, summary(("inconclusive", 0.9))) == "neutral"
+    assert answer.conclusion(strict, summary(("faster", 1.1))) == "success"
+    assert answer.conclusion(strict, summary(("faster", 1.1), ("slower", 0.98))) == "failure"
+    assert answer.conclusion(lenient, summary(("faster", 1.1), ("slower", 0.98))) == "success"
+    assert answer.conclusion(lenient, summary(("slower", 0.9))) == "failure"
+    assert answer.conclusion(strict, summary(("no established change", 1.0))) == "neutral"
+    assert answer.conclusion(strict, summary(("inconclusive", 0.9))) == "neutral"
 
 
 def test_a_github_app_reports_check_runs_with_installation_tokens(
@@ -521,7 +521,7 @@ def test_a_github_app_reports_check_runs_with_installation_tokens(
     )
     assert response.status_code == 202
     [pull_request_id] = handle(db_session, settings, config)
-    service.answer_pull_request(
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     # Each answer takes an installation token with a JWT signed by the App's key.
@@ -540,7 +540,7 @@ def test_a_github_app_reports_check_runs_with_installation_tokens(
     job = db_session.scalars(sa.select(Job)).one()
     job.state, job.reason = JobState.FAILED, "every run failed: build failed"
     db_session.commit()
-    service.answer_pull_request(
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     assert github.check_runs[check_id]["updates"][0]["status"] == "queued"
@@ -682,7 +682,7 @@ def test_a_deleted_comment_is_created_again_and_a_handled_delivery_is_not_redone
         )
         is None
     )
-    service.answer_pull_request(
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     [first] = github.comments
@@ -690,7 +690,7 @@ def test_a_deleted_comment_is_created_again_and_a_handled_delivery_is_not_redone
     job = db_session.scalars(sa.select(Job)).one()
     job.state = JobState.RUNNING
     db_session.commit()
-    service.answer_pull_request(
+    answer.answer_pull_request(
         db_session=db_session, config=config, store=None, pull_request_id=pull_request_id
     )
     [second] = github.comments
@@ -725,3 +725,24 @@ def test_mode_commits_measures_the_pull_requests_line_from_its_merge_base(
     commits = job.spec.commits  # Job.spec is a JobSpec (api/database.py SpecColumn)
     assert (commits.base, commits.head, commits.alone) == (merge_base, HEAD, True)
     assert github.called("GET", f"/compare/{BASE}...{HEAD}")
+
+
+def test_a_push_to_a_pull_request_nobody_asked_about_gets_no_comment(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+) -> None:
+    deliver(
+        client,
+        pull_request_event(REPO, 9, "synchronize", "maintainer", head=NEW_HEAD),
+        event="pull_request",
+    )
+    assert handle(db_session, settings, config) == [None]
+    pull = db_session.scalars(sa.select(PullRequest)).one()
+    assert (pull.number, pull.head_sha) == (9, NEW_HEAD)
+    answer.answer_pull_request(
+        db_session=db_session, config=config, store=None, pull_request_id=pull.id
+    )
+    assert github.calls == []
