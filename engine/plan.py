@@ -40,9 +40,11 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 DEFAULT_WARMUP_TOKENS = 256
 
 
-# Set by the orchestrator in a variant process's environment: load, print `loaded`, wait for
-# `{"op": "warmup"}` (engine/runner.py). An environment variable, not a plan field, so that a
-# runner of an older engine commit, whose Plan refuses unknown fields, still starts.
+# Set by the orchestrator in a variant process's environment (engine/runner.py's gates): after
+# the imports print `imported` and wait for `{"op": "load"}`; after loading print `loaded` and
+# wait for `{"op": "warmup"}`. Environment variables, not plan fields, so that a runner of an
+# older engine commit, whose Plan refuses unknown fields, still starts.
+LOAD_GATE_ENV = "COLDBENCH_LOAD_GATE"
 WARMUP_GATE_ENV = "COLDBENCH_WARMUP_GATE"
 
 

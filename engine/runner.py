@@ -3,22 +3,31 @@
 Loads the model once, runs one discarded warm-up per context of the plan (records with status
 `warmup`, round -1, on prompts never measured: kernels compile per shape, so the first timed
 cell at every context finds them compiled), prints `{"event": "ready", "target": {...}}`, then
-runs one cell per
-stdin line `{"round": R, "order": O, "context_tokens": N}` until `{"op": "exit"}` or EOF,
-appending each record to the plan's `records_path` (flush + fsync: a crash loses at most the
-cell in flight) and printing `{"event": "record", "record": {...}}`. With `cells` in the plan
-it runs those and exits (batch mode). The warm-up records are in the records file and in the
-ready event (`"warmups": [...]`, and the first as `"warmup"`), so stdout's first line is always
-`loaded`, `ready` or `error`.
+runs one cell per stdin line `{"round": R, "order": O, "context_tokens": N}` until
+`{"op": "exit"}` or EOF, appending each record to the plan's `records_path` (flush + fsync: a
+crash loses at most the cell in flight) and printing `{"event": "record", "record": {...}}`.
+With `cells` in the plan it runs those and exits (batch mode). The warm-up records are in the
+records file and in the ready event (`"warmups": [...]`, and the first as `"warmup"`).
 
-With `COLDBENCH_WARMUP_GATE=1` (set by the orchestrator, worker/variants.py) the runner prints
-`{"event": "loaded"}` once the model is loaded and waits for the stdin line `{"op": "warmup"}`
-before its warm-ups (`{"op": "exit"}` or EOF end it): a block's processes load at the same time
-and warm up one after another. A runner that does not know the gate (an older commit of an
-embedded repository) warms up at once and prints `ready`, which the orchestrator accepts. stdout
-carries only these JSON lines; logs go to stderr. A plan or load failure prints
+Gates, set by the orchestrator (worker/variants.py) in the environment (not plan fields, so
+that a runner of an older engine commit, whose Plan refuses unknown fields, still starts):
+
+- `COLDBENCH_LOAD_GATE=1`: after its imports, before it touches any device, the runner prints
+  `{"event": "imported", "import_s": S, "lean": bool}` and waits for `{"op": "load"}`. The
+  orchestrator starts the next block's processes while the current block measures and lets
+  them load once the current block's processes are gone.
+- `COLDBENCH_WARMUP_GATE=1`: after loading it prints `{"event": "loaded", "load_s": S}` and
+  waits for `{"op": "warmup"}`: a block's processes load at the same time and warm up one after
+  another. Then each warm-up prints `{"event": "warmed", "context_tokens": N, "warmup_s": S}`,
+  so the orchestrator bounds every warm-up by the cell timeout. Without the gate stdout's first
+  line is `ready` or `error`.
+
+At either gate `{"op": "exit"}` or EOF ends the process. A runner that does not know a gate (an
+older commit of an embedded repository) goes on at once, which the orchestrator accepts. stdout
+carries only these JSON lines; logs go to stderr. A plan, import or load failure prints
 `{"event": "error", "reason": "..."}` and exits 2; a bad stdin line gets an error event and the
-process keeps serving.
+process keeps serving. The process exits on its own when its parent (the orchestrator) is gone,
+also in the middle of a cell or warm-up, so a killed orchestrator leaves no runner behind.
 """
 
 from __future__ import annotations
@@ -28,10 +37,13 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 from typing import IO, Any
 
+from engine import lean
 from engine.memory import release_cached_buffers
-from engine.plan import WARMUP_GATE_ENV, CellRequest, Plan
+from engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, CellRequest, Plan
 from engine.record import CellRecord, Measurement, clip, now_iso, one_line
 
 log = logging.getLogger("engine.runner")
@@ -113,36 +125,84 @@ class VariantProcess:
         self.records.close()
 
 
-def wait_for_warmup(lines: IO[str], process: VariantProcess) -> bool:
-    """Block until the orchestrator's `{"op": "warmup"}`; False on `exit` or EOF."""
+def wait_for_op(lines: IO[str], process: VariantProcess | None, op: str) -> bool:
+    """Block until the orchestrator's `{"op": op}`; False on `exit` or EOF."""
     for line in lines:
         try:
             message = json.loads(line)
         except json.JSONDecodeError:
             message = None
-        if isinstance(message, dict) and message.get("op") in ("warmup", "exit"):
-            return message["op"] == "warmup"
-        process.emit({"event": "error", "reason": f"expected a warmup op, got {line.strip()[:80]}"})
+        if isinstance(message, dict) and message.get("op") in (op, "exit"):
+            return message["op"] == op
+        error = {"event": "error", "reason": f"expected a {op} op, got {line.strip()[:80]}"}
+        if process is not None:
+            process.emit(error)
     return False
 
 
-def main(argv: list[str] | None = None) -> int:
+def watch_parent(poll_s: float = 0.5) -> None:
+    """End this process when its parent is gone (re-parented: `getppid` changes), also in the
+    middle of a cell or warm-up. A server the openai-server adapter started dies with it (its
+    own parent-death signal)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                log.warning("the orchestrator (pid %d) is gone: exiting", parent)
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def _error_line(out: IO[str], error: BaseException) -> int:
+    out.write(json.dumps({"event": "error", "reason": clip(one_line(error))}) + "\n")
+    out.flush()
+    return 2
+
+
+def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
+    """The variant process. `own_process` (the `python -m` entry): this interpreter is the
+    runner's alone, so it may import mlx-lm lean (engine.lean) and end when its parent does."""
     parser = argparse.ArgumentParser(prog="python -m engine.runner", description=__doc__)
     parser.add_argument("--plan", required=True, help="plan JSON file")
     args = parser.parse_args(argv)
+    started = time.monotonic()
     logging.basicConfig(
         level=os.environ.get("COLDBENCH_LOG_LEVEL", "INFO"),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     out = sys.stdout
+    if own_process:
+        watch_parent()
     try:
         plan = Plan.load(args.plan)
+        # Decided before anything imports mlx_lm (engine.lean): no transformers here.
+        if own_process and lean.is_lean_plan(plan.adapter, plan.model):
+            lean.install()
         from engine.adapters import create_adapter
 
         adapter = create_adapter(plan)
+        prepare = getattr(adapter, "prepare", None)
+        if prepare is not None:
+            prepare()  # imports only: nothing touches the device before the load gate
         process = VariantProcess(plan, adapter, out)
+    except Exception as error:  # noqa: BLE001 - reported as one line, exit 2
+        log.exception("start failed")
+        return _error_line(out, error)
+    serving = plan.cells is None
+    if serving and os.environ.get(LOAD_GATE_ENV) == "1":
+        imported = {"import_s": round(time.monotonic() - started, 4), "lean": lean.is_installed()}
+        process.emit({"event": "imported", **imported})
+        if not wait_for_op(sys.stdin, process, "load"):
+            process.close()
+            return 0
+    try:
+        clock = time.monotonic()
         adapter.load()
+        load_s = round(time.monotonic() - clock, 4)
         # batch mode: a context the model or corpus cannot serve fails before any cell runs
         check = getattr(adapter, "check_context", None)
         if check is not None:
@@ -150,17 +210,22 @@ def main(argv: list[str] | None = None) -> int:
                 check(context)
     except Exception as error:  # noqa: BLE001 - reported as one line, exit 2
         log.exception("load failed")
-        out.write(json.dumps({"event": "error", "reason": clip(one_line(error))}) + "\n")
-        out.flush()
-        return 2
+        process.close()
+        adapter.close()
+        return _error_line(out, error)
     try:
-        if plan.cells is None and os.environ.get(WARMUP_GATE_ENV) == "1":
-            process.emit({"event": "loaded"})
-            if not wait_for_warmup(sys.stdin, process):
+        gated = serving and os.environ.get(WARMUP_GATE_ENV) == "1"
+        if gated:
+            process.emit({"event": "loaded", "load_s": load_s})
+            if not wait_for_op(sys.stdin, process, "warmup"):
                 return 0
-        warmups = [
-            process.run(CellRequest(0, 0, context), warmup=True) for context in plan.warmup_shapes()
-        ]
+        warmups = []
+        for context in plan.warmup_shapes():
+            clock = time.monotonic()
+            warmups.append(process.run(CellRequest(0, 0, context), warmup=True))
+            if gated:  # an orchestrator that knows the gate knows this event
+                warmup_s = round(time.monotonic() - clock, 4)
+                process.emit({"event": "warmed", "context_tokens": context, "warmup_s": warmup_s})
         process.emit(
             {
                 "event": "ready",
@@ -184,4 +249,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main(own_process=True)
+    # Records are fsynced and the adapter closed: skip the interpreter's teardown (freeing every
+    # array one by one, unloading modules) so that a block's processes are gone at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,10 +1,11 @@
 """Evidence bundles: write a folder (and its zip), read either, verify every byte.
 
 A bundle is a flat folder: `records.jsonl`, `provenance.json` (canonical JSON), `build-*.log`,
-`job.json` (when the spec is known), `summary.json`, `summary.md`, `report.html` and
-`manifest.json`. The manifest lists every other file with its sha256 and size and carries the
-provenance inline. The evidence id is the first 24 hex digits of the sha256 of manifest.json's
-bytes, so it commits to every file of the bundle.
+`job.json` (when the spec is known), `timeline.json` (where the run's time went; one
+`timeline.<run>.json` per run in a job of several runs), `summary.json`, `summary.md`,
+`report.html` and `manifest.json`. The manifest lists every other file with its sha256 and size
+and carries the provenance inline. The evidence id is the first 24 hex digits of the sha256 of
+manifest.json's bytes, so it commits to every file of the bundle.
 
 Consequence worth knowing: the rendered views inside a bundle (summary.md, report.html) cannot
 show their own bundle's evidence id (it would have to hash itself). They say where to find it;
@@ -42,6 +43,7 @@ from evidence.schemas import (
 )
 from evidence.summary import summarize
 from evidence.summary_schema import Summary, first_difference, summary_json_bytes
+from evidence.timeline import Timeline, is_timeline_file, timeline_file_name
 
 logger = logging.getLogger(__name__)
 
@@ -141,12 +143,14 @@ def bundle_files(
     summary_md: str | None = None,
     report_html: str | None = None,
     extra_files: Mapping[str, bytes] | None = None,
+    timelines: Sequence[Timeline] = (),
 ) -> dict[str, bytes]:
     """Every file of a bundle as bytes, manifest.json included (nothing touches the disk).
 
     `records` may be the raw bytes of records.jsonl (kept as they are, after validation) or
     parsed records (written canonically). Build logs are named `build-<variant>.log`; a bare
-    variant name is turned into that file name.
+    variant name is turned into that file name. Each run's timeline is `timeline.json`, or
+    `timeline.<run>.json` when there are several.
     """
     if isinstance(records, bytes):
         _, problems = parse_records(records)
@@ -166,6 +170,10 @@ def bundle_files(
         files[file_name] = log.encode("utf-8") if isinstance(log, str) else log
     if spec is not None:
         files[JOB_FILE] = canonical_json(spec.model_dump(mode="json", by_alias=True))
+    for timeline in timelines:
+        name = timeline_file_name(timeline.run_id, several=len(timelines) > 1)
+        _check_file_name(name)
+        files[name] = timeline.to_json_bytes()
     if summary is not None:
         files[SUMMARY_JSON_FILE] = summary_json_bytes(summary)
     if summary_md is not None:
@@ -232,6 +240,7 @@ def build_bundle(
     seed: int | None = None,
     n_resamples: int | None = None,
     extra_files: Mapping[str, bytes] | None = None,
+    timelines: Sequence[Timeline] = (),
 ) -> tuple[dict[str, bytes], Summary]:
     """Every file of a complete bundle (summary computed, views rendered) and the summary.
 
@@ -261,6 +270,7 @@ def build_bundle(
         baseline=baseline,
         features=features,
         provenances=provenance_list,
+        timelines=timelines,
         **options,
     )
     common: dict[str, Any] = {
@@ -270,6 +280,7 @@ def build_bundle(
         "spec": spec,
         "summary": summary,
         "extra_files": extra_files,
+        "timelines": timelines,
     }
     for name in (SUMMARY_MD_FILE, REPORT_FILE):
         if name in (extra_files or {}):
@@ -297,6 +308,7 @@ def build_run_bundle(
     spec: JobSpec,
     build_logs: Mapping[str, bytes | str] | None = None,
     extra_files: Mapping[str, bytes] | None = None,
+    timeline: Timeline | None = None,
 ) -> tuple[dict[str, bytes], Summary | None]:
     """A host's bundle of its own run (`coldbench run`, the agent): `build_bundle`'s, except
     that a run without a measured cell (a failed build, a refused job) or whose summary or
@@ -312,6 +324,7 @@ def build_run_bundle(
         "build_logs": build_logs,
         "spec": spec,
         "extra_files": extra_files,
+        "timelines": [timeline] if timeline is not None else [],
     }
     if not any(r.round >= 0 for r in parsed):
         return bundle_files(**data_only), None
@@ -512,6 +525,12 @@ def verify_files(files: Mapping[str, bytes]) -> Verification:
             JobSpec.model_validate_json(files[JOB_FILE])
         except ValidationError as error:
             problems.append(f"{JOB_FILE}: invalid ({error_line(error, whole='document')})")
+    for name in sorted(files):
+        if is_timeline_file(name):
+            try:
+                Timeline.model_validate_json(files[name])
+            except ValidationError as error:
+                problems.append(f"{name}: invalid ({error_line(error, whole='document')})")
     if SUMMARY_JSON_FILE in files:
         _, problem = summary_of(files[SUMMARY_JSON_FILE])
         if problem:
@@ -580,6 +599,10 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
     if problems:
         return [f"cannot recompute: {problems[0]}"]
     try:
+        timelines = timelines_of(files)
+    except ValueError as error:
+        return [f"cannot recompute: {error}"]
+    try:
         recomputed = summarize(
             records,
             spec=spec,
@@ -590,6 +613,7 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
             seed=stored.settings.bootstrap.seed,
             n_resamples=stored.settings.bootstrap.n_resamples,
             margin_threshold=stored.parity.margin_threshold,
+            timelines=timelines,
         )
     except (ValueError, TypeError, KeyError) as error:
         return [f"cannot recompute: {error}"]
@@ -597,6 +621,20 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
     if difference is None:
         return []
     return [f"{SUMMARY_JSON_FILE}: differs from the statistics of {RECORDS_FILE} at {difference}"]
+
+
+def timelines_of(files: Mapping[str, bytes]) -> list[Timeline]:
+    """The bundle's run timelines (timeline.json or timeline.<run>.json), in file-name order;
+    ValueError naming the file that does not match the contract."""
+    found = []
+    for name in sorted(files):
+        if not is_timeline_file(name):
+            continue
+        try:
+            found.append(Timeline.model_validate_json(files[name]))
+        except ValidationError as error:
+            raise ValueError(f"{name}: invalid ({error_line(error, whole='document')})") from None
+    return found
 
 
 def verify_bundle(

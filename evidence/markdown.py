@@ -24,6 +24,7 @@ from evidence.summary_schema import (
     DriftLine,
     History,
     HistoryPoint,
+    PhaseTimes,
     ReproductionRun,
     RunDrift,
     Settings,
@@ -119,6 +120,50 @@ def noise_floor_text(summary: Summary) -> str | None:
             "(median half-width of the 95% intervals)"
         )
     return "; ".join(parts) + "."
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f} s"
+
+
+def _phases_text(phases: PhaseTimes) -> str:
+    return (
+        f"stop {_seconds(phases.stop_s)}, imports {_seconds(phases.imports_s)}, "
+        f"load {_seconds(phases.load_s)}, warm-ups {_seconds(phases.warmups_s)}"
+    )
+
+
+def time_spent_lines(summary: Summary) -> list[str]:
+    """Where each run's time went, one sentence per run (evidence.timeline); none for bundles
+    without a timeline."""
+    if summary.timeline is None:
+        return []
+    several = len(summary.timeline.runs) > 1
+    lines = []
+    for run in summary.timeline.runs:
+        parts = [
+            f"measuring {_seconds(run.measuring_wall_s)}, timed cells "
+            f"{_seconds(run.timed_cells_s)}"
+            + (f" (duty cycle {100 * run.duty_cycle:.0f}%)" if run.duty_cycle is not None else "")
+        ]
+        if run.time_to_first_cell_s is not None:
+            first = f"first cell {_seconds(run.time_to_first_cell_s)} after the start"
+            if run.first_block is not None:
+                first += f" ({_phases_text(run.first_block)})"
+            parts.append(first)
+        if run.later_blocks is not None and run.blocks and run.blocks > 1:
+            ahead = ", started ahead" if run.prespawn else ""
+            parts.append(
+                f"{run.blocks - 1} later block start{'s' if run.blocks > 2 else ''}"
+                f"{ahead}: {_phases_text(run.later_blocks)}"
+            )
+        if run.block_rule:
+            parts.append(f"blocks: {run.block_rule}")
+        text = "; ".join(parts) + "."
+        if run.stopped:
+            text += f" The run was {run.stopped}."
+        lines.append(f"Where the time went{f' (run {run.run_id})' if several else ''}: {text}")
+    return lines
 
 
 def drift_context_text(run: RunDrift) -> list[str]:
@@ -565,6 +610,8 @@ def _render(
     floor = noise_floor_text(summary)
     if floor:
         lines += ["", floor]
+    for line in time_spent_lines(summary):
+        lines += ["", line]
     inert = inert_lines(summary)
     if inert:
         lines += ["", "Inert flags per context:", "", *(f"- {md_text(line)}" for line in inert)]

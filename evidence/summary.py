@@ -44,6 +44,7 @@ from evidence.summary_schema import (
     Settings,
     Summary,
 )
+from evidence.timeline import Timeline, timeline_section
 from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
 
 PROCESS_BLOCK_SETTINGS = ProcessBlocks(
@@ -197,11 +198,13 @@ def summarize(
     seed: int | None = None,
     n_resamples: int = N_RESAMPLES,
     margin_threshold: float | None = None,
+    timelines: Sequence[Timeline] = (),
 ) -> Summary:
     """summary.json's value for these records (pure; equal inputs give equal output).
 
     The baseline, ablation features, precision and seed come from `spec` unless given. Without a
-    spec, `baseline` is required.
+    spec, `baseline` is required. `timelines` (the runs' timeline.json) add the `timeline`
+    section.
     """
     if baseline is None:
         if spec is None:
@@ -249,6 +252,8 @@ def summarize(
     conditional: dict[str, Any] = {}
     if by_process:
         conditional["noise_floor"] = noise_floor(comparisons)
+    if timelines:
+        conditional["timeline"] = timeline_section(timelines, records)
     if spec is not None and spec.mode == "history":
         conditional["history"] = history_section(
             spec=spec, comparisons=comparisons, contexts=contexts, provenances=provenances

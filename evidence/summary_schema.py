@@ -10,9 +10,9 @@ Which keys a file holds. A field without a default is always written (its value 
 null); a field with a default is written only where the summary set it: `why` on a comparison
 without pairs, the process-block fields (`blocks`, `unit`, `process_sd`, `block`,
 `by_context`, `settings.process_blocks`, `noise_floor`) only for records stamped with their
-process, a drift line's fit only when it had baseline cells, `history` and `bisect` only in
-their modes. `summary_json_bytes` writes exactly those (`exclude_unset`), so a summary read
-back from its file writes the same bytes.
+process, a drift line's fit only when it had baseline cells, `timeline` only when the bundle has
+a run's timeline.json, `history` and `bisect` only in their modes. `summary_json_bytes` writes
+exactly those (`exclude_unset`), so a summary read back from its file writes the same bytes.
 
 May import: pydantic, `evidence.schemas` and the standard library (nothing that computes).
 """
@@ -263,6 +263,42 @@ class NoiseFloor(_Section):
     rule: str
 
 
+# --- timeline ---------------------------------------------------------------------------------
+
+
+class PhaseTimes(_Section):
+    """Seconds waited at block starts, per phase (evidence.timeline)."""
+
+    stop_s: float
+    imports_s: float
+    load_s: float
+    warmups_s: float
+
+
+class RunTime(_Section):
+    """Where one run's time went (evidence.timeline's module docstring)."""
+
+    run_id: str
+    measuring_wall_s: float | None
+    timed_cells_s: float
+    duty_cycle: float | None
+    cells: int
+    time_to_first_cell_s: float | None
+    wall_s: float | None
+    process_starts: int | None
+    blocks: int | None
+    rounds_per_process: int | None
+    block_rule: str | None
+    prespawn: bool | None
+    first_block: PhaseTimes | None
+    later_blocks: PhaseTimes | None
+    stopped: str | None
+
+
+class TimelineSummary(_Section):
+    runs: list[RunTime]
+
+
 # --- history ----------------------------------------------------------------------------------
 
 
@@ -388,6 +424,7 @@ class Summary(_Section):
     reproductions: Reproductions | None
     invalid: Invalid
     noise_floor: NoiseFloor | None = None
+    timeline: TimelineSummary | None = None
     history: History | None = None
     bisect: Bisect | None = None
 

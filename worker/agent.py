@@ -494,6 +494,7 @@ class Agent:
                 cell_timeout_s=min(self.options.cell_timeout_s, timeout_s),
                 on_progress=self.on_progress,
                 should_stop=should_stop,
+                prespawn=self.config.prespawn,
             )
             files, status, reason = outcome.files, outcome.status, outcome.reason
             if outcome.stopped and self.stopping.is_set():

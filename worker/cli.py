@@ -8,7 +8,11 @@ the one builder, evidence/job_options.py) -> measuring (`_measure`, or `_bisect`
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -393,8 +397,19 @@ def run(
             "NAME=FILE or FILE (named after the file)."
         ),
     ] = None,
+    prespawn: Annotated[
+        bool | None,
+        typer.Option(
+            "--prespawn/--no-prespawn",
+            help="Start each block's processes (interpreters, imports) while the previous "
+            "block measures (default: on for GPU backends, off on the CPU backend).",
+        ),
+    ] = None,
 ) -> None:
-    """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle."""
+    """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle.
+
+    SIGINT or SIGTERM stops the run: every process it started is stopped and the bundle holds
+    what was measured, marked stopped (exit code 130); a second signal interrupts at once."""
     import logging
 
     from rich.console import Console
@@ -443,7 +458,12 @@ def run(
     if out.exists() and any(out.iterdir()):
         _fail(f"--out {out}: folder exists and is not empty; choose a new one")
     outcome = _measure(
-        setup, run_id=run_id, state_dir=state_dir, cell_timeout_s=cell_timeout_s, console=console
+        setup,
+        run_id=run_id,
+        state_dir=state_dir,
+        cell_timeout_s=cell_timeout_s,
+        console=console,
+        prespawn=prespawn,
     )
     _print_outcome(outcome, out)
 
@@ -469,7 +489,13 @@ def _checked_on_this_host(setup: LocalSetup, state_dir: Path) -> JobSpec:
 
 
 def _measure(
-    setup: LocalSetup, *, run_id: str, state_dir: Path, cell_timeout_s: float, console: Any
+    setup: LocalSetup,
+    *,
+    run_id: str,
+    state_dir: Path,
+    cell_timeout_s: float,
+    console: Any,
+    prespawn: bool | None = None,
 ) -> RunOutcome:
     """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -527,22 +553,26 @@ def _measure(
                     highlight=False,
                 )
 
+        stop = StopRequest(on_first=lambda: on_phase("stopping: writing what was measured"))
         try:
-            return execute_run(
-                setup.spec,
-                run_id=run_id,
-                workdir=workdir,
-                state_dir=state_dir,
-                host=host,
-                labels=host_labels(host, []),
-                repositories=setup.repositories,
-                models=setup.models,
-                corpora=setup.corpora,
-                local_arguments=_local_arguments(setup),
-                cell_timeout_s=cell_timeout_s,
-                on_progress=on_progress,
-                on_phase=on_phase,
-            )
+            with stop.installed():
+                return execute_run(
+                    setup.spec,
+                    run_id=run_id,
+                    workdir=workdir,
+                    state_dir=state_dir,
+                    host=host,
+                    labels=host_labels(host, []),
+                    repositories=setup.repositories,
+                    models=setup.models,
+                    corpora=setup.corpora,
+                    local_arguments=_local_arguments(setup),
+                    cell_timeout_s=cell_timeout_s,
+                    on_progress=on_progress,
+                    on_phase=on_phase,
+                    should_stop=stop.is_set,
+                    prespawn=prespawn,
+                )
         except RunRefused as error:
             bar.stop()
             _fail(str(error))
@@ -579,12 +609,14 @@ def _print_outcome(outcome: RunOutcome, out: Path) -> None:
         for sentence in history_sentences(outcome.summary.history):
             out_console.print(sentence)
     elif outcome.summary:
-        from evidence.markdown import noise_floor_text
+        from evidence.markdown import noise_floor_text, time_spent_lines
 
         out_console.print(_verdict_table(outcome.summary.comparisons))
         floor = noise_floor_text(outcome.summary)
         if floor:
             out_console.print(floor, soft_wrap=True)
+        for line in time_spent_lines(outcome.summary):
+            out_console.print(line, soft_wrap=True, highlight=False)
         entries = outcome.summary.ablation.entries if outcome.summary.ablation else []
         if entries:
             title = "ablation: all vs all-minus-<feature> (contributions are not additive)"
@@ -595,8 +627,44 @@ def _print_outcome(outcome: RunOutcome, out: Path) -> None:
     # Whole lines, never wrapped at the terminal's width: scripts and people copy them.
     out_console.print(f"evidence {outcome.evidence_id}", soft_wrap=True)
     out_console.print(f"bundle {folder.resolve()}", soft_wrap=True)
+    if outcome.stopped:
+        typer.echo(f"stopped: {outcome.reason}; the bundle holds what was measured", err=True)
+        raise typer.Exit(130)
     if outcome.status != "succeeded":
         _fail(f"run failed: {outcome.reason}", code=1)
+
+
+class StopRequest:
+    """SIGINT and SIGTERM as a stop request: the first one asks the run to stop (its processes
+    are killed, what was measured becomes the bundle), a second one interrupts at once."""
+
+    def __init__(self, on_first: Callable[[], None] | None = None) -> None:
+        self._event = threading.Event()
+        self._on_first = on_first
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def _handle(self, _signum: int, _frame: object) -> None:
+        if self._event.is_set():
+            raise KeyboardInterrupt
+        self._event.set()
+        if self._on_first is not None:
+            self._on_first()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self._handle)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 @app.command("calibrate")

@@ -100,6 +100,9 @@ class HostConfig:
     # Synthetic presets jobs may name as `preset:NAME` (none by default: a large preset is a
     # checkpoint of tens of GB written on first use).
     allow_presets: tuple[str, ...] = ()
+    # Start each block's variant processes while the previous block measures (None: on for
+    # GPU backends, off on the CPU backend: worker.run.default_prespawn).
+    prespawn: bool | None = None
 
     def model_names(self) -> list[str]:
         """The models this host offers: its configured names and `preset:NAME` per allowed one."""
@@ -243,6 +246,7 @@ class HostFile(_Table):
     allow_presets: list[str] = Field(default_factory=list)
     # name -> text file; checked by `_corpora` (names, existence) with its own messages
     corpora: dict[str, Any] = Field(default_factory=dict)
+    prespawn: bool | None = None
 
     @field_validator("labels")
     @classmethod
@@ -358,6 +362,7 @@ def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = No
         path=path,
         allow_presets=tuple(dict.fromkeys(parsed.allow_presets)),
         corpora=corpora,
+        prespawn=parsed.prespawn,
     )
 
 

@@ -35,6 +35,7 @@ from evidence.schemas import (
     BUILTIN_CORPUS,
     MAX_BISECT_LINE,
     MAX_HISTORY_COMMITS,
+    MIN_PROCESS_BLOCKS,
     HostInfo,
     JobSpec,
     VariantSpec,
@@ -364,6 +365,25 @@ def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | No
     return None
 
 
+def default_prespawn(host: HostInfo) -> bool:
+    """Start the next block's processes while a block measures on a GPU (Metal, CUDA): their
+    imports run on CPU cores the cells do not use. Not on the CPU backend, where the imports
+    compete with the timed cells for the same cores (docs/PERFORMANCE.md, "Time to evidence")."""
+    return host.backend in ("cuda", "metal")
+
+
+def block_rule(spec: JobSpec, rounds_per_process: int | None) -> str:
+    """Why the run's process blocks have their length (the timeline and summary.md say it)."""
+    if spec.fresh_process:
+        return "a fresh process for every cell (fresh_process)"
+    if spec.rounds_per_process is not None:
+        return f"{spec.rounds_per_process} rounds per process, as the job asked"
+    return (
+        f"{rounds_per_process} rounds per process: rounds // {MIN_PROCESS_BLOCKS}, at least 1 "
+        f"(no host calibration: at least {MIN_PROCESS_BLOCKS} process pairs)"
+    )
+
+
 def _records_bytes(path: Path) -> bytes:
     return path.read_bytes() if path.exists() else b""
 
@@ -399,11 +419,15 @@ def execute_run(
     on_progress: Callable[[Progress], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    prespawn: bool | None = None,
 ) -> RunOutcome:
     """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`.
 
     `command` is the provenance's reproduce line; by default the `coldbench run` line of the
-    spec at the commits measured (`reproduce_command`, with `local_arguments`)."""
+    spec at the commits measured (`reproduce_command`, with `local_arguments`). `prespawn`
+    starts each block's processes while the previous block measures (None: this host's backend
+    decides, `default_prespawn`). A run stopped by `should_stop` or failed by a variant still
+    returns the bundle of what was measured."""
     from engine.checkpoints import resolve_model
     from evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
 
@@ -443,6 +467,7 @@ def execute_run(
         )
         if on_phase:
             on_phase("rounds")
+        rounds_per_process = effective_rounds_per_process(spec)
         try:
             outcome = run_schedule(
                 [p.launch for p in prepared if not p.skipped],
@@ -450,13 +475,17 @@ def execute_run(
                 workdir=workdir,
                 cell_timeout_s=cell_timeout_s,
                 fresh_process=spec.fresh_process,
-                rounds_per_process=effective_rounds_per_process(spec),
+                rounds_per_process=rounds_per_process,
                 seed=spec.seed,
                 on_progress=on_progress,
                 should_stop=should_stop,
+                prespawn=default_prespawn(host) if prespawn is None else prespawn,
+                block_rule=block_rule(spec, rounds_per_process),
+                run_id=run_id,
             )
         except VariantError as error:
             failure = str(error)
+            outcome = error.outcome
     ready = outcome.targets if outcome else {}
     for p in prepared:
         if failure is None and p.checkout is not None and not p.skipped:
@@ -514,6 +543,7 @@ def execute_run(
         spec=spec,
         build_logs=build_logs,
         extra_files=extra_files,
+        timeline=outcome.timeline if outcome else None,
     )
     return RunOutcome(
         run_id=run_id,

@@ -3,13 +3,22 @@
 The rounds are cut into process blocks (worker/schedule.py): for each block every variant gets
 a fresh `python -m engine.runner` (the model loads, every context of the matrix is warmed once
 and discarded), and cells are sent in the schedule's order so variants interleave. At a block
-boundary every variant's process is stopped and new ones start, in a seeded order rotated per
-block, before the next timed cell: loads never overlap a timed cell. Each record carries the
-instance number of the process that measured it (`process`), the unit the statistics cluster
-by. Without `rounds_per_process` one process per variant serves the whole run; with
-`fresh_process` every cell gets its own process. Records are appended to the run's spool
-files as they arrive (flush + fsync), so a crash loses at most the cell in flight. A cell that
-outlives its timeout kills its process; the variant restarts (a new instance) for its next cell.
+boundary every variant's process is stopped and the new ones let in, in a seeded order rotated
+per block, before the next timed cell: loads never overlap a timed cell. With `prespawn` the
+next block's processes start while the current block measures: their interpreters and imports
+run then, and they wait at the runner's load gate, touching no device, until the current
+block's processes are gone (engine/runner.py's gates). Each record carries the instance number
+of the process that measured it (`process`), the unit the statistics cluster by. Without
+`rounds_per_process` one process per variant serves the whole run; with `fresh_process` every
+cell gets its own process. Records are appended to the run's spool files as they arrive
+(flush + fsync), so a crash loses at most the cell in flight. A cell or warm-up that outlives
+the cell timeout kills its process; the variant restarts (a new instance) for its next cell.
+
+Every wait also asks `should_stop`: a stop request (a signal, a cancel, the run's deadline)
+ends a load or a warm-up at once and the cell in flight after at most `STOP_GRACE_S`; every
+process started is killed with its process group, and what was measured is kept. The run's
+`Timeline` (evidence/timeline.py) records when each process reached each milestone and how
+long each block start waited in each phase.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -30,20 +40,33 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.memory import PEER_PROCESSES_ENV
-from engine.plan import WARMUP_GATE_ENV
+from engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV
 from engine.record import CellRecord, Measurement
+from evidence.timeline import BlockStart, ProcessTimes, Timeline
 from worker.schedule import Cell, start_order
 
 log = logging.getLogger(__name__)
 
 RECORDS_FILE = "records.jsonl"
 CONTROLS_FILE = "controls.jsonl"
+# Interpreter start, imports and loading the weights (warm-ups have the cell timeout).
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 10.0
+# After a stop request the cell in flight gets at most this long to report.
+STOP_GRACE_S = 10.0
+# How often a wait looks at `should_stop`.
+POLL_S = 0.2
 
 
 class VariantError(RuntimeError):
-    """A variant process could not start or answer; the message names the variant."""
+    """A variant process could not start or answer; the message names the variant. `outcome`
+    holds what the schedule measured before (records, timeline)."""
+
+    outcome: ScheduleOutcome | None = None
+
+
+class Stopped(Exception):
+    """A stop was requested while the schedule waited on a process."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +100,18 @@ class ScheduleOutcome:
     cells_done: int
     cells_total: int
     stopped: bool  # stopped early on request (SIGTERM, cancel)
+    timeline: Timeline | None = None
+
+
+class RunClock:
+    """Offsets in seconds from the schedule's start (a monotonic clock), for the timeline."""
+
+    def __init__(self) -> None:
+        self.started_at = datetime.now(UTC)
+        self._zero = time.monotonic()
+
+    def now(self) -> float:
+        return round(time.monotonic() - self._zero, 4)
 
 
 def engine_root() -> Path:
@@ -116,10 +151,19 @@ class VariantProcess:
     """One running `engine.runner`: its stdout lines arrive on a queue read by a thread."""
 
     def __init__(
-        self, launch: VariantLaunch, *, workdir: Path, instance: int, peers: int = 0
+        self,
+        launch: VariantLaunch,
+        *,
+        workdir: Path,
+        instance: int,
+        peers: int = 0,
+        clock: RunClock | None = None,
+        block: int | None = None,
+        prespawned: bool = False,
     ) -> None:
         self.launch = launch
         self.instance = instance
+        self.clock = clock or RunClock()
         self.spool_path = workdir / "spool" / f"{launch.name}.{instance}.jsonl"
         self.stderr_path = workdir / "logs" / f"{launch.name}.{instance}.stderr.log"
         self.plan_path = workdir / "plans" / f"{launch.name}.{instance}.json"
@@ -129,22 +173,42 @@ class VariantProcess:
         self.plan_path.write_text(json.dumps(plan, indent=2, sort_keys=True))
         self.target: dict[str, Any] | None = None
         self.early_records: list[dict[str, Any]] = []
-        self._ready_event: dict[str, Any] | None = None
-        self._lines: queue.Queue[str | None] = queue.Queue()
+        self.warmups = len(plan.get("warmup_contexts") or []) or 1
+        # None until the runner says: True when it waits at the load gate (engine/runner.py),
+        # False for a runner that predates it (it loaded at once).
+        self.load_gated: bool | None = None
+        self._stashed: dict[str, Any] | None = None  # a `loaded` or `ready` read ahead
+        self._loaded = False
+        # stdout's lines with the moment each arrived (the timeline's offsets), None at EOF
+        self._lines: queue.Queue[tuple[float, str] | None] = queue.Queue()
+        self.said_at = 0.0  # when the last event taken was printed
         self._stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.times = ProcessTimes(
+            variant=launch.name,
+            process=instance,
+            block=block,
+            prespawned=prespawned,
+            spawned_s=self.clock.now(),
+        )
         self.proc = subprocess.Popen(
             [launch.python, "-m", launch.module, "--plan", str(self.plan_path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            # peers: the other variants' processes resident beside it (engine.memory's guard)
-            # the gate: it loads, then waits for `release_warmup` (engine/runner.py)
+            # peers: the other variants' processes resident beside it (engine.memory's guard);
+            # the gates: it imports, waits, loads, waits, warms up (engine/runner.py)
             env=child_env(
-                {**launch.env, PEER_PROCESSES_ENV: str(peers), WARMUP_GATE_ENV: "1"},
+                {
+                    **launch.env,
+                    PEER_PROCESSES_ENV: str(peers),
+                    LOAD_GATE_ENV: "1",
+                    WARMUP_GATE_ENV: "1",
+                },
                 first=launch.pythonpath_first,
             ),
-            # Its own session: a Ctrl-C or SIGTERM meant for the orchestrator does not kill the
-            # cell in flight; the orchestrator decides when its children stop.
+            # Its own session and process group: a Ctrl-C or SIGTERM meant for the orchestrator
+            # does not kill the cell in flight (the orchestrator decides when its children
+            # stop), and a kill reaches whatever the runner started (a server).
             start_new_session=True,
         )
         threading.Thread(target=self._read_stdout, daemon=True, name=f"out-{launch.name}").start()
@@ -152,7 +216,7 @@ class VariantProcess:
     def _read_stdout(self) -> None:
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
-            self._lines.put(raw.decode("utf-8", "replace").strip())
+            self._lines.put((self.clock.now(), raw.decode("utf-8", "replace").strip()))
         self._lines.put(None)
 
     def stderr_tail(self, limit: int = 2000) -> str:
@@ -160,21 +224,36 @@ class VariantProcess:
             return self.stderr_path.read_bytes()[-limit:].decode("utf-8", "replace").strip()
         return ""
 
-    def _next_event(self, deadline: float) -> dict[str, Any]:
+    def _next_event(
+        self, deadline: float, should_stop: Callable[[], bool] | None = None
+    ) -> dict[str, Any]:
         while True:
+            if should_stop is not None and should_stop():
+                raise Stopped
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
+            event = self._take(min(remaining, POLL_S))
+            if event is not None:
+                return event
+
+    def _take(self, timeout_s: float | None) -> dict[str, Any] | None:
+        """The next JSON event on stdout within `timeout_s` (None: only what is there now),
+        or None; VariantError when the process has exited."""
+        while True:
             try:
-                line = self._lines.get(timeout=remaining)
+                item = self._lines.get(timeout=timeout_s) if timeout_s else self._lines.get_nowait()
             except queue.Empty:
-                raise TimeoutError from None
-            if line is None:
+                return None
+            if item is None:
                 code = self.proc.wait()
+                self.times.exited_s = self.times.exited_s or self.clock.now()
+                self.times.ended = self.times.ended or "crashed"
                 raise VariantError(
                     f"variant {self.launch.name}: process exited with code {code}: "
                     f"{self.stderr_tail(500) or 'no stderr'}"
                 )
+            arrived, line = item
             if not line.startswith("{"):
                 log.debug("variant %s stdout: %s", self.launch.name, line)
                 continue
@@ -184,29 +263,23 @@ class VariantProcess:
                 log.debug("variant %s stdout: %s", self.launch.name, line)
                 continue
             if isinstance(event, dict):
+                self.said_at = arrived
                 return event
 
-    def wait_loaded(self, timeout_s: float) -> None:
-        """Wait until the runner has loaded the model, then let it warm up. A runner without
-        the gate (an older engine commit) has warmed up already: its `ready` is kept for
-        `wait_ready`."""
-        deadline = time.monotonic() + timeout_s
-        while self._ready_event is None:
-            event = self._startup_event(deadline, "loaded", timeout_s)
-            kind = event.get("event")
-            if kind == "loaded":
-                self._send({"op": "warmup"})
-                return
-            if kind == "ready":
-                self._ready_event = event
-            elif kind == "record":
-                self.early_records.append(event["record"])
-
-    def _startup_event(self, deadline: float, awaited: str, timeout_s: float) -> dict[str, Any]:
+    def _startup_event(
+        self,
+        deadline: float,
+        awaited: str,
+        timeout_s: float,
+        should_stop: Callable[[], bool] | None,
+    ) -> dict[str, Any]:
         """The next event while the process starts; on a timeout or an `error` event the
         process is killed and the start fails."""
+        if self._stashed is not None:
+            event, self._stashed = self._stashed, None
+            return event
         try:
-            event = self._next_event(deadline)
+            event = self._next_event(deadline, should_stop)
         except TimeoutError:
             self.kill()
             raise VariantError(
@@ -217,6 +290,81 @@ class VariantProcess:
             raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
         return event
 
+    def imported_yet(self) -> bool:
+        """Read what the runner has said so far (without waiting): True once its imports are
+        done and it waits at the load gate, or once it has shown it has no such gate (an older
+        engine commit says `loaded` or `ready` first: kept for the next wait)."""
+        while self.load_gated is None:
+            event = self._take(None)
+            if event is None:
+                return False
+            kind = event.get("event")
+            if kind == "error":
+                self.kill()
+                raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
+            if kind == "imported":
+                self.load_gated = True
+                self.times.imported_s = self.said_at
+                lean = event.get("lean")
+                self.times.lean = lean if isinstance(lean, bool) else None
+            elif kind in ("loaded", "ready"):
+                self.load_gated = False
+                self._stashed = event
+            elif kind == "record":
+                self.early_records.append(event["record"])
+        return True
+
+    def release_load(self) -> None:
+        """Let a runner waiting at the load gate load its model."""
+        if self.load_gated:
+            self._send({"op": "load"})
+        self.times.load_s = self.clock.now()
+
+    def wait_loaded(self, timeout_s: float, should_stop: Callable[[], bool] | None = None) -> None:
+        """Wait until the runner has loaded the model. A runner without the warm-up gate has
+        warmed up already: its `ready` is kept for `wait_ready`."""
+        deadline = time.monotonic() + timeout_s
+        while not self._loaded:
+            event = self._startup_event(deadline, "loaded", timeout_s, should_stop)
+            kind = event.get("event")
+            if kind == "loaded":
+                self._loaded = True
+                self.times.loaded_s = self.said_at
+            elif kind == "ready":
+                self._loaded = True
+                self._stashed = event
+            elif kind == "record":
+                self.early_records.append(event["record"])
+
+    def wait_ready(
+        self, cell_timeout_s: float, should_stop: Callable[[], bool] | None = None
+    ) -> dict[str, Any]:
+        """Let the loaded runner warm up and wait for its `ready`: each warm-up (one per
+        context) gets the cell timeout; a runner that does not report them one by one gets
+        the cell timeout times their number."""
+        stashed_ready = self._stashed is not None and self._stashed.get("event") == "ready"
+        if not stashed_ready:
+            self._send({"op": "warmup"})
+        budget = cell_timeout_s * self.warmups
+        deadline = time.monotonic() + budget
+        while True:
+            event = self._startup_event(deadline, "ready", budget, should_stop)
+            kind = event.get("event")
+            if kind == "warmed":
+                # the next warm-up has a cell timeout of its own
+                budget = cell_timeout_s
+                deadline = time.monotonic() + budget
+            elif kind == "ready":
+                self.target = dict(event.get("target") or {})
+                warmups = event.get("warmups")
+                if not isinstance(warmups, list):
+                    warmups = [event.get("warmup")]
+                self.early_records.extend(w for w in warmups if isinstance(w, dict))
+                self.times.ready_s = self.said_at
+                return self.target
+            elif kind == "record":
+                self.early_records.append(event["record"])
+
     def _send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         try:
@@ -225,30 +373,32 @@ class VariantProcess:
         except (BrokenPipeError, OSError) as error:
             raise VariantError(f"variant {self.launch.name}: process gone ({error})") from None
 
-    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._ready_event is not None:
-                event, self._ready_event = self._ready_event, None
-            else:
-                event = self._startup_event(deadline, "ready", timeout_s)
-            kind = event.get("event")
-            if kind == "ready":
-                self.target = dict(event.get("target") or {})
-                warmups = event.get("warmups")
-                if not isinstance(warmups, list):
-                    warmups = [event.get("warmup")]
-                self.early_records.extend(w for w in warmups if isinstance(w, dict))
-                return self.target
-            if kind == "record":
-                self.early_records.append(event["record"])
-
-    def run_cell(self, cell: Cell, timeout_s: float) -> dict[str, Any]:
-        """Send one cell, wait for its record; on timeout kill the process and raise."""
+    def run_cell(
+        self,
+        cell: Cell,
+        timeout_s: float,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Send one cell, wait for its record; raise TimeoutError after `timeout_s`, or after
+        `STOP_GRACE_S` more once a stop is requested (the process is the caller's to kill)."""
         self._send(cell.message())
         deadline = time.monotonic() + timeout_s
+        stopping = False
+
+        def stop_requested() -> bool:
+            nonlocal deadline, stopping
+            if not stopping and should_stop is not None and should_stop():
+                stopping = True
+                deadline = min(deadline, time.monotonic() + STOP_GRACE_S)
+            return False
+
         while True:
-            event = self._next_event(deadline)
+            try:
+                event = self._next_event(deadline, stop_requested)
+            except TimeoutError:
+                if stopping:
+                    raise Stopped from None
+                raise
             if event.get("event") == "record":
                 record = event["record"]
                 if record.get("round") == cell.round and record.get("order") == cell.order:
@@ -271,28 +421,54 @@ class VariantProcess:
                         found.append(value)
         return found
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Ask the runner to exit; terminate, then kill, if it does not."""
+    def request_exit(self) -> None:
+        """Ask the runner to exit (at a gate, or between cells) without waiting for it."""
+        if self.times.exit_s is None:
+            self.times.exit_s = self.clock.now()
         if self.proc.poll() is None:
             with contextlib.suppress(OSError, ValueError):
                 assert self.proc.stdin is not None
                 self.proc.stdin.write(b'{"op": "exit"}\n')
                 self.proc.stdin.flush()
                 self.proc.stdin.close()
+
+    def reap(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Wait for an exit asked for; terminate, then kill, a runner that does not go."""
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=timeout_s)
+                self.proc.wait(timeout=timeout_s / 2)
             except subprocess.TimeoutExpired:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=timeout_s / 2)
-                except subprocess.TimeoutExpired:
-                    self.kill()
-        self._stderr.close()
+                self.kill()
+        self._ended("exited")
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Ask the runner to exit and wait for it (terminate, then kill, if it does not)."""
+        self.request_exit()
+        self.reap(timeout_s)
 
     def kill(self) -> None:
+        """Kill the runner and its process group (a server it started), at once."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            self._signal(signal.SIGKILL)
             self.proc.wait()
+            self._ended("killed")
+        self._ended("exited")
+
+    def _signal(self, sig: int) -> None:
+        # Its own session (start_new_session): the group is the runner and what it started.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(sig)
+
+    def _ended(self, how: str) -> None:
+        if self.times.exited_s is None:
+            self.times.exited_s = self.clock.now()
+        if self.times.ended is None:
+            self.times.ended = how  # type: ignore[assignment]
         with contextlib.suppress(OSError):
             self._stderr.close()
 
@@ -327,14 +503,20 @@ def run_schedule(
     ready_timeout_s: float = READY_TIMEOUT_S,
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    prespawn: bool = False,
+    block_rule: str = "",
+    run_id: str | None = None,
 ) -> ScheduleOutcome:
     """Run every cell of every round in order; always stops the processes it started.
 
-    The cell in flight always finishes; `should_stop` is asked between cells. Records go to
+    `should_stop` is asked between cells and during every wait (module docstring). Records go to
     `workdir/records.jsonl` (matrix cells and warm-ups) and `workdir/controls.jsonl`
     (bracketing controls) as they arrive, each stamped with its process instance (`process`).
     `rounds_per_process` cuts the rounds into process blocks (None: one block); `seed` picks
-    the processes' start order of each block.
+    the processes' start order of each block; `prespawn` starts the next block's processes
+    while the current one measures; `block_rule` says why the blocks have their length (for
+    the timeline). A variant that cannot start raises VariantError, whose `outcome` holds what
+    was measured.
     """
     if rounds_per_process is not None and rounds_per_process < 1:
         raise ValueError("rounds_per_process must be >= 1")
@@ -344,33 +526,92 @@ def run_schedule(
     if missing:
         raise VariantError(f"schedule names variants without a launch: {', '.join(missing)}")
     workdir.mkdir(parents=True, exist_ok=True)
-    outcome = ScheduleOutcome([], [], {}, 0, len(cells), False)
-    processes: dict[str, VariantProcess] = {}
+    clock = RunClock()
+    timeline = Timeline(
+        run_id=run_id or str((launches[0].plan.get("run_id") if launches else None) or "run"),
+        started_at=clock.started_at,
+        ended_s=0.0,
+        rounds_per_process=None if fresh_process else rounds_per_process,
+        block_rule=block_rule,
+        prespawn=prespawn and not fresh_process,
+    )
+    outcome = ScheduleOutcome([], [], {}, 0, len(cells), False, timeline)
+    processes: dict[str, VariantProcess] = {}  # the current block's, by variant
+    ahead: dict[str, VariantProcess] = {}  # the next block's, started early (prespawn)
+    started: list[VariantProcess] = []
     instances: dict[str, int] = {}
     invalid: list[dict[str, Any]] = []
     cell_seconds: list[float] = []
+    stop = should_stop or (lambda: False)
+    blocks_of_cells = (
+        {cell.round // rounds_per_process for cell in cells} if rounds_per_process else {0}
+    )
 
-    def spawn(name: str) -> VariantProcess:
+    def spawn(name: str, block: int | None, *, prespawned: bool = False) -> VariantProcess:
         instances[name] = instances.get(name, 0) + 1
         peers = 0 if fresh_process else len(by_name) - 1
-        return VariantProcess(by_name[name], workdir=workdir, instance=instances[name], peers=peers)
-
-    def ready(process: VariantProcess) -> VariantProcess:
-        try:
-            process.wait_loaded(ready_timeout_s)
-            target = process.wait_ready(ready_timeout_s)
-        except BaseException:
-            process.kill()
-            raise
-        outcome.targets.setdefault(process.launch.name, target)
-        for warmup in process.warmup_records():
-            warmup["process"] = process.instance
-            append_line(records_out, warmup)
-            outcome.records.append(warmup)
+        process = VariantProcess(
+            by_name[name],
+            workdir=workdir,
+            instance=instances[name],
+            peers=peers,
+            clock=clock,
+            block=block,
+            prespawned=prespawned,
+        )
+        started.append(process)
         return process
 
+    def bring_up(spawned: Sequence[VariantProcess], phases: BlockStart | None) -> None:
+        """Imports, then every load at once, then the warm-ups one after another, because
+        warm-ups at every context of the matrix at once would need every process's largest
+        peak on the device together (on the H200, two 8B processes warming 64K and 128K ran out
+        of memory; engine.memory). A variant that cannot start fails the run."""
+        try:
+            mark = time.monotonic()
+            deadline = mark + ready_timeout_s
+            waiting = list(spawned)
+            while waiting:  # each one loads as soon as its imports are done
+                for process in [p for p in waiting if p.imported_yet()]:
+                    process.release_load()
+                    waiting.remove(process)
+                if not waiting:
+                    break
+                if stop():
+                    raise Stopped
+                if time.monotonic() > deadline:
+                    late = waiting[0].launch.name
+                    raise VariantError(
+                        f"variant {late}: not imported after {ready_timeout_s:.0f} s"
+                    )
+                time.sleep(0.01)
+            imports_s = time.monotonic() - mark
+            mark = time.monotonic()
+            for process in spawned:
+                process.wait_loaded(ready_timeout_s, stop)
+            load_s = time.monotonic() - mark
+            mark = time.monotonic()
+            for process in spawned:
+                target = process.wait_ready(cell_timeout_s, stop)
+                outcome.targets.setdefault(process.launch.name, target)
+                for warmup in process.warmup_records():
+                    warmup["process"] = process.instance
+                    append_line(records_out, warmup)
+                    outcome.records.append(warmup)
+            warmups_s = time.monotonic() - mark
+        except BaseException:
+            for process in spawned:
+                process.kill()
+            raise
+        if phases is not None:
+            phases.imports_s = round(phases.imports_s + imports_s, 4)
+            phases.load_s = round(phases.load_s + load_s, 4)
+            phases.warmups_s = round(phases.warmups_s + warmups_s, 4)
+
     def start(name: str) -> VariantProcess:
-        return ready(spawn(name))
+        process = spawn(name, None)
+        bring_up([process], None)
+        return process
 
     def report(cell: Cell | None) -> None:
         if on_progress is None:
@@ -394,29 +635,40 @@ def run_schedule(
     ):
 
         def start_block(block: int) -> None:
-            """Stop every variant's process, then start fresh ones for this block: they load
-            their models at the same time, and warm up one after another in the block's rotated
-            order, because warm-ups at every context of the matrix at once would need every
-            process's largest peak on the device together (on the H200, two 8B processes warming
-            64K and 128K ran out of memory; engine.memory). A variant that cannot load fails the
-            run before the block's first timed cell."""
-            for name in list(processes):
-                processes.pop(name).stop()
+            """Stop every variant's process, then bring up this block's: started ahead
+            (prespawn) or now, in the block's rotated order. With `prespawn`, the next block's
+            processes start as soon as this block's are ready."""
+            phases = BlockStart(block=block, began_s=clock.now())
+            outcome_blocks.append(phases)
+            mark = time.monotonic()
+            old = list(processes.values())
+            processes.clear()
+            for process in old:
+                process.request_exit()
+            for process in old:
+                process.reap()
+            phases.stop_s = round(time.monotonic() - mark, 4)
             order = start_order(list(by_name), seed=seed, block=block)
-            spawned = [spawn(name) for name in order]
-            try:
+            spawned = [ahead.pop(name, None) or spawn(name, block) for name in order]
+            for process in ahead.values():  # nothing left over is expected; never kept
+                process.kill()
+            ahead.clear()
+            bring_up(spawned, phases)
+            processes.update((process.launch.name, process) for process in spawned)
+            if prespawn and block + 1 in blocks_of_cells:
                 for process in spawned:
-                    processes[process.launch.name] = ready(process)
-            except BaseException:
-                for process in spawned:
-                    process.kill()
-                raise
+                    # only a runner known to wait at the load gate may start early: an older
+                    # one would load (and touch the device) while this block measures
+                    if process.load_gated:
+                        name = process.launch.name
+                        ahead[name] = spawn(name, block + 1, prespawned=True)
 
+        outcome_blocks = timeline.blocks
         block: int | None = None
         try:
             report(cells[0] if cells else None)
             for cell in cells:
-                if should_stop is not None and should_stop():
+                if stop():
                     outcome.stopped = True
                     break
                 if not fresh_process:
@@ -428,10 +680,14 @@ def run_schedule(
                 process = processes.get(cell.variant)
                 if process is None or process.proc.poll() is not None:
                     process = processes[cell.variant] = start(cell.variant)
-                started = datetime.now(UTC)
-                clock = time.monotonic()
+                began = datetime.now(UTC)
+                mark = time.monotonic()
+                if timeline.first_cell_s is None:
+                    timeline.first_cell_s = clock.now()
+                if outcome_blocks and outcome_blocks[-1].first_cell_s is None:
+                    outcome_blocks[-1].first_cell_s = clock.now()
                 try:
-                    record = process.run_cell(cell, cell_timeout_s)
+                    record = process.run_cell(cell, cell_timeout_s, stop)
                     record["process"] = process.instance
                 except TimeoutError:
                     process.kill()
@@ -439,7 +695,7 @@ def run_schedule(
                     record = _timeout_record(
                         by_name[cell.variant],
                         cell,
-                        started,
+                        began,
                         f"cell timeout: no record after {cell_timeout_s:.0f} s",
                         process.instance,
                     )
@@ -448,9 +704,9 @@ def run_schedule(
                     process.kill()
                     del processes[cell.variant]
                     record = _timeout_record(
-                        by_name[cell.variant], cell, started, str(error), process.instance
+                        by_name[cell.variant], cell, began, str(error), process.instance
                     )
-                cell_seconds.append(time.monotonic() - clock)
+                cell_seconds.append(time.monotonic() - mark)
                 if cell.is_control:
                     append_line(controls_out, record)
                     outcome.controls.append(record)
@@ -471,7 +727,24 @@ def run_schedule(
                     processes.pop(cell.variant).stop()
                 report(cell)
             report(None)
+        except Stopped:
+            outcome.stopped = True
+        except VariantError as error:
+            error.outcome = outcome
+            raise
         finally:
-            for process in processes.values():
-                process.stop()
+            for process in [*processes.values(), *ahead.values()]:
+                if outcome.stopped:
+                    process.kill()
+                else:
+                    process.request_exit()
+            for process in [*processes.values(), *ahead.values()]:
+                process.reap()
+            for process in started:
+                process.kill()  # a no-op for those already gone
+            if outcome.stopped:
+                done = f"{outcome.cells_done} of {outcome.cells_total} cells"
+                timeline.stopped = f"stopped on request after {done}"
+            timeline.processes = [process.times for process in started]
+            timeline.ended_s = clock.now()
     return outcome

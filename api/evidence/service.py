@@ -31,6 +31,7 @@ from evidence.markdown import render_summary_md
 from evidence.protocol import JobState, RunState
 from evidence.schemas import Provenance, Record
 from evidence.summary_schema import Summary
+from evidence.timeline import TIMELINE_FILE, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +171,12 @@ def split_evidence_path(path: str) -> tuple[str, str]:
 
 def _run_files(
     db_session: Session, store: ArtifactStore, run: Run
-) -> tuple[Provenance | None, dict[str, bytes], str | None]:
-    """(provenance, build logs, problem) of one processed run, read from the store."""
+) -> tuple[Provenance | None, dict[str, bytes], Timeline | None, str | None]:
+    """(provenance, build logs, timeline, problem) of one processed run, read from the store.
+    A timeline that does not match its contract is left out (the statistics do not need it)."""
     provenance = None
     logs: dict[str, bytes] = {}
+    timeline = None
     problem = None
     for artifact in artifact_service.run_artifacts(
         db_session=db_session, run_id=run.id, attempt=run.attempt
@@ -185,9 +188,16 @@ def _run_files(
                 problem = validation_message(f"provenance.json of run {run.id}", error)
         elif artifact.name.startswith("build-") and artifact.name.endswith(".log"):
             logs[artifact.name] = store.read_bytes(artifact.sha256)
+        elif artifact.name == TIMELINE_FILE:
+            try:
+                timeline = Timeline.model_validate_json(store.read_bytes(artifact.sha256))
+            except ValidationError as error:
+                log.warning("%s", validation_message(f"timeline.json of run {run.id}", error))
     if provenance is None and problem is None:
         problem = f"run {run.id} uploaded no provenance.json"
-    return provenance, logs, problem
+    if timeline is not None and timeline.run_id != run.id:
+        timeline = None  # another run's file: never attributed to this one
+    return provenance, logs, timeline, problem
 
 
 def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bool:
@@ -211,9 +221,10 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         runs = [run for run in runs if run.resolved_spec is not None and run.resolved_spec == spec]
     provenances: list[Provenance] = []
     build_logs: dict[str, bytes] = {}
+    timelines = []
     problems: list[str] = []
     for run in runs:
-        provenance, logs, problem = _run_files(db_session, store, run)
+        provenance, logs, timeline, problem = _run_files(db_session, store, run)
         if problem is not None:
             problems.append(problem)
             continue
@@ -224,6 +235,8 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         if host is not None:
             provenance.host.registered_name = host.name
         provenances.append(provenance)
+        if timeline is not None:
+            timelines.append(timeline)
         for name, content in logs.items():
             # One run keeps the worker's names; several runs get the run id in each name.
             unique = name if len(runs) == 1 else f"{name.removesuffix('.log')}.{run.id}.log"
@@ -249,6 +262,7 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
             provenances=provenances,
             spec=spec,
             build_logs=build_logs,
+            timelines=timelines,
         )
     except ValueError as error:
         # Deterministic: the same cells fail the same way, so retrying cannot help.

@@ -41,7 +41,7 @@ from api.routing import StrictJSONRoute
 from api.settings import Settings
 from api.transactions import Database
 from evidence.bundle import BundleError
-from evidence.markdown import answer_sentences, verdict_rows
+from evidence.markdown import answer_sentences, time_spent_lines, verdict_rows
 from evidence.protocol import JobState
 
 log = logging.getLogger(__name__)
@@ -382,6 +382,7 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
         answer = {
             "sentences": answer_sentences(summary, compact=len(summary.variants) > 6),
             "rows": verdict_rows(summary),
+            "time_spent": time_spent_lines(summary),
         }
     return {
         "job": job,

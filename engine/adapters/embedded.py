@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import engine
-from engine import checkpoints
+from engine import checkpoints, lean
 from engine.adapters import process_software
 from engine.backend import describe_backend, not_exercised
 from engine.cell import run_cell
@@ -63,7 +63,10 @@ class EmbeddedAdapter:
         memory = MemoryGuard.for_plan(self.plan, path)
         memory.check(min(self.plan.warmup_shapes()))
         memory.share_device()
-        self.model, tokenizer, config = checkpoints.load_model(path)
+        if lean.is_installed():
+            self.model, tokenizer, config = lean.load(path)
+        else:
+            self.model, tokenizer, config = checkpoints.load_model(path)
         self.prompts = PromptSource.for_plan(self.plan, tokenizer, config, checks=[memory.check])
         info = checkpoints.inspect_checkpoint(path)
         info.pop("files", None)

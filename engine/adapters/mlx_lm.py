@@ -124,10 +124,15 @@ class MlxLmAdapter:
         self.flags = parse_flags(plan.flags)
         self.checkout = Path(plan.checkout).resolve()
         self.engine_module_file: str | None = None
+        self.utils: ModuleType | None = None
         self.model: Any = None
         self.prompts: PromptSource | None = None
 
-    def load(self) -> None:
+    def prepare(self) -> None:
+        """Import the checkout's mlx_lm and the parts of its API the cells use (transformers
+        with it): everything but the model, touching no device (engine/runner.py's load gate)."""
+        if self.utils is not None:
+            return
         mlx_lm = import_from_checkout(self.checkout)
         self.engine_module_file = str(Path(mlx_lm.__file__ or "").resolve())
         self.mlx_lm_version = getattr(mlx_lm, "__version__", None)
@@ -146,6 +151,12 @@ class MlxLmAdapter:
         self.generate_step = find_generate_step(generate, utils, self.mlx_lm_version)
         self.takes_max_tokens = _takes(self.generate_step, "max_tokens")
         self.make_prompt_cache = cache.make_prompt_cache
+        self.utils = utils
+
+    def load(self) -> None:
+        self.prepare()
+        utils = self.utils
+        assert utils is not None
         if self.plan.model.startswith("preset:"):
             model_path = checkpoints.resolve_model(self.plan.model, {})
         else:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -221,3 +223,139 @@ def test_bad_plan_is_one_error_event_and_exit_2(
     assert event["event"] == "error" and reason in event["reason"], event
     records = tmp_path / "records.jsonl"
     assert not records.exists() or records.read_text() == ""  # no cell ran, no warm-up either
+
+
+def _start_gated(plan: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "COLDBENCH_LOAD_GATE": "1", "COLDBENCH_WARMUP_GATE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def test_the_gates_hold_the_runner_before_the_load_and_before_the_warm_ups(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The orchestrator starts processes ahead of their block: after its imports a runner must
+    wait (nothing loaded, no device touched) until told to load, then again until told to warm
+    up; each warm-up reports, so the orchestrator can bound it by the cell timeout."""
+    process = _start_gated(_plan(tmp_path, tiny_model_dir, warmup_contexts=[32, 64], flags={}))
+    try:
+        imported = _read(process)
+        assert imported["event"] == "imported" and imported["import_s"] > 0
+        # a synthetic checkpoint under the embedded engine: mlx-lm without transformers
+        assert imported["lean"] is True
+        time.sleep(0.5)
+        assert not (tmp_path / "records.jsonl").read_text()  # nothing ran while it waited
+        _send(process, {"op": "load"})
+        loaded = _read(process)
+        assert loaded["event"] == "loaded" and loaded["load_s"] >= 0
+        _send(process, {"op": "warmup"})
+        warmed = [_read(process), _read(process)]
+        assert [(w["event"], w["context_tokens"]) for w in warmed] == [
+            ("warmed", 32),
+            ("warmed", 64),
+        ]
+        ready = _read(process)
+        assert ready["event"] == "ready" and len(ready["warmups"]) == 2
+        _send(process, {"round": 0, "order": 0, "context_tokens": 64})
+        record = _read(process)["record"]
+        assert record["status"] == "ok" and record["prompt_tokens"] == 64
+        _send(process, {"op": "exit"})
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+
+
+def test_exit_at_the_load_gate_ends_the_runner_without_loading(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    process = _start_gated(_plan(tmp_path, tiny_model_dir))
+    try:
+        assert _read(process)["event"] == "imported"
+        _send(process, {"op": "exit"})
+        assert process.wait(timeout=60) == 0
+        assert process.stdout is not None and process.stdout.read() == ""
+    finally:
+        process.kill()
+
+
+def test_the_lean_runner_cuts_the_same_prompts_as_mlx_lms_tokenizer(
+    tiny_model_dir: Path, tmp_path: Path, tiny_prompts: Any
+) -> None:
+    """engine.lean reads tokenizer.json without transformers: the prompt ids must be the ones
+    mlx-lm's own tokenizer gives (pairing across commits depends on it)."""
+    process = _start_gated(_plan(tmp_path, tiny_model_dir, warmup_contexts=[128], flags={}))
+    try:
+        assert _read(process)["lean"] is True
+        _send(process, {"op": "load"})
+        assert _read(process)["event"] == "loaded"
+        _send(process, {"op": "warmup"})
+        while (event := _read(process))["event"] != "ready":
+            pass
+        for round_ in (0, 1):
+            _send(process, {"round": round_, "order": 0, "context_tokens": 128})
+            record = _read(process)["record"]
+            assert record["prompt_sha256"] == tiny_prompts.prompt(0, round_, 128).sha256
+        assert event["warmup"]["prompt_sha256"] == tiny_prompts.warmup_prompt(0, 128).sha256
+        _send(process, {"op": "exit"})
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+
+
+_ORPHANING_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen(
+    [sys.executable, "-m", "engine.runner", "--plan", sys.argv[1]],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+)
+print(child.pid, flush=True)
+time.sleep(float(sys.argv[2]))  # long enough to be past its imports and load
+print("up", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_runner_whose_orchestrator_was_killed_exits_by_itself(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A killed orchestrator (SIGKILL: no cleanup) must not leave its variant process running:
+    the runner notices its parent is gone, here in the middle of a long warm-up."""
+    plan = _plan(tmp_path, tiny_model_dir, warmup_contexts=[8192], flags={})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHANING_PARENT, str(plan), "6"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert parent.stdout is not None
+    runner_pid = int(parent.stdout.readline())
+    try:
+        assert parent.stdout.readline().strip() == "up"
+        # no gates: it loaded at once and warms 8,192 tokens (a minute or more on this CPU)
+        assert _alive(runner_pid) and not (tmp_path / "records.jsonl").read_text()
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _alive(runner_pid):
+            time.sleep(0.2)
+        assert not _alive(runner_pid), "the runner outlived its orchestrator"
+    finally:
+        parent.kill()
+        if _alive(runner_pid):
+            os.kill(runner_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

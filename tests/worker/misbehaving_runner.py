@@ -4,8 +4,10 @@ Only for driving the orchestrator's fault paths (a hung cell, a crash mid-cell, 
 does not load), which the real runner cannot be made to do on purpose. The plan's `flags`
 choose the fault: `hang_round`, `crash_round`, `fail_load`, `cell_s`, `load_s` and `warmup_s`
 (how long loading and the warm-up take; the warm-up's record carries when each ran and the peer
-count the orchestrator gave the process), `no_gate` (a runner that predates the load/warm-up
-gate: it warms up at once and prints `ready`).
+count the orchestrator gave the process), `import_s` (how long its imports take, before the
+load gate), `no_gate` (a runner that predates both gates: it loads and warms up at once and
+prints `ready`), `no_load_gate` (one that predates the load gate only), `warmup_hang` (a
+warm-up that never ends).
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ def main() -> None:
         sys.stdout.flush()
         sys.exit(2)
     out = open(plan["records_path"], "a")  # noqa: SIM115 - open for the process's life
+    time.sleep(float(flags.get("import_s", 0)))
+    load_gate = not (flags.get("no_gate") or flags.get("no_load_gate"))
+    if os.environ.get("COLDBENCH_LOAD_GATE") == "1" and load_gate:
+        print(json.dumps({"event": "imported", "import_s": 0.0, "lean": False}))
+        sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line or json.loads(line).get("op") != "load":
+            sys.exit(0)
     load_started = datetime.now(UTC).isoformat()
     time.sleep(float(flags.get("load_s", 0)))
     load_ended = datetime.now(UTC).isoformat()
@@ -70,6 +80,8 @@ def main() -> None:
             sys.exit(0)
     warm_started = datetime.now(UTC).isoformat()
     time.sleep(float(flags.get("warmup_s", 0)))
+    if flags.get("warmup_hang"):
+        time.sleep(3600)
     warmup = _record(plan, {"round": -1, "order": -1, "context_tokens": 8}, "warmup", "warm-up")
     warmup["started_at"] = warm_started
     warmup["counters"]["peers"] = os.environ.get("COLDBENCH_PEER_PROCESSES")
@@ -77,6 +89,8 @@ def main() -> None:
     warmup["counters"]["load_ended"] = load_ended
     out.write(json.dumps(warmup) + "\n")
     out.flush()
+    if os.environ.get("COLDBENCH_WARMUP_GATE") == "1" and not flags.get("no_gate"):
+        print(json.dumps({"event": "warmed", "context_tokens": 8, "warmup_s": 0.0}))
     print(
         json.dumps(
             {"event": "ready", "target": {"engine_module_file": __file__, "pid": os.getpid()}}

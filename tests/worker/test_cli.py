@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -259,3 +260,109 @@ def test_ablation_expands_variants_and_brackets_long_rounds(
     orders = sorted(r.order for r in records if r.round == 0)
     assert orders == list(range(1, 9)) and {c.order for c in controls} == {0, 9}
     assert verify_bundle(out).is_intact
+
+
+def _runner_processes(workdir: Path) -> list[int]:
+    """Live (not zombie) variant processes whose plans lie under `workdir`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError, UnicodeDecodeError):
+            continue
+        if "engine.runner" in cmdline and str(workdir) in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def _start_run(coldbench_cmd: list[str], tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            *coldbench_cmd,
+            "run",
+            *args,
+            *("--decode-tokens", "1", "--variant", "a", "--variant", "b:prefill_step_size=16"),
+            *("--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(condition: Any, timeout_s: float = 240) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.05)
+    assert condition()
+
+
+def test_a_sigterm_during_the_warm_ups_stops_every_process_and_leaves_a_bundle(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    """Issue 28 item 9: a run stopped while its processes warm up 8,192 tokens (minutes on this
+    CPU) ends within seconds, leaves no variant process behind and writes a bundle saying it
+    was stopped (nothing was measured yet)."""
+    import signal
+    import time
+
+    run = _start_run(coldbench_cmd, tmp_path, "--contexts", "8192", "--rounds", "2")
+    state = tmp_path / "state"
+    try:
+        _wait_for(lambda: len(_runner_processes(state)) == 2)
+        time.sleep(4.0)  # imported and loaded: warming up
+        started = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+        assert time.monotonic() - started < 30
+    finally:
+        run.kill()
+    assert run.returncode == 130, stderr[-3000:]
+    assert _runner_processes(state) == []
+    out = tmp_path / "out"
+    assert verify_bundle(out).is_intact
+    timeline = json.loads((out / "timeline.json").read_text())
+    assert timeline["stopped"] == "stopped on request after 0 of 4 cells"
+    assert all(p["ended"] == "killed" for p in timeline["processes"])
+    assert (out / "reason.txt").read_text().startswith("stopped after 0 of 4 cells")
+
+
+def test_a_sigint_while_measuring_keeps_the_cells_measured(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    import signal
+
+    run = _start_run(
+        coldbench_cmd, tmp_path, "--contexts", "64", "--rounds", "12", "--rounds-per-process", "6"
+    )
+    state = tmp_path / "state"
+
+    def timed_cells() -> int:
+        return sum(
+            json.loads(line)["round"] >= 0
+            for path in state.glob("runs/*/records.jsonl")
+            for line in path.read_text().splitlines()
+        )
+
+    try:
+        _wait_for(lambda: timed_cells() >= 3)
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, stderr[-3000:]
+    assert "stopped" in stderr and _runner_processes(state) == []
+    out = tmp_path / "out"
+    assert verify_bundle(out, recompute=True).is_intact
+    summary = json.loads((out / "summary.json").read_text())
+    run_time = summary["timeline"]["runs"][0]
+    kept = summary["runs"][0]["records"] - summary["warmups"]
+    assert kept >= 3 and run_time["cells"] == kept
+    assert run_time["stopped"] == f"stopped on request after {kept} of 24 cells"
+    assert "stopped on request" in (out / "summary.md").read_text()

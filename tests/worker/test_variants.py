@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,119 @@ def test_a_child_imports_the_worktree_put_first_not_the_working_directorys_engin
         timeout=60,
     )
     assert done.stdout.strip() == "the worktree"
+
+
+def _runners_alive(workdir: Path) -> list[int]:
+    """Live (not zombie) processes whose command line names a plan under `workdir`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(workdir) in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_warm_up_is_bounded_by_the_cell_timeout_not_the_ready_timeout(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=0, rounds=2)
+    started = time.monotonic()
+    with pytest.raises(VariantError, match="variant b: not ready after 2 s") as raised:
+        run_schedule(
+            [_launch("a"), _launch("b", warmup_hang=True)],
+            rounds,
+            workdir=tmp_path,
+            cell_timeout_s=2,
+            ready_timeout_s=600,
+        )
+    assert time.monotonic() - started < 60
+    # what happened before the failure travels with it (the run's partial bundle)
+    outcome = raised.value.outcome
+    assert outcome is not None and outcome.timeline is not None
+    assert {p.ended for p in outcome.timeline.processes} <= {"killed", "exited"}
+    assert _runners_alive(tmp_path) == []
+
+
+def test_a_stop_during_the_warm_ups_kills_every_process_and_keeps_what_was_measured(
+    tmp_path: Path,
+) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=0, rounds=4)
+    stop_at = time.monotonic() + 1e9
+
+    def progress(p: Progress) -> None:
+        nonlocal stop_at
+        if p.cells_done == 4 and stop_at > time.monotonic() + 1e8:
+            stop_at = time.monotonic() + 1.5  # the next block is warming up by then
+
+    launches = [_launch("a", warmup_s=0.3), _launch("b", warmup_s=5)]
+    started = time.monotonic()
+    outcome = run_schedule(
+        launches,
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=60,
+        rounds_per_process=2,
+        on_progress=progress,
+        should_stop=lambda: time.monotonic() > stop_at,
+    )
+    # b's warm-ups take 5 s: the stop came while the second block was warming up
+    assert outcome.stopped
+    assert time.monotonic() - started < 30
+    assert outcome.timeline is not None and outcome.timeline.stopped
+    processes = outcome.timeline.processes
+    assert all(p.exited_s is not None for p in processes)
+    measured = [r for r in outcome.records if r["round"] >= 0]
+    assert len(measured) == outcome.cells_done == 4
+    assert _runners_alive(tmp_path) == []
+
+
+def test_prespawned_processes_import_while_the_block_measures_and_load_after_it(
+    tmp_path: Path,
+) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=4, rounds=6)
+    launches = [_launch(name, import_s=0.5, cell_s=0.3) for name in "ab"]
+    outcome = run_schedule(
+        launches,
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=4,
+        prespawn=True,
+    )
+    assert outcome.cells_done == 12 and not outcome.stopped
+    timeline = outcome.timeline
+    assert timeline is not None and timeline.prespawn and len(timeline.blocks) == 3
+    by_block: dict[int | None, list] = {}
+    for process in timeline.processes:
+        by_block.setdefault(process.block, []).append(process)
+    assert sorted(by_block) == [0, 1, 2] and all(len(v) == 2 for v in by_block.values())
+    for block in (1, 2):
+        previous, current = by_block[block - 1], by_block[block]
+        boundary = timeline.blocks[block]
+        assert all(p.prespawned for p in current)
+        # imported before the block began (while the previous block measured) ...
+        assert all(p.imported_s is not None and p.imported_s < boundary.began_s for p in current)
+        # ... and loaded only once the previous block's processes were gone
+        gone = max(p.exited_s for p in previous if p.exited_s is not None)
+        assert all(p.load_s is not None and p.load_s >= gone for p in current)
+        assert boundary.imports_s < 0.4  # nothing left to wait for at the boundary
+    assert not any(p.prespawned for p in by_block[0])
+    # the last block starts nothing ahead: every process started measured a block
+    assert {r["process"] for r in outcome.records if r["round"] >= 0} == {1, 2, 3}
+
+
+def test_a_runner_without_the_load_gate_is_never_started_ahead(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=0, rounds=4)
+    launches = [_launch("a"), _launch("b", no_load_gate=True)]
+    outcome = run_schedule(
+        launches, rounds, workdir=tmp_path, cell_timeout_s=30, rounds_per_process=2, prespawn=True
+    )
+    assert outcome.timeline is not None
+    ahead = {(p.variant, p.block) for p in outcome.timeline.processes if p.prespawned}
+    assert ahead == {("a", 1)}
+    assert all(r["status"] == "ok" for r in outcome.records if r["round"] >= 0)
