@@ -14,7 +14,7 @@ endif
 comma := ,
 EXTRAS := worker,server,test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
 
-.PHONY: demo test install lint services clean
+.PHONY: demo test timing install lint services clean
 
 $(BIN)/coldbench: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -35,14 +35,21 @@ services:
 # Each worker starts on its half of the tests in order and then takes from the other's rest.
 # Each worker's session has its own databases, Redis key prefixes, ports, temporary folders
 # and host lock (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
-# Tests marked `timing` assert a real speed difference on this CPU (1-token chunks slower than
-# one 128-token chunk; a bisection's commit of identical code not slower than its parent): a
-# second worker's load can drown it, so they run alone afterwards.
 TEST_WORKERS ?= 2
 
+# Tests marked `alone` measure a planted wait beside steps that compare identical code (a
+# bisection's good commits): a second worker's load can tip those, so they run afterwards, one
+# at a time.
 test: install services
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not timing"
-	$(BIN)/python -m pytest -q -m timing
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not timing and not alone"
+	$(BIN)/python -m pytest -q -n 0 -m "alone and not timing"
+
+# Tests marked `timing` assert a speed difference of this CPU's own arithmetic (1-token
+# chunks against one 128-token chunk, in an A/B and in `coldbench calibrate`): another
+# process's load can drown it, so they are not part of `make test`. Run them alone, on a
+# machine with nothing else to do. (Planted waits, which load cannot drown, are in `make test`.)
+timing: install services
+	$(BIN)/python -m pytest -q -n 0 -m timing
 
 # Style, the import rules of the package docstrings (pyproject.toml's import-linter contracts)
 # and types of evidence/ and engine/.

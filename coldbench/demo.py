@@ -12,18 +12,16 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from coldbench.processes import Children, free_port, run_cli, wait_healthy
 from evidence.protocol import JobState
 
 app = typer.Typer()
@@ -67,114 +65,6 @@ class Clock:
 
     def breakdown(self) -> str:
         return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases)
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-
-@dataclass
-class Children:
-    """Child processes, each in its own session so one signal stops all of its descendants."""
-
-    log_dir: Path
-    env: dict[str, str]
-    started: list[Child] = field(default_factory=list)
-
-    def start(self, name: str, args: list[str]) -> Child:
-        log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        process = subprocess.Popen(
-            [sys.executable, "-m", "coldbench", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,
-        )
-        child = Child(name, process, log_path)
-        self.started.append(child)
-        return child
-
-    def check_alive(self) -> None:
-        for child in self.started:
-            if child.process.poll() is not None:
-                tail = child.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(
-                    f"{child.name} exited with code {child.process.returncode}; "
-                    f"its log ({child.log_path}) ends:\n{tail}"
-                )
-
-    def stop_all(self, grace_s: float = 15.0) -> None:
-        # A second Ctrl-C (or SIGTERM from a supervisor) must not cut the clean-up short and
-        # leave children behind: signals are ignored until every child is gone.
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
-        try:
-            self._stop_all(grace_s)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _stop_all(self, grace_s: float) -> None:
-        # The agent first (it finishes the cell in flight), then the services behind it.
-        for child in reversed(self.started):
-            _signal_group(child.process, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for child in reversed(self.started):
-            remaining = max(0.1, deadline - time.monotonic())
-            try:
-                child.process.wait(timeout=remaining)
-            except subprocess.TimeoutExpired:
-                _signal_group(child.process, signal.SIGKILL)
-                child.process.wait(timeout=5)
-            # Reap the rest of the group (Celery's pool children, uvicorn's reloaders).
-            _signal_group(child.process, signal.SIGKILL)
-        self.started.clear()
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def run_cli(args: list[str], env: dict[str, str], timeout_s: float = 300.0) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "coldbench", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"`coldbench {' '.join(args)}` failed ({result.returncode}): "
-            f"{(result.stderr or result.stdout).strip()[-2000:]}"
-        )
-    return result.stdout
-
-
-def wait_healthy(base_url: str, children: Children, timeout_s: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        children.check_alive()
-        try:
-            if httpx.get(f"{base_url}/healthz", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(FOLLOW_POLL_S)
-    raise RuntimeError(f"the API at {base_url} did not become healthy in {timeout_s:.0f} s")
 
 
 def demo_env(state_dir: Path) -> dict[str, str]:

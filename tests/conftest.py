@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.stack import Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -21,6 +26,19 @@ POSTGRES_URL = os.environ.get(
     "COLDBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("COLDBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+# Tests on the API's databases (the `db_url` fixture of tests/api/conftest.py) run on
+# PostgreSQL, what a deployment runs; those marked `both_dialects` run on SQLite too.
+DIALECTS = ("sqlite", "postgresql")
+DEFAULT_DIALECT = "postgresql"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_url" in metafunc.fixturenames:
+        both = metafunc.definition.get_closest_marker("both_dialects") is not None
+        dialects = DIALECTS if both else (DEFAULT_DIALECT,)
+        metafunc.parametrize("db_url", dialects, indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -35,6 +53,27 @@ def _session_host_lock(tmp_path_factory: pytest.TempPathFactory) -> None:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One service for the session's end-to-end tests (tests/stack.py): PostgreSQL, `coldbench
+    server` and an API key, started the first time a test asks for it. Leases of 10 s (an
+    agent heartbeats every second) and a 0.2 s long-poll look-up. Take turns with
+    `shared_stack.scope()` or through `service`."""
+    from tests.stack import running_stack
+
+    settings = {"COLDBENCH_LEASE_TTL_S": "10", "COLDBENCH_LEASE_POLL_S": "0.2"}
+    with running_stack(tmp_path_factory.mktemp("shared-stack"), settings=settings) as stack:
+        yield stack
+
+
+@pytest.fixture
+def service(shared_stack: Stack) -> Iterator[Stack]:
+    """The shared service for one test: the agents and other processes the test starts on it
+    are stopped, and the jobs it leaves unfinished cancelled, when it ends."""
+    with shared_stack.scope():
+        yield shared_stack
 
 
 @pytest.fixture(scope="session")

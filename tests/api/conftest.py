@@ -1,5 +1,9 @@
 """Databases for API tests: a fresh PostgreSQL database per session and a SQLite file.
 
+A test runs on PostgreSQL; marked `both_dialects` (where the SQL differs by dialect: the
+programs of api/transactions.py with dialect branches, notifications, ingest's inserts,
+migrations, the rehearsal), it runs on SQLite too (tests/conftest.py).
+
 Most tests run inside a transaction rolled back at the end (services' commits release
 savepoints). Tests that need several real connections (long-poll, concurrent claimers, Celery)
 use `live_db`, whose tables are emptied afterwards.
@@ -59,8 +63,9 @@ def sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], scope="session")
+@pytest.fixture(scope="session")
 def db_url(request: pytest.FixtureRequest) -> str:
+    """The migrated database of the dialect tests/conftest.py's pytest_generate_tests chose."""
     fixture = "sqlite_migrated" if request.param == "sqlite" else "postgres_migrated"
     return request.getfixturevalue(fixture)
 

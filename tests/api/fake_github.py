@@ -23,7 +23,7 @@ import jwt
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 
-from tests.worker.service import free_port
+from tests.stack import free_port
 
 API_PREFIX = "/api/v3"
 TOKEN = "ghp_fake_token_for_tests"

@@ -1,4 +1,6 @@
-"""The HTTP API on SQLite and PostgreSQL: credentials, leases, uploads, completion, jobs."""
+"""The HTTP API: credentials, leases, uploads, completion, jobs. Leases, heartbeats, uploads,
+completion and expiry run statements that differ by dialect: those tests run on SQLite and
+PostgreSQL (`both_dialects`)."""
 
 from __future__ import annotations
 
@@ -211,6 +213,7 @@ def test_register_refuses_unsafe_names(client: TestClient, db_session: Session) 
 # --- leases ----------------------------------------------------------------------------
 
 
+@pytest.mark.both_dialects
 def test_one_run_per_host_and_distinct_hosts(
     client: TestClient, db_session: Session, settings: Settings
 ) -> None:
@@ -230,6 +233,7 @@ def test_one_run_per_host_and_distinct_hosts(
     assert len({run.host_id for run in runs}) == 2
 
 
+@pytest.mark.both_dialects
 def test_host_never_takes_a_second_slot_of_one_job(
     client: TestClient, db_session: Session, settings: Settings
 ) -> None:
@@ -245,6 +249,7 @@ def test_host_never_takes_a_second_slot_of_one_job(
     )
 
 
+@pytest.mark.both_dialects
 def test_lease_matches_labels_repository_recipes_and_models(
     client: TestClient, db_session: Session, settings: Settings
 ) -> None:
@@ -272,6 +277,7 @@ def test_lease_matches_labels_repository_recipes_and_models(
     assert lease(client, mac).json()["job_id"] == job.id
 
 
+@pytest.mark.both_dialects
 def test_expired_lease_requeues_and_late_complete_is_refused(
     client: TestClient, db_session: Session, world: World, settings: Settings
 ) -> None:
@@ -301,6 +307,7 @@ def test_expired_lease_requeues_and_late_complete_is_refused(
     assert late_upload.status_code == 409
 
 
+@pytest.mark.both_dialects
 def test_expiry_stops_after_max_attempts(
     client: TestClient, db_session: Session, settings: Settings
 ) -> None:
@@ -319,6 +326,7 @@ def test_expiry_stops_after_max_attempts(
     assert job.state == "failed"
 
 
+@pytest.mark.both_dialects
 def test_heartbeat_extends_lease_and_reports_cancel(
     client: TestClient, db_session: Session, world: World
 ) -> None:
@@ -358,6 +366,7 @@ def _blobs(settings: Settings) -> list[str]:
     )
 
 
+@pytest.mark.both_dialects
 def test_checksum_mismatch_stores_nothing(
     client: TestClient, db_session: Session, world: World, settings: Settings
 ) -> None:
@@ -371,6 +380,7 @@ def test_checksum_mismatch_stores_nothing(
     assert db_session.scalar(sa.select(sa.func.count()).select_from(Artifact)) == 0
 
 
+@pytest.mark.both_dialects
 def test_reupload_is_idempotent_and_another_digest_conflicts(
     client: TestClient, db_session: Session, world: World, settings: Settings
 ) -> None:
@@ -385,6 +395,7 @@ def test_reupload_is_idempotent_and_another_digest_conflicts(
     assert (settings.artifact_dir / sha[:2] / sha[2:4] / sha).read_bytes() == b"line\n"
 
 
+@pytest.mark.both_dialects
 def test_too_large_is_refused_up_front_and_while_streaming(
     client: TestClient, world: World, settings: Settings
 ) -> None:
@@ -420,6 +431,7 @@ def test_missing_digest_header_is_refused(client: TestClient, world: World) -> N
 # --- completion ------------------------------------------------------------------------
 
 
+@pytest.mark.both_dialects
 def test_complete_requires_every_manifest_file(
     client: TestClient, world: World, sent_tasks: Any
 ) -> None:
@@ -433,6 +445,7 @@ def test_complete_requires_every_manifest_file(
     assert sent_tasks.calls == []
 
 
+@pytest.mark.both_dialects
 def test_complete_stores_state_and_sends_ingest_after_commit(
     client: TestClient, db_session: Session, world: World, sent_tasks: Any
 ) -> None:
@@ -446,6 +459,7 @@ def test_complete_stores_state_and_sends_ingest_after_commit(
     assert db_session.get(Run, world.run_id).state == "completed"
 
 
+@pytest.mark.both_dialects
 def test_reported_failure_is_final(
     client: TestClient, db_session: Session, world: World, settings: Settings
 ) -> None:

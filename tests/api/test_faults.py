@@ -20,10 +20,9 @@ import pytest
 
 from api.artifacts.store import LocalArtifactStore
 from evidence.canonical import sha256_hex
-from tests.api.cluster import Cluster, Server, cluster, wait_until
 from tests.api.factories import fingerprint, job_payload, manifest_for, provenance_json, record
 from tests.api.test_endpoints import complete, upload
-from tests.worker.service import stop_process
+from tests.stack import Server, Stack, running_stack, stop_process, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -31,12 +30,18 @@ MEASURED_CELLS = 8  # records_jsonl: 2 variants x 2 contexts x 2 rounds
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with cluster(
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(
         tmp_path_factory.mktemp("faults"),
-        COLDBENCH_BEAT_REPROCESS_S="2",
-        COLDBENCH_BEAT_EXPIRE_LEASES_S="1",
-        COLDBENCH_LEASE_SWEEP_S="1",
+        broker=True,
+        server=False,
+        api_key=None,
+        settings={
+            "COLDBENCH_BEAT_REPROCESS_S": "2",
+            "COLDBENCH_BEAT_EXPIRE_LEASES_S": "1",
+            "COLDBENCH_LEASE_SWEEP_S": "1",
+            "COLDBENCH_WEB_SECRET": "replicas-share-this-secret",
+        },
     ) as started:
         started.start_celery()
         started.start_beat()
@@ -44,16 +49,16 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def api(running: Cluster) -> Server:
+def api(running: Stack) -> Server:
     return running.start_server("api")
 
 
 @pytest.fixture(scope="module")
-def api_key(running: Cluster) -> str:
+def api_key(running: Stack) -> str:
     return running.cli("admin", "apikey", "faults")
 
 
-def enroll(running: Cluster, server: Server, label: str) -> str:
+def enroll(running: Stack, server: Server, label: str) -> str:
     """A host enrolled with label `label`, which only this test's jobs ask for."""
     token = running.cli("admin", "enroll", "--labels", label)
     with server.client(token) as client:
@@ -97,7 +102,7 @@ def run_files(run_id: str, *, shift: timedelta = timedelta(0)) -> dict[str, byte
     return {"records.jsonl": records, "provenance.json": provenance_json(run_id)}
 
 
-def assert_exactly_once(running: Cluster, run_id: str, timeout_s: float = 90) -> None:
+def assert_exactly_once(running: Stack, run_id: str, timeout_s: float = 90) -> None:
     """The run is ingested, with each measured cell once (none lost, none twice)."""
     wait_until(
         lambda: running.scalar("select state from runs where id = :r", r=run_id) == "processed",
@@ -119,7 +124,7 @@ def upload_all(server: Server, secret: str, run_id: str, files: dict[str, bytes]
 
 
 def test_server_killed_mid_upload_publishes_nothing_partial(
-    running: Cluster, api: Server, api_key: str
+    running: Stack, api: Server, api_key: str
 ) -> None:
     secret = enroll(running, api, "fault:upload-kill")
     _, run_id = submit_and_lease(api, api_key, secret, "fault:upload-kill")
@@ -146,11 +151,11 @@ def test_server_killed_mid_upload_publishes_nothing_partial(
     api.process = restarted.process  # later tests of the module use the restarted server
     # Nothing of the cut upload was published: no row, no blob.
     assert running.scalar("select count(*) from artifacts where run_id = :r", r=run_id) == 0
-    blob = running.tmp / "artifacts" / sha256_hex(big)[:2] / sha256_hex(big)[2:4]
+    blob = running.root / "artifacts" / sha256_hex(big)[:2] / sha256_hex(big)[2:4]
     assert not blob.exists()
     # What the kill left is a spool file only, removed by the sweep (beat, server start) once
     # it is older than upload_tmp_max_age_s.
-    store = LocalArtifactStore(running.tmp / "artifacts")
+    store = LocalArtifactStore(running.root / "artifacts")
     left = list(store.tmp_dir.glob("upload-*"))
     assert left, "the cut upload left no spool file"
     for path in left:
@@ -164,7 +169,7 @@ def test_server_killed_mid_upload_publishes_nothing_partial(
 
 
 def test_duplicate_and_out_of_order_uploads_and_completes_count_once(
-    running: Cluster, api: Server, api_key: str
+    running: Stack, api: Server, api_key: str
 ) -> None:
     secret = enroll(running, api, "fault:dup")
     _, run_id = submit_and_lease(api, api_key, secret, "fault:dup")
@@ -196,7 +201,7 @@ def test_duplicate_and_out_of_order_uploads_and_completes_count_once(
 
 
 def test_host_clock_hours_off_changes_nothing_the_server_decides(
-    running: Cluster, api: Server, api_key: str
+    running: Stack, api: Server, api_key: str
 ) -> None:
     secret = enroll(running, api, "fault:clock")
     _, run_id = submit_and_lease(api, api_key, secret, "fault:clock")
@@ -225,7 +230,7 @@ def test_host_clock_hours_off_changes_nothing_the_server_decides(
 
 
 def test_redis_unreachable_completion_is_kept_and_ingested_once_redis_is_back(
-    running: Cluster, api_key: str
+    running: Stack, api_key: str
 ) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -252,9 +257,7 @@ def test_redis_unreachable_completion_is_kept_and_ingested_once_redis_is_back(
     assert_exactly_once(running, run_id)
 
 
-def test_postgres_connections_dropped_mid_flight(
-    running: Cluster, api: Server, api_key: str
-) -> None:
+def test_postgres_connections_dropped_mid_flight(running: Stack, api: Server, api_key: str) -> None:
     secret = enroll(running, api, "fault:pg")
 
     def terminate_all() -> int:
@@ -304,13 +307,13 @@ def test_postgres_connections_dropped_mid_flight(
 
 
 def test_artifact_store_full_refuses_clearly_and_keeps_no_partial_evidence(
-    running: Cluster, api_key: str
+    running: Stack, api_key: str
 ) -> None:
     full = running.start_server("api-full", env={"COLDBENCH_ARTIFACT_MIN_FREE_BYTES": str(1 << 60)})
     secret = enroll(running, full, "fault:full")
     job_id, run_id = submit_and_lease(full, api_key, secret, "fault:full")
     files = run_files(run_id)
-    spool = running.tmp / "artifacts" / "tmp"
+    spool = running.root / "artifacts" / "tmp"
     # (A server killed mid-upload by another test may have left its own temporary file.)
     spooled_before = set(spool.glob("*"))
     with full.client(secret) as client:
@@ -343,7 +346,7 @@ def test_artifact_store_full_refuses_clearly_and_keeps_no_partial_evidence(
 
 
 def test_rendering_into_a_full_store_publishes_no_evidence_until_there_is_room(
-    running: Cluster, api: Server, api_key: str
+    running: Stack, api: Server, api_key: str
 ) -> None:
     # A second Celery worker whose store is "full" takes part of the work; while it fails,
     # no evidence row or id may appear for a job with missing files.
@@ -384,7 +387,7 @@ def test_rendering_into_a_full_store_publishes_no_evidence_until_there_is_room(
 
 
 def test_a_long_poll_whose_agent_left_claims_nothing(
-    running: Cluster, api: Server, api_key: str
+    running: Stack, api: Server, api_key: str
 ) -> None:
     secret = enroll(running, api, "fault:gone")
     with pytest.raises(httpx.ReadTimeout), api.client(secret, timeout=1.5) as client:

@@ -17,6 +17,9 @@ from tests.api.conftest import SentTasks
 from tests.api.factories import make_host, make_job, record
 from tests.api.test_endpoints import complete, lease, upload, upload_run
 
+# Ingest inserts with each dialect's INSERT .. ON CONFLICT (api/runs/ingest.py).
+pytestmark = pytest.mark.both_dialects
+
 
 @pytest.fixture
 def completed_run(client: TestClient, db_session: Session, settings: Settings) -> Run:

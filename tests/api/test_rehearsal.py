@@ -38,6 +38,9 @@ from tests.api.factories import (
     records_jsonl,
 )
 
+# The rehearsal runs each dialect's statements.
+pytestmark = pytest.mark.both_dialects
+
 POOL = 3
 
 

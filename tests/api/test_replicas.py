@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.api.cluster import cluster, wait_until
 from tests.api.conftest import S3Server
 from tests.api.factories import fingerprint, job_payload
 from tests.api.test_endpoints import complete, upload_run
+from tests.stack import running_stack, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -22,13 +22,20 @@ def test_job_submitted_on_one_replica_is_leased_completed_and_served_by_both(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
     bucket = s3_server.new_bucket()
-    with cluster(
+    with running_stack(
         tmp_path,
-        COLDBENCH_ARTIFACT_URL=f"s3://{bucket}/coldbench",
-        # Longer than the test's patience: only a notification from the other replica can end
-        # the long-poll in time.
-        COLDBENCH_LEASE_POLL_S="30",
-        **s3_server.env,
+        broker=True,
+        server=False,
+        api_key=None,
+        settings={
+            "COLDBENCH_ARTIFACT_URL": f"s3://{bucket}/coldbench",
+            # Longer than the test's patience: only a notification from the other replica can
+            # end the long-poll in time.
+            "COLDBENCH_LEASE_POLL_S": "30",
+            # Replicas behind one proxy share the secret that signs browser sessions.
+            "COLDBENCH_WEB_SECRET": "replicas-share-this-secret",
+            **s3_server.env,
+        },
     ) as running:
         api_a = running.start_server("api-a")
         api_b = running.start_server("api-b")

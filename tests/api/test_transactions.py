@@ -48,6 +48,9 @@ from tests.api.factories import (
     records_jsonl,
 )
 
+# The program drivers, the pool and the notifications differ by dialect.
+pytestmark = pytest.mark.both_dialects
+
 
 @dataclass
 class Live:

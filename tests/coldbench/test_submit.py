@@ -5,12 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.worker.service import running_service
+from tests.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -25,114 +24,114 @@ def _submit(service, *args: str, key: str | None = None) -> subprocess.Completed
     )
 
 
-def test_submit_posts_a_valid_job_and_reports_refusals_in_one_line(tmp_path: Path) -> None:
-    with running_service(tmp_path) as service:
-        token = service.enrollment_token("lab:test")
-        registered = httpx.post(
-            f"{service.url}/api/v1/workers/register",
-            headers={"Authorization": f"Bearer {token}"},
-            json={
-                "name": "host-a",
-                "fingerprint": {"backend": "cpu"},
-                "labels": ["lab:test"],
-                "repositories": {},
-                "models": ["preset:tiny"],
-            },
-            timeout=30,
-        )
-        assert registered.status_code == 201, registered.text
+def test_submit_posts_a_valid_job_and_reports_refusals_in_one_line(service: Stack) -> None:
+    token = service.enrollment_token("lab:test")
+    registered = httpx.post(
+        f"{service.url}/api/v1/workers/register",
+        headers={"Authorization": f"Bearer {token}"},
+        json={
+            "name": "submit-a",
+            "fingerprint": {"backend": "cpu"},
+            "labels": ["lab:test"],
+            "repositories": {},
+            "models": ["preset:tiny"],
+        },
+        timeout=30,
+    )
+    assert registered.status_code == 201, registered.text
 
-        done = _submit(
-            service,
+    done = _submit(
+        service,
+        "--variant",
+        "stock:prefill_step_size=32",
+        "--variant",
+        "wide:prefill_step_size=64,clear_cache=false",
+        "--contexts",
+        "64,128",
+        "--rounds",
+        "2",
+        "--labels",
+        "lab:test",
+        "--rounds-per-process",
+        "1",
+        "--precision",
+        "0.02",
+    )
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[1]
+    job = service.job(job_id)
+    assert job["spec"]["variants"][1] == {
+        "name": "wide",
+        "ref": None,
+        "recipe": None,
+        "flags": {"prefill_step_size": 64, "clear_cache": False},
+    }
+    assert job["spec"]["contexts"] == [64, 128]
+    assert (job["spec"]["rounds_per_process"], job["spec"]["precision"]) == (1, 0.02)
+
+    # Caught locally, before anything is sent.
+    bad_contexts = _submit(service, "--variant", "a", "--contexts", "12x")
+    assert bad_contexts.returncode == 2
+    assert "--contexts '12x'" in bad_contexts.stderr
+    # Refused by the server: no host has this label.
+    no_host = _submit(service, "--variant", "a", "--contexts", "64", "--labels", "gpu:h200")
+    assert no_host.returncode == 1
+    assert "refused the job (422)" in no_host.stderr and "gpu:h200" in no_host.stderr
+    # A wrong key and no key.
+    assert _submit(service, "--variant", "a", key="cbk_x_y").returncode == 1
+    no_key = _submit(service, "--variant", "a", key="")
+    assert no_key.returncode == 2 and "no API key" in no_key.stderr
+
+
+def test_submit_wait_ends_when_the_job_is_cancelled(service: Stack) -> None:
+    token = service.enrollment_token()
+    httpx.post(
+        f"{service.url}/api/v1/workers/register",
+        headers={"Authorization": f"Bearer {token}"},
+        json={
+            "name": "submit-b",
+            "fingerprint": {},
+            "labels": [],
+            "repositories": {},
+            "models": ["preset:tiny"],
+        },
+        timeout=30,
+    ).raise_for_status()
+    with service.http() as client:
+        before = {job["id"] for job in client.get("/jobs").json()}
+    waiting = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "coldbench",
+            "submit",
+            "--api",
+            service.url,
             "--variant",
-            "stock:prefill_step_size=32",
-            "--variant",
-            "wide:prefill_step_size=64,clear_cache=false",
+            "a",
             "--contexts",
-            "64,128",
-            "--rounds",
-            "2",
-            "--labels",
-            "lab:test",
-            "--rounds-per-process",
-            "1",
-            "--precision",
-            "0.02",
-        )
-        assert done.returncode == 0, done.stderr
-        job_id = done.stdout.split()[1]
-        job = service.job(job_id)
-        assert job["spec"]["variants"][1] == {
-            "name": "wide",
-            "ref": None,
-            "recipe": None,
-            "flags": {"prefill_step_size": 64, "clear_cache": False},
-        }
-        assert job["spec"]["contexts"] == [64, 128]
-        assert (job["spec"]["rounds_per_process"], job["spec"]["precision"]) == (1, 0.02)
-
-        # Caught locally, before anything is sent.
-        bad_contexts = _submit(service, "--variant", "a", "--contexts", "12x")
-        assert bad_contexts.returncode == 2
-        assert "--contexts '12x'" in bad_contexts.stderr
-        # Refused by the server: no host has this label.
-        no_host = _submit(service, "--variant", "a", "--contexts", "64", "--labels", "gpu:h200")
-        assert no_host.returncode == 1
-        assert "refused the job (422)" in no_host.stderr and "gpu:h200" in no_host.stderr
-        # A wrong key and no key.
-        assert _submit(service, "--variant", "a", key="cbk_x_y").returncode == 1
-        no_key = _submit(service, "--variant", "a", key="")
-        assert no_key.returncode == 2 and "no API key" in no_key.stderr
-
-
-def test_submit_wait_ends_when_the_job_is_cancelled(tmp_path: Path) -> None:
-    with running_service(tmp_path) as service:
-        token = service.enrollment_token()
-        httpx.post(
-            f"{service.url}/api/v1/workers/register",
-            headers={"Authorization": f"Bearer {token}"},
-            json={
-                "name": "host-b",
-                "fingerprint": {},
-                "labels": [],
-                "repositories": {},
-                "models": ["preset:tiny"],
-            },
-            timeout=30,
-        ).raise_for_status()
-        waiting = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "coldbench",
-                "submit",
-                "--api",
-                service.url,
-                "--variant",
-                "a",
-                "--contexts",
-                "64",
-                "--wait",
-            ],
-            env={**service.env, "COLDBENCH_API_KEY": service.api_key},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not (jobs := service.http().get("/jobs").json()):
+            "64",
+            "--wait",
+        ],
+        env={**service.env, "COLDBENCH_API_KEY": service.api_key},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        with service.http() as client:
+            while not (jobs := [j for j in client.get("/jobs").json() if j["id"] not in before]):
                 assert time.monotonic() < deadline and waiting.poll() is None
                 time.sleep(0.3)
-            with service.http() as client:
-                assert client.post(f"/jobs/{jobs[0]['id']}/cancel").status_code == 200
-            stdout, stderr = waiting.communicate(timeout=60)
-        finally:
-            if waiting.poll() is None:
-                waiting.kill()
-        assert waiting.returncode == 1
-        assert "ended cancelled without evidence" in stderr
-        assert "cancelled" in stderr.splitlines()[-2]  # the last progress line
+            assert client.post(f"/jobs/{jobs[0]['id']}/cancel").status_code == 200
+        stdout, stderr = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 1
+    assert "ended cancelled without evidence" in stderr
+    assert "cancelled" in stderr.splitlines()[-2]  # the last progress line
 
 
 def test_every_problem_is_reported_before_anything_is_sent() -> None:

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
 from evidence.stats import rounds_for_verdict
 from tests.conftest import REPO_ROOT
+from tests.stack import Stack, running_stack
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -45,12 +43,6 @@ LAPTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _git(repo: Path, *args: str) -> None:
     subprocess.run(
         ["git", "-c", "user.name=coldbench-tests", "-c", "user.email=t@coldbench.invalid", *args],
@@ -58,44 +50,6 @@ def _git(repo: Path, *args: str) -> None:
         check=True,
         capture_output=True,
     )
-
-
-@dataclass
-class Stack:
-    base_url: str
-    api_key: str
-    root: Path
-    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    logs: list[IO[bytes]] = field(default_factory=list)
-
-    def log(self, name: str, tail: int = 3000) -> str:
-        path = self.root / f"{name}.log"
-        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
-
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop)
-        self.logs.append(log)
-        self.children[name] = subprocess.Popen(
-            args,
-            cwd=self.root,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def stop(self) -> None:
-        for child in self.children.values():
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
-        for child in self.children.values():
-            try:
-                child.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait(5)
-        for log in self.logs:
-            log.close()
 
 
 def _wait_until(condition: Any, timeout_s: float, what: str, stack: Stack) -> Any:
@@ -111,88 +65,42 @@ def _wait_until(condition: Any, timeout_s: float, what: str, stack: Stack) -> An
 
 
 @pytest.fixture(scope="module")
-def stack(
-    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, coldbench_cmd: list[str]
-) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Stack]:
+    """The embedded default (SQLite, kombu's SQLAlchemy transport; preset:tiny resolves to
+    tiny_model_dir) with two agents on this machine, local-1 and local-2."""
     root = tmp_path_factory.mktemp("stack")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLDBENCH_")}
-    env["COLDBENCH_MODEL_DIR"] = str(tiny_model_dir.parent)  # preset:tiny resolves here
-
-    def admin(*args: str) -> str:
-        done = subprocess.run(
-            [*coldbench_cmd, "admin", *args],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
-    enrollments = {name: admin("enroll", "--labels", "lab:test") for name in ("local-1", "local-2")}
-    api_key = admin("apikey", "browser-tester")
-    # A repository on the host's allow-list: a small local git repository.
-    repo = root / "stub-repo"
-    (repo / "mlx_lm").mkdir(parents=True)
-    (repo / "mlx_lm" / "__init__.py").write_text('STUB = "main"\n')
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", "stub")
-    # Two agents on this one machine: both report its hostname, so only their registered
-    # names (local-1, local-2) tell them apart.
-    for name in ("local-1", "local-2"):
-        (root / f"{name}.toml").write_text(
-            f'name = "{name}"\nlabels = ["lab:home"]\nstate_dir = "{name}-state"\n'
-            'allow_presets = ["tiny"]\n'
-            f'[repositories.stub]\nurl = "{repo}"\n'
-            "[repositories.stub.recipes.editable]\n"
-            'command = ["{python}", "-m", "pip", "install", "--no-deps", "-e", "."]\n'
-        )
-    port = _free_port()
-    stack = Stack(base_url=f"http://127.0.0.1:{port}", api_key=api_key, root=root)
-    try:
-        stack.start("server", [*coldbench_cmd, "server", "--port", str(port)], env)
-        stack.start("celery", [*coldbench_cmd, "celery", "worker", "--pool", "solo"], env)
-        with httpx.Client(base_url=stack.base_url, timeout=10) as http:
-
-            def healthy() -> bool:
-                try:
-                    return http.get("/healthz").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            _wait_until(healthy, 60, "the server", stack)
-            for name in ("local-1", "local-2"):
-                stack.start(
-                    "agent" if name == "local-1" else name,
-                    [
-                        *coldbench_cmd,
-                        "worker",
-                        "--api",
-                        stack.base_url,
-                        "--config",
-                        f"{name}.toml",
-                        "--enroll",
-                        enrollments[name],
-                        "--heartbeat-s",
-                        "1",
-                        "--lease-wait-s",
-                        "2",
-                        # Its own lock: agents of other test runs on this machine must not
-                        # queue it.
-                        "--host-lock",
-                        str(root / f"{name}.lock"),
-                    ],
-                    env,
-                )
-            hosts = lambda: http.get(  # noqa: E731
-                "/api/v1/hosts", headers={"Authorization": f"Bearer {api_key}"}
-            ).json()
-            _wait_until(lambda: len(hosts()) == 2, 90, "both agents to register", stack)
+    with running_stack(root, database="sqlite", server=False, api_key=None) as stack:
+        enrollments = {
+            name: stack.cli("admin", "enroll", "--labels", "lab:test")
+            for name in ("local-1", "local-2")
+        }
+        stack.api_key = stack.cli("admin", "apikey", "browser-tester")
+        # A repository on the host's allow-list: a small local git repository.
+        repo = root / "stub-repo"
+        (repo / "mlx_lm").mkdir(parents=True)
+        (repo / "mlx_lm" / "__init__.py").write_text('STUB = "main"\n')
+        _git(repo, "init", "-q", "-b", "main")
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", "stub")
+        # Two agents on this one machine: both report its hostname, so only their registered
+        # names (local-1, local-2) tell them apart.
+        for name in ("local-1", "local-2"):
+            (root / f"{name}.toml").write_text(
+                f'name = "{name}"\nlabels = ["lab:home"]\nstate_dir = "{name}-state"\n'
+                'allow_presets = ["tiny"]\n'
+                f'[repositories.stub]\nurl = "{repo}"\n'
+                "[repositories.stub.recipes.editable]\n"
+                'command = ["{python}", "-m", "pip", "install", "--no-deps", "-e", "."]\n'
+            )
+        stack.start_server()
+        stack.start_celery()
+        for name, log in (("local-1", "agent.log"), ("local-2", "local-2.log")):
+            stack.start_agent(root / f"{name}.toml", token=enrollments[name], log=root / log)
+        with stack.http() as http:
+            _wait_until(
+                lambda: len(http.get("/hosts").json()) == 2, 90, "both agents to register", stack
+            )
         yield stack
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +133,8 @@ class Session:
 @pytest.fixture
 def session(browser: Browser, stack: Stack) -> Iterator[Session]:
     """A logged-in browser context that records every request it makes."""
-    context = browser.new_context(viewport=LAPTOP, accept_downloads=True, base_url=stack.base_url)
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=stack.base_url)
+    context = browser.new_context(viewport=LAPTOP, accept_downloads=True, base_url=stack.url)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=stack.url)
     requests: list[str] = []
     console_errors: list[str] = []
     context.on("request", lambda request: requests.append(request.url))
@@ -358,7 +266,7 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     page.click("#cb-copy-md")
     expect(page.locator("#cb-copy-status")).to_have_text("Copied.", timeout=20_000)
     markdown = page.evaluate("navigator.clipboard.readText()")
-    assert f"[`{evidence_id}`]({stack.base_url}/e/{evidence_id})" in markdown
+    assert f"[`{evidence_id}`]({stack.url}/e/{evidence_id})" in markdown
     assert "| context |" in markdown or "|---|" in markdown
 
     with page.expect_download() as download_info:
@@ -385,7 +293,7 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     page.set_viewport_size(LAPTOP)
     _shot(page, "hosts")
 
-    assert session.foreign_requests(stack.base_url) == []
+    assert session.foreign_requests(stack.url) == []
     assert not [e for e in session.console_errors if "Content Security Policy" in e]
 
 
@@ -418,7 +326,7 @@ def test_form_errors_beside_fields_and_an_unknown_ref_fails_the_run(
     expect(page.locator("#job-state")).to_have_text("failed", timeout=180_000)
     expect(page.locator("table.runs")).to_contain_text("ref 'no-such-branch' not found")
     _shot(page, "job-unknown-ref")
-    assert session.foreign_requests(stack.base_url) == []
+    assert session.foreign_requests(stack.url) == []
 
 
 def test_two_hosts_sharing_a_hostname_are_shown_by_their_registered_names(
@@ -444,4 +352,4 @@ def test_two_hosts_sharing_a_hostname_are_shown_by_their_registered_names(
     named = sorted(line.split(" (")[0] for line in lines if line.startswith("Host: "))
     assert named == ["Host: local-1", "Host: local-2"], lines
     _shot(page, "evidence-two-hosts")
-    assert session.foreign_requests(stack.base_url) == []
+    assert session.foreign_requests(stack.url) == []

@@ -12,18 +12,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.stack import Stack, free_port, running_stack, stop_process
 from tests.worker.conftest import git
-from tests.worker.service import Service, free_port, running_service, stop_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One server for this module's tests. A short lease: a long-poll of a stopped agent may
     still claim a job for nobody (the server cannot know the client left), and a killed
     agent's run must come back quickly; live agents heartbeat every second."""
-    with running_service(tmp_path_factory.mktemp("service"), lease_ttl_s=4) as running:
+    with running_stack(
+        tmp_path_factory.mktemp("service"),
+        settings={"COLDBENCH_LEASE_TTL_S": "4", "COLDBENCH_LEASE_POLL_S": "0.2"},
+    ) as running:
         yield running
 
 
@@ -58,7 +61,7 @@ def _log(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def test_enrollment_and_refusals(service: Service, tmp_path: Path) -> None:
+def test_enrollment_and_refusals(service: Stack, tmp_path: Path) -> None:
     """Secret kept 0600; a job outside the allow-list never reaches the host; a recipe the host
     lacks (its worker.toml changed after enrollment) is refused by the worker itself."""
     config = write_config(
@@ -195,16 +198,16 @@ def _embedded_job(
     }
 
 
-def _wait_enrolled(service: Service, names: set[str], procs: list, logs: list[Path]) -> None:
+def _wait_enrolled(service: Stack, names: set[str], procs: list, logs: list[Path]) -> None:
     service.wait_hosts(names, list(zip(procs, logs, strict=True)), timeout_s=60)
 
 
-def _measured(service: Service, run_id: str) -> list[dict]:
+def _measured(service: Stack, run_id: str) -> list[dict]:
     lines = service.artifact(run_id, "records.jsonl").decode().splitlines()
     return [r for r in map(json.loads, lines) if r["round"] >= 0]
 
 
-def _wait_progress(service: Service, job_id: str, cells: int, proc, log: Path) -> dict:
+def _wait_progress(service: Stack, job_id: str, cells: int, proc, log: Path) -> dict:
     deadline = time.monotonic() + 120
     while True:
         run = service.job(job_id)["runs"][0]
@@ -215,7 +218,7 @@ def _wait_progress(service: Service, job_id: str, cells: int, proc, log: Path) -
         time.sleep(0.2)
 
 
-def test_two_agents_run_each_job_exactly_once(service: Service, tmp_path: Path) -> None:
+def test_two_agents_run_each_job_exactly_once(service: Stack, tmp_path: Path) -> None:
     procs, logs = [], []
     for name in ("host-1", "host-2"):
         config = write_config(tmp_path / name / "worker.toml", name=name)
@@ -250,7 +253,7 @@ def test_two_agents_run_each_job_exactly_once(service: Service, tmp_path: Path) 
 
 
 def test_killed_agent_run_is_requeued_and_finished_by_the_other(
-    service: Service, tmp_path: Path
+    service: Stack, tmp_path: Path
 ) -> None:
     config_a = write_config(tmp_path / "host-ka" / "worker.toml", name="host-ka")
     log_a = tmp_path / "host-ka.log"
@@ -288,7 +291,7 @@ def test_killed_agent_run_is_requeued_and_finished_by_the_other(
     assert stop_process(agent_b) == 0, _log(log_b)
 
 
-def test_sigterm_and_cancel_stop_after_the_cell_in_flight(service: Service, tmp_path: Path) -> None:
+def test_sigterm_and_cancel_stop_after_the_cell_in_flight(service: Stack, tmp_path: Path) -> None:
     config = write_config(tmp_path / "host-t" / "worker.toml", name="host-t")
     log = tmp_path / "host-t.log"
     agent = service.start_agent(config, token=service.enrollment_token(), log=log)
@@ -297,7 +300,7 @@ def test_sigterm_and_cancel_stop_after_the_cell_in_flight(service: Service, tmp_
     # SIGTERM: the cell in flight finishes, what was measured is uploaded, the run completes.
     first = service.submit(_embedded_job(10, [64, 128])).json()["id"]
     _wait_progress(service, first, 1, agent, log)
-    assert stop_process(agent, wait_s=60) == 0, _log(log)
+    assert stop_process(agent, grace_s=60) == 0, _log(log)
     (run,) = service.job(first)["runs"]
     assert run["state"] == "failed", run
     assert run["reason"].startswith("worker stopped (SIGTERM) after "), run
@@ -322,7 +325,7 @@ def test_sigterm_and_cancel_stop_after_the_cell_in_flight(service: Service, tmp_
 
 
 def test_branch_comparison_attributes_each_variant_to_its_commit_and_file(
-    service: Service, tmp_path: Path, mlx_lm_repo: tuple[Path, tuple[str, str]]
+    service: Stack, tmp_path: Path, mlx_lm_repo: tuple[Path, tuple[str, str]]
 ) -> None:
     """Two branches of an mlx-lm fork, built in isolation, measured, attributed."""
     repo, (main, slow) = mlx_lm_repo
@@ -377,7 +380,7 @@ def test_branch_comparison_attributes_each_variant_to_its_commit_and_file(
 
 
 def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
-    service: Service, tmp_path: Path
+    service: Stack, tmp_path: Path
 ) -> None:
     """Uploads back off while nothing answers; the outbox survives the agent and is delivered
     by the next one."""

@@ -9,8 +9,6 @@ run and evidence; the bisection's job ends with the step that names the commit.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import SLOW_PREFILL_SYNC_OLD
+from tests.stack import Stack
 from tests.worker.conftest import git
 from tests.worker.test_agent import write_config
 
@@ -57,43 +56,22 @@ def host(
     planted_repo: tuple[Path, dict[str, str]],
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Any, Path]]:
-    """The service and one enrolled host that allows the planted repository as `planted`."""
-    from tests.worker.service import running_service, stop_process
-
+    shared_stack: Stack,
+) -> Iterator[tuple[Stack, Path]]:
+    """The shared service, a Celery worker on its broker (ingest, analysis, rendering, and the
+    bisection's next steps) and one enrolled host that allows the planted repository as
+    `planted`, for this module's tests."""
     repo, _shas = planted_repo
     root = tmp_path_factory.mktemp("bisect-host")
     config = write_config(
         root / "host" / "worker.toml", name="host-b", repositories={"planted": (str(repo), ["e"])}
     )
-    (root / "service").mkdir()
-    with running_service(root / "service", lease_ttl_s=10) as service:
-        _start_celery(service, root / "celery.log")
+    with shared_stack.scope() as service:
+        service.start_celery("bisect-celery")
         log = root / "agent.log"
         agent = service.start_agent(config, token=service.enrollment_token(), log=log)
-        try:
-            service.wait_hosts({"host-b"}, [(agent, log)])
-            yield service, log
-        finally:
-            stop_process(agent)
-
-
-def _start_celery(service: Any, log: Path) -> None:
-    """A Celery worker on the service's embedded broker (its state folder's SQLite file):
-    ingest, analysis, rendering, and the bisection's next steps."""
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "coldbench", "celery", "worker", "--pool", "solo"],
-            env=service.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    service.processes.append(proc)
-    deadline = time.monotonic() + 90
-    while "ready" not in log.read_text(errors="replace"):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.3)
+        service.wait_hosts({"host-b"}, [(agent, log)])
+        yield service, log
 
 
 def _spec(**extra: Any) -> dict[str, Any]:

@@ -109,9 +109,9 @@ def test_aa_never_claims_a_difference(
 
 @pytest.mark.timing
 def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -> None:
-    """1-token chunks against one 128-token chunk: on this machine's CPU clearly fewer tok/s
-    (docs/worker.md). Not 16-token chunks against 256: those measured about 1.2x *faster* here;
-    this CPU gains more from small matrices than the per-chunk overhead costs."""
+    """1-token chunks against one 128-token chunk: fewer tok/s on a quiet CPU (docs/worker.md),
+    a difference of its arithmetic that other processes' load can drown, hence `timing`
+    (`make timing`, alone on a quiet machine)."""
     out = tmp_path / "ab"
     done = _run(
         coldbench_cmd,

@@ -19,6 +19,7 @@ import pytest
 from evidence.bundle import verify_bundle
 from evidence.records import read_records
 from tests.conftest import SWIGLU_ON_BRANCH
+from tests.stack import Stack, stop_process
 from worker.config import ConfigError, local_repository, parse_host_config
 
 pytestmark = pytest.mark.slow
@@ -139,12 +140,12 @@ def test_embedded_repositories_in_worker_toml(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
-    coldbench_repo: tuple[Path, tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
+    coldbench_repo: tuple[Path, tuple[str, str]],
+    tmp_path_factory: pytest.TempPathFactory,
+    service: Stack,
 ) -> None:
     """Through the service: worker.toml declares the repository `adapter = "embedded"`, a job
     asks for it by name, and each variant is attributed to its commit and its worktree's files."""
-    from tests.worker.service import running_service, stop_process
-
     repo, (main, step64) = coldbench_repo
     root = tmp_path_factory.mktemp("embedded-host")
     config = root / "worker.toml"
@@ -155,45 +156,41 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
         'command = ["{python}", "-m", "pip", "install", "--no-deps", "--no-build-isolation", '
         '"-e", "."]\n'
     )
-    (root / "service").mkdir()
-    with running_service(root / "service", lease_ttl_s=10) as service:
-        log = root / "agent.log"
-        agent = service.start_agent(config, token=service.enrollment_token(), log=log)
-        try:
-            service.wait_hosts({"host-e"}, [(agent, log)])
-            created = service.submit(
-                {
-                    "adapter": "embedded",
-                    "repository": "engine",
-                    "variants": [{"name": "main", "ref": main}, {"name": "step", "ref": step64}],
-                    "contexts": [128],
-                    "rounds": 2,
-                    "decode_tokens": 1,
-                }
-            )
-            assert created.status_code == 201, created.text
-            job_id = created.json()["id"]
-            job = service.wait_jobs(
-                [job_id], timeout_s=400, done=("completed", "processed", "failed")
-            )
-            (run,) = job[job_id]["runs"]
-            agent_log = log.read_text() if log.exists() else ""
-            assert run["state"] in ("completed", "processed"), (run, agent_log[-3000:])
-            provenance = json.loads(service.artifact(run["id"], "provenance.json"))
-            targets = {t["variant"]: t for t in provenance.get("runs", [provenance])[0]["targets"]}
-            for name, ref in (("main", main), ("step", step64)):
-                target = targets[name]
-                assert target["commit"] == _commit(repo, ref)
-                checkout = root / "state" / "worktrees" / "engine" / target["commit"]
-                assert target["engine_module_file"] == str(checkout / "engine" / "__init__.py")
-                files = target["software"]["files"]
-                assert files["kernels"] == str(checkout / "kernels" / "__init__.py")
-            lines = service.artifact(run["id"], "records.jsonl").decode().splitlines()
-            measured = [r for r in map(json.loads, lines) if r["round"] >= 0]
-            widths = {r["variant"]: r["counters"]["chunk_widths"] for r in measured}
-            assert widths == {"main": "128", "step": "64x2"}
-        finally:
-            stop_process(agent)
+    log = root / "agent.log"
+    agent = service.start_agent(config, token=service.enrollment_token(), log=log)
+    try:
+        service.wait_hosts({"host-e"}, [(agent, log)])
+        created = service.submit(
+            {
+                "adapter": "embedded",
+                "repository": "engine",
+                "variants": [{"name": "main", "ref": main}, {"name": "step", "ref": step64}],
+                "contexts": [128],
+                "rounds": 2,
+                "decode_tokens": 1,
+            }
+        )
+        assert created.status_code == 201, created.text
+        job_id = created.json()["id"]
+        job = service.wait_jobs([job_id], timeout_s=400, done=("completed", "processed", "failed"))
+        (run,) = job[job_id]["runs"]
+        agent_log = log.read_text() if log.exists() else ""
+        assert run["state"] in ("completed", "processed"), (run, agent_log[-3000:])
+        provenance = json.loads(service.artifact(run["id"], "provenance.json"))
+        targets = {t["variant"]: t for t in provenance.get("runs", [provenance])[0]["targets"]}
+        for name, ref in (("main", main), ("step", step64)):
+            target = targets[name]
+            assert target["commit"] == _commit(repo, ref)
+            checkout = root / "state" / "worktrees" / "engine" / target["commit"]
+            assert target["engine_module_file"] == str(checkout / "engine" / "__init__.py")
+            files = target["software"]["files"]
+            assert files["kernels"] == str(checkout / "kernels" / "__init__.py")
+        lines = service.artifact(run["id"], "records.jsonl").decode().splitlines()
+        measured = [r for r in map(json.loads, lines) if r["round"] >= 0]
+        widths = {r["variant"]: r["counters"]["chunk_widths"] for r in measured}
+        assert widths == {"main": "128", "step": "64x2"}
+    finally:
+        stop_process(agent)
 
 
 def test_offline_recipe_runs_branches_without_a_package_index(

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from tests.api.fake_github import TOKEN, FakeGitHub, comment_event, serve, signed
+from tests.stack import Stack, free_port, running_stack, stop_process
 from tests.worker.conftest import git
 from tests.worker.test_agent import write_config
-from tests.worker.test_bisect_service import _start_celery
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -86,18 +86,19 @@ def test_a_comment_asks_and_the_pull_request_gets_the_evidence(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.worker.service import free_port, running_service, stop_process
-
     upstream, base, head = _upstream(mlx_lm_repo, tmp_path)
     github = FakeGitHub(permissions={"maintainer": "write"})
     github.add_pull(REPO, 7, base=base, head=head)
     with serve(github) as api_url:
         port = free_port()
-        (tmp_path / "service").mkdir()
         config = _github_config(tmp_path / "github.toml", api_url, f"http://127.0.0.1:{port}")
         monkeypatch.setenv("COLDBENCH_GITHUB_CONFIG", str(config))
-        with running_service(tmp_path / "service", port=port) as service:
-            _start_celery(service, tmp_path / "celery.log")
+        settings = {"COLDBENCH_GITHUB_CONFIG": str(config), "COLDBENCH_LEASE_POLL_S": "0.2"}
+        with running_stack(
+            tmp_path / "service", server=False, api_key="worker-tests", settings=settings
+        ) as service:
+            service.start_server(port=port)
+            service.start_celery()
             host = write_config(
                 tmp_path / "host" / "worker.toml",
                 name="host-gh",
@@ -112,7 +113,7 @@ def test_a_comment_asks_and_the_pull_request_gets_the_evidence(
                 stop_process(agent)
 
 
-def _ask_and_check(service: Any, github: FakeGitHub, base: str, head: str, log: Path) -> None:
+def _ask_and_check(service: Stack, github: FakeGitHub, base: str, head: str, log: Path) -> None:
     payload = comment_event(REPO, 7, "maintainer", "Please measure.\r\n/coldbench ab")
     body, headers = signed(payload, SECRET, "issue_comment")
     unsigned = {k: v for k, v in headers.items() if k != "X-Hub-Signature-256"}
@@ -132,7 +133,7 @@ def _ask_and_check(service: Any, github: FakeGitHub, base: str, head: str, log: 
         lambda: service.rows("select job_id, base_sha, head_sha from github_pull_request_jobs"),
         120,
         "no job for the pull request",
-        Path(service.tmp) / "server.log",
+        service.root / "server.log",
     )
     [(job_id, linked_base, linked_head)] = rows
     assert (linked_base, linked_head) == (base, head)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.worker.service import running_service, stop_process
+from tests.stack import Stack, stop_process
 from tests.worker.test_server_experiment import WRAPPER
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -31,6 +31,7 @@ def test_a_server_experiment_submitted_on_the_form_runs_on_a_host(
     mlx_lm_repo: tuple[Path, tuple[str, str]],
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
+    service: Stack,
 ) -> None:
     repo, _ = mlx_lm_repo
     root = tmp_path_factory.mktemp("server-host")
@@ -59,89 +60,85 @@ def test_a_server_experiment_submitted_on_the_form_runs_on_a_host(
         '[repositories.srv.options.cache]\ntype = "bool"\n'
         f"env = {{WRAPPER_CACHE = {json.dumps(str(cache))}}}\n"
     )
-    (root / "service").mkdir()
-    with running_service(root / "service", lease_ttl_s=10) as service:
-        log = root / "agent.log"
-        agent = service.start_agent(config, token=service.enrollment_token(), log=log)
-        try:
-            service.wait_hosts({"host-s"}, [(agent, log)])
+    log = root / "agent.log"
+    agent = service.start_agent(config, token=service.enrollment_token(), log=log)
+    try:
+        service.wait_hosts({"host-s"}, [(agent, log)])
 
-            # The submitter logs in and submits the form, as a browser would.
-            with httpx.Client(base_url=service.url, timeout=30) as browser:
-                page = browser.get("/login")
-                login = browser.post(
-                    "/login",
-                    data={"api_key": service.api_key, "csrf_token": _csrf(page.text), "next": "/"},
-                )
-                assert login.status_code == 303, login.text
-                form = browser.get("/")
-                assert '<option value="srv"' in form.text, form.text
-                rows = [
-                    ("off", "cache=1"),
-                    ("on", "cache=1, fast=1"),
-                    ("planted", "cache=1, planted=1"),
-                ]
-                fields: dict[str, str] = {
-                    "csrf_token": _csrf(form.text),
-                    "repository": "srv",
-                    "adapter": "openai-server",
-                    "recipe": "editable",
-                    "mode": "ab",
-                    "custom_contexts": "64",
-                    "rounds": "2",
-                    "decode_tokens": "2",
-                    "model": "preset:tiny",
-                    "hosts": "1",
-                    "precision": "0.05",
-                    "seed": "0",
-                }
-                for index, (name, flags) in enumerate(rows):
-                    fields[f"variant-{index}-name"] = name
-                    fields[f"variant-{index}-ref"] = "main"
-                    fields[f"variant-{index}-flags"] = flags
-                submitted = browser.post("/", data=fields)
-                assert submitted.status_code == 303, submitted.text[-3000:]
-                job_id = submitted.headers["location"].removeprefix("/jobs/")
-
-            job = service.wait_jobs(
-                [job_id], timeout_s=500, done=("completed", "processed", "failed")
+        # The submitter logs in and submits the form, as a browser would.
+        with httpx.Client(base_url=service.url, timeout=30) as browser:
+            page = browser.get("/login")
+            login = browser.post(
+                "/login",
+                data={"api_key": service.api_key, "csrf_token": _csrf(page.text), "next": "/"},
             )
-            (run,) = job[job_id]["runs"]
-            assert run["state"] in ("completed", "processed"), (run, log.read_text()[-3000:])
-            lines = service.artifact(run["id"], "records.jsonl").decode().splitlines()
-            records = [r for r in map(json.loads, lines) if r["status"] != "warmup"]
-            by_variant: dict[str, list[dict]] = {}
-            for record in records:
-                by_variant.setdefault(record["variant"], []).append(record)
-            assert {v: len(rs) for v, rs in by_variant.items()} == {
-                "off": 2,
-                "on": 2,
-                "planted": 2,
+            assert login.status_code == 303, login.text
+            form = browser.get("/")
+            assert '<option value="srv"' in form.text, form.text
+            rows = [
+                ("off", "cache=1"),
+                ("on", "cache=1, fast=1"),
+                ("planted", "cache=1, planted=1"),
+            ]
+            fields: dict[str, str] = {
+                "csrf_token": _csrf(form.text),
+                "repository": "srv",
+                "adapter": "openai-server",
+                "recipe": "editable",
+                "mode": "ab",
+                "custom_contexts": "64",
+                "rounds": "2",
+                "decode_tokens": "2",
+                "model": "preset:tiny",
+                "hosts": "1",
+                "precision": "0.05",
+                "seed": "0",
             }
-            for record in by_variant["off"]:
-                assert record["status"] == "ok", record["reason"]
-                assert "fast.dispatched" not in record["counters"]
-            for record in by_variant["on"]:
-                assert record["status"] == "ok", record["reason"]
-                assert record["counters"]["fast.dispatched"] > 0
-            for record in by_variant["planted"]:
-                assert record["status"] == "invalid"
-                assert record["reason"] == "silent no-op: planted"
-                assert record["counters"]["planted.dispatched"] == 0
-            summary_md = service.artifact(run["id"], "summary.md").decode()
-            assert "2 x silent no-op: planted" in summary_md
+            for index, (name, flags) in enumerate(rows):
+                fields[f"variant-{index}-name"] = name
+                fields[f"variant-{index}-ref"] = "main"
+                fields[f"variant-{index}-flags"] = flags
+            submitted = browser.post("/", data=fields)
+            assert submitted.status_code == 303, submitted.text[-3000:]
+            job_id = submitted.headers["location"].removeprefix("/jobs/")
 
-            provenance = json.loads(service.artifact(run["id"], "provenance.json"))
-            targets = {t["variant"]: t for t in provenance.get("runs", [provenance])[0]["targets"]}
-            for target in targets.values():
-                ready = target["ready"]
-                assert ready["server_command"][1] == str(wrapper)
-                assert ready["wiped"][0]["path"] == str(cache)
-            assert targets["on"]["ready"]["server_command"][-1] == "--fast"
-            assert not (cache / "stale-block").exists()
-            on_log = service.artifact(run["id"], "server-on.1.log").decode()
-            planted_log = service.artifact(run["id"], "server-planted.1.log").decode()
-            assert "fast path: dispatched" in on_log
-            assert "fast path: dispatched" not in planted_log
-        finally:
-            stop_process(agent)
+        job = service.wait_jobs([job_id], timeout_s=500, done=("completed", "processed", "failed"))
+        (run,) = job[job_id]["runs"]
+        assert run["state"] in ("completed", "processed"), (run, log.read_text()[-3000:])
+        lines = service.artifact(run["id"], "records.jsonl").decode().splitlines()
+        records = [r for r in map(json.loads, lines) if r["status"] != "warmup"]
+        by_variant: dict[str, list[dict]] = {}
+        for record in records:
+            by_variant.setdefault(record["variant"], []).append(record)
+        assert {v: len(rs) for v, rs in by_variant.items()} == {
+            "off": 2,
+            "on": 2,
+            "planted": 2,
+        }
+        for record in by_variant["off"]:
+            assert record["status"] == "ok", record["reason"]
+            assert "fast.dispatched" not in record["counters"]
+        for record in by_variant["on"]:
+            assert record["status"] == "ok", record["reason"]
+            assert record["counters"]["fast.dispatched"] > 0
+        for record in by_variant["planted"]:
+            assert record["status"] == "invalid"
+            assert record["reason"] == "silent no-op: planted"
+            assert record["counters"]["planted.dispatched"] == 0
+        summary_md = service.artifact(run["id"], "summary.md").decode()
+        assert "2 x silent no-op: planted" in summary_md
+
+        provenance = json.loads(service.artifact(run["id"], "provenance.json"))
+        targets = {t["variant"]: t for t in provenance.get("runs", [provenance])[0]["targets"]}
+        for target in targets.values():
+            ready = target["ready"]
+            assert ready["server_command"][1] == str(wrapper)
+            assert ready["wiped"][0]["path"] == str(cache)
+        assert targets["on"]["ready"]["server_command"][-1] == "--fast"
+        assert not (cache / "stale-block").exists()
+        on_log = service.artifact(run["id"], "server-on.1.log").decode()
+        planted_log = service.artifact(run["id"], "server-planted.1.log").decode()
+        assert "fast path: dispatched" in on_log
+        assert "fast path: dispatched" not in planted_log
+    finally:
+        stop_process(agent)
