@@ -32,9 +32,9 @@ _sender: Sender = _celery_sender
 def prepare() -> None:
     """Build what sending needs (the Celery app, its producer pool, the broker's transport)
     now, without connecting: an API process calls this at start. Done lazily instead, the
-    first completion's send imported Celery, kombu's Redis transport and redis-py in a
-    thread pool thread, about 0.2 s of CPU holding the interpreter's lock while the event loop
-    served everyone else's requests (measured: 195 ms the first send, 1 ms the next)."""
+    first completion's send would import Celery, kombu's Redis transport and redis-py in a
+    thread-pool thread, holding the interpreter's lock while the event loop serves everyone
+    else's requests."""
     if _sender is _celery_sender:
         from api.celery_app import celery_app
 

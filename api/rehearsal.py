@@ -2,13 +2,10 @@
 
 Why: the first request of each kind paid for what every later one reuses. SQLAlchemy compiles
 a statement on its first execution (its cache is the engine's: once per process), and asyncpg
-prepares it on each connection the first time that connection runs it. Measured one request
-at a time on a fresh server (`benchmarks/request_cost.py`, PostgreSQL, two runs): the first
-lease claim took 23 and 30 ms of CPU against 3 to 5 per claim, the first upload 8 and 13 against
-2 to 4, the first heartbeat 3 and 5 against 1 to 2. Under load the
-first times come together: the fifty agents' first leases, all at once on a new server, waited
-for one claim transaction that compiled and prepared everything, and were the slowest leases of
-the run (docs/RELIABILITY.md, "The server rehearses before it serves").
+prepares it on each connection the first time that connection runs it, so the first request of
+each kind costs several times the CPU of the next (`benchmarks/request_cost.py` prints both).
+Under load the first times come together: many agents' first leases, all at once on a new
+server, would wait for one claim transaction that compiles and prepares everything.
 
 So before the server takes its first request, `rehearse` runs the statements of a whole agent
 cycle, as the requests run them (the same programs, the same parameters' shapes, tokens

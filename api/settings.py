@@ -61,12 +61,8 @@ class Settings(BaseSettings):
     # requests and submissions, the sync engine's the rest (pages, lists, registration, the
     # sweep). Few on purpose: PostgreSQL runs only as many statements at once as it has cores,
     # and every connection is a server process that parses and plans each statement again on
-    # its first use (asyncpg's prepared statements are per connection). Measured under
-    # benchmarks/service_load.py (50 agents, 2 cores, docs/RELIABILITY.md): with 32 async
-    # connections and 10 more at peaks, 51 were opened during the load and 749 statements
-    # prepared in it, most in its first seconds, where the event loop fell 15 to 23 ms behind
-    # at the median; with 6 and none more, 15 were opened, and side by side the lease p99 was
-    # lower in 5 runs of 6 (medians 108 and 165 ms).
+    # its first use (asyncpg's prepared statements are per connection): a large pool opens
+    # and prepares anew exactly when a burst of agents arrives.
     db_async_pool_size: int = Field(6, ge=1)
     db_sync_pool_size: int = Field(8, ge=1)
     # Before its first request the server runs one agent cycle's transactions on each async
@@ -76,9 +72,7 @@ class Settings(BaseSettings):
     # Transactions of uploads and completions at once per API process (0: no limit); the
     # others wait for a turn, parked off the event loop's ready queue, and never hold more of
     # the async pool than this, so a lease claim (or a heartbeat, a submission) neither waits
-    # for a connection behind them nor behind their statements on the loop. Measured under
-    # benchmarks/service_load.py (50 agents, docs/RELIABILITY.md): with 2, lease p99 lower in
-    # 4 alternating pairs of 4 against no limit, leases and uploads per second unchanged.
+    # for a connection behind them nor behind their statements on the loop.
     db_bulk_transactions_max: int = Field(2, ge=0)
 
     lease_ttl_s: int = Field(60, ge=1)

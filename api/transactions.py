@@ -15,9 +15,8 @@ Two drivers run a program, so no rule exists in a sync and an async copy:
   line and the tests' rolled-back sessions): its connection, then `commit()` or `rollback()`.
 - `AsyncDatabase.run` on the request path: a connection of the API process's async engine
   (asyncpg on PostgreSQL, aiosqlite on SQLite), on the event loop, with no thread-pool hand-off
-  (measured: the thread-pool hand-offs cost about a tenth of the server's CPU under load;
-  calling sync psycopg on the loop instead blocks it on every round trip: 60% of the loop
-  thread's samples waited in psycopg, lease p99 reached seconds; docs/RELIABILITY.md).
+  (each hand-off costs the server CPU per request; calling sync psycopg on the loop instead
+  would block it on every round trip).
 
 The pool does not ping each connection it hands out (a round trip per request): a statement
 that finds its connection dropped (the server restarted, `pg_terminate_backend`) invalidates
@@ -73,9 +72,8 @@ GROUP_MAX_ITEMS = 64
 # Transactions of one program in flight at once. A request that finds fewer running starts one
 # at once, so requests that come one by one (agents in their steady state) each have a
 # transaction of their own, as without grouping; only those that arrive while this many run
-# wait, and share the next. Measured (docs/RELIABILITY.md): with one at a time, a lone lease
-# waited for the claim in flight and the p99 of leases after each agent's first was 2.2 times
-# that of a transaction per request.
+# wait, and share the next. With one at a time, a lone lease would wait for the claim in
+# flight.
 GROUP_TRANSACTIONS_MAX = 4
 
 

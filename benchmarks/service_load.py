@@ -327,9 +327,9 @@ class LoadClient:
     """A minimal HTTP/1.1 keep-alive client on asyncio streams, for the load phases.
 
     Why not httpx: on this 2-core machine the load generator shares the cores with the server,
-    PostgreSQL and Celery, and its CPU shows up as the server's latency. httpx's AsyncClient
-    cost 6 to 9 ms of CPU per request here, this client about 1 ms (/proc, 2026-12-01;
-    docs/RELIABILITY.md). It speaks just what the server answers: Content-Length bodies (JSON, 204)
+    PostgreSQL and Celery, and its CPU shows up as the server's latency; httpx's AsyncClient
+    costs several times this client's CPU per request. It speaks just what the server answers:
+    Content-Length bodies (JSON, 204)
     on kept-alive connections, one request at a time per connection. A broken connection
     raises httpx.TransportError, which `send` retries as before.
     """

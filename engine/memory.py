@@ -9,7 +9,7 @@ with the estimate in the reason: the cell is an error record, the other contexts
 peak = weights (the safetensors files' bytes)
      + KV cache: layers x 2 x kv_heads x head_dim x context (rounded up to mlx-lm's 256-token
        growth step) x itemsize, plus the copies made while it grows: one layer's on the CPU, a
-       quarter of the cache on a GPU (measured, below)
+       quarter of the cache on a GPU (below)
      + activations of one chunk: hidden states, q/k/v, the MLP's gate/up/product (the routed
        experts' for a mixture of experts) and, where this backend's attention materializes the
        scores (probed once: CPU always does), scores and softmax of heads x chunk x context;
@@ -17,13 +17,11 @@ peak = weights (the safetensors files' bytes)
 
 Why a GPU needs more than one layer's activations. A GPU backend frees a buffer when the work
 that used it has completed, and MLX queues many layers' work before it waits, so several layers'
-intermediates are alive at once. Measured on the H200 (2026-12-01, llama-8b-shape bf16,
-benchmarks/memory_probe.py and the cells' peaks, docs/PERFORMANCE.md "Where a prefill's memory
-goes"): above the weights and the KV cache itself, a stock prefill (2,048-token chunks) needed
-5.4 GiB at 4K growing to 13.3 GiB at 256K, i.e. 5.3 GiB (19.4 layers' activations by the formula
-above) plus a quarter of the KV cache. The estimate before that measurement (one layer) was 70-84%
-of the measured peaks; with these two terms it is 0.98-1.01x of stock's (2,048-token chunks) and
-1.11-1.15x of 4,096-token chunks' from 4K to 256K (tests/engine/test_memory.py holds the figures).
+intermediates are alive at once: above the weights and the KV cache itself, a GPU prefill needs
+about 20 layers' activations plus a quarter of the KV cache (GPU_LAYERS_IN_FLIGHT,
+GPU_KV_GROWTH; the H200's peaks behind them are in docs/PERFORMANCE.md, "Where a prefill's
+memory goes", and tests/engine/test_memory.py holds them). One layer's would underestimate a GPU
+prefill by a fifth or more.
 Metal is treated as a GPU too (it also frees a buffer when the command buffer that used it
 completes); that is an assumption there, not a measurement: benchmarks/memory_probe.py measures
 it on any host.
@@ -41,16 +39,11 @@ buffer cache (`clear_cache=false`) reclaims it before the share is spent. The ru
 MLX's buffer cache back after every cell (`release_cached_buffers`).
 - Metal and CPU: an idle process holds its weights, so the share is the device less each peer's
   weights and a margin (PEER_OVERHEAD_BYTES).
-- CUDA: the device is split evenly. Seen on the H200 (2026-12-01, 8B shape, stock against
-  `clear_cache=false` with 4,096-token chunks, 128K and 256K): with the share computed as for
-  Metal (the device less the idle peer's weights, 123 GiB of 140), every cell of the
-  `clear_cache=false` process failed with `cudaMallocAsync ... out of memory` beside the idle
-  stock process, although alone it had warmed both contexts with a 58 GiB peak. Its buffer cache
-  may grow to its memory limit, and an idle CUDA process does not give back what its memory pool
-  reserved when MLX empties its cache (MLX frees into CUDA's stream-ordered pool, which keeps the
-  pages until it is trimmed). An even split bounds what every process can hold, whatever its
-  pool keeps; the two 256K processes need 58-61 GiB of their 68 GiB each. (Not yet re-run on the
-  H200 with this rule.)
+- CUDA: the device is split evenly. A process's buffer cache may grow to its memory limit, and
+  an idle CUDA process does not give back what its memory pool reserved when MLX empties its
+  cache (MLX frees into CUDA's stream-ordered pool, which keeps the pages until it is trimmed),
+  so a share computed as for Metal lets one process's cache grow into memory another holds. An
+  even split bounds what every process can hold, whatever its pool keeps.
 """
 
 from __future__ import annotations
@@ -74,7 +67,7 @@ GIB = 1 << 30
 # What an idle peer holds beyond its weights: its CUDA or Metal context, compiled kernels and
 # the small buffers MLX keeps (a margin, not a measurement; the guard's reason shows it).
 PEER_OVERHEAD_BYTES = 2 * GIB
-# A GPU's in-flight intermediates and KV growth copies (module docstring; measured on the H200).
+# A GPU's in-flight intermediates and KV growth copies (module docstring).
 GPU_LAYERS_IN_FLIGHT = 20
 GPU_KV_GROWTH = 0.25
 GPU_BACKENDS = ("cuda", "metal")

@@ -53,10 +53,9 @@ class _Spool:
     max_bytes), kept in memory until `SPILL_BYTES` are pending, written to the file by `spill`.
 
     `add` is all the event loop does per chunk; `spill` (creating the file on its first call)
-    and publishing run in a worker thread. Measured with py-spy under
-    benchmarks/service_load.py (50 agents, docs/RELIABILITY.md): creating the temporary file
-    on the event loop (`mkstemp` in a folder where other uploads are renamed and fsynced at the
-    same time) was 12% of the loop thread's busy time. A body smaller than `SPILL_BYTES` (an
+    and publishing run in a worker thread: creating a file in a folder where other uploads are
+    renamed and fsynced at the same time can wait on the disk, and the event loop must not. A
+    body smaller than `SPILL_BYTES` (an
     agent's records and provenance, typically) reaches the disk in one write, in the same
     thread call that fsyncs and publishes it, and one whose digest does not match never does.
     """

@@ -64,8 +64,8 @@ class HostReport:
 
 
 # The claim runs as SQLAlchemy Core statements on the session's connection (its transaction):
-# no ORM unit of work, autoflush or identity-map bookkeeping, which were most of a claim's CPU
-# (7 to 10 ms a claim under load, measured with py-spy; docs/RELIABILITY.md).
+# no ORM unit of work, autoflush or identity-map bookkeeping, which would be most of a claim's
+# CPU.
 _runs = cast(sa.Table, Run.__table__)
 _jobs = cast(sa.Table, Job.__table__)
 _hosts = cast(sa.Table, Host.__table__)

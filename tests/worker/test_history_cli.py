@@ -16,12 +16,10 @@ from tests.worker.conftest import git
 
 pytestmark = pytest.mark.slow
 
-# 0.75 s of extra time per prefill chunk against 0.12-0.13 s for a whole 64-token prefill (one
-# chunk) of the tiny preset on this CPU (0.88 s with it; this file's runs, 2026-12-01): about
-# 7x slower, so one pair flips only if the baseline's cell alone runs 7x slower than usual, far
-# above this shared CPU's noise even when other work loads it. It was 1.5 s at 128 tokens
-# (0.25 s without it, 1.75 s with it): the same margin at twice the wall time, since every
-# slow process sleeps in its warm-up and in its cell (36 of them between history and bisect).
+# 0.75 s of waiting per prefill chunk, several times a whole 64-token prefill (one chunk) of the
+# tiny preset on a CPU: one pair flips only if the baseline's cell alone runs that many times
+# slower than usual, far above what other work on the machine does to it. A wait, not work:
+# load stretches work on both sides alike and leaves a wait as it is.
 PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.75)  # planted: work per chunk\n"
 CONTEXT = "64"
 
