@@ -72,7 +72,7 @@ def test_submit_posts_a_valid_job_and_reports_refusals_in_one_line(service: Stac
     # Caught locally, before anything is sent.
     bad_contexts = _submit(service, "--variant", "a", "--contexts", "12x")
     assert bad_contexts.returncode == 2
-    assert "--contexts '12x'" in bad_contexts.stderr
+    assert "--contexts: '12x'" in bad_contexts.stderr
     # Refused by the server: no host has this label.
     no_host = _submit(service, "--variant", "a", "--contexts", "64", "--labels", "gpu:h200")
     assert no_host.returncode == 1
