@@ -41,6 +41,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("db_url", dialects, indirect=True, scope="session")
 
 
+# Fixtures that reach the test PostgreSQL server (the shared service stack included).
+_POSTGRES_FIXTURES = {"postgres_url", "postgres_migrated", "live_db", "shared_stack", "service"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers from what a test uses: `postgres` where it reaches the PostgreSQL server (its
+    database tests' dialect, or a fixture on it), `slow` where it runs on the shared stack."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("db_url") == "postgresql"
+        if on_postgres or names & _POSTGRES_FIXTURES:
+            item.add_marker(pytest.mark.postgres)
+        if names & {"shared_stack", "service"}:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_host_lock(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Agents started without `--host-lock` (the demo's) take a lock file of this test session,
