@@ -52,7 +52,7 @@ from api.runs.router import router as runs_router
 from api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from api.settings import Settings, get_settings
 from api.transactions import AsyncDatabase, make_async_engine
-from evidence.protocol import API_PREFIX, ErrorBody, RunState
+from evidence.protocol import API_PREFIX, ErrorBody, FieldError, RunState
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, error: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
-        body = ErrorBody(detail=error.message, field=error.field)
+        body = ErrorBody(
+            detail=error.message,
+            field=error.field,
+            errors=[FieldError(field=field, detail=text) for field, text in error.problems]
+            if len(error.problems) > 1
+            else None,
+        )
         return JSONResponse(
             body.model_dump(exclude_none=True), status_code=error.status_code, headers=headers
         )

@@ -2,10 +2,14 @@
 
 Each carries one line of `message` and, where it is about one field of the request (a JobSpec
 path such as `contexts` or `variants.1.flags`), that `field`: the JSON error body has it, and
-the form puts the message beside that field.
+the form puts the message beside that field. An error found with others in one pass carries
+them all (`problems`: the body's `errors`, each beside its field on the form).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Self
 
 from pydantic import ValidationError
 
@@ -15,10 +19,24 @@ from evidence.schemas import error_field, error_line
 class ServiceError(Exception):
     status_code = 400
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        problems: Sequence[tuple[str | None, str]] = (),
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        # Every (field, message) found in one pass; the error's own are the first's.
+        self.problems = list(problems) or [(field, message)]
+
+    @classmethod
+    def of(cls, problems: Sequence[tuple[str | None, str]], *, prefix: str = "") -> Self:
+        """One error carrying every problem: its message names each one's field, in one line."""
+        message = "; ".join(f"{field}: {text}" if field else text for field, text in problems)
+        return cls(prefix + message, field=problems[0][0], problems=problems)
 
 
 class NotAuthenticated(ServiceError):

@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from evidence.schemas import SpecLimits
+
 STATE_DIR = Path(".coldbench")
 
 
@@ -116,6 +118,17 @@ class Settings(BaseSettings):
         if "artifact_dir" not in self.model_fields_set:
             self.artifact_dir = self.state_dir / "artifacts"
         return self
+
+    @property
+    def spec_limits(self) -> SpecLimits:
+        """The job sizes this service takes, as JobSpec's validation checks them."""
+        return SpecLimits(
+            max_contexts=self.max_contexts,
+            max_context_tokens=self.max_context_tokens,
+            max_rounds=self.max_rounds,
+            max_decode_tokens=self.max_decode_tokens,
+            max_hosts=self.max_hosts_per_job,
+        )
 
     @property
     def is_embedded(self) -> bool:

@@ -17,19 +17,21 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from coldbench.processes import Children, free_port, run_cli, wait_healthy
 from evidence.protocol import JobState
 
+if TYPE_CHECKING:
+    from evidence.schemas import JobSpec
+
 app = typer.Typer()
 
 # The candidate's engine flags, each an optimization the ablation measures by leaving it out.
 # They are the ones that pay on a GPU (docs/PERFORMANCE.md); on a CPU host they may not, and
 # the evidence says so. Every feature must dispatch to be counted (the silent-no-op check).
-# Eight rounds: with Holm's correction over two contexts, six pairs can never reach p < 0.05.
 BASELINE_FLAGS: dict[str, Any] = {"prefill_step_size": 32}
 # Every feature must dispatch at every context (or the cell is a silent no-op): 64-token chunks
 # give the shortest demo prompt (128 tokens) two chunks, so keeping the buffer cache between
@@ -94,9 +96,10 @@ def write_worker_config(path: Path) -> None:
     )
 
 
-def job_specs(
-    contexts: list[int], rounds: int, decode_tokens: int, seed: int
-) -> list[dict[str, Any]]:
+def job_specs(contexts: str, rounds: int | None, decode_tokens: int, seed: int) -> list[JobSpec]:
+    """The demo's A/B and ablation, built as every front end builds a job
+    (evidence/job_options.py): without `rounds`, each gets enough for a verdict."""
+    from evidence.job_options import build_job_spec
     from evidence.variant import parse_feature
 
     candidate_flags = dict(BASELINE_FLAGS)
@@ -107,22 +110,26 @@ def job_specs(
         "decode_tokens": decode_tokens,
         "model": "preset:tiny",
         "seed": seed,
-        "host_labels": ["demo"],
+        "labels": ["demo"],
     }
-    ab = {
-        **common,
-        "mode": "ab",
-        "variants": [
-            {"name": "stock", "flags": BASELINE_FLAGS},
-            {"name": "candidate", "flags": candidate_flags},
-        ],
-    }
-    ablation = {
-        **common,
-        "mode": "ablation",
-        "variants": [{"name": "candidate", "flags": BASELINE_FLAGS}],
-        "features": CANDIDATE_FEATURES,
-    }
+    ab = build_job_spec(
+        {
+            **common,
+            "mode": "ab",
+            "variants": [
+                {"name": "stock", "flags": BASELINE_FLAGS},
+                {"name": "candidate", "flags": candidate_flags},
+            ],
+        }
+    )
+    ablation = build_job_spec(
+        {
+            **common,
+            "mode": "ablation",
+            "variants": [{"name": "candidate", "flags": BASELINE_FLAGS}],
+            "features": CANDIDATE_FEATURES,
+        }
+    )
     return [ab, ablation]
 
 
@@ -132,7 +139,14 @@ def demo(
         Path, typer.Option("--dir", help="Where the demo keeps its state.")
     ] = Path(".coldbench"),
     port: Annotated[int, typer.Option(help="API port (0: a free one).")] = 0,
-    rounds: int = 8,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Rounds of each job (default: enough for a verdict, evidence/job_options.py: "
+            "10 for the A/B and 11 for the ablation at two contexts).",
+        ),
+    ] = None,
     contexts: str = "128,256",
     decode_tokens: int = 4,
     seed: int = 0,
@@ -155,7 +169,14 @@ def demo(
     port = port or free_port()
     base_url = f"http://127.0.0.1:{port}"
     children = Children(state_dir / "logs", env)
-    context_list = [int(c) for c in contexts.split(",") if c]
+    from evidence.job_options import JobOptionsError, problem_lines
+
+    try:  # before any service starts: a bad option costs nothing
+        specs = job_specs(contexts, rounds, decode_tokens, seed)
+    except JobOptionsError as error:
+        for line in problem_lines(error):
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2) from None
 
     def interrupted(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt
@@ -215,13 +236,16 @@ def demo(
                 clock.say("agent: registered")
                 clock.phase("agent start")
                 jobs = []
-                for spec in job_specs(context_list, rounds, decode_tokens, seed):
-                    response = client.post("/api/v1/jobs", json=spec)
+                for spec in specs:
+                    response = client.post(
+                        "/api/v1/jobs", json=spec.model_dump(mode="json", by_alias=True)
+                    )
                     if response.status_code != 201:
                         raise RuntimeError(f"job refused ({response.status_code}): {response.text}")
                     jobs.append(response.json()["id"])
                     clock.say(
-                        f"submitted {spec['mode']} job {jobs[-1]}: {base_url}/jobs/{jobs[-1]}"
+                        f"submitted {spec.mode} job {jobs[-1]} ({spec.rounds} rounds): "
+                        f"{base_url}/jobs/{jobs[-1]}"
                     )
                 finished = _follow(client, jobs, children, clock)
 

@@ -200,13 +200,14 @@ def wait_for_job(
     """Poll `GET /api/v1/jobs/{id}` until the job ends, echoing progress lines as they change."""
     deadline = time.monotonic() + timeout_s
     last_line = ""
-    warned = None
+    warned: set[str] = set()
     while True:
         job = client.get(f"{API_PREFIX}/jobs/{job_id}").json()
-        if job.get("rounds_warning") and job["rounds_warning"] != warned:
-            # e.g. once the host has resolved a range: its size decides the rounds needed
-            warned = job["rounds_warning"]
-            echo(f"warning: {warned}")
+        for key in ("notice", "rounds_warning"):
+            # an offline host; a range whose size its host has resolved
+            if job.get(key) and job[key] not in warned:
+                warned.add(job[key])
+                echo(f"warning: {job[key]}")
         line = progress_line(job)
         if line != last_line:
             echo(line)

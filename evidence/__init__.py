@@ -3,7 +3,8 @@
 Owns the versioned schemas (record, manifest, provenance, job spec, with every cross-field rule
 in JobSpec's validator), the worker protocol (`protocol.py`: every message between agent and
 API, the API prefix and long-poll bound, job and run states), the one parser of what people type
-for a spec (`spec_text.py`: variants, contexts with K/M, flags, features), the one builder from a
+for a spec (`spec_text.py`: variants, contexts with K/M, flags, features), the flags each
+adapter's engine takes (`engine_flags.py`, checked at submit), the one builder from a
 job's options to a spec (`job_options.py`: the options every front end offers, their defaults
 per mode, every problem in one pass), host-declared server
 options (`options.py`: the declaration, value validation, argv/env rendering), canonical JSON and
@@ -15,8 +16,8 @@ typed summary.json) < `stats` (primitives) < the sections (`ablation`, `bisect`,
 `history`, `parity`, `reproduction`; none imports another) < `summary` (the one assembly) <
 `markdown` < `report` < `bundle` < `cli`, with `calibration`, `protocol`, `job_options` and
 `resolution` placed among them by what they read; the foundations (`schemas`, `spec_text`,
-`variant`, `records`, `canonical`, `options`, `escaping`) import none of those. Nothing imports
-upward, so nothing needs a lazy import to dodge a cycle.
+`variant`, `records`, `canonical`, `options`, `escaping`, `engine_flags`) import none of
+those. Nothing imports upward, so nothing needs a lazy import to dodge a cycle.
 
 May import: pydantic, scipy, numpy, jinja2, plotly, typer (its `verify` command, the spec
 options' declarations) and the standard library. Never `api/`, `worker/`, `web/`, `engine/`,

@@ -24,12 +24,14 @@ from typing import Any, Final, get_args
 
 from pydantic import ValidationError
 
+from evidence.engine_flags import flag_problems
 from evidence.schemas import (
     MAX_HISTORY_COMMITS,
     REF_PATTERN,
     JobSpec,
     Mode,
     SpecError,
+    SpecLimits,
 )
 from evidence.spec_text import (
     TARGET_KEYS,
@@ -318,24 +320,25 @@ def _contexts(build: _Build, value: Any) -> list[int] | None:
 
 
 def _variant(build: _Build, index: int, value: Any, recipe: str | None) -> dict[str, Any] | None:
-    """A variant as `NAME[:key=value,...]` text or as a row {name, ref, recipe, flags} whose
-    flags are text (`a=1, b=false`) or a mapping."""
-    try:
-        if isinstance(value, str):
+    """A variant as `NAME[:key=value,...]` text (None when it does not parse) or as a row
+    {name, ref, recipe, flags} whose flags are text (`a=1, b=false`) or a mapping (a row whose
+    flags do not parse keeps its name and ref)."""
+    if isinstance(value, str):
+        try:
             fields = parse_variant(value.strip())
-        else:
-            flags = value.get("flags") or {}
-            fields = {
-                "name": str(value.get("name") or "").strip(),
-                "flags": parse_flags(flags) if isinstance(flags, str) else dict(flags),
-            }
-            for key in TARGET_KEYS:
-                if _given(value.get(key)):
-                    fields[key] = str(value[key]).strip()
-    except ValueError as error:
-        where = "flags" if not isinstance(value, str) else None
-        build.add("variants", f"{_variant_label(value)}: {error}", _path(index, where))
-        return None
+        except ValueError as error:
+            build.add("variants", f"{_variant_label(value)}: {error}", _path(index, None))
+            return None
+    else:
+        fields = {"name": str(value.get("name") or "").strip(), "flags": {}}
+        for key in TARGET_KEYS:
+            if _given(value.get(key)):
+                fields[key] = str(value[key]).strip()
+        flags = value.get("flags") or {}
+        try:
+            fields["flags"] = parse_flags(flags) if isinstance(flags, str) else dict(flags)
+        except ValueError as error:
+            build.add("variants", f"{_variant_label(value)}: {error}", _path(index, "flags"))
     if recipe is not None and not fields.get("recipe"):
         fields["recipe"] = recipe
     return fields
@@ -361,12 +364,13 @@ def _mode(build: _Build, value: Any) -> str:
     return mode
 
 
-def build_job_spec(given: Mapping[str, Any], *, family_hint: int | None = None) -> JobSpec:
+def build_job_spec(given: Mapping[str, Any], *, limits: SpecLimits | None = None) -> JobSpec:
     """The JobSpec of the options a person gave (`JOB_OPTIONS` names; None or blank: not
     given), or JobOptionsError with every problem found.
 
     Values may be typed text (as the form and the command line get them) or values (an int
-    for rounds, a list of contexts). `family_hint` is not for callers; see `default_rounds`.
+    for rounds, a list of contexts). `limits`: a service's bounds on sizes, where the front
+    end knows them (the form), checked in the same pass.
     """
     unknown = sorted(set(given) - set(JOB_OPTIONS))
     if unknown:
@@ -382,7 +386,9 @@ def build_job_spec(given: Mapping[str, Any], *, family_hint: int | None = None) 
     rounds_given = _given(given.get("rounds"))
     if not rounds_given:
         raw["rounds"] = 1  # a placeholder: the default depends on the valid spec
-    spec = _validate(build, raw)
+    for problem in flag_problems(raw):
+        build.add(option_of_field(problem.field), str(problem), problem.field)
+    spec = _validate(build, raw, limits)
     if build.problems:
         raise JobOptionsError(build.problems)
     assert spec is not None
@@ -409,7 +415,11 @@ def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
     variants = [_variant(build, i, text, recipe) for i, text in enumerate(listed)]
     if not variants:
         variants = [_variant(build, 0, DEFAULT_VARIANT, recipe)]
-    raw["variants"] = [v for v in variants if v is not None] or [{"name": DEFAULT_VARIANT}]
+    # A variant that did not parse keeps its place (its problem is said), so the others keep
+    # the index their own problems are located by.
+    raw["variants"] = [
+        {"name": f"unparsed-{i}"} if v is None else v for i, v in enumerate(variants)
+    ]
     if mode == "ablation":
         raw["features"] = _texts(given.get("features") or "")
     contexts = given.get("contexts")
@@ -531,18 +541,24 @@ def _bisect(build: _Build, given: Mapping[str, Any], raw: dict[str, Any]) -> Non
     raw["bisect"] = bisect
 
 
-def _validate(build: _Build, raw: dict[str, Any]) -> JobSpec | None:
+def _validate(build: _Build, raw: dict[str, Any], limits: SpecLimits | None) -> JobSpec | None:
     """JobSpec's own validation; each of its problems in the builder's terms."""
     try:
-        return JobSpec.model_validate(raw)
+        return JobSpec.model_validate(raw, context={"limits": limits})
     except ValidationError as error:
-        # An option already refused stands in the payload as a placeholder (or not at all):
-        # what JobSpec says about it would be about the placeholder.
-        refused = {p.option for p in build.problems} | build.explained
+        # What was refused already stands in the payload as a placeholder (or not at all):
+        # what JobSpec says of that field, or of an option refused as a whole, would be about
+        # the placeholder.
+        fields = [p.field for p in build.problems if p.field]
+        whole = {p.option for p in build.problems if not p.field} | build.explained
         for item in error.errors():
             for problem in _problems_of(item, raw):
-                if problem.option not in refused:
-                    build.problems.append(problem)
+                path = problem.field or ""
+                if problem.option in whole or any(
+                    path == field or path.startswith(field + ".") for field in fields
+                ):
+                    continue
+                build.problems.append(problem)
         return None
 
 
@@ -557,6 +573,12 @@ def option_of_field(path: str | None) -> str:
     if head == "variants":
         return "recipe" if rest.endswith(".recipe") else "variants"
     return _OPTION_OF_FIELD.get(head, head if head in JOB_OPTIONS else "job")
+
+
+def validation_problems(error: ValidationError) -> list[Problem]:
+    """Every problem of JobSpec's validation error, each with its option and field, said as a
+    person reads it (the service's refusals use it too)."""
+    return [problem for item in error.errors() for problem in _problems_of(item, {})]
 
 
 def _problems_of(item: Any, raw: Mapping[str, Any]) -> list[Problem]:

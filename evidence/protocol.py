@@ -275,11 +275,20 @@ class CompleteResponse(BaseModel):
 # --- errors ------------------------------------------------------------------------------------
 
 
+class FieldError(BaseModel):
+    """One problem of a refused request and the field it concerns, if one."""
+
+    field: str | None = None
+    detail: str
+
+
 class ErrorBody(BaseModel):
-    """What every refused request answers: one line, and the field it concerns if one."""
+    """What every refused request answers: one line, and the field it concerns if one; where
+    one pass found several problems (a job spec), `errors` lists each with its field."""
 
     detail: str
     field: str | None = None
+    errors: list[FieldError] | None = None
 
 
 # `PUT /workers/calibration`: the body is the result `coldbench calibrate` writes to its file,

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, parse_feature
 
@@ -44,6 +53,24 @@ MAX_HISTORY_COMMITS = 64
 ABLATION_BASELINE: Final = "none"
 ABLATION_ALL: Final = "all"
 ABLATION_MINUS_PREFIX: Final = "all-minus-"
+
+
+@dataclass(frozen=True)
+class SpecLimits:
+    """A service's bounds on a job's size (api/settings.py). Given as the validation context
+    (`JobSpec.model_validate(raw, context={"limits": limits})`), JobSpec checks them with its
+    other field rules, so a submission hears of every problem at once."""
+
+    max_contexts: int
+    max_context_tokens: int
+    max_rounds: int
+    max_decode_tokens: int
+    max_hosts: int
+
+
+def _limits(info: ValidationInfo) -> SpecLimits | None:
+    limits = (info.context or {}).get("limits")
+    return limits if isinstance(limits, SpecLimits) else None
 
 
 class SpecError(ValueError):
@@ -439,12 +466,35 @@ class JobSpec(_Strict):
 
     @field_validator("contexts")
     @classmethod
-    def _positive_unique_contexts(cls, contexts: list[int]) -> list[int]:
+    def _positive_unique_contexts(cls, contexts: list[int], info: ValidationInfo) -> list[int]:
         if any(c < 1 for c in contexts):
             raise ValueError("context lengths must be positive token counts")
         if len(set(contexts)) != len(contexts):
             raise ValueError("context lengths must be unique")
+        limits = _limits(info)
+        if limits is not None:
+            too_long = [c for c in contexts if c > limits.max_context_tokens]
+            if len(contexts) > limits.max_contexts:
+                raise ValueError(f"{len(contexts)} contexts; at most {limits.max_contexts} allowed")
+            if too_long:
+                raise ValueError(
+                    f"contexts {too_long} exceed the limit of {limits.max_context_tokens} tokens"
+                )
         return sorted(contexts)
+
+    @field_validator("rounds", "decode_tokens", "hosts")
+    @classmethod
+    def _within_limits(cls, value: int, info: ValidationInfo) -> int:
+        limits = _limits(info)
+        if limits is not None:
+            bound = {
+                "rounds": limits.max_rounds,
+                "decode_tokens": limits.max_decode_tokens,
+                "hosts": limits.max_hosts,
+            }[str(info.field_name)]
+            if value > bound:
+                raise ValueError(f"{info.field_name}={value}; at most {bound} allowed")
+        return value
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from evidence.protocol import RepositoryOffer
@@ -40,6 +41,7 @@ class HostView:
     fingerprint: dict[str, Any]
     repositories: dict[str, Any]
     models: list[str]
+    last_heartbeat_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,40 @@ def is_automatic_label(label: str) -> bool:
 
 def own_labels(labels: Iterable[str]) -> set[str]:
     return {label for label in labels if not is_automatic_label(label)}
+
+
+def is_silent(last_heartbeat_at: datetime | None, *, now: datetime, lease_ttl_s: float) -> bool:
+    """A host not heard from for two lease lives is offline (its agent stopped or lost)."""
+    return last_heartbeat_at is None or now - last_heartbeat_at > timedelta(seconds=2 * lease_ttl_s)
+
+
+class HeardFrom(HostTraits, Protocol):
+    @property
+    def last_heartbeat_at(self) -> datetime | None: ...
+
+
+def offline_notice(
+    spec: JobSpec, hosts: Sequence[HeardFrom], *, now: datetime, lease_ttl_s: float
+) -> str | None:
+    """Why a job that registered hosts can run will wait: every host able to run it is
+    offline (None when one of them is online, or none can run it at all)."""
+    able = [host for host in hosts if why_host_cannot_run(host, spec) is None]
+    if not able or any(
+        not is_silent(host.last_heartbeat_at, now=now, lease_ttl_s=lease_ttl_s) for host in able
+    ):
+        return None
+
+    def heard(host: HeardFrom) -> str:
+        if host.last_heartbeat_at is None:
+            return f"{host.name} (never heard from)"
+        minutes = int((now - host.last_heartbeat_at).total_seconds() // 60)
+        ago = f"{minutes} min" if minutes < 120 else f"{minutes // 60} h"
+        return f"{host.name} (last heard {ago} ago)"
+
+    return (
+        f"only offline hosts can run this job: {', '.join(heard(h) for h in able)}; it waits "
+        "until one of them is back (coldbench worker)"
+    )
 
 
 def repository_offers(host: HostTraits) -> dict[str, RepositoryOffer]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -184,10 +183,9 @@ def calibration_lines(host: Host) -> list[str]:
 
 def host_health(host: Host, *, settings: Settings) -> str:
     """ready, busy or lost as last recorded; offline when not heard from for 2 lease lives."""
-    silent_after = timedelta(seconds=2 * settings.lease_ttl_s)
     if host.revoked_at is not None:
         return "revoked"
-    if host.last_heartbeat_at is None or utcnow() - host.last_heartbeat_at > silent_after:
+    if matching.is_silent(host.last_heartbeat_at, now=utcnow(), lease_ttl_s=settings.lease_ttl_s):
         return "offline"
     return host.health
 
@@ -208,6 +206,7 @@ def _host_views_query(repositories: bool) -> sa.Select[Any]:
             Host.fingerprint["os"].as_string(),
             Host.repositories if repositories else sa.null(),
             Host.models,
+            Host.last_heartbeat_at,
         )
         .where(Host.revoked_at.is_(None))
         .order_by(Host.name)
@@ -231,8 +230,9 @@ def host_views_program(repositories: bool = True) -> Program[list[HostView]]:
             fingerprint={key: value for key, value in (("backend", backend), ("os", os_name))},
             repositories=offers or {},
             models=models,
+            last_heartbeat_at=heard,
         )
-        for name, labels, backend, os_name, offers, models in rows
+        for name, labels, backend, os_name, offers, models, heard in rows
     ]
 
 

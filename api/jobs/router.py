@@ -34,7 +34,7 @@ async def create_job(
     )
     submitted = await db.run_grouped(service.submit_group_program, submission)
     if isinstance(submitted, service.Submitted):
-        return service.submitted_out(submitted.job, submitted.runs, [])
+        return service.submitted_out(submitted.job, submitted.runs, [], notice=submitted.notice)
     job, runs, steps = await db.run_with_session(
         lambda db_session: service.create_bisection(
             db_session=db_session, spec=submitted.spec, submitted_by=submitter.id
@@ -55,8 +55,10 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: str, db_session: SessionDep, _submitter: CurrentSubmitter):
-    return service.job_detail(db_session=db_session, job_id=job_id)
+def get_job(
+    job_id: str, db_session: SessionDep, settings: SettingsDep, _submitter: CurrentSubmitter
+):
+    return service.job_detail(db_session=db_session, job_id=job_id, settings=settings)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)

@@ -48,6 +48,8 @@ class JobOut(BaseModel):
     # Why the rounds cannot reach a verdict (evidence/stats.py too_few_rounds), over the
     # commits the host resolved once it has; None when they can.
     rounds_warning: str | None = None
+    # Why a queued job will wait: only offline hosts can run it (api/hosts/matching.py).
+    notice: str | None = None
 
 
 class JobListItem(BaseModel):

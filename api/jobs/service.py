@@ -15,18 +15,26 @@ from sqlalchemy.orm.attributes import set_committed_value
 from api.auth import service as auth_service
 from api.auth.models import AuditEvent
 from api.database import utcnow
-from api.errors import Forbidden, Invalid, NotAuthenticated, NotFound, ServiceError, invalid
+from api.errors import Forbidden, Invalid, NotAuthenticated, NotFound, ServiceError
 from api.hosts import service as host_service
-from api.hosts.matching import HostView, Refusal, describe_allow_lists, why_host_cannot_run
+from api.hosts.matching import (
+    HostView,
+    Refusal,
+    describe_allow_lists,
+    offline_notice,
+    why_host_cannot_run,
+)
 from api.jobs import bisect
 from api.jobs.models import Job, spec_as_run
 from api.jobs.schemas import JobListItem, JobOut, StepOut
 from api.runs.models import Run, RunAttempt
 from api.runs.schemas import AttemptOut, RunOut
 from api.runs.wakeup import announce_work
-from api.settings import Settings
+from api.settings import Settings, get_settings
 from api.transactions import ANNOUNCE_WORK, Execute, Program, run_one_in_session
 from evidence.canonical import sha256_json
+from evidence.engine_flags import flag_problems
+from evidence.job_options import validation_problems
 from evidence.protocol import JobState, RunState
 from evidence.schemas import MAX_HISTORY_COMMITS, JobSpec
 from evidence.stats import too_few_rounds
@@ -37,25 +45,32 @@ log = logging.getLogger(__name__)
 
 
 def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
-    """The spec's own checks and this service's limits (no database): the spec as JobSpec, or
-    Invalid with one message that says what to change."""
+    """The spec's own checks with this service's limits (JobSpec's validation context), the
+    flags its adapter takes (no database): the spec as JobSpec, or Invalid carrying every
+    problem found, each at its field and said as a person reads it (evidence/job_options.py)."""
     check_list_lengths(settings=settings, payload=payload)
+    found: list[tuple[str | None, str]] = [(p.field, str(p)) for p in flag_problems(payload)]
     try:
-        spec = JobSpec.model_validate(payload)
+        spec = JobSpec.model_validate(payload, context={"limits": settings.spec_limits})
     except ValidationError as error:
-        raise invalid("job spec", error) from None
+        problems = [(p.field, p.message) for p in validation_problems(error)]
+        raise Invalid.of(found + problems, prefix="invalid job spec: ") from None
     if spec.mode == "bisect" and not spec.needs_host_resolution:
-        raise Invalid(
-            "a bisection through the service names good and bad and one variant without a ref "
-            "(the configuration); the service picks each step's commits",
-            field="variants",
+        found.append(
+            (
+                "variants",
+                "a bisection through the service names good and bad and one variant without a "
+                "ref (the configuration); the service picks each step's commits",
+            )
         )
     if spec.needs_host_resolution and spec.hosts != 1:
-        raise Invalid(
-            f"hosts={spec.hosts}: a {'range' if spec.mode == 'history' else 'bisection'} is "
-            "resolved to commits by the one host that runs it; ask for 1 host, or list the "
-            "commits as variants",
-            field="hosts",
+        what = "range" if spec.mode == "history" else "bisection"
+        found.append(
+            (
+                "hosts",
+                f"hosts={spec.hosts}: a {what} is resolved to commits by the one host that runs "
+                "it; ask for 1 host, or list the commits as variants",
+            )
         )
     if spec.needs_host_resolution and spec.history is not None:
         # The host resolves the range: it may not make more variants than this service takes.
@@ -64,36 +79,11 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
             raise Invalid("a history needs at least 2 variants; max_variants is 1")
         history = spec.history.model_copy(update={"max_commits": limit})
         spec = spec.model_copy(update={"history": history})
-    variants = expand_variants(spec)
-    if len(variants) > settings.max_variants:
-        raise Invalid(
-            f"{len(variants)} variants; at most {settings.max_variants} allowed", field="variants"
-        )
-    if len(spec.contexts) > settings.max_contexts:
-        raise Invalid(
-            f"{len(spec.contexts)} contexts; at most {settings.max_contexts} allowed",
-            field="contexts",
-        )
-    too_long = [c for c in spec.contexts if c > settings.max_context_tokens]
-    if too_long:
-        raise Invalid(
-            f"contexts {too_long} exceed the limit of {settings.max_context_tokens} tokens",
-            field="contexts",
-        )
-    if spec.rounds > settings.max_rounds:
-        raise Invalid(
-            f"rounds={spec.rounds}; at most {settings.max_rounds} allowed", field="rounds"
-        )
-    if spec.decode_tokens > settings.max_decode_tokens:
-        raise Invalid(
-            f"decode_tokens={spec.decode_tokens}; at most {settings.max_decode_tokens} allowed",
-            field="decode_tokens",
-        )
-    if spec.hosts > settings.max_hosts_per_job:
-        raise Invalid(
-            f"hosts={spec.hosts}; at most {settings.max_hosts_per_job} allowed", field="hosts"
-        )
-
+    variants = len(expand_variants(spec))
+    if variants > settings.max_variants:
+        found.append(("variants", f"{variants} variants; at most {settings.max_variants} allowed"))
+    if found:
+        raise Invalid.of(found)
     return spec
 
 
@@ -164,17 +154,21 @@ def create_job(
     )[0]
 
 
-def submitted_out(job: Job, runs: list[Run], steps: list[Job]) -> JobOut:
-    """A job just stored as job_detail shows it."""
+def submitted_out(
+    job: Job, runs: list[Run], steps: list[Job], *, notice: str | None = None
+) -> JobOut:
+    """A job just stored as job_detail shows it (`notice`: what its submission judged)."""
     first_steps = [_queued_step(step) for step in steps]
-    return _job_out(job, runs, {run.id: [] for run in runs}, {}, steps=first_steps)
+    return _job_out(job, runs, {run.id: [] for run in runs}, {}, steps=first_steps, notice=notice)
 
 
 class Submitted(NamedTuple):
-    """An A/B (or history, ablation) job as stored: its rows, built with every value written."""
+    """An A/B (or history, ablation) job as stored: its rows, built with every value written,
+    and why it will wait where only offline hosts can run it (`offline_notice`)."""
 
     job: Job
     runs: list[Run]
+    notice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -242,7 +236,13 @@ def submit_group_program(
         except ServiceError as error:
             answers.append(error)
             continue
-        answers.append(Bisection(spec) if spec.mode == "bisect" else _new_rows(spec, submission))
+        if spec.mode == "bisect":
+            answers.append(Bisection(spec))
+            continue
+        notice = offline_notice(
+            spec, hosts, now=utcnow(), lease_ttl_s=submission.settings.lease_ttl_s
+        )
+        answers.append(_new_rows(spec, submission)._replace(notice=notice))
     stored = [answer for answer in answers if isinstance(answer, Submitted)]
     if not stored:
         return answers
@@ -258,7 +258,7 @@ def submit_group_program(
                 "created_at": job.created_at,
                 "updated_at": job.updated_at,
             }
-            for job, _ in stored
+            for job, _, _ in stored
         ],
     )
     yield Execute(
@@ -272,7 +272,7 @@ def submit_group_program(
                 "state": run.state,
                 "created_at": run.created_at,
             }
-            for _, runs in stored
+            for _, runs, _ in stored
             for run in runs
         ],
     )
@@ -286,11 +286,11 @@ def submit_group_program(
                 "subject_id": job.id,
                 "detail": {"spec_sha256": job.spec_sha256},
             }
-            for job, _ in stored
+            for job, _, _ in stored
         ],
     )
     yield ANNOUNCE_WORK
-    for job, runs in stored:
+    for job, runs, _ in stored:
         for row in (job, *runs):
             # Every column not written is NULL in the row: loaded as such, never read again.
             for column in sa.inspect(type(row)).column_attrs:
@@ -531,8 +531,10 @@ def job_summary(*, db_session: Session, job_id: str) -> Summary | None:
         return None
 
 
-def job_detail(*, db_session: Session, job_id: str) -> JobOut:
-    """The job with its runs, their attempts and progress (JSON API and pages)."""
+def job_detail(*, db_session: Session, job_id: str, settings: Settings | None = None) -> JobOut:
+    """The job with its runs, their attempts and progress (JSON API and pages); a queued job
+    that only offline hosts can run says so (`settings`: the lease life that decides offline,
+    the service's by default)."""
     from api.hosts.models import Host
 
     job = get_job(db_session=db_session, job_id=job_id)
@@ -549,6 +551,14 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
         db_session.execute(sa.select(Host.id, Host.name).where(Host.id.in_(host_ids))).all()
     )
     is_bisection = job.spec.mode == "bisect" and job.parent_id is None
+    notice = None
+    if job.state == JobState.QUEUED and not is_bisection:
+        notice = offline_notice(
+            job.spec,
+            host_service.list_hosts(db_session=db_session),
+            now=utcnow(),
+            lease_ttl_s=(settings or get_settings()).lease_ttl_s,
+        )
     return _job_out(
         job,
         runs,
@@ -556,6 +566,7 @@ def job_detail(*, db_session: Session, job_id: str) -> JobOut:
         host_names,
         steps=_steps(db_session, job.id) if is_bisection else [],
         resolved_spec=next((run.resolved_spec for run in runs if run.resolved_spec), None),
+        notice=notice,
     )
 
 
@@ -578,6 +589,7 @@ def _job_out(
     *,
     steps: list[StepOut],
     resolved_spec: JobSpec | None = None,
+    notice: str | None = None,
 ) -> JobOut:
     return JobOut(
         parent_id=job.parent_id,
@@ -590,6 +602,7 @@ def _job_out(
         state=job.state,
         spec=job.spec.model_dump(mode="json", by_alias=True),
         rounds_warning=rounds_warning(job, runs),
+        notice=notice,
         spec_sha256=job.spec_sha256,
         created_at=job.created_at,
         updated_at=job.updated_at,

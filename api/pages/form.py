@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evidence.job_options import JOB_OPTIONS, MODE_HELP, JobOptionsError, build_job_spec
-from evidence.schemas import JobSpec
+from evidence.schemas import JobSpec, SpecLimits
 from evidence.stats import rounds_for_verdict, too_few_rounds
 
 VARIANT_ROWS = 4
@@ -142,13 +142,17 @@ def uses_candidate_rows(mode: str, values: Mapping[str, str]) -> bool:
 
 
 def build_spec(
-    form: JobForm, adapters: Mapping[str, list[str]] | None = None
+    form: JobForm,
+    adapters: Mapping[str, list[str]] | None = None,
+    *,
+    limits: SpecLimits | None = None,
 ) -> tuple[JobSpec | None, dict[int, int]]:
     """The job spec of the form (None when it has errors, each in form.errors), and which form
     row each spec variant came from.
 
-    `adapters` is what enrolled hosts allow per repository (hosts.service.adapters_by_repository).
-    Only the fields of the chosen mode are read: the page shows no others.
+    `adapters` is what enrolled hosts allow per repository (hosts.service.adapters_by_repository);
+    `limits` the service's bounds on sizes, checked in the same pass. Only the fields of the
+    chosen mode are read: the page shows no others.
     """
     values = form.values
     mode = values.get("mode") or "ab"
@@ -191,7 +195,7 @@ def build_spec(
         if name not in JOB_OPTIONS or JOB_OPTIONS[name].belongs_to(mode)
     }
     try:
-        spec = build_job_spec(chosen)
+        spec = build_job_spec(chosen, limits=limits)
     except JobOptionsError as error:
         for problem in error.problems:
             target = (

@@ -288,7 +288,9 @@ async def submit_job(
     if form.values["pull_request"]:
         return await _submit_pull_request(request, db, db_session, settings, form, key)
     hosts = host_service.list_hosts(db_session=db_session)
-    spec, rows = job_form.build_spec(form, matching.adapters_by_repository(hosts))
+    spec, rows = job_form.build_spec(
+        form, matching.adapters_by_repository(hosts), limits=settings.spec_limits
+    )
     if spec is not None and not form.errors:
         try:
             job = job_service.create_job(
@@ -299,7 +301,8 @@ async def submit_job(
             )
         except Invalid as error:
             db_session.rollback()
-            form.add_error(job_form.form_field(error.field, rows), error.message)
+            for field, message in error.problems:
+                form.add_error(job_form.form_field(field, rows), message)
         else:
             log.info("job %s submitted from the form by key %s", job.id, key.id)
             return RedirectResponse(f"/jobs/{job.id}", status_code=303)
@@ -368,8 +371,8 @@ def jobs_page(request: Request, db_session: SessionDep, settings: SettingsDep):
     return _page(request, "jobs.html", {"jobs": jobs}, key=key)
 
 
-def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
-    job = job_service.job_detail(db_session=db_session, job_id=job_id)
+def _job_context(db_session: Session, job_id: str, settings: Settings) -> dict[str, Any]:
+    job = job_service.job_detail(db_session=db_session, job_id=job_id, settings=settings)
     invalid = [
         {**cell, "run_id": run.id, "host": run.host_name}
         for run in job.runs
@@ -390,6 +393,7 @@ def _job_context(db_session: Session, job_id: str) -> dict[str, Any]:
         "is_final": JobState(job.state).is_final,
         "answer": answer,
         "rounds_warning": job.rounds_warning,
+        "notice": job.notice,
     }
 
 
@@ -399,7 +403,7 @@ def job_page(job_id: str, request: Request, db_session: SessionDep, settings: Se
     if key is None:
         return _login_redirect(request)
     try:
-        context = _job_context(db_session, job_id)
+        context = _job_context(db_session, job_id, settings)
     except NotFound as error:
         return _not_found(request, key, error.message)
     return _page(request, "job.html", context, key=key)
@@ -412,7 +416,7 @@ def job_progress(job_id: str, request: Request, db_session: SessionDep, settings
     if key is None:
         return JSONResponse({"detail": "log in again at /login"}, status_code=401)
     try:
-        context = _job_context(db_session, job_id)
+        context = _job_context(db_session, job_id, settings)
     except NotFound as error:
         return JSONResponse({"detail": error.message}, status_code=404)
     html = templates().get_template("_job_progress.html").render(**context)

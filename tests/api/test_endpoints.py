@@ -529,6 +529,48 @@ def test_job_validation_messages(
     assert message in response.json()["detail"]
 
 
+def test_every_problem_of_a_job_is_refused_in_one_answer(
+    client: TestClient, db_session: Session
+) -> None:
+    """One submission says all it can know: the flags the engine does not take (a host would
+    refuse them later), and the service's limits, each problem with its field."""
+    make_host(db_session, "studio-1")
+    key = make_api_key(db_session)
+    payload = job_payload(
+        variants=[
+            {"name": "base", "flags": {"prefill_step_size": 64}},
+            {"name": "cand", "flags": {"bogus_flag": 3, "clear_cache": "sometimes"}},
+        ],
+        contexts=[64, 10_000_000],
+        rounds=100_000,
+    )
+    response = client.post("/api/v1/jobs", json=payload, headers=bearer(key))
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert [(e["field"], e["detail"].split(":")[0]) for e in body["errors"]] == [
+        (
+            "variants.1.flags",
+            "the embedded adapter has no flag bogus_flag (prefill_step_size, "
+            "clear_cache, compile, fused_swiglu, fused_add_rms_norm)",
+        ),
+        ("variants.1.flags", "clear_cache=sometimes"),
+        ("contexts", "contexts [10000000] exceed the limit of 262144 tokens"),
+        ("rounds", "rounds=100000; at most 100 allowed"),
+    ], body
+    assert body["field"] == "variants.1.flags" and "; rounds: rounds=100000" in body["detail"]
+    # Field problems are all said too, in words (not pydantic's).
+    bad = client.post(
+        "/api/v1/jobs",
+        json=job_payload(precision=0.7, model="a model", host_labels=["b@d"]),
+        headers=bearer(key),
+    ).json()
+    assert sorted((e["field"], e["detail"]) for e in bad["errors"]) == [
+        ("host_labels.0", "'b@d': not a host label (letters, digits, _ . : = -)"),
+        ("model", "'a model': not a model name: preset:NAME or a model name of the hosts"),
+        ("precision", "0.7: give at most 0.5"),
+    ]
+
+
 def test_a_job_naming_a_corpus_goes_to_a_host_that_has_it(
     client: TestClient, db_session: Session
 ) -> None:

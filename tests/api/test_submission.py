@@ -28,7 +28,7 @@ def _submit(db_session: Session, settings: Settings, payload: dict[str, Any]) ->
     submission = job_service.Submission(settings, payload, None, dialect)
     submitted = run_one_in_session(db_session, job_service.submit_group_program, submission)
     assert isinstance(submitted, job_service.Submitted)
-    return job_service.submitted_out(submitted.job, submitted.runs, [])
+    return job_service.submitted_out(submitted.job, submitted.runs, [], notice=submitted.notice)
 
 
 def test_submission_answers_what_it_stored_and_reads_nothing_after_its_commit(
@@ -118,3 +118,29 @@ def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
         "spread is wide"
     )
     assert detail.resolved_spec is not None and len(detail.resolved_spec["variants"]) == 41
+
+
+def test_a_job_only_offline_hosts_can_run_says_so(db_session: Session, settings: Settings) -> None:
+    """Accepted (the host may come back), and its answer, job page and JSON say it waits."""
+    from datetime import timedelta
+
+    from api.database import utcnow
+    from api.hosts.models import Host
+
+    host, _ = make_host(db_session, "studio-1", labels=["gpu"])
+    make_host(db_session, "box")
+    host.last_heartbeat_at = utcnow() - timedelta(hours=3)
+    db_session.commit()
+    answer = _submit(db_session, settings, job_payload(host_labels=["gpu"]))
+    assert answer.notice == (
+        "only offline hosts can run this job: studio-1 (last heard 3 h ago); it waits until one "
+        "of them is back (coldbench worker)"
+    )
+    detail = job_service.job_detail(db_session=db_session, job_id=answer.id, settings=settings)
+    assert detail.notice == answer.notice
+    # A job the online host can run waits for nobody.
+    assert _submit(db_session, settings, job_payload()).notice is None
+    db_session.get_one(Host, host.id).last_heartbeat_at = utcnow()
+    db_session.commit()
+    fresh = job_service.job_detail(db_session=db_session, job_id=answer.id, settings=settings)
+    assert fresh.notice is None

@@ -246,3 +246,47 @@ def test_every_mode_and_option_is_declared_once_with_help() -> None:
 def test_a_spec_from_the_builder_round_trips() -> None:
     spec = build_job_spec({"mode": "ablation", "features": "compile", "rounds": "12"})
     assert JobSpec.model_validate(spec.model_dump(mode="json", by_alias=True)) == spec
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (
+            {"variants": ["base", "cand:bogus_flag=3"]},
+            "--variant: the embedded adapter has no flag bogus_flag (prefill_step_size, "
+            "clear_cache, compile, fused_swiglu, fused_add_rms_norm)",
+        ),
+        ({"variants": ["a:prefill_step_size=0"]}, "--variant: prefill_step_size=0: give a chunk"),
+        ({"variants": ["a:clear_cache=2"]}, "--variant: clear_cache=2: give true or false"),
+        (
+            {"variants": ["a:compile=true,fused_swiglu=true"]},
+            "--variant: compile cannot be combined with fused_swiglu",
+        ),
+        (
+            {"mode": "ablation", "features": "compile, fused_add_rms_norm"},
+            "--variant: compile cannot be combined with fused_add_rms_norm",
+        ),
+        ({"mode": "ablation", "features": "turbo"}, "--features: the embedded adapter has no"),
+        (
+            {"repository": "r", "variants": ["a:ref=main,clear_cache=false"]},
+            "--variant: the mlx-lm adapter has no flag clear_cache (prefill_step_size)",
+        ),
+    ],
+)
+def test_flags_the_adapter_does_not_take_are_refused_at_once(
+    given: dict[str, Any], line: str
+) -> None:
+    lines = _problems(given)
+    assert any(found.startswith(line) for found in lines), lines
+
+
+def test_flags_of_a_checkout_or_a_server_are_left_to_their_host() -> None:
+    """A coldbench ref's engine may take other flags; a server's are its host's options."""
+    embedded_ref = build_job_spec(
+        {"adapter": "embedded", "repository": "r", "variants": ["a:ref=v2,new_flag=1"]}
+    )
+    assert embedded_ref.variants[0].flags == {"new_flag": 1}
+    server = build_job_spec(
+        {"adapter": "openai-server", "repository": "srv", "variants": ["a:ref=m,fast=1"]}
+    )
+    assert server.variants[0].flags == {"fast": 1}

@@ -147,6 +147,54 @@ def test_service_refusals_land_beside_their_fields(web: TestClient, db_session: 
     assert "unique" in _errors(response.text)["variant-1-name"]  # the row that repeats it
 
 
+def test_one_submit_shows_every_problem_beside_its_field(
+    web: TestClient, db_session: Session
+) -> None:
+    """A flag the engine does not take, a size over the service's limit, a value out of range
+    and a text that is no number: one submit, each said in words beside its own input."""
+    make_host(db_session, "studio-1")
+    before = _job_count(db_session)
+    page = web.get("/").text
+    response = web.post(
+        "/",
+        data=_fields(
+            page,
+            **{"variant-1-flags": "bogus_flag=3"},
+            rounds="100000",
+            precision="0.7",
+            decode_tokens="many",
+        ),
+    )
+    assert response.status_code == 422
+    errors = _errors(response.text)
+    assert errors == {
+        "variant-1-flags": "the embedded adapter has no flag bogus_flag (prefill_step_size, "
+        "clear_cache, compile, fused_swiglu, fused_add_rms_norm)",
+        "rounds": "rounds=100000; at most 100 allowed",
+        "precision": "0.7: give at most 0.5",
+        "decode_tokens": "&#39;many&#39; is not a whole number",
+    }, errors
+    assert "Input should be" not in response.text
+    assert _job_count(db_session) == before
+
+
+def test_the_embedded_engine_is_offered_no_refs(web: TestClient, db_session: Session) -> None:
+    """Refs name commits of a repository: the embedded engine's form shows no ref column, and
+    a bisection's form no candidate rows; the other modes' fields are hidden."""
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    page = web.get("/").text
+    ref_cells = re.findall(r'<t[dh][^>]*class="ref-cell"[^>]*>', page)
+    assert ref_cells and all(" hidden" in cell for cell in ref_cells)
+    assert re.search(r'<div class="row" id="bisect-fields" data-modes="bisect" hidden>', page)
+    errors_page = web.post(
+        "/", data=_fields(page, mode="bisect", repository="mlx-lm", good="v1")
+    ).text
+    candidates = re.findall(r'<tr class="candidate"[^>]*>', errors_page)
+    assert candidates and all(" hidden" in row for row in candidates)
+    assert not re.findall(r'<t[dh][^>]*class="ref-cell" hidden', errors_page)
+    assert "bisect needs bad: a ref that is changed" in _errors(errors_page)["bad"]
+
+
 def test_missing_or_foreign_csrf_token_is_refused(
     web: TestClient, client: TestClient, db_session: Session
 ) -> None:

@@ -1,0 +1,49 @@
+"""The flags the service checks at submit (evidence/engine_flags.py) are the engine's own: the
+same names, kinds, bounds and fast paths, and the same values refused."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import pytest
+
+from engine.adapters.mlx_lm import SUPPORTED_FLAGS
+from engine.flags import MAX_PREFILL_STEP, Flags
+from evidence import engine_flags
+from kernels import FAST_PATHS
+
+
+def test_the_declared_flags_are_the_engines() -> None:
+    kinds = {f.name: ("step" if f.type in (int, "int") else "bool") for f in fields(Flags)}
+    assert kinds == engine_flags.EMBEDDED_FLAGS
+    assert tuple(engine_flags.ADAPTER_FLAGS["mlx-lm"]) == SUPPORTED_FLAGS
+    assert engine_flags.MAX_PREFILL_STEP == MAX_PREFILL_STEP
+    assert tuple(FAST_PATHS) == engine_flags.FAST_PATH_FLAGS
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("prefill_step_size", 64),
+        ("prefill_step_size", "64"),
+        ("prefill_step_size", 0),
+        ("prefill_step_size", MAX_PREFILL_STEP + 1),
+        ("prefill_step_size", True),
+        ("prefill_step_size", 6.5),
+        ("clear_cache", False),
+        ("clear_cache", "off"),
+        ("clear_cache", 1),
+        ("clear_cache", 2),
+        ("compile", "maybe"),
+        ("fused_swiglu", 0.5),
+    ],
+)
+def test_a_value_is_refused_by_both_or_by_neither(name: str, value: Any) -> None:
+    kind = engine_flags.EMBEDDED_FLAGS[name]
+    try:
+        Flags.parse({name: value})
+        engine_refuses = False
+    except ValueError:
+        engine_refuses = True
+    assert (engine_flags.value_problem(name, kind, value) is not None) == engine_refuses
