@@ -14,7 +14,11 @@ every round; its ratios are mid / lo and hi / lo with their 95% intervals. The s
 - anything else (between the two, or overlapping both): not a single step, or too noisy to
   tell -> stop and say so;
 - with no `mid` (lo and hi are neighbours) the first `direction` commit is `hi`, its parent
-  `lo` -> `found`.
+  `lo` -> `found`; and `mid` like `hi` where `mid` is lo's child -> `found` at `mid` (the next
+  step would measure that very pair again);
+- hi's or mid's interval below 95% (too few pairs or process pairs for one, `ci_level` set,
+  `evidence.stats`) decides nothing -> `too few pairs`, and the bisection stops saying how
+  many it had and how many a decision needs.
 
 One rule in one place: a step's commits are `BisectSpec.step_commits` of its `line`, its
 decision `decide_step`, the next step's line `next_line`, its spec `step_spec`. The local runner
@@ -26,10 +30,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from evidence.schemas import BisectStep, JobSpec, Provenance
-from evidence.stats import intervals_overlap
-from evidence.summary_schema import Bisect, BisectStepEntry, Comparison, StepResult
+from evidence.stats import MIN_PAIRS, intervals_overlap
+from evidence.summary_schema import (
+    Bisect,
+    BisectStepEntry,
+    Comparison,
+    StepResult,
+    level_field,
+)
 
-Decision = str  # "lower" | "upper" | "found" | "not a single step"
+Decision = str  # "lower" | "upper" | "found" | "not a single step" | "too few pairs"
+# The decisions that end a bisection.
+FINAL_DECISIONS = ("found", "not a single step", "too few pairs")
 
 
 def _result(comparison: Comparison | None) -> StepResult | None:
@@ -41,6 +53,7 @@ def _result(comparison: Comparison | None) -> StepResult | None:
         ci_high=comparison.ci_high,
         verdict=comparison.verdict,
         n=comparison.n,
+        **level_field(comparison.ci_level),
     )
 
 
@@ -50,14 +63,34 @@ def _interval(result: StepResult | None) -> tuple[float, float] | None:
     return (result.ci_low, result.ci_high)
 
 
+def _too_few(name: str, result: StepResult | None) -> str | None:
+    """Why `result`'s interval cannot decide a step (None: it can, or it has none)."""
+    if result is None or result.ci_level is None or _interval(result) is None:
+        return None
+    return (
+        f"{name} has {result.n} pairs, too few for a 95% interval (its [min, max] covers "
+        f"{100 * result.ci_level:.4g}%; {MIN_PAIRS} independent pairs or process pairs give "
+        "one): run the step with more rounds"
+    )
+
+
 def _excludes_one(interval: tuple[float, float], direction: str) -> bool:
     return interval[1] < 1 if direction == "slower" else interval[0] > 1
 
 
 def decide_step(
-    mid: StepResult | None, hi: StepResult | None, direction: str, has_mid: bool
+    mid: StepResult | None,
+    hi: StepResult | None,
+    direction: str,
+    has_mid: bool,
+    *,
+    mid_is_lo_child: bool = False,
 ) -> tuple[Decision, str]:
-    """(decision, why) from mid/lo and hi/lo results (the module docstring's rules)."""
+    """(decision, why) from mid/lo and hi/lo results (the module docstring's rules);
+    `mid_is_lo_child`: lo and mid are neighbours on the line."""
+    too_few = _too_few("hi", hi) or (_too_few("mid", mid) if has_mid else None)
+    if too_few:
+        return "too few pairs", too_few
     hi_interval = _interval(hi)
     if hi_interval is None or not _excludes_one(hi_interval, direction):
         return "not a single step", (
@@ -76,6 +109,11 @@ def decide_step(
     like_lo = not _excludes_one(mid_interval, direction) and not intervals_overlap(
         mid_interval, hi_interval
     )
+    if like_hi and mid_is_lo_child:
+        return "found", (
+            f"mid is {direction} like hi ({_fmt(mid_interval)}) and is lo's child: the first "
+            f"{direction} commit (this step measured it against its parent)"
+        )
     if like_hi:
         return "lower", f"mid is {direction} like hi ({_fmt(mid_interval)})"
     if like_lo:
@@ -141,10 +179,21 @@ def bisect_section(
     by_variant = {c.variant: c for c in comparisons}
     mid_result = _result(by_variant.get(mid.name)) if mid else None
     hi_result = _result(by_variant.get(hi.name))
-    decision, why = decide_step(mid_result, hi_result, spec.bisect.direction, mid is not None)
+    line = spec.bisect.line or []
+    decision, why = decide_step(
+        mid_result,
+        hi_result,
+        spec.bisect.direction,
+        mid is not None,
+        # lo..mid would be the next line: two neighbours, the pair this step measured
+        mid_is_lo_child=mid is not None and len(next_line(line, "lower") or []) == 2,
+    )
     lo_commit, hi_commit = commits.get(lo.name, lo.ref), commits.get(hi.name, hi.ref)
     found = decision == "found"
-    final = decision in ("found", "not a single step")
+    final = decision in FINAL_DECISIONS
+    # found at mid (lo's child) or at hi (lo and hi neighbours)
+    bad = mid if found and mid is not None else hi
+    bad_result = mid_result if found and mid is not None else hi_result
     return Bisect(
         good=spec.bisect.good,
         bad=spec.bisect.bad,
@@ -159,10 +208,10 @@ def bisect_section(
         decision=decision,
         why=why,
         final=final,
-        first_bad_commit=hi_commit if found else None,
+        first_bad_commit=commits.get(bad.name, bad.ref) if found else None,
         parent=lo_commit if found else None,
-        subject=subjects.get(hi.name) if found else None,
-        ratio=hi_result if found else None,
+        subject=subjects.get(bad.name) if found else None,
+        ratio=bad_result if found else None,
         reason=None if found else (why if final else "bisection not finished"),
         steps=[BisectStepEntry(**step.model_dump()) for step in spec.bisect.steps],
         # commits from lo to hi on the first-parent line (this step's stretch of good..bad)
@@ -176,7 +225,7 @@ def bisect_sentences(bisect: Bisect, text: Callable[[object], str] = str) -> lis
     where = f"at {bisect.context_tokens} tokens"
     if bisect.first_bad_commit:
         ratio = bisect.ratio
-        # A found step's ratio is hi's, whose interval excluded 1 (decide_step).
+        # A found step's ratio is hi's or mid's, whose interval excluded 1 (decide_step).
         assert ratio is not None and ratio.ratio_median is not None
         assert ratio.ci_low is not None and ratio.ci_high is not None
         change = abs(ratio.ratio_median - 1) * 100
@@ -187,6 +236,8 @@ def bisect_sentences(bisect: Bisect, text: Callable[[object], str] = str) -> lis
             f"interval of the ratio [{ratio.ci_low:.3f}, {ratio.ci_high:.3f}]), after "
             f"{bisect.step} step{'s' if bisect.step != 1 else ''}."
         ]
+    if bisect.decision == "too few pairs":
+        return [f"Bisection stopped at step {bisect.step} {where}: {bisect.reason}."]
     if bisect.final:
         return [f"No single first {bisect.direction} commit {where}: {bisect.reason}."]
     return [

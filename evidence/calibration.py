@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from evidence.schemas import FlagValue, HostInfo
-from evidence.summary_schema import Summary
+from evidence.summary_schema import Summary, decisive_interval
 
 CALIBRATION_SCHEMA: Final = "coldbench.calibration/1"
 CLAIMS = ("faster", "slower")
@@ -45,6 +45,8 @@ class CalibrationComparison(_Strict):
     ci_low: float | None = None
     ci_high: float | None = None
     verdict: str
+    # below the confidence level only (too few pairs for it): evidence.stats
+    ci_level: float | None = None
 
 
 class CalibrationJob(_Strict):
@@ -140,6 +142,7 @@ def job_of(
             ci_low=c.ci_low,
             ci_high=c.ci_high,
             verdict=c.verdict,
+            ci_level=c.ci_level,
         )
         for c in (summary.comparisons if summary else [])
     ]
@@ -172,12 +175,11 @@ def calibrate_result(
         any(c.variant == planted_variant and c.verdict in CLAIMS for c in job.comparisons)
         for job in planted
     )
-    widths = [
-        (c.ci_high - c.ci_low) / 2
-        for job in aa
-        for c in job.comparisons
-        if c.ci_low is not None and c.ci_high is not None
+    # only 95% intervals: a [min, max] of a few pairs says nothing of what this host resolves
+    intervals = [
+        found for job in aa for c in job.comparisons if (found := decisive_interval(c)) is not None
     ]
+    widths = [(high - low) / 2 for low, high in intervals]
     spreads = [job.between_process_sd for job in aa if job.between_process_sd is not None]
     statistics = next((job.statistics for job in jobs if job.statistics), {})
     return HostCalibration(

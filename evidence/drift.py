@@ -29,8 +29,21 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from evidence.schemas import Record
-from evidence.stats import CellIndex, StatsOptions, comparison_seed, median_interval
-from evidence.summary_schema import Bracketing, Comparison, ContextDrift, Drift, RunDrift
+from evidence.stats import (
+    CellIndex,
+    StatsOptions,
+    comparison_seed,
+    interval_level,
+    median_interval,
+)
+from evidence.summary_schema import (
+    Bracketing,
+    Comparison,
+    ContextDrift,
+    Drift,
+    RunDrift,
+    level_field,
+)
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -134,6 +147,7 @@ def bracketing(
                 seed=comparison_seed(options.seed, "bracketing", context, variant),
                 options=options,
             )
+            level = interval_level(len(values), options.confidence_level)
             rows.append(
                 Bracketing(
                     context_tokens=context,
@@ -142,6 +156,9 @@ def bracketing(
                     ratio_median=float(np.median(values)),
                     ci_low=low,
                     ci_high=high,
+                    **level_field(
+                        level if low is not None and level < options.confidence_level else None
+                    ),
                 )
             )
     return sorted(rows, key=lambda row: (row.context_tokens, variants.index(row.variant)))

@@ -3,8 +3,12 @@
 Every commit is a variant paired with the reference commit inside every round (rotated, cold),
 so each point is the paired ratio commit / reference with its 95% interval: the same comparison
 an A/B verdict rests on, not a raw tok/s from another hour. A *step* is where two neighbouring
-measured commits' intervals do not overlap: the performance changed between them. Commits that
-did not build are listed with the reason and skipped; the next measured commit is the neighbour.
+measured commits' intervals do not overlap: the performance changed between them. The reference
+is the first of them, at ratio 1 exactly: the first commit measured is a step after it where
+its verdict against the reference is `faster` or `slower` (the A/B rule: interval off 1 and the
+Holm-corrected test), so a change at the first commit is found too. Commits that did not build
+or load are listed with the reason and skipped, and so is, for the step rule, a commit with too
+few pairs for a 95% interval (`evidence.stats`); the next measured commit is the neighbour.
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ from evidence.summary_schema import (
     HistoryPoint,
     HistorySeries,
     HistoryStep,
+    decisive_interval,
+    level_field,
 )
 
 STEP_RULE = (
     "a step is a pair of neighbouring measured commits whose 95% intervals of the paired ratio "
-    "to the reference do not overlap"
+    "to the reference do not overlap; the first commit is a step after the reference (ratio 1) "
+    "where its verdict against it is faster or slower; a commit with too few pairs for a 95% "
+    "interval is no one's neighbour"
 )
 
 
@@ -84,6 +92,7 @@ def history_section(
         )
         for variant in measured
     ]
+    reference_commit = _commit(reference.name, targets.get(reference.name), reference.ref)
     by_key = {(c.context_tokens, c.variant): c for c in comparisons}
     series = []
     steps = []
@@ -101,39 +110,46 @@ def history_section(
                     ci_high=comparison.ci_high if comparison else None,
                     verdict=comparison.verdict if comparison else None,
                     n=comparison.n if comparison else 0,
+                    **level_field(comparison.ci_level if comparison else None),
                 )
             )
         series.append(HistorySeries(context_tokens=context, points=points))
-        measured_points = [
-            (position, p, (p.ci_low, p.ci_high))
-            for position, p in enumerate(points)
-            if p.ci_low is not None and p.ci_high is not None and not p.skipped
+        # The reference against itself: ratio 1 with no spread, the first neighbour. The first
+        # commit steps from it as an A/B verdict would call it (interval off 1 and Holm).
+        origin = (reference_commit.variant, reference_commit.commit, 1.0, None, None)
+        measured_points = [origin] + [
+            (p.variant, p.commit, p.ratio_median, interval, p.verdict)
+            for p in points
+            if not p.skipped and (interval := decisive_interval(p)) is not None
         ]
-        for (_, before, before_ci), (position, after, after_ci) in zip(
-            measured_points, measured_points[1:], strict=False
-        ):
-            if intervals_overlap(before_ci, after_ci):
+        subjects = {c.variant: c.subject for c in commits}
+        for before, after in zip(measured_points, measured_points[1:], strict=False):
+            (from_variant, from_commit, from_ratio, before_ci, _) = before
+            (to_variant, to_commit, to_ratio, after_ci, verdict) = after
+            if before_ci is None and verdict not in ("faster", "slower"):
+                continue
+            if before_ci is not None and after_ci and intervals_overlap(before_ci, after_ci):
                 continue
             # Both have intervals, so both have a median ratio.
-            assert before.ratio_median is not None and after.ratio_median is not None
+            assert from_ratio is not None and to_ratio is not None
             steps.append(
                 HistoryStep(
                     context_tokens=context,
-                    from_variant=before.variant,
-                    from_commit=before.commit,
-                    to_variant=after.variant,
-                    to_commit=after.commit,
-                    subject=commits[position].subject,
-                    from_ratio=before.ratio_median,
-                    to_ratio=after.ratio_median,
-                    direction="slower" if after.ratio_median < before.ratio_median else "faster",
+                    from_variant=from_variant,
+                    from_commit=from_commit,
+                    to_variant=to_variant,
+                    to_commit=to_commit,
+                    subject=subjects.get(to_variant),
+                    from_ratio=from_ratio,
+                    to_ratio=to_ratio,
+                    direction="slower" if to_ratio < from_ratio else "faster",
                 )
             )
     return History(
         range=spec.history.range if spec.history else None,
         every=spec.history.every if spec.history else None,
         last=spec.history.last if spec.history else None,
-        reference=_commit(reference.name, targets.get(reference.name), reference.ref),
+        reference=reference_commit,
         commits=commits,
         series=series,
         steps=steps,
@@ -155,7 +171,7 @@ def history_sentences(history: History, text: Callable[[object], str] = str) -> 
     sentences = []
     if not history.steps:
         sentences.append(
-            f"No step over {len(history.commits)} commits {against}: every pair of "
+            f"No step over {plural(len(history.commits), 'commit')} {against}: every pair of "
             "neighbouring intervals overlaps."
         )
     for step in history.steps:
@@ -165,13 +181,33 @@ def history_sentences(history: History, text: Callable[[object], str] = str) -> 
             f"{step.context_tokens} tokens: {change:.1f}% {step.direction} at "
             f"{text(short(step.to_commit, step.to_variant))}{subject}, after "
             f"{text(short(step.from_commit, step.from_variant))} (ratio {against} "
-            f"{step.from_ratio:.3f} -> {step.to_ratio:.3f}; the intervals do not overlap)."
+            f"{step.from_ratio:.3f} to {step.to_ratio:.3f}; the intervals do not overlap)."
         )
     if skipped:
         sentences.append(
-            f"{len(skipped)} commit{'s' if len(skipped) != 1 else ''} did not build and "
+            f"{plural(len(skipped), 'commit')} did not build or load and "
             f"{'were' if len(skipped) != 1 else 'was'} skipped: "
             + ", ".join(text(short(c.commit, c.variant)) for c in skipped)
             + "."
         )
+    few = sorted(
+        {
+            (position, p.variant, p.commit)
+            for series in history.series
+            for position, p in enumerate(series.points)
+            if not p.skipped and p.ci_low is not None and decisive_interval(p) is None
+        }
+    )
+    if few:
+        sentences.append(
+            f"{plural(len(few), 'commit')} had too few pairs for a 95% interval and "
+            f"{'are' if len(few) != 1 else 'is'} no neighbour in the step rule: "
+            + ", ".join(text(short(commit, variant)) for _, variant, commit in few)
+            + "."
+        )
     return sentences
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 commit`, `2 commits`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from evidence.bisect import bisect_sentences
 from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
-from evidence.history import history_sentences, short
+from evidence.history import history_sentences, plural, short
 from evidence.schemas import CorpusInfo, Provenance
 from evidence.summary_schema import (
     Bisect,
@@ -49,11 +49,15 @@ def fmt_ratio(value: float | None) -> str:
 
 
 def fmt_interval(comparison: Interval) -> str:
+    """`0.987 [0.950, 1.020]`; an interval below the confidence level (too few pairs for it)
+    says its real level: `0.987 [0.950, 1.020] (50% interval)`."""
     median = fmt_ratio(comparison.ratio_median)
     low, high = comparison.ci_low, comparison.ci_high
     if low is None or high is None:
         return median
-    return f"{median} [{low:.3f}, {high:.3f}]"
+    level = comparison.ci_level
+    label = f" ({100 * level:.4g}% interval)" if level is not None else ""
+    return f"{median} [{low:.3f}, {high:.3f}]{label}"
 
 
 def fmt_p(value: float | None) -> str:
@@ -103,11 +107,12 @@ def noise_floor_text(summary: Summary) -> str | None:
     floor = summary.noise_floor
     if not floor:
         return None
+    pairs = floor.process_pairs
     rounds = floor.rounds_per_process_pair
     spread = floor.between_process_sd
     resolvable = floor.resolvable
     parts = [
-        f"Noise floor: {floor.process_pairs} process pairs of {rounds:g} "
+        f"Noise floor: {plural(pairs, 'process pair')} of {rounds:g} "
         f"round{'s' if rounds != 1 else ''} each"
     ]
     if spread is not None:
@@ -118,6 +123,11 @@ def noise_floor_text(summary: Summary) -> str | None:
         parts.append(
             f"this run resolves effects of about +-{100 * resolvable:.2f}% and larger "
             "(median half-width of the 95% intervals)"
+        )
+    elif pairs < summary.settings.min_pairs:
+        parts.append(
+            f"too few process pairs for a 95% interval ({summary.settings.min_pairs} are "
+            "needed), so no resolvable effect is stated"
         )
     return "; ".join(parts) + "."
 
@@ -316,8 +326,8 @@ def verdict_clause(comparison: Comparison, settings: Settings) -> str:
             f"{variant}: no established change {where} ({level} interval {_change(low)} to "
             f"{_change(high)}, inside +-{100 * settings.precision:g}%)"
         )
-    if not comparison.n:
-        return f"{variant}: inconclusive {where} (no valid pairs)"
+    if not comparison.n:  # the verdict table says why
+        return f"{variant}: no valid pairs {where}"
     needed = comparison.rounds_needed
     settle = f"; about {needed} rounds would settle it" if needed else ""
     return f"{variant}: inconclusive {where} ({comparison.n} pairs{settle})"
@@ -526,7 +536,7 @@ def history_lines(history: History) -> list[str]:
                 md_text(short(step.from_commit, step.from_variant)),
                 md_text(short(step.to_commit, step.to_variant)),
                 md_text(step.subject or ""),
-                f"{step.from_ratio:.3f} -> {step.to_ratio:.3f}",
+                f"{step.from_ratio:.3f} to {step.to_ratio:.3f}",
                 step.direction,
             ]
             for step in history.steps

@@ -312,7 +312,7 @@ def _history_view(history: History) -> dict[str, Any]:
                 "from": short(step.from_commit, step.from_variant),
                 "to": short(step.to_commit, step.to_variant),
                 "subject": step.subject or "",
-                "ratios": f"{step.from_ratio:.3f} -> {step.to_ratio:.3f}",
+                "ratios": f"{step.from_ratio:.3f} to {step.to_ratio:.3f}",
                 "direction": step.direction,
             }
             for step in history.steps

@@ -3,15 +3,27 @@
 Each run's records are analysed alone (its own pairs, Holm within the run). For each
 (context, variant) the hosts' results sit side by side; `agree` is false where two hosts'
 95% intervals do not overlap, which says the hosts measure different effects (a host
-difference, or drift) rather than noise around one effect.
+difference, or drift) rather than noise around one effect. A run with too few pairs for a 95%
+interval (its `ci_level` set) is not compared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from evidence.stats import CellIndex, StatsOptions, compare_matrix, intervals_overlap
-from evidence.summary_schema import ReproductionRow, ReproductionRun, Reproductions
+from evidence.stats import (
+    CellIndex,
+    StatsOptions,
+    compare_matrix,
+    intervals_overlap,
+)
+from evidence.summary_schema import (
+    ReproductionRow,
+    ReproductionRun,
+    Reproductions,
+    decisive_interval,
+    level_field,
+)
 
 
 def reproduction_section(
@@ -50,13 +62,14 @@ def reproduction_section(
                 ci_high=comparison.ci_high,
                 p_adjusted=comparison.p_adjusted,
                 verdict=comparison.verdict,
+                **level_field(comparison.ci_level),
             )
             for run_id in run_ids
             for comparison in (per_run[run_id][position],)
         ]
-        intervals = [
-            (r.ci_low, r.ci_high) for r in results if r.ci_low is not None and r.ci_high is not None
-        ]
+        # only 95% intervals: two [min, max] intervals of a few pairs can miss each other
+        # by chance far more often than 1 time in 20
+        intervals = [found for r in results if (found := decisive_interval(r)) is not None]
         agree = all(
             intervals_overlap(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1 :]
         )

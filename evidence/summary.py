@@ -25,6 +25,7 @@ from evidence.reproduction import reproduction_section
 from evidence.schemas import JobSpec, Provenance, Record
 from evidence.stats import (
     DEFAULT_PRECISION,
+    MIN_PAIRS,
     N_RESAMPLES,
     CellIndex,
     StatsOptions,
@@ -43,6 +44,7 @@ from evidence.summary_schema import (
     RunCount,
     Settings,
     Summary,
+    decisive_interval,
 )
 from evidence.timeline import Timeline, timeline_section
 from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
@@ -164,11 +166,9 @@ def noise_floor(comparisons: Sequence[Comparison]) -> NoiseFloor | None:
     pairs' log median ratios) and the half-width of the intervals (an effect smaller than it
     cannot exclude 1), medians over the comparisons that have them."""
     spreads = [c.process_sd for c in comparisons if c.process_sd is not None]
-    widths = [
-        (c.ci_high - c.ci_low) / 2
-        for c in comparisons
-        if c.ci_low is not None and c.ci_high is not None
-    ]
+    # only 95% intervals: a [min, max] of a few process pairs says nothing of what resolves
+    intervals = [found for c in comparisons if (found := decisive_interval(c)) is not None]
+    widths = [(high - low) / 2 for low, high in intervals]
     blocked = [c for c in comparisons if c.blocks]
     if not blocked:
         return None
@@ -179,7 +179,7 @@ def noise_floor(comparisons: Sequence[Comparison]) -> NoiseFloor | None:
         resolvable=float(np.median(widths)) if widths else None,
         rule="between_process_sd: median over comparisons of the SD of each process pair's "
         "log median ratio; resolvable: median half-width of the 95% intervals (a smaller "
-        "effect cannot be told from 1)",
+        f"effect cannot be told from 1), none below {MIN_PAIRS} process pairs",
     )
 
 

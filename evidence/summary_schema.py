@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -35,6 +35,28 @@ ParityResult = Literal["exact", "accepted", "diverged", "unknown"]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HasInterval(Protocol):
+    ci_low: float | None
+    ci_high: float | None
+
+
+def decisive_interval(result: HasInterval | None) -> tuple[float, float] | None:
+    """(ci_low, ci_high) when `result` has an interval at the confidence level; None when it
+    has none or only a lower one (`ci_level` set): a rule that compares 95% intervals must not
+    rest on it."""
+    if result is None or result.ci_low is None or result.ci_high is None:
+        return None
+    if getattr(result, "ci_level", None) is not None:
+        return None
+    return (result.ci_low, result.ci_high)
+
+
+def level_field(level: float | None) -> dict[str, float]:
+    """`{"ci_level": level}` for a section built from a comparison, or nothing when the
+    interval is at the confidence level (summary.json keeps only the keys a section set)."""
+    return {} if level is None else {"ci_level": level}
 
 
 # --- statistics settings -------------------------------------------------------------------
@@ -94,6 +116,9 @@ class Comparison(_Section):
     blocks: int | None = None
     unit: str | None = None
     process_sd: float | None = None
+    # The interval's real coverage, set only below the confidence level (too few units for it;
+    # evidence.stats): such an interval is labelled so and decides nothing.
+    ci_level: float | None = None
 
 
 class AblationEntry(Comparison):
@@ -214,6 +239,7 @@ class Bracketing(_Section):
     ratio_median: float
     ci_low: float | None
     ci_high: float | None
+    ci_level: float | None = None
 
 
 class Drift(_Section):
@@ -236,6 +262,7 @@ class ReproductionRun(_Section):
     ci_high: float | None
     p_adjusted: float | None
     verdict: Verdict
+    ci_level: float | None = None
 
 
 class ReproductionRow(_Section):
@@ -322,6 +349,7 @@ class HistoryPoint(_Section):
     ci_high: float | None
     verdict: Verdict | None
     n: int
+    ci_level: float | None = None
 
 
 class HistorySeries(_Section):
@@ -363,6 +391,7 @@ class StepResult(_Section):
     ci_high: float | None
     verdict: Verdict
     n: int
+    ci_level: float | None = None
 
 
 class BisectStepEntry(_Section):

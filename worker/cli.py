@@ -225,6 +225,7 @@ def _bisect(
     and halving are evidence/bisect.py's, as the service's (api/jobs/bisect.py)."""
     from evidence.bisect import bisect_sentences, next_line, step_spec
     from evidence.bundle import write_folder, zip_bytes
+    from evidence.history import plural
     from evidence.schemas import BisectStep
     from worker.fingerprint import host_fingerprint, host_labels
     from worker.run import RunRefused, execute_run
@@ -264,7 +265,7 @@ def _bisect(
         lo, mid, hi = ran.step_commits()
         console.print(
             f"{name}: {lo[:10]} .. {mid[:10] + ' .. ' if mid else ''}{hi[:10]} "
-            f"({len(ran.line) - 1} commits apart)"
+            f"({plural(len(ran.line) - 1, 'commit')} apart)"
         )
         section = outcome.summary.bisect
         if section is None:

@@ -186,3 +186,46 @@ def test_bisect_spec_rules() -> None:
                 }
             ],
         )
+
+
+def _summarized(names: list[str], effects: dict[str, float], rounds: int = 8):
+    spec = _spec(names, [])
+    records = simulate_run(effects=effects, contexts=(64,), rounds=rounds, seed=3)
+    measured = provenance()
+    measured.targets = [
+        measured.targets[0].model_copy(update={"variant": n, "commit": n[-1] * 40}) for n in names
+    ]
+    return summarize(records, spec=spec, provenances=[measured], n_resamples=300)
+
+
+def test_a_mid_like_hi_next_to_lo_is_the_first_bad_commit_without_measuring_it_again() -> None:
+    # lo a, mid b, hi c: b is slower like c and is a's child, and this step measured b / a
+    summary = _summarized(["lo-a", "mid-b", "hi-c"], {"lo-a": 1.0, "mid-b": 0.9, "hi-c": 0.9})
+    bisect = summary.bisect
+    assert (bisect.decision, bisect.final) == ("found", True)
+    assert bisect.first_bad_commit == "b" * 40 and bisect.parent == "a" * 40
+    assert bisect.ratio == bisect.mid_result and bisect.ratio.ci_high < 1
+    assert next_line(["a" * 40, "b" * 40, "c" * 40], bisect.decision) is None
+    # a longer line still halves: a mid further from lo is not its child
+    longer = _spec(["lo-a", "mid-c", "hi-f"], [], line=[c * 40 for c in "abcdef"])
+    records = simulate_run(
+        effects={"lo-a": 1.0, "mid-c": 0.9, "hi-f": 0.9}, contexts=(64,), rounds=8, seed=3
+    )
+    assert summarize(records, spec=longer, n_resamples=300).bisect.decision == "lower"
+
+
+def test_no_decision_rests_on_an_interval_of_too_few_pairs() -> None:
+    few = StepResult(
+        ratio_median=0.9, ci_low=0.88, ci_high=0.92, verdict="inconclusive", n=4, ci_level=0.875
+    )
+    decision, why = decide_step(None, few, "slower", False)
+    assert decision == "too few pairs"
+    assert why.startswith("hi has 4 pairs, too few for a 95% interval (its [min, max] covers 87.5%")
+    assert decide_step(few, _r(0.91, 0.95), "slower", True)[0] == "too few pairs"
+    # 4 rounds: a 10% slowdown whose [min, max] excludes 1 is still no first bad commit
+    summary = _summarized(["lo-b", "hi-c"], {"lo-b": 1.0, "hi-c": 0.9}, rounds=4)
+    bisect = summary.bisect
+    assert bisect.hi_result.ci_high < 1 and bisect.hi_result.ci_level == 0.875
+    assert (bisect.decision, bisect.final, bisect.first_bad_commit) == ("too few pairs", True, None)
+    (sentence,) = bisect_sentences(bisect)
+    assert sentence.startswith("Bisection stopped at step 1 at 64 tokens: hi has 4 pairs, too few")

@@ -78,7 +78,7 @@ def test_the_answer_names_the_step_and_the_skipped_commit(history_job) -> None:
     sentences = history_sentences(summary.history)
     assert sentences[0].startswith("64 tokens: ") and "slower at " + _sha("c3")[:10] in sentences[0]
     assert '("add work per prefill chunk")' in sentences[0]
-    assert sentences[-1] == f"1 commit did not build and was skipped: {_sha('c4')[:10]}."
+    assert sentences[-1] == f"1 commit did not build or load and was skipped: {_sha('c4')[:10]}."
 
 
 def test_the_report_draws_the_history_and_lists_its_steps(history_job) -> None:
@@ -123,3 +123,50 @@ def test_summary_md_opens_with_the_steps(history_job) -> None:
     assert head.count(" tokens: ") >= 2 and "### History against" in head
     assert "| 64 | " + _sha("c2")[:10] + " | " + _sha("c3")[:10] in head
     assert f"`{_sha('c4')[:10]}` skipped: did not build" in head
+
+
+def _history(effects: dict[str, float], rounds: int = 8):
+    names = list(effects)
+    spec = JobSpec.model_validate(
+        {
+            "mode": "history",
+            "adapter": "mlx-lm",
+            "repository": "mlx-lm",
+            "variants": [{"name": n, "ref": _sha(n)} for n in names],
+            "contexts": [64],
+            "rounds": rounds,
+            "history": {"range": "v1..main", "last": len(names) - 1},
+        }
+    )
+    records = simulate_run(effects=effects, contexts=(64,), rounds=rounds, noise=0.01, seed=5)
+    measured = provenance()
+    measured.targets = [
+        measured.targets[0].model_copy(update={"variant": n, "commit": _sha(n), "ref": _sha(n)})
+        for n in names
+    ]
+    return summarize(records, spec=spec, provenances=[measured], n_resamples=300).history
+
+
+def test_a_change_at_the_first_commit_measured_is_a_step_after_the_reference() -> None:
+    history = _history({"ref": 1.0, "c1": 0.6, "c2": 0.6, "c3": 0.6})
+    (step,) = history.steps
+    assert (step.from_variant, step.from_commit, step.from_ratio) == ("ref", _sha("ref"), 1.0)
+    assert (step.to_variant, step.direction) == ("c1", "slower") and step.to_ratio < 0.62
+    (sentence,) = history_sentences(history)
+    assert sentence.startswith("64 tokens: 39.") and f"slower at {_sha('c1')[:10]}" in sentence
+    assert f"after {_sha('ref')[:10]}" in sentence and "1.000 to 0." in sentence
+
+
+def test_a_commit_with_too_few_pairs_for_a_95_percent_interval_is_no_neighbour() -> None:
+    # 4 rounds: each point's [min, max] covers the median 87.5% of the time, not 95%
+    history = _history({"ref": 1.0, "c1": 1.0, "c2": 0.6}, rounds=4)
+    points = history.series[0].points
+    assert [p.ci_level for p in points] == [0.875, 0.875]
+    assert points[0].ci_low > points[1].ci_high  # apart, and still no step rests on them
+    assert history.steps == []
+    sentences = history_sentences(history)
+    assert sentences[0].startswith("No step over 2 commits against ")
+    assert sentences[1] == (
+        f"2 commits had too few pairs for a 95% interval and are no neighbour in the step rule: "
+        f"{_sha('c1')[:10]}, {_sha('c2')[:10]}."
+    )

@@ -499,3 +499,57 @@ def test_signed_rank_p_of_a_lone_sign_is_the_exact_binomial_tail() -> None:
     # Every value alike and positive: one sign pattern of 2^n is as extreme on each side.
     for n in range(1, 14):
         assert signed_rank_p([1.1] * n) == min(1.0, 2 / 2**n)
+
+
+@pytest.mark.parametrize(("rounds", "level"), [(2, 0.5), (3, 0.75), (4, 0.875), (5, 0.9375)])
+def test_an_interval_of_too_few_pairs_says_its_real_level(rounds: int, level: float) -> None:
+    """Below 6 pairs the interval is [min, max]: it covers the median 1 - 2^(1-n) of the
+    time, and is labelled so wherever it is shown."""
+    from evidence.markdown import fmt_interval
+
+    records = simulate_run(effects={"base": 1.0, "cand": 0.9}, contexts=(256,), rounds=rounds)
+    (row,) = _matrix(records)
+    ratios = [r.ratio for r in row.ratios]
+    assert (row.ci_low, row.ci_high) == (min(ratios), max(ratios))
+    assert row.ci_level == level and row.verdict == "inconclusive"
+    assert fmt_interval(row).endswith(f"] ({100 * level:.4g}% interval)")
+    (enough,) = _matrix(simulate_run(effects={"base": 1.0, "cand": 0.9}, contexts=(256,), rounds=6))
+    assert enough.ci_level is None and "ci_level" not in enough.model_fields_set
+    assert not fmt_interval(enough).endswith("interval)")
+
+
+def test_the_noise_floor_states_no_resolvable_effect_from_too_few_process_pairs() -> None:
+    from evidence.markdown import noise_floor_text
+
+    records = simulate_run(effects={"base": 1.0, "cand": 0.99}, contexts=(256,), rounds=12)
+    summary = summarize(_with_processes(records, 6), baseline="base", n_resamples=200)
+    floor = summary.noise_floor
+    assert floor.process_pairs == 2 and summary.comparisons[0].ci_level == 0.5
+    assert floor.resolvable is None
+    assert noise_floor_text(summary) == (
+        "Noise floor: 2 process pairs of 6 rounds each; the ratio varied by "
+        f"{100 * floor.between_process_sd:.2f}% (SD) from one process pair to the next; too few "
+        "process pairs for a 95% interval (6 are needed), so no resolvable effect is stated."
+    )
+
+
+def test_reproductions_disagree_only_on_95_percent_intervals() -> None:
+    from evidence.reproduction import reproduction_section
+
+    first = simulate_run(effects={"base": 1.0, "cand": 0.9}, contexts=(256,), rounds=3, seed=1)
+    second = simulate_run(
+        effects={"base": 1.0, "cand": 1.0}, contexts=(256,), rounds=3, seed=2, run_id="r-2"
+    )
+    section = reproduction_section(
+        CellIndex.of(first + second),
+        run_ids=["r-1", "r-2"],
+        hosts={},
+        variants=["base", "cand"],
+        baseline="base",
+        contexts=[256],
+        options=FAST,
+    )
+    (row,) = section.comparisons
+    low, high = row.runs
+    assert low.ci_high < high.ci_low  # 75% intervals apart: no disagreement is established
+    assert [r.ci_level for r in row.runs] == [0.75, 0.75] and row.agree

@@ -171,19 +171,18 @@ def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     steps = sorted(p for p in out.iterdir() if p.is_dir())
     print(done.stdout)
-    # base docs tidy slow broken fixed: mid tidy (upper), mid slow (lower), then the pair.
-    assert [p.name for p in steps] == ["step-01", "step-02", "step-03"]
+    # base docs tidy slow broken fixed: mid tidy (upper), then mid slow, slower like hi and
+    # tidy's child: found there, the pair tidy..slow not measured again.
+    assert [p.name for p in steps] == ["step-01", "step-02"]
     for step in steps:
         assert verify_bundle(step).is_intact
     final = json.loads((steps[-1] / "summary.json").read_text())["bisect"]
     assert final["first_bad_commit"] == shas["slow"]
     assert final["parent"] == shas["tidy"]
     assert final["ratio"]["ci_high"] < 1
-    assert [s["decision"] for s in final["steps"]] == ["upper", "lower"]
-    assert [s["location"] for s in final["steps"]] == [
-        "../step-01/report.html",
-        "../step-02/report.html",
-    ]
+    assert [s["decision"] for s in final["steps"]] == ["upper"]
+    assert [s["location"] for s in final["steps"]] == ["../step-01/report.html"]
+    assert final["decision"] == "found" and final["ratio"] == final["mid_result"]
     first = json.loads((steps[0] / "summary.json").read_text())["bisect"]
     assert first["first_bad_commit"] is None and first["reason"] == "bisection not finished"
     report = (steps[-1] / "report.html").read_text()
