@@ -16,7 +16,7 @@ from typing import Any, Literal
 from evidence.bisect import bisect_sentences
 from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
 from evidence.history import history_sentences, plural, short
-from evidence.schemas import CorpusInfo, Provenance
+from evidence.schemas import CorpusInfo, Provenance, TargetInfo
 from evidence.summary_schema import (
     Bisect,
     Bracketing,
@@ -99,6 +99,12 @@ def drift_rate_text(run: DriftLine) -> str:
         else ""
     )
     return f"{fmt_pct(run.slope_pct_per_hour)} per hour{interval}"
+
+
+def source_dirty(target: TargetInfo) -> bool:
+    """Whether a variant's local source repository had uncommitted changes to tracked files
+    when the run started (worker/checkout.py; none of them was measured)."""
+    return (target.model_extra or {}).get("source_dirty") is True
 
 
 def noise_floor_text(summary: Summary) -> str | None:
@@ -636,6 +642,12 @@ def _render(
         lines.append(f"- Model: {md_text(model.name or model.path or 'unknown')}{weights}")
         if provenance.corpus is not None:
             lines.append(f"- Prompts: {corpus_line(provenance.corpus)}")
+        dirty = sorted({t.repository or "" for t in provenance.targets if source_dirty(t)})
+        if dirty:
+            lines.append(
+                f"- Uncommitted changes in {', '.join(md_code(url) for url in dirty)} were not "
+                "measured: only commits are"
+            )
     # Folded away at the end: refs, commits and flags of every variant (what the page's
     # first screen states), with the software each process imported.
     variant_lines: list[str] = []

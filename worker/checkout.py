@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +154,39 @@ def source_is_dirty(url: str) -> bool | None:
         return bool(_git("-C", url, "status", "--porcelain", "--untracked-files=no").strip())
     except CheckoutError:
         return None
+
+
+def uncommitted_work_refusal(url: str, refs: Iterable[str]) -> str | None:
+    """Why a run must not start, or None: a local source repository whose tracked files have
+    uncommitted changes, asked to measure the very commit it has checked out (`HEAD`, its
+    branch, or that commit by id). Only commits are measured, so the run would time the
+    commit without the edits its author is looking at."""
+    if not source_is_dirty(url):
+        return None
+    try:
+        head = _git("-C", url, "rev-parse", "--verify", "HEAD").strip()
+    except CheckoutError:
+        return None
+    for ref in refs:
+        try:
+            commit = _git(
+                "-C",
+                url,
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                "--end-of-options",
+                f"{ref}^{{commit}}",
+            ).strip()
+        except CheckoutError:
+            continue
+        if commit == head:
+            return (
+                f"{url} has uncommitted changes to tracked files, and ref {ref!r} is the commit "
+                "it has checked out: only commits are measured, so the changes would not be. "
+                "Commit them (on a branch of their own) or stash them, then run again"
+            )
+    return None
 
 
 def prepare(repository: RepositoryConfig, ref: str, *, state_dir: Path) -> Checkout:

@@ -51,6 +51,7 @@ from worker.checkout import (
     commit_subject,
     history_commits,
     prepare,
+    uncommitted_work_refusal,
 )
 from worker.config import Recipe, RepositoryConfig
 from worker.provenance import (
@@ -437,6 +438,12 @@ def execute_run(
         on_phase(f"resolve {spec.repository} commits")
     spec = resolve_on_host(spec, repositories, state_dir=state_dir)
     check_job(spec, repositories, corpora)
+    source = repositories.get(spec.repository or "")
+    if source is not None and source.url is not None:
+        refs = [variant.ref for variant in expand_variants(spec) if variant.ref]
+        refusal = uncommitted_work_refusal(source.url, refs)
+        if refusal:
+            raise RunRefused(refusal)
     workdir.mkdir(parents=True, exist_ok=True)
     if on_phase:
         on_phase(f"model {spec.model}")

@@ -247,3 +247,21 @@ def test_each_variant_shows_the_software_its_own_process_imported() -> None:
         "<td>mlx 0.30.1, mlx-lm 0.31.0; engine /wt/fast/engine/__init__.py, "
         "mlx /venv/mlx/core.cpython-311-x86_64-linux-gnu.so</td>"
     ) in html
+
+
+def test_uncommitted_changes_of_a_source_repository_are_said_to_be_unmeasured() -> None:
+    from evidence.markdown import render_summary_md
+    from evidence.summary import summarize
+    from tests.evidence.builders import provenance, simulate_run
+
+    records = simulate_run(effects={"base": 1.0, "cand": 1.0}, rounds=6)
+    summary = summarize(records, baseline="base", n_resamples=100)
+    clean = provenance()
+    dirty = provenance()
+    dirty.targets = [
+        t.model_copy(update={"repository": "/src/mlx-lm", "source_dirty": True})
+        for t in dirty.targets
+    ]
+    note = "- Uncommitted changes in `/src/mlx-lm` were not measured: only commits are"
+    assert note in render_summary_md(summary, [dirty]).splitlines()
+    assert "Uncommitted changes" not in render_summary_md(summary, [clean])

@@ -88,3 +88,46 @@ def test_unknown_ref_and_unreachable_repository(
     with pytest.raises(CheckoutError, match="git clone failed"):
         update_mirror(gone, state_dir=tmp_path / "state")
     assert not (tmp_path / "state" / "mirrors" / "gone.git").exists()
+
+
+def test_uncommitted_edits_to_the_commit_measured_refuse_the_run(
+    stub_repo: Path, stub_repository: RepositoryConfig, tmp_path: Path
+) -> None:
+    """Only commits are measured: `ref=HEAD` on a dirty checkout would time the commit without
+    the edits its author is looking at, so the run refuses and says what to do."""
+    from evidence.schemas import HostInfo, JobSpec
+    from worker.checkout import uncommitted_work_refusal
+    from worker.run import RunRefused, execute_run
+
+    url = str(stub_repo)
+    head = git(stub_repo, "rev-parse", "HEAD")
+    assert uncommitted_work_refusal(url, ["HEAD", "main", head, "feature"]) is None  # clean
+    (stub_repo / "mlx_lm" / "__init__.py").write_text("STUB = 'uncommitted'\n")
+    for ref in ("HEAD", "main", head):
+        refusal = uncommitted_work_refusal(url, ["feature", ref])
+        assert refusal == (
+            f"{url} has uncommitted changes to tracked files, and ref {ref!r} is the commit it "
+            "has checked out: only commits are measured, so the changes would not be. Commit "
+            "them (on a branch of their own) or stash them, then run again"
+        )
+    # other commits of a dirty repository are what was asked for: measured, and said so
+    assert uncommitted_work_refusal(url, ["feature", "v1", "no-such-ref"]) is None
+    spec = JobSpec.model_validate(
+        {
+            "adapter": "mlx-lm",
+            "repository": "stub",
+            "model": "preset:tiny",
+            "contexts": [64],
+            "variants": [{"name": "pr", "ref": "feature"}, {"name": "mine", "ref": "HEAD"}],
+        }
+    )
+    with pytest.raises(RunRefused, match=r"ref 'HEAD' is the commit it has checked out"):
+        execute_run(
+            spec,
+            run_id="r-dirty",
+            workdir=tmp_path / "work",
+            state_dir=tmp_path / "state",
+            host=HostInfo(),
+            repositories={"stub": stub_repository},
+        )
+    assert not (tmp_path / "state").exists()  # refused before anything was cloned
