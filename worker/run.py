@@ -152,8 +152,11 @@ def check_job(
     spec: JobSpec,
     repositories: Mapping[str, RepositoryConfig],
     corpora: Mapping[str, Path] | None = None,
+    *,
+    variants: Sequence[VariantSpec] | None = None,
 ) -> None:
-    """Refuse what this host must never run, before anything is cloned or built."""
+    """Refuse what this host must never run, before anything is cloned or built. `variants`:
+    the spec's expansion (evidence/variant.py), where the caller has made it already."""
     if spec.corpus != BUILTIN_CORPUS and spec.corpus not in (corpora or {}):
         raise RunRefused(
             f"corpus {spec.corpus!r} is not on this host (worker.toml [corpora] names: "
@@ -171,7 +174,7 @@ def check_job(
             f"repository {repository.name} is driven through the {repository.adapter} adapter "
             f"on this host, not {spec.adapter}"
         )
-    for variant in expand_variants(spec):
+    for variant in expand_variants(spec) if variants is None else variants:
         if repository.adapter == "openai-server":
             try:
                 validate_option_values(repository.options, variant.flags)
@@ -254,6 +257,7 @@ def _server_plan(plan: dict[str, Any], repository: RepositoryConfig, variant: Va
 
 def prepare_variants(
     spec: JobSpec,
+    variants: Sequence[VariantSpec],
     *,
     run_id: str,
     model: Path,
@@ -263,12 +267,12 @@ def prepare_variants(
     on_phase: Callable[[str], None] | None = None,
     corpora: Mapping[str, Path] | None = None,
 ) -> tuple[list[PreparedVariant], dict[str, bytes], str | None]:
-    """(variants, build logs by file name, failure reason or None). Builds before any timing."""
-    check_job(spec, repositories, corpora)
+    """(variants, build logs by file name, failure reason or None) for the spec's `variants`
+    (its expansion), checked by `check_job`. Builds before any timing."""
     prepared: list[PreparedVariant] = []
     logs: dict[str, bytes] = {}
     if spec.adapter == "embedded" and not spec.repository:
-        for variant in expand_variants(spec):
+        for variant in variants:
             plan = _plan(
                 spec, variant, run_id=run_id, model=model, adapter="embedded", corpora=corpora
             )
@@ -279,14 +283,14 @@ def prepare_variants(
     repository = repositories[spec.repository or ""]
     if repository.url is None:
         # The installed server of `coldbench run --adapter openai-server`: nothing to build.
-        for variant in expand_variants(spec):
+        for variant in variants:
             plan = _plan(spec, variant, run_id=run_id, model=model, adapter=repository.adapter)
             _server_plan(plan, repository, variant)
             launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
             prepared.append(PreparedVariant(variant, launch, repository.adapter))
         return prepared, logs, None
     builds: dict[tuple[str, str], Build] = {}
-    for variant in expand_variants(spec):
+    for variant in variants:
         assert variant.ref is not None  # check_job
         recipe = recipe_for(repository, variant)
         if on_phase:
@@ -437,10 +441,12 @@ def execute_run(
     if spec.needs_host_resolution and on_phase:
         on_phase(f"resolve {spec.repository} commits")
     spec = resolve_on_host(spec, repositories, state_dir=state_dir)
-    check_job(spec, repositories, corpora)
+    # The variants the job really runs (an ablation's expansion), made once for the whole run.
+    variants = expand_variants(spec)
+    check_job(spec, repositories, corpora, variants=variants)
     source = repositories.get(spec.repository or "")
     if source is not None and source.url is not None:
-        refs = [variant.ref for variant in expand_variants(spec) if variant.ref]
+        refs = [variant.ref for variant in variants if variant.ref]
         refusal = uncommitted_work_refusal(source.url, refs)
         if refusal:
             raise RunRefused(refusal)
@@ -453,6 +459,7 @@ def execute_run(
         raise RunRefused(str(error).splitlines()[0]) from None
     prepared, build_logs, failure = prepare_variants(
         spec,
+        variants,
         run_id=run_id,
         model=model,
         repositories=repositories,
@@ -466,7 +473,7 @@ def execute_run(
     if failure is None:
         measured = {p.spec.name for p in prepared if not p.skipped}
         rounds = plan_rounds(
-            [v.name for v in expand_variants(spec) if v.name in measured],
+            [v.name for v in variants if v.name in measured],
             spec.contexts,
             seed=spec.seed,
             rounds=spec.rounds,
@@ -513,9 +520,7 @@ def execute_run(
             target.subject = commit_subject(p.checkout)
         targets.append(target)
     if not targets:
-        targets = [
-            target_info(v, adapter=spec.adapter, ready_target=None) for v in expand_variants(spec)
-        ]
+        targets = [target_info(v, adapter=spec.adapter, ready_target=None) for v in variants]
     repository = repositories.get(spec.repository or "")
     provenance = run_provenance(
         run_id=run_id,

@@ -41,6 +41,7 @@ from api.routing import StrictJSONRoute
 from api.settings import Settings
 from api.transactions import Database
 from evidence.bundle import BundleError
+from evidence.engine_flags import ADAPTER_FLAGS
 from evidence.markdown import answer_sentences, time_spent_lines, verdict_rows
 from evidence.protocol import JobState
 
@@ -258,6 +259,7 @@ def _form_context(request: Request, db_session: Session, form: job_form.JobForm)
         "variant_rows": range(job_form.VARIANT_ROWS),
         "form_error": job_form.FORM_ERROR,
         "rounds_by_family": job_form.rounds_by_family(),
+        "engine_flags": ADAPTER_FLAGS,
         # The repositories answered on GitHub (api/github): the pull-request field's examples.
         "pull_request_repositories": sorted(request.app.state.github.repositories)
         if request.app.state.github is not None

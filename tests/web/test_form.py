@@ -414,3 +414,13 @@ def test_a_history_range_and_a_bisection_are_submitted_from_the_form(
     assert injected.status_code == 422
     assert "not a plain branch" in _errors(injected.text)["good"]
     assert _job_count(db_session) == before
+
+
+def test_the_form_names_every_flag_each_adapter_takes(web: TestClient, db_session: Session) -> None:
+    from evidence.engine_flags import ADAPTER_FLAGS
+
+    make_host(db_session, "studio-1")
+    page = web.get("/").text
+    for adapter in ("embedded", "mlx-lm"):
+        for name in ADAPTER_FLAGS[adapter]:
+            assert f"<code>{name}</code>" in page, name
