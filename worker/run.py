@@ -295,13 +295,11 @@ def prepare_variants(
         recipe = recipe_for(repository, variant)
         if on_phase:
             on_phase(f"checkout {repository.name}@{variant.ref}")
-        # In a history, a commit that fails is a result to record, not the end of the run;
-        # the reference commit must build (every point is measured against it).
-        may_skip = spec.mode == "history" and variant.name != baseline_name(spec)
+        skippable = may_skip(spec, variant.name)
         try:
             checkout = prepare(repository, variant.ref, state_dir=state_dir)
         except CheckoutError as error:
-            if may_skip:
+            if skippable:
                 launch = VariantLaunch(name=variant.name, python=sys.executable, plan={})
                 prepared.append(
                     PreparedVariant(variant, launch, repository.adapter, skipped=str(error))
@@ -337,7 +335,7 @@ def prepare_variants(
             # an embedded repository's variant runs its worktree's engine/, not ours
             pythonpath_first=str(checkout.path) if repository.adapter == "embedded" else None,
         )
-        if not result.ok and may_skip:
+        if not result.ok and skippable:
             skipped = f"did not build: {result.reason}"
             prepared.append(
                 PreparedVariant(variant, launch, repository.adapter, checkout, result, skipped)
@@ -349,6 +347,12 @@ def prepare_variants(
     if spec.mode == "history" and all(p.skipped for p in prepared[1:]):
         return prepared, logs, "no commit of the history built besides the reference"
     return prepared, logs, None
+
+
+def may_skip(spec: JobSpec, variant: str) -> bool:
+    """In a history, a commit that cannot check out, build or load is a result to record, not
+    the end of the run; the reference commit must run (every point is measured against it)."""
+    return spec.mode == "history" and variant != baseline_name(spec)
 
 
 def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | None) -> str | None:
@@ -496,10 +500,17 @@ def execute_run(
                 prespawn=default_prespawn(host) if prespawn is None else prespawn,
                 block_rule=block_rule(spec, rounds_per_process),
                 run_id=run_id,
+                # a history commit that cannot load is a result, like one that cannot build
+                droppable=[p.spec.name for p in prepared if may_skip(spec, p.spec.name)],
             )
         except VariantError as error:
             failure = str(error)
             outcome = error.outcome
+        for p in prepared:
+            if outcome is not None and p.spec.name in outcome.dropped:
+                p.skipped = f"did not load: {outcome.dropped[p.spec.name]}"
+        if failure is None and spec.mode == "history" and all(p.skipped for p in prepared[1:]):
+            failure = "no commit of the history built and loaded besides the reference"
     ready = outcome.targets if outcome else {}
     for p in prepared:
         if failure is None and p.checkout is not None and not p.skipped:

@@ -32,7 +32,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.util import find_spec
@@ -101,6 +102,8 @@ class ScheduleOutcome:
     cells_total: int
     stopped: bool  # stopped early on request (SIGTERM, cancel)
     timeline: Timeline | None = None
+    # variant -> why its process could not start (only variants the schedule may drop)
+    dropped: dict[str, str] = field(default_factory=dict)
 
 
 class RunClock:
@@ -506,6 +509,7 @@ def run_schedule(
     prespawn: bool = False,
     block_rule: str = "",
     run_id: str | None = None,
+    droppable: Collection[str] = (),
 ) -> ScheduleOutcome:
     """Run every cell of every round in order; always stops the processes it started.
 
@@ -516,7 +520,9 @@ def run_schedule(
     the processes' start order of each block; `prespawn` starts the next block's processes
     while the current one measures; `block_rule` says why the blocks have their length (for
     the timeline). A variant that cannot start raises VariantError, whose `outcome` holds what
-    was measured.
+    was measured; one of `droppable` (a history's commits) is dropped instead: its process is
+    killed, its remaining cells are not run (nor counted), `outcome.dropped` says why, and the
+    others go on.
     """
     if rounds_per_process is not None and rounds_per_process < 1:
         raise ValueError("rounds_per_process must be >= 1")
@@ -542,6 +548,7 @@ def run_schedule(
     instances: dict[str, int] = {}
     invalid: list[dict[str, Any]] = []
     cell_seconds: list[float] = []
+    left = Counter(cell.variant for cell in cells)  # each variant's cells not yet run
     stop = should_stop or (lambda: False)
     blocks_of_cells = (
         {cell.round // rounds_per_process for cell in cells} if rounds_per_process else {0}
@@ -562,37 +569,79 @@ def run_schedule(
         started.append(process)
         return process
 
-    def bring_up(spawned: Sequence[VariantProcess], phases: BlockStart | None) -> None:
+    def drop(name: str, why: str) -> None:
+        """A droppable variant that cannot start: none of its processes runs again, none of
+        its remaining cells is run or counted."""
+        outcome.dropped[name] = why
+        by_name.pop(name, None)
+        outcome.cells_total -= left[name]
+        left[name] = 0
+        for table in (processes, ahead):
+            gone = table.pop(name, None)
+            if gone is not None:
+                gone.kill()
+        log.warning("dropped %s: %s", name, why)
+
+    def bring_up(
+        spawned: Sequence[VariantProcess], phases: BlockStart | None
+    ) -> list[VariantProcess]:
         """Imports, then every load at once, then the warm-ups one after another, because
         warm-ups at every context of the matrix at once would need every process's largest
         peak on the device together (on the H200, two 8B processes warming 64K and 128K ran out
-        of memory; engine.memory). A variant that cannot start fails the run."""
+        of memory; engine.memory). A variant that cannot start fails the run, or is dropped
+        when it is `droppable`; returns the processes that started."""
+        alive = list(spawned)
+
+        def failed(process: VariantProcess, error: VariantError) -> None:
+            if process.launch.name not in droppable:
+                raise error
+            process.kill()
+            alive.remove(process)
+            drop(process.launch.name, str(error))
+
         try:
             mark = time.monotonic()
             deadline = mark + ready_timeout_s
-            waiting = list(spawned)
+            waiting = list(alive)
             while waiting:  # each one loads as soon as its imports are done
-                for process in [p for p in waiting if p.imported_yet()]:
-                    process.release_load()
+                for process in list(waiting):
+                    try:
+                        if not process.imported_yet():
+                            continue
+                        process.release_load()
+                    except VariantError as error:
+                        failed(process, error)
                     waiting.remove(process)
                 if not waiting:
                     break
                 if stop():
                     raise Stopped
                 if time.monotonic() > deadline:
-                    late = waiting[0].launch.name
-                    raise VariantError(
-                        f"variant {late}: not imported after {ready_timeout_s:.0f} s"
+                    late = waiting.pop(0)
+                    failed(
+                        late,
+                        VariantError(
+                            f"variant {late.launch.name}: not imported after "
+                            f"{ready_timeout_s:.0f} s"
+                        ),
                     )
+                    continue
                 time.sleep(0.01)
             imports_s = time.monotonic() - mark
             mark = time.monotonic()
-            for process in spawned:
-                process.wait_loaded(ready_timeout_s, stop)
+            for process in list(alive):
+                try:
+                    process.wait_loaded(ready_timeout_s, stop)
+                except VariantError as error:
+                    failed(process, error)
             load_s = time.monotonic() - mark
             mark = time.monotonic()
-            for process in spawned:
-                target = process.wait_ready(cell_timeout_s, stop)
+            for process in list(alive):
+                try:
+                    target = process.wait_ready(cell_timeout_s, stop)
+                except VariantError as error:
+                    failed(process, error)
+                    continue
                 outcome.targets.setdefault(process.launch.name, target)
                 for warmup in process.warmup_records():
                     warmup["process"] = process.instance
@@ -607,11 +656,12 @@ def run_schedule(
             phases.imports_s = round(phases.imports_s + imports_s, 4)
             phases.load_s = round(phases.load_s + load_s, 4)
             phases.warmups_s = round(phases.warmups_s + warmups_s, 4)
+        return alive
 
-    def start(name: str) -> VariantProcess:
-        process = spawn(name, None)
-        bring_up([process], None)
-        return process
+    def start(name: str) -> VariantProcess | None:
+        """A fresh process for `name` (None: it could not start and was dropped)."""
+        started_now = bring_up([spawn(name, None)], None)
+        return started_now[0] if started_now else None
 
     def report(cell: Cell | None) -> None:
         if on_progress is None:
@@ -653,7 +703,7 @@ def run_schedule(
             for process in ahead.values():  # nothing left over is expected; never kept
                 process.kill()
             ahead.clear()
-            bring_up(spawned, phases)
+            spawned = bring_up(spawned, phases)
             processes.update((process.launch.name, process) for process in spawned)
             if prespawn and block + 1 in blocks_of_cells:
                 for process in spawned:
@@ -676,10 +726,15 @@ def run_schedule(
                     if cell_block != block:
                         start_block(cell_block)
                         block = cell_block
+                if cell.variant in outcome.dropped:
+                    continue
                 report(cell)
                 process = processes.get(cell.variant)
                 if process is None or process.proc.poll() is not None:
-                    process = processes[cell.variant] = start(cell.variant)
+                    restarted = start(cell.variant)
+                    if restarted is None:
+                        continue
+                    process = processes[cell.variant] = restarted
                 began = datetime.now(UTC)
                 mark = time.monotonic()
                 if timeline.first_cell_s is None:
@@ -723,6 +778,7 @@ def run_schedule(
                             }
                         )
                 outcome.cells_done += 1
+                left[cell.variant] -= 1
                 if fresh_process:
                     processes.pop(cell.variant).stop()
                 report(cell)

@@ -22,6 +22,10 @@ pytestmark = pytest.mark.slow
 # load stretches work on both sides alike and leaves a wait as it is.
 PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.75)  # planted: work per chunk\n"
 CONTEXT = "64"
+NO_LOAD = (
+    "\n\ndef load(*args, **kwargs):  # planted: this commit cannot load\n"
+    "    raise RuntimeError('this loader refuses every checkpoint')\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +58,13 @@ def series_repo(
     pyproject.write_text(good)
     git(repo, "commit", "-q", "-am", "build: fix pyproject")
     shas["fixed"] = git(repo, "rev-parse", "HEAD")
+    # Off the line: a commit that builds but whose loader cannot load any checkpoint.
+    git(repo, "checkout", "-q", "-b", "no-load", shas["docs"])
+    utils = repo / "mlx_lm" / "utils.py"
+    utils.write_text(utils.read_text() + NO_LOAD)
+    git(repo, "commit", "-q", "-am", "load: a loader that refuses every checkpoint")
+    shas["no-load"] = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", main)
     return repo, shas
 
 
@@ -112,6 +123,43 @@ def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build
     assert "did not build" in done.stdout
     report = (out / "report.html").read_text()
     assert 'id="fig-history"' in report and 'class="step"' in report
+
+
+def test_a_history_commit_that_cannot_load_is_recorded_and_skipped(
+    series_repo: tuple[Path, dict[str, str]],
+    series_state: Path,
+    coldbench_cmd: list[str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """Like a commit that does not build: the run goes on, the commit is named with why."""
+    repo, shas = series_repo
+    out = tmp_path / "history-no-load"
+    commits = ",".join(shas[name] for name in ("base", "no-load", "docs"))
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--repo", str(repo), "--mode", "history", "--commits", commits),
+            *("--contexts", CONTEXT, "--rounds", "6", "--decode-tokens", "0"),
+            *("--out", str(out), "--state-dir", str(series_state)),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert verify_bundle(out).is_intact
+    history = json.loads((out / "summary.json").read_text())["history"]
+    skipped = {c["commit"]: c["skipped"] for c in history["commits"]}
+    assert skipped[shas["docs"]] is None
+    why = skipped[shas["no-load"]]
+    assert why.startswith("did not load: variant c01-") and "refuses every checkpoint" in why
+    points = {p["commit"]: p for p in history["series"][0]["points"]}
+    assert points[shas["docs"]]["n"] == 6 and points[shas["no-load"]]["skipped"] == why
+    assert f"1 commit did not build or load and was skipped: {shas['no-load'][:10]}" in done.stdout
 
 
 def test_history_input_errors_are_one_line(

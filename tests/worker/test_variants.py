@@ -90,6 +90,36 @@ def test_load_failure_stops_before_any_timing(tmp_path: Path) -> None:
     assert all(json.loads(line)["status"] == "warmup" for line in lines)
 
 
+def test_a_droppable_variant_that_cannot_load_is_dropped_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A history's commit that cannot load is a result, like one that cannot build: the
+    others are measured, its cells are neither run nor counted, and the reason is kept."""
+    rounds = plan_rounds(["a", "b", "c"], [64], seed=0, rounds=4)
+    outcome = run_schedule(
+        [_launch("a"), _launch("b", fail_load=True), _launch("c")],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        droppable=["b", "c"],
+    )
+    assert outcome.dropped == {"b": "variant b: cannot load model: corrupt weights"}
+    measured = [r for r in outcome.records if r["round"] >= 0]
+    assert {r["variant"] for r in measured} == {"a", "c"} and len(measured) == 8
+    assert outcome.cells_done == outcome.cells_total == 8 and not outcome.stopped
+    assert "b" not in outcome.targets
+    # the variant that must run still fails the run
+    with pytest.raises(VariantError, match="variant b: cannot load model"):
+        run_schedule(
+            [_launch("a"), _launch("b", fail_load=True)],
+            plan_rounds(["a", "b"], [64], seed=0, rounds=1),
+            workdir=tmp_path / "strict",
+            cell_timeout_s=30,
+            droppable=["a"],
+        )
+
+
 def test_stop_request_finishes_the_cell_in_flight_then_stops(tmp_path: Path) -> None:
     rounds = plan_rounds(["a", "b"], [64], seed=0, rounds=5)
     done: list[int] = []
