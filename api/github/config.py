@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from evidence.schemas import NAME_PATTERN, AdapterName
+from evidence.schemas import NAME_PATTERN, AdapterName, error_line
 
 # OWNER/NAME as GitHub spells them.
 FULL_NAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$"
@@ -147,7 +147,4 @@ def load_github_config(path: Path) -> GitHubConfig:
     try:
         return GitHubConfig.model_validate(raw)
     except ValidationError as error:
-        item = error.errors()[0]
-        where = ".".join(str(part) for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        raise GitHubConfigError(f"{path}: {where}: {message}") from None
+        raise GitHubConfigError(f"{path}: {error_line(error)}") from None
