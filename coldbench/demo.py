@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +88,15 @@ def demo_env(state_dir: Path) -> dict[str, str]:
         }
     )
     return env
+
+
+def login_hint(base_url: str, api_key: str, state_dir: Path) -> str:
+    """How to log in to the demo's pages, and how to make another key for its database."""
+    return (
+        f"pages: log in at {base_url}/login with the API key {api_key} "
+        f"(another key: COLDBENCH_STATE_DIR={shlex.quote(str(state_dir))} "
+        "coldbench admin apikey NAME)"
+    )
 
 
 def write_worker_config(path: Path) -> None:
@@ -209,6 +219,7 @@ def demo(
             clock.say("tokens: agent enrollment and submitter key issued")
             wait_healthy(base_url, children)
             clock.say(f"api: {base_url}")
+            console.print(login_hint(base_url, api_key, state_dir))
             clock.phase("services, model and tokens")
 
             config = state_dir / "agent" / "worker.toml"
@@ -270,6 +281,7 @@ def demo(
             console.print(f"demo finished in {clock.elapsed():.0f} s")
             if keep_running:
                 console.print(f"serving {base_url} until Ctrl-C")
+                console.print(login_hint(base_url, api_key, state_dir))
                 while True:
                     children.check_alive()
                     time.sleep(1)

@@ -105,6 +105,21 @@ class RunState(StrEnum):
     def is_final(self) -> bool:
         return self in FINAL_RUN_STATES
 
+    @property
+    def label(self) -> str:
+        """The word pages show, in the jobs' vocabulary (a leased run is running)."""
+        return _RUN_LABELS[self]
+
+
+_RUN_LABELS: Final = {
+    RunState.QUEUED: "queued",
+    RunState.LEASED: "running",
+    RunState.COMPLETED: "uploaded",
+    RunState.PROCESSED: "done",
+    RunState.FAILED: "failed",
+    RunState.EXPIRED: "lost",
+    RunState.CANCELLED: "cancelled",
+}
 
 FINAL_RUN_STATES: Final = frozenset(
     {RunState.PROCESSED, RunState.FAILED, RunState.EXPIRED, RunState.CANCELLED}
@@ -234,6 +249,8 @@ class Progress(BaseModel):
     cells_total: int = Field(ge=0)
     variant: str | None = None
     context_tokens: int | None = None
+    # Seconds the rest of the run's cells should take at the mean cell time so far.
+    eta_s: float | None = Field(None, ge=0, allow_inf_nan=False)
     invalid: list[InvalidCell] = Field(default_factory=list, max_length=1000)
 
 

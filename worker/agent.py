@@ -5,8 +5,9 @@ Safe to leave running on someone's Mac:
 - outbound HTTP only; the secret lives in a file only its owner can read;
 - a job can only pick repositories and recipes this host's worker.toml names (checked here
   again, although the server filters): nothing of a submitter's choosing is ever executed;
-- one run measures on a host at a time, even with two agents started by mistake (an fcntl lock
-  held from before the lease until the run is completed);
+- one run measures on a host at a time, even with two agents on one machine (an fcntl lock
+  held while a leased run measures and uploads; an idle agent's long-poll holds none, so
+  every agent of the machine can lease its own work);
 - the heartbeat runs on its own thread while measurement runs in child processes, so a long
   cell never starves it; the heartbeat's `cancel` stops the run after the cell in flight;
 - every result is written to an outbox on disk first and resent until the server acknowledges
@@ -150,6 +151,12 @@ def host_lock(path: Path, *, wait: Callable[[], bool]) -> Iterator[bool]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def host_is_measuring(path: Path) -> bool:
+    """Whether an agent of this machine holds its lock now (it is measuring)."""
+    with host_lock(path, wait=lambda: False) as held:
+        return not held
 
 
 # --- the run state shared with the heartbeat thread ------------------------------------------
@@ -346,6 +353,7 @@ class Agent:
             cells_total=progress.cells_total,
             variant=progress.variant,
             context_tokens=progress.context_tokens,
+            eta_s=progress.eta_s,
             invalid=[
                 InvalidCell.model_validate(cell)
                 for cell in progress.invalid[-MAX_INVALID_IN_HEARTBEAT:]
@@ -394,30 +402,39 @@ class Agent:
                 ):
                     break
                 lock_path = self.options.host_lock_path or default_host_lock()
-                with host_lock(lock_path, wait=self._wait_for_lock) as held:
-                    if not held:
-                        break
-                    try:
-                        host = self.fingerprint()
-                        lease = self.lease(host)
-                        failures = 0
-                    except _Shutdown:
-                        break
-                    except httpx.HTTPError as error:
-                        failures += 1
-                        delay = self._backoff(failures)
-                        log.warning("lease failed (%s); retrying in %.1f s", error, delay)
-                        self.stopping.wait(delay)
-                        continue
-                    if lease is None:
-                        continue
-                    self.in_run = True
-                    try:
+                # Idle, the agent holds no lock: another agent of this machine must be able to
+                # ask for its own work. It asks only while no agent of the machine measures.
+                if not self._wait_until_host_free(lock_path):
+                    break
+                try:
+                    host = self.fingerprint()
+                    lease = self.lease(host)
+                    failures = 0
+                except _Shutdown:
+                    break
+                except httpx.HTTPError as error:
+                    failures += 1
+                    delay = self._backoff(failures)
+                    log.warning("lease failed (%s); retrying in %.1f s", error, delay)
+                    self.stopping.wait(delay)
+                    continue
+                if lease is None:
+                    continue
+                # The lease is held (heartbeats name its run) while the lock is awaited: an
+                # agent of this machine that leased at the same moment measures first.
+                self.state.start(lease.run_id, lease.attempt)
+                self.in_run = True
+                try:
+                    with host_lock(lock_path, wait=self._wait_for_lock) as held:
+                        if not held:
+                            # Stopping before it measured: the lease expires and the server
+                            # gives the run to a host again.
+                            break
                         self.handle_lease(lease, host)
-                    finally:
-                        self.in_run = False
-                    self.runs_done += 1
-                    idle_since = time.monotonic()
+                finally:
+                    self.in_run = False
+                self.runs_done += 1
+                idle_since = time.monotonic()
         except _Shutdown:
             pass
         finally:
@@ -430,6 +447,15 @@ class Agent:
     def _wait_for_lock(self) -> bool:
         log.info("another agent is measuring on this host; waiting")
         return not self.stopping.wait(1.0)
+
+    def _wait_until_host_free(self, path: Path) -> bool:
+        """Until no agent of this machine holds its lock (True), or this agent stops."""
+        if host_is_measuring(path):
+            log.info("another agent is measuring on this host; asking for work after it")
+            while host_is_measuring(path):
+                if self.stopping.wait(1.0):
+                    return False
+        return not self.stopping.is_set()
 
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():

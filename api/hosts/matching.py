@@ -88,8 +88,9 @@ def own_labels(labels: Iterable[str]) -> set[str]:
 
 
 def is_silent(last_heartbeat_at: datetime | None, *, now: datetime, lease_ttl_s: float) -> bool:
-    """A host not heard from for two lease lives is offline (its agent stopped or lost)."""
-    return last_heartbeat_at is None or now - last_heartbeat_at > timedelta(seconds=2 * lease_ttl_s)
+    """A host not heard from for a lease's life is offline: its agent heartbeats every 15 s,
+    idle or not, so a host that stopped is not shown ready."""
+    return last_heartbeat_at is None or now - last_heartbeat_at > timedelta(seconds=lease_ttl_s)
 
 
 class HeardFrom(HostTraits, Protocol):

@@ -182,7 +182,7 @@ def calibration_lines(host: Host) -> list[str]:
 
 
 def host_health(host: Host, *, settings: Settings) -> str:
-    """ready, busy or lost as last recorded; offline when not heard from for 2 lease lives."""
+    """ready, busy or lost as last recorded; offline when silent (matching.is_silent)."""
     if host.revoked_at is not None:
         return "revoked"
     if matching.is_silent(host.last_heartbeat_at, now=utcnow(), lease_ttl_s=settings.lease_ttl_s):

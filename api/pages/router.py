@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from api import dispatch
 from api.auth import service as auth_service
 from api.auth.models import ApiKey
+from api.database import utcnow
 from api.deps import DatabaseDep, SessionDep, SettingsDep
 from api.errors import Invalid, NotFound, ServiceError
 from api.evidence import service as evidence_service
@@ -36,6 +37,7 @@ from api.jobs import service as job_service
 from api.pages import form as job_form
 from api.pages import signing
 from api.pages.evidence import render_page
+from api.pages.outcome import job_outcome
 from api.pages.templates import templates
 from api.routing import StrictJSONRoute
 from api.settings import Settings
@@ -358,6 +360,7 @@ def hosts_page(request: Request, db_session: SessionDep, settings: SettingsDep):
         "hosts": hosts,
         "auto_labels": {host.id: matching.auto_labels(host) for host in hosts},
         "calibrations": {host.id: host_service.calibration_lines(host) for host in hosts},
+        "health": {host.id: host_service.host_health(host, settings=settings) for host in hosts},
         "current_runs": host_service.current_runs(db_session=db_session),
         "lease_ttl_s": settings.lease_ttl_s,
     }
@@ -370,7 +373,8 @@ def jobs_page(request: Request, db_session: SessionDep, settings: SettingsDep):
     if key is None:
         return _login_redirect(request)
     jobs = job_service.list_jobs(db_session=db_session, limit=100)
-    return _page(request, "jobs.html", {"jobs": jobs}, key=key)
+    outcomes = {job.id: job_outcome(job.state, job.reason, job.summary) for job in jobs}
+    return _page(request, "jobs.html", {"jobs": jobs, "outcomes": outcomes}, key=key)
 
 
 def _job_context(db_session: Session, job_id: str, settings: Settings) -> dict[str, Any]:
@@ -389,13 +393,19 @@ def _job_context(db_session: Session, job_id: str, settings: Settings) -> dict[s
             "rows": verdict_rows(summary),
             "time_spent": time_spent_lines(summary),
         }
+    is_final = JobState(job.state).is_final
     return {
         "job": job,
         "invalid": invalid,
-        "is_final": JobState(job.state).is_final,
+        "is_final": is_final,
         "answer": answer,
         "rounds_warning": job.rounds_warning,
         "notice": job.notice,
+        "outcome": job_outcome(
+            job.state, job.reason, job_service.get_job(db_session=db_session, job_id=job_id).summary
+        ),
+        # Final: how long it took; otherwise how long it has been going.
+        "elapsed_s": ((job.updated_at if is_final else utcnow()) - job.created_at).total_seconds(),
     }
 
 

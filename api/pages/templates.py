@@ -9,6 +9,8 @@ from pathlib import Path
 
 from starlette.templating import Jinja2Templates
 
+from evidence.protocol import RunState
+
 
 def web_dir() -> Path:
     """The installed `web` package folder (templates/ and static/ live in it)."""
@@ -34,6 +36,26 @@ def fmt_ago(value: datetime | None, now: datetime | None = None) -> str:
     return f"{int(seconds)} s ago"
 
 
+def fmt_duration(seconds: float | None) -> str:
+    """`45 s`, `3 min 12 s`, `2 h 5 min`."""
+    if seconds is None:
+        return "n/a"
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+def run_label(state: str) -> str:
+    """A run's state in the jobs' words (evidence.protocol.RunState.label)."""
+    try:
+        return RunState(state).label
+    except ValueError:
+        return state
+
+
 def fmt_bytes(value: int | None) -> str:
     if not value:
         return "n/a"
@@ -52,6 +74,8 @@ def templates() -> Jinja2Templates:
     env.filters["time"] = fmt_time
     env.filters["ago"] = fmt_ago
     env.filters["bytes"] = fmt_bytes
+    env.filters["duration"] = fmt_duration
+    env.filters["run_label"] = run_label
     env.trim_blocks = True
     env.lstrip_blocks = True
     return env_templates

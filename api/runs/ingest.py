@@ -171,11 +171,13 @@ def ingest_run(
         return None
     run.state = RunState.PROCESSED
     run.processed_at = utcnow()
-    # The final count replaces the last heartbeat's (which may predate the last cells).
+    # The final count replaces the last heartbeat's (which may predate the last cells); the
+    # cells a heartbeat counts are the timed ones, never the discarded warm-ups.
+    timed = sum(1 for row in rows if row["status"] != "warmup")
     run.progress = {
         **(run.progress or {}),
-        "cells_done": len(rows),
-        "cells_total": len(rows),
+        "cells_done": timed,
+        "cells_total": timed,
         "final": True,
     }
     run.ingest_errors = invalid or None

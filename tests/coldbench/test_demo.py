@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -71,6 +72,26 @@ def test_demo_produces_verified_evidence_and_stops_every_child(
         assert verify.returncode == 0, verify.stdout + verify.stderr
         assert bundle.stem in verify.stdout
     assert "| 128 | candidate |" in output  # the A/B verdict table was printed
+    # The terminal prints the PR Markdown: its evidence id linked to the page.
+    for _, url in urls:
+        evidence_id = url.rsplit("/", 1)[1]
+        assert f"Evidence id: [`{evidence_id}`]({url})" in output
+    # How to log in, and the command that makes another key for this demo's database.
+    hint = re.search(
+        r"log in at (http://\S+/login) with the API key (cbk_\S+) \(another key: (.*)\)", output
+    )
+    assert hint, output[-4000:]
+    command = hint.group(3)
+    assert command == f"COLDBENCH_STATE_DIR={state_dir} coldbench admin apikey NAME"
+    env = {**os.environ, "COLDBENCH_STATE_DIR": str(state_dir)}
+    env.pop("COLDBENCH_DATABASE_URL", None)
+    made = subprocess.run(
+        [*coldbench_cmd, "admin", "apikey", "second"], env=env, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    with sqlite3.connect(state_dir / "coldbench.db") as database:
+        names = {name for (name,) in database.execute("select name from api_keys")}
+    assert names == {"demo", "second"}
     # Every step carries its time, and the end says where the time went.
     assert re.search(r"^\s*\d+\.\d s api: http://", output, re.M), output[-4000:]
     breakdown = re.search(r"where the time went: (.*)", output)

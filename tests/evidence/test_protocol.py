@@ -66,3 +66,16 @@ def test_requests_refuse_unknown_fields_and_bound_the_long_poll() -> None:
     with pytest.raises(ValidationError, match="status"):
         CompleteRequest.model_validate({"attempt": 1, "status": "done", "manifest": {}})
     assert API_PREFIX == "/api/v1"
+
+
+def test_progress_carries_a_finite_time_left_and_run_states_read_as_job_states() -> None:
+    from evidence.protocol import JobState, Progress, RunState
+
+    assert Progress(cells_done=2, cells_total=8, eta_s=185.0).eta_s == 185.0
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValidationError):
+            Progress(cells_done=2, cells_total=8, eta_s=bad)
+    # Every run state has the word pages show; a leased run is running, like its job.
+    assert {state: state.label for state in RunState}[RunState.LEASED] == JobState.RUNNING
+    assert RunState.PROCESSED.label == JobState.DONE
+    assert len({state.label for state in RunState}) == len(RunState)

@@ -495,3 +495,98 @@ def test_one_pr_markdown_linked_on_the_page_the_md_url_and_for_a_comment(
     )
     # The job page's Markdown link is this URL.
     assert f'href="/e/{evidence_id}.md">Markdown</a>' in web.get(f"/jobs/{job.id}").text
+
+
+def test_a_host_that_stopped_is_offline_and_the_lists_update_themselves(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    from datetime import timedelta
+
+    host, _secret = make_host(db_session, "stopped-box")
+    make_host(db_session, "live-box")
+    host.last_heartbeat_at = utcnow() - timedelta(seconds=settings.lease_ttl_s + 5)
+    db_session.commit()
+    html = web.get("/hosts").text
+    stopped = re.search(r'<tr id="host-stopped-box">(.*?)</tr>', html, re.S).group(1)
+    assert ">offline</span>" in stopped and "ready" not in stopped
+    live = re.search(r'<tr id="host-live-box">(.*?)</tr>', html, re.S).group(1)
+    assert ">ready</span>" in live
+    for path in ("/hosts", "/jobs"):
+        page = web.get(path).text
+        assert 'data-live-s="5"' in page and '<script src="/static/live.js"></script>' in page
+    assert web.get("/static/live.js").status_code == 200
+
+
+def test_jobs_list_shows_each_outcome_in_full(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    make_host(db_session, "studio-1")
+    answered = make_job(db_session, settings)
+    publish_evidence(db_session, settings, answered)
+    failed = make_job(db_session, settings)
+    reason = "variant base: ref no-such-branch not found in stub.git; " + "x" * 300
+    failed.state, failed.reason = "failed", reason
+    nothing = make_job(db_session, settings)
+    nothing.state = "done"
+    nothing.summary = {
+        "bisect": {
+            "direction": "slower",
+            "final": True,
+            "first_bad_commit": None,
+            "reason": "too noisy: the bad side's interval is [0.313, 0.821]",
+        }
+    }
+    db_session.commit()
+    html = web.get("/jobs").text
+
+    def row(job_id: str) -> str:
+        return re.search(rf'<tr id="job-{job_id}">(.*?)</tr>', html, re.S).group(1)
+
+    assert "faster" in row(answered.id) and "tone-ok" in row(answered.id)
+    assert reason in row(failed.id) and "tone-bad" in row(failed.id)
+    # A bisection that found nothing is done, but not an answer.
+    assert "no single first commit: too noisy" in row(nothing.id)
+    assert 'class="state state-done tone-warn"' in row(nothing.id)
+    job_page = web.get(f"/jobs/{nothing.id}").text
+    assert 'id="job-outcome">Done without an answer: no single first commit' in job_page
+
+
+def test_cancel_asks_first_and_a_cancelled_run_says_so(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    host, _secret = make_host(db_session, "studio-1")
+    make_host(db_session, "studio-2")
+    job = make_job(db_session, settings, hosts=2)
+    lease = agent_calls.claim_lease(
+        db_session=db_session,
+        settings=settings,
+        host=host,
+        report=run_claim.HostReport(fingerprint=fingerprint(hostname="studio-1")),
+    )
+    agent_calls.heartbeat(
+        db_session=db_session,
+        settings=settings,
+        host_id=host.id,
+        run_id=lease.run_id,
+        attempt=lease.attempt,
+        progress={"cells_done": 2, "cells_total": 8, "eta_s": 185.0},
+    )
+    page = web.get(f"/jobs/{job.id}").text
+    # The button only opens a confirmation, which says what cancelling does.
+    confirm = re.search(r'<details class="cancel" id="cancel">(.*?)</details>', page, re.S)
+    assert confirm and "cannot be undone" in confirm.group(1)
+    assert 'id="cancel-confirm">Yes, cancel this job</button>' in confirm.group(1)
+    # One vocabulary: a leased run is running, like its job; the time left is shown.
+    assert 'id="job-state">running' in page
+    assert f'<tr id="run-{lease.run_id}">' in page
+    leased = re.search(rf'<tr id="run-{lease.run_id}">(.*?)</tr>', page, re.S).group(1)
+    assert ">running</span>" in leased and ">leased<" not in leased
+    timing = re.search(r'<p class="hint" id="job-timing">(.*?)</p>', page).group(1)
+    assert timing.startswith("Going for ") and "about 3 min 5 s of measuring left" in timing
+    web.post(f"/jobs/{job.id}/cancel", data={"csrf_token": csrf_of(page)})
+    page = web.get(f"/jobs/{job.id}").text
+    assert 'id="cancel"' not in page
+    runs = re.findall(r'<tr id="run-[^"]+">(.*?)</tr>', page, re.S)
+    assert len(runs) == 2 and all(">cancelled</span>" in run for run in runs)
+    assert "waiting for a host" not in page and "never leased" in page
+    assert re.search(r'id="job-timing">Took \d+ s from submission to its cancelled state', page)

@@ -252,6 +252,31 @@ def test_two_agents_run_each_job_exactly_once(service: Stack, tmp_path: Path) ->
         assert stop_process(proc) == 0, _log(log)
 
 
+def test_an_idle_agent_leaves_the_host_lock_to_a_second_agent_on_its_machine(
+    service: Service, tmp_path: Path
+) -> None:
+    """Two agents on one machine share its host lock. The first, idle in its long-poll, must
+    not hold it: the second would never ask for work while /hosts shows it idle."""
+    machine_lock = ["--host-lock", str(tmp_path / "machine.lock")]
+    procs, logs = [], []
+    for name in ("host-l1", "host-l2"):
+        config = write_config(tmp_path / name / "worker.toml", name=name)
+        logs.append(tmp_path / f"{name}.log")
+        token = service.enrollment_token()
+        procs.append(service.start_agent(config, token=token, log=logs[-1], extra=machine_lock))
+        _wait_enrolled(service, {name}, procs[-1:], logs[-1:])
+    # Only the second agent's host can run it (its automatic `host:` label).
+    created = service.submit(_embedded_job(2, [64], host_labels=["host:host-l2"]))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    job = service.wait_jobs([job_id], timeout_s=180, done=("completed", "processed", "failed"))
+    (run,) = job[job_id]["runs"]
+    assert run["state"] in ("completed", "processed") and run["host_name"] == "host-l2", run
+    # Both lived through it, and each measured under the same lock file.
+    for proc, log in zip(procs, logs, strict=True):
+        assert stop_process(proc) == 0, _log(log)
+
+
 def test_killed_agent_run_is_requeued_and_finished_by_the_other(
     service: Stack, tmp_path: Path
 ) -> None:

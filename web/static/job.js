@@ -18,7 +18,7 @@
         section.innerHTML = state.html;
         if (state.is_final) {
           section.dataset.final = "true";
-          var cancel = document.querySelector("form.cancel");
+          var cancel = document.getElementById("cancel");
           if (cancel) { cancel.remove(); }
           if (note) { note.textContent = "Final state: " + state.state + "."; }
           return;
