@@ -56,3 +56,29 @@ def ablation_section(
     return Ablation(
         note=ABLATION_NOTE, correction="holm", entries=finish(entries, options, AblationEntry)
     )
+
+
+def ablation_sentence(ablation: Ablation) -> str:
+    """The ablation's answer in one sentence: which features pay (all is faster with them than
+    without), which cost, and which established nothing, with the contexts where each holds."""
+    by_feature: dict[str, list[AblationEntry]] = {}
+    for entry in ablation.entries:
+        by_feature.setdefault(entry.feature, []).append(entry)
+    parts = []
+    for feature, entries in by_feature.items():
+        found = []
+        for verdict, word in (("faster", "pays"), ("slower", "costs")):
+            held = [e for e in entries if e.verdict == verdict and e.ratio_median is not None]
+            if held:
+                contexts = ", ".join(str(e.context_tokens) for e in held)
+                largest = max(abs((e.ratio_median or 1.0) - 1) for e in held)
+                found.append(
+                    f"{word} at {contexts} tokens (all is up to {100 * largest:.1f}% "
+                    f"{verdict} with it)"
+                )
+        if found:
+            parts.append(f"{feature} {' and '.join(found)}")
+        else:
+            verdicts = " / ".join(dict.fromkeys(str(e.verdict) for e in entries))
+            parts.append(f"{feature}: {verdicts}")
+    return f"Leave one out, all features against all but one: {'; '.join(parts)}."

@@ -13,8 +13,10 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from evidence.ablation import ablation_sentence
 from evidence.bisect import bisect_sentences
 from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
+from evidence.headline import caveats
 from evidence.history import history_sentences, plural, short
 from evidence.schemas import CorpusInfo, Provenance, TargetInfo
 from evidence.summary_schema import (
@@ -362,14 +364,17 @@ def verdict_sentences(summary: Summary, *, compact: bool = False) -> list[str]:
 def answer_sentences(
     summary: Summary, *, compact: bool = False, text: Callable[[object], str] = str
 ) -> list[str]:
-    """What every page opens with: a history's steps, a bisection's result, or one verdict
-    sentence per context (summary.md, report.html and the job page all call this). `text`
-    formats what a host wrote for where the sentences are shown (`md_text` for Markdown; HTML
-    templates escape on their own)."""
+    """What every page opens with: a history's steps, a bisection's result, an ablation's one
+    sentence, or one verdict sentence per context (summary.md, report.html and the job page
+    all call this). `text` formats what a host wrote for where the sentences are shown
+    (`md_text` for Markdown; HTML templates escape on their own)."""
     if summary.history:
         return history_sentences(summary.history, text)
     if summary.bisect:
         return bisect_sentences(summary.bisect, text)
+    if summary.ablation and summary.ablation.entries:
+        # One sentence over the leave-one-out table, not one per context and variant.
+        return [ablation_sentence(summary.ablation)]
     return verdict_sentences(summary, compact=compact)
 
 
@@ -613,6 +618,10 @@ def _render(
     bisect = summary.bisect
     answer = answer_sentences(summary, compact=compact, text=md_text)
     lines += ["", *(f"- {sentence}" for sentence in answer)]
+    undercut = caveats(summary)
+    if undercut:
+        # Reasons and names in them come from hosts.
+        lines += ["", "**What undercuts it:**", "", *(f"- {md_text(line)}" for line in undercut)]
     if history:
         lines += ["", *history_lines(history)]
     if bisect:

@@ -19,6 +19,7 @@ import jinja2
 from plotly import colors as plotly_colors
 
 from evidence.drift import as_utc
+from evidence.headline import caveats, compared_lines
 from evidence.history import short
 from evidence.markdown import (
     ComparisonKey,
@@ -509,6 +510,8 @@ def render_report_html(
         "provenances": [_provenance_view(p) for p in provenance_list],
         "how_to_read": how_to_read(summary.settings),
         "headline": answer_sentences(summary, compact=len(summary.variants) > 6),
+        "compared": compared_lines(summary, provenance_list),
+        "caveats": caveats(summary),
         "bisect": summary.bisect,
         "history": _history_view(summary.history) if summary.history else None,
         "prefill_rows": _comparison_rows(summary, "comparisons"),

@@ -188,14 +188,20 @@ def test_report_draws_its_charts_offline_in_chromium(ablation_job, tmp_path) -> 
 
 
 def test_the_answer_comes_first_and_how_to_read_after_the_verdict_tables(ablation_job) -> None:
-    from evidence.markdown import verdict_sentences
+    from evidence.markdown import answer_sentences
 
     summary, records, provenances = ablation_job
     html = render_report_html(summary, records, provenances, None)
     body = html[html.index("<body>") :]
-    first_sentence = verdict_sentences(summary)[0]
+    # An ablation answers in one sentence over its leave-one-out table, which comes next.
+    (sentence,) = answer_sentences(summary)
+    assert sentence.startswith("Leave one out, all features against all but one: ")
     answer = body.index('<section id="answer">')
-    assert body.index(first_sentence.split(",")[0]) > answer
+    assert body.index(sentence) > answer
+    leave_one_out = body.index('<section id="ablation">')
+    assert answer < leave_one_out < body.index("Cold prefill: verdicts") < body.index("Charts")
+    # What was compared stands above the answer; what undercuts it right below.
+    assert body.index('id="compared"') < answer < body.index('id="caveats"') < leave_one_out
     assert answer < body.index("Cold prefill: verdicts") < body.index("How to read this")
     assert body.index("Decode: verdicts") < body.index("How to read this")
     # Hosts are named by their names, not a shared machine hostname.

@@ -421,7 +421,9 @@ def test_pages_are_gzipped_for_clients_that_accept_it_but_not_the_agents_loop(
         assert zipped.headers.get("content-encoding") == "gzip", path
         assert "Accept-Encoding" in zipped.headers["vary"]
         plain = web.get(path, headers={"Accept-Encoding": "identity"})
-        assert "content-encoding" not in plain.headers and plain.text == zipped.text, path
+        assert "content-encoding" not in plain.headers, path
+        # (the lists say "N s ago": only the immutable evidence reads the same twice)
+        assert plain.text == zipped.text or not path.startswith("/e/"), path
     page = web.get(f"/e/{evidence_id}", headers={"Accept-Encoding": "gzip"})
     assert int(page.headers["content-length"]) < len(page.content) / 3
     # plotly.js is compressed once and cached by its route; the middleware leaves it alone.
