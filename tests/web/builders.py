@@ -14,6 +14,7 @@ from api.evidence.models import Evidence
 from api.jobs.models import Job
 from api.settings import Settings
 from evidence.bundle import MANIFEST_FILE, build_bundle, evidence_id_of, zip_bytes
+from evidence.schemas import Provenance, Record
 from tests.evidence.builders import provenance, simulate_run
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -64,7 +65,22 @@ def publish_evidence(
         measured = provenance(run_id=run_id, hostname=machine_hostname or host)
         measured.host.registered_name = host
         provenances.append(measured)
-    files, summary = build_bundle(records=records, provenances=provenances, baseline="base")
+    return publish_bundle(
+        db_session, settings, job, records=records, provenances=provenances, baseline="base"
+    )
+
+
+def publish_bundle(
+    db_session: Session,
+    settings: Settings,
+    job: Job,
+    *,
+    records: list[Record],
+    provenances: list[Provenance],
+    **build: Any,
+) -> str:
+    """The bundle of these records stored and published as render_evidence does."""
+    files, summary = build_bundle(records=records, provenances=provenances, **build)
     store = LocalArtifactStore(settings.artifact_dir)
     stored: dict[str, Any] = {}
     for name in ("report.html", "summary.md", "summary.json", MANIFEST_FILE):

@@ -253,7 +253,7 @@ def test_two_agents_run_each_job_exactly_once(service: Stack, tmp_path: Path) ->
 
 
 def test_an_idle_agent_leaves_the_host_lock_to_a_second_agent_on_its_machine(
-    service: Service, tmp_path: Path
+    service: Stack, tmp_path: Path
 ) -> None:
     """Two agents on one machine share its host lock. The first, idle in its long-poll, must
     not hold it: the second would never ask for work while /hosts shows it idle."""
