@@ -227,3 +227,14 @@ def test_hosts_sharing_a_hostname_are_told_apart_by_their_registered_names() -> 
     )
     hosts = [run.host for run in unnamed.reproductions.comparisons[0].runs]
     assert hosts == ["vm (run r-1)", "vm (run r-2)"]
+
+
+def test_context_axes_are_logarithmic(ablation_job) -> None:
+    """4K..128K contexts spread evenly instead of bunching at the left."""
+    from evidence.report import build_figures
+
+    summary, records, _ = ablation_job
+    figures = {figure["id"]: figure["spec"] for figure in build_figures(summary, records)}
+    for figure_id in ("fig-tps", "fig-ratio"):
+        axis = figures[figure_id]["layout"]["xaxis"]
+        assert axis["type"] == "log" and axis["title"]["text"] == "context tokens", figure_id
