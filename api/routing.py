@@ -1,8 +1,10 @@
 """HTTP plumbing every route shares: strict JSON bodies and the request-body limit.
 
-- `StrictJSONRoute` parses JSON bodies refusing `Infinity`, `-Infinity` and `NaN` (Python's
-  json module accepts them; PostgreSQL's JSON type and the error encoder do not), so such a
-  body is a 422 like any malformed JSON. Every router of the app uses it (a test checks).
+- `StrictJSONRoute` parses JSON bodies with `evidence.boundary.strict_json_loads`: `Infinity`,
+  `-Infinity`, `NaN` and numbers that overflow a float (`1e999`, which Python's json module
+  reads as infinity) are refused (PostgreSQL's JSON type, canonical JSON and the error encoder
+  cannot hold them), so such a body is a 422 like any malformed JSON. Every router of the app
+  uses it (a test checks).
 - `BodyLimitMiddleware` refuses a body larger than the limit before it is parsed: from its
   Content-Length at once, or while it streams, with 413 and a one-line JSON detail.
 - `CompressionMiddleware` gzips what a client that accepts gzip is sent (pages, evidence,
@@ -22,22 +24,7 @@ from fastapi.routing import APIRoute
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(name)
-
-
-def strict_json_loads(body: bytes) -> Any:
-    """json.loads without the non-standard constants; JSONDecodeError naming the constant."""
-    try:
-        return json.loads(body, parse_constant=_refuse_constant)
-    except ValueError as error:
-        if isinstance(error, json.JSONDecodeError):
-            raise
-        doc = body.decode("utf-8", "replace")
-        raise json.JSONDecodeError(
-            f"non-finite number {error} is not JSON", doc, max(0, doc.find(str(error)))
-        ) from None
+from evidence.boundary import strict_json_loads
 
 
 class _StrictJSONRequest(Request):

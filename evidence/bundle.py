@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from evidence.boundary import strict_json_loads
 from evidence.canonical import canonical_json, sha256_hex
 from evidence.markdown import render_summary_md
 from evidence.records import RECORDS_FILE, parse_records, records_bytes
@@ -542,7 +543,7 @@ def summary_of(raw: bytes) -> tuple[Summary | None, str | None]:
     """summary.json's bytes as the typed `Summary`, or None and one line saying why they do
     not match the contract (evidence/summary_schema.py)."""
     try:
-        document = json.loads(raw)
+        document = strict_json_loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         return None, f"{SUMMARY_JSON_FILE}: not JSON ({error})"
     try:
@@ -561,7 +562,7 @@ def _provenance_problems(
 ) -> tuple[list[str], set[str] | None]:
     """Problems of provenance.json, and the run ids it covers (None when unreadable)."""
     try:
-        document = json.loads(raw)
+        document = strict_json_loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         return [f"{PROVENANCE_FILE}: not JSON ({error})"], None
     if not isinstance(document, dict):
@@ -592,7 +593,7 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
         return [f"cannot recompute: {problem}"]
     try:
         spec = JobSpec.model_validate_json(files[JOB_FILE]) if JOB_FILE in files else None
-        provenance_list = provenances_of(json.loads(files.get(PROVENANCE_FILE, b"{}")))
+        provenance_list = provenances_of(strict_json_loads(files.get(PROVENANCE_FILE, b"{}")))
     except (ValueError, ValidationError) as error:
         return [f"cannot recompute: {' '.join(str(error).split())[:200]}"]
     records, problems = parse_records(files.get(RECORDS_FILE, b""))

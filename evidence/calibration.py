@@ -23,8 +23,9 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from evidence.boundary import Checked, Paragraph
 from evidence.schemas import FlagValue, HostInfo
 from evidence.summary_schema import Summary, decisive_interval
 
@@ -32,7 +33,7 @@ CALIBRATION_SCHEMA: Final = "coldbench.calibration/1"
 CLAIMS = ("faster", "slower")
 
 
-class _Strict(BaseModel):
+class _Strict(Checked):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -53,7 +54,7 @@ class CalibrationJob(_Strict):
     kind: Literal["aa", "planted"]
     seed: int
     status: str
-    reason: str | None = None
+    reason: Paragraph | None = None
     evidence_id: str | None = None
     between_process_sd: float | None = None  # the job's noise floor (summary `noise_floor`)
     statistics: dict[str, str] = Field(default_factory=dict)  # summary settings' process_blocks

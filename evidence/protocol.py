@@ -43,6 +43,7 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from evidence.boundary import MULTILINE, Checked, Int32, Paragraph
 from evidence.calibration import HostCalibration
 from evidence.schemas import (
     NAME_PATTERN,
@@ -61,7 +62,8 @@ CONTENT_SHA256_HEADER: Final = "X-Content-SHA256"
 MAX_INVALID_IN_HEARTBEAT: Final = 50
 MAX_REASON_CHARS: Final = 4000
 
-Label = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]
+LABEL_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$"
+Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
 ModelName = Annotated[str, Field(pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
 # run_attempts.attempt and artifacts.attempt are 32-bit integer columns on PostgreSQL.
 ATTEMPT_MAX: Final = 2**31 - 1
@@ -133,7 +135,7 @@ ATTEMPT_STATES: Final = (
 )
 
 
-class _Request(BaseModel):
+class _Request(Checked):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -235,20 +237,20 @@ class Lease(BaseModel):
 # --- heartbeat ---------------------------------------------------------------------------------
 
 
-class InvalidCell(BaseModel):
+class InvalidCell(Checked):
     model_config = ConfigDict(extra="allow")
-    variant: str | None = None
-    round: int | None = None
-    context_tokens: int | None = None
-    reason: str | None = None
+    variant: str | None = Field(None, max_length=200)
+    round: Int32 | None = None
+    context_tokens: Int32 | None = None
+    reason: Paragraph | None = Field(None, max_length=MAX_REASON_CHARS)
 
 
-class Progress(BaseModel):
+class Progress(Checked):
     model_config = ConfigDict(extra="allow")
-    cells_done: int = Field(ge=0)
-    cells_total: int = Field(ge=0)
-    variant: str | None = None
-    context_tokens: int | None = None
+    cells_done: Int32 = Field(ge=0)
+    cells_total: Int32 = Field(ge=0)
+    variant: str | None = Field(None, max_length=200)
+    context_tokens: Int32 | None = None
     # Seconds the rest of the run's cells should take at the mean cell time so far.
     eta_s: float | None = Field(None, ge=0, allow_inf_nan=False)
     invalid: list[InvalidCell] = Field(default_factory=list, max_length=1000)
@@ -279,8 +281,9 @@ class ArtifactReceipt(BaseModel):
 class CompleteRequest(_Request):
     attempt: Attempt
     status: RunStatus
-    reason: str | None = Field(None, max_length=MAX_REASON_CHARS)
-    manifest: dict[str, Any]  # validated as a Manifest by the API, with its own messages
+    reason: Paragraph | None = Field(None, max_length=MAX_REASON_CHARS)
+    # Validated as a Manifest by the API, with its own messages.
+    manifest: Annotated[dict[str, Any], MULTILINE]
 
 
 class CompleteResponse(BaseModel):

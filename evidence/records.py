@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from evidence.boundary import strict_json_loads
 from evidence.canonical import canonical_json
 from evidence.schemas import Record, error_line
 
@@ -42,7 +43,7 @@ def parse_records(
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = strict_json_loads(line)
         except json.JSONDecodeError as error:
             problems.append(
                 f"{source} line {number}: not JSON ({error.msg} at column {error.colno})"

@@ -1,7 +1,9 @@
 """Versioned schemas of the data contract (DESIGN.md: record, manifest, provenance, job spec).
 
 Unknown values are `None`, never 0. Every model forbids unknown fields so a malformed record or
-spec is refused with a message naming the field, instead of being stored half-understood.
+spec is refused with a message naming the field, instead of being stored half-understood; the
+fingerprint and provenance parts that let a newer agent report more keep at most a few more.
+Every value is one the database, JSON and the pages can hold (`evidence/boundary.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -22,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from evidence.boundary import MULTILINE, Checked, Int32, Paragraph
 from evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, parse_feature
 
 RECORD_SCHEMA: Final = "coldbench.record/1"
@@ -119,7 +121,7 @@ def error_line(error: ValidationError, *, whole: str | None = None, every: bool 
     return "; ".join(parts)
 
 
-class _Strict(BaseModel):
+class _Strict(Checked):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
@@ -129,15 +131,15 @@ class Record(_Strict):
     schema_: Literal["coldbench.record/1"] = Field(RECORD_SCHEMA, alias="schema")
     run_id: str
     variant: Name
-    round: int = Field(ge=-1)  # -1 is the discarded warm-up
-    order: int = Field(ge=-1)
-    context_tokens: int = Field(ge=1)
-    prompt_tokens: int | None = Field(ge=0)
+    round: Int32 = Field(ge=-1)  # -1 is the discarded warm-up
+    order: Int32 = Field(ge=-1)
+    context_tokens: Int32 = Field(ge=1)
+    prompt_tokens: Int32 | None = Field(ge=0)
     prompt_sha256: Sha256Hex | None
-    cached_tokens: int | None = Field(ge=0)
+    cached_tokens: Int32 | None = Field(ge=0)
     prefill_s: float | None = Field(ge=0)
     prefill_tps: float | None = Field(ge=0)
-    decode_tokens: int | None = Field(ge=0)
+    decode_tokens: Int32 | None = Field(ge=0)
     decode_s: float | None = Field(ge=0)
     decode_tps: float | None = Field(ge=0)
     output_sha256: Sha256Hex | None
@@ -147,7 +149,7 @@ class Record(_Strict):
     started_at: datetime
     ended_at: datetime
     status: CellStatus
-    reason: str | None
+    reason: Paragraph | None
     # Optional, beyond DESIGN.md's required fields.
     adapter: AdapterName | None = None
     flags: dict[str, FlagValue] | None = None
@@ -159,7 +161,7 @@ class Record(_Strict):
     # instance at every process block and after a crash). The statistics cluster pairs by the
     # (variant process, baseline process) they came from. Absent in records written before
     # process rotation: one process per variant served the whole run.
-    process: int | None = Field(None, ge=0)
+    process: Int32 | None = Field(None, ge=0)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -197,8 +199,8 @@ class Manifest(_Strict):
     """manifest.json of an evidence bundle: the digest of every other file in it."""
 
     format: Literal["coldbench.evidence/1"] = EVIDENCE_FORMAT
-    files: dict[str, FileEntry]
-    provenance: dict[str, Any] = Field(default_factory=dict)
+    files: dict[str, FileEntry] = Field(max_length=10_000)
+    provenance: Annotated[dict[str, Any], MULTILINE] = Field(default_factory=dict)
 
     @field_validator("files")
     @classmethod
@@ -262,7 +264,7 @@ class TargetInfo(_Strict):
     engine_module_file: str | None = None  # the install-path check: the file really imported
     subject: str | None = None  # the commit's subject line (history: steps name their commit)
     # Why this variant was never measured (history mode: a commit that did not build).
-    skipped: str | None = None
+    skipped: Paragraph | None = None
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     # What the variant's own process imported (engine/adapters `process_software`): versions
     # (`python`, `mlx`, `mlx_lm`, `coldbench`) and `files` (module name -> file).
@@ -341,8 +343,8 @@ class HistorySpec(_Strict):
     so the evidence says what was asked. The variants themselves name every commit."""
 
     range: str = Field(max_length=401)
-    every: int | None = Field(None, ge=1)
-    last: int | None = Field(None, ge=1)
+    every: Int32 | None = Field(None, ge=1)
+    last: Int32 | None = Field(None, ge=1)
     # The most commits the host may resolve the range to (after every/last): the service sets
     # it from its variant limit, so a host refuses a long range before measuring anything.
     max_commits: int | None = Field(None, ge=1, le=MAX_HISTORY_COMMITS)
@@ -425,9 +427,9 @@ class JobSpec(_Strict):
     features: list[
         Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}(=[A-Za-z0-9_.+-]{1,32})?$")]
     ] = Field(default_factory=list)
-    contexts: list[int] = Field(min_length=1)
-    rounds: int = Field(3, ge=1)
-    decode_tokens: int = Field(8, ge=0)
+    contexts: list[Int32] = Field(min_length=1)
+    rounds: Int32 = Field(3, ge=1)
+    decode_tokens: Int32 = Field(8, ge=0)
     model: str = Field("preset:tiny", pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
     seed: int = 0
     # The prompt corpus: the built-in one, or a corpus a host names in its worker.toml (a host
@@ -436,7 +438,7 @@ class JobSpec(_Strict):
     host_labels: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]] = (
         Field(default_factory=list)
     )
-    hosts: int = Field(1, ge=1)
+    hosts: Int32 = Field(1, ge=1)
     fresh_process: bool = False
     # Rounds measured by one process per variant before every variant's process is replaced
     # (worker/schedule.py's process blocks); None: `default_rounds_per_process(rounds)`.

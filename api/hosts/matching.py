@@ -7,12 +7,13 @@ on the host's columns as each reads them (`HostTraits`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from evidence.protocol import RepositoryOffer
+from evidence.protocol import LABEL_PATTERN, RepositoryOffer
 from evidence.schemas import BUILTIN_CORPUS, JobSpec
 from evidence.variant import parse_feature
 
@@ -25,7 +26,7 @@ class HostTraits(Protocol):
     @property
     def labels(self) -> list[str]: ...
     @property
-    def fingerprint(self) -> dict[str, Any]: ...
+    def system_labels(self) -> list[str]: ...
     @property
     def repositories(self) -> dict[str, Any]: ...
     @property
@@ -38,7 +39,7 @@ class HostView:
 
     name: str
     labels: list[str]
-    fingerprint: dict[str, Any]
+    system_labels: list[str]
     repositories: dict[str, Any]
     models: list[str]
     last_heartbeat_at: datetime | None = None
@@ -52,22 +53,29 @@ class LeasingHost:
     id: str
     name: str
     labels: list[str]
-    fingerprint: dict[str, Any]
+    system_labels: list[str]
     repositories: dict[str, Any]
     models: list[str]
     health: str
 
 
-def auto_labels(host: HostTraits) -> list[str]:
-    """Labels every host has without configuring them: its name, backend and OS."""
-    labels = [f"host:{host.name}"]
-    backend = host.fingerprint.get("backend")
+def system_labels(fingerprint: Mapping[str, Any]) -> list[str]:
+    """`backend:` and `os:` labels from the fingerprint a host registers with. Kept with the
+    host from then on (Host.system_labels): what it reports with each lease never changes
+    them, so no host can report its way into jobs pinned to another backend or OS."""
+    labels = []
+    backend = fingerprint.get("backend")
     if backend:
         labels.append(f"backend:{backend}")
-    os_name = str(host.fingerprint.get("os") or "").split()
+    os_name = str(fingerprint.get("os") or "").split()
     if os_name:
         labels.append(f"os:{os_name[0].lower()}")
-    return labels
+    return [label for label in labels if re.fullmatch(LABEL_PATTERN, label)]
+
+
+def auto_labels(host: HostTraits) -> list[str]:
+    """Labels every host has without configuring them: its name, backend and OS."""
+    return [f"host:{host.name}", *host.system_labels]
 
 
 def effective_labels(host: HostTraits) -> set[str]:

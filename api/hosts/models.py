@@ -34,6 +34,9 @@ class Host(Base):
     # What lease matching uses, with the automatic ones: the enrolled labels plus those the
     # host configured when it registered, never changed by a lease request, never `host:...`.
     labels: Mapped[list[str]] = mapped_column(sa.JSON, default=list)
+    # The automatic `backend:` and `os:` labels, from the fingerprint it registered with
+    # (api/hosts/matching.py: system_labels); a lease's fingerprint never changes them.
+    system_labels: Mapped[list[str]] = mapped_column(sa.JSON, default=list)
     # {"<name>": {"recipes": [str]}}: the allow-list configured on the host.
     repositories: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
     # The host's model names plus `preset:NAME` for each preset it allows (allow_presets).

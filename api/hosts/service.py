@@ -68,6 +68,7 @@ def register_host(
     secret, secret_sha256 = auth_service.new_worker_secret(host.id)
     host.secret_sha256 = secret_sha256
     host.fingerprint = fingerprint
+    host.system_labels = matching.system_labels(fingerprint)
     host.enrolled_labels = sorted(matching.own_labels(token.labels))
     host.labels = sorted(matching.own_labels(token.labels) | matching.own_labels(labels))
     host.repositories = _stored_offers(repositories)
@@ -202,8 +203,7 @@ def _host_views_query(repositories: bool) -> sa.Select[Any]:
         sa.select(
             Host.name,
             Host.labels,
-            Host.fingerprint["backend"].as_string(),
-            Host.fingerprint["os"].as_string(),
+            Host.system_labels,
             Host.repositories if repositories else sa.null(),
             Host.models,
             Host.last_heartbeat_at,
@@ -219,20 +219,20 @@ _HOST_VIEWS = {repositories: _host_views_query(repositories) for repositories in
 def host_views_program(repositories: bool = True) -> Program[list[HostView]]:
     """The hosts not revoked, by name, as the columns job matching reads: a Core query, no
     ORM objects (a submission checks its spec against every host; 50 Host objects with their
-    calibrations were a third of a submission's CPU). Of the fingerprint only what
-    auto_labels reads; the repository offers only with `repositories` (a job that names a
-    repository)."""
+    calibrations were a third of a submission's CPU). Never the fingerprint: what one host
+    reported is no part of another's submission. The repository offers only with
+    `repositories` (a job that names a repository)."""
     rows = (yield Execute(_HOST_VIEWS[repositories])).all()
     return [
         HostView(
             name=name,
             labels=labels,
-            fingerprint={key: value for key, value in (("backend", backend), ("os", os_name))},
+            system_labels=system,
             repositories=offers or {},
             models=models,
             last_heartbeat_at=heard,
         )
-        for name, labels, backend, os_name, offers, models, heard in rows
+        for name, labels, system, offers, models, heard in rows
     ]
 
 

@@ -63,6 +63,14 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
                 "ref (the configuration); the service picks each step's commits",
             )
         )
+    if spec.bisect is not None and spec.bisect.steps:
+        # Each step's decision and evidence are the service's own (api/jobs/bisect.py): a
+        # submitter may not hand it earlier steps, or evidence ids it did not make.
+        raise Invalid(
+            "bisect.steps are recorded by the service as the bisection runs; submit good, bad "
+            "and direction only",
+            field="bisect.steps",
+        )
     if spec.needs_host_resolution and spec.hosts != 1:
         what = "range" if spec.mode == "history" else "bisection"
         found.append(

@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql
 from api.auth import service as auth_service
 from api.auth.models import AuditEvent
 from api.database import utcnow
-from api.errors import NotAuthenticated
+from api.errors import Invalid, NotAuthenticated
 from api.hosts import service as host_service
 from api.hosts.matching import LeasingHost, why_host_cannot_run
 from api.hosts.models import Host
@@ -34,6 +34,7 @@ from api.runs.service import AUDIT_COLUMNS
 from api.runs.wakeup import WorkSignal
 from api.settings import Settings
 from api.transactions import Database, Execute, Program, among_ids
+from evidence.boundary import value_problem
 from evidence.protocol import JobState, Lease, RepositoryOffer, RunState
 from evidence.schemas import JobSpec
 
@@ -140,7 +141,7 @@ _CLAIMING_HOSTS = {
         _hosts.c.revoked_at,
         _hosts.c.name,
         _hosts.c.labels,
-        _hosts.c.fingerprint,
+        _hosts.c.system_labels,
         _hosts.c.repositories,
         _hosts.c.models,
         _hosts.c.health,
@@ -316,6 +317,12 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
             # The same host twice in one group (an agent's retry): the first request claims.
             answers.append(Claimed(None, {}))
             continue
+        problem = _report_problem(request.report)
+        if problem is not None:
+            # What one host reports never reaches the group's statements (the request types
+            # refuse it first; this keeps a caller that skipped them to its own request).
+            answers.append(Invalid(f"lease request: {problem}"))
+            continue
         values, host = _reported(request.report, row)
         claimers[host.id] = host
         host_values[host.id] = values
@@ -436,6 +443,13 @@ def _as_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def _report_problem(report: HostReport | None) -> str | None:
+    """What in a host's report the database could not hold (None: nothing)."""
+    if report is None:
+        return None
+    return value_problem(report.fingerprint) or value_problem(report.models)
+
+
 def _reported(report: HostReport | None, row: Any) -> tuple[dict[str, Any], LeasingHost]:
     """The host columns a lease request's report writes, and the host as it will be written
     (eligibility is judged on that: it is written in this transaction)."""
@@ -443,7 +457,7 @@ def _reported(report: HostReport | None, row: Any) -> tuple[dict[str, Any], Leas
         id=row.id,
         name=row.name,
         labels=row.labels,
-        fingerprint=row.fingerprint,
+        system_labels=row.system_labels,
         repositories=row.repositories,
         models=row.models,
         health=row.health,
@@ -456,9 +470,7 @@ def _reported(report: HostReport | None, row: Any) -> tuple[dict[str, Any], Leas
     if host.health == "lost":
         values["health"] = "ready"
     written = {
-        name: values[name]
-        for name in ("fingerprint", "repositories", "models", "health")
-        if name in values
+        name: values[name] for name in ("repositories", "models", "health") if name in values
     }
     return values, replace(host, **written)
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from api.settings import Settings
 from evidence.canonical import sha256_hex
 from tests.api.conftest import bearer
-from tests.api.factories import fingerprint, make_api_key, make_host, make_job
+from tests.api.factories import fingerprint, job_payload, make_api_key, make_host, make_job
 
 ADMIN_TOKEN = "an admin token for the fuzzer"
 EXAMPLES_PER_OPERATION = 15
@@ -57,7 +57,47 @@ def test_no_operation_answers_5xx_for_any_principal(
     assert failures == [], "\n".join(failures[:20])
 
 
-def _probe(operation: Any, principals: dict[str, Any], failures: list[str]) -> Any:
+WORKER_EXAMPLES_PER_OPERATION = 40
+
+
+def test_the_worker_protocol_answers_no_5xx_to_an_enrolled_host(
+    client: TestClient, db_session: Session, settings: Settings, principals: dict[str, Any]
+) -> None:
+    """Every operation a host's secret opens, with the secret of a host holding a lease, more
+    examples each; afterwards every submitter's job still finds its hosts (nothing a host
+    sent poisoned what others read)."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", client.app)
+    worker_paths = ("/api/v1/workers/", "/api/v1/leases", "/api/v1/runs/")
+    operations = [
+        result.ok()
+        for result in schema.get_all_operations()
+        if result.ok().path.startswith(worker_paths)
+    ]
+    assert len(operations) >= 5
+    failures: list[str] = []
+    for operation in operations:
+        _probe(
+            operation,
+            {"worker": principals["worker"]},
+            failures,
+            examples=WORKER_EXAMPLES_PER_OPERATION,
+        )()
+    assert failures == [], "\n".join(failures[:20])
+    # The fuzzed host reported whatever models it liked; a clean host takes the job, judged
+    # beside the fuzzed one's stored columns.
+    make_host(db_session, "studio-2")
+    submitted = client.post("/api/v1/jobs", json=job_payload(), headers=principals["submitter"])
+    assert submitted.status_code == 201, submitted.text
+    assert client.get("/api/v1/hosts", headers=principals["submitter"]).status_code == 200
+
+
+def _probe(
+    operation: Any,
+    principals: dict[str, Any],
+    failures: list[str],
+    *,
+    examples: int = EXAMPLES_PER_OPERATION,
+) -> Any:
     """A bounded hypothesis test of one operation: its valid and invalid cases, any principal."""
     label = f"{operation.method.upper()} {operation.path}"
     cases = st.one_of(
@@ -66,7 +106,7 @@ def _probe(operation: Any, principals: dict[str, Any], failures: list[str]) -> A
     )
 
     @settings(
-        max_examples=EXAMPLES_PER_OPERATION,
+        max_examples=examples,
         deadline=None,
         derandomize=True,
         database=None,

@@ -381,7 +381,7 @@ def test_groups_of_two_api_processes_never_give_one_run_to_two_hosts(
 
 def test_offers_go_to_their_hosts_first_then_to_any_host_that_fits() -> None:
     def host(host_id: str) -> LeasingHost:
-        return LeasingHost(host_id, host_id, [], {}, {}, [], "ready")
+        return LeasingHost(host_id, host_id, [], [], {}, [], "ready")
 
     a, b, c = host("a"), host("b"), host("c")
     offers = run_claim._Offers(

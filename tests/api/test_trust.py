@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from api.auth import service as auth_service
 from api.hosts.models import Host
+from api.runs import expiry
 from api.runs.models import Run, RunAttempt
 from api.settings import Settings
 from evidence.canonical import sha256_hex
@@ -114,6 +115,34 @@ def test_registration_cannot_claim_another_hosts_automatic_label(
     assert intruder.labels == ["gpu:m3", "lab:home"]
     make_job(db_session, settings, host_labels=["host:studio-1"])
     assert lease(client, body.json()["secret"]).status_code == 204
+
+
+def test_backend_and_os_labels_are_fixed_at_registration(
+    client: TestClient, db_session: Session, settings: Settings
+) -> None:
+    """A host registered as a CPU Linux box cannot report its way into jobs pinned to Metal
+    on macOS: its lease's fingerprint is stored, its automatic labels are not recomputed."""
+    _, secret = make_host(db_session, "box")  # backend cpu, Linux
+    token = auth_service.create_enrollment_token(db_session=db_session)
+    mac = register(client, token, "mac", fingerprint=fingerprint(backend="metal", os="macOS 15"))
+    assert mac.status_code == 201, mac.text
+    make_job(db_session, settings, host_labels=["backend:metal", "os:macos"])
+    expiry.revoke_host(db_session=db_session, settings=settings, name_or_id="mac", actor="test")
+    disguised = fingerprint(hostname="box", backend="metal", os="macOS 15.1")
+    assert lease(client, secret, fingerprint=disguised).status_code == 204
+    host = db_session.scalars(sa.select(Host).where(Host.name == "box")).one()
+    db_session.refresh(host)
+    assert host.fingerprint["backend"] == "metal"  # what it reported, kept for the record
+    assert host.system_labels == ["backend:cpu", "os:linux"]
+    listed = client.get("/api/v1/hosts", headers=bearer(make_api_key(db_session))).json()
+    assert listed[0]["auto_labels"] == ["host:box", "backend:cpu", "os:linux"]
+    # Submission judges with the same labels: no host can run a Metal job.
+    refused = client.post(
+        "/api/v1/jobs",
+        json=job_payload(host_labels=["backend:metal"]),
+        headers=bearer(make_api_key(db_session, "k2")),
+    )
+    assert refused.status_code == 422 and "lacks labels backend:metal" in refused.text
 
 
 def test_admin_sets_labels_over_http(
