@@ -11,7 +11,9 @@ from celery import Celery
 
 from api.settings import Settings, get_settings
 
-# Connecting to the broker: a loopback or LAN Redis answers in milliseconds.
+# Connecting to the broker and waiting for its answer: a loopback or LAN Redis answers in
+# milliseconds, and a request that sends a task after its commit waits at most this long for a
+# Redis that is gone or hung (beat sends the task again later).
 BROKER_TIMEOUT_S = 1.0
 
 
@@ -59,7 +61,7 @@ def make_celery(settings: Settings) -> Celery:
     if settings.redis_url:
         app.conf.broker_transport_options = {
             "socket_connect_timeout": BROKER_TIMEOUT_S,
-            "socket_timeout": 5.0,
+            "socket_timeout": BROKER_TIMEOUT_S,
             # An unacknowledged task (its worker was killed) is delivered again after this.
             "visibility_timeout": visibility_s,
             # Look for such tasks often enough that a short timeout is honoured.

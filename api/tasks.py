@@ -1,5 +1,11 @@
 """Celery tasks. Each is idempotent, acknowledged late, and sends follow-up tasks only after
-its own transaction has committed (through `api.dispatch`)."""
+its own transaction has committed (through `api.dispatch`).
+
+A task that fails because the database or the store is briefly unreachable is retried (and
+sent again by beat); one that fails on its input (a run's files, a job's cells) fails the same
+way every time, so its run or job is marked failed with the reason, once, where the job page
+and the API show it, and nothing sends it again.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import dispatch
-from api.artifacts.store import ArtifactStore, open_store
+from api.artifacts.store import ArtifactStore, is_unavailable, open_store
 from api.celery_app import celery_app
 from api.database import make_engine, make_sessionmaker
 from api.evidence import service as evidence_service
@@ -70,13 +76,33 @@ def _prepare_reports(**_: object) -> None:
     report.prepare()
 
 
+def _is_transient(error: Exception) -> bool:
+    """The database or the store could not be reached: worth another try."""
+    return isinstance(error, OperationalError) or is_unavailable(error)
+
+
+def _failure(stage: str, error: Exception) -> str:
+    """`ingest failed: DataError: value out of range ...`, on one line."""
+    message = " ".join(str(error).split())[:500]
+    return f"{stage} failed: {type(error).__name__}: {message}"
+
+
 @celery_app.task(name="coldbench.ingest_run", **TASK_OPTIONS)
 def ingest_run(run_id: str) -> None:
-    """Verify, parse, validate and insert a completed run's records; run -> processed."""
+    """Verify, parse, validate and insert a completed run's records; run -> processed (or
+    failed with the reason when its files cannot be ingested)."""
     with _session() as db_session:
-        job_id = ingest.ingest_run(
-            db_session=db_session, settings=_settings(), store=_store(), run_id=run_id
-        )
+        try:
+            job_id = ingest.ingest_run(
+                db_session=db_session, settings=_settings(), store=_store(), run_id=run_id
+            )
+        except Exception as error:
+            if _is_transient(error):
+                raise
+            log.exception("ingest of run %s cannot proceed", run_id)
+            job_id = ingest.fail_ingest(
+                db_session=db_session, run_id=run_id, reason=_failure("ingest", error)
+            )
         run = db_session.get(Run, run_id)
         if run is not None:
             # a bisection's step: running (analysis follows), or failed (the bisection ends)
@@ -104,7 +130,18 @@ def _answer_pull_request(db_session: Session, job_id: str) -> None:
 def analyze_job(job_id: str) -> None:
     """Statistics recomputed on the server from the job's raw cells; bundle files rendered."""
     with _session() as db_session:
-        ready = evidence_service.analyze_job(db_session=db_session, store=_store(), job_id=job_id)
+        try:
+            ready = evidence_service.analyze_job(
+                db_session=db_session, store=_store(), job_id=job_id
+            )
+        except Exception as error:
+            if _is_transient(error):
+                raise
+            log.exception("analysis of job %s cannot proceed", job_id)
+            evidence_service.fail_analysis(
+                db_session=db_session, job_id=job_id, reason=_failure("analysis", error)
+            )
+            ready = False
         if not ready:
             _advance_bisection(db_session, job_id)
             _answer_pull_request(db_session, job_id)
@@ -116,7 +153,15 @@ def analyze_job(job_id: str) -> None:
 def render_evidence(job_id: str) -> None:
     """Bundle zip into the store; the evidence row with its id; job -> done."""
     with _session() as db_session:
-        evidence_service.render_evidence(db_session=db_session, store=_store(), job_id=job_id)
+        try:
+            evidence_service.render_evidence(db_session=db_session, store=_store(), job_id=job_id)
+        except Exception as error:
+            if _is_transient(error):
+                raise
+            log.exception("publishing the evidence of job %s cannot proceed", job_id)
+            evidence_service.fail_analysis(
+                db_session=db_session, job_id=job_id, reason=_failure("publishing", error)
+            )
         _advance_bisection(db_session, job_id)
         _answer_pull_request(db_session, job_id)
 

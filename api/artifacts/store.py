@@ -151,7 +151,9 @@ class ArtifactStore(ABC):
             spool.handle.flush()
             os.fsync(spool.handle.fileno())
             spool.handle.close()
-            if not self.exists(actual):
+            if self.verify(actual, spool.size) is not None:
+                # Missing, or altered in the store since it was written: these bytes, whose
+                # digest was just checked, are the blob (a later upload repairs it).
                 self._check_space(spool.size)
                 self._publish(spool, actual)
         finally:
@@ -334,6 +336,22 @@ class S3ArtifactStore(ArtifactStore):
                     f"the artifact store refused the blob ({code}); nothing stored"
                 ) from None
             raise
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether `error` says the store could not be reached or failed on its side (worth
+    trying again later), rather than anything about what it holds."""
+    if isinstance(error, OSError):
+        return True
+    if not type(error).__module__.startswith("botocore"):
+        return False
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        code = error.response.get("Error", {}).get("Code", "")
+        return int(status) >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout")
+    return isinstance(error, BotoCoreError)
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:

@@ -285,6 +285,30 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
     return True
 
 
+def fail_analysis(*, db_session: Session, job_id: str, reason: str) -> bool:
+    """Analysis or publishing of `job_id` cannot proceed (the same input fails the same way
+    every time): the job is failed with `reason`, once; True when it was. A job no longer
+    being analysed is left as it is."""
+    db_session.rollback()
+    job = db_session.get(Job, job_id, with_for_update=True, populate_existing=True)
+    if job is None or job.state != JobState.ANALYZING:
+        db_session.rollback()
+        return False
+    job.state = JobState.FAILED
+    job.reason = reason
+    job.updated_at = utcnow()
+    auth_service.record_audit(
+        db_session=db_session,
+        actor="server",
+        kind="job.analysis_failed",
+        subject_id=job_id,
+        reason=reason,
+    )
+    db_session.commit()
+    log.warning("job %s failed: %s", job_id, reason)
+    return True
+
+
 def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -> str | None:
     """Zip the job's bundle into the store and publish its evidence id (idempotent)."""
     from evidence.bundle import MANIFEST_FILE, evidence_id_of, zip_bytes

@@ -27,6 +27,7 @@ from api.jobs import service as job_service
 from api.jobs.models import Job
 from api.runs.models import Cell, Run
 from api.settings import Settings
+from evidence.boundary import strict_json_loads
 from evidence.bundle import JOB_FILE
 from evidence.protocol import RunState
 from evidence.resolution import resolution_problem
@@ -49,7 +50,7 @@ def parse_cells(raw: bytes, run: Run) -> tuple[list[dict[str, Any]], list[str]]:
         if not line.strip():
             continue
         try:
-            record = Record.model_validate(json.loads(line))
+            record = Record.model_validate(strict_json_loads(line))
         except json.JSONDecodeError as error:
             problems.append(f"line {line_no}: not JSON ({error.msg})")
             continue
@@ -127,6 +128,18 @@ def _fail(db_session: Session, run: Run, reason: str) -> str | None:
     db_session.commit()
     log.warning("ingest of run %s failed: %s", run.id, reason)
     return run.job_id if analyze else None
+
+
+def fail_ingest(*, db_session: Session, run_id: str, reason: str) -> str | None:
+    """Ingest of `run_id` cannot proceed (the same input fails the same way every time): the
+    run is failed with `reason`, once, and its job's state follows; returns the job id when
+    its analysis should start. Nothing happens to a run that is no longer completed."""
+    db_session.rollback()
+    run = db_session.get(Run, run_id, with_for_update=True, populate_existing=True)
+    if run is None or run.state != RunState.COMPLETED:
+        db_session.rollback()
+        return None
+    return _fail(db_session, run, reason)
 
 
 def ingest_run(

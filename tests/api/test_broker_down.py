@@ -4,11 +4,13 @@ temporary file that the sweep removes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +80,72 @@ def test_completion_does_not_wait_for_an_unreachable_broker(
     db_session.refresh(run)
     assert run.state == "completed"
     # What the beat task `reprocess_unprocessed` sends again once the broker is back.
+    assert run_id in ingest.unprocessed_run_ids(db_session=db_session)
+
+
+class _SilentBroker:
+    """A TCP server that accepts connections and never answers (a hung Redis)."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.port = self.server.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # closed at the end of the test
+            while True:
+                self.held.append(self.server.accept()[0])
+
+    def close(self) -> None:
+        self.server.close()
+        for connection in self.held:
+            connection.close()
+
+
+def test_completion_waits_about_a_second_for_a_broker_that_never_answers(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis accepting connections but not answering costs a completion its socket timeout
+    (1 s, BROKER_TIMEOUT_S), not 5 s; the run is committed and reprocessed later."""
+    import api.celery_app
+
+    broker = _SilentBroker()
+    try:
+        hung = make_celery(Settings(redis_url=f"redis://127.0.0.1:{broker.port}/0"))
+        monkeypatch.setattr(api.celery_app, "celery_app", hung)
+        _, secret = make_host(db_session, "studio-1")
+        make_job(db_session, settings)
+        run_id = client.post(
+            "/api/v1/leases",
+            json={"fingerprint": fingerprint(), "wait_s": 0},
+            headers=bearer(secret),
+        ).json()["run_id"]
+        files = {"records.jsonl": records_jsonl(run_id), "provenance.json": provenance_json(run_id)}
+        for name, content in files.items():
+            client.put(
+                f"/api/v1/runs/{run_id}/artifacts/{name}?attempt=1",
+                content=content,
+                headers={**bearer(secret), "X-Content-SHA256": sha256_hex(content)},
+            )
+        with dispatch.use_sender(dispatch._celery_sender):
+            dispatch.send_task("warm_up")  # imports and the first connection
+            started = time.monotonic()
+            done = client.post(
+                f"/api/v1/runs/{run_id}/complete",
+                json={"attempt": 1, "status": "succeeded", "manifest": manifest_for(files)},
+                headers=bearer(secret),
+            )
+            waited = time.monotonic() - started
+    finally:
+        broker.close()
+    assert done.status_code == 200, done.text
+    assert waited < 3.0, f"completion waited {waited:.1f} s for a broker that never answers"
     assert run_id in ingest.unprocessed_run_ids(db_session=db_session)
 
 

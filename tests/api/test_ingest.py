@@ -14,7 +14,7 @@ from api.runs import ingest
 from api.runs.models import Cell, Run
 from api.settings import Settings
 from tests.api.conftest import SentTasks
-from tests.api.factories import make_host, make_job, record
+from tests.api.factories import make_api_key, make_host, make_job, record
 from tests.api.test_endpoints import complete, lease, upload, upload_run
 
 # Ingest inserts with each dialect's INSERT .. ON CONFLICT (api/runs/ingest.py).
@@ -207,3 +207,98 @@ def test_analysis_failure_is_final_with_its_reason(
     assert not evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
     job = db_session.get(Job, job_id)
     assert job.state == "failed" and job.reason.endswith("needs at least one ok cell")
+
+
+def test_numbers_a_column_or_json_cannot_hold_fail_their_lines_only(
+    client: TestClient, db_session: Session, settings: Settings
+) -> None:
+    _, secret = make_host(db_session, "a")
+    make_job(db_session, settings)
+    run_id = lease(client, secret).json()["run_id"]
+    good = record(run_id, "base", 0, 64)
+    lines = [
+        json.dumps(good),
+        json.dumps({**good, "round": 1}).replace('"prefill_s": 0.064', '"prefill_s": 1e999'),
+        json.dumps({**good, "round": 2**31}),
+        json.dumps({**good, "round": 3, "reason": "x\u0000"}),
+    ]
+    assert '"prefill_s": 1e999' in lines[1]
+    files = {"records.jsonl": ("\n".join(lines) + "\n").encode(), "provenance.json": b"{}"}
+    for name, content in files.items():
+        upload(client, secret, run_id, name, content)
+    from tests.api.factories import manifest_for
+
+    assert complete(client, secret, run_id, manifest_for(files)).status_code == 200
+    _ingest(db_session, settings, client, run_id)
+    run = db_session.get(Run, run_id)
+    assert run.state == "processed" and _cells(db_session, run_id) == 1
+    assert [error.split(":")[0] for error in run.ingest_errors] == ["line 2", "line 3", "line 4"]
+    assert "too large for a 64-bit float" in run.ingest_errors[0]
+    assert "less than or equal to 2147483647" in run.ingest_errors[1]
+    assert "control character U+0000" in run.ingest_errors[2]
+
+
+def test_an_ingest_the_database_refuses_fails_the_run_once_with_its_reason(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    completed_run: Run,
+    sent_tasks: SentTasks,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows the database refuses (here a value past every integer column, past validation):
+    the task fails the run with the database's reason, once; nothing sends it again."""
+    from api.jobs.models import Job
+
+    parse = ingest.parse_cells
+
+    def beyond_every_column(raw: bytes, run: Run) -> tuple[list, list]:
+        rows, problems = parse(raw, run)
+        return [{**rows[0], "round": 2**64}, *rows[1:]], problems
+
+    monkeypatch.setattr(ingest, "parse_cells", beyond_every_column)
+    monkeypatch.setattr(tasks, "_session", lambda: _borrowed(db_session))
+    monkeypatch.setattr(tasks, "_settings", lambda: settings)
+    monkeypatch.setattr(tasks, "_store", lambda: client.app.state.store)
+    sent_tasks.calls.clear()
+    tasks.ingest_run.run(completed_run.id)
+    db_session.expire_all()
+    run = db_session.get(Run, completed_run.id)
+    assert run.state == "failed" and run.reason.startswith("ingest failed: ")
+    job = db_session.get(Job, run.job_id)
+    assert job.state == "failed"
+    # Shown where a submitter looks: the job's API answer carries the run's reason.
+    key = make_api_key(db_session)
+    shown = client.get(f"/api/v1/jobs/{job.id}", headers={"Authorization": f"Bearer {key}"})
+    assert shown.json()["runs"][0]["reason"] == run.reason
+    # Once: neither the task again nor beat's reprocessing sends anything more.
+    tasks.ingest_run.run(completed_run.id)
+    tasks.reprocess_unprocessed.run()
+    assert sent_tasks.calls == []
+
+
+def test_an_analysis_that_raises_fails_the_job_once_with_its_reason(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    completed_run: Run,
+    sent_tasks: SentTasks,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from api.jobs.models import Job
+
+    def broken(**_kwargs: object) -> None:
+        raise KeyError("records.jsonl")
+
+    monkeypatch.setattr("evidence.bundle.build_bundle", broken)
+    monkeypatch.setattr(tasks, "_session", lambda: _borrowed(db_session))
+    monkeypatch.setattr(tasks, "_store", lambda: client.app.state.store)
+    job_id = _ingest(db_session, settings, client, completed_run.id)
+    sent_tasks.calls.clear()
+    tasks.analyze_job.run(job_id)
+    job = db_session.get(Job, job_id)
+    db_session.refresh(job)
+    assert job.state == "failed"
+    assert job.reason == "analysis failed: KeyError: 'records.jsonl'"
+    tasks.reprocess_unprocessed.run()
+    assert sent_tasks.calls == []

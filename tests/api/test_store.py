@@ -136,6 +136,13 @@ def test_altered_blob_is_reported(store: tuple[ArtifactStore, Settings], tmp_pat
         blobs.client.put_object(Bucket=blobs.bucket, Key=blobs.key(digest), Body=b"tampered!!")
     problem = blobs.verify(digest, len(data))
     assert problem is not None and problem.startswith("altered in the store")
+    # A later upload of the right bytes repairs it; one of other bytes under the name is
+    # refused and changes nothing.
+    with pytest.raises(Invalid):
+        blobs.put_chunks([b"tampered!!"], expected_sha256=digest, max_bytes=100)
+    assert blobs.verify(digest, len(data)) is not None
+    assert blobs.put_bytes(data).sha256 == digest
+    assert blobs.verify(digest, len(data)) is None and blobs.read_bytes(digest) == data
 
 
 def test_s3_objects_live_under_the_prefix(s3_server: S3Server, tmp_path: Path) -> None:
