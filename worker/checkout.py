@@ -232,11 +232,17 @@ def history_commits(
     every: int | None = None,
     last: int | None = None,
     limit: int = MAX_HISTORY_COMMITS,
+    narrower: str = "narrow it, or use --every N or --last N",
 ) -> tuple[str, list[tuple[str, str]]]:
     """(reference commit, [(commit, subject), ...] oldest first) for `A..B`: the reference is
     A itself, the commits those on B's first-parent line after A; `last` keeps the newest N,
     `every` each Nth counted back from B (so B is always measured); more than `limit` left
-    is refused."""
+    is refused, saying what to do (`narrower`).
+
+    A..B must be one line: A an ancestor of B and on B's first-parent history, so each
+    commit's parent in the list is the one before it (a history's steps and a bisection's
+    halves compare neighbours). A from an unrelated history, or a commit of a branch merged
+    into B, is refused."""
     start, sep, end = commit_range.partition("..")
     if not sep:
         raise CheckoutError(f"range {commit_range!r} is not A..B")
@@ -256,13 +262,33 @@ def history_commits(
     commits = [(line[:40], line[41:][:200]) for line in out.splitlines() if line.strip()]
     if not commits:
         raise CheckoutError(f"range {commit_range!r} holds no commit after {start}")
+    _check_line(mirror, commit_range, reference, tip, commits[0][0])
     if every:
         commits = commits[::-1][::every][::-1]
     if last:
         commits = commits[-last:]
     if len(commits) > limit:
         raise CheckoutError(
-            f"range {commit_range!r} holds {len(commits)} commits; at most "
-            f"{limit} (narrow it, or use --every N or --last N)"
+            f"range {commit_range!r} holds {len(commits)} commits; at most {limit} ({narrower})"
         )
     return reference, commits
+
+
+def _check_line(mirror: Path, commit_range: str, reference: str, tip: str, oldest: str) -> None:
+    """CheckoutError unless `reference` is an ancestor of `tip` and the first parent of
+    `oldest`, the first commit `git log --first-parent reference..tip` listed."""
+    start, _, end = commit_range.partition("..")
+    try:
+        _git("--git-dir", str(mirror), "merge-base", "--is-ancestor", reference, tip)
+    except CheckoutError:
+        raise CheckoutError(
+            f"range {commit_range!r}: {start} is not an ancestor of {end} (an unrelated "
+            f"history, or a newer commit); name A..B with A in B's history"
+        ) from None
+    parents = _git("--git-dir", str(mirror), "rev-list", "--parents", "-n", "1", oldest).split()
+    if parents[1:2] != [reference]:
+        raise CheckoutError(
+            f"range {commit_range!r}: {start} is not on the first-parent line of {end} (a "
+            f"commit of a branch merged into it); name a commit of {end}'s first-parent "
+            "history, such as the merge"
+        )

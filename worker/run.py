@@ -142,6 +142,7 @@ def resolve_on_host(
             f"{spec.bisect.good}..{spec.bisect.bad}",
             state_dir=state_dir,
             limit=MAX_BISECT_LINE - 1,
+            narrower="name a good commit closer to the bad one",
         )
     except CheckoutError as error:
         raise RunRefused(str(error)) from None

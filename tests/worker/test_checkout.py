@@ -8,6 +8,7 @@ from tests.worker.conftest import git
 from worker.checkout import (
     CheckoutError,
     check_ref,
+    history_commits,
     prepare,
     resolve_ref,
     tree_state,
@@ -131,3 +132,62 @@ def test_uncommitted_edits_to_the_commit_measured_refuse_the_run(
             repositories={"stub": stub_repository},
         )
     assert not (tmp_path / "state").exists()  # refused before anything was cloned
+
+
+def _line_repo(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """main: m0 - m1 - merge(m1, s2) - m3, side: m0 - s1 - s2, and an orphan branch o1."""
+    repo = tmp_path / "line-repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commits = {}
+    for name in ("m0", "m1"):
+        git(repo, "commit", "-q", "--allow-empty", "-m", name)
+        commits[name] = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "side", commits["m0"])
+    for name in ("s1", "s2"):
+        git(repo, "commit", "-q", "--allow-empty", "-m", name)
+        commits[name] = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "-m", "merge", "side")
+    commits["merge"] = git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "m3")
+    commits["m3"] = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "--orphan", "orphan")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "o1")
+    commits["o1"] = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "main")
+    return repo, commits
+
+
+def test_a_range_is_one_first_parent_line(tmp_path: Path) -> None:
+    repo, commits = _line_repo(tmp_path)
+    repository = RepositoryConfig(name="line", url=str(repo), module="mlx_lm")
+    state = tmp_path / "state"
+    reference, listed = history_commits(repository, f"{commits['m0']}..main", state_dir=state)
+    assert reference == commits["m0"]
+    assert [sha for sha, _ in listed] == [commits["m1"], commits["merge"], commits["m3"]]
+    # A good commit on the merged side branch: B's first-parent line does not continue from
+    # it, so the "line" would jump from s1 to m1.
+    with pytest.raises(CheckoutError, match="is not on the first-parent line of main"):
+        history_commits(repository, f"{commits['s1']}..main", state_dir=state)
+    # An unrelated history (an orphan branch) is no start of a line, nor a newer commit.
+    with pytest.raises(CheckoutError, match="is not an ancestor of main"):
+        history_commits(repository, "orphan..main", state_dir=state)
+    with pytest.raises(CheckoutError, match="holds no commit after main"):
+        history_commits(repository, f"main..{commits['m1']}", state_dir=state)
+
+
+def test_too_long_a_range_says_how_to_narrow_it(tmp_path: Path) -> None:
+    repo, commits = _line_repo(tmp_path)
+    repository = RepositoryConfig(name="line", url=str(repo), module="mlx_lm")
+    state = tmp_path / "state"
+    with pytest.raises(CheckoutError, match=r"at most 2 \(narrow it, or use --every N"):
+        history_commits(repository, f"{commits['m0']}..main", state_dir=state, limit=2)
+    with pytest.raises(CheckoutError, match=r"at most 2 \(name a good commit closer\)$"):
+        history_commits(
+            repository,
+            f"{commits['m0']}..main",
+            state_dir=state,
+            limit=2,
+            narrower="name a good commit closer",
+        )
