@@ -238,6 +238,7 @@ def test_numbers_a_column_or_json_cannot_hold_fail_their_lines_only(
     assert "control character U+0000" in run.ingest_errors[2]
 
 
+@pytest.mark.both_dialects
 def test_an_ingest_the_database_refuses_fails_the_run_once_with_its_reason(
     client: TestClient,
     db_session: Session,
