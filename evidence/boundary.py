@@ -48,7 +48,16 @@ MAX_EXTRA_FIELDS: Final = 32
 MAX_DEPTH: Final = 16
 EXTRA_FIELD_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
-Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+
+def _not_below_int32(value: int) -> int:
+    if value < INT32_MIN:
+        raise ValueError(f"{value} is below the 32-bit range of its column ({INT32_MIN})")
+    return value
+
+
+# A field's own `Field(ge=...)` keeps its lower bound: two `ge` constraints on one field do not
+# combine (the later wins), so the type's lower bound is a validator.
+Int32 = Annotated[int, Field(le=INT32_MAX), AfterValidator(_not_below_int32)]
 
 
 class _Multiline:

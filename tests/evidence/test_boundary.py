@@ -21,7 +21,13 @@ from pydantic import BaseModel, ValidationError
 
 from evidence.boundary import MAX_EXTRA_FIELDS, strict_json_loads, value_problem
 from evidence.canonical import canonical_json
-from evidence.protocol import CompleteRequest, HeartbeatRequest, LeaseRequest, RegisterRequest
+from evidence.protocol import (
+    CompleteRequest,
+    HeartbeatRequest,
+    InvalidCell,
+    LeaseRequest,
+    RegisterRequest,
+)
 from evidence.schemas import HostInfo, JobSpec, Manifest, Provenance, Record
 from tests.evidence.strategies import (
     HOSTILE_JSON,
@@ -185,6 +191,13 @@ def test_job_spec_numbers_fit_their_columns_and_json() -> None:
     base = {"variants": [{"name": "a"}], "contexts": [64]}
     with pytest.raises(ValidationError, match="contexts"):
         JobSpec.model_validate({**base, "contexts": [2**31]})
+    # A field's own lower bound holds beside its column's range.
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        JobSpec.model_validate({**base, "rounds": 0})
+    with pytest.raises(ValidationError, match="greater than or equal to -1"):
+        Record.model_validate({**VALID_RECORD, "round": -2})
+    with pytest.raises(ValidationError, match="below the 32-bit range"):
+        InvalidCell.model_validate({"round": -(2**31) - 1})
     with pytest.raises(ValidationError, match="variants.0.flags"):
         JobSpec.model_validate({**base, "variants": [{"name": "a", "flags": {"x": math.nan}}]})
     with pytest.raises(ValidationError, match="seed"):
