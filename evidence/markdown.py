@@ -78,9 +78,23 @@ def fmt_verdict(comparison: Comparison | HistoryPoint) -> str:
         return verdict
     if verdict == "no valid pairs" and comparison.why:
         return f"no valid pairs: {comparison.why}"
-    if verdict == "inconclusive" and comparison.rounds_needed:
-        return f"inconclusive (~{comparison.rounds_needed} rounds for the precision)"
+    if verdict == "inconclusive":
+        costs = rounds_costs(comparison)
+        return f"inconclusive ({costs})" if costs else verdict
     return verdict
+
+
+def rounds_costs(comparison: Comparison) -> str:
+    """`~9 rounds to detect, ~90 for the precision`: what more rounds would buy an
+    inconclusive comparison, the two costs told apart (evidence.stats: detecting the change
+    observed, and an interval within +-precision); empty when neither is known."""
+    detect, needed = comparison.rounds_to_detect, comparison.rounds_needed
+    if detect and needed == detect:
+        return f"~{detect} rounds to detect or for the precision"
+    costs = [f"~{detect} rounds to detect"] if detect else []
+    if needed:
+        costs.append(f"~{needed}{'' if costs else ' rounds'} for the precision")
+    return ", ".join(costs)
 
 
 # Below this a per-hour rate is an extrapolation far beyond the data: show only the change
@@ -336,8 +350,24 @@ def verdict_clause(comparison: Comparison, settings: Settings) -> str:
         )
     if not comparison.n:  # the verdict table says why
         return f"{variant}: no valid pairs {where}"
-    needed = comparison.rounds_needed
-    settle = f"; about {needed} rounds would settle it" if needed else ""
+    detect, needed = comparison.rounds_to_detect, comparison.rounds_needed
+    precision = f"+-{100 * settings.precision:g}%"
+    if detect and needed == detect:
+        settle = (
+            f"; about {detect} rounds would detect a change this size and bound it within "
+            f"{precision}"
+        )
+    elif detect and needed:
+        settle = (
+            f"; about {detect} rounds would detect a change this size, {needed} would bound it "
+            f"within {precision}"
+        )
+    elif detect:
+        settle = f"; about {detect} rounds would detect a change this size"
+    elif needed:
+        settle = f"; about {needed} rounds would bound it within {precision}"
+    else:
+        settle = ""
     return f"{variant}: inconclusive {where} ({comparison.n} pairs{settle})"
 
 
@@ -487,9 +517,11 @@ def how_to_read(settings: Settings) -> list[str]:
         f"{precision_pct}, so any change larger than {precision_pct} is ruled out; a smaller "
         "one is not.",
         f"inconclusive: fewer than {settings.min_pairs} pairs, or an interval too wide for "
-        f"+-{precision_pct} (the rounds that would reach it are estimated from the observed "
-        "spread), or an interval and a corrected test that disagree. An interval that includes "
-        "1 establishes nothing more than that.",
+        f"+-{precision_pct}, or an interval and a corrected test that disagree; from the "
+        "observed spread, the rounds that would detect a change of the size observed and those "
+        f"that would bound it within +-{precision_pct} are two estimates (a large change is "
+        "detected long before its interval is that narrow). An interval that includes 1 "
+        "establishes nothing more than that.",
         "no valid pairs: no round had valid cells of both the variant and the baseline at "
         "that context; the row says which side had none and why its cells were set aside.",
         "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "

@@ -53,6 +53,13 @@ precision))^2), s the standard deviation of the log ratios (the median's standar
 1.2533 times the mean's). Never less than `min_pairs`, nor than n + 1, nor than the smallest n
 at which the signed-rank test of m comparisons can pass Holm at all (2^(1-n) x m < alpha, e.g.
 7 rounds for a matrix of 2). A ratio close to a precision bound may need more.
+
+`rounds_to_detect` (inconclusive only, where a change is observed): the rounds at which, with
+the spread observed, the interval would leave 1 for a change of the size observed (the median
+ratio r): the same formula with ln(r) in place of ln(1 + precision), and the same floors. It is
+the cost of detecting this change; `rounds_needed` is the cost of a +-precision interval, which
+only a change smaller than the precision needs (a 70% change is detected long before its
+interval is +-5% wide).
 """
 
 from __future__ import annotations
@@ -511,6 +518,24 @@ def rounds_needed(
     return max(needed, options.min_pairs, n + 1, rounds_for_test(family_size, options.alpha))
 
 
+def rounds_to_detect(
+    ratios: Sequence[float], options: StatsOptions, family_size: int = 1
+) -> int | None:
+    """Rounds for an interval that leaves 1 at the change observed (module docstring); None
+    when the median ratio is 1 (no change to detect) or there are fewer than two units."""
+    n = len(ratios)
+    if n < 2:
+        return None
+    effect = abs(math.log(float(np.median(ratios))))
+    if effect == 0:
+        return None
+    floor = max(options.min_pairs, n + 1, rounds_for_test(family_size, options.alpha))
+    spread = log_spread(ratios)
+    if spread is None:
+        return floor
+    return max(math.ceil((_Z * _MEDIAN_SE_FACTOR * spread / effect) ** 2), floor)
+
+
 def decide(
     n: int,
     ci_low: float | None,
@@ -627,9 +652,11 @@ def finish(
             comparison.setdefault("why", "no pair of valid cells")
         elif comparison["verdict"] == "inconclusive":
             needed = rounds_needed(units, options, family_size=family_size)
+            detect = rounds_to_detect(units, options, family_size=family_size)
             # Units are process pairs: more of them at the same length of block.
             per_unit = max(1, round(comparison["n"] / len(units))) if units else 1
             comparison["rounds_needed"] = None if needed is None else needed * per_unit
+            comparison["rounds_to_detect"] = None if detect is None else detect * per_unit
         finished.append(model.model_validate(comparison))
     return finished
 

@@ -110,8 +110,11 @@ class Comparison(_Section):
     p_value: float | None
     p_adjusted: float | None
     verdict: Verdict
+    # Inconclusive only (evidence.stats): rounds for a +-precision interval, and rounds to
+    # detect a change of the size observed; two different costs.
     rounds_needed: int | None
     ratios: list[PairRatio]
+    rounds_to_detect: int | None = None
     why: str | None = None
     blocks: int | None = None
     unit: str | None = None

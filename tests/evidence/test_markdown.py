@@ -193,8 +193,23 @@ def test_verdict_clause_states_the_change_and_its_interval_in_the_verdicts_direc
     )
     unsure = _comparison("inconclusive", 0.99, 0.9, 1.1, rounds_needed=14)
     assert verdict_clause(unsure, SETTINGS) == (
-        "cand: inconclusive at 128 tokens (8 pairs; about 14 rounds would settle it)"
+        "cand: inconclusive at 128 tokens (8 pairs; about 14 rounds would bound it within +-5%)"
     )
+
+
+def test_rounds_to_detect_a_change_are_told_apart_from_rounds_for_the_precision() -> None:
+    """A large change is detected long before its interval is +-precision wide: the two costs
+    are stated apart, never the second as if it were the first."""
+    from evidence.markdown import fmt_verdict, verdict_clause
+
+    large = _comparison("inconclusive", 0.43, 0.31, 0.82, rounds_needed=90, rounds_to_detect=9)
+    assert verdict_clause(large, SETTINGS) == (
+        "cand: inconclusive at 128 tokens (8 pairs; about 9 rounds would detect a change this "
+        "size, 90 would bound it within +-5%)"
+    )
+    assert fmt_verdict(large) == "inconclusive (~9 rounds to detect, ~90 for the precision)"
+    same = _comparison("inconclusive", 1.0, 0.9, 1.1, rounds_needed=30)
+    assert fmt_verdict(same) == "inconclusive (~30 rounds for the precision)"
 
 
 def test_summary_md_opens_with_one_sentence_per_context_then_the_table() -> None:

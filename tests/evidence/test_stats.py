@@ -553,3 +553,17 @@ def test_reproductions_disagree_only_on_95_percent_intervals() -> None:
     low, high = row.runs
     assert low.ci_high < high.ci_low  # 75% intervals apart: no disagreement is established
     assert [r.ci_level for r in row.runs] == [0.75, 0.75] and row.agree
+
+
+def test_rounds_to_detect_a_large_change_are_far_fewer_than_for_the_precision() -> None:
+    """A 57% slowdown with a wide spread: detecting it takes a few more rounds, a +-5% interval
+    many; no change observed has nothing to detect."""
+    from evidence.stats import StatsOptions, rounds_needed, rounds_to_detect
+
+    options = StatsOptions()
+    ratios = [0.31, 0.82, 0.40, 0.45, 0.38, 0.52, 0.47, 0.35]
+    detect = rounds_to_detect(ratios, options)
+    needed = rounds_needed(ratios, options)
+    assert detect is not None and needed is not None
+    assert len(ratios) < detect <= 12 and needed > 5 * detect
+    assert rounds_to_detect([0.9, 1.1, 1.0, 0.95, 1.05], options) is None
