@@ -1,8 +1,9 @@
 """A host's calibration: how small an effect this host resolves, measured once per host.
 
-`coldbench calibrate` runs N A/A jobs of three identical variants and N jobs whose third
-variant carries a planted effect (a chunk width known to cost a few percent), each through the
-same run machinery as `coldbench run`, and reduces their summaries to a `HostCalibration`:
+`coldbench calibrate` (worker/calibrate.py) runs N runs of identical variants a, b, c beside a
+variant p with a planted effect (a chunk width known to cost a few percent), each through the
+same run machinery as `coldbench run`; each run is read as an A/A/A job (a, b, c) and a planted
+job (a, b, p). Their summaries reduce to a `HostCalibration`:
 
 - `aa_claims`: A/A jobs where any comparison was called `faster` or `slower` (should be at or
   below 5% of `aa_jobs`: identical code must not be called different);
@@ -10,13 +11,20 @@ same run machinery as `coldbench run`, and reduces their summaries to a `HostCal
   (`planted_verdicts` counts each verdict, so a direction can be checked);
 - `resolvable`: the median half-width of the A/A jobs' 95% intervals (as a fraction): the
   smallest effect this host can tell from 1 at this model, context and number of rounds;
-- `between_process_sd`: the median between-process spread of the A/A ratios.
+- `between_process_sd`: the median between-process spread of the A/A ratios;
+- `variance` and `noise`: one analysis of variance of every run's paired log ratios by process
+  pair (`VarianceSums`), and what it gives this host's runs (`HostNoise`): the process-pair
+  component with its one-sided 95% upper bound and the spread within process pairs. A runs'
+  statistics count pairs with the design effect that bound implies (evidence.stats), and its
+  blocks are as long as the bound makes cheapest (`block_length`). Each calibration job's
+  verdicts use the noise of the other runs only, so no job is judged by a bound it set.
 
 The agent reports it to the server (`PUT /api/v1/workers/calibration`) and /hosts shows it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
@@ -24,17 +32,136 @@ from typing import Any, Final, Literal
 
 import numpy as np
 from pydantic import ConfigDict, Field
+from scipy import stats as scipy_stats
 
 from evidence.boundary import Checked, Paragraph
-from evidence.schemas import FlagValue, HostInfo
+from evidence.schemas import FlagValue, HostInfo, HostNoise
 from evidence.summary_schema import Summary, decisive_interval
 
 CALIBRATION_SCHEMA: Final = "coldbench.calibration/1"
 CLAIMS = ("faster", "slower")
+# One-sided confidence of the process-pair bound a calibration gives its host's runs.
+NOISE_CONFIDENCE = 0.95
+# A calibrated host's runs keep at least this many blocks: their own process pairs check the
+# calibration (evidence.stats.design_effect_interval's F test).
+MIN_CALIBRATED_BLOCKS = 2
 
 
 class _Strict(Checked):
     model_config = ConfigDict(extra="forbid")
+
+
+class VarianceSums(_Strict):
+    """One-way analysis of variance of paired log ratios by process pair: the between- and
+    within-pairs sums of squares with their degrees of freedom, and the effective pairs per
+    process pair (`m0`, the n0 of unequal sizes). Sums of several comparisons add up."""
+
+    ss_between: float = Field(ge=0, allow_inf_nan=False)
+    df_between: int = Field(ge=0)
+    ss_within: float = Field(ge=0, allow_inf_nan=False)
+    df_within: int = Field(ge=0)
+    m0: float = Field(gt=0, allow_inf_nan=False)
+
+    def __add__(self, other: VarianceSums) -> VarianceSums:
+        df_between = self.df_between + other.df_between
+        m0 = (self.m0 * self.df_between + other.m0 * other.df_between) / max(df_between, 1)
+        return VarianceSums(
+            ss_between=self.ss_between + other.ss_between,
+            df_between=df_between,
+            ss_within=self.ss_within + other.ss_within,
+            df_within=self.df_within + other.df_within,
+            m0=m0,
+        )
+
+    @property
+    def within_variance(self) -> float | None:
+        return self.ss_within / self.df_within if self.df_within >= 1 else None
+
+    def f_ratio(self) -> float | None:
+        within = self.within_variance
+        if self.df_between < 1 or not within:
+            return None
+        return (self.ss_between / self.df_between) / within
+
+    def process_variance(self, *, upper: float | None = None) -> float | None:
+        """The variance a process pair adds to a log ratio (tau^2): the method-of-moments
+        estimate, or with `upper` (e.g. 0.95) its one-sided upper confidence bound from the F
+        distribution of the mean squares' ratio. None without both kinds of freedom."""
+        f, within = self.f_ratio(), self.within_variance
+        if f is None or within is None:
+            return None
+        if upper is not None:
+            f = f / float(scipy_stats.f.ppf(1 - upper, self.df_between, self.df_within))
+        return max(0.0, (f - 1) / self.m0) * within
+
+    def p_value(self) -> float | None:
+        """P of an F this large with no process component."""
+        f = self.f_ratio()
+        if f is None:
+            return None
+        return float(scipy_stats.f.sf(f, self.df_between, self.df_within))
+
+
+def noise_of(
+    sums: VarianceSums | None,
+    *,
+    load_s: float | None = None,
+    cell_s_per_token: float | None = None,
+    contexts: Sequence[int] = (),
+    model: str | None = None,
+    calibrated_at: datetime | None = None,
+) -> HostNoise | None:
+    """The host's noise from its calibration's variance sums (None without within-pair
+    freedom or without two process pairs)."""
+    within = sums.within_variance if sums is not None else None
+    point = sums.process_variance() if sums is not None else None
+    upper = sums.process_variance(upper=NOISE_CONFIDENCE) if sums is not None else None
+    if sums is None or not within or point is None or upper is None:
+        return None
+    units = sums.df_between + 1
+    return HostNoise(
+        process_pair_sd=min(1.0, math.sqrt(point)),
+        process_pair_sd_upper=min(1.0, math.sqrt(upper)),
+        pair_sd=min(1.0, math.sqrt(within)),
+        process_pairs=max(2, units),
+        pairs=max(2, sums.df_within + units),
+        load_s=load_s,
+        cell_s_per_token=cell_s_per_token,
+        contexts=sorted(set(contexts)),
+        model=model,
+        calibrated_at=calibrated_at,
+    )
+
+
+def block_length(
+    rounds: int, *, contexts: Sequence[int], variants: int, noise: HostNoise
+) -> tuple[int, str]:
+    """Rounds per process for a job on a calibrated host, and why.
+
+    A block start costs S (the load, and a warm-up per variant and context), a round costs c (a
+    cell per variant and context), and the pairs of one process pair share its offset, so the
+    variance of their ratios grows by the design effect 1 + (L - 1) rho. For a given precision
+    the time (1 + (L - 1) rho)(c + S / L) is least at L = sqrt(S (1 - rho) / (rho c)), the
+    classic optimal cluster size; rho uses the calibration's upper bound. At least
+    MIN_CALIBRATED_BLOCKS blocks, so the run's own process pairs check the calibration."""
+    tau2 = noise.process_pair_sd_upper**2
+    rho = tau2 / (tau2 + noise.pair_sd**2)
+    cell_s = sum(noise.cell_s_per_token * c for c in contexts) if noise.cell_s_per_token else 0.0
+    start_s = (noise.load_s or 0.0) + variants * cell_s
+    round_s = variants * cell_s
+    share = f"a process pair adds at most {100 * rho:.1f}% of a paired ratio's variance"
+    if rho > 0 and round_s > 0:
+        best = math.sqrt(start_s * (1 - rho) / (rho * round_s))
+        why = (
+            f"{share}; a block start costs about {start_s:.0f} s against {round_s:.1f} s a "
+            f"round, and sqrt(S (1 - rho) / (rho c)) = {best:.1f} rounds a block cost least"
+        )
+    else:
+        best = float(rounds)
+        why = f"{share}: as few blocks as the check of the calibration allows"
+    blocks = min(rounds, max(MIN_CALIBRATED_BLOCKS, round(rounds / best)))
+    length = math.ceil(rounds / blocks)
+    return length, f"{length} rounds per process from this host's calibration ({why})"
 
 
 class CalibrationComparison(_Strict):
@@ -83,6 +210,10 @@ class HostCalibration(_Strict):
     planted_verdicts: dict[str, int] = Field(default_factory=dict)
     resolvable: float | None = Field(None, ge=0)
     between_process_sd: float | None = Field(None, ge=0)
+    # The variance components of every run's comparisons and the noise they give this host's
+    # runs (evidence.schemas.HostNoise); None in results from before they were kept.
+    variance: VarianceSums | None = None
+    noise: HostNoise | None = None
     jobs: list[CalibrationJob] = Field(default_factory=list, max_length=1000)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -119,6 +250,14 @@ def calibration_lines(result: HostCalibration) -> list[str]:
     if result.between_process_sd is not None:
         lines.append(
             f"between-process spread of the ratio: {100 * result.between_process_sd:.2f}% (SD)"
+        )
+    if result.noise is not None:
+        noise = result.noise
+        lines.append(
+            f"variance components: a process pair adds {100 * noise.process_pair_sd:.2f}% (SD; "
+            f"at most {100 * noise.process_pair_sd_upper:.2f}%, one-sided 95%) to a paired "
+            f"ratio, pairs within one spread {100 * noise.pair_sd:.2f}% "
+            f"({noise.process_pairs} process pairs, {noise.pairs} pairs)"
         )
     return lines
 
@@ -220,12 +359,31 @@ def merge_calibrations(results: Sequence[HostCalibration]) -> HostCalibration:
                     f"cannot merge calibrations with different {key}: "
                     f"{getattr(first, key)!r} and {getattr(other, key)!r}"
                 )
-    seeds = [job.seed for r in results for job in r.jobs]
+    seeds = [(job.kind, job.seed) for r in results for job in r.jobs]
     if len(set(seeds)) != len(seeds):
         raise ValueError("cannot merge calibrations that share job seeds (give each --seed apart)")
+    variance = None
+    if all(r.variance is not None for r in results):
+        for r in results:
+            assert r.variance is not None
+            variance = r.variance if variance is None else variance + r.variance
+    noises = [r.noise for r in results if r.noise is not None]
+    loads = [n.load_s for n in noises if n.load_s is not None]
+    per_token = [n.cell_s_per_token for n in noises if n.cell_s_per_token is not None]
+    created_at = min(r.created_at for r in results)
+    noise = noise_of(
+        variance,
+        load_s=float(np.median(loads)) if loads else None,
+        cell_s_per_token=float(np.median(per_token)) if per_token else None,
+        contexts=first.contexts,
+        model=first.model,
+        calibrated_at=created_at,
+    )
     return calibrate_result(
         jobs=[job for r in results for job in r.jobs],
-        created_at=min(r.created_at for r in results),
+        created_at=created_at,
         host=first.host,
+        variance=variance,
+        noise=noise,
         **{key: getattr(first, key) for key in keys},
     )

@@ -300,6 +300,27 @@ class CorpusInfo(_Strict):
     prompt_version: str | None = None
 
 
+class HostNoise(_Strict):
+    """A host's calibrated noise (`coldbench calibrate`, evidence.stats.host_noise): what the
+    statistics of its runs and the length of their process blocks follow. Standard deviations
+    of a paired log ratio: the part a process pair adds (an estimate and its one-sided 95%
+    upper bound) and the spread of pairs within one process pair; what a block's loading and a
+    cell per token cost on this host."""
+
+    process_pair_sd: float = Field(ge=0, le=1, allow_inf_nan=False)
+    process_pair_sd_upper: float = Field(ge=0, le=1, allow_inf_nan=False)
+    pair_sd: float = Field(gt=0, le=1, allow_inf_nan=False)
+    process_pairs: int = Field(ge=2, le=10_000_000)
+    pairs: int = Field(ge=2, le=100_000_000)
+    load_s: float | None = Field(None, ge=0, le=1e6, allow_inf_nan=False)
+    cell_s_per_token: float | None = Field(None, ge=0, le=1e3, allow_inf_nan=False)
+    contexts: list[Annotated[int, Field(ge=1, le=100_000_000)]] = Field(
+        default_factory=list, max_length=64
+    )
+    model: str | None = Field(None, max_length=200)
+    calibrated_at: datetime | None = None
+
+
 class Provenance(_Strict):
     """provenance.json of a run, canonical JSON, hashed into the manifest."""
 
@@ -313,6 +334,9 @@ class Provenance(_Strict):
     job_spec_sha256: Sha256Hex | None = None
     command: str | None = None  # the exact command that reproduces this run
     corpus: CorpusInfo | None = None  # None in bundles from before corpora were recorded
+    # The host's calibrated noise the run followed (block length, design effect); None for a
+    # host without a calibration (the statistics then take each process pair as a unit).
+    noise: HostNoise | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

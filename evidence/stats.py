@@ -75,6 +75,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 from scipy import stats as scipy_stats
 
+from evidence.calibration import VarianceSums
 from evidence.schemas import JobSpec, Record
 from evidence.summary_schema import Comparison, Verdict
 from evidence.variant import expand_variants
@@ -102,6 +103,10 @@ class StatsOptions:
     min_pairs: int = MIN_PAIRS
     n_resamples: int = N_RESAMPLES
     seed: int = 0
+    # The host's calibrated bound on the process-pair component of a log ratio (HostNoise's
+    # process_pair_sd_upper): pairs of one process pair then count with a design effect
+    # instead of as one unit per process pair (`design_effect_interval`).
+    process_pair_sd: float | None = None
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -558,6 +563,63 @@ def decide(
     return "inconclusive"
 
 
+def block_anova(blocks: Sequence[Sequence[float]]) -> VarianceSums | None:
+    """The analysis of variance of the log ratios of these process pairs (None below two
+    process pairs or with no pair to spare within them)."""
+    logs = [np.log(np.asarray(block, dtype=float)) for block in blocks if len(block)]
+    k = len(logs)
+    n = sum(block.size for block in logs)
+    if k < 2 or n - k < 1:
+        return None
+    grand = float(np.concatenate(logs).mean())
+    ss_between = float(sum(block.size * (block.mean() - grand) ** 2 for block in logs))
+    ss_within = float(sum(((block - block.mean()) ** 2).sum() for block in logs))
+    m0 = (n - sum(block.size**2 for block in logs) / n) / (k - 1)
+    return VarianceSums(
+        ss_between=ss_between, df_between=k - 1, ss_within=ss_within, df_within=n - k, m0=m0
+    )
+
+
+def design_effect_interval(
+    blocks: Sequence[Sequence[float]], *, prior_sd: float, seed: int, options: StatsOptions
+) -> tuple[float | None, float | None, float | None, float]:
+    """(ci_low, ci_high, p_value, design effect) of the pooled pairs of these process pairs, on
+    a host whose calibration bounds the process-pair component by `prior_sd` (module
+    docstring): the pairs' own interval and signed-rank test, widened by the design effect
+    1 + (m - 1) x rho, rho = tau^2 / (tau^2 + within-pair variance) and m the pairs per
+    process pair (weighted by size). tau is the calibration's bound, or the run's own estimate
+    where its process pairs differ more than the calibration allows (F test, alpha)."""
+    ratios = [ratio for block in blocks for ratio in block]
+    n = len(ratios)
+    anova = block_anova(blocks)
+    within = anova.within_variance if anova is not None else None
+    if within is None:
+        spread = log_spread(ratios)
+        within = spread**2 if spread else None
+    tau2 = prior_sd**2
+    if anova is not None:
+        p = anova.p_value()
+        measured = anova.process_variance()
+        if p is not None and p < options.alpha and measured is not None:
+            tau2 = max(tau2, measured)
+    rho = tau2 / (tau2 + within) if within else (1.0 if tau2 > 0 else 0.0)
+    sizes = [len(block) for block in blocks if len(block)]
+    weighted = sum(size**2 for size in sizes) / n if n else 1.0
+    design = 1 + (weighted - 1) * rho
+    low, high = median_interval(ratios, seed=seed, options=options)
+    p_value = signed_rank_p(ratios)
+    if low is None or high is None:
+        return low, high, p_value, design
+    widen = math.sqrt(design)
+    centre = math.log(float(np.median(ratios)))
+    low = math.exp(centre - (centre - math.log(low)) * widen)
+    high = math.exp(centre + (math.log(high) - centre) * widen)
+    if p_value is not None and 0 < p_value < 1:
+        z = float(scipy_stats.norm.isf(p_value / 2))
+        p_value = float(2 * scipy_stats.norm.sf(z / widen))
+    return low, high, p_value, design
+
+
 def compare_pairs(
     pairs: Sequence[Pair],
     *,
@@ -589,6 +651,7 @@ def compare_pairs(
         "rounds_needed": None,
         "ratios": [{"run_id": p.run_id, "round": p.round, "ratio": p.ratio} for p in pairs],
     }
+    calibrated = options.process_pair_sd is not None
     if blocks is None or all(len(block) == 1 for block in blocks):
         # Independent pairs: no process offsets to absorb (records predating process rotation
         # are analysed as they always were), or one process pair per round (each pair its own
@@ -597,14 +660,25 @@ def compare_pairs(
         comparison["ci_low"], comparison["ci_high"] = median_interval(
             ratios, seed=seed, options=options
         )
+        comparison["p_value"] = signed_rank_p(units)
+    elif calibrated:
+        units = [float(np.median(block)) for block in blocks]
+        assert options.process_pair_sd is not None
+        low, high, p_value, design = design_effect_interval(
+            blocks, prior_sd=options.process_pair_sd, seed=seed, options=options
+        )
+        comparison["ci_low"], comparison["ci_high"], comparison["p_value"] = low, high, p_value
+        comparison["design_effect"] = round(design, 4)
     else:
         units = [float(np.median(block)) for block in blocks]
         comparison["ci_low"], comparison["ci_high"] = cluster_median_interval(
             blocks, seed=seed, options=options
         )
-    comparison["p_value"] = signed_rank_p(units)
+        comparison["p_value"] = signed_rank_p(units)
     if comparison["ci_low"] is not None:
-        level = interval_level(len(units), options.confidence_level)
+        # pairs under a design effect are the units of their interval and test
+        tested = len(ratios) if "design_effect" in comparison else len(units)
+        level = interval_level(tested, options.confidence_level)
         if level < options.confidence_level:
             comparison["ci_level"] = level
     if blocks is not None:
@@ -614,16 +688,16 @@ def compare_pairs(
         for entry, pair in zip(comparison["ratios"], pairs, strict=True):
             entry["block"] = block_of[pair.block]
         comparison["blocks"] = len(blocks)
-        comparison["unit"] = "process pair"
+        comparison["unit"] = "pair" if "design_effect" in comparison else "process pair"
         comparison["process_sd"] = log_spread(units)
     return comparison
 
 
 def unit_ratios(comparison: Mapping[str, Any]) -> list[float]:
-    """The independent units of a comparison: its pairs, or the medians of its process
-    blocks when pairs come several to a process pair."""
+    """The units of a comparison's test: its pairs (also under a design effect), or the
+    medians of its process blocks when pairs come several to a process pair."""
     ratios = comparison["ratios"]
-    if not ratios or "block" not in ratios[0]:
+    if not ratios or "block" not in ratios[0] or comparison.get("design_effect") is not None:
         return [r["ratio"] for r in ratios]
     grouped: dict[int, list[float]] = defaultdict(list)
     for r in ratios:
@@ -653,8 +727,13 @@ def finish(
         elif comparison["verdict"] == "inconclusive":
             needed = rounds_needed(units, options, family_size=family_size)
             detect = rounds_to_detect(units, options, family_size=family_size)
-            # Units are process pairs: more of them at the same length of block.
+            # Units are process pairs: more of them at the same length of block. Pairs under
+            # a design effect: as many more as it takes.
             per_unit = max(1, round(comparison["n"] / len(units))) if units else 1
+            design = comparison.get("design_effect")
+            if design is not None:
+                needed = None if needed is None else math.ceil(needed * design)
+                detect = None if detect is None else math.ceil(detect * design)
             comparison["rounds_needed"] = None if needed is None else needed * per_unit
             comparison["rounds_to_detect"] = None if detect is None else detect * per_unit
         finished.append(model.model_validate(comparison))
@@ -691,3 +770,48 @@ def compare_matrix(
                 comparison["why"] = no_pairs_why(index, variant, baseline, context, bad)
             comparisons.append(comparison)
     return finish(comparisons, options, Comparison), mismatched
+
+
+# --- a host's noise, from its calibration runs -------------------------------------------------
+
+
+def comparison_blocks(
+    records: Sequence[Record], *, baseline: str
+) -> dict[tuple[str, int], list[list[float]]]:
+    """Each (variant, context)'s paired ratios to the baseline grouped by process pair: the
+    groups a host's variance components are estimated from."""
+    index = CellIndex.of(records)
+    measured = [r for r in records if r.round >= 0]
+    variants = sorted({r.variant for r in measured} - {baseline})
+    contexts = sorted({r.context_tokens for r in measured})
+    found: dict[tuple[str, int], list[list[float]]] = {}
+    for variant in variants:
+        for context in contexts:
+            pairs, _ = pairs_for(index, variant, baseline, "prefill_tps", context)
+            blocks = blocks_of(pairs)
+            if blocks:
+                found[(variant, context)] = blocks
+    return found
+
+
+def calibration_sums(runs: Sequence[Sequence[Record]], *, baseline: str) -> VarianceSums | None:
+    """One analysis of variance over every (variant, context) comparison to the baseline of
+    these calibration runs, each comparison centred on its own mean (so a planted effect adds
+    nothing between process pairs); None below two process pairs of a comparison."""
+    groups: dict[tuple[str, int], list[list[float]]] = {}
+    for records in runs:
+        for key, blocks in comparison_blocks(records, baseline=baseline).items():
+            groups.setdefault(key, []).extend(blocks)
+    total: VarianceSums | None = None
+    for blocks in groups.values():
+        anova = block_anova(blocks)
+        if anova is not None:
+            total = anova if total is None else total + anova
+    return total
+
+
+def cell_seconds_per_token(runs: Sequence[Sequence[Record]]) -> float | None:
+    """The median timed cell's seconds per prompt token (start to end, decode included)."""
+    timed = [r for records in runs for r in records if r.round >= 0 and r.status == "ok"]
+    per_token = [(r.ended_at - r.started_at).total_seconds() / r.context_tokens for r in timed]
+    return float(np.median(per_token)) if per_token else None

@@ -49,6 +49,18 @@ from evidence.summary_schema import (
 from evidence.timeline import Timeline, timeline_section
 from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
 
+# The same records on a host whose calibration bounds the process-pair component
+# (provenance `noise`): every pair counts, weighted by the design effect of its process pair.
+DESIGN_EFFECT_SETTINGS = ProcessBlocks(
+    unit="pair, with the design effect of its process pair: 1 + (m - 1) x rho, m pairs per "
+    "process pair, rho the share of a paired log ratio's variance a process pair adds (the "
+    "host's calibrated upper bound, or the run's own estimate where its process pairs differ "
+    "more than that allows: F test)",
+    interval="hull of the percentile bootstrap and the order-statistic interval of the pairs' "
+    "median ratio, widened by the square root of the design effect",
+    test="Wilcoxon signed-rank, two-sided, on the pairs' log ratios; its z divided by the "
+    "square root of the design effect",
+)
 PROCESS_BLOCK_SETTINGS = ProcessBlocks(
     unit="process pair: the pairs measured by one process of the variant and one of the "
     "baseline (records' `process`)",
@@ -183,6 +195,14 @@ def noise_floor(comparisons: Sequence[Comparison]) -> NoiseFloor | None:
     )
 
 
+def calibrated_bound(provenances: Sequence[Provenance]) -> float | None:
+    """The process-pair bound the statistics use: the largest of the runs' calibrated hosts',
+    or None when any run's host has no calibration (each process pair is then a unit)."""
+    if not provenances or any(p.noise is None for p in provenances):
+        return None
+    return max(p.noise.process_pair_sd_upper for p in provenances if p.noise is not None)
+
+
 def _order_of_first_appearance(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
@@ -218,7 +238,10 @@ def summarize(
         precision = spec.precision if spec is not None else DEFAULT_PRECISION
     if seed is None:
         seed = spec.seed if spec is not None else 0
-    options = StatsOptions(precision=precision, seed=seed, n_resamples=n_resamples)
+    prior = calibrated_bound(provenances)
+    options = StatsOptions(
+        precision=precision, seed=seed, n_resamples=n_resamples, process_pair_sd=prior
+    )
 
     measured = [r for r in records if r.round >= 0]
     # Records stamped with their process instance (process rotation): cluster-aware statistics
@@ -262,8 +285,9 @@ def summarize(
         conditional["bisect"] = bisect_section(
             spec=spec, comparisons=comparisons, provenances=provenances
         )
+    blocks_settings = DESIGN_EFFECT_SETTINGS if prior is not None else PROCESS_BLOCK_SETTINGS
     settings = Settings.model_validate(
-        {**options.settings(), **({"process_blocks": PROCESS_BLOCK_SETTINGS} if by_process else {})}
+        {**options.settings(), **({"process_blocks": blocks_settings} if by_process else {})}
     )
     return Summary(
         format=SUMMARY_FORMAT,

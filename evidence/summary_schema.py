@@ -122,6 +122,8 @@ class Comparison(_Section):
     # The interval's real coverage, set only below the confidence level (too few units for it;
     # evidence.stats): such an interval is labelled so and decides nothing.
     ci_level: float | None = None
+    # pairs counted with the host's calibrated design effect (evidence.stats)
+    design_effect: float | None = None
 
 
 class AblationEntry(Comparison):

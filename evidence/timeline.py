@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from evidence.boundary import Checked
 from evidence.schemas import Name, Record
 from evidence.summary_schema import PhaseTimes, RunTime, TimelineSummary
 
@@ -36,7 +37,9 @@ PHASES: Final = ("stop", "imports", "load", "warmups")
 Seconds = Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)]
 
 
-class _Strict(BaseModel):
+class _Strict(Checked):
+    """Uploaded by a host: every value checked at the boundary (evidence/boundary.py)."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 

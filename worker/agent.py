@@ -521,6 +521,7 @@ class Agent:
                 on_progress=self.on_progress,
                 should_stop=should_stop,
                 prespawn=self.config.prespawn,
+                noise=self.config.noise,
             )
             files, status, reason = outcome.files, outcome.status, outcome.reason
             if outcome.stopped and self.stopping.is_set():

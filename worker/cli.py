@@ -25,7 +25,7 @@ from evidence.job_options import typer_option as spec_option
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from evidence.schemas import JobSpec
+    from evidence.schemas import HostNoise, JobSpec
     from evidence.summary_schema import Comparison
     from worker.config import RepositoryConfig
     from worker.run import RunOutcome
@@ -406,6 +406,13 @@ def run(
             "block measures (default: on for GPU backends, off on the CPU backend).",
         ),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="This host's `coldbench calibrate` result: the blocks' length and the "
+            "statistics follow its noise (default: rounds // 12 and a unit per process pair).",
+        ),
+    ] = None,
 ) -> None:
     """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle.
 
@@ -453,6 +460,14 @@ def run(
     if setup.spec.mode == "bisect":
         _bisect(setup, out=out, state_dir=state_dir, cell_timeout_s=cell_timeout_s, console=console)
         return
+    noise = None
+    if calibration is not None:
+        from worker.config import ConfigError, load_noise
+
+        try:
+            noise = load_noise(calibration)
+        except ConfigError as error:
+            _fail(f"--calibration: {error}")
     setup.spec = _checked_on_this_host(setup, state_dir)
     run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     out = out or Path(f"evidence-{run_id}")
@@ -465,6 +480,7 @@ def run(
         cell_timeout_s=cell_timeout_s,
         console=console,
         prespawn=prespawn,
+        noise=noise,
     )
     _print_outcome(outcome, out)
 
@@ -497,6 +513,7 @@ def _measure(
     cell_timeout_s: float,
     console: Any,
     prespawn: bool | None = None,
+    noise: HostNoise | None = None,
 ) -> RunOutcome:
     """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -573,6 +590,7 @@ def _measure(
                     on_phase=on_phase,
                     should_stop=stop.is_set,
                     prespawn=prespawn,
+                    noise=noise,
                 )
         except RunRefused as error:
             bar.stop()
@@ -721,9 +739,11 @@ def calibrate(
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[Path, typer.Option(help="Spools of the jobs' runs.")] = Path(".coldbench"),
 ) -> None:
-    """Calibrate this host: A/A jobs of three identical variants and jobs with a planted effect,
-    through the same machinery as `coldbench run`; prints how often identical code was called
-    different, whether the planted effect was found, and the smallest effect this host resolves."""
+    """Calibrate this host: runs of three identical variants beside a planted effect, each read
+    as an A/A/A job and a planted-effect job, through the same machinery as `coldbench run`;
+    prints how often identical code was called different, whether the planted effect was found,
+    the smallest effect this host resolves and its variance components (give the result to
+    `coldbench run --calibration` or worker.toml's `calibration`)."""
     import logging
 
     from rich.console import Console
@@ -792,9 +812,8 @@ def calibrate(
         _fail_all(problem_lines(error))
     host = host_fingerprint()
 
-    def on_job(kind: str, index: int, total: int) -> None:
-        what = "A/A" if kind == "aa" else "planted effect"
-        console.print(f"job {index} of {total}: {what}")
+    def on_job(_kind: str, index: int, total: int) -> None:
+        console.print(f"run {index} of {total}: an A/A/A job and a planted-effect job")
 
     try:
         result = run_calibration(

@@ -21,7 +21,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evidence.options import OPTION_NAME_PATTERN, HostOption
-from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN, INSTALLED_SERVER, NAME_PATTERN
+from evidence.schemas import (
+    BUILTIN_CORPUS,
+    CORPUS_NAME_PATTERN,
+    INSTALLED_SERVER,
+    NAME_PATTERN,
+    HostNoise,
+    error_line,
+)
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -103,6 +110,9 @@ class HostConfig:
     # Start each block's variant processes while the previous block measures (None: on for
     # GPU backends, off on the CPU backend: worker.run.default_prespawn).
     prespawn: bool | None = None
+    # `calibration`: the noise of this host's `coldbench calibrate` result (block lengths and
+    # the design effect of its runs follow it); None: the conservative default.
+    noise: HostNoise | None = None
 
     def model_names(self) -> list[str]:
         """The models this host offers: its configured names and `preset:NAME` per allowed one."""
@@ -247,6 +257,7 @@ class HostFile(_Table):
     # name -> text file; checked by `_corpora` (names, existence) with its own messages
     corpora: dict[str, Any] = Field(default_factory=dict)
     prespawn: bool | None = None
+    calibration: str | None = None  # a `coldbench calibrate` result file (checked by `_noise`)
 
     @field_validator("labels")
     @classmethod
@@ -339,6 +350,24 @@ def _corpora(raw: Any, base: Path) -> dict[str, Path]:
     return corpora
 
 
+def load_noise(path: Path) -> HostNoise:
+    """The noise of a `coldbench calibrate` result file (ConfigError, one line, otherwise)."""
+    from evidence.calibration import HostCalibration
+
+    try:
+        result = HostCalibration.model_validate_json(path.read_bytes())
+    except OSError as error:
+        raise ConfigError(f"calibration {path}: {error.strerror or error}") from None
+    except ValidationError as error:
+        detail = error_line(error)
+        raise ConfigError(f"calibration {path}: not a calibration result ({detail})") from None
+    if result.noise is None:
+        raise ConfigError(
+            f"calibration {path}: it has no noise (variance components): calibrate again"
+        )
+    return result.noise
+
+
 def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = None) -> HostConfig:
     try:
         parsed = HostFile.model_validate(raw)
@@ -363,6 +392,9 @@ def parse_host_config(raw: dict[str, Any], *, base: Path, path: Path | None = No
         allow_presets=tuple(dict.fromkeys(parsed.allow_presets)),
         corpora=corpora,
         prespawn=parsed.prespawn,
+        noise=load_noise(base / Path(parsed.calibration).expanduser())
+        if parsed.calibration
+        else None,
     )
 
 

@@ -28,6 +28,7 @@ from evidence.schemas import (
     BUILTIN_CORPUS,
     CorpusInfo,
     HostInfo,
+    HostNoise,
     JobSpec,
     ModelInfo,
     Provenance,
@@ -312,6 +313,7 @@ def run_provenance(
     command: str,
     labels: Sequence[str] = (),
     corpus: CorpusInfo | None = None,
+    noise: HostNoise | None = None,
 ) -> Provenance:
     if labels:
         # The labels the run was matched by belong to the host as it was then.
@@ -326,4 +328,5 @@ def run_provenance(
         job_spec_sha256=job_spec_sha256(spec) if spec is not None else None,
         command=command,
         corpus=corpus,
+        noise=noise,
     )

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence.bisect import step_spec
+from evidence.calibration import block_length
 from evidence.history import history_spec
 from evidence.options import OptionError, resolved_options, validate_option_values
 from evidence.schemas import (
@@ -37,6 +38,7 @@ from evidence.schemas import (
     MAX_HISTORY_COMMITS,
     MIN_PROCESS_BLOCKS,
     HostInfo,
+    HostNoise,
     JobSpec,
     VariantSpec,
     effective_rounds_per_process,
@@ -382,15 +384,22 @@ def default_prespawn(host: HostInfo) -> bool:
     return host.backend in ("cuda", "metal")
 
 
-def block_rule(spec: JobSpec, rounds_per_process: int | None) -> str:
-    """Why the run's process blocks have their length (the timeline and summary.md say it)."""
+def process_blocks(
+    spec: JobSpec, *, variants: int, noise: HostNoise | None
+) -> tuple[int | None, str]:
+    """The run's rounds per process (None: a process per cell) and why: the job's own, else
+    what this host's calibration makes cheapest (evidence.calibration.block_length), else the
+    conservative default for a host without one."""
     if spec.fresh_process:
-        return "a fresh process for every cell (fresh_process)"
+        return None, "a fresh process for every cell (fresh_process)"
     if spec.rounds_per_process is not None:
-        return f"{spec.rounds_per_process} rounds per process, as the job asked"
-    return (
-        f"{rounds_per_process} rounds per process: rounds // {MIN_PROCESS_BLOCKS}, at least 1 "
-        f"(no host calibration: at least {MIN_PROCESS_BLOCKS} process pairs)"
+        return spec.rounds_per_process, f"{spec.rounds_per_process} rounds per process, as asked"
+    if noise is not None:
+        return block_length(spec.rounds, contexts=spec.contexts, variants=variants, noise=noise)
+    length = effective_rounds_per_process(spec)
+    return length, (
+        f"{length} rounds per process: rounds // {MIN_PROCESS_BLOCKS}, at least 1 (no host "
+        f"calibration: at least {MIN_PROCESS_BLOCKS} process pairs)"
     )
 
 
@@ -430,14 +439,17 @@ def execute_run(
     on_phase: Callable[[str], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     prespawn: bool | None = None,
+    noise: HostNoise | None = None,
 ) -> RunOutcome:
     """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`.
 
     `command` is the provenance's reproduce line; by default the `coldbench run` line of the
     spec at the commits measured (`reproduce_command`, with `local_arguments`). `prespawn`
     starts each block's processes while the previous block measures (None: this host's backend
-    decides, `default_prespawn`). A run stopped by `should_stop` or failed by a variant still
-    returns the bundle of what was measured."""
+    decides, `default_prespawn`). `noise` is this host's calibration: the block length follows
+    it when the job does not set one, and the provenance carries it to the statistics. A run
+    stopped by `should_stop` or failed by a variant still returns the bundle of what was
+    measured."""
     from engine.checkpoints import resolve_model
     from evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
 
@@ -486,7 +498,7 @@ def execute_run(
         )
         if on_phase:
             on_phase("rounds")
-        rounds_per_process = effective_rounds_per_process(spec)
+        rounds_per_process, rule = process_blocks(spec, variants=len(measured), noise=noise)
         try:
             outcome = run_schedule(
                 [p.launch for p in prepared if not p.skipped],
@@ -499,7 +511,7 @@ def execute_run(
                 on_progress=on_progress,
                 should_stop=should_stop,
                 prespawn=default_prespawn(host) if prespawn is None else prespawn,
-                block_rule=block_rule(spec, rounds_per_process),
+                block_rule=rule,
                 run_id=run_id,
                 # a history commit that cannot load is a result, like one that cannot build
                 droppable=[p.spec.name for p in prepared if may_skip(spec, p.spec.name)],
@@ -550,6 +562,7 @@ def execute_run(
         ),
         labels=labels,
         corpus=corpus_info(spec.corpus, corpora.get(spec.corpus)),
+        noise=noise,
     )
     stopped = bool(outcome and outcome.stopped)
     if failure is None and stopped:

@@ -46,3 +46,28 @@ def test_a_planted_two_percent_effect_is_found_in_nine_jobs_of_ten() -> None:
         result = rates(scenario, jobs=100, n_resamples=RESAMPLES, seed=2)
         assert result.detected_pct >= 90, result
         assert result.verdicts.get("faster", 0) == 0
+
+
+def test_a_calibrated_host_keeps_aa_claims_at_or_below_five_percent() -> None:
+    """The host's calibration sets the blocks (long on a quiet host, a process a round on a
+    noisy one) and the design effect: identical code is still not called different. At 1-2%
+    a fresh process every round is cheapest, where the statistics are the per-pair ones at
+    their nominal 5%: 300 jobs each, so no rate may be more than two standard errors above 5%
+    and together they must be at or below it."""
+    jobs, claimed = 300, []
+    for process_sd in (0.0, 0.01, 0.02):
+        scenario = Scenario("calibrated", calibrated=True, process_sd=process_sd)
+        result = rates(scenario, jobs=jobs, n_resamples=RESAMPLES, seed=3)
+        claimed.append(result.claimed)
+        assert result.claimed_pct <= 5 + 200 * (0.05 * 0.95 / jobs) ** 0.5, result
+    assert sum(claimed) <= 0.05 * jobs * len(claimed), claimed
+
+
+def test_a_quiet_calibrated_host_runs_long_blocks_and_still_finds_the_effect() -> None:
+    for pair_sd in (0.005, 0.01):
+        scenario = Scenario(
+            "calibrated", calibrated=True, process_sd=0.0, pair_sd=pair_sd, effect=0.98
+        )
+        result = rates(scenario, jobs=60, n_resamples=RESAMPLES, seed=4)
+        assert min(result.block_lengths) >= 4, result.block_lengths  # 6 blocks or fewer
+        assert result.detected_pct >= 90, result

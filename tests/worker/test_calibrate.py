@@ -67,10 +67,15 @@ def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
     assert lines[1] == "planted effect (prefill_step_size=1) detected: 1 of 1 (slower 1)"
     assert lines[2].startswith("smallest effect this host resolves: +-")
     assert f"result {out.resolve()}" in done.stdout
+    # one run (a, c and the planted p) read as both jobs: one bundle, as measured
     bundles = sorted((tmp_path / "bundles").iterdir())
-    assert len(bundles) == 2 and all(verify_bundle(b).is_intact for b in bundles)
+    assert len(bundles) == 1 and verify_bundle(bundles[0]).is_intact
     summary = json.loads((bundles[0] / "summary.json").read_text())
+    assert summary["variants"] == ["a", "c", "p"]
     assert summary["noise_floor"]["process_pairs"] == 6
+    # the variance components of the run's process pairs, for this host's later runs
+    assert result.variance is not None and result.variance.df_between == 2 * 6 - 2
+    assert result.noise is not None and result.noise.contexts == [128]
 
 
 def test_calibrate_refuses_bad_input_in_one_line(tmp_path: Path, monkeypatch: Any) -> None:

@@ -239,3 +239,42 @@ def test_allow_presets_names_known_presets_only(tmp_path: Path) -> None:
     assert allowed.model_names() == ["llama", "preset:tiny"]
     with pytest.raises(ConfigError, match="allow_presets: unknown preset"):
         parse_host_config({"name": "h", "allow_presets": ["no-such"]}, base=tmp_path)
+
+
+def test_a_hosts_calibration_gives_its_runs_their_noise_and_block_length(tmp_path: Path) -> None:
+    from evidence.calibration import HostCalibration, VarianceSums, noise_of
+    from evidence.job_options import build_job_spec
+    from tests.evidence.builders import calibration_sample
+    from worker.run import process_blocks
+
+    sums = VarianceSums(ss_between=0.0009, df_between=9, ss_within=0.011, df_within=110, m0=12.0)
+    noise = noise_of(sums, load_s=8.0, cell_s_per_token=0.75 / 16384, contexts=[16384])
+    result = HostCalibration.model_validate(calibration_sample()).model_copy(
+        update={"variance": sums, "noise": noise}
+    )
+    (tmp_path / "calibration.json").write_text(result.model_dump_json(by_alias=True))
+    config = tmp_path / "worker.toml"
+    config.write_text('name = "h200"\ncalibration = "calibration.json"\nprespawn = true\n')
+    host = load_host_config(config)
+    assert host.noise == noise and host.prespawn is True
+    spec = build_job_spec(
+        {"variants": [{"name": n} for n in "abc"], "contexts": [16384], "rounds": 24}
+    )
+    length, why = process_blocks(spec, variants=3, noise=host.noise)
+    assert noise is not None and 2 <= 24 // length <= 12
+    assert why.startswith(f"{length} rounds per process from this host's calibration")
+    # without a calibration: the conservative default; a job's own length always wins
+    assert process_blocks(spec, variants=3, noise=None)[0] == 2
+    asked = spec.model_copy(update={"rounds_per_process": 3})
+    assert process_blocks(asked, variants=3, noise=noise) == (3, "3 rounds per process, as asked")
+    # a calibration file that cannot serve is one line naming it
+    for text, problem in (
+        ("{}", "not a calibration result"),
+        (result.model_copy(update={"noise": None}).model_dump_json(by_alias=True), "calibrate"),
+    ):
+        (tmp_path / "calibration.json").write_text(text)
+        with pytest.raises(ConfigError, match=problem):
+            load_host_config(config)
+    config.write_text('name = "h200"\ncalibration = "missing.json"\n')
+    with pytest.raises(ConfigError, match="missing.json: No such file"):
+        load_host_config(config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,63 @@ def test_two_refs_from_a_bundle_through_service_celery_and_agent_give_a_verified
     # everything it started is stopped: the API no longer answers
     with pytest.raises(httpx.HTTPError):
         httpx.get(result["api"] + "/healthz", timeout=2)
+
+
+_SERVICE_IMPORTS = """
+import json, os, sys, tempfile
+from pathlib import Path
+from coldbench.demo import demo_env
+os.environ.update(demo_env(Path(tempfile.mkdtemp())))
+from typer.testing import CliRunner
+from api.cli import app
+assert CliRunner().invoke(app, ["db", "upgrade"]).exit_code == 0
+from fastapi.testclient import TestClient
+from api.app import create_app
+with TestClient(create_app()) as client:  # the embedded default: SQLite through asyncio
+    assert client.get("/healthz").status_code == 200
+    client.get("/api/v1/hosts")
+from api.celery_app import celery_app
+with celery_app.connection_for_write() as connection:  # kombu's SQLAlchemy transport
+    connection.ensure_connection(max_retries=1)
+import celery.bin.celery, uvicorn  # `coldbench celery worker`, `coldbench server`
+import coldbench.submit, evidence.report, worker.agent, worker.cli, worker.run
+print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_wheels_list_names_what_the_service_imports(tmp_path: Path) -> None:
+    """A fresh GPU image once failed at `coldbench admin enroll` (no greenlet, no aiosqlite):
+    every distribution the service, its Celery worker and the agent load must be a pinned wheel
+    of benchmarks/host_e2e_wheels.txt or on the image (its `# image:` line), and every wheel
+    there must be used (tzdata only where the system lacks zoneinfo). `# optional:` names what
+    a package imports only where it is installed."""
+    import importlib.metadata
+
+    text = (REPO_ROOT / "benchmarks" / "host_e2e_wheels.txt").read_text()
+    wheels = {_normal(line.split("==")[0]) for line in text.splitlines() if "==" in line}
+    listed = {
+        key: {_normal(name) for name in line.removeprefix(f"# {key}: ").split()}
+        for line in text.splitlines()
+        for key in ("image", "optional")
+        if line.startswith(f"# {key}: ")
+    }
+    image, optional = listed["image"], listed["optional"]
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVICE_IMPORTS],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    modules = json.loads(done.stdout.splitlines()[-1])
+    owners = importlib.metadata.packages_distributions()
+    loaded = {_normal(dist) for module in modules for dist in owners.get(module, [])}
+    loaded -= {"coldbench", *optional}
+    assert sorted(loaded - wheels - image) == []
+    assert sorted(wheels - loaded - {"tzdata"}) == []

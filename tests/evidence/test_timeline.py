@@ -1,0 +1,107 @@
+"""timeline.json: where a run's time went, in the bundle, the summary and summary.md."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from evidence.bundle import build_bundle, recompute_problems, verify_files
+from evidence.timeline import BlockStart, ProcessTimes, Timeline, timeline_section
+from tests.evidence.builders import START, provenance, simulate_run
+
+from .test_bundle import _reseal
+
+
+def _timeline(run_id: str = "r-1", **overrides: object) -> Timeline:
+    values: dict[str, object] = {
+        "run_id": run_id,
+        "started_at": START - timedelta(seconds=40),
+        "ended_s": 500.0,
+        "rounds_per_process": 3,
+        "block_rule": "3 rounds per process, as asked",
+        "prespawn": True,
+        "first_cell_s": 70.0,
+        "blocks": [
+            BlockStart(block=0, began_s=0.0, imports_s=10.0, load_s=20.0, warmups_s=30.0),
+            BlockStart(block=1, began_s=250.0, stop_s=1.0, load_s=20.0, warmups_s=30.0),
+        ],
+        "processes": [ProcessTimes(variant="base", process=1, block=0, spawned_s=0.0)],
+    }
+    return Timeline.model_validate({**values, **overrides})
+
+
+def test_the_duty_cycle_is_timed_cells_over_the_measuring_wall() -> None:
+    # one warm-up of 30 s, then 12 cells of 30 s back to back: 360 s of cells in 390 s
+    records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
+    section = timeline_section([_timeline()], records)
+    assert section is not None
+    (run,) = section.runs
+    assert (run.measuring_wall_s, run.timed_cells_s, run.cells) == (390.0, 360.0, 12)
+    assert run.duty_cycle == pytest.approx(360 / 390, abs=1e-4)
+    assert run.time_to_first_cell_s == 70.0 and run.blocks == 2 and run.process_starts == 1
+    assert run.first_block is not None and run.first_block.imports_s == 10.0
+    assert run.later_blocks is not None
+    assert (run.later_blocks.stop_s, run.later_blocks.warmups_s) == (1.0, 30.0)
+    assert timeline_section([], records) is None
+
+
+def test_a_bundle_carries_its_timeline_and_recomputes_its_section() -> None:
+    records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
+    stopped = _timeline(stopped="stopped on request after 12 of 24 cells")
+    files, summary = build_bundle(
+        records=records,
+        provenances=[provenance()],
+        baseline="base",
+        n_resamples=200,
+        timelines=[stopped],
+    )
+    assert Timeline.model_validate_json(files["timeline.json"]) == stopped
+    assert summary.timeline is not None and summary.timeline.runs[0].duty_cycle is not None
+    assert json.loads(files["summary.json"])["timeline"]["runs"][0]["stopped"] == (
+        "stopped on request after 12 of 24 cells"
+    )
+    assert verify_files(files).problems == [] and recompute_problems(files) == []
+    md = files["summary.md"].decode()
+    line = next(line for line in md.splitlines() if line.startswith("Where the time went"))
+    assert "timed cells 360.0 s (duty cycle 92%)" in line
+    assert "1 later block start, started ahead: stop 1.0 s" in line
+    assert line.endswith("The run was stopped on request after 12 of 24 cells.")
+    # a timeline edited after the fact no longer matches its summary
+    edited_timeline = stopped.model_copy(update={"first_cell_s": 1.0})
+    edited = _reseal({**files, "timeline.json": edited_timeline.to_json_bytes()})
+    assert recompute_problems(edited) == [
+        "summary.json: differs from the statistics of records.jsonl at "
+        "timeline.runs[0].time_to_first_cell_s"
+    ]
+
+
+def test_a_timeline_outside_its_contract_is_named() -> None:
+    records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
+    files, _ = build_bundle(
+        records=records, provenances=[provenance()], baseline="base", n_resamples=200
+    )
+    assert "timeline.json" not in files  # no timeline: no file, no section
+    bad = json.loads(_timeline().to_json_bytes())
+    bad["ended_s"] = -1
+    forged = _reseal({**files, "timeline.json": json.dumps(bad).encode()})
+    assert verify_files(forged).problems == [
+        "timeline.json: invalid (ended_s: Input should be greater than or equal to 0)"
+    ]
+
+
+def test_several_runs_keep_a_timeline_each() -> None:
+    one = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6, run_id="r-1")
+    two = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6, run_id="r-2")
+    files, summary = build_bundle(
+        records=[*one, *two],
+        provenances=[provenance("r-1"), provenance("r-2", hostname="studio-2")],
+        baseline="base",
+        n_resamples=200,
+        timelines=[_timeline("r-2"), _timeline("r-1")],
+    )
+    assert {"timeline.r-1.json", "timeline.r-2.json"} <= set(files)
+    assert summary.timeline is not None
+    assert [run.run_id for run in summary.timeline.runs] == ["r-1", "r-2"]
+    assert recompute_problems(files) == []
