@@ -27,15 +27,16 @@ import json
 import math
 import re
 import unicodedata
-from typing import Annotated, Any, Final, get_args, get_origin
+from collections.abc import Sequence
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    ValidationInfo,
-    field_validator,
     model_validator,
 )
 
@@ -49,15 +50,11 @@ MAX_DEPTH: Final = 16
 EXTRA_FIELD_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
-def _not_below_int32(value: int) -> int:
-    if value < INT32_MIN:
-        raise ValueError(f"{value} is below the 32-bit range of its column ({INT32_MIN})")
-    return value
-
-
-# A field's own `Field(ge=...)` keeps its lower bound: two `ge` constraints on one field do not
-# combine (the later wins), so the type's lower bound is a validator.
-Int32 = Annotated[int, Field(le=INT32_MAX), AfterValidator(_not_below_int32)]
+# Integers within a 32-bit INTEGER or 64-bit BIGINT column. A field with a lower bound of its
+# own writes `Field(ge=..., le=INT32_MAX)` on `int` instead: two `ge` constraints on one field
+# do not combine (the later wins), so `Int32 = Field(ge=1)` would accept 0.
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class _Multiline:
@@ -101,44 +98,59 @@ Text = Annotated[str, AfterValidator(_single_line)]
 def value_problem(value: Any, *, multiline: bool = False, depth: int = 0) -> str | None:
     """What makes a validated value unfit for the database, JSON or a page (None: nothing):
     its text, numbers, dict keys and items, nested; models are checked by their own class."""
-    if isinstance(value, str):
-        return text_problem(value, multiline=multiline)
-    if isinstance(value, bool) or value is None or isinstance(value, BaseModel):
+    kind = type(value)
+    if kind is str:
+        return None if value.isprintable() else text_problem(value, multiline=multiline)
+    if value is None or kind is bool:
         return None
-    if isinstance(value, int):
-        if not INT64_MIN <= value <= INT64_MAX:
-            return f"the integer {value} is outside the 64-bit range"
-        return None
-    if isinstance(value, float):
+    if kind is int:
+        if INT64_MIN <= value <= INT64_MAX:
+            return None
+        return f"the integer {value} is outside the 64-bit range"
+    if kind is float:
         return None if math.isfinite(value) else f"{value} is not a finite number"
     if isinstance(value, dict | list | tuple | set | frozenset):
         if depth >= MAX_DEPTH:
             return f"nested deeper than {MAX_DEPTH} levels"
         items = value.items() if isinstance(value, dict) else ((None, item) for item in value)
         for key, item in items:
-            if isinstance(key, str) and (problem := text_problem(key)) is not None:
+            if type(key) is str and (problem := text_problem(key)) is not None:
                 return f"key {key[:40]!r} {problem}"
             problem = value_problem(item, multiline=multiline, depth=depth + 1)
             if problem is not None:
-                return f"{key[:40]!r}: {problem}" if isinstance(key, str) else problem
+                return f"{key[:40]!r}: {problem}" if type(key) is str else problem
+        return None
+    # A subclass (an enum member, a numpy scalar): checked as the plain value it holds.
+    if isinstance(value, str):
+        return value_problem(str(value), multiline=multiline)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value_problem(float(value) if isinstance(value, float) else int(value))
     return None
 
 
 class Checked(BaseModel):
-    """A model whose every value `value_problem` accepts (see the module docstring)."""
+    """A model whose every value `value_problem` accepts (see the module docstring).
 
-    model_config = ConfigDict(extra="forbid")
+    Floats are held finite by pydantic itself (`allow_inf_nan=False`, also inside unions,
+    lists and dicts); text is checked once per model, in one pass over the fields that can
+    hold text nothing else constrains (`_text_fields`: not a pattern-checked string, a
+    Literal, a number, a time or a nested model), so a record of 27 fields costs four
+    checks, most of them `str.isprintable`."""
 
-    @field_validator("*", mode="after")
-    @classmethod
-    def _storable(cls, value: Any, info: ValidationInfo) -> Any:
-        problem = value_problem(value, multiline=_is_multiline(cls, info.field_name or ""))
-        if problem is not None:
-            raise ValueError(problem)
-        return value
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="after")
-    def _bounded_extras(self) -> Checked:
+    def _storable(self) -> Checked:
+        values = self.__dict__
+        for name, multiline in _text_fields(type(self)):
+            value = values[name]
+            if value is None or (type(value) is str and value.isprintable()):
+                continue
+            problem = value_problem(value, multiline=multiline)
+            if problem is not None:
+                raise ValueError(f"{name}: {problem}")
         extra = self.__pydantic_extra__
         if not extra:
             return self
@@ -156,10 +168,13 @@ class Checked(BaseModel):
 
 
 @functools.cache
-def _is_multiline(model: type[BaseModel], name: str) -> bool:
-    """Whether the field `name` of `model` is typed `Paragraph` (also inside `| None`)."""
-    field = model.model_fields.get(name)
-    return field is not None and (MULTILINE in field.metadata or _marked(field.annotation))
+def _text_fields(model: type[BaseModel]) -> tuple[tuple[str, bool], ...]:
+    """(name, may span lines) of each field of `model` that `Checked` checks."""
+    return tuple(
+        (name, MULTILINE in field.metadata or _marked(field.annotation))
+        for name, field in model.model_fields.items()
+        if _may_hold_text(field.annotation, field.metadata)
+    )
 
 
 def _marked(annotation: Any) -> bool:
@@ -169,8 +184,45 @@ def _marked(annotation: Any) -> bool:
     return any(_marked(argument) for argument in get_args(annotation))
 
 
+_UNCHECKED_TYPES: Final = (bool, int, float, datetime, type(None))
+
+
+def _may_hold_text(annotation: Any, metadata: Sequence[Any] = ()) -> bool:
+    """Whether a value of `annotation` may hold text no pattern constrains, or an integer
+    past 64 bits (a free-form JSON value)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        base, *extras = get_args(annotation)
+        return _may_hold_text(base, [*metadata, *extras])
+    if annotation is str:
+        return not any(_pattern_of(item) for item in metadata)
+    if annotation in _UNCHECKED_TYPES or origin is Literal:
+        return False
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel | Enum):
+        return False  # a nested model checks itself; an enum's values are its own
+    arguments = get_args(annotation)
+    if origin is dict:
+        return True  # its keys are text
+    if arguments and origin is not None:
+        return any(_may_hold_text(argument) for argument in arguments)
+    return True  # Any, or a type this rule does not know: checked
+
+
+def _pattern_of(item: Any) -> str | None:
+    found = getattr(item, "pattern", None)
+    if found:
+        return str(found)
+    return next((str(p) for m in getattr(item, "metadata", ()) if (p := _pattern_of(m))), None)
+
+
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name} is not JSON")
+
+
+# An exponent of three digits or more: what a float can overflow with (a mantissa of over 308
+# digits without one still reads as infinity here: `Checked` models refuse it).
+_HUGE_TEXT: Final = re.compile(r"[eE][+-]?\d{3}")
+_HUGE_BYTES: Final = re.compile(_HUGE_TEXT.pattern.encode())
 
 
 def _finite_float(text: str) -> float:
@@ -184,8 +236,14 @@ def strict_json_loads(raw: bytes | str) -> Any:
     """JSON as the standard defines it: `NaN`, `Infinity` and numbers that overflow a float
     (`1e999`) refused, as are integers too long to parse and nesting Python cannot recurse
     into. Every failure is a `json.JSONDecodeError` (a ValueError) with one line saying why."""
+    # The usual document has no long exponent and keeps the C parser's own float conversion.
+    if isinstance(raw, bytes):
+        might_overflow = _HUGE_BYTES.search(raw) is not None
+    else:
+        might_overflow = _HUGE_TEXT.search(raw) is not None
+    parse_float = _finite_float if might_overflow else None
     try:
-        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return json.loads(raw, parse_constant=_refuse_constant, parse_float=parse_float)
     except json.JSONDecodeError:
         raise
     except RecursionError:

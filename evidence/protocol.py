@@ -43,7 +43,7 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evidence.boundary import MULTILINE, Checked, Int32, Paragraph
+from evidence.boundary import INT32_MAX, MULTILINE, Checked, Int32, Paragraph
 from evidence.calibration import HostCalibration
 from evidence.schemas import (
     NAME_PATTERN,
@@ -247,8 +247,8 @@ class InvalidCell(Checked):
 
 class Progress(Checked):
     model_config = ConfigDict(extra="allow")
-    cells_done: Int32 = Field(ge=0)
-    cells_total: Int32 = Field(ge=0)
+    cells_done: int = Field(ge=0, le=INT32_MAX)
+    cells_total: int = Field(ge=0, le=INT32_MAX)
     variant: str | None = Field(None, max_length=200)
     context_tokens: Int32 | None = None
     # Seconds the rest of the run's cells should take at the mean cell time so far.

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from evidence.boundary import MULTILINE, Checked, Int32, Paragraph
+from evidence.boundary import INT32_MAX, INT64_MAX, MULTILINE, Checked, Int32, Int64, Paragraph
 from evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, parse_feature
 
 RECORD_SCHEMA: Final = "coldbench.record/1"
@@ -131,20 +131,20 @@ class Record(_Strict):
     schema_: Literal["coldbench.record/1"] = Field(RECORD_SCHEMA, alias="schema")
     run_id: str
     variant: Name
-    round: Int32 = Field(ge=-1)  # -1 is the discarded warm-up
-    order: Int32 = Field(ge=-1)
-    context_tokens: Int32 = Field(ge=1)
-    prompt_tokens: Int32 | None = Field(ge=0)
+    round: int = Field(ge=-1, le=INT32_MAX)  # -1 is the discarded warm-up
+    order: int = Field(ge=-1, le=INT32_MAX)
+    context_tokens: int = Field(ge=1, le=INT32_MAX)
+    prompt_tokens: int | None = Field(ge=0, le=INT32_MAX)
     prompt_sha256: Sha256Hex | None
-    cached_tokens: Int32 | None = Field(ge=0)
+    cached_tokens: int | None = Field(ge=0, le=INT32_MAX)
     prefill_s: float | None = Field(ge=0)
     prefill_tps: float | None = Field(ge=0)
-    decode_tokens: Int32 | None = Field(ge=0)
+    decode_tokens: int | None = Field(ge=0, le=INT32_MAX)
     decode_s: float | None = Field(ge=0)
     decode_tps: float | None = Field(ge=0)
     output_sha256: Sha256Hex | None
     output_head: list[int] | None
-    peak_memory_bytes: int | None = Field(ge=0)
+    peak_memory_bytes: int | None = Field(ge=0, le=INT64_MAX)
     counters: dict[str, int | float | str | bool | None]
     started_at: datetime
     ended_at: datetime
@@ -161,7 +161,7 @@ class Record(_Strict):
     # instance at every process block and after a crash). The statistics cluster pairs by the
     # (variant process, baseline process) they came from. Absent in records written before
     # process rotation: one process per variant served the whole run.
-    process: Int32 | None = Field(None, ge=0)
+    process: int | None = Field(None, ge=0, le=INT32_MAX)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -192,7 +192,7 @@ class Record(_Strict):
 
 class FileEntry(_Strict):
     sha256: Sha256Hex
-    bytes: int = Field(ge=0)
+    bytes: int = Field(ge=0, le=INT64_MAX)
 
 
 class Manifest(_Strict):
@@ -227,8 +227,8 @@ class HostInfo(_Strict):
     chip: str | None = None
     cpu: str | None = None
     gpu: str | None = None
-    cores: int | None = None
-    memory_bytes: int | None = None
+    cores: Int32 | None = None
+    memory_bytes: Int64 | None = None
     os: str | None = None
     kernel: str | None = None
     backend: Literal["metal", "cuda", "cpu"] | None = None
@@ -367,8 +367,8 @@ class HistorySpec(_Strict):
     so the evidence says what was asked. The variants themselves name every commit."""
 
     range: str = Field(max_length=401)
-    every: Int32 | None = Field(None, ge=1)
-    last: Int32 | None = Field(None, ge=1)
+    every: int | None = Field(None, ge=1, le=INT32_MAX)
+    last: int | None = Field(None, ge=1, le=INT32_MAX)
     # The most commits the host may resolve the range to (after every/last): the service sets
     # it from its variant limit, so a host refuses a long range before measuring anything.
     max_commits: int | None = Field(None, ge=1, le=MAX_HISTORY_COMMITS)
@@ -452,17 +452,17 @@ class JobSpec(_Strict):
         Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}(=[A-Za-z0-9_.+-]{1,32})?$")]
     ] = Field(default_factory=list)
     contexts: list[Int32] = Field(min_length=1)
-    rounds: Int32 = Field(3, ge=1)
-    decode_tokens: Int32 = Field(8, ge=0)
+    rounds: int = Field(3, ge=1, le=INT32_MAX)
+    decode_tokens: int = Field(8, ge=0, le=INT32_MAX)
     model: str = Field("preset:tiny", pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
-    seed: int = 0
+    seed: Int64 = 0
     # The prompt corpus: the built-in one, or a corpus a host names in its worker.toml (a host
     # without it does not take the job).
     corpus: CorpusName = BUILTIN_CORPUS
     host_labels: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]] = (
         Field(default_factory=list)
     )
-    hosts: Int32 = Field(1, ge=1)
+    hosts: int = Field(1, ge=1, le=INT32_MAX)
     fresh_process: bool = False
     # Rounds measured by one process per variant before every variant's process is replaced
     # (worker/schedule.py's process blocks); None: `default_rounds_per_process(rounds)`.

@@ -120,8 +120,9 @@ def test_a_non_finite_flag_from_the_form_parser_is_refused_with_its_field(
     payload["variants"][1]["flags"] = {"prefill_step_size": float("inf")}
     with pytest.raises(Invalid) as refused:
         job_service.create_job(db_session=db_session, settings=settings, payload=payload)
-    assert refused.value.field == "variants.1.flags"
-    assert "inf is not a finite number" in refused.value.message
+    assert refused.value.field is not None
+    assert refused.value.field.startswith("variants.1.flags")
+    assert "prefill_step_size" in refused.value.message
 
 
 def test_hostile_heartbeats_and_completions_are_refused(

@@ -132,6 +132,21 @@ def test_unsafe_ref_and_bad_flags_are_shown_beside_their_row(
     assert "name=value" in _errors(response.text)["variant-1-flags"]
 
 
+def test_a_non_finite_flag_value_is_shown_beside_its_row(
+    web: TestClient, db_session: Session
+) -> None:
+    """`inf`, `nan` and `1e999` read as floats JSON cannot hold: refused at the row, never a
+    500."""
+    make_host(db_session, "studio-1")
+    before = _job_count(db_session)
+    for value in ("inf", "nan", "1e999"):
+        flags = {"variant-1-flags": f"prefill_step_size={value}"}
+        response = web.post("/", data=_fields(web.get("/").text, **flags))
+        assert response.status_code == 422, response.text[:200]
+        assert "prefill_step_size" in _errors(response.text)["variant-1-flags"]
+    assert _job_count(db_session) == before
+
+
 def test_service_refusals_land_beside_their_fields(web: TestClient, db_session: Session) -> None:
     make_host(db_session, "studio-1", labels=["lab:home"])
     response = web.post("/", data=_fields(web.get("/").text, host_labels="gpu:h200"))
