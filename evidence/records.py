@@ -42,22 +42,35 @@ def parse_records(
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            value = strict_json_loads(line)
-        except json.JSONDecodeError as error:
-            problems.append(
-                f"{source} line {number}: not JSON ({error.msg} at column {error.colno})"
-            )
-            continue
-        if not isinstance(value, dict):
-            problems.append(f"{source} line {number}: expected a JSON object")
-            continue
-        try:
-            records.append(Record.model_validate(value))
-        except ValidationError as error:
-            problem = error_line(error, whole="record", every=True)
-            problems.append(f"{source} line {number}: {problem}")
+        parsed = parse_record_line(line)
+        if isinstance(parsed, Record):
+            records.append(parsed)
+        else:
+            problems.append(f"{source} line {number}: {parsed}")
     return records, problems
+
+
+def parse_record_line(line: str) -> Record | str:
+    """One line of records.jsonl as a `Record`, or what is wrong with it (one line).
+
+    pydantic parses and validates a line in one call; only a line it refuses goes through
+    `strict_json_loads` and `Record.model_validate` again, for the message that says why
+    (the same records are accepted either way: a record's floats are finite, its text
+    checked, whichever parser read it)."""
+    try:
+        return Record.model_validate_json(line)
+    except ValidationError:
+        pass
+    try:
+        value = strict_json_loads(line)
+    except json.JSONDecodeError as error:
+        return f"not JSON ({error.msg} at column {error.colno})"
+    if not isinstance(value, dict):
+        return "expected a JSON object"
+    try:
+        return Record.model_validate(value)
+    except ValidationError as error:
+        return error_line(error, whole="record", every=True)
 
 
 def read_records(path: str | Path) -> list[Record]:

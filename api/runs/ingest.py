@@ -50,13 +50,18 @@ def parse_cells(raw: bytes, run: Run) -> tuple[list[dict[str, Any]], list[str]]:
         if not line.strip():
             continue
         try:
-            record = Record.model_validate(strict_json_loads(line))
-        except json.JSONDecodeError as error:
-            problems.append(f"line {line_no}: not JSON ({error.msg})")
-            continue
-        except ValidationError as error:
-            problems.append(f"line {line_no}: {validation_message('record', error)}")
-            continue
+            # pydantic's parser and validation in one call; a line it refuses is read again
+            # strictly, for the message that says why (evidence/records.py parse_record_line).
+            record = Record.model_validate_json(line)
+        except ValidationError:
+            try:
+                record = Record.model_validate(strict_json_loads(line))
+            except json.JSONDecodeError as error:
+                problems.append(f"line {line_no}: not JSON ({error.msg})")
+                continue
+            except ValidationError as error:
+                problems.append(f"line {line_no}: {validation_message('record', error)}")
+                continue
         if record.run_id != run.id:
             problems.append(f"line {line_no}: run_id {record.run_id!r} is not this run {run.id}")
             continue
