@@ -16,12 +16,18 @@ end of each log) and prints one JSON line with what it took:
   last end: warm-ups and process replacements included, builds and the first model load not)
   and `cells_per_minute` over it; `cells_per_minute_end_to_end` over the submission-to-upload
   time (everything included);
+- from the evidence's timeline (evidence/timeline.py): `duty_cycle` (timed cells over the
+  measuring wall), `phases` (seconds waited at the first block's start and at the later ones:
+  stop, imports, load, warm-ups), `blocks`, `rounds_per_process` and `block_rule`;
 - `startup_s` (until the agent registered), `wall_s`, the job and evidence ids, the zip, the
   commit each variant ran, and `verify` (`ok` or the verifier's message).
 
     PYTHONPATH=. python3 benchmarks/host_e2e.py --repo <coldbench repository or bundle> \\
         --ref main --ref <branch> --model <checkpoint folder | preset:tiny> \\
         --contexts 4096,16384 --rounds 6 --out <evidence folder> --workdir <scratch folder>
+
+`--calibration FILE` gives the agent the host's `coldbench calibrate` result (worker.toml's
+`calibration`): the blocks' length and the statistics follow its noise.
 
 `--repo` is anything `git clone --mirror` takes: a checkout, a bare repository or a `git
 bundle` file (`git bundle create cb.bundle main <branch>` carries both refs to a machine
@@ -86,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", required=True, type=Path, help="state, worker.toml, logs")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="for the job to finish")
     parser.add_argument("--port", type=int, default=0, help="API port (0: a free one)")
+    parser.add_argument(
+        "--calibration", type=Path, default=None, help="the host's coldbench calibrate result"
+    )
     args = parser.parse_args(argv)
     variants = [*(f"{_variant_name(ref)}:ref={ref}" for ref in args.ref), *args.variant]
     names = [variant.split(":", 1)[0] for variant in variants]
@@ -108,6 +117,8 @@ def worker_toml(args: argparse.Namespace, agent_dir: Path) -> tuple[str, str]:
         f"labels = [{json.dumps(HOST_LABEL)}]",
         f"state_dir = {json.dumps(str(agent_dir / 'state'))}",
     ]
+    if args.calibration is not None:
+        lines.append(f"calibration = {json.dumps(str(args.calibration.expanduser().resolve()))}")
     models: list[str] = []
     if args.model.startswith("preset:"):
         model = args.model
@@ -170,6 +181,31 @@ def cell_figures(zip_path: Path) -> dict[str, Any]:
         "cells_ok": sum(r.status == "ok" for r in timed),
         "measuring_s": round(span, 2),
         "cells_per_minute": round(len(timed) * 60 / span, 2) if span > 0 else None,
+    }
+
+
+def timeline_figures(zip_path: Path) -> dict[str, Any]:
+    """The run's duty cycle, phases and blocks from the evidence's summary (evidence/timeline)."""
+    from evidence.bundle import read_bundle
+
+    summary = json.loads(read_bundle(zip_path).get("summary.json", b"{}"))
+    runs = (summary.get("timeline") or {}).get("runs") or []
+    if not runs:
+        return {}
+    run = runs[0]
+    return {
+        "duty_cycle": run.get("duty_cycle"),
+        "timed_cells_s": run.get("timed_cells_s"),
+        "measuring_wall_s": run.get("measuring_wall_s"),
+        "phases": {key: run.get(key) for key in ("first_block", "later_blocks")},
+        "blocks": run.get("blocks"),
+        "rounds_per_process": run.get("rounds_per_process"),
+        "block_rule": run.get("block_rule"),
+        "prespawn": run.get("prespawn"),
+        "verdicts": [
+            f"{c['variant']}@{c['context_tokens']}: {c['verdict']}"
+            for c in summary.get("comparisons", [])
+        ],
     }
 
 
@@ -278,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         result["verify"] = "ok" if verified.returncode == 0 else (last or ["failed"])[-1]
         say(f"coldbench verify: {(last or [''])[-1]}")
         result.update(cell_figures(zip_path))
+        result.update(timeline_figures(zip_path))
         if result["cells_per_minute"] is not None and "time_to_upload_s" in result:
             result["cells_per_minute_end_to_end"] = round(
                 result["cells"] * 60 / result["time_to_upload_s"], 2

@@ -22,7 +22,9 @@ import os
 import shutil
 import struct
 import tempfile
+from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -295,6 +297,24 @@ def _shards(sizes: list[tuple[str, int]], shard_bytes: int) -> list[list[str]]:
     return shards
 
 
+def _in_order(make: Any, names: list[str], workers: int | None = None) -> Iterable[bytes]:
+    """make(name) for each name, in order, computed on up to `workers` threads (numpy's random
+    generator and arithmetic release the GIL) with at most that many tensors in memory at once:
+    the bytes do not depend on the threads, an 8B checkpoint is written several times faster."""
+    workers = workers or min(8, os.cpu_count() or 1)
+    if workers < 2:
+        yield from (make(name) for name in names)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque[Future[bytes]] = deque()
+        for name in names:
+            pending.append(pool.submit(make, name))
+            if len(pending) >= workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def _write_weights(
     out: Path,
     entries: dict[str, tuple[str, tuple[int, ...]]],
@@ -312,7 +332,7 @@ def _write_weights(
         )
         ordered = sorted(names)
         headers = [(n, *entries[n]) for n in ordered]
-        _write_safetensors(out / file_name, headers, (blob_of(n) for n in ordered))
+        _write_safetensors(out / file_name, headers, _in_order(blob_of, ordered))
         weight_map.update({n: file_name for n in names})
     if count > 1:
         total = sum(size for _, size in sizes)

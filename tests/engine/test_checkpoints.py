@@ -238,3 +238,28 @@ def test_long_context_preset_runs_at_positions_past_the_base_window(tmp_path: Pa
     scaled = rope(x, offset=200_000)
     plain = mx.fast.rope(x, 64, traditional=False, base=10000.0, scale=1.0, offset=200_000)
     assert bool(mx.all(mx.isfinite(scaled))) and not bool(mx.allclose(scaled, plain))
+
+
+def test_tensors_made_on_threads_come_out_in_order_few_at_a_time() -> None:
+    import threading
+    import time
+
+    from engine.checkpoints import _in_order
+
+    lock = threading.Lock()
+    alive = peak = 0
+
+    def make(name: str) -> bytes:
+        nonlocal alive, peak
+        with lock:
+            alive += 1
+            peak = max(peak, alive)
+        time.sleep(0.01 * (int(name) % 3))
+        with lock:
+            alive -= 1
+        return name.encode()
+
+    names = [str(i) for i in range(20)]
+    assert list(_in_order(make, names, workers=4)) == [n.encode() for n in names]
+    assert 1 < peak <= 4
+    assert list(_in_order(make, names, workers=1)) == [n.encode() for n in names]
