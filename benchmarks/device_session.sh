@@ -62,8 +62,11 @@ case $step in
       --out "$WORK/e2e-out" --workdir "$WORK/e2e" --timeout-s 500 | tail -1 | tee "$OUT/e2e.json"
     ;;
   summaries)
+    for zip in "$WORK"/e2e-out/*.zip; do  # the service's evidence: its views and timeline
+      [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json")])' "$zip" "$WORK/e2e-evidence"
+    done
     (cd "$WORK" && find . -name summary.md -o -name summary.json -o -name timeline.json \
-      | grep -v '/state' | tar -czf "$OUT/summaries.tgz" -T -)
+      -o -name provenance.json | grep -v '/state' | tar -czf "$OUT/summaries.tgz" -T -)
     ls -l "$OUT"
     ;;
   *) echo "unknown step $step" >&2; exit 2 ;;

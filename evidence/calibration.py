@@ -61,6 +61,7 @@ class VarianceSums(_Strict):
     ss_within: float = Field(ge=0, allow_inf_nan=False)
     df_within: int = Field(ge=0)
     m0: float = Field(gt=0, allow_inf_nan=False)
+    comparisons: int = Field(1, ge=1)  # analyses pooled: process pairs = df_between + this
 
     def __add__(self, other: VarianceSums) -> VarianceSums:
         df_between = self.df_between + other.df_between
@@ -71,6 +72,7 @@ class VarianceSums(_Strict):
             ss_within=self.ss_within + other.ss_within,
             df_within=self.df_within + other.df_within,
             m0=m0,
+            comparisons=self.comparisons + other.comparisons,
         )
 
     @property
@@ -118,7 +120,7 @@ def noise_of(
     upper = sums.process_variance(upper=NOISE_CONFIDENCE) if sums is not None else None
     if sums is None or not within or point is None or upper is None:
         return None
-    units = sums.df_between + 1
+    units = sums.df_between + sums.comparisons
     return HostNoise(
         process_pair_sd=min(1.0, math.sqrt(point)),
         process_pair_sd_upper=min(1.0, math.sqrt(upper)),
@@ -202,6 +204,8 @@ class HostCalibration(_Strict):
     decode_tokens: int = Field(ge=0)
     base_flags: dict[str, FlagValue] = Field(default_factory=dict)
     planted_flags: dict[str, FlagValue] = Field(default_factory=dict)
+    # the variant with the planted flags: "p" beside a, b, c; "c" in results of earlier jobs
+    planted_variant: str = Field("c", max_length=64)
     statistics: dict[str, str] = Field(default_factory=dict)  # summary settings' process_blocks
     aa_jobs: int = Field(ge=0)
     aa_claims: int = Field(ge=0)
@@ -323,6 +327,7 @@ def calibrate_result(
     spreads = [job.between_process_sd for job in aa if job.between_process_sd is not None]
     statistics = next((job.statistics for job in jobs if job.statistics), {})
     return HostCalibration(
+        planted_variant=planted_variant,
         aa_jobs=len(aa),
         aa_claims=sum(any(c.verdict in CLAIMS for c in job.comparisons) for job in aa),
         planted_jobs=len(planted),
@@ -343,6 +348,7 @@ def merge_calibrations(results: Sequence[HostCalibration]) -> HostCalibration:
         raise ValueError("nothing to merge")
     first = results[0]
     keys = (
+        "planted_variant",
         "model",
         "contexts",
         "rounds",
@@ -379,11 +385,13 @@ def merge_calibrations(results: Sequence[HostCalibration]) -> HostCalibration:
         model=first.model,
         calibrated_at=created_at,
     )
+    fields = {key: getattr(first, key) for key in keys if key != "planted_variant"}
     return calibrate_result(
         jobs=[job for r in results for job in r.jobs],
+        planted_variant=first.planted_variant,
         created_at=created_at,
         host=first.host,
         variance=variance,
         noise=noise,
-        **{key: getattr(first, key) for key in keys},
+        **fields,
     )
