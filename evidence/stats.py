@@ -576,7 +576,12 @@ def block_anova(blocks: Sequence[Sequence[float]]) -> VarianceSums | None:
     ss_within = float(sum(((block - block.mean()) ** 2).sum() for block in logs))
     m0 = (n - sum(block.size**2 for block in logs) / n) / (k - 1)
     return VarianceSums(
-        ss_between=ss_between, df_between=k - 1, ss_within=ss_within, df_within=n - k, m0=m0
+        ss_between=ss_between,
+        df_between=k - 1,
+        ss_within=ss_within,
+        df_within=n - k,
+        m0=m0,
+        comparisons=1,
     )
 
 
