@@ -46,6 +46,9 @@ def submit(
     good: Annotated[str | None, spec_option("good")] = None,
     bad: Annotated[str | None, spec_option("bad")] = None,
     direction: Annotated[str | None, spec_option("direction")] = None,
+    base: Annotated[str | None, spec_option("base")] = None,
+    head: Annotated[str | None, spec_option("head")] = None,
+    alone: Annotated[bool, spec_option("alone")] = False,
     features: Annotated[str | None, spec_option("features")] = None,
     labels: Annotated[str | None, spec_option("labels")] = None,
     hosts: Annotated[str | None, spec_option("hosts")] = None,
@@ -95,6 +98,9 @@ def submit(
         "good": good,
         "bad": bad,
         "direction": direction,
+        "base": base,
+        "head": head,
+        "alone": alone,
     }
     if pull_request is not None:
         job_id = _ask_for_pull_request(api, key, pull_request, given, problems)

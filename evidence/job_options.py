@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from evidence.engine_flags import flag_problems
 from evidence.schemas import (
     MAX_HISTORY_COMMITS,
+    MAX_PR_COMMITS,
     REF_PATTERN,
     JobSpec,
     Mode,
@@ -48,12 +49,14 @@ MODE_HELP: Final = {
     "sweep": "the same code over several flag settings",
     "history": "each commit against a reference commit (--range A..B or a list of commits)",
     "bisect": "the first commit between good and bad that is slower (or faster)",
+    "commits": "which commits of base..head earn their keep: head without each one",
 }
 # Modes whose commits the host resolves from refs: one variant, the configuration, no ref.
-_ONE_CONFIGURATION_MODES: Final = ("history", "bisect")
+_ONE_CONFIGURATION_MODES: Final = ("history", "bisect", "commits")
 DEFAULT_VARIANT: Final = "base"
 HISTORY_MODES: Final = ("history",)
 BISECT_MODES: Final = ("bisect",)
+COMMITS_MODES: Final = ("commits",)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ JOB_OPTIONS: Final = _options(
         "--variant",
         "NAME[:key=value,...]; repeat. The first is the baseline. Keys ref and recipe pick a "
         "commit and a build recipe of the repository; the rest are engine flags. History over "
-        "a range and bisect take one variant without ref= (the configuration).",
+        "a range, bisect and commits take one variant without ref= (the configuration).",
         metavar="NAME[:k=v,...]",
         default_text=DEFAULT_VARIANT,
     ),
@@ -213,6 +216,27 @@ JOB_OPTIONS: Final = _options(
         "The change to find: slower or faster.",
         "slower|faster",
         modes=BISECT_MODES,
+    ),
+    JobOption(
+        "base",
+        "--base",
+        "The PR's base: the commit its commits follow on head's first-parent line (its merge "
+        "base).",
+        "REF",
+        modes=COMMITS_MODES,
+    ),
+    JobOption(
+        "head",
+        "--head",
+        "The PR's head: each commit of base..head is left out of it in turn.",
+        "REF",
+        modes=COMMITS_MODES,
+    ),
+    JobOption(
+        "alone",
+        "--alone",
+        "Also each commit alone on base (two variants per commit).",
+        modes=COMMITS_MODES,
     ),
 )
 
@@ -446,6 +470,8 @@ def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
         _history(build, given, raw)
     if mode == "bisect":
         _bisect(build, given, raw)
+    if mode == "commits":
+        _commits(build, given, raw)
     return raw
 
 
@@ -541,6 +567,20 @@ def _bisect(build: _Build, given: Mapping[str, Any], raw: dict[str, Any]) -> Non
     raw["bisect"] = bisect
 
 
+def _commits(build: _Build, given: Mapping[str, Any], raw: dict[str, Any]) -> None:
+    _configuration(build, "base..head", list(given.get("variants") or []))
+    commits: dict[str, Any] = {}
+    for name, what in (("base", "the PR's base (its merge base)"), ("head", "the PR's head")):
+        if _given(given.get(name)):
+            commits[name] = str(given[name]).strip()
+        else:
+            build.add(name, f"commits needs {name}: {what}", f"commits.{name}")
+            commits[name] = "HEAD"  # a stand-in, as in _bisect
+    if _given(given.get("alone")):
+        commits["alone"] = _bool(build, "alone", given["alone"]) or False
+    raw["commits"] = commits
+
+
 def _validate(build: _Build, raw: dict[str, Any], limits: SpecLimits | None) -> JobSpec | None:
     """JobSpec's own validation; each of its problems in the builder's terms."""
     try:
@@ -567,9 +607,14 @@ def option_of_field(path: str | None) -> str:
     if not path:
         return "job"
     head, _, rest = path.partition(".")
-    if head in ("history", "bisect"):
+    if head in ("history", "bisect", "commits"):
         part = rest.split(".")[0]
-        return part if part in JOB_OPTIONS else ("range" if head == "history" else "good")
+        # `commits.*` is mode commits' (base, head, alone), never history's `--commits` list.
+        return (
+            part
+            if part in JOB_OPTIONS
+            else {"history": "range", "bisect": "good"}.get(head, "base")
+        )
     if head == "variants":
         return "recipe" if rest.endswith(".recipe") else "variants"
     return _OPTION_OF_FIELD.get(head, head if head in JOB_OPTIONS else "job")
@@ -647,13 +692,18 @@ def human_message(item: Mapping[str, Any], raw: Mapping[str, Any] | None = None)
 def default_rounds(spec: JobSpec) -> int:
     """Rounds that let every comparison of `spec` reach a verdict even when two of its process
     pairs disagree with the rest (evidence/stats.py, `rounds_to_outvote`), over the job's whole
-    corrected family: a history over a range counts the most commits its host may resolve."""
+    corrected family: a history over a range, or a commits job, counts the most commits its host
+    may resolve."""
     from evidence.stats import comparison_family_size, rounds_to_outvote
 
     family = comparison_family_size(spec)
     if spec.mode == "history" and spec.needs_host_resolution and spec.history is not None:
         commits = spec.history.last or spec.history.max_commits or MAX_HISTORY_COMMITS
         family = len(spec.contexts) * commits
+    if spec.mode == "commits" and spec.needs_host_resolution and spec.commits is not None:
+        # head, then a variant per commit (two with `alone`), against base
+        commits = spec.commits.max_commits or MAX_PR_COMMITS
+        family = len(spec.contexts) * (1 + commits * (2 if spec.commits.alone else 1))
     units = rounds_to_outvote(family)
     return units * (spec.rounds_per_process or 1)
 
@@ -665,7 +715,7 @@ def typer_option(name: str, *, help: str | None = None, default_text: str | None
 
     option = JOB_OPTIONS[name]
     text = option.help_text(default_text) if help is None else help
-    if name == "fresh_process":
+    if name in ("fresh_process", "alone"):  # on/off flags, no value
         return typer.Option(option.flag, help=text)
     return typer.Option(option.flag, help=text, metavar=option.metavar, show_default=False)
 

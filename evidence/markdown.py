@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from evidence.ablation import ablation_sentence
 from evidence.bisect import bisect_sentences
+from evidence.commits import commits_sentences
 from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
 from evidence.headline import caveats
 from evidence.history import history_sentences, plural, short
@@ -22,6 +23,8 @@ from evidence.schemas import CorpusInfo, Provenance, TargetInfo
 from evidence.summary_schema import (
     Bisect,
     Bracketing,
+    CommitMarginal,
+    Commits,
     Comparison,
     DriftLine,
     History,
@@ -402,6 +405,8 @@ def answer_sentences(
         return history_sentences(summary.history, text)
     if summary.bisect:
         return bisect_sentences(summary.bisect, text)
+    if summary.commits:
+        return commits_sentences(summary.commits, text)
     if summary.ablation and summary.ablation.entries:
         # One sentence over the leave-one-out table, not one per context and variant.
         return [ablation_sentence(summary.ablation)]
@@ -631,6 +636,108 @@ def bisect_lines(bisect: Bisect) -> list[str]:
     ]
 
 
+def tree_text(commits: Commits, variant: str) -> str:
+    """How the host made a variant's tree, as Markdown: `1234567890` with c2 `abcdef0123`
+    reverted: tree `<git tree id>`, and why it was not measured where it was not."""
+    for entry in commits.commits:
+        for name, tree, why in (
+            (entry.without, entry.tree, entry.not_separable),
+            (entry.alone, entry.alone_tree, entry.alone_not_separable),
+        ):
+            if name != variant or tree is None:
+                continue
+            done = "reverted" if tree.change == "revert" else "picked"
+            made = [f"tree {md_code(tree.tree)}"] if tree.tree else []
+            made += [f"not separable: {md_text(why)}"] if why else []
+            return (
+                f"{md_code(tree.onto[:10])} with c{entry.position} {md_code(tree.commit[:10])} "
+                f"{done}: " + ", ".join(made)
+            )
+    return ""
+
+
+def _commit_rows(commits: Commits, marginals: Sequence[CommitMarginal]) -> list[list[object]]:
+    by_position = {entry.position: entry for entry in commits.commits}
+    alone = {(a.context_tokens, a.position): a for a in commits.alone}
+    rows: list[list[object]] = []
+    for m in marginals:
+        entry = by_position[m.position]
+        parity = entry.parity
+        row: list[object] = [
+            m.context_tokens,
+            f"c{m.position}",
+            md_code(m.commit[:10]),
+            md_text(entry.subject or ""),
+            fmt_interval(m),
+            fmt_p(m.p_adjusted),
+            m.n,
+            fmt_verdict(m),
+        ]
+        if entry.alone is not None:
+            only = alone.get((m.context_tokens, m.position))
+            row.append(f"{fmt_interval(only)} {only.verdict}" if only else "n/a")
+        row.append(f"{parity.exact} exact, {parity.accepted} accepted, {parity.diverged} diverged")
+        rows.append(row)
+    return rows
+
+
+def commits_lines(commits: Commits) -> list[str]:
+    """Each commit's marginal (and, where asked, its effect alone on base), the sums against
+    the PR's total, the commits that are not separable, and every tree the host made."""
+    base, head = (commits.base.commit or "")[:10], (commits.head.commit or "")[:10]
+    header = [
+        "context",
+        "c",
+        "commit",
+        "subject",
+        "head / head without it [95% CI]",
+        "p (Holm)",
+        "pairs",
+        "verdict",
+    ]
+    if any(e.alone for e in commits.commits):
+        header.append("base with only it / base")
+    header.append("output vs base (head without it)")
+    lines = [f"### Commits of {md_code(f'{base}..{head}')}: each left out of head", ""]
+    if commits.marginals:
+        lines += _table(header, _commit_rows(commits, commits.marginals))
+    else:
+        lines.append("No commit was separable: no marginal was measured.")
+    lines.append("")
+    for sums in commits.additivity:
+        if sums.sum_of_marginals_pct is None or sums.total_pct is None:
+            continue
+        alone = (
+            f"; alone on base they sum to {sums.sum_alone_pct:+.1f}%"
+            if sums.sum_alone_pct is not None
+            else ""
+        )
+        lines.append(
+            f"- {sums.context_tokens} tokens: the {sums.marginals} marginals of "
+            f"{sums.commits} commits sum to {sums.sum_of_marginals_pct:+.1f}% against the PR's "
+            f"total of {sums.total_pct:+.1f}% ({sums.interaction_pct:+.1f}% unaccounted for)"
+            f"{alone}"
+        )
+    not_separable = [e for e in commits.commits if e.not_separable]
+    if not_separable:
+        lines += ["", "Not separable (never measured):", ""]
+        lines += [
+            f"- c{e.position} {md_code(e.commit[:10])} {md_text(e.subject or '')}: "
+            f"{md_text(e.not_separable or '')}"
+            for e in not_separable
+        ]
+    trees = [
+        (name, tree_text(commits, name))
+        for e in commits.commits
+        for name in (e.without, e.alone)
+        if name
+    ]
+    lines += ["", "Trees the host made (provenance.json has each in full):", ""]
+    lines += [f"- {md_code(name)}: {text}" for name, text in trees if text]
+    lines += ["", f"_{commits.note}_"]
+    return lines
+
+
 def _render(
     summary: Summary,
     provenances: Sequence[Provenance],
@@ -658,6 +765,8 @@ def _render(
         lines += ["", *history_lines(history)]
     if bisect:
         lines += ["", *bisect_lines(bisect)]
+    if summary.commits:
+        lines += ["", *commits_lines(summary.commits)]
     lines += [
         "",
         "### Cold prefill",

@@ -41,7 +41,14 @@ from evidence.markdown import (
     verify_command,
 )
 from evidence.schemas import Provenance, Record
-from evidence.summary_schema import Comparison, ContextDrift, History, Quantiles, Summary
+from evidence.summary_schema import (
+    Commits,
+    Comparison,
+    ContextDrift,
+    History,
+    Quantiles,
+    Summary,
+)
 
 TEMPLATES = Path(__file__).parent / "templates"
 _MAX_ROWS = 500
@@ -326,6 +333,102 @@ def _history_view(history: History) -> dict[str, Any]:
     }
 
 
+def _commits_view(commits: Commits) -> dict[str, Any]:
+    """The commits section as display strings: one row per (context, commit), the sums, and
+    each tree the host made with its provenance (and, where it failed, the log's tail)."""
+    alone = {(a.context_tokens, a.position): a for a in commits.alone}
+    marginals = {(m.context_tokens, m.position): m for m in commits.marginals}
+    contexts = [a.context_tokens for a in commits.additivity]
+    rows = []
+    for context in contexts:
+        for entry in commits.commits:
+            m = marginals.get((context, entry.position))
+            only = alone.get((context, entry.position))
+            parity = entry.parity
+            rows.append(
+                {
+                    "context": context,
+                    "position": entry.position,
+                    "commit": entry.commit[:10],
+                    "subject": entry.subject or "",
+                    "interval": fmt_interval(m) if m else "not separable",
+                    "p": fmt_p(m.p_adjusted) if m else "",
+                    "n": m.n if m else 0,
+                    "verdict": fmt_verdict(m) if m else entry.not_separable or "",
+                    "css": _css(m.verdict) if m else "flag",
+                    "alone": (f"{fmt_interval(only)} {only.verdict}" if only else "n/a")
+                    if entry.alone
+                    else None,
+                    "parity": f"{parity.exact} exact, {parity.accepted} accepted, "
+                    f"{parity.diverged} diverged",
+                }
+            )
+    trees = []
+    for entry in commits.commits:
+        for name, tree, why in (
+            (entry.without, entry.tree, entry.not_separable),
+            (entry.alone, entry.alone_tree, entry.alone_not_separable),
+        ):
+            if not name or tree is None:
+                continue
+            trees.append(
+                {
+                    "variant": name,
+                    "change": "reverted from" if tree.change == "revert" else "picked onto",
+                    "onto": tree.onto,
+                    "commit": tree.commit,
+                    "position": entry.position,
+                    "tree": tree.tree or "",
+                    "conflicts": tree.conflicts,
+                    "why": why or "",
+                    "tail": tree.failure_tail or "",
+                }
+            )
+    return {
+        "base": (commits.base.commit or "")[:10],
+        "head": (commits.head.commit or "")[:10],
+        "rows": rows,
+        "has_alone": any(e.alone for e in commits.commits),
+        "sums": [
+            {
+                "context": a.context_tokens,
+                "total": fmt_pct(a.total_pct),
+                "sum": fmt_pct(a.sum_of_marginals_pct),
+                "interaction": fmt_pct(a.interaction_pct),
+                "measured": f"{a.marginals} of {a.commits}",
+                "alone": fmt_pct(a.sum_alone_pct) if a.sum_alone_pct is not None else None,
+            }
+            for a in commits.additivity
+        ],
+        "trees": trees,
+        "note": commits.note,
+    }
+
+
+def commits_figure(commits: Commits) -> dict[str, Any]:
+    """Each commit's marginal (head / head without it - 1) with its interval, per context."""
+    figure = _figure(_layout("commit", "head / head without it (95% CI)"))
+    labels = [f"c{e.position} {e.commit[:7]}" for e in commits.commits]
+    for context in [a.context_tokens for a in commits.additivity]:
+        entries = [
+            (f"c{m.position} {m.commit[:7]}", m.ratio_median, m.ci_low, m.ci_high)
+            for m in commits.marginals
+            if m.context_tokens == context and m.ratio_median is not None
+        ]
+        figure["data"].append(
+            {
+                "base": 1,
+                "error_y": _interval_bars([(m, low, high) for _, m, low, high in entries]),
+                "name": f"{context} tokens",
+                "x": [label for label, *_ in entries],
+                "y": [m - 1 for _, m, *_ in entries],
+                "type": "bar",
+            }
+        )
+    figure["layout"]["xaxis"].update(type="category", categoryorder="array", categoryarray=labels)
+    return figure
+
+
 def build_figures(summary: Summary, records: Iterable[Record]) -> list[dict[str, Any]]:
     """The report's plotly figures as {id, title, spec} (spec = plotly's JSON)."""
     palette = plotly_colors.qualitative.Plotly
@@ -446,6 +549,15 @@ def build_figures(summary: Summary, records: Iterable[Record]) -> list[dict[str,
             }
         )
 
+    if summary.commits:
+        figures.append(
+            {
+                "id": "fig-commits",
+                "title": "Each commit left out of head",
+                "spec": commits_figure(summary.commits),
+            }
+        )
+
     ablation = summary.ablation
     if ablation:
         bars = _figure(_layout("feature", "all / all-minus-feature (95% CI)"))
@@ -514,6 +626,7 @@ def render_report_html(
         "caveats": caveats(summary),
         "bisect": summary.bisect,
         "history": _history_view(summary.history) if summary.history else None,
+        "commits": _commits_view(summary.commits) if summary.commits else None,
         "prefill_rows": _comparison_rows(summary, "comparisons"),
         "decode_rows": _comparison_rows(summary, "decode_comparisons"),
         "descriptive_rows": _descriptive_rows(summary),

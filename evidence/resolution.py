@@ -1,8 +1,9 @@
-"""Specs a host resolves: a history's range and a bisection's good..bad name refs that only
-the host's mirror can turn into commits, so the submitted spec carries one variant without a
-ref (`JobSpec.needs_host_resolution`) and the host runs the spec it resolved. The server
-accepts that spec only if it is exactly what the one rule builds from the commits it names
-(`history_spec`, `step_spec`): a host chooses commits, never anything else of the job.
+"""Specs a host resolves: a history's range, a bisection's good..bad and a commits job's
+base..head name refs that only the host's mirror can turn into commits, so the submitted spec
+carries one variant without a ref (`JobSpec.needs_host_resolution`) and the host runs the spec
+it resolved. The server accepts that spec only if it is exactly what the one rule builds from
+the commits it names (`history_spec`, `step_spec`, `commits_spec`): a host chooses commits,
+never anything else of the job.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import re
 
 from evidence.bisect import step_spec
+from evidence.commits import commits_spec
 from evidence.history import history_spec
 from evidence.schemas import JobSpec
 
@@ -33,6 +35,13 @@ def resolution_problem(submitted: JobSpec, resolved: JobSpec) -> str | None:
             expected = history_spec(submitted, reference, commits)
         except ValueError as error:
             return f"the resolved commits do not make a history: {str(error).splitlines()[0]}"
+    elif submitted.mode == "commits":
+        if resolved.commits is None or resolved.commits.line is None:
+            return "the host did not resolve base..head to a line of commits"
+        try:
+            expected = commits_spec(submitted, resolved.commits.line)
+        except ValueError as error:
+            return f"the resolved commits do not make a commits job: {str(error).splitlines()[0]}"
     else:
         if resolved.bisect is None or resolved.bisect.line is None:
             return "the host did not resolve good..bad to a line of commits"

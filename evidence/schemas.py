@@ -40,7 +40,7 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
-Mode = Literal["ab", "ablation", "sweep", "history", "bisect"]
+Mode = Literal["ab", "ablation", "sweep", "history", "bisect", "commits"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
 # The repository name of `coldbench run --adapter openai-server` without `--repo`: the server the
 # orchestrating interpreter already has installed, one build for every variant, so no refs. A
@@ -51,6 +51,12 @@ MAX_BISECT_LINE = 4096
 # A history measures at most this many commits besides its reference: each is a variant of
 # every round.
 MAX_HISTORY_COMMITS = 64
+# A commits job measures head without each commit of base..head: at most this many commits (each
+# is a variant of every round; two with `alone`).
+MAX_PR_COMMITS = 32
+# How a commits job's tree is made from two commits: one reverted from head, or picked onto base.
+CommitChange = Literal["revert", "pick"]
+CommitId = Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
 # The variants an ablation runs (evidence/variant.py expands them; JobSpec checks the names).
 ABLATION_BASELINE: Final = "none"
 ABLATION_ALL: Final = "all"
@@ -246,6 +252,23 @@ class SoftwareInfo(_Strict):
     pip_freeze_sha256: Sha256Hex | None = None
 
 
+class SynthesizedTree(Checked):
+    """A tree a host made for a `commits` job: `onto` with `commit` reverted (`revert`: head
+    without it) or picked (`pick`: base with only it), as `git revert`/`git cherry-pick -m 1`
+    do. `tree` is the resulting git tree id (None when it could not be made), `conflicts` the
+    files whose change did not apply; `failure_tail` the last lines of the build log or of the
+    variant process when the tree did not build or load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    change: CommitChange
+    onto: CommitId
+    commit: CommitId
+    subject: str | None = Field(None, max_length=200)
+    tree: str | None = Field(None, pattern=r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+    conflicts: list[str] = Field(default_factory=list, max_length=200)
+    failure_tail: Paragraph | None = Field(None, max_length=4000)
+
+
 class TargetInfo(_Strict):
     """Which code one variant really ran."""
 
@@ -269,6 +292,9 @@ class TargetInfo(_Strict):
     # What the variant's own process imported (engine/adapters `process_software`): versions
     # (`python`, `mlx`, `mlx_lm`, `coldbench`) and `files` (module name -> file).
     software: dict[str, Any] | None = None
+    # Mode commits: how this variant's tree was made from the range's commits (`commit` above
+    # is then the commit the host wrote for that tree).
+    synthesized: SynthesizedTree | None = None
 
 
 class ModelInfo(_Strict):
@@ -433,6 +459,90 @@ class BisectSpec(_Strict):
         return (len(self.line) - 1) // 2
 
 
+class CommitTreePlan(Checked):
+    """One variant of a `commits` job: the commit its tree starts from (`onto`) and, for a
+    synthesized tree, the commit reverted from it or picked onto it (`position` in base..head,
+    1 = the oldest)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    onto: str
+    change: CommitChange | None = None
+    commit: str | None = None
+    position: int | None = None
+
+
+class CommitsSpec(_Strict):
+    """Mode `commits`: which commits of base..head earn their keep.
+
+    The variants are base, head, and for each commit c on head's first-parent line after base,
+    head without c (c reverted on top of head); with `alone`, also base with only c (c picked
+    onto base). A merge on that line is one change, reverted or picked against its first parent
+    (`git revert -m 1`). `line` is base, then each commit oldest first (the last is head), as a
+    host resolved them in its own mirror; None until then (a job submitted to the service names
+    base and head only). `planned` is the one place the variants are named."""
+
+    base: str = Field(max_length=200)
+    head: str = Field(max_length=200)
+    alone: bool = False
+    # The most commits the host may resolve base..head to: the service sets it from its variant
+    # limit, so a host refuses a long range before building anything.
+    max_commits: int | None = Field(None, ge=1, le=MAX_PR_COMMITS)
+    line: list[CommitId] | None = Field(None, min_length=2, max_length=MAX_PR_COMMITS + 1)
+
+    @field_validator("base", "head")
+    @classmethod
+    def _plain_ref(cls, value: str) -> str:
+        if not REF_PATTERN.fullmatch(value):
+            raise ValueError(f"ref {value!r} is not a plain branch, tag or commit name")
+        return value
+
+    @model_validator(mode="after")
+    def _line_within_bounds(self) -> CommitsSpec:
+        if self.line is not None:
+            if len(set(self.line)) != len(self.line):
+                raise ValueError("commits line: a commit appears twice")
+            if self.max_commits is not None and len(self.line) - 1 > self.max_commits:
+                raise ValueError(
+                    f"base..head holds {len(self.line) - 1} commits; at most {self.max_commits}"
+                )
+        return self
+
+    def planned(self) -> list[CommitTreePlan]:
+        """The variants of a resolved line: `base-<sha10>`, `head-<sha10>`, then
+        `minus-cNN-<sha10>` for each commit (head without it) and, with `alone`,
+        `only-cNN-<sha10>` (base with only it)."""
+        assert self.line is not None
+        base, *commits = self.line
+        head = commits[-1]
+        plans = [
+            CommitTreePlan(name=f"base-{base[:10]}", onto=base),
+            CommitTreePlan(name=f"head-{head[:10]}", onto=head),
+        ]
+        for position, commit in enumerate(commits, 1):
+            plans.append(
+                CommitTreePlan(
+                    name=f"minus-c{position:02d}-{commit[:10]}",
+                    onto=head,
+                    change="revert",
+                    commit=commit,
+                    position=position,
+                )
+            )
+        if self.alone:
+            for position, commit in enumerate(commits, 1):
+                plans.append(
+                    CommitTreePlan(
+                        name=f"only-c{position:02d}-{commit[:10]}",
+                        onto=base,
+                        change="pick",
+                        commit=commit,
+                        position=position,
+                    )
+                )
+        return plans
+
+
 class JobSpec(_Strict):
     """What a maintainer submits. Bounds on sizes are enforced by the API's settings.
 
@@ -475,19 +585,24 @@ class JobSpec(_Strict):
     history: HistorySpec | None = None
     # Mode bisect: the variants are this step's lo, (mid,) hi commits (evidence/bisect.py).
     bisect: BisectSpec | None = None
+    # Mode commits: base..head, each commit left out of head in turn (evidence/commits.py).
+    commits: CommitsSpec | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     @property
     def needs_host_resolution(self) -> bool:
         """Submitted with refs that the host running it resolves in its own mirror (a
-        history's range, a bisection's good..bad): one variant without a ref, the configuration
-        every commit is measured in. The host runs the resolved spec (evidence/resolution.py)."""
+        history's range, a bisection's good..bad, a commits job's base..head): one variant
+        without a ref, the configuration every commit is measured in. The host runs the
+        resolved spec (evidence/resolution.py)."""
         template = len(self.variants) == 1 and self.variants[0].ref is None
         if self.mode == "history":
             return template and self.history is not None
         if self.mode == "bisect":
             return template and self.bisect is not None and self.bisect.line is None
+        if self.mode == "commits":
+            return template and self.commits is not None and self.commits.line is None
         return False
 
     @field_validator("contexts")
@@ -534,6 +649,7 @@ class JobSpec(_Strict):
             self._target_rules,
             self._history_rules,
             self._bisect_rules,
+            self._commits_rules,
             self._ref_rules,
             self._ablation_rules,
         ):
@@ -653,6 +769,35 @@ class JobSpec(_Strict):
             )
         if self.baseline != names[0]:
             raise SpecError("baseline", "bisect mode: the baseline is the first variant (lo)")
+
+    def _commits_rules(self, names: list[str]) -> None:
+        if self.mode != "commits":
+            if self.commits is not None:
+                raise SpecError("commits", f"commits settings given for mode {self.mode}")
+            return
+        if self.commits is None:
+            raise SpecError("commits", "commits mode needs base and head")
+        if not self.repository:
+            raise SpecError("repository", "commits mode needs a repository (base..head of it)")
+        if self.features:
+            raise SpecError("features", "commits mode takes no ablation features")
+        if self.commits.line is None:
+            if not self.needs_host_resolution:
+                raise SpecError(
+                    "variants",
+                    "commits mode: give one variant without a ref (the configuration); the "
+                    "commits come from base..head",
+                )
+            return
+        wanted = [(plan.name, plan.onto) for plan in self.commits.planned()]
+        if [(v.name, v.ref) for v in self.variants] != wanted:
+            raise SpecError(
+                "variants",
+                f"commits mode: a line of {len(self.commits.line) - 1} commits runs "
+                + ", ".join(name for name, _ in wanted),
+            )
+        if self.baseline != names[0]:
+            raise SpecError("baseline", "commits mode: the baseline is the first variant (base)")
 
     def _ablation_rules(self, names: list[str]) -> None:
         """What evidence/variant.py's expansion needs: distinct features, each changing the

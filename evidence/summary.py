@@ -2,10 +2,10 @@
 
 Layers (an import-linter contract in pyproject.toml keeps them): `summary_schema` (the typed
 models) at the bottom, `stats` (pairing, intervals, tests, verdicts) above it, the sections
-(`ablation`, `drift`, `parity`, `reproduction`, `history`, `bisect`: each imports only the
-layers below it, never another section) above that, then this module, which calls every section
-and builds the `Summary` once. The renderers (`markdown`, `report`) and `bundle` sit above it
-and only read the result.
+(`ablation`, `drift`, `parity`, `reproduction`, `history`, `bisect`, `commits`: each imports
+only the layers below it, never another section) above that, then this module, which calls
+every section and builds the `Summary` once. The renderers (`markdown`, `report`) and `bundle`
+sit above it and only read the result.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from evidence.ablation import ablation_section
 from evidence.bisect import bisect_section
+from evidence.commits import commits_section
 from evidence.drift import drift_section
 from evidence.history import history_section
 from evidence.parity import PARITY_MARGIN_THRESHOLD, parity_section
@@ -285,6 +286,22 @@ def summarize(
         conditional["bisect"] = bisect_section(
             spec=spec, comparisons=comparisons, provenances=provenances
         )
+    parity = parity_section(
+        index,
+        variants=variants,
+        baseline=baseline,
+        margin_threshold=PARITY_MARGIN_THRESHOLD if margin_threshold is None else margin_threshold,
+    )
+    if spec is not None and spec.mode == "commits" and spec.commits and spec.commits.line:
+        conditional["commits"] = commits_section(
+            index,
+            spec=spec,
+            comparisons=comparisons,
+            contexts=contexts,
+            provenances=provenances,
+            parity=parity,
+            options=options,
+        )
     blocks_settings = DESIGN_EFFECT_SETTINGS if prior is not None else PROCESS_BLOCK_SETTINGS
     settings = Settings.model_validate(
         {**options.settings(), **({"process_blocks": blocks_settings} if by_process else {})}
@@ -311,14 +328,7 @@ def summarize(
         comparisons=comparisons,
         decode_comparisons=decode_comparisons,
         ablation=ablation_section(index, features=features, contexts=contexts, options=options),
-        parity=parity_section(
-            index,
-            variants=variants,
-            baseline=baseline,
-            margin_threshold=PARITY_MARGIN_THRESHOLD
-            if margin_threshold is None
-            else margin_threshold,
-        ),
+        parity=parity,
         drift=drift_section(
             index,
             baseline=baseline,

@@ -11,8 +11,9 @@ null); a field with a default is written only where the summary set it: `why` on
 without pairs, the process-block fields (`blocks`, `unit`, `process_sd`, `block`,
 `by_context`, `settings.process_blocks`, `noise_floor`) only for records stamped with their
 process, a drift line's fit only when it had baseline cells, `timeline` only when the bundle has
-a run's timeline.json, `history` and `bisect` only in their modes. `summary_json_bytes` writes
-exactly those (`exclude_unset`), so a summary read back from its file writes the same bytes.
+a run's timeline.json, `history`, `bisect` and `commits` only in their modes.
+`summary_json_bytes` writes exactly those (`exclude_unset`), so a summary read back from its file
+writes the same bytes.
 
 May import: pydantic, `evidence.schemas` and the standard library (nothing that computes).
 """
@@ -25,7 +26,7 @@ from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from evidence.schemas import Mode
+from evidence.schemas import Mode, SynthesizedTree
 
 SummaryFormat = Literal["coldbench.summary/1"]
 SUMMARY_FORMAT: Final[SummaryFormat] = "coldbench.summary/1"
@@ -434,6 +435,56 @@ class Bisect(_Section):
     commits_apart: int | None = None
 
 
+# --- commits ----------------------------------------------------------------------------------
+
+
+class CommitMarginal(Comparison):
+    """One commit of base..head at one context: head / head-without-it (its marginal), or base
+    with only it / base (`alone`)."""
+
+    position: int
+    commit: str
+
+
+class PrCommit(_Section):
+    """One commit of base..head: the variants made for it and what became of them."""
+
+    position: int
+    commit: str
+    subject: str | None
+    without: str  # the variant: head with this commit reverted
+    not_separable: str | None  # why head without it was never measured
+    tree: SynthesizedTree | None  # head without it, as the host made it
+    parity: ParityCounts  # head without it against base
+    alone: str | None = None  # the variant: base with only this commit
+    alone_not_separable: str | None = None
+    alone_tree: SynthesizedTree | None = None
+
+
+class CommitsAdditivity(_Section):
+    """At one context: the PR's total against the sum of its commits' marginals (percent)."""
+
+    context_tokens: int
+    total_pct: float | None
+    sum_of_marginals_pct: float | None
+    interaction_pct: float | None  # total - sum: what no single commit accounts for
+    marginals: int  # commits whose marginal entered the sum
+    commits: int
+    sum_alone_pct: float | None = None
+
+
+class Commits(_Section):
+    base: CommitRef
+    head: CommitRef
+    commits: list[PrCommit]
+    total: list[Comparison]  # head / base per context (rows of `comparisons`)
+    marginals: list[CommitMarginal]
+    alone: list[CommitMarginal]
+    additivity: list[CommitsAdditivity]
+    note: str
+    correction: str
+
+
 # --- the whole summary ------------------------------------------------------------------------
 
 
@@ -461,6 +512,7 @@ class Summary(_Section):
     timeline: TimelineSummary | None = None
     history: History | None = None
     bisect: Bisect | None = None
+    commits: Commits | None = None
 
     def to_json_value(self) -> dict[str, Any]:
         """summary.json's value: the keys this summary set (module docstring), plain Python."""

@@ -3,6 +3,11 @@
 Refs come from submitters, so they are validated (no option-looking names, no `..`) and every
 git call puts them after `--end-of-options` or `--`. A ref is resolved to a commit once, when
 the run starts; everything after uses the commit.
+
+A commits job also needs trees no ref names: head with one commit reverted, base with one
+commit picked (`synthesize`). The host makes each in a scratch worktree with git's own revert
+and cherry-pick, writes the result as a commit of its mirror (fixed identity and dates, so the
+same change gives the same commit id on every host) and checks that commit out like any other.
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ class CheckoutError(RuntimeError):
     """A repository could not be mirrored or a ref not resolved; the message says which."""
 
 
+class NotSeparable(CheckoutError):
+    """A commit's change does not apply where a commits job needs it (its revert on head, or
+    its pick onto base, conflicts); `conflicts` are the files git could not merge."""
+
+    def __init__(self, message: str, conflicts: list[str]) -> None:
+        super().__init__(message)
+        self.conflicts = conflicts
+
+
 @dataclass(frozen=True)
 class Checkout:
     repository: str
@@ -39,25 +53,40 @@ class Checkout:
     source_dirty: bool | None = None  # a local source repository had uncommitted changes
 
 
-def _git(*args: str, cwd: Path | None = None, timeout_s: float = GIT_TIMEOUT_S) -> str:
-    env = {
+def _git_run(
+    *args: str,
+    cwd: Path | None = None,
+    timeout_s: float = GIT_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    environment = {
         **os.environ,
         "GIT_TERMINAL_PROMPT": "0",  # a private URL fails instead of waiting for a password
         "GIT_ASKPASS": "true",
         "LC_ALL": "C",
+        **(env or {}),
     }
     try:
-        done = subprocess.run(
+        return subprocess.run(
             ["git", *args],
             cwd=cwd,
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env=env,
+            env=environment,
             check=False,
         )
     except subprocess.TimeoutExpired:
         raise CheckoutError(f"git {args[0]} timed out after {timeout_s:.0f} s") from None
+
+
+def _git(
+    *args: str,
+    cwd: Path | None = None,
+    timeout_s: float = GIT_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+) -> str:
+    done = _git_run(*args, cwd=cwd, timeout_s=timeout_s, env=env)
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise CheckoutError(f"git {args[0]} failed: {detail[-1] if detail else done.returncode}")
@@ -292,3 +321,117 @@ def _check_line(mirror: Path, commit_range: str, reference: str, tip: str, oldes
             f"commit of a branch merged into it); name a commit of {end}'s first-parent "
             "history, such as the merge"
         )
+
+
+def _parents(mirror: Path, commit: str) -> list[str]:
+    out = _git("--git-dir", str(mirror), "rev-list", "--parents", "-n", "1", commit, "--")
+    return out.split()[1:]
+
+
+def commit_line(
+    repository: RepositoryConfig, base: str, head: str, *, state_dir: Path, limit: int
+) -> list[str]:
+    """base, then each commit on head's first-parent line after it, oldest first (the last is
+    head): what a commits job leaves out one at a time. base..head must be one line, as a
+    history's range (`history_commits`: a PR's merge base is on it); more than `limit` commits
+    are refused."""
+    reference, commits = history_commits(
+        repository,
+        f"{base}..{head}",
+        state_dir=state_dir,
+        limit=limit,
+        narrower="a commits job measures head without each one: give a base nearer head",
+    )
+    return [reference, *(sha for sha, _subject in commits)]
+
+
+def commit_subject_of(mirror: Path, commit: str) -> str | None:
+    """A commit's subject line in the mirror; None if git cannot say."""
+    try:
+        out = _git("--git-dir", str(mirror), "log", "-1", "--format=%s", commit, "--")
+    except CheckoutError:
+        return None
+    return out.strip()[:200] or None
+
+
+def _discard_worktree(mirror: Path, path: Path) -> None:
+    if path.exists():
+        _remove_tree(path)
+    _git("--git-dir", str(mirror), "worktree", "prune")
+
+
+def _conflicted_files(scratch: Path) -> list[str]:
+    out = _git("-C", str(scratch), "diff", "--name-only", "-z", "--diff-filter=U")
+    return sorted(name for name in out.split("\0") if name)
+
+
+def _write_commit(mirror: Path, tree: str, onto: str, message: str) -> str:
+    """A commit of `tree` on `onto`, by the host's fixed identity at onto's own commit time:
+    the same tree on the same parent is the same commit id on every host."""
+    when = _git("--git-dir", str(mirror), "show", "-s", "--format=%ct", onto, "--").strip()
+    stamp = f"@{when} +0000"
+    identity = {
+        "GIT_AUTHOR_NAME": "coldbench",
+        "GIT_AUTHOR_EMAIL": "coldbench@localhost",
+        "GIT_AUTHOR_DATE": stamp,
+        "GIT_COMMITTER_NAME": "coldbench",
+        "GIT_COMMITTER_EMAIL": "coldbench@localhost",
+        "GIT_COMMITTER_DATE": stamp,
+    }
+    out = _git(
+        "--git-dir", str(mirror), "commit-tree", tree, "-p", onto, "-m", message, env=identity
+    )
+    return out.strip()
+
+
+def synthesize(
+    repository: RepositoryConfig, *, onto: str, commit: str, change: str, state_dir: Path
+) -> tuple[Checkout, str]:
+    """(the checkout, its git tree id) of `onto` with `commit` reverted (`revert`) or picked
+    (`pick`), as `git revert`/`git cherry-pick` do it (a merge against its first parent, `-m 1`).
+    Both are full commit ids of the mirror. Raises NotSeparable when the change conflicts."""
+    if change not in ("revert", "pick"):
+        raise ValueError(f"unknown change {change!r}")
+    for sha in (onto, commit):
+        if not _COMMIT.fullmatch(sha):
+            raise CheckoutError(f"not a commit id: {sha!r}")
+    mirror = mirror_path(repository, state_dir=state_dir)
+    parents = _parents(mirror, commit)
+    if not parents:
+        raise NotSeparable(f"{commit[:10]} is a root commit: nothing to {change} it against", [])
+    verb = "revert" if change == "revert" else "cherry-pick"
+    scratch = state_dir / "worktrees" / repository.name / f"{change}-{onto[:12]}-{commit[:12]}"
+    _discard_worktree(mirror, scratch)
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    add = ("worktree", "add", "--detach", "--quiet", "--", str(scratch), onto)
+    _git("--git-dir", str(mirror), *add)
+    try:
+        mainline = ["-m", "1"] if len(parents) > 1 else []
+        done = _git_run(
+            *("-C", str(scratch), "-c", "user.name=coldbench", "-c", "user.email=coldbench@local"),
+            *(verb, "--no-commit", *mainline, "--end-of-options", commit),
+        )
+        if done.returncode != 0:
+            conflicts = _conflicted_files(scratch)
+            if conflicts:
+                shown = ", ".join(conflicts[:5])
+                more = f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
+                raise NotSeparable(f"conflicts in {shown}{more}", conflicts)
+            detail = (done.stderr or done.stdout).strip().splitlines()
+            why = detail[-1] if detail else f"exit code {done.returncode}"
+            raise NotSeparable(f"git {verb} failed: {why}", [])
+        tree = _git("-C", str(scratch), "write-tree").strip()
+    finally:
+        _discard_worktree(mirror, scratch)
+    done_as = "reverted" if change == "revert" else "picked"
+    made = _write_commit(mirror, tree, onto, f"coldbench: {onto} with {commit} {done_as}\n")
+    path = worktree(mirror, made, repository=repository.name, state_dir=state_dir)
+    checkout = Checkout(
+        repository=repository.name,
+        url=repository.url,
+        ref=onto,
+        commit=made,
+        path=path,
+        source_dirty=source_is_dirty(repository.url),
+    )
+    return checkout, tree

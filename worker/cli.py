@@ -387,6 +387,9 @@ def run(
     good: Annotated[str | None, spec_option("good")] = None,
     bad: Annotated[str | None, spec_option("bad")] = None,
     direction: Annotated[str | None, spec_option("direction")] = None,
+    base: Annotated[str | None, spec_option("base")] = None,
+    head: Annotated[str | None, spec_option("head")] = None,
+    alone: Annotated[bool, spec_option("alone")] = False,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
@@ -445,6 +448,9 @@ def run(
         "good": good,
         "bad": bad,
         "direction": direction,
+        "base": base,
+        "head": head,
+        "alone": alone,
     }
     setup = _local_setup(
         given,
@@ -627,6 +633,11 @@ def _print_outcome(outcome: RunOutcome, out: Path) -> None:
 
         for sentence in history_sentences(outcome.summary.history):
             out_console.print(sentence)
+    elif outcome.summary and outcome.summary.commits:
+        from evidence.commits import commits_sentences
+
+        for sentence in commits_sentences(outcome.summary.commits):
+            out_console.print(sentence, soft_wrap=True)
     elif outcome.summary:
         from evidence.markdown import noise_floor_text, time_spent_lines
 

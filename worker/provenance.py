@@ -181,13 +181,18 @@ def job_spec_sha256(spec: JobSpec) -> str:
 
 
 def _variant_arguments(spec: JobSpec) -> list[str]:
-    """`--variant` options, or for a history and a bisection the commits their way (those
-    modes take one configuration and refuse refs in `--variant`): a history's commits as
-    `--commits`, a bisection step's stretch as `--good`/`--bad` (what is left to search)."""
-    if spec.mode not in ("history", "bisect"):
+    """`--variant` options, or for a history, a bisection and a commits job the commits their
+    way (those modes take one configuration and refuse refs in `--variant`): a history's
+    commits as `--commits`, a bisection step's stretch as `--good`/`--bad` (what is left to
+    search), a commits job's line as `--base`/`--head` (its resolved ends)."""
+    if spec.mode not in ("history", "bisect", "commits"):
         return [arg for v in spec.variants for arg in ("--variant", _variant_option(v))]
     template = _variant_option(spec.variants[0].model_copy(update={"ref": None}))
     argv = ["--variant", template]
+    if spec.commits is not None:
+        ends = spec.commits.line
+        base, head = (ends[0], ends[-1]) if ends else (spec.commits.base, spec.commits.head)
+        return [*argv, "--base", base, "--head", head, *(["--alone"] if spec.commits.alone else [])]
     if spec.bisect is not None:
         line = spec.bisect.line
         good, bad = (line[0], line[-1]) if line else (spec.bisect.good, spec.bisect.bad)

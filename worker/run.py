@@ -7,9 +7,12 @@ isolation; then the rounds, cut into process blocks (a fresh process per variant
 every model loaded and every context warmed before the block's first timed cell); then
 provenance and the bundle.
 
-A build failure is a result: the run completes as failed with its build logs. A failed run's
-bundle also holds `reason.txt`, and a server run's bundle each server's log (its last
-`SERVER_LOG_BYTES`), so a reviewer sees why without the host.
+A build failure is a result: the run completes as failed with its build logs. In a history a
+commit that does not build is skipped with its reason; in a commits job a synthesized tree
+(head without one commit, base with only one) that does not apply, build or load is "not
+separable" with its reason and the rest go on. A failed run's bundle also holds `reason.txt`,
+and a server run's bundle each server's log (its last `SERVER_LOG_BYTES`), so a reviewer sees
+why without the host.
 
 Server variants (adapter `openai-server`) name host-declared options like flags; they are
 validated here against the repository's declarations (`evidence.options`) and handed to the
@@ -30,16 +33,20 @@ from typing import Any
 
 from evidence.bisect import step_spec
 from evidence.calibration import block_length
+from evidence.commits import commits_spec
 from evidence.history import history_spec
 from evidence.options import OptionError, resolved_options, validate_option_values
 from evidence.schemas import (
     BUILTIN_CORPUS,
     MAX_BISECT_LINE,
     MAX_HISTORY_COMMITS,
+    MAX_PR_COMMITS,
     MIN_PROCESS_BLOCKS,
+    CommitTreePlan,
     HostInfo,
     HostNoise,
     JobSpec,
+    SynthesizedTree,
     VariantSpec,
     effective_rounds_per_process,
 )
@@ -49,10 +56,15 @@ from worker.build import Build, build, install_path_problem
 from worker.checkout import (
     Checkout,
     CheckoutError,
+    NotSeparable,
     check_ref,
+    commit_line,
     commit_subject,
+    commit_subject_of,
     history_commits,
+    mirror_path,
     prepare,
+    synthesize,
     uncommitted_work_refusal,
 )
 from worker.config import Recipe, RepositoryConfig
@@ -94,8 +106,11 @@ class PreparedVariant:
     adapter: str
     checkout: Checkout | None = None
     build: Build | None = None
-    # History mode: a commit that did not check out or build is recorded and never launched.
+    # History mode: a commit that did not check out or build is recorded and never launched;
+    # commits mode: a synthesized tree that did not apply, build or load (not separable).
     skipped: str | None = None
+    # Commits mode: how this variant's tree was made (head without a commit, base with one).
+    synthesized: SynthesizedTree | None = None
 
 
 @dataclass
@@ -138,7 +153,16 @@ def resolve_on_host(
                 limit=spec.history.max_commits or MAX_HISTORY_COMMITS,
             )
             return history_spec(spec, reference, [sha for sha, _subject in listed])
-        assert spec.bisect is not None  # needs_host_resolution: mode history or bisect
+        if spec.commits is not None:
+            line = commit_line(
+                repository,
+                spec.commits.base,
+                spec.commits.head,
+                state_dir=state_dir,
+                limit=spec.commits.max_commits or MAX_PR_COMMITS,
+            )
+            return commits_spec(spec, line)
+        assert spec.bisect is not None  # needs_host_resolution: mode history, bisect or commits
         reference, listed = history_commits(
             repository,
             f"{spec.bisect.good}..{spec.bisect.bad}",
@@ -293,19 +317,45 @@ def prepare_variants(
             prepared.append(PreparedVariant(variant, launch, repository.adapter))
         return prepared, logs, None
     builds: dict[tuple[str, str], Build] = {}
+    plans = (
+        {plan.name: plan for plan in spec.commits.planned()}
+        if spec.commits is not None and spec.commits.line is not None
+        else {}
+    )
     for variant in variants:
         assert variant.ref is not None  # check_job
         recipe = recipe_for(repository, variant)
+        plan = plans.get(variant.name)
+        synthesized = _tree_plan(repository, plan, state_dir=state_dir)
         if on_phase:
-            on_phase(f"checkout {repository.name}@{variant.ref}")
+            on_phase(f"checkout {repository.name}@{variant.ref}" + _change_text(plan))
         skippable = may_skip(spec, variant.name)
         try:
-            checkout = prepare(repository, variant.ref, state_dir=state_dir)
+            if plan is not None and synthesized is not None:
+                assert plan.change is not None and plan.commit is not None
+                checkout, tree = synthesize(
+                    repository,
+                    onto=plan.onto,
+                    commit=plan.commit,
+                    change=plan.change,
+                    state_dir=state_dir,
+                )
+                synthesized = synthesized.model_copy(update={"tree": tree})
+            else:
+                checkout = prepare(repository, variant.ref, state_dir=state_dir)
         except CheckoutError as error:
             if skippable:
+                if isinstance(error, NotSeparable) and synthesized is not None:
+                    synthesized = synthesized.model_copy(update={"conflicts": error.conflicts})
                 launch = VariantLaunch(name=variant.name, python=sys.executable, plan={})
                 prepared.append(
-                    PreparedVariant(variant, launch, repository.adapter, skipped=str(error))
+                    PreparedVariant(
+                        variant,
+                        launch,
+                        repository.adapter,
+                        skipped=str(error),
+                        synthesized=synthesized,
+                    )
                 )
                 continue
             return prepared, logs, f"variant {variant.name}: {error}"
@@ -340,11 +390,20 @@ def prepare_variants(
         )
         if not result.ok and skippable:
             skipped = f"did not build: {result.reason}"
+            if synthesized is not None:
+                tail = log_tail(Path(result.log_path).read_bytes())
+                synthesized = synthesized.model_copy(update={"failure_tail": tail})
             prepared.append(
-                PreparedVariant(variant, launch, repository.adapter, checkout, result, skipped)
+                PreparedVariant(
+                    variant, launch, repository.adapter, checkout, result, skipped, synthesized
+                )
             )
             continue
-        prepared.append(PreparedVariant(variant, launch, repository.adapter, checkout, result))
+        prepared.append(
+            PreparedVariant(
+                variant, launch, repository.adapter, checkout, result, synthesized=synthesized
+            )
+        )
         if not result.ok:
             return prepared, logs, f"variant {variant.name}: {result.reason}"
     if spec.mode == "history" and all(p.skipped for p in prepared[1:]):
@@ -354,8 +413,56 @@ def prepare_variants(
 
 def may_skip(spec: JobSpec, variant: str) -> bool:
     """In a history, a commit that cannot check out, build or load is a result to record, not
-    the end of the run; the reference commit must run (every point is measured against it)."""
+    the end of the run; the reference commit must run (every point is measured against it). In
+    a commits job, a tree made from base and head (head without one commit, base with only one)
+    that cannot be made, build or load is not separable; base and head must run."""
+    if spec.mode == "commits":
+        if spec.commits is None or spec.commits.line is None:
+            return False
+        return any(
+            plan.name == variant and plan.change is not None for plan in spec.commits.planned()
+        )
     return spec.mode == "history" and variant != baseline_name(spec)
+
+
+def _tree_plan(
+    repository: RepositoryConfig, plan: CommitTreePlan | None, *, state_dir: Path
+) -> SynthesizedTree | None:
+    """What a commits job's variant will be made of (its tree comes later), or None for a
+    variant that is a commit of the repository as it is (base, head, any other mode)."""
+    if plan is None or plan.change is None or plan.commit is None:
+        return None
+    mirror = mirror_path(repository, state_dir=state_dir)
+    return SynthesizedTree(
+        change=plan.change,
+        onto=plan.onto,
+        commit=plan.commit,
+        subject=commit_subject_of(mirror, plan.commit),
+    )
+
+
+def _change_text(plan: CommitTreePlan | None) -> str:
+    if plan is None or plan.change is None or plan.commit is None:
+        return ""
+    return f" with {plan.commit[:12]} {'reverted' if plan.change == 'revert' else 'picked'}"
+
+
+def log_tail(data: bytes, *, lines: int = 40, limit: int = 3000) -> str:
+    """The last lines of a build log or a process's output, where a failure explains itself:
+    any character a `Paragraph` may not hold (a progress bar's backspace, NUL) as a space."""
+    text = data[-limit * 2 :].decode("utf-8", "replace")
+    kept = [
+        "".join(char if char == "\t" or char.isprintable() else " " for char in line).rstrip()
+        for line in text.splitlines()
+        if line.strip()
+    ][-lines:]
+    return "\n".join(kept)[-limit:]
+
+
+def _stderr_tail(workdir: Path, variant: str, fallback: str) -> str:
+    """The end of the last stderr log of a variant's processes (why it did not load)."""
+    logs = sorted((workdir / "logs").glob(f"{variant}.*.stderr.log"))
+    return log_tail(logs[-1].read_bytes() if logs else fallback.encode())
 
 
 def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | None) -> str | None:
@@ -513,7 +620,8 @@ def execute_run(
                 prespawn=default_prespawn(host) if prespawn is None else prespawn,
                 block_rule=rule,
                 run_id=run_id,
-                # a history commit that cannot load is a result, like one that cannot build
+                # a history commit, or a tree a commits job made, that cannot load is a result,
+                # like one that cannot build
                 droppable=[p.spec.name for p in prepared if may_skip(spec, p.spec.name)],
             )
         except VariantError as error:
@@ -521,7 +629,11 @@ def execute_run(
             outcome = error.outcome
         for p in prepared:
             if outcome is not None and p.spec.name in outcome.dropped:
-                p.skipped = f"did not load: {outcome.dropped[p.spec.name]}"
+                why = outcome.dropped[p.spec.name]
+                p.skipped = f"did not load: {why}"
+                if p.synthesized is not None:
+                    tail = _stderr_tail(workdir, p.spec.name, why)
+                    p.synthesized = p.synthesized.model_copy(update={"failure_tail": tail})
         if failure is None and spec.mode == "history" and all(p.skipped for p in prepared[1:]):
             failure = "no commit of the history built and loaded besides the reference"
     ready = outcome.targets if outcome else {}
@@ -538,9 +650,14 @@ def execute_run(
             build=p.build,
         )
         target.skipped = p.skipped
+        target.synthesized = p.synthesized
         if p.skipped and target.ref is None:
             target.ref = p.spec.ref
-        if p.checkout is not None and spec.mode in ("history", "bisect"):
+        if (
+            p.checkout is not None
+            and p.synthesized is None
+            and spec.mode in ("history", "bisect", "commits")
+        ):
             target.subject = commit_subject(p.checkout)
         targets.append(target)
     if not targets:

@@ -36,7 +36,7 @@ from evidence.canonical import sha256_json
 from evidence.engine_flags import flag_problems
 from evidence.job_options import validation_problems
 from evidence.protocol import JobState, RunState
-from evidence.schemas import MAX_HISTORY_COMMITS, JobSpec
+from evidence.schemas import MAX_HISTORY_COMMITS, MAX_PR_COMMITS, JobSpec
 from evidence.stats import too_few_rounds
 from evidence.summary_schema import Summary
 from evidence.variant import expand_variants
@@ -71,8 +71,16 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
             "and direction only",
             field="bisect.steps",
         )
+    if spec.mode == "commits" and not spec.needs_host_resolution:
+        found.append(
+            (
+                "variants",
+                "a commits job through the service names base and head and one variant without "
+                "a ref (the configuration); its host resolves base..head to commits",
+            )
+        )
     if spec.needs_host_resolution and spec.hosts != 1:
-        what = "range" if spec.mode == "history" else "bisection"
+        what = {"history": "range", "bisect": "bisection", "commits": "base..head"}[spec.mode]
         found.append(
             (
                 "hosts",
@@ -87,6 +95,19 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
             raise Invalid("a history needs at least 2 variants; max_variants is 1")
         history = spec.history.model_copy(update={"max_commits": limit})
         spec = spec.model_copy(update={"history": history})
+    if spec.needs_host_resolution and spec.commits is not None:
+        # base and head, then one variant per commit (two with `alone`)
+        per_commit = 2 if spec.commits.alone else 1
+        limit = min(
+            spec.commits.max_commits or MAX_PR_COMMITS, (settings.max_variants - 2) // per_commit
+        )
+        if limit < 1:
+            raise Invalid(
+                f"a commits job needs at least {2 + per_commit} variants; max_variants is "
+                f"{settings.max_variants}"
+            )
+        commits = spec.commits.model_copy(update={"max_commits": limit})
+        spec = spec.model_copy(update={"commits": commits})
     variants = len(expand_variants(spec))
     if variants > settings.max_variants:
         found.append(("variants", f"{variants} variants; at most {settings.max_variants} allowed"))
@@ -586,6 +607,11 @@ def rounds_warning(job: Job, runs: list[Run]) -> str | None:
     if warning and spec.mode == "history" and job.spec.history and job.spec.needs_host_resolution:
         resolved = "" if spec is job.spec else f" to {len(spec.variants) - 1} commits"
         return f"the host resolved {job.spec.history.range}{resolved}: {warning}"
+    if warning and job.spec.commits and job.spec.needs_host_resolution and spec.commits:
+        line = spec.commits.line
+        resolved = f" to {len(line) - 1} commits" if line else ""
+        ends = f"{job.spec.commits.base}..{job.spec.commits.head}"
+        return f"the host resolved {ends}{resolved}: {warning}"
     return warning
 
 

@@ -24,6 +24,7 @@ CONTEXT_PRESETS = (4096, 8192, 16384, 32768, 65536, 131072)
 MODES = tuple((mode, f"{mode}: {text}") for mode, text in MODE_HELP.items())
 HISTORY_FIELDS = ("range", "every", "last")
 BISECT_FIELDS = ("good", "bad", "direction")
+COMMITS_FIELDS = ("base", "head", "alone")
 # The form's inputs of job options named otherwise (the rest are named as the option).
 _INPUT_OF_OPTION = {"labels": "host_labels", "variants": "variant-0-name"}
 FORM_ERROR = "_form"
@@ -63,6 +64,7 @@ def blank_form() -> JobForm:
         "good": "",
         "bad": "",
         "direction": "slower",
+        **dict.fromkeys(COMMITS_FIELDS, ""),
         # OWNER/REPO#N: the service measures the pull request's commits (docs/github.md).
         "pull_request": "",
     }
@@ -137,8 +139,11 @@ def choose_adapter(form: JobForm, adapters: Mapping[str, list[str]]) -> str:
 
 
 def uses_candidate_rows(mode: str, values: Mapping[str, str]) -> bool:
-    """A history over a range and a bisection run one configuration: the baseline row only."""
-    return not (mode == "bisect" or (mode == "history" and values.get("range", "").strip()))
+    """A history over a range, a bisection and a commits job run one configuration: the
+    baseline row only."""
+    return not (
+        mode in ("bisect", "commits") or (mode == "history" and values.get("range", "").strip())
+    )
 
 
 def build_spec(
@@ -186,6 +191,7 @@ def build_spec(
                 "precision",
                 *HISTORY_FIELDS,
                 *BISECT_FIELDS,
+                *COMMITS_FIELDS,
             )
         },
     }
@@ -234,11 +240,11 @@ def _field_of_location(location: tuple[Any, ...], rows: dict[int, int]) -> str:
     if not location:
         return FORM_ERROR
     head = str(location[0])
-    if head in ("history", "bisect"):
+    if head in ("history", "bisect", "commits"):
         part = str(location[1]) if len(location) > 1 else ""
-        if part in (*HISTORY_FIELDS, *BISECT_FIELDS):
+        if part in (*HISTORY_FIELDS, *BISECT_FIELDS, *COMMITS_FIELDS):
             return part
-        return "range" if head == "history" else "good"
+        return {"history": "range", "bisect": "good"}.get(head, "base")
     if head == "variants" and len(location) >= 2 and isinstance(location[1], int):
         row = rows.get(location[1], 0)
         part = str(location[2]) if len(location) > 2 else "name"

@@ -144,3 +144,32 @@ def test_a_job_only_offline_hosts_can_run_says_so(db_session: Session, settings:
     db_session.commit()
     fresh = job_service.job_detail(db_session=db_session, job_id=answer.id, settings=settings)
     assert fresh.notice is None
+
+
+def test_a_commits_job_names_base_and_head_and_leaves_its_commits_to_its_host(
+    settings: Settings,
+) -> None:
+    from evidence.commits import commits_spec
+    from evidence.schemas import JobSpec
+
+    payload = job_payload(
+        mode="commits",
+        adapter="mlx-lm",
+        repository="mlx-lm",
+        variants=[{"name": "stock"}],
+        contexts=[64],
+        commits={"base": "main", "head": "my-pr"},
+    )
+    spec = job_service.checked_spec(settings, payload)
+    assert spec.commits is not None
+    assert spec.commits.max_commits == min(32, settings.max_variants - 2)
+    line = [c * 40 for c in "abc"]
+    resolved = commits_spec(JobSpec.model_validate(payload), line)
+    with pytest.raises(Invalid, match="its host resolves base..head") as refused:
+        job_service.checked_spec(settings, resolved.model_dump(mode="json", by_alias=True))
+    assert refused.value.field == "variants"
+    narrow = settings.model_copy(update={"max_variants": 3})
+    with pytest.raises(Invalid, match="a commits job needs at least 4 variants"):
+        job_service.checked_spec(
+            narrow, {**payload, "commits": {**payload["commits"], "alone": True}}
+        )

@@ -183,6 +183,25 @@ def test_a_pull_request_leaves_the_repository_and_variants_to_the_service() -> N
     ]
 
 
+def test_a_commits_job_is_checked_before_anything_is_sent() -> None:
+    from typer.testing import CliRunner
+
+    from coldbench.submit import app
+
+    api = ("--api", "http://127.0.0.1:9", "--key", "cbk_x_y")
+    done = CliRunner().invoke(
+        app, [*api, "--mode", "commits", "--repo", "r", "--base=-x", "--variant", "a:ref=main"]
+    )
+    assert done.exit_code == 2, done.output
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("error: --variant: the commits come from base..head"), lines
+    assert "error: --head: commits needs head: the PR's head" in lines
+    assert "error: --base: ref '-x' is not a plain branch, tag or commit name" in lines
+    elsewhere = CliRunner().invoke(app, [*api, "--base", "main", "--variant", "x"])
+    assert elsewhere.exit_code == 2
+    assert "error: --base: belongs to mode commits, not ab" in elsewhere.stderr
+
+
 def test_waiting_on_a_bisection_shows_its_steps() -> None:
     from coldbench.submit import progress_line
 

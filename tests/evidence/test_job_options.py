@@ -91,6 +91,30 @@ def _problems(given: dict[str, Any]) -> list[str]:
             {"fresh_process": True, "rounds_per_process": "2"},
             "--rounds-per-process: fresh_process (a process per cell) and rounds_per_process",
         ),
+        ({"base": "main"}, "--base: belongs to mode commits, not ab"),
+        ({"mode": "history", "alone": True}, "--alone: belongs to mode commits, not history"),
+        (
+            {"mode": "commits", "repository": "r", "base": "main"},
+            "--head: commits needs head: the PR's head",
+        ),
+        (
+            {"mode": "commits", "repository": "r", "base": "-x", "head": "pr"},
+            "--base: ref '-x' is not a plain branch, tag or commit name",
+        ),
+        (
+            {"mode": "commits", "base": "main", "head": "pr"},
+            "--repo: commits mode needs a repository",
+        ),
+        (
+            {
+                "mode": "commits",
+                "repository": "r",
+                "base": "a",
+                "head": "b",
+                "variants": ["x", "y"],
+            },
+            "--variant: the commits come from base..head: give at most one variant",
+        ),
     ],
 )
 def test_each_bad_option_is_one_line_naming_it(given: dict[str, Any], line: str) -> None:
@@ -137,6 +161,7 @@ def test_problems_carry_the_spec_field_for_the_form() -> None:
     assert "write flags as name=value" in problem.message
     assert option_of_field("history.every") == "every"
     assert option_of_field("bisect.good") == "good"
+    assert option_of_field("commits.head") == "head" and option_of_field("commits") == "base"
     assert option_of_field("variants.0.recipe") == "recipe"
     assert option_of_field("host_labels") == "labels"
     assert option_of_field(None) == "job"
@@ -193,6 +218,11 @@ def test_defaults_per_mode() -> None:
     )
     assert [(v.name, v.ref) for v in commits.variants] == [("ref-v1", "v1"), ("c01-main", "main")]
     assert all(v.flags == {"prefill_step_size": 64} for v in commits.variants)
+    pr = build_job_spec(
+        {"mode": "commits", "repository": "r", "base": "main", "head": "pr", "alone": "true"}
+    )
+    assert pr.needs_host_resolution and pr.commits is not None and pr.commits.alone
+    assert [v.name for v in pr.variants] == ["base"] and pr.variants[0].ref is None
 
 
 def test_default_rounds_reach_a_verdict_in_every_mode() -> None:
@@ -206,9 +236,17 @@ def test_default_rounds_reach_a_verdict_in_every_mode() -> None:
         {"mode": "bisect", "repository": "r", "good": "a", "bad": "b", "direction": "faster"},
         {"mode": "history", "repository": "r", "range": "a..b", "last": "5"},
         {"mode": "history", "repository": "r", "range": "a..b"},
+        {"mode": "commits", "repository": "r", "base": "a", "head": "b"},
     ):
         spec = build_job_spec(given)
         assert spec.rounds == default_rounds(spec) >= 10, given
+    # base..head: head and a variant per commit (two with alone), the most a host may resolve
+    pr = build_job_spec({"mode": "commits", "repository": "r", "base": "a", "head": "b"})
+    assert pr.rounds == rounds_to_outvote(2 * (1 + 32))
+    alone = build_job_spec(
+        {"mode": "commits", "repository": "r", "base": "a", "head": "b", "alone": True}
+    )
+    assert alone.rounds == rounds_to_outvote(2 * (1 + 64))
     ranged = build_job_spec({"mode": "history", "repository": "r", "range": "a..b"})
     assert ranged.rounds == rounds_to_outvote(2 * 64) > rounds_to_outvote(1)
     blocks = build_job_spec({"rounds_per_process": "2"})
@@ -235,7 +273,7 @@ def test_rounds_to_outvote_is_what_the_verdict_rules_need(family: int) -> None:
 
 
 def test_every_mode_and_option_is_declared_once_with_help() -> None:
-    assert set(MODES) == {"ab", "ablation", "sweep", "history", "bisect"}
+    assert set(MODES) == {"ab", "ablation", "sweep", "history", "bisect", "commits"}
     mode_help = JOB_OPTIONS["mode"].help_text()
     assert all(mode in mode_help for mode in MODES)
     for option in JOB_OPTIONS.values():

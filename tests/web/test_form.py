@@ -439,3 +439,30 @@ def test_the_form_names_every_flag_each_adapter_takes(web: TestClient, db_sessio
     for adapter in ("embedded", "mlx-lm"):
         for name in ADAPTER_FLAGS[adapter]:
             assert f"<code>{name}</code>" in page, name
+
+
+def test_a_commits_job_is_submitted_from_the_form_with_its_errors_beside_their_fields(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    page = web.get("/").text
+    assert 'name="mode" value="commits"' in page and 'id="base"' in page and 'id="head"' in page
+    fields = {"mode": "commits", "base": "main", "head": "my-pr", "alone": "true"}
+    # Like a bisection, a commits job runs one configuration: the candidate rows are not read.
+    response = web.post(
+        "/", data=_fields(page, **fields, repository="mlx-lm"), follow_redirects=False
+    )
+    assert response.status_code == 303, _errors(response.text)
+    job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
+    commits = job.spec.commits
+    assert commits is not None and (commits.base, commits.head) == ("main", "my-pr")
+    assert commits.alone is True and commits.line is None
+    assert [v.name for v in job.spec.variants] == ["base"] and job.spec.variants[0].ref is None
+    before = _job_count(db_session)
+    refused = web.post(
+        "/", data=_fields(page, mode="commits", base="--exec=x", head="", repository="mlx-lm")
+    )
+    assert refused.status_code == 422
+    errors = _errors(refused.text)
+    assert "not a plain branch" in errors["base"] and "commits needs head" in errors["head"]
+    assert _job_count(db_session) == before

@@ -592,3 +592,40 @@ def test_cancel_asks_first_and_a_cancelled_run_says_so(
     assert len(runs) == 2 and all(">cancelled</span>" in run for run in runs)
     assert "waiting for a host" not in page and "never leased" in page
     assert re.search(r'id="job-timing">Took \d+ s from submission to its cancelled state', page)
+
+
+def test_a_commits_job_page_shows_base_head_and_the_commits_its_host_resolved(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    from api.jobs import service as job_service
+    from evidence.commits import commits_spec
+    from tests.api.factories import job_payload
+
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    job = job_service.create_job(
+        db_session=db_session,
+        settings=settings,
+        payload=job_payload(
+            mode="commits",
+            adapter="mlx-lm",
+            repository="mlx-lm",
+            variants=[{"name": "stock"}],
+            contexts=[64],
+            rounds=8,
+            commits={"base": "main", "head": "my-pr", "alone": True},
+        ),
+    )
+    # two variants per commit with `alone`, besides base and head
+    assert job.spec.commits is not None
+    assert job.spec.commits.max_commits == min(32, (settings.max_variants - 2) // 2)
+    html = web.get(f"/jobs/{job.id}").text
+    facts = re.search(r'<td id="commits-facts">(.*?)</td>', html, re.S).group(1)
+    assert "<code>main..my-pr</code> left out of head, and alone on base" in facts
+    assert "resolved by the host that runs it" in facts
+    line = [c * 40 for c in "abc"]
+    (run,) = job_service.job_runs(db_session=db_session, job_id=job.id)
+    run.resolved_spec = commits_spec(job.spec, line)
+    db_session.commit()
+    html = web.get(f"/jobs/{job.id}").text
+    listed = re.search(r'<span id="resolved-commits">(.*?)</span>', html, re.S).group(1)
+    assert listed == f"<code>{'b' * 12}</code>, <code>{'c' * 12}</code>"

@@ -1,10 +1,11 @@
-"""Bisection and history ranges through the real service: PostgreSQL, `coldbench server` (API,
-embedded Celery worker and beat), `coldbench worker` as the host, a copy of the installed
-mlx_lm with one planted slowdown.
+"""Bisection, history ranges and commits jobs through the real service: PostgreSQL, `coldbench
+server` (API, embedded Celery worker and beat), `coldbench worker` as the host, a copy of the
+installed mlx_lm with one planted slowdown.
 
-The host resolves good..bad (and a history's range) in its own mirror; the server builds each
-later step from the previous one with evidence/bisect.py's rule, each step a job with its own
-run and evidence; the bisection's job ends with the step that names the commit.
+The host resolves good..bad (a history's range, a commits job's base..head) in its own mirror;
+the server builds each later step from the previous one with evidence/bisect.py's rule, each
+step a job with its own run and evidence; the bisection's job ends with the step that names the
+commit.
 """
 
 from __future__ import annotations
@@ -191,3 +192,50 @@ def test_a_bisection_through_the_service_finds_the_planted_commit_step_by_step(
     assert first["resolved_spec"]["bisect"]["line"] == [shas["base"], shas["slow"], shas["after"]]
     response = httpx.get(f"{service.url}/api/v1/jobs/{job_id}", timeout=10)
     assert response.status_code == 401  # jobs are read with a key
+
+
+def test_a_commits_job_is_resolved_and_synthesized_by_the_host_and_rendered(
+    host: tuple[Any, Path], planted_repo: tuple[Path, dict[str, str]]
+) -> None:
+    service, log = host
+    _repo, shas = planted_repo
+    injected = service.submit(
+        _spec(mode="commits", variants=[{"name": "c"}], commits={"base": "--x", "head": "HEAD"})
+    )
+    assert injected.status_code == 422 and "commits.base" in injected.text
+    two_hosts = service.submit(
+        _spec(
+            mode="commits",
+            variants=[{"name": "c"}],
+            commits={"base": shas["base"], "head": "HEAD"},
+            hosts=2,
+        )
+    )
+    assert two_hosts.status_code == 422 and "resolved to commits by the one host" in two_hosts.text
+
+    created = service.submit(
+        _spec(
+            mode="commits",
+            variants=[{"name": "c"}],
+            commits={"base": shas["base"][:12], "head": "HEAD"},
+            rounds=2,
+            rounds_per_process=2,
+        )
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["commits"]["max_commits"] >= 2  # the service's variant limit
+    job = _wait(service, created.json()["id"], log, timeout_s=600)
+    assert job["state"] == "done", (job, log.read_text()[-3000:])
+    resolved = job["resolved_spec"]
+    assert resolved["commits"]["line"] == [shas["base"], shas["slow"], shas["after"]]
+    assert [v["ref"] for v in resolved["variants"]] == [shas["base"]] + [shas["after"]] * 3
+    with service.http() as client:
+        summary = client.get(f"{service.url}/e/{job['evidence_id']}.json").json()
+        report = client.get(f"{service.url}/e/{job['evidence_id']}").text
+        markdown = client.get(f"{service.url}/e/{job['evidence_id']}.md").text
+    commits = summary["commits"]
+    assert [c["commit"] for c in commits["commits"]] == [shas["slow"], shas["after"]]
+    assert all(c["not_separable"] is None and c["tree"]["tree"] for c in commits["commits"])
+    assert {m["commit"] for m in commits["marginals"]} == {shas["slow"], shas["after"]}
+    assert 'id="commits"' in report and commits["commits"][0]["tree"]["tree"] in report
+    assert "### Commits of" in markdown

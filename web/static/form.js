@@ -51,7 +51,8 @@
 
 // Job form: show the fields of the chosen mode only (the server reads no others), the ref column
 // only for a repository (the embedded engine has no refs), and the candidate rows only where
-// the mode compares variants (a range or a bisection runs the baseline row's configuration).
+// the mode compares variants (a range, a bisection or a commits job runs the baseline row's
+// configuration).
 (function () {
   "use strict";
   var form = document.querySelector("form.job-form");
@@ -63,7 +64,8 @@
     form.querySelectorAll("[data-modes]").forEach(function (element) {
       element.hidden = element.dataset.modes.split(" ").indexOf(mode) < 0;
     });
-    var oneConfiguration = mode === "bisect" || (mode === "history" && range !== "");
+    var oneConfiguration = mode === "bisect" || mode === "commits" ||
+      (mode === "history" && range !== "");
     form.querySelectorAll("tr.candidate").forEach(function (row) { row.hidden = oneConfiguration; });
     var hasRefs = form.elements.repository && form.elements.repository.value !== "";
     form.querySelectorAll(".ref-cell").forEach(function (cell) { cell.hidden = !hasRefs; });
