@@ -281,8 +281,11 @@ class AsyncDatabase:
         for tries_left in (1, 0):
             sent_commit = False
             try:
-                # Shielded: a cancelled request (its client left) still returns its connection
-                # clean, never half-way through a statement.
+                # Shielded: a cancelled request (its client left; Starlette cancels the
+                # request's cancel scope) finishes its transaction and returns its connection
+                # clean, never half-way through a statement. A bare Task.cancel() is not held
+                # off by a cancel scope; the server cancels no request that way (uvicorn does
+                # only past a graceful-shutdown timeout, and `coldbench server` sets none).
                 with anyio.CancelScope(shield=True):
                     connection = await engine.connect()
                     try:

@@ -92,7 +92,11 @@ def test_a_request_becomes_a_job_spec_through_the_one_builder():
             "token": "t",
             "webhook_secret": "s" * 16,
             "coldbench_repository": "mlx-lm",
-            "defaults": {"contexts": "4K", "labels": "lab:studio", "features": "compile"},
+            "defaults": {
+                "contexts": "4K",
+                "labels": "lab:studio",
+                "features": "prefill_step_size=512",
+            },
         }
     )
     heads = PullRequestHeads(number=7, base_sha="a" * 40, head_sha="b" * 40, state="open")
@@ -108,7 +112,7 @@ def test_a_request_becomes_a_job_spec_through_the_one_builder():
     assert spec["host_labels"] == ["lab:studio"] and spec["features"] == []
     ablation = request_payload(repository, parse_command("ablation"), heads)
     assert [v["name"] for v in ablation["variants"]] == ["pr-7"]
-    assert ablation["features"] == ["compile"]
+    assert ablation["features"] == ["prefill_step_size=512"]
     # Without rounds, the builder's default: enough for a verdict.
     assert spec["rounds"] > 1 and request_payload(repository, Ask(), heads)["rounds"] > 1
     with pytest.raises(JobOptionsError, match="'4Q' is not a token count") as caught:

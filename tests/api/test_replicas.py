@@ -87,6 +87,9 @@ def test_job_submitted_on_one_replica_is_leased_completed_and_served_by_both(
         served = {}
         for api in (api_a, api_b):
             with api.client() as client:
+                # The proxy in front of both replicas passes on the one public host name, which
+                # the PR Markdown's link to the evidence page is made of.
+                client.headers["Host"] = "coldbench.test"
                 for suffix in (".json", ".zip", ".md", ""):
                     response = client.get(f"/e/{evidence}{suffix}")
                     assert response.status_code == 200, (api.name, suffix, response.text[:300])
@@ -94,6 +97,7 @@ def test_job_submitted_on_one_replica_is_leased_completed_and_served_by_both(
         for suffix in (".json", ".zip", ".md"):
             assert served["api-a", suffix] == served["api-b", suffix]
         assert b"base" in served["api-a", ".json"]
+        assert f"(http://coldbench.test/e/{evidence})".encode() in served["api-a", ".md"]
 
     # Everything lives in the bucket, under the prefix, by digest; nothing on local disk.
     keys = [
