@@ -210,6 +210,7 @@ def running_service(
     tmp: Path,
     checkout: Path = REPO,
     extra_env: dict[str, str] | None = None,
+    server_workers: int = 1,
 ) -> Iterator[Service]:
     """Server and Celery worker from `checkout` (its code on PYTHONPATH, started in it)."""
     import redis
@@ -244,7 +245,15 @@ def running_service(
             check=True,
             capture_output=True,
         )
-        service.start("server", "server", "--port", str(port), "--log-level", "warning")
+        service.start(
+            "server",
+            "server",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *(["--workers", str(server_workers)] if server_workers > 1 else []),
+        )
         service.start("celery", "celery", "worker", "--pool", "solo", "--loglevel", "WARNING")
         deadline = time.monotonic() + 60
         while True:
@@ -932,9 +941,15 @@ def render_report(service: Service, cells: int) -> dict[str, float]:
 
 
 def cpu_s(pid: int) -> float:
-    """User and system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User and system CPU seconds so far of a process and its children (a server started with
+    `--workers N` serves from N child processes; Linux /proc)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if stat.parent.name == str(pid) or fields[1] == str(pid):
+                total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[str, Any]:
@@ -943,7 +958,12 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
     with (
         tempfile.TemporaryDirectory(prefix="coldbench-load-") as tmp,
         running_service(
-            args.postgres, args.redis, Path(tmp), checkout, dict(args.server_env)
+            args.postgres,
+            args.redis,
+            Path(tmp),
+            checkout,
+            dict(args.server_env),
+            server_workers=args.server_workers,
         ) as service,
     ):
         server_pid = service.processes[0].pid
@@ -1161,6 +1181,12 @@ def main() -> None:
         default=[],
         metavar="COLDBENCH_NAME=VALUE",
         help="a setting for the server and Celery worker of both checkouts (repeatable)",
+    )
+    parser.add_argument(
+        "--server-workers",
+        type=int,
+        default=1,
+        help="`coldbench server --workers N` for both checkouts (uvicorn worker processes)",
     )
     parser.add_argument(
         "--pin",
