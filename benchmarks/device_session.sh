@@ -63,9 +63,9 @@ case $step in
     ;;
   summaries)
     for zip in "$WORK"/e2e-out/*.zip; do  # the service's evidence: its views and timeline
-      [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json")])' "$zip" "$WORK/e2e-evidence"
+      [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json", "records.jsonl")])' "$zip" "$WORK/e2e-evidence"
     done
-    (cd "$WORK" && find . -name summary.md -o -name summary.json -o -name timeline.json \
+    (cd "$WORK" && find . -name summary.md -o -name summary.json -o -name timeline.json -o -name records.jsonl \
       -o -name provenance.json | grep -v '/state' | tar -czf "$OUT/summaries.tgz" -T -)
     ls -l "$OUT"
     ;;

@@ -590,39 +590,53 @@ def design_effect_interval(
 ) -> tuple[float | None, float | None, float | None, float]:
     """(ci_low, ci_high, p_value, design effect) of the pooled pairs of these process pairs, on
     a host whose calibration bounds the process-pair component by `prior_sd` (module
-    docstring): the pairs' own interval and signed-rank test, widened by the design effect
-    1 + (m - 1) x rho, rho = tau^2 / (tau^2 + within-pair variance) and m the pairs per
-    process pair (weighted by size). tau is the calibration's bound, or the run's own estimate
-    where its process pairs differ more than the calibration allows (F test, alpha)."""
+    docstring). Under the random-effects model (each process pair adds an offset of SD tau, each
+    pair noise of SD sigma) the median log ratio of n pairs in process pairs of m (weighted by
+    size) has variance (pi / 2)(m tau^2 + sigma^2) / n, i.e. the pairs' own variance times the
+    design effect 1 + (m - 1) rho, rho = tau^2 / (tau^2 + sigma^2). The interval is the pairs'
+    own (bootstrap hull) widened by sqrt(design effect); the test is that of the median against
+    that variance, a t test (a rank test of n pairs could not pass its smallest p-value once
+    divided by the design effect, however large the effect). tau is the calibration's bound,
+    taken as known: the degrees of freedom are those of sigma^2 alone (Satterthwaite), many;
+    where the run's own process pairs differ more than the calibration allows (F test at alpha)
+    tau is the run's estimate and the process pairs, less one, are the degrees of freedom.
+    sigma is the spread within process pairs."""
     ratios = [ratio for block in blocks for ratio in block]
     n = len(ratios)
     anova = block_anova(blocks)
     within = anova.within_variance if anova is not None else None
     if within is None:
         spread = log_spread(ratios)
-        within = spread**2 if spread else None
+        within = spread**2 if spread else 0.0
     tau2 = prior_sd**2
+    freedom_within = anova.df_within if anova is not None else max(n - 1, 1)
+    own_freedom: int | None = None  # the run's own process pairs decide
     if anova is not None:
         p = anova.p_value()
         measured = anova.process_variance()
-        if p is not None and p < options.alpha and measured is not None:
-            tau2 = max(tau2, measured)
-    rho = tau2 / (tau2 + within) if within else (1.0 if tau2 > 0 else 0.0)
+        if p is not None and p < options.alpha and measured is not None and measured > tau2:
+            tau2, own_freedom = measured, anova.df_between
     sizes = [len(block) for block in blocks if len(block)]
     weighted = sum(size**2 for size in sizes) / n if n else 1.0
+    total = tau2 + within
+    rho = tau2 / total if total > 0 else 0.0
     design = 1 + (weighted - 1) * rho
     low, high = median_interval(ratios, seed=seed, options=options)
-    p_value = signed_rank_p(ratios)
-    if low is None or high is None:
-        return low, high, p_value, design
-    widen = math.sqrt(design)
+    if low is None or high is None or n < 2:
+        return low, high, None, design
     centre = math.log(float(np.median(ratios)))
+    widen = math.sqrt(design)
     low = math.exp(centre - (centre - math.log(low)) * widen)
     high = math.exp(centre + (math.log(high) - centre) * widen)
-    if p_value is not None and 0 < p_value < 1:
-        z = float(scipy_stats.norm.isf(p_value / 2))
-        p_value = float(2 * scipy_stats.norm.sf(z / widen))
-    return low, high, p_value, design
+    spread = weighted * tau2 + within
+    if spread <= 0:
+        return low, high, 1.0 if centre == 0 else 0.0, design
+    t = centre / math.sqrt(_MEDIAN_SE_FACTOR**2 * spread / n)
+    if own_freedom is not None:
+        freedom = float(max(own_freedom, 1))
+    else:  # Satterthwaite: only sigma^2 is estimated
+        freedom = spread**2 / (within**2 / max(freedom_within, 1)) if within > 0 else 1e6
+    return low, high, float(2 * scipy_stats.t.sf(abs(t), freedom)), design
 
 
 def compare_pairs(

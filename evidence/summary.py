@@ -59,8 +59,8 @@ DESIGN_EFFECT_SETTINGS = ProcessBlocks(
     "more than that allows: F test)",
     interval="hull of the percentile bootstrap and the order-statistic interval of the pairs' "
     "median ratio, widened by the square root of the design effect",
-    test="Wilcoxon signed-rank, two-sided, on the pairs' log ratios; its z divided by the "
-    "square root of the design effect",
+    test="t test of the pairs' median log ratio against its variance under the process pairs' "
+    "offsets, (pi / 2)(m tau^2 + sigma^2) / n, with n / design effect - 1 degrees of freedom",
 )
 PROCESS_BLOCK_SETTINGS = ProcessBlocks(
     unit="process pair: the pairs measured by one process of the variant and one of the "

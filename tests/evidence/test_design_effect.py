@@ -207,3 +207,29 @@ def test_merged_calibrations_add_their_variance_sums() -> None:
     assert merged.noise == noise_of(
         sums + sums, contexts=one.contexts, model=one.model, calibrated_at=merged.created_at
     )
+
+
+def test_a_large_effect_in_two_process_pairs_is_significant_on_a_calibrated_host() -> None:
+    """As on the H200 end to end: 12 pairs in two process pairs, an 8% effect, quiet pairs
+    (0.5%) and a calibrated bound of 0.57% per process pair: the design effect is large (about
+    3.9), yet an effect of many times the bound must still be told from 1 (a rank test divided by
+    the design effect could never pass here)."""
+    blocks = _blocks([math.log(1.08), math.log(1.08)], pairs=6, sd=0.005, seed=12)
+    anova = block_anova(blocks)
+    assert anova is not None and (anova.p_value() or 0) > 0.05  # within the calibration
+    low, high, p_value, design = design_effect_interval(
+        blocks, prior_sd=0.0057, seed=9, options=OPTIONS
+    )
+    assert design > 3
+    assert p_value is not None and p_value < 1e-4
+    assert low is not None and high is not None and 1.05 < low < 1.08 < high < 1.12
+    # no effect at all stays far from significant
+    null = _blocks([0.0, 0.0], pairs=6, sd=0.005, seed=10)
+    _, _, p_null, _ = design_effect_interval(null, prior_sd=0.0057, seed=9, options=OPTIONS)
+    assert p_null is not None and p_null > 0.05
+    # two process pairs 2% apart, far beyond the calibration: they are the only two units left
+    apart = _blocks([math.log(1.08), math.log(1.08) + 0.02], pairs=6, sd=0.005, seed=8)
+    _, _, p_apart, design_apart = design_effect_interval(
+        apart, prior_sd=0.0057, seed=9, options=OPTIONS
+    )
+    assert design_apart > 5 and p_apart is not None and p_apart > 1e-3
