@@ -339,9 +339,10 @@ class S3ArtifactStore(ArtifactStore):
 
 
 def is_unavailable(error: BaseException) -> bool:
-    """Whether `error` says the store could not be reached or failed on its side (worth
-    trying again later), rather than anything about what it holds."""
-    if isinstance(error, OSError):
+    """Whether `error` says the store could not be reached, had no room or failed on its side
+    (worth trying again later: room is freed, another worker's store has some), rather than
+    anything about what it holds."""
+    if isinstance(error, OSError | StoreFull):
         return True
     if not type(error).__module__.startswith("botocore"):
         return False

@@ -156,7 +156,8 @@ def test_summary_md_escapes_host_supplied_html() -> None:
         r.model_copy(update={"status": "invalid", "reason": reason}) if i < 2 else r
         for i, r in enumerate(records)
     ]
-    prov = provenance(run_id="r-1", hostname=hostile, command=f"```\n{hostile}\n```")
+    # A command is one line (evidence/boundary.py); a reason, a paragraph, may break lines.
+    prov = provenance(run_id="r-1", hostname=hostile, command=f"``` {hostile} ```")
     files, summary = build_bundle(records=records, provenances=[prov], baseline="base")
     for text in (files["summary.md"].decode(), render_summary_md(summary, [prov])):
         assert "<img" not in text and "&lt;img" in text

@@ -16,6 +16,7 @@ from api.artifacts.store import (
     LocalArtifactStore,
     S3ArtifactStore,
     _Spool,
+    is_unavailable,
     open_store,
 )
 from api.errors import Invalid, StoreFull, TooLarge
@@ -178,3 +179,6 @@ def test_a_full_local_store_refuses_with_a_clear_error_and_keeps_nothing(tmp_pat
         asyncio.run(blobs.put_stream(_chunks(data), expected_sha256=sha256_hex(data), max_bytes=99))
     assert refused.value.status_code == 507 and "nothing stored" in refused.value.message
     assert not blobs.exists(sha256_hex(data)) and _leftovers(blobs) == []
+    # The store's condition, not the blob's: a task that meets it is tried again later.
+    assert is_unavailable(refused.value)
+    assert not is_unavailable(Invalid("the sha256 of the body is not the one announced"))
