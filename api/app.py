@@ -29,7 +29,12 @@ from api.artifacts.router import router as artifacts_router
 from api.artifacts.service import total_artifact_bytes
 from api.artifacts.store import open_store
 from api.auth.router import router as auth_router
-from api.database import make_engine, make_sessionmaker, upgrade_database
+from api.database import (
+    database_unavailable,
+    make_engine,
+    make_sessionmaker,
+    upgrade_database,
+)
 from api.deps import SessionDep
 from api.errors import ServiceError
 from api.evidence.router import router as evidence_router
@@ -130,13 +135,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # statements (leases, heartbeats, uploads, completions, submissions: api/transactions.py),
     # the sync one for the rest (pages, lists, registration, the periodic sweep), each with a
     # fixed number of connections (Settings.db_async_pool_size, db_sync_pool_size).
+    # No request waits on either longer than Settings.db_request_timeout_s.
     is_sqlite = settings.sqlalchemy_url.startswith("sqlite")
     engine = make_engine(
         settings.sqlalchemy_url,
+        timeout_s=settings.db_request_timeout_s,
         **({} if is_sqlite else {"pool_size": settings.db_sync_pool_size, "max_overflow": 0}),
     )
     async_engine = make_async_engine(
         settings.sqlalchemy_url,
+        timeout_s=settings.db_request_timeout_s,
         **({} if is_sqlite else {"pool_size": settings.db_async_pool_size, "max_overflow": 0}),
     )
 
@@ -201,9 +209,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ]
         return JSONResponse({"detail": finite_or_text(jsonable_encoder(errors))}, status_code=422)
 
+    @app.exception_handler(sa.exc.SQLAlchemyError)
+    async def _database_error(request: Request, error: sa.exc.SQLAlchemyError) -> JSONResponse:
+        # The sync sessions' (pages, lists, registration); the async engine's transactions
+        # raise DatabaseUnavailable themselves (api/transactions.py).
+        unavailable = database_unavailable(error)
+        if unavailable is None:
+            raise error
+        log.warning("%s %s: %s", request.method, request.url.path, unavailable.message)
+        return await _service_error(request, unavailable)
+
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, error: ServiceError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
+        headers: dict[str, str] | None = None
+        if error.status_code == 401:
+            headers = {"WWW-Authenticate": "Bearer"}
+        elif error.status_code == 503:
+            headers = {"Retry-After": "1"}
         body = ErrorBody(
             detail=error.message,
             field=error.field,

@@ -67,6 +67,13 @@ class TooManyRequests(ServiceError):
     status_code = 429
 
 
+class DatabaseUnavailable(ServiceError):
+    """The database did not serve the request in time (a lock, a statement past its timeout,
+    no connection free or none to be made): answered 503 with Retry-After; retry later."""
+
+    status_code = 503
+
+
 class StoreFull(ServiceError):
     """The artifact store has no room: nothing of the request was kept; retry later."""
 

@@ -77,6 +77,14 @@ class Settings(BaseSettings):
     # for a connection behind them nor behind their statements on the loop.
     db_bulk_transactions_max: int = Field(2, ge=0)
 
+    # The longest a request waits on the database (the API process's engines; Celery and the
+    # command line keep the drivers' own waits): for a connection of the pool, to connect
+    # (psycopg's sync connect: whole seconds, at least 2), for a lock and for a statement
+    # (PostgreSQL's lock_timeout and statement_timeout; asyncpg also gives up on a server that
+    # stops answering a quarter second later; SQLite's busy timeout). Past it the request is
+    # answered 503 with Retry-After, and what its transaction wrote is rolled back.
+    db_request_timeout_s: float = Field(1.0, gt=0)
+
     lease_ttl_s: int = Field(60, ge=1)
     lease_wait_max_s: int = Field(25, ge=0)
     # A waiting lease request is woken by a notification when work is queued; this bounds the

@@ -25,6 +25,11 @@ before the commit was sent (nothing was written). A dropped connection during th
 not retried: whether it committed is unknown, and the agent's retry of the request is the
 idempotent way to find out.
 
+A transaction the database does not serve in time (`Settings.db_request_timeout_s`: a lock, a
+statement past its timeout, no connection free or none to be made, a server that stops
+answering) raises `DatabaseUnavailable`, answered 503; it is not run again here (that would
+double the wait), and one that did not reach its commit wrote nothing.
+
 Requests that arrive together and do the same short transaction (lease claims, job
 submissions) can share one: `Database.run_grouped` is a group commit. A request adds its item
 to its process's queue for that program and waits; a task takes every waiting item (up to
@@ -58,7 +63,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.database import sqlite_pragmas
+from api.database import (
+    SQLITE_BUSY_TIMEOUT_S,
+    database_unavailable,
+    postgres_timeouts,
+    sqlite_pragmas,
+)
 from api.runs import wakeup
 
 log = logging.getLogger(__name__)
@@ -300,13 +310,22 @@ class AsyncDatabase:
                         # 50-agent load (docs/RELIABILITY.md). The shield above already keeps
                         # a cancellation out.
                         await connection.close()
-            except DBAPIError as error:
-                if not error.connection_invalidated or sent_commit or not tries_left:
+            except (DBAPIError, sa.exc.TimeoutError, OSError) as error:
+                if (
+                    isinstance(error, DBAPIError)
+                    and error.connection_invalidated
+                    and not sent_commit
+                    and tries_left
+                ):
+                    log.warning(
+                        "database connection dropped (%s); running the transaction again",
+                        error.orig,
+                    )
+                    continue
+                unavailable = database_unavailable(error)
+                if unavailable is None:
                     raise
-                log.warning(
-                    "database connection dropped (%s); running the transaction again", error.orig
-                )
-                continue
+                raise unavailable from error
             if announce and self.dialect_name != "postgresql":
                 wakeup.notify_local()
             return value
@@ -380,16 +399,47 @@ class SessionDatabase:
         return work(self.db_session)
 
 
-def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
+# How much longer than the server's own timeouts asyncpg waits for an answer.
+ANSWER_MARGIN_S = 0.25
+
+
+def make_async_engine(url: str, *, timeout_s: float | None = None, **kwargs: Any) -> AsyncEngine:
     """The async engine for a sync engine URL: asyncpg for PostgreSQL, aiosqlite for SQLite
-    (with the same pragmas as the sync engine: WAL, foreign keys, a 30 s busy timeout)."""
+    (with the same pragmas as the sync engine: WAL, foreign keys, a busy timeout). `timeout_s`:
+    the API process's, whose requests wait on the database no longer than that
+    (Settings.db_request_timeout_s); None: the drivers' own waits."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
     parsed = sa.engine.make_url(url)
     if parsed.get_backend_name() == "sqlite":
+        busy_timeout_s = SQLITE_BUSY_TIMEOUT_S if timeout_s is None else timeout_s
         engine = create_async_engine(
-            parsed.set(drivername="sqlite+aiosqlite"), connect_args={"timeout": 30}, **kwargs
+            parsed.set(drivername="sqlite+aiosqlite"),
+            connect_args={"timeout": busy_timeout_s},
+            **kwargs,
         )
-        sa.event.listen(engine.sync_engine, "connect", sqlite_pragmas)
+        sa.event.listen(engine.sync_engine, "connect", sqlite_pragmas(busy_timeout_s))
         return engine
-    return create_async_engine(parsed.set(drivername="postgresql+asyncpg"), **kwargs)
+    if timeout_s is not None:
+        kwargs["connect_args"] = {
+            "timeout": timeout_s,
+            # asyncpg's own wait for an answer, for a server that stops answering altogether;
+            # a little past the server's timeouts, which end a statement with a clean error
+            # and keep the connection.
+            "command_timeout": timeout_s + ANSWER_MARGIN_S,
+            "server_settings": postgres_timeouts(timeout_s),
+            **kwargs.get("connect_args", {}),
+        }
+        kwargs.setdefault("pool_timeout", timeout_s)
+    engine = create_async_engine(parsed.set(drivername="postgresql+asyncpg"), **kwargs)
+    sa.event.listen(engine.sync_engine, "invalidate", _abort_connection)
+    return engine
+
+
+def _abort_connection(dbapi_connection: Any, _record: Any, _error: BaseException | None) -> None:
+    """A connection being thrown away (dropped, or its server stopped answering) is closed
+    at once: SQLAlchemy's polite close waits up to 2 s more for a server that may never
+    answer, inside a request's time."""
+    driver = getattr(dbapi_connection, "driver_connection", None)
+    if driver is not None and not driver.is_closed():
+        driver.terminate()
