@@ -149,10 +149,12 @@ def _ask_for_pull_request(
         if given.get(name)
     ]
     _exit_on(problems)
+    # An on/off flag left off is not an option given: `alone=False` would ask mode commits'
+    # question of whatever mode the pull request gets.
     options = {
-        name: str(value)
+        name: "true" if value is True else str(value)
         for name, value in given.items()
-        if value is not None and name not in _SET_BY_THE_PULL_REQUEST
+        if value is not None and value is not False and name not in _SET_BY_THE_PULL_REQUEST
     }
     body = {"pull_request": pull_request, "options": options}
     return _post_json(api, key or "", f"{API_PREFIX}/github/pulls", body)

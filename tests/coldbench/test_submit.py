@@ -183,6 +183,26 @@ def test_a_pull_request_leaves_the_repository_and_variants_to_the_service() -> N
     ]
 
 
+def test_a_pull_request_asks_only_what_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flags left off are not options: the request carries what the person typed (an `alone`
+    of False sent as text was refused by the service as mode commits' option)."""
+    from typer.testing import CliRunner
+
+    from coldbench import submit
+
+    sent: list[dict] = []
+    monkeypatch.setattr(
+        submit, "_post_json", lambda api, key, path, body: sent.append(body) or "job-1"
+    )
+    base = ("--api", "http://127.0.0.1:9", "--key", "cbk_x_y", "--pr", "octo/mlx-lm#7")
+    done = CliRunner().invoke(submit.app, [*base, "--contexts", "64", "--rounds", "2"])
+    assert done.exit_code == 0, done.output
+    assert sent == [{"pull_request": "octo/mlx-lm#7", "options": {"contexts": "64", "rounds": "2"}}]
+    alone = CliRunner().invoke(submit.app, [*base, "--mode", "commits", "--alone"])
+    assert alone.exit_code == 0, alone.output
+    assert sent[-1]["options"] == {"mode": "commits", "alone": "true"}
+
+
 def test_a_commits_job_is_checked_before_anything_is_sent() -> None:
     from typer.testing import CliRunner
 
