@@ -272,8 +272,7 @@ class VariantProcess:
     def _startup_event(
         self,
         deadline: float,
-        awaited: str,
-        timeout_s: float,
+        late: str,
         should_stop: Callable[[], bool] | None,
     ) -> dict[str, Any]:
         """The next event while the process starts; on a timeout or an `error` event the
@@ -285,9 +284,7 @@ class VariantProcess:
             event = self._next_event(deadline, should_stop)
         except TimeoutError:
             self.kill()
-            raise VariantError(
-                f"variant {self.launch.name}: not {awaited} after {timeout_s:.0f} s"
-            ) from None
+            raise VariantError(f"variant {self.launch.name}: {late}") from None
         if event.get("event") == "error":
             self.kill()
             raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
@@ -328,7 +325,9 @@ class VariantProcess:
         warmed up already: its `ready` is kept for `wait_ready`."""
         deadline = time.monotonic() + timeout_s
         while not self._loaded:
-            event = self._startup_event(deadline, "loaded", timeout_s, should_stop)
+            event = self._startup_event(
+                deadline, f"not loaded after {timeout_s:.0f} s", should_stop
+            )
             kind = event.get("event")
             if kind == "loaded":
                 self._loaded = True
@@ -351,7 +350,11 @@ class VariantProcess:
         budget = cell_timeout_s * self.warmups
         deadline = time.monotonic() + budget
         while True:
-            event = self._startup_event(deadline, "ready", budget, should_stop)
+            event = self._startup_event(
+                deadline,
+                f"a warm-up did not finish within the cell timeout ({budget:.0f} s)",
+                should_stop,
+            )
             kind = event.get("event")
             if kind == "warmed":
                 # the next warm-up has a cell timeout of its own
