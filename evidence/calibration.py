@@ -36,6 +36,7 @@ from scipy import stats as scipy_stats
 
 from evidence.boundary import Checked, Paragraph
 from evidence.schemas import FlagValue, HostInfo, HostNoise
+from evidence.spec_text import flags_text
 from evidence.summary_schema import Summary, decisive_interval
 
 CALIBRATION_SCHEMA: Final = "coldbench.calibration/1"
@@ -235,7 +236,7 @@ def _pct(count: int, total: int) -> str:
 
 
 def calibration_lines(result: HostCalibration) -> list[str]:
-    planted = ", ".join(f"{k}={v}" for k, v in sorted(result.planted_flags.items())) or "none"
+    planted = flags_text(result.planted_flags, empty="none")
     verdicts = ", ".join(f"{v} {n}" for v, n in sorted(result.planted_verdicts.items()))
     lines = [
         f"A/A jobs with a faster/slower verdict: {result.aa_claims} of {result.aa_jobs} "

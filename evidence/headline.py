@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from evidence.schemas import Provenance, TargetInfo
+from evidence.spec_text import flags_text
 from evidence.summary_schema import Comparison, Summary
 
 # More variants than this are named by count (an ablation's none, all and all-minus-f).
@@ -34,7 +35,7 @@ def compared_lines(summary: Summary, provenances: Sequence[Provenance]) -> list[
             where = found.ref or found.repository or "embedded engine"
             commit = f" {found.commit[:12]}" if found.commit else ""
             dirty = " dirty" if found.dirty else ""
-            flags = ", ".join(f"{k}={v}" for k, v in sorted(found.flags.items())) or "defaults"
+            flags = flags_text(found.flags, empty="defaults")
             text += f" @ {where}{commit}{dirty} · {flags}"
         described.append(text)
     if len(summary.variants) > _MAX_NAMED:

@@ -36,6 +36,7 @@ from evidence.schemas import (
 )
 from evidence.spec_text import (
     TARGET_KEYS,
+    flag_text,
     parse_context,
     parse_flags,
     parse_variant,
@@ -407,18 +408,49 @@ def build_job_spec(given: Mapping[str, Any], *, limits: SpecLimits | None = None
                 modes = " or ".join(JOB_OPTIONS[name].modes)
                 build.add(name, f"belongs to mode {modes}, not {mode}")
     raw = _raw_spec(build, given)
-    rounds_given = _given(given.get("rounds"))
-    if not rounds_given:
-        raw["rounds"] = 1  # a placeholder: the default depends on the valid spec
+    rounds_left_out = not _given(given.get("rounds"))
     for problem in flag_problems(raw):
         build.add(option_of_field(problem.field), str(problem), problem.field)
-    spec = _validate(build, raw, limits)
+    spec = _validate(build, with_rounds_to_come(raw), limits)
+    if spec is not None and rounds_left_out:
+        try:
+            spec = with_default_rounds(spec, limits)
+        except DefaultRoundsError as error:
+            build.add("rounds", str(error), "rounds")
     if build.problems:
         raise JobOptionsError(build.problems)
     assert spec is not None
-    if not rounds_given:
-        spec = spec.model_copy(update={"rounds": default_rounds(spec)})
     return spec
+
+
+# Stands in for rounds left to the default while the rest of a spec is validated: the default
+# depends on the valid spec (`default_rounds`).
+_ROUNDS_TO_COME: Final = 1
+
+
+def with_rounds_to_come(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A JobSpec payload ready for validation: rounds left out (absent or null) stand in as a
+    placeholder that `with_default_rounds` replaces once the spec is valid. Every door (the
+    builder, the service's JSON API) fills the default this way."""
+    if payload.get("rounds") is not None:
+        return dict(payload)
+    return {**payload, "rounds": _ROUNDS_TO_COME}
+
+
+class DefaultRoundsError(ValueError):
+    """The job's default rounds exceed the service's limit: the submitter must choose."""
+
+
+def with_default_rounds(spec: JobSpec, limits: SpecLimits | None = None) -> JobSpec:
+    """`spec` with the default rounds for it (`default_rounds`), or DefaultRoundsError where
+    they exceed `limits` (a service's bound on rounds)."""
+    rounds = default_rounds(spec)
+    if limits is not None and rounds > limits.max_rounds:
+        raise DefaultRoundsError(
+            f"this job needs {rounds} rounds to reach a verdict (the default), more than this "
+            f"service's limit of {limits.max_rounds}: give rounds, or fewer contexts or variants"
+        )
+    return spec.model_copy(update={"rounds": rounds})
 
 
 def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -486,7 +518,7 @@ def _commit_variants(build: _Build, given: Mapping[str, Any], listed: list[Any])
         build.add("commits", f"{bad[0]!r} is not a plain branch, tag or commit name")
         return listed
     configuration = _configuration(build, "commits", listed)
-    extra = "".join(f",{key}={value}" for key, value in configuration.items())
+    extra = "".join(f",{flag_text(key, value)}" for key, value in configuration.items())
 
     def name(prefix: str, ref: str) -> str:
         tail = re.sub(r"[^A-Za-z0-9_.+-]+", "-", ref)[:40].strip("-.") or "ref"

@@ -20,6 +20,7 @@ from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
 from evidence.headline import caveats
 from evidence.history import history_sentences, plural, short
 from evidence.schemas import CorpusInfo, Provenance, TargetInfo
+from evidence.spec_text import flags_text
 from evidence.summary_schema import (
     Bisect,
     Bracketing,
@@ -317,7 +318,7 @@ def variant_software_text(software: Mapping[str, Any] | None, *, native_files: b
 
 
 def _flags(flags: Mapping[str, Any]) -> str:
-    return ", ".join(f"{md_text(k)}={md_text(v)}" for k, v in sorted(flags.items())) or "defaults"
+    return md_text(flags_text(flags, empty="defaults"))
 
 
 def _pct(value: float) -> str:

@@ -58,6 +58,8 @@ API_PREFIX: Final = "/api/v1"
 # this long by default; the API clamps `wait_s` to it (and to its own setting, if lower).
 LEASE_WAIT_MAX_S: Final = 25
 CONTENT_SHA256_HEADER: Final = "X-Content-SHA256"
+# An agent's heartbeat period (idle or not); each heartbeat renews its run's lease.
+HEARTBEAT_S: Final = 15.0
 # The agent reports at most this many not-ok cells per heartbeat (the newest ones).
 MAX_INVALID_IN_HEARTBEAT: Final = 50
 MAX_REASON_CHARS: Final = 4000
@@ -251,7 +253,8 @@ class Progress(Checked):
     cells_total: int = Field(ge=0, le=INT32_MAX)
     variant: str | None = Field(None, max_length=200)
     context_tokens: Int32 | None = None
-    # Seconds the rest of the run's cells should take at the mean cell time so far.
+    # Seconds the rest of the run's cells should take at the mean cell time so far, as of this
+    # heartbeat (the server counts it down from the heartbeat's arrival).
     eta_s: float | None = Field(None, ge=0, allow_inf_nan=False)
     invalid: list[InvalidCell] = Field(default_factory=list, max_length=1000)
 

@@ -41,6 +41,7 @@ from evidence.markdown import (
     verify_command,
 )
 from evidence.schemas import Provenance, Record
+from evidence.spec_text import flags_text
 from evidence.summary_schema import (
     Commits,
     Comparison,
@@ -172,8 +173,7 @@ def _provenance_view(provenance: Provenance) -> dict[str, Any]:
         "targets": [
             {
                 **target,
-                "flags": ", ".join(f"{k}={v}" for k, v in sorted(target["flags"].items()))
-                or "defaults",
+                "flags": flags_text(target["flags"], empty="defaults"),
                 "software_text": variant_software_text(target.get("software")).replace("`", ""),
             }
             for target in document["targets"]

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from evidence.boundary import INT32_MAX, INT64_MAX, MULTILINE, Checked, Int32, Int64, Paragraph
-from evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, parse_feature
+from evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, flag_text, parse_feature
 
 RECORD_SCHEMA: Final = "coldbench.record/1"
 EVIDENCE_FORMAT: Final = "coldbench.evidence/1"
@@ -562,7 +562,8 @@ class JobSpec(_Strict):
         Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}(=[A-Za-z0-9_.+-]{1,32})?$")]
     ] = Field(default_factory=list)
     contexts: list[Int32] = Field(min_length=1)
-    rounds: int = Field(3, ge=1, le=INT32_MAX)
+    # No default here: the default depends on the job (evidence/job_options.py, `default_rounds`).
+    rounds: int = Field(ge=1, le=INT32_MAX)
     decode_tokens: int = Field(8, ge=0, le=INT32_MAX)
     model: str = Field("preset:tiny", pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
     seed: Int64 = 0
@@ -821,7 +822,7 @@ class JobSpec(_Strict):
             raise SpecError(
                 "features",
                 "ablation features already on in the first variant (nothing to leave out): "
-                + ", ".join(f"{flag}={on}" for flag, on in unchanged),
+                + ", ".join(flag_text(flag, on) for flag, on in unchanged),
             )
         expanded = [ABLATION_BASELINE, ABLATION_ALL, *(ABLATION_MINUS_PREFIX + f for f in flags)]
         for name in expanded:

@@ -13,11 +13,15 @@ plain values and dicts that `JobSpec` and `VariantSpec` then validate.
   `4K 16K` (commas and/or spaces);
 - features: `compile, clear_cache=false` (commas and/or spaces); one feature is `flag`
   (meaning `flag=true`) or `flag=value`, the value that turns the optimization on.
+
+Flags are printed back the way they are typed (`flag_text`, `flags_text`): `clear_cache=false`,
+never Python's `False`, on every page, in every Markdown and report.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 FlagValue = int | float | bool | str
@@ -44,6 +48,25 @@ def parse_flag_value(text: str) -> FlagValue:
         return float(text)
     except ValueError:
         return text
+
+
+def flag_value_text(value: object) -> str:
+    """A flag value as a person types it (what `parse_flag_value` reads back): `true`/`false`,
+    `256`, `0.5`, the text itself."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def flag_text(name: str, value: object) -> str:
+    """`clear_cache=false`."""
+    return f"{name}={flag_value_text(value)}"
+
+
+def flags_text(flags: Mapping[str, object], *, empty: str = "") -> str:
+    """`clear_cache=false, prefill_step_size=256` (sorted by name; `empty` for no flags): what
+    `parse_flags` reads back."""
+    return ", ".join(flag_text(name, value) for name, value in sorted(flags.items())) or empty
 
 
 def parse_feature(feature: str) -> tuple[str, FlagValue]:

@@ -41,6 +41,7 @@ from evidence.canonical import sha256_hex
 from evidence.protocol import (
     API_PREFIX,
     CONTENT_SHA256_HEADER,
+    HEARTBEAT_S,
     LEASE_WAIT_MAX_S,
     MAX_INVALID_IN_HEARTBEAT,
     MAX_REASON_CHARS,
@@ -68,7 +69,6 @@ from worker.variants import Progress as CellProgress
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 15.0
 BACKOFF_MAX_S = 60.0
 REQUEST_TIMEOUT_S = 60.0
 
@@ -167,14 +167,24 @@ class RunState:
     run_id: str | None = None
     attempt: int | None = None
     progress: Progress | None = None
+    # When `progress` was reported (time.monotonic()): its estimate counts down from then.
+    progress_at: float = 0.0
     cancel: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def body(self) -> HeartbeatRequest:
+    def report(self, progress: Progress) -> None:
         with self.lock:
-            return HeartbeatRequest(
-                run_id=self.run_id, attempt=self.attempt, progress=self.progress
-            )
+            self.progress, self.progress_at = progress, time.monotonic()
+
+    def body(self) -> HeartbeatRequest:
+        """The heartbeat: the run and its progress, its estimate as of now (a cell may run
+        for minutes between two reports)."""
+        with self.lock:
+            progress = self.progress
+            if progress is not None and progress.eta_s is not None:
+                left = max(0.0, progress.eta_s - (time.monotonic() - self.progress_at))
+                progress = progress.model_copy(update={"eta_s": round(left, 1)})
+            return HeartbeatRequest(run_id=self.run_id, attempt=self.attempt, progress=progress)
 
     def start(self, run_id: str, attempt: int) -> None:
         with self.lock:
@@ -359,8 +369,7 @@ class Agent:
                 for cell in progress.invalid[-MAX_INVALID_IN_HEARTBEAT:]
             ],
         )
-        with self.state.lock:
-            self.state.progress = message
+        self.state.report(message)
 
     # -- lease loop --
 

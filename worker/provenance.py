@@ -36,6 +36,7 @@ from evidence.schemas import (
     TargetInfo,
     VariantSpec,
 )
+from evidence.spec_text import flag_text
 from worker.build import Build
 from worker.checkout import Checkout
 from worker.config import RepositoryConfig
@@ -210,9 +211,7 @@ def _variant_option(variant: VariantSpec) -> str:
         pairs.append(f"ref={variant.ref}")
     if variant.recipe is not None:
         pairs.append(f"recipe={variant.recipe}")
-    pairs += [
-        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in variant.flags.items()
-    ]
+    pairs += [flag_text(k, v) for k, v in variant.flags.items()]
     return variant.name + (":" + ",".join(pairs) if pairs else "")
 
 

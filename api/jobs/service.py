@@ -34,7 +34,12 @@ from api.settings import Settings, get_settings
 from api.transactions import ANNOUNCE_WORK, Execute, Program, run_one_in_session
 from evidence.canonical import sha256_json
 from evidence.engine_flags import flag_problems
-from evidence.job_options import validation_problems
+from evidence.job_options import (
+    DefaultRoundsError,
+    validation_problems,
+    with_default_rounds,
+    with_rounds_to_come,
+)
 from evidence.protocol import JobState, RunState
 from evidence.schemas import MAX_HISTORY_COMMITS, MAX_PR_COMMITS, JobSpec
 from evidence.stats import too_few_rounds
@@ -50,8 +55,11 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
     problem found, each at its field and said as a person reads it (evidence/job_options.py)."""
     check_list_lengths(settings=settings, payload=payload)
     found: list[tuple[str | None, str]] = [(p.field, str(p)) for p in flag_problems(payload)]
+    rounds_left_out = payload.get("rounds") is None
     try:
-        spec = JobSpec.model_validate(payload, context={"limits": settings.spec_limits})
+        spec = JobSpec.model_validate(
+            with_rounds_to_come(payload), context={"limits": settings.spec_limits}
+        )
     except ValidationError as error:
         problems = [(p.field, p.message) for p in validation_problems(error)]
         raise Invalid.of(found + problems, prefix="invalid job spec: ") from None
@@ -111,6 +119,12 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
     variants = len(expand_variants(spec))
     if variants > settings.max_variants:
         found.append(("variants", f"{variants} variants; at most {settings.max_variants} allowed"))
+    if rounds_left_out:
+        # After the commits a host may resolve are bounded above: they size the default.
+        try:
+            spec = with_default_rounds(spec, settings.spec_limits)
+        except DefaultRoundsError as error:
+            found.append(("rounds", str(error)))
     if found:
         raise Invalid.of(found)
     return spec

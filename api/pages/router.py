@@ -39,6 +39,7 @@ from api.pages import signing
 from api.pages.evidence import render_page
 from api.pages.outcome import job_outcome
 from api.pages.templates import templates
+from api.pages.timing import job_timing
 from api.routing import StrictJSONRoute
 from api.settings import Settings
 from api.transactions import Database
@@ -404,8 +405,7 @@ def _job_context(db_session: Session, job_id: str, settings: Settings) -> dict[s
         "outcome": job_outcome(
             job.state, job.reason, job_service.get_job(db_session=db_session, job_id=job_id).summary
         ),
-        # Final: how long it took; otherwise how long it has been going.
-        "elapsed_s": ((job.updated_at if is_final else utcnow()) - job.created_at).total_seconds(),
+        "timing": job_timing(job, now=utcnow(), lease_ttl_s=settings.lease_ttl_s),
     }
 
 

@@ -1,4 +1,4 @@
-"""The Jinja2 environment over `web/templates`, with filters for times and sizes."""
+"""The Jinja2 environment over `web/templates`, with filters for times, sizes and flags."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from starlette.templating import Jinja2Templates
 
 from evidence.protocol import RunState
+from evidence.spec_text import flags_text
 
 
 def web_dir() -> Path:
@@ -76,6 +77,8 @@ def templates() -> Jinja2Templates:
     env.filters["bytes"] = fmt_bytes
     env.filters["duration"] = fmt_duration
     env.filters["run_label"] = run_label
+    # `clear_cache=false`, as the submitter writes it (evidence/spec_text.py)
+    env.filters["flags"] = flags_text
     env.trim_blocks = True
     env.lstrip_blocks = True
     return env_templates

@@ -173,3 +173,39 @@ def test_a_commits_job_names_base_and_head_and_leaves_its_commits_to_its_host(
         job_service.checked_spec(
             narrow, {**payload, "commits": {**payload["commits"], "alone": True}}
         )
+
+
+def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Settings) -> None:
+    """`POST /jobs` with no rounds (or null) takes the builder's default, the rounds that reach a
+    verdict (evidence/job_options.py), sized after the service bounds what a host may resolve."""
+    from evidence.job_options import build_job_spec, default_rounds
+
+    payload = job_payload()
+    del payload["rounds"]
+    spec = job_service.checked_spec(settings, payload)
+    built = build_job_spec(
+        {"variants": ["base", "cand:clear_cache=false"], "contexts": "64,128", "decode_tokens": 2}
+    )
+    assert spec.rounds == built.rounds == 10
+    assert job_service.checked_spec(settings, {**payload, "rounds": None}).rounds == 10
+    assert job_service.checked_spec(settings, {**payload, "rounds": 4}).rounds == 4
+    history = {
+        "mode": "history",
+        "adapter": "mlx-lm",
+        "repository": "mlx-lm",
+        "variants": [{"name": "base"}],
+        "history": {"range": "v1..main"},
+        "contexts": [64],
+    }
+    bounded = job_service.checked_spec(settings.model_copy(update={"max_variants": 3}), history)
+    assert bounded.history is not None and bounded.history.max_commits == 2
+    unbounded = job_service.checked_spec(settings, history)
+    assert bounded.rounds == default_rounds(bounded) < unbounded.rounds == default_rounds(unbounded)
+    narrow = settings.model_copy(update={"max_rounds": 9})
+    with pytest.raises(Invalid) as refused:
+        job_service.checked_spec(narrow, payload)
+    assert refused.value.field == "rounds"
+    assert refused.value.message == (
+        "rounds: this job needs 10 rounds to reach a verdict (the default), more than this "
+        "service's limit of 9: give rounds, or fewer contexts or variants"
+    )

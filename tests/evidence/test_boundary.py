@@ -189,7 +189,7 @@ def test_multi_line_text_is_kept_where_a_field_is_a_paragraph() -> None:
 
 
 def test_job_spec_numbers_fit_their_columns_and_json() -> None:
-    base = {"variants": [{"name": "a"}], "contexts": [64]}
+    base = {"variants": [{"name": "a"}], "contexts": [64], "rounds": 3}
     with pytest.raises(ValidationError, match="contexts"):
         JobSpec.model_validate({**base, "contexts": [2**31]})
     # A field's own lower bound holds beside its column's range.

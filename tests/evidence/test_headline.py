@@ -32,7 +32,7 @@ def test_a_clean_run_has_no_caveat_and_names_what_it_compared() -> None:
     assert caveats(summary) == []
     rows = dict(compared_lines(summary, [measured]))
     assert rows["compared"].startswith("base (baseline)")
-    assert "fast" in rows["compared"]
+    assert "fast @ feature bbbbbbbbbbbb · compile=true" in rows["compared"]
     assert "contexts 64, 256 tokens" in rows["matrix"] and "model preset:tiny" in rows["matrix"]
     assert measured.created_at.strftime("%Y-%m-%d") in rows["measured on"]
 

@@ -94,7 +94,7 @@ def test_the_report_draws_the_history_and_lists_its_steps(history_job) -> None:
 
 
 def test_history_spec_rules() -> None:
-    base = {"adapter": "mlx-lm", "repository": "r", "contexts": [64]}
+    base = {"adapter": "mlx-lm", "repository": "r", "contexts": [64], "rounds": 3}
     with pytest.raises(ValueError, match="every variant is a commit"):
         JobSpec.model_validate(
             {**base, "mode": "history", "variants": [{"name": "a", "ref": "x"}, {"name": "b"}]}

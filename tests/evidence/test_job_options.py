@@ -16,7 +16,7 @@ from evidence.job_options import (
     option_of_field,
     problem_lines,
 )
-from evidence.schemas import JobSpec
+from evidence.schemas import JobSpec, SpecLimits
 from evidence.stats import (
     StatsOptions,
     decide,
@@ -251,6 +251,29 @@ def test_default_rounds_reach_a_verdict_in_every_mode() -> None:
     assert ranged.rounds == rounds_to_outvote(2 * 64) > rounds_to_outvote(1)
     blocks = build_job_spec({"rounds_per_process": "2"})
     assert blocks.rounds == 2 * rounds_to_outvote(1)
+
+
+def test_default_rounds_above_a_services_limit_ask_the_submitter_to_choose() -> None:
+    """The form builds with the service's limits: a default it would refuse is said in the same
+    pass as the other problems, at rounds; given rounds are checked as before."""
+    limits = SpecLimits(
+        max_contexts=8, max_context_tokens=4096, max_rounds=9, max_decode_tokens=64, max_hosts=2
+    )
+    with pytest.raises(JobOptionsError) as raised:
+        build_job_spec({"contexts": "64,8K"}, limits=limits)
+    assert [(p.option, p.field) for p in raised.value.problems] == [
+        ("contexts", "contexts"),
+    ]
+    assert problem_lines(raised.value) == [
+        "--contexts: contexts [8192] exceed the limit of 4096 tokens"
+    ]
+    with pytest.raises(JobOptionsError) as raised:
+        build_job_spec({}, limits=limits)
+    assert problem_lines(raised.value) == [
+        "--rounds: this job needs 10 rounds to reach a verdict (the default), more than this "
+        "service's limit of 9: give rounds, or fewer contexts or variants"
+    ]
+    assert build_job_spec({"rounds": "9"}, limits=limits).rounds == 9
 
 
 @pytest.mark.parametrize("family", [1, 2, 10, 40, 128])

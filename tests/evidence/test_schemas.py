@@ -59,18 +59,22 @@ def test_bad_records_are_refused_with_the_field_named(
 
 def test_job_spec_defaults_baseline_and_refuses_duplicates() -> None:
     spec = JobSpec.model_validate(
-        {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [256, 128]}
+        {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [256, 128], "rounds": 3}
     )
     assert spec.baseline == "a"
     assert spec.contexts == [128, 256]
     with pytest.raises(ValidationError, match="unique"):
-        JobSpec.model_validate({"variants": [{"name": "a"}, {"name": "a"}], "contexts": [64]})
+        JobSpec.model_validate(
+            {"variants": [{"name": "a"}, {"name": "a"}], "contexts": [64], "rounds": 3}
+        )
 
 
 @pytest.mark.parametrize("ref", ["--upload-pack=evil", "a..b", "x y", ""])
 def test_refs_that_could_be_options_or_ranges_are_refused(ref: str) -> None:
     with pytest.raises(ValidationError):
-        JobSpec.model_validate({"variants": [{"name": "a", "ref": ref}], "contexts": [64]})
+        JobSpec.model_validate(
+            {"variants": [{"name": "a", "ref": ref}], "contexts": [64], "rounds": 3}
+        )
 
 
 @pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../b", "manifest.json"])
@@ -82,7 +86,7 @@ def test_manifest_refuses_unsafe_names(name: str) -> None:
 def test_a_validation_error_is_one_line_naming_its_field() -> None:
     from evidence.schemas import error_line
 
-    base = {"model": "m", "contexts": [64], "variants": [{"name": "a"}, {"name": "b"}]}
+    base = {"model": "m", "contexts": [64], "rounds": 3, "variants": [{"name": "a"}, {"name": "b"}]}
     with pytest.raises(ValidationError) as raised:
         JobSpec.model_validate(base | {"contexts": [0], "rounds": "many"})
     first = error_line(raised.value)

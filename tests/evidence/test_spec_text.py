@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from evidence.spec_text import (
+    flag_text,
+    flags_text,
     parse_context,
     parse_contexts,
     parse_feature,
@@ -51,6 +53,15 @@ def test_flag_values_and_flags() -> None:
         parse_flags("Bad-Name=1")
     with pytest.raises(ValueError, match="twice"):
         parse_flags("compile=true, compile=false")
+
+
+def test_flags_print_as_they_are_typed_and_parse_back() -> None:
+    flags = {"prefill_step_size": 256, "clear_cache": False, "compile": True, "scale": 0.5}
+    text = flags_text(flags)
+    assert text == "clear_cache=false, compile=true, prefill_step_size=256, scale=0.5"
+    assert parse_flags(text) == flags
+    assert flag_text("kv_bits", "fp16") == "kv_bits=fp16"
+    assert flags_text({}) == "" and flags_text({}, empty="defaults") == "defaults"
 
 
 def test_features() -> None:

@@ -179,7 +179,12 @@ def test_pairs_with_different_prompts_are_dropped_and_counted() -> None:
 
 def test_summary_is_deterministic_json_with_the_contract_keys() -> None:
     spec = JobSpec.model_validate(
-        {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64, 256], "seed": 7}
+        {
+            "variants": [{"name": "base"}, {"name": "fast"}],
+            "contexts": [64, 256],
+            "rounds": 3,
+            "seed": 7,
+        }
     )
     records = simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=6)
     first = summarize(records, spec=spec, n_resamples=300)

@@ -15,6 +15,7 @@ def _spec(**overrides: object) -> JobSpec:
         "variants": [{"name": "cand", "ref": "feature", "flags": {"compile": False, "x": 1}}],
         "features": ["compile", "clear_cache=false", "prefill_step_size=4096"],
         "contexts": [256],
+        "rounds": 3,
     }
     values.update(overrides)
     return JobSpec.model_validate(values)
@@ -68,7 +69,7 @@ def test_template_chunk_width_is_kept_where_its_feature_is_off() -> None:
 
 
 def test_feature_already_on_in_the_template_is_refused() -> None:
-    with pytest.raises(ValidationError, match="already on in the first variant.*compile=True"):
+    with pytest.raises(ValidationError, match="already on in the first variant.*compile=true"):
         _spec(variants=[{"name": "cand", "ref": "f", "flags": {"compile": True}}])
 
 
@@ -85,7 +86,7 @@ def test_expanded_names_must_fit() -> None:
 
 def test_ab_mode_keeps_the_spec_and_its_baseline() -> None:
     spec = JobSpec.model_validate(
-        {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [64], "baseline": "b"}
+        {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [64], "rounds": 3, "baseline": "b"}
     )
     assert [v.name for v in expand_variants(spec)] == ["a", "b"]
     assert baseline_name(spec) == "b"

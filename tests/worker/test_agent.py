@@ -157,6 +157,7 @@ def test_the_host_refuses_a_recipe_it_does_not_define(tmp_path: Path) -> None:
             "repository": "forked",
             "variants": [{"name": "x", "ref": "main", "recipe": "fast"}],
             "contexts": [64],
+            "rounds": 3,
         }
     )
     with pytest.raises(RunRefused, match="recipe 'fast' is not defined for forked"):

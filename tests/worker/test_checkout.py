@@ -119,6 +119,7 @@ def test_uncommitted_edits_to_the_commit_measured_refuse_the_run(
             "repository": "stub",
             "model": "preset:tiny",
             "contexts": [64],
+            "rounds": 3,
             "variants": [{"name": "pr", "ref": "feature"}, {"name": "mine", "ref": "HEAD"}],
         }
     )

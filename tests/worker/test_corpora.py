@@ -56,12 +56,16 @@ def test_bad_corpora_are_one_line(tmp_path: Path, corpora: dict, message: str) -
 
 
 def test_a_job_naming_a_corpus_the_host_lacks_is_refused(tmp_path: Path) -> None:
-    spec = JobSpec.model_validate({"variants": [{"name": "a"}], "contexts": [64], "corpus": "x"})
+    spec = JobSpec.model_validate(
+        {"variants": [{"name": "a"}], "contexts": [64], "rounds": 3, "corpus": "x"}
+    )
     with pytest.raises(RunRefused, match=r"corpus 'x' is not on this host \(.*names: code\)"):
         check_job(spec, {}, {"code": _code(tmp_path / "code.py")})
     check_job(spec.model_copy(update={"corpus": "builtin"}), {}, {})
     with pytest.raises(ValueError, match="corpus"):
-        JobSpec.model_validate({"variants": [{"name": "a"}], "contexts": [64], "corpus": "/etc"})
+        JobSpec.model_validate(
+            {"variants": [{"name": "a"}], "contexts": [64], "rounds": 3, "corpus": "/etc"}
+        )
 
 
 @pytest.mark.slow

@@ -57,6 +57,7 @@ def test_server_command_is_required_and_host_owned(tmp_path: Path) -> None:
             "repository": "mlx-lm-server",
             "variants": [{"name": "a", "ref": "main"}],
             "contexts": [64],
+            "rounds": 3,
         }
     )
     with pytest.raises(RunRefused, match="openai-server adapter on this host, not mlx-lm"):
