@@ -10,9 +10,10 @@ and the API show it, and nothing sends it again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import TypeVar
 
 import sqlalchemy as sa
 from celery.signals import worker_init
@@ -34,6 +35,8 @@ from evidence import report
 from evidence.protocol import JobState
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TASK_OPTIONS = {
     "acks_late": True,
@@ -87,22 +90,34 @@ def _failure(stage: str, error: Exception) -> str:
     return f"{stage} failed: {type(error).__name__}: {message}"
 
 
+def _step_or_fail(
+    step: Callable[[], T], fail: Callable[[str], T], *, stage: str, subject: str
+) -> T:
+    """What `step()` returns; when it fails on its input, what `fail(reason)` returns (it marks
+    the run or job failed with the one-line reason, once). A transient failure is raised, for
+    Celery to retry (the module docstring)."""
+    try:
+        return step()
+    except Exception as error:
+        if _is_transient(error):
+            raise
+        log.exception("%s of %s cannot proceed", stage, subject)
+        return fail(_failure(stage, error))
+
+
 @celery_app.task(name="coldbench.ingest_run", **TASK_OPTIONS)
 def ingest_run(run_id: str) -> None:
     """Verify, parse, validate and insert a completed run's records; run -> processed (or
     failed with the reason when its files cannot be ingested)."""
     with _session() as db_session:
-        try:
-            job_id = ingest.ingest_run(
+        job_id = _step_or_fail(
+            lambda: ingest.ingest_run(
                 db_session=db_session, settings=_settings(), store=_store(), run_id=run_id
-            )
-        except Exception as error:
-            if _is_transient(error):
-                raise
-            log.exception("ingest of run %s cannot proceed", run_id)
-            job_id = ingest.fail_ingest(
-                db_session=db_session, run_id=run_id, reason=_failure("ingest", error)
-            )
+            ),
+            lambda reason: ingest.fail_ingest(db_session=db_session, run_id=run_id, reason=reason),
+            stage="ingest",
+            subject=f"run {run_id}",
+        )
         run = db_session.get(Run, run_id)
         if run is not None:
             # a bisection's step: running (analysis follows), or failed (the bisection ends)
@@ -130,18 +145,19 @@ def _answer_pull_request(db_session: Session, job_id: str) -> None:
 def analyze_job(job_id: str) -> None:
     """Statistics recomputed on the server from the job's raw cells; bundle files rendered."""
     with _session() as db_session:
-        try:
-            ready = evidence_service.analyze_job(
+
+        def failed(reason: str) -> bool:
+            evidence_service.fail_analysis(db_session=db_session, job_id=job_id, reason=reason)
+            return False
+
+        ready = _step_or_fail(
+            lambda: evidence_service.analyze_job(
                 db_session=db_session, store=_store(), job_id=job_id
-            )
-        except Exception as error:
-            if _is_transient(error):
-                raise
-            log.exception("analysis of job %s cannot proceed", job_id)
-            evidence_service.fail_analysis(
-                db_session=db_session, job_id=job_id, reason=_failure("analysis", error)
-            )
-            ready = False
+            ),
+            failed,
+            stage="analysis",
+            subject=f"job {job_id}",
+        )
         if not ready:
             _advance_bisection(db_session, job_id)
             _answer_pull_request(db_session, job_id)
@@ -153,15 +169,16 @@ def analyze_job(job_id: str) -> None:
 def render_evidence(job_id: str) -> None:
     """Bundle zip into the store; the evidence row with its id; job -> done."""
     with _session() as db_session:
-        try:
-            evidence_service.render_evidence(db_session=db_session, store=_store(), job_id=job_id)
-        except Exception as error:
-            if _is_transient(error):
-                raise
-            log.exception("publishing the evidence of job %s cannot proceed", job_id)
-            evidence_service.fail_analysis(
-                db_session=db_session, job_id=job_id, reason=_failure("publishing", error)
-            )
+        _step_or_fail(
+            lambda: evidence_service.render_evidence(
+                db_session=db_session, store=_store(), job_id=job_id
+            ),
+            lambda reason: evidence_service.fail_analysis(
+                db_session=db_session, job_id=job_id, reason=reason
+            ),
+            stage="publishing",
+            subject=f"the evidence of job {job_id}",
+        )
         _advance_bisection(db_session, job_id)
         _answer_pull_request(db_session, job_id)
 

@@ -11,14 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evidence.stats import (
-    CellIndex,
-    StatsOptions,
-    compare_pairs,
-    comparison_seed,
-    finish,
-    pairs_for,
-)
+from evidence.stats import CellIndex, StatsOptions, compare_variants, finish
 from evidence.summary_schema import Ablation, AblationEntry
 from evidence.variant import ABLATION_ALL, minus_variant_name
 
@@ -43,13 +36,12 @@ def ablation_section(
     for context in contexts:
         for feature in features:
             without = minus_variant_name(feature)
-            pairs, _ = pairs_for(index, ABLATION_ALL, without, "prefill_tps", context)
-            entry = compare_pairs(
-                pairs,
-                context_tokens=context,
+            entry, _ = compare_variants(
+                index,
                 variant=ABLATION_ALL,
                 baseline=without,
-                seed=comparison_seed(options.seed, "ablation", context, feature),
+                context_tokens=context,
+                seed_parts=("ablation", context, feature),
                 options=options,
             )
             entries.append({"feature": feature, **entry})

@@ -23,14 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from evidence.schemas import CommitTreePlan, JobSpec, Provenance, TargetInfo
-from evidence.stats import (
-    CellIndex,
-    StatsOptions,
-    compare_pairs,
-    comparison_seed,
-    finish,
-    pairs_for,
-)
+from evidence.stats import CellIndex, StatsOptions, compare_variants, finish
 from evidence.summary_schema import (
     CommitMarginal,
     CommitRef,
@@ -176,13 +169,12 @@ def commits_section(
         for entry in entries:
             if entry.not_separable:
                 continue
-            pairs, _ = pairs_for(index, head_plan.name, entry.without, "prefill_tps", context)
-            draft = compare_pairs(
-                pairs,
-                context_tokens=context,
+            draft, _ = compare_variants(
+                index,
                 variant=head_plan.name,
                 baseline=entry.without,
-                seed=comparison_seed(options.seed, "commits", context, entry.without),
+                context_tokens=context,
+                seed_parts=("commits", context, entry.without),
                 options=options,
             )
             drafts.append({"position": entry.position, "commit": entry.commit, **draft})

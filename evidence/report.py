@@ -415,18 +415,25 @@ def commits_figure(commits: Commits) -> dict[str, Any]:
             for m in commits.marginals
             if m.context_tokens == context and m.ratio_median is not None
         ]
-        figure["data"].append(
-            {
-                "base": 1,
-                "error_y": _interval_bars([(m, low, high) for _, m, low, high in entries]),
-                "name": f"{context} tokens",
-                "x": [label for label, *_ in entries],
-                "y": [m - 1 for _, m, *_ in entries],
-                "type": "bar",
-            }
-        )
+        figure["data"].append(_leave_one_out_bars(context, entries))
     figure["layout"]["xaxis"].update(type="category", categoryorder="array", categoryarray=labels)
     return figure
+
+
+def _leave_one_out_bars(
+    context: int, entries: Sequence[tuple[str, float, float | None, float | None]]
+) -> dict[str, Any]:
+    """One context's bars of (label, median ratio, low, high), each ratio of a whole to the
+    whole without one part (an ablation's feature, a PR's commit): drawn from 1, with its
+    interval."""
+    return {
+        "base": 1,
+        "error_y": _interval_bars([(m, low, high) for _, m, low, high in entries]),
+        "name": f"{context} tokens",
+        "x": [label for label, *_ in entries],
+        "y": [m - 1 for _, m, *_ in entries],
+        "type": "bar",
+    }
 
 
 def build_figures(summary: Summary, records: Iterable[Record]) -> list[dict[str, Any]]:
@@ -567,16 +574,7 @@ def build_figures(summary: Summary, records: Iterable[Record]) -> list[dict[str,
                 for e in ablation.entries
                 if e.context_tokens == context and e.ratio_median is not None
             ]
-            bars["data"].append(
-                {
-                    "base": 1,
-                    "error_y": _interval_bars([(m, low, high) for _, m, low, high in entries]),
-                    "name": f"{context} tokens",
-                    "x": [feature for feature, *_ in entries],
-                    "y": [m - 1 for _, m, *_ in entries],
-                    "type": "bar",
-                }
-            )
+            bars["data"].append(_leave_one_out_bars(context, entries))
         figures.append({"id": "fig-ablation", "title": "Ablation", "spec": bars})
     return figures
 

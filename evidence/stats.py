@@ -759,6 +759,31 @@ def finish(
     return finished
 
 
+def compare_variants(
+    index: CellIndex,
+    *,
+    variant: str,
+    baseline: str,
+    context_tokens: int,
+    seed_parts: Sequence[object],
+    options: StatsOptions,
+    metric: Metric = "prefill_tps",
+) -> tuple[dict[str, Any], int]:
+    """`variant` against `baseline` at one context before correction (`compare_pairs` over
+    their pairs), and how many pairs had differing prompts. `seed_parts` name the comparison's
+    bootstrap draws (`comparison_seed`), so adding a comparison leaves the others' alone."""
+    pairs, mismatched = pairs_for(index, variant, baseline, metric, context_tokens)
+    comparison = compare_pairs(
+        pairs,
+        context_tokens=context_tokens,
+        variant=variant,
+        baseline=baseline,
+        seed=comparison_seed(options.seed, *seed_parts),
+        options=options,
+    )
+    return comparison, mismatched
+
+
 def compare_matrix(
     index: CellIndex,
     *,
@@ -775,17 +800,17 @@ def compare_matrix(
         for variant in variants:
             if variant == baseline:
                 continue
-            pairs, bad = pairs_for(index, variant, baseline, metric, context)
-            mismatched += bad
-            comparison = compare_pairs(
-                pairs,
-                context_tokens=context,
+            comparison, bad = compare_variants(
+                index,
                 variant=variant,
                 baseline=baseline,
-                seed=comparison_seed(options.seed, metric, context, variant, baseline),
+                context_tokens=context,
+                seed_parts=(metric, context, variant, baseline),
                 options=options,
+                metric=metric,
             )
-            if not pairs:
+            mismatched += bad
+            if comparison["n"] == 0:
                 comparison["why"] = no_pairs_why(index, variant, baseline, context, bad)
             comparisons.append(comparison)
     return finish(comparisons, options, Comparison), mismatched

@@ -222,7 +222,13 @@ def prepare(repository: RepositoryConfig, ref: str, *, state_dir: Path) -> Check
     """Mirror, resolve the ref to a commit, and check the commit out."""
     check_ref(ref)
     mirror = update_mirror(repository, state_dir=state_dir)
-    commit = resolve_ref(mirror, ref)
+    return _checked_out(repository, mirror, ref, resolve_ref(mirror, ref), state_dir=state_dir)
+
+
+def _checked_out(
+    repository: RepositoryConfig, mirror: Path, ref: str, commit: str, *, state_dir: Path
+) -> Checkout:
+    """`commit` of the mirror in a worktree of its own, as `ref` asked for it."""
     path = worktree(mirror, commit, repository=repository.name, state_dir=state_dir)
     return Checkout(
         repository=repository.name,
@@ -425,13 +431,4 @@ def synthesize(
         _discard_worktree(mirror, scratch)
     done_as = "reverted" if change == "revert" else "picked"
     made = _write_commit(mirror, tree, onto, f"coldbench: {onto} with {commit} {done_as}\n")
-    path = worktree(mirror, made, repository=repository.name, state_dir=state_dir)
-    checkout = Checkout(
-        repository=repository.name,
-        url=repository.url,
-        ref=onto,
-        commit=made,
-        path=path,
-        source_dirty=source_is_dirty(repository.url),
-    )
-    return checkout, tree
+    return _checked_out(repository, mirror, onto, made, state_dir=state_dir), tree

@@ -251,10 +251,8 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         ).all()
     )
     if not provenances or not records:
-        job.state = JobState.FAILED
-        job.reason = "; ".join(problems) or "the job's runs produced no records"
-        job.updated_at = utcnow()
-        db_session.commit()
+        reason = "; ".join(problems) or "the job's runs produced no records"
+        fail_analysis(db_session=db_session, job_id=job_id, reason=reason)
         return False
     try:
         files, summary = build_bundle(
@@ -266,11 +264,7 @@ def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bo
         )
     except ValueError as error:
         # Deterministic: the same cells fail the same way, so retrying cannot help.
-        log.warning("analysis of job %s failed: %s", job_id, error)
-        job.state = JobState.FAILED
-        job.reason = f"analysis failed: {error}"
-        job.updated_at = utcnow()
-        db_session.commit()
+        fail_analysis(db_session=db_session, job_id=job_id, reason=f"analysis failed: {error}")
         return False
     stored = {}
     for name, content in files.items():

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api import tasks
+from api.auth.models import AuditEvent
 from api.runs import ingest
 from api.runs.models import Cell, Run
 from api.settings import Settings
@@ -207,6 +208,13 @@ def test_analysis_failure_is_final_with_its_reason(
     assert not evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
     job = db_session.get(Job, job_id)
     assert job.state == "failed" and job.reason.endswith("needs at least one ok cell")
+    # failed the one way every analysis failure is (evidence_service.fail_analysis): audited
+    audited = db_session.scalars(
+        sa.select(AuditEvent.detail).where(
+            AuditEvent.kind == "job.analysis_failed", AuditEvent.subject_id == job_id
+        )
+    ).all()
+    assert audited == [{"reason": job.reason}]
 
 
 def test_numbers_a_column_or_json_cannot_hold_fail_their_lines_only(
