@@ -124,29 +124,44 @@ def test_host_lock_admits_one_agent_at_a_time(tmp_path: Path) -> None:
         assert again
 
 
-def test_worker_command_bad_input(coldbench_cmd: list[str], tmp_path: Path) -> None:
-    def worker(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*coldbench_cmd, "worker", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd=tmp_path,
-        )
+def test_worker_command_bad_input(
+    coldbench_cmd: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
 
-    done = worker("--api", "http://127.0.0.1:9", "--config", "missing.toml")
+    from worker.cli import app
+
+    # One refusal through `python -m coldbench` (the dispatcher passes the exit code on); the
+    # others in this process, where they cost no interpreter start.
+    done = subprocess.run(
+        [*coldbench_cmd, "worker", "--api", "http://127.0.0.1:9", "--config", "missing.toml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2 and "missing.toml: no such file" in done.stderr
+    monkeypatch.chdir(tmp_path)
+
+    def worker(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(app, ["worker", *args])
+        return result.exit_code, result.stderr
+
     (tmp_path / "worker.toml").write_text('name = "h"\n')
-    done = worker("--api", "ftp://x", "--config", "worker.toml")
-    assert done.returncode == 2 and "give an http:// or https:// URL" in done.stderr
-    done = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml")
-    assert done.returncode == 1 and "not enrolled" in done.stderr
-    done = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml", "--enroll", "nope")
-    assert done.returncode == 2 and "not an enrollment token" in done.stderr
+    code, stderr = worker("--api", "ftp://x", "--config", "worker.toml")
+    assert code == 2 and "give an http:// or https:// URL" in stderr
+    code, stderr = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml")
+    assert code == 1 and "not enrolled" in stderr
+    code, stderr = worker(
+        "--api", "http://127.0.0.1:9", "--config", "worker.toml", "--enroll", "nope"
+    )
+    assert code == 2 and "not an enrollment token" in stderr
     token = "cbe_" + "x" * 20
-    done = worker("--api", "http://127.0.0.1:9", "--config", "worker.toml", "--enroll", token)
-    assert done.returncode == 1 and "cannot reach http://127.0.0.1:9" in done.stderr
+    code, stderr = worker(
+        "--api", "http://127.0.0.1:9", "--config", "worker.toml", "--enroll", token
+    )
+    assert code == 1 and "cannot reach http://127.0.0.1:9" in stderr
     assert not (tmp_path / "worker.secret").exists()
 
 

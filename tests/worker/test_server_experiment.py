@@ -165,17 +165,15 @@ def test_server_option_on_vs_off_with_a_planted_no_op(
     ],
 )  # fmt: skip
 def test_server_run_bad_input_is_one_clear_line(
-    coldbench_cmd: list[str], tmp_path: Path, args: list[str], message: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
 ) -> None:
-    done = subprocess.run(
-        [*coldbench_cmd, "run", *args, "--out", str(tmp_path / "out")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 2
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+
+    monkeypatch.chdir(tmp_path)  # where `coldbench run` keeps its state by default
+    done = CliRunner().invoke(app, ["run", *args, "--out", str(tmp_path / "out")])
+    assert done.exit_code == 2, done.output[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines and message in lines[-1], done.stderr[-2000:]
     assert not (tmp_path / "out").exists()
