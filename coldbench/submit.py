@@ -8,15 +8,12 @@ printing progress and the shareable URL.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from evidence.job_options import typer_option as spec_option
 from evidence.protocol import API_PREFIX, JobState
-
-if TYPE_CHECKING:
-    from evidence.schemas import JobSpec
 
 app = typer.Typer()
 
@@ -71,7 +68,12 @@ def submit(
     timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 3600.0,
 ) -> None:
     """Submit a job to the central API and print its id (and, with --wait, its evidence URL)."""
-    from evidence.job_options import JobOptionsError, build_job_spec, problem_lines
+    from evidence.job_options import (
+        JobOptionsError,
+        build_job_spec,
+        problem_lines,
+        service_payload,
+    )
 
     problems = [] if key else ["no API key: pass --key or set COLDBENCH_API_KEY"]
     given = {
@@ -110,7 +112,9 @@ def submit(
         except JobOptionsError as error:
             problems += problem_lines(error, {"repository": "--repo"})
         _exit_on(problems)
-        job_id = _post(api, key or "", spec)
+        job_id = _post_json(
+            api, key or "", f"{API_PREFIX}/jobs", service_payload(spec, rounds=rounds)
+        )
     typer.echo(f"job {job_id} submitted: {api.rstrip('/')}/jobs/{job_id}")
     if wait:
         _wait_for_evidence(api, key or "", job_id, timeout_s)
@@ -158,11 +162,6 @@ def _ask_for_pull_request(
     }
     body = {"pull_request": pull_request, "options": options}
     return _post_json(api, key or "", f"{API_PREFIX}/github/pulls", body)
-
-
-def _post(api: str, key: str, spec: JobSpec) -> str:
-    """Post the spec; the job's id, or exit 1 with the server's refusals."""
-    return _post_json(api, key, f"{API_PREFIX}/jobs", spec.model_dump(mode="json", by_alias=True))
 
 
 def _post_json(api: str, key: str, path: str, body: dict[str, Any]) -> str:

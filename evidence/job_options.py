@@ -437,6 +437,18 @@ def with_rounds_to_come(payload: Mapping[str, Any]) -> dict[str, Any]:
     return {**payload, "rounds": _ROUNDS_TO_COME}
 
 
+def service_payload(spec: JobSpec, *, rounds: Any, **dump: Any) -> dict[str, Any]:
+    """The JSON a front end sends a service for `spec` (`dump`: model_dump's options). `rounds`
+    is what the person gave for rounds: left to the default, they stay out of the payload, for
+    the service to size once it has bounded the commits a host may resolve (api/jobs/service.py,
+    checked_spec), so a job gets the same default through the form, `coldbench submit`, a pull
+    request and the JSON API."""
+    payload = spec.model_dump(mode="json", by_alias=True, **dump)
+    if not _given(rounds):
+        del payload["rounds"]
+    return payload
+
+
 class DefaultRoundsError(ValueError):
     """The job's default rounds exceed the service's limit: the submitter must choose."""
 

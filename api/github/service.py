@@ -32,7 +32,7 @@ from api.jobs import service as jobs_service
 from api.jobs.models import Job
 from api.settings import Settings
 from api.transactions import Database
-from evidence.job_options import JobOptionsError, build_job_spec
+from evidence.job_options import JobOptionsError, build_job_spec, service_payload
 
 log = logging.getLogger(__name__)
 
@@ -332,4 +332,4 @@ def request_payload(
         base = f"base:ref={heads.base_sha}"
         given["variants"] = [head] if mode == "ablation" else [base, head]
     spec = build_job_spec(given)
-    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return service_payload(spec, rounds=given.get("rounds"), exclude_none=True)

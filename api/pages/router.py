@@ -45,6 +45,7 @@ from api.settings import Settings
 from api.transactions import Database
 from evidence.bundle import BundleError
 from evidence.engine_flags import ADAPTER_FLAGS
+from evidence.job_options import service_payload
 from evidence.markdown import answer_sentences, time_spent_lines, verdict_rows
 from evidence.protocol import JobState
 
@@ -301,7 +302,7 @@ async def submit_job(
             job = job_service.create_job(
                 db_session=db_session,
                 settings=settings,
-                payload=spec.model_dump(mode="json", by_alias=True),
+                payload=service_payload(spec, rounds=form.values["rounds"]),
                 submitted_by=key.id,
             )
         except Invalid as error:

@@ -209,3 +209,32 @@ def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Se
         "rounds: this job needs 10 rounds to reach a verdict (the default), more than this "
         "service's limit of 9: give rounds, or fewer contexts or variants"
     )
+
+
+def test_a_range_from_any_door_gets_the_default_the_service_sizes(settings: Settings) -> None:
+    """The builder cannot know how many commits this service lets a host resolve: the form,
+    submit and a pull request send rounds left to the default as left out (service_payload),
+    so the service sizes them as it does for the JSON API."""
+    from evidence.job_options import build_job_spec, default_rounds, service_payload
+
+    given = {
+        "mode": "history",
+        "adapter": "mlx-lm",
+        "repository": "mlx-lm",
+        "range": "v1..main",
+        "contexts": "64",
+    }
+    built = build_job_spec(given)
+    via_a_door = job_service.checked_spec(settings, service_payload(built, rounds=None))
+    raw = {
+        "mode": "history",
+        "adapter": "mlx-lm",
+        "repository": "mlx-lm",
+        "variants": [{"name": "base"}],
+        "history": {"range": "v1..main"},
+        "contexts": [64],
+    }
+    via_json = job_service.checked_spec(settings, raw)
+    assert via_a_door.rounds == via_json.rounds == default_rounds(via_json) < built.rounds
+    asked = build_job_spec({**given, "rounds": "20"})
+    assert job_service.checked_spec(settings, service_payload(asked, rounds="20")).rounds == 20
