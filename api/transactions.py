@@ -61,6 +61,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.util import greenlet_spawn
 from starlette.concurrency import run_in_threadpool
 
 from api.database import (
@@ -95,6 +96,15 @@ class Execute:
 
     statement: sa.Executable
     params: Any = None
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far a transaction got: whether its commit was sent (a dropped connection after
+    that is not retried) and whether it announced work."""
+
+    sent_commit: bool = False
+    announced: bool = False
 
 
 class _AnnounceWork:
@@ -172,6 +182,12 @@ class Database(Protocol):
     async def read(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
         """A program that only reads, and needs no snapshot across its statements (one
         query: authentication): without a transaction where the engine allows it."""
+        ...
+
+    async def run_alone(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
+        """A program whose statements each stand alone (a write that checks what it needs
+        in its own WHERE, then reads only where it wrote nothing): each statement commits by
+        itself where the engine allows it, without BEGIN and COMMIT (two round trips)."""
         ...
 
     async def run_grouped(self, make_program: GroupProgram[Item, T], item: Item) -> T:
@@ -273,6 +289,9 @@ class AsyncDatabase:
     async def read(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
         return await self._turn(self._autocommit, make_program, bulk)
 
+    async def run_alone(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
+        return await self._turn(self._autocommit, make_program, bulk)
+
     async def _turn(
         self, engine: AsyncEngine, make_program: Callable[[], Program[T]], bulk: bool
     ) -> T:
@@ -289,7 +308,7 @@ class AsyncDatabase:
 
     async def _run(self, engine: AsyncEngine, make_program: Callable[[], Program[T]]) -> T:
         for tries_left in (1, 0):
-            sent_commit = False
+            progress = _Progress()
             try:
                 # Shielded: a cancelled request (its client left; Starlette cancels the
                 # request's cancel scope) finishes its transaction and returns its connection
@@ -297,24 +316,14 @@ class AsyncDatabase:
                 # off by a cancel scope; the server cancels no request that way (uvicorn does
                 # only past a graceful-shutdown timeout, and `coldbench server` sets none).
                 with anyio.CancelScope(shield=True):
-                    connection = await engine.connect()
-                    try:
-                        value, announce = await self._drive(connection, make_program())
-                        sent_commit = True
-                        await connection.commit()
-                    finally:
-                        # Closed here rather than by `async with`, whose exit runs close() in
-                        # a task of its own (so that a cancelled caller cannot abandon it):
-                        # two more passes through the loop's queue per transaction, 1 to 2 ms
-                        # at the median and 10 to 28 ms at the 99th percentile under the
-                        # 50-agent load (docs/RELIABILITY.md). The shield above already keeps
-                        # a cancellation out.
-                        await connection.close()
+                    value = await greenlet_spawn(
+                        self._transaction, engine.sync_engine, make_program, progress
+                    )
             except (DBAPIError, sa.exc.TimeoutError, OSError) as error:
                 if (
                     isinstance(error, DBAPIError)
                     and error.connection_invalidated
-                    and not sent_commit
+                    and not progress.sent_commit
                     and tries_left
                 ):
                     log.warning(
@@ -326,44 +335,61 @@ class AsyncDatabase:
                 if unavailable is None:
                     raise
                 raise unavailable from error
-            if announce and self.dialect_name != "postgresql":
+            if progress.announced and self.dialect_name != "postgresql":
                 wakeup.notify_local()
             return value
         raise AssertionError("unreachable")
 
-    async def _drive(self, connection: Any, program: Program[T]) -> tuple[T, bool]:
-        announce = False
+    def _transaction(
+        self, engine: sa.Engine, make_program: Callable[[], Program[T]], progress: _Progress
+    ) -> T:
+        """The whole transaction (connect, the program, commit, close) on the sync face of
+        the async engine, in one greenlet (`greenlet_spawn`): the async API's wrappers pass
+        through a greenlet of their own for each call, five to eight per transaction, a
+        tenth of a heartbeat's server CPU. Each round trip still waits on the event loop."""
+        connection = engine.connect()
         try:
-            step = next(program)
-            while True:
-                if isinstance(step, Execute):
-                    result = await connection.execute(step.statement, step.params)
-                else:
-                    announce = True
-                    result = None
-                    if self.dialect_name == "postgresql":
-                        await connection.execute(_NOTIFY)
-                step = program.send(result)
-        except StopIteration as done:
-            return done.value, announce
+            value = run_statements(
+                connection, make_program(), partial(self._announce, connection, progress)
+            )
+            progress.sent_commit = True
+            connection.commit()
+        finally:
+            connection.close()
+        return value
+
+    def _announce(self, connection: sa.Connection, progress: _Progress) -> None:
+        progress.announced = True
+        if self.dialect_name == "postgresql":
+            connection.execute(_NOTIFY)
 
     async def rehearse(self, make_program: Callable[[], Program[T]], connections: int) -> list[T]:
         """Run a program on `connections` distinct connections of the pool, each in a
         transaction that is rolled back (api/rehearsal.py): the first alone, so that each
         statement is compiled once, then the others at once. Their answers, in order."""
-        held: list[Any] = []
+        engine = self.engine.sync_engine
+        held: list[sa.Connection] = []
+
+        def drive(connection: sa.Connection) -> T:
+            return run_statements(
+                connection, make_program(), partial(self._announce, connection, _Progress())
+            )
+
+        def release(connection: sa.Connection) -> None:
+            connection.rollback()
+            connection.close()
+
         try:
             for _ in range(connections):  # all held at once: distinct connections
-                held.append(await self.engine.connect())
-            first, _ = await self._drive(held[0], make_program())
+                held.append(await greenlet_spawn(engine.connect))
+            first = await greenlet_spawn(drive, held[0])
             rest = await asyncio.gather(
-                *(self._drive(connection, make_program()) for connection in held[1:])
+                *(greenlet_spawn(drive, connection) for connection in held[1:])
             )
-            return [first, *(value for value, _ in rest)]
+            return [first, *rest]
         finally:
             for connection in held:
-                await connection.rollback()
-                await connection.close()
+                await greenlet_spawn(release, connection)
 
     async def run_with_session(self, work: Callable[[Session], T]) -> T:
         def in_thread() -> T:
@@ -389,6 +415,9 @@ class SessionDatabase:
             self.db_session.expire_all()
 
     async def read(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
+        return await self.run(make_program)
+
+    async def run_alone(self, make_program: Callable[[], Program[T]], *, bulk: bool = False) -> T:
         return await self.run(make_program)
 
     async def run_grouped(self, make_program: GroupProgram[Item, T], item: Item) -> T:

@@ -51,12 +51,13 @@ async def upload_artifact(
     blob = await store.put_stream(
         request.stream(), expected_sha256=sha256, max_bytes=settings.max_artifact_bytes
     )
+    # One statement, no transaction of its own: the insert checks the attempt itself.
     record = partial(service.record_upload_program, **upload, blob=blob)
     try:
-        row, created = await db.run(record, bulk=True)
+        row, created = await db.run_alone(record, bulk=True)
     except IntegrityError:
         # A concurrent upload of the same name won the race; same answer as a repeat.
-        row, created = await db.run(record, bulk=True)
+        row, created = await db.run_alone(record, bulk=True)
     if not created:
         response.status_code = status.HTTP_200_OK
     return ArtifactReceipt(

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from api.artifacts.models import Artifact
 from api.artifacts.store import SHA256_PATTERN, StoredBlob
 from api.auth import service as auth_service
+from api.database import utcnow
 from api.errors import Conflict, Invalid
 from api.runs import service as run_service
 from api.runs.models import Run, RunAttempt
@@ -106,28 +107,72 @@ def upload_check_program(
     return existing
 
 
+# An upload's row in one statement, outside a transaction of its own: inserted only where the
+# attempt is still current and holds no artifact of this name yet, and its id returned. The
+# common case (a first upload of a current attempt) is this one round trip, where a check and
+# an insert in a transaction were four (BEGIN, the check, INSERT, COMMIT) and a fifth of an
+# upload's server CPU; anything else is said by the check (`upload_check_program`) after it.
+_NOW = sa.bindparam("w_now", type_=_artifacts.c.created_at.type)
+_INSERT_IF_CURRENT = (
+    sa.insert(_artifacts)
+    .from_select(
+        ["run_id", "attempt", "name", "sha256", "bytes", "storage_path", "created_at"],
+        sa.select(
+            sa.bindparam("w_run", type_=_artifacts.c.run_id.type),
+            _ATTEMPT,
+            sa.bindparam("w_name", type_=_artifacts.c.name.type),
+            sa.bindparam("w_sha256", type_=_artifacts.c.sha256.type),
+            sa.bindparam("w_bytes", type_=_artifacts.c.bytes.type),
+            sa.bindparam("w_path", type_=_artifacts.c.storage_path.type),
+            _NOW,
+        ).where(
+            sa.exists(run_service.held_by(sa.select(_runs.c.id))),
+            ~sa.exists(
+                sa.select(_artifacts.c.id).where(
+                    _artifacts.c.run_id == sa.bindparam("w_run"),
+                    _artifacts.c.attempt == _ATTEMPT,
+                    _artifacts.c.name == sa.bindparam("w_name"),
+                )
+            ),
+        ),
+    )
+    .returning(_artifacts.c.id)
+)
+
+
 def record_upload_program(
     *, host_id: str, run_id: str, attempt: int, name: str, blob: StoredBlob
 ) -> Program[tuple[StoredArtifact, bool]]:
-    """The row for a stored blob, checked again and inserted in one transaction; (row,
-    created). Idempotent for the same name and digest."""
-    existing = yield from upload_check_program(
-        host_id=host_id, run_id=run_id, attempt=attempt, name=name, sha256=blob.sha256
+    """The row for a stored blob; (row, created). One statement where the attempt is current
+    and the name new; otherwise the check says why not (Conflict, Forbidden, NotFound) or
+    returns the identical row (idempotent for the same name and digest). Each statement stands
+    alone (`Database.run_alone`): the insert checks what it needs in its own WHERE. Two
+    identical uploads at once may both find the name free: the second insert's unique
+    violation is the caller's to retry (it then finds the row)."""
+    params = {
+        "w_run": run_id,
+        "w_host": host_id,
+        "w_attempt": attempt,
+        "w_name": name,
+        "w_sha256": blob.sha256,
+        "w_bytes": blob.bytes,
+        "w_path": blob.storage_path,
+        "w_now": utcnow(),
+    }
+    for _ in range(2):
+        if (yield Execute(_INSERT_IF_CURRENT, params)).first() is not None:
+            return StoredArtifact(name, blob.sha256, blob.bytes), True
+        existing = yield from upload_check_program(
+            host_id=host_id, run_id=run_id, attempt=attempt, name=name, sha256=blob.sha256
+        )
+        if existing is not None:
+            return existing, False
+        # Current and the name free when checked, after the insert found otherwise: an
+        # artifact row removed in between. Once more.
+    raise Conflict(
+        f"{name} of run {run_id} attempt {attempt} could not be recorded: the run changed "
+        "while it was checked; send it again"
     )
-    if existing is not None:
-        return existing, False
-    yield Execute(
-        _INSERT_ARTIFACT,
-        {
-            "run_id": run_id,
-            "attempt": attempt,
-            "name": name,
-            "sha256": blob.sha256,
-            "bytes": blob.bytes,
-            "storage_path": blob.storage_path,
-        },
-    )
-    return StoredArtifact(name, blob.sha256, blob.bytes), True
 
 
 def run_artifacts(*, db_session: Session, run_id: str, attempt: int) -> list[Artifact]:

@@ -111,10 +111,15 @@ def offline_notice(
 ) -> str | None:
     """Why a job that registered hosts can run will wait: every host able to run it is
     offline (None when one of them is online, or none can run it at all)."""
-    able = [host for host in hosts if why_host_cannot_run(host, spec) is None]
-    if not able or any(
-        not is_silent(host.last_heartbeat_at, now=now, lease_ttl_s=lease_ttl_s) for host in able
-    ):
+    able = []
+    for host in hosts:
+        if why_host_cannot_run(host, spec) is None:
+            if not is_silent(host.last_heartbeat_at, now=now, lease_ttl_s=lease_ttl_s):
+                # One online host that can run it is the answer: the others need not be
+                # judged (a submission judges every registered host otherwise).
+                return None
+            able.append(host)
+    if not able:
         return None
 
     def heard(host: HeardFrom) -> str:

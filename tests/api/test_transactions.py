@@ -8,6 +8,7 @@ asyncpg) with real commits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ from api.artifacts.store import LocalArtifactStore
 from api.auth import service as auth_service
 from api.auth.models import AuditEvent
 from api.database import make_engine, make_sessionmaker, upgrade_database
-from api.errors import Invalid, NotAuthenticated
+from api.errors import Conflict, Invalid, NotAuthenticated
 from api.hosts.models import Host
 from api.jobs import service as job_service
 from api.jobs.models import Job
@@ -75,6 +76,29 @@ class Live:
     def scalar(self, sql: str, **params: Any) -> Any:
         with self.sessions() as db_session:
             return db_session.execute(sa.text(sql), params).scalar()
+
+
+@contextlib.contextmanager
+def count_round_trips(db: AsyncDatabase) -> Iterator[list[int]]:
+    """[statements, BEGINs] sent on `db`'s engine while in the block (BEGIN: a transaction
+    that is not autocommit)."""
+    trips = [0, 0]
+
+    def statement(*_: Any) -> None:
+        trips[0] += 1
+
+    def begin(connection: sa.Connection) -> None:
+        if connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            trips[1] += 1
+
+    engine = db.engine.sync_engine
+    sa.event.listen(engine, "before_cursor_execute", statement)
+    sa.event.listen(engine, "begin", begin)
+    try:
+        yield trips
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", statement)
+        sa.event.remove(engine, "begin", begin)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -161,11 +185,19 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
             with pytest.raises(NotAuthenticated):
                 await db.read(partial(check, token=secret + "x"))
             assert await db.read(partial(check, token=secret)) is None
-            for created in (True, False):  # the same upload again: the row already stored
-                row, was_created = await db.run(
-                    partial(artifact_service.record_upload_program, **upload, name=name, blob=blob)
-                )
+            record = partial(artifact_service.record_upload_program, **upload, name=name)
+            other = store.put_bytes(content + b"\n")
+            # A first upload is one statement that commits by itself (no BEGIN, no COMMIT);
+            # the same upload again finds the row (the insert, then the check).
+            for created, statements in ((True, 1), (False, 2)):
+                with count_round_trips(db) as trips:
+                    row, was_created = await db.run_alone(partial(record, blob=blob))
                 assert was_created is created and row.sha256 == blob.sha256
+                assert trips == [statements, 0]
+            with pytest.raises(Conflict):  # another digest under a stored name: nothing written
+                await db.run_alone(partial(record, blob=other))
+            stored = "select sha256 from artifacts where run_id = :r and name = :n"
+            assert live.scalar(stored, r=lease.run_id, n=name) == blob.sha256
         complete = partial(
             completion.complete_program,
             **upload,
