@@ -12,7 +12,7 @@ from evidence.schemas import JobSpec
 from evidence.variant import expand_variants
 from tests.worker.conftest import git
 from worker.checkout import CheckoutError, NotSeparable, commit_line, synthesize
-from worker.config import RepositoryConfig, default_recipes
+from worker.config import Recipe, RepositoryConfig, default_recipes
 from worker.run import prepare_variants, resolve_on_host
 
 
@@ -49,8 +49,26 @@ def pr_repo(stub_repo: Path) -> tuple[Path, dict[str, str]]:
     return repo, shas
 
 
-def _repository(repo: Path) -> RepositoryConfig:
-    return RepositoryConfig(name="stub", url=str(repo), module="mlx_lm", recipes=default_recipes())
+# A build recipe that puts the checkout on the build venv's path with one .pth file (sorted
+# before the build's own host-site .pth, so the checkout wins): the trees are what these tests
+# are about, and the build's import check still imports each tree's mlx_lm. A `pip install -e .`
+# per tree (the default recipe, tested in test_build.py) cost 5-13 s each on a loaded 2-core
+# machine.
+PATH_RECIPE = Recipe(
+    "path",
+    (
+        "{python}",
+        "-c",
+        "import os, site; open(os.path.join(site.getsitepackages()[0], 'checkout.pth'), 'w')"
+        ".write(os.getcwd())",
+    ),
+)
+
+
+def _repository(repo: Path, *, recipes: dict[str, Recipe] | None = None) -> RepositoryConfig:
+    return RepositoryConfig(
+        name="stub", url=str(repo), module="mlx_lm", recipes=recipes or default_recipes()
+    )
 
 
 def _show(checkout_path: Path, name: str) -> str | None:
@@ -127,7 +145,7 @@ def test_trees_that_do_not_apply_or_import_are_not_separable_and_the_rest_go_on(
     pr_repo: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
     repo, shas = pr_repo
-    repository = _repository(repo)
+    repository = _repository(repo, recipes={"path": PATH_RECIPE})
     state = tmp_path / "state"
     submitted = JobSpec.model_validate(
         {
