@@ -122,6 +122,7 @@ def agent_cycle_program(settings: Settings, dialect: str) -> Program[Rehearsed]:
             attempt=attempt,
             progress=progress,
             token=secret,
+            dialect=dialect,
         )
     files: dict[str, Any] = {}
     for name, content in (("records.jsonl", _RECORDS), ("provenance.json", _PROVENANCE)):

@@ -7,7 +7,9 @@ measured side by side in one run against a PostgreSQL server, the process CPU pe
 - a statement on an open connection, through SQLAlchemy's async engine, and through asyncpg
   alone (a prepared statement);
 - a transaction of that one statement (connection from the pool, BEGIN, the statement,
-  COMMIT, back to the pool), through each.
+  COMMIT, back to the pool), through each, and through SQLAlchemy's sync API in one greenlet
+  (`greenlet_spawn`), as `AsyncDatabase` runs its programs (api/transactions.py), where the
+  async API spawns a greenlet for each call.
 
 The difference is what a group commit (`api/transactions.py: Database.run_grouped`) saves
 when it runs one transaction for many requests.
@@ -25,6 +27,7 @@ import time
 import asyncpg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 
 async def measure(url: str, n: int) -> dict[str, float]:
@@ -44,6 +47,16 @@ async def measure(url: str, n: int) -> dict[str, float]:
             (await connection.execute(statement, {"x": 1})).scalar()
             await connection.commit()
     figures["sqlalchemy_transaction_ms"] = (time.process_time() - started) / n * 1000
+
+    def transaction() -> None:
+        with engine.sync_engine.connect() as connection:
+            connection.execute(statement, {"x": 1}).scalar()
+            connection.commit()
+
+    started = time.process_time()
+    for _ in range(n):
+        await greenlet_spawn(transaction)
+    figures["sqlalchemy_one_greenlet_transaction_ms"] = (time.process_time() - started) / n * 1000
     await engine.dispose()
 
     dsn = sa.engine.make_url(url).set(drivername="postgresql").render_as_string(False)
@@ -80,7 +93,11 @@ def main() -> None:
         print(f"{name:28s} {cpu_ms:6.3f} ms CPU")
     statement = figures["sqlalchemy_statement_ms"] / figures["asyncpg_statement_ms"]
     transaction = figures["sqlalchemy_transaction_ms"] / figures["asyncpg_transaction_ms"]
-    print(f"SQLAlchemy/asyncpg: statement {statement:.2f}x, transaction {transaction:.2f}x")
+    greenlet = figures["sqlalchemy_one_greenlet_transaction_ms"] / figures["asyncpg_transaction_ms"]
+    print(
+        f"SQLAlchemy/asyncpg: statement {statement:.2f}x, transaction {transaction:.2f}x, "
+        f"transaction in one greenlet {greenlet:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -53,18 +53,19 @@ def register(body: RegisterRequest, db_session: SessionDep, credentials: BearerD
 async def heartbeat(
     body: HeartbeatRequest, db: DatabaseDep, settings: SettingsDep, worker: WorkerClaim
 ):
-    # The token is checked in the heartbeat's own first statement (no transaction of its own).
-    cancel = await db.run(
-        partial(
-            run_heartbeat.heartbeat_program,
-            settings=settings,
-            host_id=worker.id,
-            token=worker.token,
-            run_id=body.run_id,
-            attempt=body.attempt,
-            progress=body.progress.model_dump(mode="json") if body.progress else None,
-        )
+    # The token is checked by the heartbeat's own first statement. On PostgreSQL each of its
+    # statements stands alone (api/runs/heartbeat.py); elsewhere it is one transaction.
+    beat = partial(
+        run_heartbeat.heartbeat_program,
+        settings=settings,
+        host_id=worker.id,
+        token=worker.token,
+        run_id=body.run_id,
+        attempt=body.attempt,
+        progress=body.progress.model_dump(mode="json") if body.progress else None,
+        dialect=db.dialect_name,
     )
+    cancel = await (db.run_alone if db.dialect_name == "postgresql" else db.run)(beat)
     return HeartbeatResponse(cancel=cancel)
 
 

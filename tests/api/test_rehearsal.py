@@ -93,13 +93,16 @@ def _agent_cycle(
         lease = (await database.run_grouped(run_claim.claim_group_program, request)).lease
         assert lease is not None
         upload = {"host_id": host_id, "run_id": lease.run_id, "attempt": lease.attempt}
-        await database.run(
+        # As the routers run them (api/hosts/router.py, api/artifacts/router.py).
+        beat_on = database.run_alone if dialect == "postgresql" else database.run
+        await beat_on(
             partial(
                 run_heartbeat.heartbeat_program,
                 settings=settings,
                 **upload,
                 progress=None,
                 token=secret,
+                dialect=dialect,
             )
         )
         files = {
@@ -117,7 +120,7 @@ def _agent_cycle(
                     token=secret,
                 )
             )
-            await database.run(
+            await database.run_alone(
                 partial(artifact_service.record_upload_program, **upload, name=name, blob=blob)
             )
         written = await database.run(

@@ -27,7 +27,7 @@ from api.artifacts.store import LocalArtifactStore
 from api.auth import service as auth_service
 from api.auth.models import AuditEvent
 from api.database import make_engine, make_sessionmaker, upgrade_database
-from api.errors import Conflict, Invalid, NotAuthenticated
+from api.errors import Conflict, Forbidden, Invalid, NotAuthenticated
 from api.hosts.models import Host
 from api.jobs import service as job_service
 from api.jobs.models import Job
@@ -155,8 +155,8 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
         )
         lease = claimed.lease
         assert lease is not None and lease.job_id == submitted.job.id
-        # Heartbeat, upload and completion check the request's token in their own
-        # transaction: a wrong one is refused there, and writes nothing.
+        # Heartbeat, upload and completion check the request's token before they write: a
+        # wrong one is refused, and writes nothing.
         beat = partial(
             run_heartbeat.heartbeat_program,
             settings=live.settings,
@@ -164,14 +164,34 @@ def test_a_run_from_submission_to_completion_on_the_async_engine(
             run_id=lease.run_id,
             attempt=lease.attempt,
             progress=None,
+            dialect=db.dialect_name,
         )
+        # As the server runs it: on PostgreSQL statements that each stand alone.
+        is_pg = db.dialect_name == "postgresql"
+        beat_on = db.run_alone if is_pg else db.run
         seen = "select last_heartbeat_at from hosts where id = :h"
+        expires = "select lease_expires_at from runs where id = :r"
         seen_before = live.scalar(seen, h=host.id)
+        expires_before = live.scalar(expires, r=lease.run_id)
         with pytest.raises(NotAuthenticated):
-            await db.run(partial(beat, token=secret + "x"))
+            await beat_on(partial(beat, token=secret + "x"))
         assert live.scalar(seen, h=host.id) == seen_before
-        assert await db.run(partial(beat, token=secret)) is False
+        with count_round_trips(db) as trips:
+            assert await beat_on(partial(beat, token=secret)) is False
+        # PostgreSQL: the secret, then the host's time and the lease in one statement.
+        assert trips == ([2, 0] if is_pg else [2, 1])
         assert live.scalar(seen, h=host.id) != seen_before
+        assert live.scalar(expires, r=lease.run_id) != expires_before
+        seen_before = live.scalar(seen, h=host.id)
+        with pytest.raises(Forbidden):  # an attempt not this host's: refused, nothing written
+            await beat_on(partial(beat, token=secret, attempt=lease.attempt + 1))
+        assert live.scalar(seen, h=host.id) == seen_before
+        with count_round_trips(db):
+            assert await beat_on(partial(beat, token=secret, progress={"cells_done": 1})) is False
+        assert live.scalar("select progress from runs where id = :r", r=lease.run_id) in (
+            {"cells_done": 1},
+            '{"cells_done": 1}',
+        )
         files = {
             "records.jsonl": records_jsonl(lease.run_id),
             "provenance.json": provenance_json(lease.run_id),
