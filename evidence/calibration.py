@@ -164,7 +164,8 @@ def block_length(
         why = f"{share}: as few blocks as the check of the calibration allows"
     blocks = min(rounds, max(MIN_CALIBRATED_BLOCKS, round(rounds / best)))
     length = math.ceil(rounds / blocks)
-    return length, f"{length} rounds per process from this host's calibration ({why})"
+    rounds_text = f"{length} round{'s' if length != 1 else ''}"
+    return length, f"{rounds_text} per process from this host's calibration ({why})"
 
 
 class CalibrationComparison(_Strict):

@@ -35,6 +35,7 @@ from evidence.summary_schema import (
     RunDrift,
     Settings,
     Summary,
+    counts_pairs_by_design_effect,
 )
 
 # Anything with a median ratio and its interval: a comparison, a history point, a host's
@@ -512,12 +513,14 @@ def how_to_read(settings: Settings) -> list[str]:
     """The verdict rules in plain words, for summary.md and report.html."""
     precision_pct = f"{100 * settings.precision:g}%"
     level = f"{100 * settings.confidence_level:g}%"
+    calibrated = counts_pairs_by_design_effect(settings)
+    test_name = "t test's" if calibrated else "signed-rank"
     lines = [
         "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
         "round (paired); above 1 is faster. The table shows the median ratio and a "
         f"{level} interval of that median (a seeded bootstrap, widened where needed to the "
         "distribution-free order-statistic interval, so the level holds with few pairs).",
-        f"faster / slower: the interval excludes 1 and the signed-rank p-value, corrected "
+        f"faster / slower: the interval excludes 1 and the {test_name} p-value, corrected "
         f"(Holm) across the whole matrix, is below {settings.alpha:g}.",
         f"no established change: the interval includes 1 and lies within 1 +- "
         f"{precision_pct}, so any change larger than {precision_pct} is ruled out; a smaller "
@@ -534,7 +537,20 @@ def how_to_read(settings: Settings) -> list[str]:
         "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
         "interact and are not additive.",
     ]
-    if settings.process_blocks is not None:
+    if calibrated:
+        lines.insert(
+            1,
+            "Each variant ran in a fresh process every few rounds, and a process has a speed "
+            "offset of its own. This host's calibration bounds how much a process pair adds to "
+            "a paired ratio, so every pair counts, weighted by the design effect of its process "
+            "pair (1 + (m - 1) rho for m pairs, rho the share of the variance the bound allows "
+            "a process pair): the interval is the pairs' own widened by the square root of the "
+            "design effect, and the test is a t test of the median log ratio against its "
+            "variance under those offsets. Where the run's own process pairs differ more than "
+            "the calibration allows, their spread replaces the bound. The blocks' length comes "
+            'from the same calibration ("Where the time went" says which and why).',
+        )
+    elif settings.process_blocks is not None:
         lines.insert(
             1,
             "Each variant ran in a fresh process every few rounds, and a process has a speed "

@@ -36,6 +36,7 @@ from evidence.markdown import (
     inert_lines,
     noise_floor_text,
     software_line,
+    time_spent_lines,
     variant_software_text,
     verdict_rows,
     verify_command,
@@ -643,6 +644,7 @@ def render_report_html(
             for e in (ablation.entries if ablation else [])
         ],
         "noise_floor": noise_floor_text(summary),
+        "time_spent": time_spent_lines(summary),
         "drift_rows": [
             {
                 "run_id": run.run_id

@@ -33,6 +33,8 @@ from evidence.stats import (
     compare_matrix,
 )
 from evidence.summary_schema import (
+    DESIGN_EFFECT_SETTINGS,
+    PROCESS_BLOCK_SETTINGS,
     SUMMARY_FORMAT,
     Comparison,
     Descriptive,
@@ -40,7 +42,6 @@ from evidence.summary_schema import (
     InvalidCell,
     MemoryStats,
     NoiseFloor,
-    ProcessBlocks,
     Quantiles,
     RunCount,
     Settings,
@@ -49,26 +50,6 @@ from evidence.summary_schema import (
 )
 from evidence.timeline import Timeline, timeline_section
 from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
-
-# The same records on a host whose calibration bounds the process-pair component
-# (provenance `noise`): every pair counts, weighted by the design effect of its process pair.
-DESIGN_EFFECT_SETTINGS = ProcessBlocks(
-    unit="pair, with the design effect of its process pair: 1 + (m - 1) x rho, m pairs per "
-    "process pair, rho the share of a paired log ratio's variance a process pair adds (the "
-    "host's calibrated upper bound, or the run's own estimate where its process pairs differ "
-    "more than that allows: F test)",
-    interval="hull of the percentile bootstrap and the order-statistic interval of the pairs' "
-    "median ratio, widened by the square root of the design effect",
-    test="t test of the pairs' median log ratio against its variance under the process pairs' "
-    "offsets, (pi / 2)(m tau^2 + sigma^2) / n, with n / design effect - 1 degrees of freedom",
-)
-PROCESS_BLOCK_SETTINGS = ProcessBlocks(
-    unit="process pair: the pairs measured by one process of the variant and one of the "
-    "baseline (records' `process`)",
-    interval="hull of a two-stage bootstrap (process pairs, then pairs within them) of the "
-    "median ratio and the order-statistic interval of the process pairs' median ratios",
-    test="Wilcoxon signed-rank, two-sided, on the log median ratio of each process pair",
-)
 
 
 def _quantiles(values: Sequence[float]) -> Quantiles | None:

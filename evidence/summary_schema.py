@@ -77,6 +77,29 @@ class ProcessBlocks(_Section):
     test: str
 
 
+# The same records on a host whose calibration bounds the process-pair component
+# (provenance `noise`): every pair counts, weighted by the design effect of its process pair.
+DESIGN_EFFECT_SETTINGS = ProcessBlocks(
+    unit="pair, with the design effect of its process pair: 1 + (m - 1) x rho, m pairs per "
+    "process pair, rho the share of a paired log ratio's variance a process pair adds (the "
+    "host's calibrated upper bound, or the run's own estimate where its process pairs differ "
+    "more than that allows: F test)",
+    interval="hull of the percentile bootstrap and the order-statistic interval of the pairs' "
+    "median ratio, widened by the square root of the design effect",
+    test="t test of the pairs' median log ratio against its variance under the process pairs' "
+    "offsets, (pi / 2)(m tau^2 + sigma^2) / n, tau taken as known from the host's calibration "
+    "(Satterthwaite degrees of freedom of sigma^2), or the run's own estimate with its process "
+    "pairs less one as degrees of freedom where they differ more than the calibration allows",
+)
+PROCESS_BLOCK_SETTINGS = ProcessBlocks(
+    unit="process pair: the pairs measured by one process of the variant and one of the "
+    "baseline (records' `process`)",
+    interval="hull of a two-stage bootstrap (process pairs, then pairs within them) of the "
+    "median ratio and the order-statistic interval of the process pairs' median ratios",
+    test="Wilcoxon signed-rank, two-sided, on the log median ratio of each process pair",
+)
+
+
 class Settings(_Section):
     confidence_level: float
     alpha: float
@@ -86,6 +109,13 @@ class Settings(_Section):
     test: str
     correction: str
     process_blocks: ProcessBlocks | None = None
+
+
+def counts_pairs_by_design_effect(settings: Settings) -> bool:
+    """Whether these statistics used the host's calibration (DESIGN_EFFECT_SETTINGS): every pair
+    counts, weighted by its process pair's design effect, and the test is a t test."""
+    blocks = settings.process_blocks
+    return blocks is not None and blocks.unit == DESIGN_EFFECT_SETTINGS.unit
 
 
 # --- comparisons -----------------------------------------------------------------------------

@@ -500,13 +500,16 @@ def process_blocks(
     if spec.fresh_process:
         return None, "a fresh process for every cell (fresh_process)"
     if spec.rounds_per_process is not None:
-        return spec.rounds_per_process, f"{spec.rounds_per_process} rounds per process, as asked"
+        asked = spec.rounds_per_process
+        return asked, f"{asked} round{'s' if asked != 1 else ''} per process, as asked"
     if noise is not None:
         return block_length(spec.rounds, contexts=spec.contexts, variants=variants, noise=noise)
     length = effective_rounds_per_process(spec)
     return length, (
-        f"{length} rounds per process: rounds // {MIN_PROCESS_BLOCKS}, at least 1 (no host "
-        f"calibration: at least {MIN_PROCESS_BLOCKS} process pairs)"
+        f"{length} round{'s' if length != 1 else ''} per process: rounds // "
+        f"{MIN_PROCESS_BLOCKS}, at least 1 (no host calibration: at least "
+        f"{MIN_PROCESS_BLOCKS} process pairs, or a fresh process every round below "
+        f"{2 * MIN_PROCESS_BLOCKS} rounds)"
     )
 
 

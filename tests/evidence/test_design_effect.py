@@ -5,12 +5,15 @@ test_aa_simulation.py; these tests pin the arithmetic on cases whose answer is k
 
 from __future__ import annotations
 
+import html
 import math
+from datetime import timedelta
 
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from evidence.bundle import build_bundle
 from evidence.calibration import (
     MIN_CALIBRATED_BLOCKS,
     HostCalibration,
@@ -19,7 +22,8 @@ from evidence.calibration import (
     merge_calibrations,
     noise_of,
 )
-from evidence.schemas import HostNoise
+from evidence.job_options import build_job_spec
+from evidence.schemas import HostNoise, Record
 from evidence.stats import (
     StatsOptions,
     block_anova,
@@ -29,7 +33,9 @@ from evidence.stats import (
     signed_rank_p,
 )
 from evidence.summary import summarize
-from tests.evidence.builders import calibration_sample, provenance, record
+from evidence.timeline import BlockStart, Timeline
+from tests.evidence.builders import START, calibration_sample, provenance, record
+from worker.run import process_blocks
 
 OPTIONS = StatsOptions(n_resamples=500)
 
@@ -233,3 +239,72 @@ def test_a_large_effect_in_two_process_pairs_is_significant_on_a_calibrated_host
         apart, prior_sd=0.0057, seed=9, options=OPTIONS
     )
     assert design_apart > 5 and p_apart is not None and p_apart > 1e-3
+
+
+def _blocked_records(length: int) -> list[Record]:
+    """12 rounds of base and a 3% faster variant, a fresh process pair every `length` rounds."""
+    rng = np.random.default_rng(8)
+    records = []
+    for round_ in range(12):
+        for variant, effect in (("base", 1.0), ("fast", 1.03)):
+            tps = 1000 * effect * float(np.exp(rng.normal(0, 0.005)))
+            records.append(
+                record(
+                    variant=variant,
+                    round=round_,
+                    order=round_,
+                    prompt_sha256=f"{round_:064x}",
+                    prefill_tps=tps,
+                    prefill_s=64 / tps,
+                    process=1 + round_ // length,
+                )
+            )
+    return records
+
+
+@pytest.mark.parametrize("calibrated", [True, False])
+def test_the_report_says_which_block_length_it_used_and_why(calibrated: bool) -> None:
+    """summary.md and the evidence page (report.html) both name the blocks' length and the rule
+    that chose it, and explain the statistics that length was analysed with."""
+    noise = _noise(0.002) if calibrated else None
+    spec = build_job_spec(
+        {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64], "rounds": 12}
+    )
+    length, rule = process_blocks(spec, variants=2, noise=noise)
+    records = _blocked_records(length)
+    timeline = Timeline(
+        run_id="r-1",
+        started_at=START - timedelta(seconds=5),
+        ended_s=60.0,
+        rounds_per_process=length,
+        block_rule=rule,
+        first_cell_s=5.0,
+        blocks=[BlockStart(block=0, began_s=0.0, load_s=1.0, warmups_s=1.0)],
+    )
+    files, summary = build_bundle(
+        records=records,
+        provenances=[provenance(noise=noise)],
+        baseline="base",
+        n_resamples=200,
+        timelines=[timeline],
+    )
+    if calibrated:
+        assert length == 6
+        assert rule.startswith("6 rounds per process from this host's calibration (a process ")
+        assert "rounds a block cost least" in rule
+        read = "the test is a t test of the median log ratio"
+        caveat = "the interval and test count every pair with the design effect"
+    else:
+        assert length == 1
+        assert rule == (
+            "1 round per process: rounds // 12, at least 1 (no host calibration: at least 12 "
+            "process pairs, or a fresh process every round below 24 rounds)"
+        )
+        read = "the test ranks the process pairs' median ratios"
+        caveat = None
+    page = html.unescape(files["report.html"].decode())
+    for text in (files["summary.md"].decode(), page):
+        assert f"blocks: {rule}." in text
+        assert read in text
+        assert (caveat in text) if caveat else "Only 1" not in text
+    assert ("t test's p-value" in page) == calibrated
