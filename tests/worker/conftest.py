@@ -9,6 +9,18 @@ import pytest
 
 from worker.config import RepositoryConfig, default_recipes
 
+# A build recipe that puts the checkout on the build venv's path with one .pth file, sorted
+# before the host-site .pth the build adds (worker/build.py), so the checkout's package wins;
+# the build's import check still imports it from the checkout. For tests whose subject is not
+# the install: a `pip install -e .` (the default recipe, tested in test_build.py and the
+# `coldbench run --repo` tests) costs 5-13 s a build on the shared 2-core machine.
+PATH_RECIPE_COMMAND = (
+    "{python}",
+    "-c",
+    "import os, site; open(os.path.join(site.getsitepackages()[0], 'checkout.pth'), 'w')"
+    ".write(os.getcwd())",
+)
+
 
 def git(repo: Path, *args: str) -> str:
     done = subprocess.run(

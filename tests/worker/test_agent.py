@@ -30,14 +30,19 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
 
 
+PIP_EDITABLE = ("{python}", "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", ".")
+
+
 def write_config(
     path: Path,
     *,
     name: str,
     repositories: dict[str, tuple[str, list[str]]] | None = None,
     labels: tuple[str, ...] = (),
+    command: tuple[str, ...] = PIP_EDITABLE,
 ) -> Path:
-    """A worker.toml: repositories maps name -> (url, recipe names, all `pip install -e .`)."""
+    """A worker.toml: repositories maps name -> (url, recipe names), every recipe `command`
+    (default `pip install -e .`)."""
     lines = [
         f'name = "{name}"',
         f"labels = {json.dumps(list(labels))}",
@@ -47,11 +52,7 @@ def write_config(
     for repo, (url, recipes) in (repositories or {}).items():
         lines += [f"[repositories.{repo}]", f'url = "{url}"', 'module = "mlx_lm"']
         for recipe in recipes:
-            lines += [
-                f"[repositories.{repo}.recipes.{recipe}]",
-                'command = ["{python}", "-m", "pip", "install", "--no-deps", '
-                '"--no-build-isolation", "-e", "."]',
-            ]
+            lines += [f"[repositories.{repo}.recipes.{recipe}]", f"command = {json.dumps(command)}"]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path

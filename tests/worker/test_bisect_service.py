@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import SLOW_PREFILL_SYNC_OLD
 from tests.stack import Stack
-from tests.worker.conftest import git
+from tests.worker.conftest import PATH_RECIPE_COMMAND, git
 from tests.worker.test_agent import write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -65,7 +65,10 @@ def host(
     repo, _shas = planted_repo
     root = tmp_path_factory.mktemp("bisect-host")
     config = write_config(
-        root / "host" / "worker.toml", name="host-b", repositories={"planted": (str(repo), ["e"])}
+        root / "host" / "worker.toml",
+        name="host-b",
+        repositories={"planted": (str(repo), ["e"])},
+        command=PATH_RECIPE_COMMAND,  # the bisection is the subject, not the install
     )
     with shared_stack.scope() as service:
         service.start_celery("bisect-celery")

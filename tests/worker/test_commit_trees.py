@@ -10,7 +10,7 @@ import pytest
 
 from evidence.schemas import JobSpec
 from evidence.variant import expand_variants
-from tests.worker.conftest import git
+from tests.worker.conftest import PATH_RECIPE_COMMAND, git
 from worker.checkout import CheckoutError, NotSeparable, commit_line, synthesize
 from worker.config import Recipe, RepositoryConfig, default_recipes
 from worker.run import prepare_variants, resolve_on_host
@@ -49,20 +49,7 @@ def pr_repo(stub_repo: Path) -> tuple[Path, dict[str, str]]:
     return repo, shas
 
 
-# A build recipe that puts the checkout on the build venv's path with one .pth file (sorted
-# before the build's own host-site .pth, so the checkout wins): the trees are what these tests
-# are about, and the build's import check still imports each tree's mlx_lm. A `pip install -e .`
-# per tree (the default recipe, tested in test_build.py) cost 5-13 s each on a loaded 2-core
-# machine.
-PATH_RECIPE = Recipe(
-    "path",
-    (
-        "{python}",
-        "-c",
-        "import os, site; open(os.path.join(site.getsitepackages()[0], 'checkout.pth'), 'w')"
-        ".write(os.getcwd())",
-    ),
-)
+PATH_RECIPE = Recipe("path", PATH_RECIPE_COMMAND)
 
 
 def _repository(repo: Path, *, recipes: dict[str, Recipe] | None = None) -> RepositoryConfig:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.api.fake_github import TOKEN, FakeGitHub, comment_event, serve, signed
 from tests.stack import Stack, free_port, running_stack, stop_process
-from tests.worker.conftest import git
+from tests.worker.conftest import PATH_RECIPE_COMMAND, git
 from tests.worker.test_agent import write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -103,6 +103,7 @@ def test_a_comment_asks_and_the_pull_request_gets_the_evidence(
                 tmp_path / "host" / "worker.toml",
                 name="host-gh",
                 repositories={"mlx-lm": (str(upstream), ["e"])},
+                command=PATH_RECIPE_COMMAND,  # the pull request's path is the subject
             )
             log = tmp_path / "agent.log"
             agent = service.start_agent(host, token=service.enrollment_token(), log=log)
