@@ -85,7 +85,13 @@ def test_a_request_becomes_a_job_spec_through_the_one_builder():
     from api.github.client import PullRequestHeads
     from api.github.config import RepositoryConfig
     from api.github.service import request_payload
-    from evidence.job_options import JobOptionsError
+    from evidence.job_options import (
+        JobOptionsError,
+        default_rounds,
+        with_default_rounds,
+        with_rounds_to_come,
+    )
+    from evidence.schemas import JobSpec
 
     repository = RepositoryConfig.model_validate(
         {
@@ -113,8 +119,12 @@ def test_a_request_becomes_a_job_spec_through_the_one_builder():
     ablation = request_payload(repository, parse_command("ablation"), heads)
     assert [v["name"] for v in ablation["variants"]] == ["pr-7"]
     assert ablation["features"] == ["prefill_step_size=512"]
-    # Without rounds, the builder's default: enough for a verdict.
-    assert spec["rounds"] > 1 and request_payload(repository, Ask(), heads)["rounds"] > 1
+    # Without rounds, none are sent: the service sizes the default as for any spec without
+    # them (service_payload), enough for a verdict.
+    asked = request_payload(repository, Ask(), heads)
+    assert "rounds" not in asked
+    sized = with_default_rounds(JobSpec.model_validate(with_rounds_to_come(asked)))
+    assert sized.rounds == default_rounds(sized) >= 10
     with pytest.raises(JobOptionsError, match="'4Q' is not a token count") as caught:
         request_payload(repository, parse_command("contexts=4Q rounds=0"), heads)
     assert "rounds" in str(caught.value)
