@@ -20,24 +20,40 @@ adds N(0, pair_sd / sqrt(2)) (so a paired ratio has noise pair_sd); a planted ef
 
 Each job is analysed by the real `evidence.stats.compare_matrix` (two comparisons, b/a and c/a,
 Holm-corrected as one family). An A/A job (effect 1.0) counts as a false claim when either
-comparison is `faster` or `slower`; a planted job counts as detected when c/a gets the verdict
-of the planted direction.
+comparison is `faster` or `slower`; a planted job (c's speed times `--effect`) counts as found
+when c/a gets the verdict of the planted direction. Each row prints both rates of one design
+and noise, each with its exact binomial 95% interval: how far Monte Carlo noise alone could put
+the rate from the design's true one. A rate above 5% whose interval still reaches 5% is noise at
+this many jobs; one whose interval lies above 5% is a real excess. The planted rate is the
+power, so a rule that never claims anything shows as one that never finds anything. The last
+line names the highest A/A rate and says which of the two it is.
 
-    PYTHONPATH=. python benchmarks/aa_simulation.py --jobs 200
-    PYTHONPATH=. python benchmarks/aa_simulation.py --jobs 200 --rounds 12 --process-sd 0.02
+Default: the final rule (`calibrated`) and the default blocks of a host without a calibration,
+process SD 0-2%, 2,000 A/A and 500 planted jobs per row; `--designs` adds the designs before
+them. Seeded: the same numbers with any `--workers`.
+
+    PYTHONPATH=. python benchmarks/aa_simulation.py --workers 2
+    PYTHONPATH=. python benchmarks/aa_simulation.py --designs calibrated --process-sd 0.01 \\
+        --jobs 10000 --planted-jobs 0
+    PYTHONPATH=. python benchmarks/aa_simulation.py --designs one-process per-round \\
+        default blocks-of-1 calibrated --process-sd 0.01 --jobs 400
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import math
+import operator
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 from evidence.calibration import block_length, noise_of
 from evidence.schemas import HostNoise, Record
@@ -178,20 +194,35 @@ class Rates:
     def detected_pct(self) -> float:
         return 100 * self.detected / self.jobs
 
+    def __add__(self, other: Rates) -> Rates:
+        verdicts = Counter(self.verdicts)
+        verdicts.update(other.verdicts)
+        return Rates(
+            self.scenario,
+            self.jobs + other.jobs,
+            self.claimed + other.claimed,
+            self.detected + other.detected,
+            dict(verdicts),
+            self.block_lengths + other.block_lengths,
+        )
 
-def rates(scenario: Scenario, *, jobs: int, seed: int = 0, n_resamples: int = 1000) -> Rates:
+
+def _rates_of_jobs(
+    scenario: Scenario, first: int, count: int, seed: int, n_resamples: int
+) -> Rates:
+    """Jobs first .. first + count - 1 (first a multiple of RECALIBRATE, so a calibrated
+    scenario's calibrations are the same however the jobs are split among workers)."""
     claimed = detected = 0
     verdicts: Counter[str] = Counter()
     expected = "faster" if scenario.effect > 1 else "slower"
     noise: HostNoise | None = None
     lengths: list[int] = []
-    for job in range(jobs):
+    for job in range(first, first + count):
         job_seed = seed * 1_000_003 + job
         run = scenario
         if scenario.calibrated:
-            if job % RECALIBRATE == 0:
-                noise = simulated_calibration(scenario, seed * 7919 + job)
-            assert noise is not None
+            if noise is None or job % RECALIBRATE == 0:
+                noise = simulated_calibration(scenario, seed * 7919 + job - job % RECALIBRATE)
             length, _ = block_length(
                 scenario.rounds, contexts=[CONTEXT], variants=len(VARIANTS), noise=noise
             )
@@ -206,61 +237,132 @@ def rates(scenario: Scenario, *, jobs: int, seed: int = 0, n_resamples: int = 10
         claimed += any(v in ("faster", "slower") for v in found.values())
         detected += scenario.effect != 1.0 and found["c"] == expected
         verdicts[found["c"]] += 1
-    return Rates(scenario, jobs, claimed, detected, dict(verdicts), lengths)
+    return Rates(scenario, count, claimed, detected, dict(verdicts), lengths)
 
 
-def default_scenarios(rounds: int, process_sd: float, pair_sd: float) -> list[Scenario]:
+def rates(
+    scenario: Scenario, *, jobs: int, seed: int = 0, n_resamples: int = 1000, workers: int = 1
+) -> Rates:
+    """The rates of `jobs` seeded jobs (the same numbers with any number of `workers`)."""
+    chunks = [
+        (scenario, first, min(RECALIBRATE, jobs - first), seed, n_resamples)
+        for first in range(0, jobs, RECALIBRATE)
+    ]
+    if workers > 1 and len(chunks) > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            parts = list(pool.map(_rates_of_jobs, *zip(*chunks, strict=True)))
+    else:
+        parts = [_rates_of_jobs(*chunk) for chunk in chunks]
+    return functools.reduce(operator.add, parts)
+
+
+def proportion_interval(count: int, total: int) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) 95% interval of a rate seen `count` times in `total` jobs: how
+    far Monte Carlo noise alone could put the observed rate from the true one."""
+    if total == 0:
+        return 0.0, 1.0
+    found = scipy_stats.binomtest(count, total).proportion_ci(confidence_level=0.95)
+    return float(found.low), float(found.high)
+
+
+DESIGNS = ("calibrated", "default", "blocks-of-1", "per-round", "one-process")
+
+
+def design_scenario(design: str, rounds: int, **common: float) -> Scenario:
+    """One design of the module docstring at these rounds; `default` is what a job on a host
+    without a calibration runs (rounds // 12 rounds per process, at least 1)."""
     from evidence.schemas import default_rounds_per_process
 
     block = default_rounds_per_process(rounds)
-    out = []
-    for effect in (1.0, 0.98):
-        common = {"rounds": rounds, "process_sd": process_sd, "pair_sd": pair_sd, "effect": effect}
-        out += [
-            Scenario("one process", **common),
-            Scenario(
-                f"blocks of {block}, per-round statistics",
-                rounds_per_process=block,
-                per_round_statistics=True,
-                **common,
-            ),
-            Scenario(f"blocks of {block}", rounds_per_process=block, **common),
-            Scenario("blocks of 1", rounds_per_process=1, **common),
-            Scenario("calibrated", calibrated=True, **common),
-        ]
-    return out
+    if design == "calibrated":
+        return Scenario("calibrated", rounds=rounds, calibrated=True, **common)
+    if design == "default":
+        return Scenario(f"blocks of {block}", rounds=rounds, rounds_per_process=block, **common)
+    if design == "blocks-of-1":
+        return Scenario("blocks of 1", rounds=rounds, rounds_per_process=1, **common)
+    if design == "per-round":
+        return Scenario(
+            f"blocks of {block}, per-round statistics",
+            rounds=rounds,
+            rounds_per_process=block,
+            per_round_statistics=True,
+            **common,
+        )
+    if design == "one-process":
+        return Scenario("one process", rounds=rounds, **common)
+    raise ValueError(f"unknown design {design!r} (one of {', '.join(DESIGNS)})")
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=2000, help="A/A jobs per row")
+    parser.add_argument("--planted-jobs", type=int, default=500, help="planted jobs per row")
+    parser.add_argument("--effect", type=float, default=0.98, help="the planted speed ratio")
     parser.add_argument("--rounds", type=int, default=24)
-    parser.add_argument("--process-sd", type=float, nargs="+", default=[0.0, 0.01, 0.02])
-    parser.add_argument("--pair-sd", type=float, nargs="+", default=[0.005, 0.01])
+    parser.add_argument(
+        "--process-sd", type=float, nargs="+", default=[0.0, 0.0025, 0.005, 0.01, 0.015, 0.02]
+    )
+    parser.add_argument("--pair-sd", type=float, nargs="+", default=[0.0075])
+    parser.add_argument("--designs", nargs="+", choices=DESIGNS, default=["calibrated", "default"])
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1, help="processes (same numbers)")
     args = parser.parse_args(argv)
     print(
-        "| design | process SD | pair SD | effect | jobs | A/A jobs with faster/slower | "
-        "planted effect detected |"
+        "| design | process SD | pair SD | A/A jobs | A/A jobs with faster/slower [95%] | "
+        "planted jobs | planted effect found [95%] |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | ---: | --- | ---: | --- |")
+    worst: tuple[float, float, str] | None = None  # (rate, interval's low end, row)
     for process_sd in args.process_sd:
         for pair_sd in args.pair_sd:
-            for scenario in default_scenarios(args.rounds, process_sd, pair_sd):
-                result = rates(scenario, jobs=args.jobs, seed=args.seed, n_resamples=args.resamples)
-                aa = scenario.effect == 1.0
-                name = scenario.name
-                if result.block_lengths:
-                    lengths = sorted(set(result.block_lengths))
-                    name += f" (blocks of {', '.join(map(str, lengths))})"
+            for design in args.designs:
+                common = {"process_sd": process_sd, "pair_sd": pair_sd}
+                aa_scenario = design_scenario(design, args.rounds, **common)
+                planted_scenario = design_scenario(
+                    design, args.rounds, effect=args.effect, **common
+                )
+                run = functools.partial(
+                    rates, seed=args.seed, n_resamples=args.resamples, workers=args.workers
+                )
+                aa = run(aa_scenario, jobs=args.jobs)
+                planted = (
+                    run(planted_scenario, jobs=args.planted_jobs) if args.planted_jobs else None
+                )
+                name = aa_scenario.name
+                if aa.block_lengths:
+                    lengths = set(aa.block_lengths + (planted.block_lengths if planted else []))
+                    name += f" (blocks of {', '.join(map(str, sorted(lengths)))})"
+                rate = aa.claimed / aa.jobs
+                low, high = proportion_interval(aa.claimed, aa.jobs)
+                found = "-"
+                if planted is not None:
+                    found_low, found_high = proportion_interval(planted.detected, planted.jobs)
+                    found = (
+                        f"{_pct(planted.detected / planted.jobs)} "
+                        f"[{_pct(found_low)}, {_pct(found_high)}]"
+                    )
+                row = f"{name}, process SD {100 * process_sd:g}%, pair SD {100 * pair_sd:g}%"
+                if worst is None or rate > worst[0]:
+                    worst = (rate, low, row)
                 print(
-                    f"| {name} | {100 * process_sd:g}% | {100 * pair_sd:g}% | "
-                    f"{scenario.effect:g} | {result.jobs} | "
-                    f"{f'{result.claimed_pct:.1f}%' if aa else '-'} | "
-                    f"{'-' if aa else f'{result.detected_pct:.1f}%'} |",
+                    f"| {name} | {100 * process_sd:g}% | {100 * pair_sd:g}% | {aa.jobs} | "
+                    f"{_pct(rate)} [{_pct(low)}, {_pct(high)}] | "
+                    f"{planted.jobs if planted else 0} | {found} |",
                     flush=True,
                 )
+    if worst is not None:
+        rate, low, row = worst
+        side = "at or below" if rate <= 0.05 else "above"
+        excess = "a real excess" if low > 0.05 else "within Monte Carlo noise of 5% or less"
+        print(
+            f"\nhighest A/A rate: {_pct(rate)} ({row}), {side} 5%; its interval starts at "
+            f"{_pct(low)}: {excess}"
+        )
 
 
 if __name__ == "__main__":

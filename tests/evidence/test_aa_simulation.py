@@ -3,7 +3,7 @@ these rates are fixed numbers, not chance: the simulation is benchmarks/aa_simul
 
 from __future__ import annotations
 
-from benchmarks.aa_simulation import Scenario, rates, simulate_job
+from benchmarks.aa_simulation import Scenario, proportion_interval, rates, simulate_job
 from evidence.schemas import default_rounds_per_process
 
 RESAMPLES = 500
@@ -71,3 +71,19 @@ def test_a_quiet_calibrated_host_runs_long_blocks_and_still_finds_the_effect() -
         result = rates(scenario, jobs=60, n_resamples=RESAMPLES, seed=4)
         assert min(result.block_lengths) >= 4, result.block_lengths  # 6 blocks or fewer
         assert result.detected_pct >= 90, result
+
+
+def test_the_rates_are_the_same_numbers_with_any_number_of_workers() -> None:
+    """Jobs are split at the recalibrations, so a calibrated scenario's calibrations, and with
+    them its block lengths and verdicts, do not depend on the split."""
+    scenario = Scenario("calibrated", calibrated=True, process_sd=0.005, effect=0.98)
+    alone = rates(scenario, jobs=50, n_resamples=RESAMPLES, seed=5)
+    split = rates(scenario, jobs=50, n_resamples=RESAMPLES, seed=5, workers=2)
+    assert alone == split and alone.jobs == 50 and len(alone.block_lengths) == 50
+
+
+def test_the_binomial_interval_says_what_300_jobs_can_tell_from_five_percent() -> None:
+    # 16 A/A claims in 300 jobs (5.3%) cannot be told from 5%; in 4,000 jobs 137 (3.4%) can
+    low, high = proportion_interval(16, 300)
+    assert low < 0.05 < high and round(low, 3) == 0.031 and round(high, 3) == 0.085
+    assert proportion_interval(137, 4000)[1] < 0.05
