@@ -37,11 +37,12 @@ to its process's queue for that program and waits; a task takes every waiting it
 own answer, or its own error (an `Exception` in the answer's place fails only that request; an
 error of the transaction fails all of its items). Up to `GROUP_TRANSACTIONS_MAX` such
 transactions run at once; items that arrive while that many run form the next. Why: on this
-stack a transaction of one statement costs the API process about 0.7 ms of CPU (the pool,
-BEGIN, COMMIT, the async adaptation) and each further statement about 0.2 ms
-(`benchmarks/statement_cost.py`); a claim is five statements or more, and fifty agents asking
-for work at once paid that fifty times over, in turn, on one event loop. A group pays it once,
-and its statements carry all of its items (`= ANY(:ids)`, executemany).
+stack a transaction of one statement costs the API process about 0.4 ms of CPU (the pool,
+BEGIN, COMMIT, the async adaptation, in one greenlet: `AsyncDatabase._transaction`) and each
+further statement about 0.2 ms (`benchmarks/statement_cost.py`); a claim is five statements
+or more, and fifty agents asking for work at once paid that fifty times over, in turn, on one
+event loop. A group pays it once, and its statements carry all of its items (`= ANY(:ids)`,
+executemany).
 
 `Database` is what an endpoint receives (`api/deps.py: DatabaseDep`); tests replace it with a
 `SessionDatabase` on their rolled-back session.
