@@ -136,6 +136,22 @@ def _app_settings(database_url: str, tmp_path: Path) -> Settings:
     )
 
 
+def _seed(database_url: str, settings: Settings, prefix: str) -> tuple[str, str, str]:
+    """Two hosts (`<prefix>-1`, `<prefix>-2`), an API key and two queued jobs, written
+    directly; the hosts' secrets and the key."""
+    engine = make_engine(database_url)
+    try:
+        with make_sessionmaker(engine)() as db_session:
+            _, secret_1 = make_host(db_session, f"{prefix}-1")
+            _, secret_2 = make_host(db_session, f"{prefix}-2")
+            key = make_api_key(db_session)
+            for _ in range(2):
+                make_job(db_session, settings)
+    finally:
+        engine.dispose()
+    return secret_1, secret_2, key
+
+
 def _timed(call: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
     started = time.monotonic()
     response = call()
@@ -207,14 +223,7 @@ def live_app(
     """The app on its own engines (the request path's timeouts) over the live database, with
     two hosts, an API key and two queued jobs."""
     settings = _app_settings(live_db, tmp_path)
-    engine = make_engine(live_db)
-    with make_sessionmaker(engine)() as db_session:
-        _, secret_1 = make_host(db_session, "waits-1")
-        _, secret_2 = make_host(db_session, "waits-2")
-        key = make_api_key(db_session)
-        for _ in range(2):
-            make_job(db_session, settings)
-    engine.dispose()
+    secret_1, secret_2, key = _seed(live_db, settings, "waits")
     with TestClient(create_app(settings)) as client:
         yield client, {"secrets": (secret_1, secret_2), "key": key}
 
@@ -276,13 +285,8 @@ def test_a_database_that_stops_answering_costs_a_request_about_a_second(
     relay = FreezingRelay((url.host or "127.0.0.1", url.port or 5432))
     relayed = url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
     settings = _app_settings(relayed, tmp_path)
+    secret_1, secret_2, key = _seed(live_db, settings, "hung")
     engine = make_engine(live_db)
-    with make_sessionmaker(engine)() as db_session:
-        _, secret_1 = make_host(db_session, "hung-1")
-        _, secret_2 = make_host(db_session, "hung-2")
-        key = make_api_key(db_session)
-        for _ in range(2):
-            make_job(db_session, settings)
     try:
         with TestClient(create_app(settings)) as client:
             first, second = Agent(client, secret_1), Agent(client, secret_2)
