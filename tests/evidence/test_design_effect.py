@@ -118,22 +118,7 @@ def test_a_summary_on_a_calibrated_host_says_so_and_recomputes() -> None:
     noise = HostNoise(
         process_pair_sd=0.0, process_pair_sd_upper=0.002, pair_sd=0.01, process_pairs=20, pairs=240
     )
-    records = []
-    rng = np.random.default_rng(6)
-    for round_ in range(12):
-        for variant, effect in (("base", 1.0), ("fast", 1.03)):
-            tps = 1000 * effect * float(np.exp(rng.normal(0, 0.005)))
-            records.append(
-                record(
-                    variant=variant,
-                    round=round_,
-                    order=round_,
-                    prompt_sha256=f"{round_:064x}",
-                    prefill_tps=tps,
-                    prefill_s=64 / tps,
-                    process=1 + round_ // 6,
-                )
-            )
+    records = _blocked_records(6, seed=6)
     calibrated = summarize(records, baseline="base", provenances=[provenance(noise=noise)])
     plain = summarize(records, baseline="base", provenances=[provenance()])
     (comparison,) = calibrated.comparisons
@@ -241,9 +226,9 @@ def test_a_large_effect_in_two_process_pairs_is_significant_on_a_calibrated_host
     assert design_apart > 5 and p_apart is not None and p_apart > 1e-3
 
 
-def _blocked_records(length: int) -> list[Record]:
+def _blocked_records(length: int, seed: int = 8) -> list[Record]:
     """12 rounds of base and a 3% faster variant, a fresh process pair every `length` rounds."""
-    rng = np.random.default_rng(8)
+    rng = np.random.default_rng(seed)
     records = []
     for round_ in range(12):
         for variant, effect in (("base", 1.0), ("fast", 1.03)):
