@@ -309,6 +309,31 @@ def test_the_lean_runner_cuts_the_same_prompts_as_mlx_lms_tokenizer(
         process.kill()
 
 
+_LEAN_LOAD = """
+import sys
+from engine import lean
+assert lean.install()
+model, tokenizer, config = lean.load(sys.argv[1])
+loaded = sorted(m for m in ("huggingface_hub", "transformers", "httpx2") if m in sys.modules)
+import huggingface_hub  # a later import in the process gets the real package
+print(loaded, hasattr(huggingface_hub, "HfApi"), config["model_type"])
+"""
+
+
+def test_a_lean_load_imports_neither_the_hub_client_nor_transformers(tiny_model_dir: Path) -> None:
+    """mlx_lm.utils binds huggingface_hub's snapshot_download at import; a lean process loads a
+    local checkpoint, so the hub client (and its HTTP stack) stays out of it."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LEAN_LOAD, str(tiny_model_dir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "True", "llama"]
+
+
 _ORPHANING_PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen(
