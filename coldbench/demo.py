@@ -10,7 +10,6 @@ group and is stopped on exit, on error and on Ctrl-C.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import time
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from coldbench.processes import Children, free_port, run_cli, wait_healthy
+from coldbench.processes import Children, free_port, wait_healthy
 from evidence.protocol import JobState
 
 if TYPE_CHECKING:
@@ -179,6 +178,8 @@ def demo(
     for sub in ("artifacts", "models", "logs", "agent", "evidence"):
         (state_dir / sub).mkdir(parents=True, exist_ok=True)
     env = demo_env(state_dir)
+    # This process works on the demo's state as its children do (database, model cache).
+    os.environ.update(env)
     port = port or free_port()
     base_url = f"http://127.0.0.1:{port}"
     children = Children(state_dir / "logs", env)
@@ -203,27 +204,19 @@ def demo(
         pool = cleanup.enter_context(ThreadPoolExecutor(max_workers=2))
         try:
             clock.say(f"[bold]coldbench demo[/] in {state_dir}")
-            run_cli(["db", "upgrade"], env)
-            clock.say("database: migrated")
-            clock.phase("migrate")
-            # Everything below until the agent starts is independent: the services start,
-            # the tokens are issued (two CLI processes) and the model is written at once.
+            # The model is written (on the first run) while the database is prepared.
+            model = pool.submit(_demo_model)
+            enrollment, api_key = prepare_database(labels=["demo"], key_name="demo")
+            clock.say("database: migrated; agent enrollment and submitter key issued")
+            clock.phase("database and tokens")
             children.start("server", ["server", "--host", "127.0.0.1", "--port", str(port)])
-            children.start("celery-worker", ["celery", "worker"])
+            children.start("celery-worker", ["celery", "worker", "--pool", "solo"])
             children.start("celery-beat", ["celery", "beat"])
-            enrollment_out = pool.submit(run_cli, ["admin", "enroll", "--labels", "demo"], env)
-            api_key_out = pool.submit(run_cli, ["admin", "apikey", "demo"], env)
-            os.environ["COLDBENCH_MODEL_DIR"] = env["COLDBENCH_MODEL_DIR"]
-            from engine.checkpoints import resolve_model
-
-            clock.say(f"model: {resolve_model(DEMO_MODEL, {})} (cached after the first run)")
-            enrollment = _token(enrollment_out.result(), "cbe_")
-            api_key = _token(api_key_out.result(), "cbk_")
-            clock.say("tokens: agent enrollment and submitter key issued")
+            clock.say(f"model: {model.result()} (cached after the first run)")
             wait_healthy(base_url, children)
             clock.say(f"api: {base_url}")
             console.print(login_hint(base_url, api_key, state_dir))
-            clock.phase("services, model and tokens")
+            clock.phase("services and model")
 
             config = state_dir / "agent" / "worker.toml"
             write_worker_config(config)
@@ -297,6 +290,32 @@ def demo(
             raise typer.Exit(1) from None
 
 
+def prepare_database(*, labels: list[str], key_name: str) -> tuple[str, str]:
+    """Migrate the environment's database, then issue an enrollment token for one host with
+    `labels` and a submitter key: (token, key). In this process, which imports the service's
+    modules once, where three `coldbench` commands each started an interpreter to do it."""
+    from api.auth import service
+    from api.database import make_engine, make_sessionmaker, upgrade_database
+    from api.settings import Settings
+
+    url = Settings().sqlalchemy_url
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine)() as db_session:
+            token = service.create_enrollment_token(db_session=db_session, labels=labels)
+            key = service.create_api_key(db_session=db_session, name=key_name)
+    finally:
+        engine.dispose()
+    return token, key
+
+
+def _demo_model() -> Path:
+    from engine.checkpoints import resolve_model
+
+    return resolve_model(DEMO_MODEL, {})
+
+
 def _wait_for_host(client: Any, children: Children, timeout_s: float = 120.0) -> None:
     """The agent registers itself on start; jobs are validated against registered hosts."""
     deadline = time.monotonic() + timeout_s
@@ -307,13 +326,6 @@ def _wait_for_host(client: Any, children: Children, timeout_s: float = 120.0) ->
             return
         time.sleep(FOLLOW_POLL_S)
     raise RuntimeError(f"the agent did not register within {timeout_s:.0f} s")
-
-
-def _token(output: str, prefix: str) -> str:
-    match = re.search(rf"\b{re.escape(prefix)}[A-Za-z0-9_\-]+", output)
-    if not match:
-        raise RuntimeError(f"no {prefix}... token in the output: {output.strip()[:300]}")
-    return match.group(0)
 
 
 def _follow(
