@@ -605,13 +605,20 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
 
         async def register(index: int) -> tuple[str, str]:
             name = f"load-{index:03d}"
-            response = await send(
-                client,
-                "POST",
-                "/api/v1/workers/register",
-                json={"name": name, "fingerprint": fingerprint(name), "models": [MODEL]},
-                headers={"Authorization": f"Bearer {tokens[index]}"},
-            )
+            for _ in range(5):
+                response = await send(
+                    client,
+                    "POST",
+                    "/api/v1/workers/register",
+                    json={"name": name, "fingerprint": fingerprint(name), "models": [MODEL]},
+                    headers={"Authorization": f"Bearer {tokens[index]}"},
+                )
+                # 50 registrations at once wait for the sync pool's 8 connections; on a busy
+                # machine some wait past the request timeout and are told to retry (503,
+                # Retry-After: 1), as an agent does. Set-up, not a measured figure.
+                if response.status_code != 503:
+                    break
+                await asyncio.sleep(1)
             response.raise_for_status()
             return name, str(response.json()["secret"])
 
