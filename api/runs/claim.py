@@ -305,8 +305,7 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
     holds (SKIP LOCKED: claimers pass each other; `_take_runs`), then write the runs taken,
     their attempts, the jobs' state, the audit rows and the hosts' rows: on PostgreSQL in one
     statement (`_write_claims`), on SQLite one statement each. A request whose token does not
-    match, or whose host is
-    revoked or gone, gets NotAuthenticated.
+    match, or whose host is revoked or gone, gets NotAuthenticated.
     """
     settings, is_pg = requests[0].settings, requests[0].dialect == "postgresql"
     rows = {
