@@ -1367,6 +1367,8 @@ def main() -> None:
     )
     if baseline is not None:
         report(f"baseline {args.baseline}", baseline)
+        # The baseline's own JSON line too (its load and runnable counts are its own).
+        print(json.dumps({"baseline": str(args.baseline), **baseline}, sort_keys=True))
     result = measure(REPO, args, render=args.render_cells > 0, processes=args.server_processes)
     report("this checkout", result)
     if baseline is not None:
