@@ -1030,8 +1030,9 @@ class RunnableSampler:
                         if tag in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "):
                             ours.add(pid)
             running = [pid for pid, (state, _) in states.items() if state == "R"]
-            # This sampler is itself runnable while it reads: not counted.
-            self.samples.append((len(running) - 1, sum(1 for pid in running if pid in ours) - 1))
+            # /proc/PID/stat is the state of a process's first thread: this sampler's own
+            # thread is not in these counts, the generator's event loop thread is.
+            self.samples.append((len(running), sum(1 for pid in running if pid in ours)))
 
     def means(self) -> tuple[float | None, float | None]:
         if not self.samples:
