@@ -41,16 +41,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from coldbench.demo import Children, demo_env, free_port, run_cli, wait_healthy
+from coldbench.demo import demo_env, prepare_database
+from coldbench.processes import Children, free_port, run_cli, wait_healthy
 from coldbench.submit import progress_line
 from evidence.protocol import API_PREFIX, JobState
 
@@ -248,17 +249,13 @@ def main(argv: list[str] | None = None) -> int:
             "".join(f"{k}={v}\n" for k, v in sorted(env.items()) if k.startswith("COLDBENCH_")),
             encoding="utf-8",
         )
-        run_cli(["db", "upgrade"], env)
+        os.environ.update(env)  # this process prepares the database its children serve
+        token, api_key = prepare_database(labels=[HOST_LABEL], key_name="host-e2e")
         children.start(
             "server",
             ["server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
         )
         children.start("celery-worker", ["celery", "worker"])
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            enrollment = pool.submit(run_cli, ["admin", "enroll", "--labels", HOST_LABEL], env)
-            api_key_out = pool.submit(run_cli, ["admin", "apikey", "host-e2e"], env)
-            token = _token(enrollment.result(), "cbe_")
-            api_key = _token(api_key_out.result(), "cbk_")
         wait_healthy(base_url, children)
         say(f"api {base_url} (embedded default in {state_dir}), celery worker up")
         secret = config.with_name(config.stem + ".secret")
@@ -333,13 +330,6 @@ def main(argv: list[str] | None = None) -> int:
         result["wall_s"] = round(time.monotonic() - started, 2)
         print(json.dumps(result, sort_keys=True), flush=True)
     return 0 if result["ok"] else 1
-
-
-def _token(output: str, prefix: str) -> str:
-    match = re.search(rf"\b{re.escape(prefix)}[A-Za-z0-9_\-]+", output)
-    if not match:
-        raise Failed(f"no {prefix}... token in: {output.strip()[:300]}")
-    return match.group(0)
 
 
 def _wait_for_host(client: Any, children: Children, timeout_s: float = 120.0) -> None:

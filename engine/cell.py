@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
-import numpy as np
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -308,7 +307,9 @@ def _measure(
     mx.synchronize()
     decode_s = time.perf_counter() - decode_start
 
-    output_ids: list[int] = [int(i) for i in np.array(mx.stack(outputs)).tolist()][:decode_tokens]
+    output_ids: list[int] = [int(i) for i in cast(list[int], mx.stack(outputs).tolist())][
+        :decode_tokens
+    ]
     result.prefill_s = prefill_s
     result.prefill_tps = total / prefill_s if prefill_s > 0 else None
     result.decode_tokens = len(output_ids)
@@ -318,7 +319,7 @@ def _measure(
     result.decode_tps = steps / decode_s if steps > 0 and decode_s > 0 else None
     result.output_sha256 = ids_sha256(output_ids)
     result.output_head = output_ids[:OUTPUT_HEAD]
-    margin_values: list[float] = [float(m) for m in np.array(mx.stack(margins)).tolist()]
+    margin_values: list[float] = [float(m) for m in cast(list[float], mx.stack(margins).tolist())]
     result.output_margins = margin_values[: len(output_ids)]
     result.peak_memory_bytes = int(mx.get_peak_memory())
     return widths

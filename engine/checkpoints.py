@@ -27,13 +27,14 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, cast
 
 from engine import corpus
 from engine.presets import DTYPES, PRESETS, Preset, get_preset
 from engine.record import one_line
+
+if TYPE_CHECKING:  # at run time numpy is imported where weights are written, not by a
+    import numpy as np  # variant process that only loads them
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,8 @@ def weight_specs(config: dict[str, Any]) -> list[TensorSpec]:
 
 
 def _tensor_float32(spec: TensorSpec, seed: int) -> np.ndarray:
+    import numpy as np
+
     if spec.init == "ones":
         return np.ones(spec.shape, dtype=np.float32)
     if spec.init == "zeros":
@@ -245,6 +248,8 @@ def _tensor_float32(spec: TensorSpec, seed: int) -> np.ndarray:
 
 
 def _to_dtype_bytes(values: np.ndarray, dtype: str) -> bytes:
+    import numpy as np
+
     if dtype == "float32":
         return values.astype("<f4", copy=False).tobytes()
     if dtype == "float16":
@@ -345,6 +350,7 @@ def _quantized_entries(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Quantize through mlx-lm's own `quantize_model` on the CPU stream; mlx naming."""
     import mlx.core as mx
+    import numpy as np
     from mlx.utils import tree_flatten
     from mlx_lm.utils import quantize_model
 

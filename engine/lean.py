@@ -9,18 +9,23 @@ same ids (the prompts call the same backend tokenizer either way: engine.prompts
 
 `install()` registers `mlx_lm` as a bare package (its real `__path__`, `__file__` and
 `__version__`, no `__init__` run) and `mlx_lm.tokenizer_utils` as a stand-in whose loader says
-why it cannot load a tokenizer. It must run before anything imports mlx_lm, and only in a
-process that never needs mlx-lm's own tokenizer or generate loop: the runner decides from the
-plan before its imports (`is_lean_plan`).
+why it cannot load a tokenizer. `load()` imports `mlx_lm.utils` with a stand-in for
+`huggingface_hub` (whose `snapshot_download` that module binds at import, pulling in the hub
+client and its HTTP stack: more than the rest of a tiny model's load on a CPU), removed again
+afterwards: a local checkpoint is never downloaded. `install()` must run before anything
+imports mlx_lm, and only in a process that never needs mlx-lm's own tokenizer or generate
+loop: the runner decides from the plan before its imports (`is_lean_plan`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,12 +110,38 @@ def _no_tokenizer(*args: Any, **kwargs: Any) -> Any:
     )
 
 
+_HUB = "huggingface_hub"
+
+
+@contextlib.contextmanager
+def _no_hub() -> Iterator[None]:
+    """`huggingface_hub` as a stand-in while mlx_lm.utils imports, unless it is loaded already;
+    a later import in this process gets the real package."""
+    if _HUB in sys.modules:
+        yield
+        return
+    stand_in = types.ModuleType(_HUB, "stand-in: a lean process loads local checkpoints only")
+    stand_in.snapshot_download = _no_download  # type: ignore[attr-defined]
+    sys.modules[_HUB] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get(_HUB) is stand_in:
+            del sys.modules[_HUB]
+
+
+def _no_download(*args: Any, **kwargs: Any) -> Any:
+    raise LeanImportError("a lean process loads local checkpoints only; nothing is downloaded")
+
+
 def load(path: Path | str) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, config) of a synthetic checkpoint: mlx-lm's `load_model` (the same
     model classes, sanitize and quantization as `mlx_lm.utils.load`) and the checkpoint's
     tokenizer.json through the tokenizers library."""
-    from mlx_lm.utils import load_model
     from tokenizers import Tokenizer
+
+    with _no_hub():
+        from mlx_lm.utils import load_model
 
     folder = Path(path)
     model, config = load_model(folder)

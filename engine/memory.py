@@ -196,7 +196,20 @@ def device_memory() -> DeviceMemory:
 @functools.cache
 def attention_materializes_scores(dtype: str, heads: int, kv_heads: int, head_dim: int) -> bool:
     """Whether this backend's `scaled_dot_product_attention` builds the full score matrix for
-    a prefill chunk (MLX's fallback) instead of a fused kernel: measured, on a small shape."""
+    a prefill chunk (MLX's fallback) instead of a fused kernel: measured on a small shape
+    (`probe_materializes_scores`), except on the CPU. MLX's CPU backend has no fused kernel
+    (tests/engine/test_memory.py probes it), and the probe costs a CPU process about 0.2 s at
+    each start: 75 starts in the demo."""
+    from engine.backend import detect_backend
+
+    if detect_backend() == "cpu":
+        return True
+    return probe_materializes_scores(dtype, heads, kv_heads, head_dim)
+
+
+def probe_materializes_scores(dtype: str, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Measured on the default device: does the peak memory of one causal prefill chunk's
+    `scaled_dot_product_attention` reach the size of its score matrix?"""
     import mlx.core as mx
 
     queries, keys = 256, 2048

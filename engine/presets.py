@@ -1,7 +1,8 @@
 """Synthetic model presets: real mlx-lm architectures with the dimensions of a named model.
 
-`tiny` and `tiny-moe` are for tests and the demo on a CPU; the `*-shape` presets carry a real
-model's dimensions (several GB of random weights) and are written only on benchmark hosts.
+`micro`, `tiny` and `tiny-moe` are for tests and the demo on a CPU; the `*-shape` presets carry
+a real model's dimensions (several GB of random weights) and are written only on benchmark
+hosts.
 
 `*-long` presets are the same architectures declared as long-context checkpoints declare it:
 Llama 3.1's `rope_scaling` (`rope_type` llama3: low and high frequency factors 1 and 4 over the
@@ -45,6 +46,32 @@ PRESETS: dict[str, Preset] = {
             "num_attention_heads": 4,
             "num_key_value_heads": 2,
             "head_dim": 64,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        default_dtype="float32",
+        tokenizer_vocab=2048,
+        vocab_from_tokenizer=True,
+    ),
+    # The demo's model: on a CPU a 256-token prefill takes tens of ms where `tiny` takes over a
+    # second (docs/PERFORMANCE.md, "coldbench demo on this CPU"), so the demo's 150 cells and
+    # 75 process starts fit in about a minute.
+    "micro": Preset(
+        name="micro",
+        description="llama, 2 layers, width 64: the demo and end-to-end tests",
+        config={
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "intermediate_size": 176,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
             "rms_norm_eps": 1e-5,
             "rope_theta": 10000.0,
             "max_position_embeddings": 8192,

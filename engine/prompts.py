@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import random
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from engine import corpus as corpora
 
@@ -82,19 +81,19 @@ class _Pieces:
     def __init__(self, pieces: Sequence[str], encode: Encoder) -> None:
         self.texts = pieces
         self.encode = encode
-        self.ids: list[np.ndarray | None] = [None] * len(pieces)
+        self.ids: list[array[int] | None] = [None] * len(pieces)
         self.tokens = 0
         self.encoded = 0
 
     def mean_tokens(self) -> float:
         return self.tokens / self.encoded if self.encoded else 64.0
 
-    def get(self, indices: Sequence[int]) -> list[np.ndarray]:
+    def get(self, indices: Sequence[int]) -> list[array[int]]:
         missing = sorted({i for i in indices if self.ids[i] is None})
         if missing:
             encoded = self.encode([self.texts[i] for i in missing])
             for i, piece in zip(missing, encoded, strict=True):
-                self.ids[i] = np.asarray(piece, dtype=np.int64)
+                self.ids[i] = array("q", piece)
                 self.tokens += len(piece)
             self.encoded += len(missing)
         return [self.ids[i] for i in indices]  # type: ignore[misc]
@@ -107,7 +106,7 @@ class _Stream:
     def __init__(self, pieces: _Pieces, key: str) -> None:
         self.pieces = pieces
         self.key = key
-        self.parts: list[np.ndarray] = []
+        self.parts: list[array[int]] = []
         self.length = 0
         self.cycle = 0
         self.order: list[int] = []
@@ -135,12 +134,14 @@ class _Stream:
                     self.parts.append(ids)
                     self.length += len(ids)
 
-    def tokens(self, start: int, stop: int) -> np.ndarray:
+    def tokens(self, start: int, stop: int) -> array[int]:
         self.extend_to(stop)
-        joined = np.concatenate(self.parts) if len(self.parts) != 1 else self.parts[0]
-        if len(self.parts) > 1:
+        if len(self.parts) != 1:
+            joined = array("q")
+            for part in self.parts:
+                joined.extend(part)
             self.parts = [joined]  # later slices of this stream do not concatenate again
-        return joined[start:stop]
+        return self.parts[0][start:stop]
 
 
 class PromptSource:

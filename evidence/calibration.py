@@ -32,7 +32,6 @@ from typing import Any, Final, Literal
 
 import numpy as np
 from pydantic import ConfigDict, Field
-from scipy import stats as scipy_stats
 
 from evidence.boundary import Checked, Paragraph
 from evidence.schemas import FlagValue, HostInfo, HostNoise
@@ -46,6 +45,15 @@ NOISE_CONFIDENCE = 0.95
 # A calibrated host's runs keep at least this many blocks: their own process pairs check the
 # calibration (evidence.stats.design_effect_interval's F test).
 MIN_CALIBRATED_BLOCKS = 2
+
+
+def _f_distribution() -> Any:
+    """scipy's F distribution, imported on first use: this module is part of the worker
+    protocol's types (evidence.protocol), which every API process, Celery worker and command
+    imports at start, and scipy.stats costs more than the rest of their imports together."""
+    from scipy import stats
+
+    return stats.f
 
 
 class _Strict(Checked):
@@ -94,7 +102,7 @@ class VarianceSums(_Strict):
         if f is None or within is None:
             return None
         if upper is not None:
-            f = f / float(scipy_stats.f.ppf(1 - upper, self.df_between, self.df_within))
+            f = f / float(_f_distribution().ppf(1 - upper, self.df_between, self.df_within))
         return max(0.0, (f - 1) / self.m0) * within
 
     def p_value(self) -> float | None:
@@ -102,7 +110,7 @@ class VarianceSums(_Strict):
         f = self.f_ratio()
         if f is None:
             return None
-        return float(scipy_stats.f.sf(f, self.df_between, self.df_within))
+        return float(_f_distribution().sf(f, self.df_between, self.df_within))
 
 
 def noise_of(

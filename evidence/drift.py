@@ -26,7 +26,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from evidence.schemas import Record
 from evidence.stats import (
@@ -93,8 +92,10 @@ def trend(records: Sequence[Record], threshold_pct: float) -> dict[str, Any]:
     }
     if len(records) < 3 or span_h <= 0:
         return result
-    fit = scipy_stats.linregress(hours, residuals)
-    t_crit = float(scipy_stats.t.ppf(0.975, len(records) - 2))
+    from scipy import stats  # on first use: every API process imports this module at start
+
+    fit = stats.linregress(hours, residuals)
+    t_crit = float(stats.t.ppf(0.975, len(records) - 2))
     slope, stderr = float(fit.slope), float(fit.stderr)
     across = _pct(slope * span_h)
     result.update(

@@ -73,12 +73,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from evidence.calibration import VarianceSums
 from evidence.schemas import JobSpec, Record
 from evidence.summary_schema import Comparison, Verdict
 from evidence.variant import expand_variants
+
+
+def _scipy_stats() -> Any:
+    """scipy.stats, imported on first use: the API server, the agents and the command line
+    import this module for its rules and constants at start, and scipy.stats costs more than
+    the rest of their imports (analysis, in Celery and `coldbench run`, pays it once)."""
+    from scipy import stats
+
+    return stats
+
 
 Metric = Literal["prefill_tps", "decode_tps"]
 ComparisonT = TypeVar("ComparisonT", bound=Comparison)
@@ -278,7 +287,7 @@ def order_statistic_interval(
 def order_statistic_position(n: int, confidence_level: float) -> tuple[int, float]:
     """(d, lambda) of `order_statistic_interval` for n values: its low end is
     (1 - lambda) x(d) + lambda x(d+1), its high end the mirror; lambda 0: no interpolation."""
-    cdf = scipy_stats.binom.cdf(np.arange(n + 1), n, 0.5)
+    cdf = _scipy_stats().binom.cdf(np.arange(n + 1), n, 0.5)
 
     def coverage(d: int) -> float:
         return float(1 - 2 * cdf[d - 1])
@@ -310,7 +319,7 @@ def median_interval(
         return None, None
     if np.ptp(values) == 0:
         return float(values[0]), float(values[0])
-    result = scipy_stats.bootstrap(
+    result = _scipy_stats().bootstrap(
         (values,),
         lambda sample, axis: np.median(sample, axis=axis),
         n_resamples=options.n_resamples,
@@ -391,7 +400,7 @@ def signed_rank_p(ratios: Sequence[float]) -> float | None:
         return _sign_flip_p(nonzero)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        p = float(scipy_stats.wilcoxon(logs).pvalue)
+        p = float(_scipy_stats().wilcoxon(logs).pvalue)
     return p if math.isfinite(p) else None
 
 
@@ -404,7 +413,7 @@ def _sign_flip_p(nonzero: np.ndarray) -> float:
     (subset sums, one value at a time). Zeros carry no rank and only double every count, so
     they leave each share unchanged: this equals scipy's permutation test over all 2^n flips,
     which counts statistics at most / at least the observed one and doubles the smaller."""
-    ranks2 = np.rint(2 * scipy_stats.rankdata(np.abs(nonzero))).astype(np.int64)
+    ranks2 = np.rint(2 * _scipy_stats().rankdata(np.abs(nonzero))).astype(np.int64)
     observed = int(ranks2[nonzero > 0].sum())
     counts = np.zeros(int(ranks2.sum()) + 1, dtype=np.int64)
     counts[0] = 1
@@ -636,7 +645,7 @@ def design_effect_interval(
         freedom = float(max(own_freedom, 1))
     else:  # Satterthwaite: only sigma^2 is estimated
         freedom = spread**2 / (within**2 / max(freedom_within, 1)) if within > 0 else 1e6
-    return low, high, float(2 * scipy_stats.t.sf(abs(t), freedom)), design
+    return low, high, float(2 * _scipy_stats().t.sf(abs(t), freedom)), design
 
 
 def compare_pairs(

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -17,8 +18,39 @@ CORPUS_SHA256 = "c4a0185d3de2139451f4daa52bd691bbf097052f663403423218972dca2441a
 
 
 def test_corpus_is_pinned() -> None:
+    assert corpus.corpus_sha256() == CORPUS_SHA256 == corpus.BUILTIN_SHA256
+    assert len(corpus.paragraphs()) == corpus.PARAGRAPHS
+
+
+@pytest.fixture
+def fresh_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty model cache, and paragraphs() not yet computed in this process."""
+    monkeypatch.setenv("COLDBENCH_MODEL_DIR", str(tmp_path / "models"))
+    corpus.paragraphs.cache_clear()
+    yield corpus._cache_file()
+    corpus.paragraphs.cache_clear()
+
+
+def test_the_corpus_is_kept_in_the_model_cache_and_read_back(fresh_corpus: Path) -> None:
+    generated = tuple(corpus.paragraph(i) + "\n\n" for i in range(corpus.PARAGRAPHS))
+    assert corpus.paragraphs() == generated
+    assert fresh_corpus.read_text(encoding="utf-8") == "".join(generated)
+    corpus.paragraphs.cache_clear()
+    assert corpus.paragraphs() == generated  # read back from the file this time
+    assert [p.name for p in fresh_corpus.parent.iterdir()] == [fresh_corpus.name]
+
+
+def test_a_cached_corpus_that_is_not_the_pinned_one_is_ignored(fresh_corpus: Path) -> None:
+    fresh_corpus.parent.mkdir(parents=True)
+    fresh_corpus.write_text("Forged paragraph.\n\n", encoding="utf-8")
     assert corpus.corpus_sha256() == CORPUS_SHA256
     assert len(corpus.paragraphs()) == corpus.PARAGRAPHS
+    assert corpus.paragraphs()[0] == corpus.paragraph(0) + "\n\n"
+
+
+def test_an_unwritable_model_cache_still_gives_the_corpus(fresh_corpus: Path) -> None:
+    fresh_corpus.parent.write_text("a file where the cache folder would be")
+    assert corpus.corpus_sha256() == CORPUS_SHA256
 
 
 def test_tiny_loads_through_mlx_lm(tiny_model_dir: Path) -> None:

@@ -103,6 +103,15 @@ def test_cuda_splits_the_device_evenly_between_a_runs_processes() -> None:
     guard("metal", 2).check(262_144)
 
 
+def test_the_cpu_is_not_probed_because_its_attention_builds_the_scores() -> None:
+    """attention_materializes_scores answers True on the CPU without measuring; the
+    measurement itself must agree, or the shortcut is wrong for this MLX."""
+    if mx.default_device() != mx.cpu:
+        pytest.skip("the shortcut is the CPU's; a GPU is probed (test below)")
+    assert memory.probe_materializes_scores("float32", 4, 2, 64) is True
+    assert memory.attention_materializes_scores("float32", 4, 2, 64) is True
+
+
 def test_the_estimate_bounds_the_measured_peak(
     tiny_model: tuple[Any, Any, dict[str, Any]], tiny_model_dir: Path
 ) -> None:

@@ -309,6 +309,40 @@ def test_the_lean_runner_cuts_the_same_prompts_as_mlx_lms_tokenizer(
         process.kill()
 
 
+_LEAN_CELL = """
+import json, sys
+from engine import lean
+assert lean.install()
+from engine.adapters.embedded import EmbeddedAdapter
+from engine.plan import Plan
+adapter = EmbeddedAdapter(Plan(**json.loads(sys.argv[1])))
+adapter.load()
+measured = adapter.run_cell(0, 0, 64)
+heavy = ("huggingface_hub", "transformers", "httpx2", "numpy", "scipy")
+loaded = sorted(m for m in heavy if m in sys.modules)
+import huggingface_hub  # a later import in the process gets the real package
+print(loaded, hasattr(huggingface_hub, "HfApi"), measured.status)
+"""
+
+
+def test_a_lean_variant_process_imports_no_hub_client_transformers_or_numpy(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """mlx_lm.utils binds huggingface_hub's snapshot_download at import; a lean process loads a
+    local checkpoint, so the hub client (and its HTTP stack) stays out of it, and its prompts
+    and cells need no numpy: each of a run's many process starts pays none of them."""
+    plan = json.loads(_plan(tmp_path, tiny_model_dir, warmup_contexts=[64]).read_text())
+    done = subprocess.run(
+        [sys.executable, "-c", _LEAN_CELL, json.dumps(plan)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "True", "ok"]
+
+
 _ORPHANING_PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen(
