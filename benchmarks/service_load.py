@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -176,6 +177,9 @@ class Service:
     admin_token: str
     checkout: Path
     processes: list[subprocess.Popen[Any]] = field(default_factory=list)
+    # every API process's URL (`--server-processes`); `url` is the first's
+    urls: list[str] = field(default_factory=list)
+    servers: list[subprocess.Popen[Any]] = field(default_factory=list)
 
     def start(self, name: str, *args: str) -> subprocess.Popen[Any]:
         with open(self.tmp / f"{name}.log", "ab") as out:
@@ -211,8 +215,14 @@ def running_service(
     checkout: Path = REPO,
     extra_env: dict[str, str] | None = None,
     server_workers: int = 1,
+    server_processes: int = 1,
 ) -> Iterator[Service]:
-    """Server and Celery worker from `checkout` (its code on PYTHONPATH, started in it)."""
+    """Server and Celery worker from `checkout` (its code on PYTHONPATH, started in it).
+
+    `server_processes` > 1: that many `coldbench server` processes over the one database, each
+    on its own port and in its own session, as API replicas behind a proxy are deployed
+    (docs/DEPLOY.md); the load spreads its agents and submitters over them in turn, as a
+    proxy's round robin would, without a proxy's process on the cores."""
     import redis
 
     name = f"coldbench_load_{secrets.token_hex(4)}"
@@ -222,7 +232,7 @@ def running_service(
     database_url = sa.engine.make_url(postgres).set(database=name).render_as_string(False)
     prefix = f"coldbench-load-{secrets.token_hex(4)}:"
     admin_token = secrets.token_urlsafe(24)
-    port = free_port()
+    ports = [free_port() for _ in range(server_processes)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLDBENCH_")}
     env.update(
         PYTHONPATH=str(checkout),
@@ -235,7 +245,8 @@ def running_service(
         COLDBENCH_MAX_HOSTS_PER_JOB="16",
     )
     env.update(extra_env or {})
-    service = Service(f"http://127.0.0.1:{port}", database_url, env, tmp, admin_token, checkout)
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    service = Service(urls[0], database_url, env, tmp, admin_token, checkout, urls=urls)
     try:
         # The checkout's own migrations (a baseline may be older than this one).
         subprocess.run(
@@ -245,24 +256,28 @@ def running_service(
             check=True,
             capture_output=True,
         )
-        service.start(
-            "server",
-            "server",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            *(["--workers", str(server_workers)] if server_workers > 1 else []),
-        )
+        for index, port in enumerate(ports):
+            service.servers.append(
+                service.start(
+                    "server" if index == 0 else f"server-{index}",
+                    "server",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                    *(["--workers", str(server_workers)] if server_workers > 1 else []),
+                )
+            )
         service.start("celery", "celery", "worker", "--pool", "solo", "--loglevel", "WARNING")
         deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(service.url + "/healthz", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit((tmp / "server.log").read_text()[-3000:])
-            time.sleep(0.3)
+        for url in urls:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise SystemExit((tmp / "server.log").read_text()[-3000:])
+                time.sleep(0.3)
         yield service
     finally:
         service.stop_all()
@@ -571,7 +586,10 @@ async def agent_cycle(
 
 
 async def load(service: Service, args: argparse.Namespace, figures: Figures) -> dict[str, float]:
-    async with LoadClient(service.url) as client:
+    # One client per API process; agent i and the i-th submitter talk to process i mod N.
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(LoadClient(url)) for url in service.urls]
+        client = clients[0]
         admin = {"Authorization": f"Bearer {service.admin_token}"}
         key = (
             await send(
@@ -587,45 +605,60 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
 
         async def register(index: int) -> tuple[str, str]:
             name = f"load-{index:03d}"
-            response = await send(
-                client,
-                "POST",
-                "/api/v1/workers/register",
-                json={"name": name, "fingerprint": fingerprint(name), "models": [MODEL]},
-                headers={"Authorization": f"Bearer {tokens[index]}"},
-            )
+            for _ in range(5):
+                response = await send(
+                    client,
+                    "POST",
+                    "/api/v1/workers/register",
+                    json={"name": name, "fingerprint": fingerprint(name), "models": [MODEL]},
+                    headers={"Authorization": f"Bearer {tokens[index]}"},
+                )
+                # 50 registrations at once wait for the sync pool's 8 connections; on a busy
+                # machine some wait past the request timeout and are told to retry (503,
+                # Retry-After: 1), as an agent does. Set-up, not a measured figure.
+                if response.status_code != 503:
+                    break
+                await asyncio.sleep(1)
             response.raise_for_status()
             return name, str(response.json()["secret"])
 
         agents = await asyncio.gather(*(register(i) for i in range(args.workers)))
 
         # 0. one round of `submitters` submissions, the server's first: reported apart
-        async def cold() -> None:
-            job_id = await submit(client, key, job_spec(), figures.cold_submit_s, figures.errors)
+        async def cold(index: int) -> None:
+            job_id = await submit(
+                clients[index % len(clients)],
+                key,
+                job_spec(),
+                figures.cold_submit_s,
+                figures.errors,
+            )
             if job_id is not None:
                 figures.submitted_jobs.append(job_id)
 
-        await asyncio.gather(*(cold() for _ in range(args.submitters)))
+        await asyncio.gather(*(cold(i) for i in range(args.submitters)))
 
         # 1. submissions at `submitters` in flight
         remaining = list(range(args.jobs))
 
-        async def submitter() -> None:
+        async def submitter(index: int) -> None:
             while remaining:
                 remaining.pop()
-                job_id = await submit(client, key, job_spec(), figures.submit_s, figures.errors)
+                job_id = await submit(
+                    clients[index % len(clients)], key, job_spec(), figures.submit_s, figures.errors
+                )
                 if job_id is not None:
                     figures.submitted_jobs.append(job_id)
 
         started = time.perf_counter()
-        await asyncio.gather(*(submitter() for _ in range(args.submitters)))
+        await asyncio.gather(*(submitter(i) for i in range(args.submitters)))
         submit_wall = time.perf_counter() - started
 
         # 2. 50 concurrent job lists, four times
-        async def list_jobs() -> None:
+        async def list_jobs(index: int) -> None:
             t0 = time.perf_counter()
             response = await send(
-                client,
+                clients[index % len(clients)],
                 "GET",
                 "/api/v1/jobs",
                 params={"limit": 100},
@@ -636,20 +669,24 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
                 figures.errors.append(f"list: {response.status_code}")
 
         for _ in range(4):
-            await asyncio.gather(*(list_jobs() for _ in range(50)))
+            await asyncio.gather(*(list_jobs(i) for i in range(50)))
 
         # 3. agents for `seconds`, `--topup` submitters keeping work queued (one could not:
         # at a few hundred ms a submission under this load, the agents emptied the queue and
         # waited for work, which is not what a claim "with work queued" measures)
         stop_at = time.monotonic() + args.seconds
 
-        async def top_up() -> None:
+        async def top_up(index: int) -> None:
             while time.monotonic() < stop_at:
                 outstanding = len(figures.submitted_jobs) - len(figures.leased_to)
                 figures.min_queued = min(figures.min_queued, outstanding)
                 if outstanding < 2 * args.workers:
                     job_id = await submit(
-                        client, key, job_spec(), figures.submit_under_load_s, figures.errors
+                        clients[index % len(clients)],
+                        key,
+                        job_spec(),
+                        figures.submit_under_load_s,
+                        figures.errors,
                     )
                     if job_id is not None:
                         figures.submitted_jobs.append(job_id)
@@ -665,10 +702,10 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
         started = time.perf_counter()
         await asyncio.gather(
             sample_lag(),
-            *(top_up() for _ in range(args.topup)),
+            *(top_up(i) for i in range(args.topup)),
             *(
-                agent(client, name, secret, figures, stop_at, args.measure_s)
-                for name, secret in agents
+                agent(clients[i % len(clients)], name, secret, figures, stop_at, args.measure_s)
+                for i, (name, secret) in enumerate(agents)
             ),
         )
         agents_wall = time.perf_counter() - started
@@ -952,8 +989,78 @@ def cpu_s(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[str, Any]:
-    """One full load against the server and Celery worker of `checkout`; the figures."""
+class RunnableSampler:
+    """Runnable processes on the machine, sampled every `every_s` during the agent phase: all
+    of them, and the benchmark's own (this load generator, the server and Celery processes
+    and their children, and the PostgreSQL backends of the benchmark's database). The load
+    average counts the machine's; this says how much of it the benchmark itself makes.
+
+    One thread per process is read (/proc/PID/stat): the server, Celery's solo worker and
+    PostgreSQL's backends each do their work on one thread."""
+
+    def __init__(self, roots: list[int], database: str, every_s: float = 0.25) -> None:
+        self.roots, self.database, self.every_s = set(roots), database, every_s
+        self.samples: list[tuple[int, int]] = []  # (runnable on the machine, the benchmark's)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RunnableSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        tag = f" {self.database} ".encode()
+        while not self._stop.wait(self.every_s):
+            states: dict[int, tuple[str, int]] = {}
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    fields = stat.read_text().rsplit(")", 1)[1].split()
+                    states[int(stat.parent.name)] = (fields[0], int(fields[1]))
+            ours = set(self.roots)
+            for pid, (_, parent) in states.items():
+                if parent in ours:
+                    ours.add(pid)
+            for pid, (state, _) in states.items():
+                if state == "R" and pid not in ours:
+                    with contextlib.suppress(OSError):
+                        if tag in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "):
+                            ours.add(pid)
+            running = [pid for pid, (state, _) in states.items() if state == "R"]
+            # /proc/PID/stat is the state of a process's first thread: this sampler's own
+            # thread is not in these counts, the generator's event loop thread is.
+            self.samples.append((len(running), sum(1 for pid in running if pid in ours)))
+
+    def means(self) -> tuple[float | None, float | None]:
+        if not self.samples:
+            return None, None
+        return (
+            round(statistics.mean(total for total, _ in self.samples), 2),
+            round(statistics.mean(own for _, own in self.samples), 2),
+        )
+
+
+def sched_s(pids: list[int]) -> tuple[float, float]:
+    """(seconds on a core, seconds runnable and waiting for one) so far of every thread of
+    `pids` (Linux /proc/PID/task/TID/schedstat, in ns): the wait is what contention for the
+    cores costs a process, whatever its own code does."""
+    ran = waited = 0
+    for pid in pids:
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().split()
+                ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    return ran / 1e9, waited / 1e9
+
+
+def measure(
+    checkout: Path, args: argparse.Namespace, *, render: bool, processes: int = 1
+) -> dict[str, Any]:
+    """One full load against the server and Celery worker of `checkout` (`processes` API
+    processes); the figures."""
     figures = Figures()
     with (
         tempfile.TemporaryDirectory(prefix="coldbench-load-") as tmp,
@@ -964,19 +1071,31 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
             checkout,
             dict(args.server_env),
             server_workers=args.server_workers,
+            server_processes=processes,
         ) as service,
     ):
-        server_pid = service.processes[0].pid
+        server_pid = service.servers[0].pid
+        server_pids = [proc.pid for proc in service.servers]
         if args.pin:
             # The server alone on core 0; this load generator and the Celery worker on core 1
             # (PostgreSQL and everything else on the machine stay where the kernel puts them).
             os.sched_setaffinity(server_pid, {0})
-            os.sched_setaffinity(service.processes[1].pid, {1})
+            os.sched_setaffinity(service.processes[-1].pid, {1})
             os.sched_setaffinity(0, {1})
-        cpu_before = cpu_s(server_pid)
+        cpu_before = sum(cpu_s(pid) for pid in server_pids)
+        sched_before = sched_s(server_pids)
         sessions_before = db_sessions(service)
-        walls = asyncio.run(load(service, args, figures))
-        server_cpu = cpu_s(server_pid) - cpu_before
+        sampler = RunnableSampler(
+            [os.getpid(), *(proc.pid for proc in service.processes)],
+            str(sa.engine.make_url(service.database_url).database),
+        )
+        with sampler:
+            walls = asyncio.run(load(service, args, figures))
+        runnable, own_runnable = sampler.means()
+        server_cpu = sum(cpu_s(pid) for pid in server_pids) - cpu_before
+        sched_after = sched_s(server_pids)
+        server_ran_s = sched_after[0] - sched_before[0]
+        server_waited_s = sched_after[1] - sched_before[1]
         sessions = db_sessions(service) - sessions_before
         counted = drain(service, figures, args.drain_s)
         alone = one_at_a_time(service, args.single) if args.single > 0 else {}
@@ -984,7 +1103,8 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
         # The server logs at WARNING and above here: anything it said is worth reading.
         warnings = [
             line
-            for line in (Path(tmp) / "server.log").read_text(errors="replace").splitlines()
+            for log in sorted(Path(tmp).glob("server*.log"))
+            for line in log.read_text(errors="replace").splitlines()
             if "WARNING" in line or "ERROR" in line
         ]
     leases = len(figures.lease_s)
@@ -1002,6 +1122,7 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
     )
     return {
         "workers": args.workers,
+        "server_processes": processes,
         "seconds": args.seconds,
         "leases": leases,
         "leases_per_s": round(leases / walls["agents_wall_s"], 1),
@@ -1052,11 +1173,21 @@ def measure(checkout: Path, args: argparse.Namespace, *, render: bool) -> dict[s
         "server_warnings": len(warnings),
         # Server CPU per request: what the service costs, whatever else loads the machine.
         "server_cpu_ms_per_request": round(1000 * server_cpu / max(1, requests), 2),
+        # The server processes' time runnable but waiting for a core during the load phases,
+        # per request and as a share of their time on a core (schedstat): the cores' queue.
+        "server_core_wait_ms_per_request": round(1000 * server_waited_s / max(1, requests), 2),
+        "server_core_wait_per_cpu_s": round(server_waited_s / server_ran_s, 2)
+        if server_ran_s
+        else None,
         # PostgreSQL sessions the server (and Celery) opened during the load: each one a new
         # backend process, paid in CPU by the database.
         "db_sessions_opened": sessions,
         **alone,
         "load_average_1m": round(os.getloadavg()[0], 2),
+        # Runnable processes, mean of samples every 0.25 s during the load phases: on the
+        # machine, and the benchmark's own (its generator, server, Celery, PostgreSQL backends)
+        "runnable_mean": runnable,
+        "own_runnable_mean": own_runnable,
         **{k: round(v, 3) if isinstance(v, float) else v for k, v in rendered.items()},
     }
 
@@ -1072,8 +1203,11 @@ def stall_within(lag: list[tuple[float, float]], start: float, seconds: float) -
 
 def report(label: str, result: dict[str, Any]) -> None:
     print(
-        f"{label}: agents {result['workers']}, {result['seconds']:g} s: {result['leases']} "
-        f"leases ({result['leases_per_s']}/s), load average {result['load_average_1m']}; "
+        f"{label}: agents {result['workers']}, {result['server_processes']} server processes, "
+        f"{result['seconds']:g} s: {result['leases']} "
+        f"leases ({result['leases_per_s']}/s), load average {result['load_average_1m']} "
+        f"(runnable: {result['runnable_mean']} on the machine, the benchmark's own "
+        f"{result['own_runnable_mean']}); "
         f"fewest jobs queued {result['min_queued_jobs']}, leases that found none "
         f"{result['empty_leases']}"
     )
@@ -1101,7 +1235,9 @@ def report(label: str, result: dict[str, Any]) -> None:
     print(f"  GET /jobs x50: p50 {result['list_p50_ms']} ms, p99 {result['list_p99_ms']} ms")
     print(
         f"  uploads {result['uploads_per_s']}/s, ingest {result['ingest_records_per_s']} records/s"
-        f", server CPU {result['server_cpu_ms_per_request']} ms per request"
+        f", server CPU {result['server_cpu_ms_per_request']} ms per request, waiting for a "
+        f"core {result['server_core_wait_ms_per_request']} ms per request "
+        f"({result['server_core_wait_per_cpu_s']} s per s on a core)"
     )
     print(
         f"  lost runs {result['lost_runs']}, lost records {result['lost_records']}, "
@@ -1145,6 +1281,7 @@ RATIO_KEYS = (
     "list_p99_ms",
     "leases_per_s",
     "server_cpu_ms_per_request",
+    "server_core_wait_ms_per_request",
     "alone_lease_p50_ms",
     "alone_submit_p50_ms",
     "alone_lease_server_cpu_ms",
@@ -1189,6 +1326,19 @@ def main() -> None:
         help="`coldbench server --workers N` for both checkouts (uvicorn worker processes)",
     )
     parser.add_argument(
+        "--server-processes",
+        type=int,
+        default=1,
+        help="`coldbench server` processes of this checkout over the one database, each in its "
+        "own session on its own port (API replicas); agents and submitters spread over them",
+    )
+    parser.add_argument(
+        "--baseline-processes",
+        type=int,
+        default=1,
+        help="`coldbench server` processes of the --baseline checkout, as --server-processes",
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="pin the server to core 0, the load generator and the Celery worker to core 1",
@@ -1211,10 +1361,16 @@ def main() -> None:
     )
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    baseline = measure(args.baseline.resolve(), args, render=False) if args.baseline else None
+    baseline = (
+        measure(args.baseline.resolve(), args, render=False, processes=args.baseline_processes)
+        if args.baseline
+        else None
+    )
     if baseline is not None:
         report(f"baseline {args.baseline}", baseline)
-    result = measure(REPO, args, render=args.render_cells > 0)
+        # The baseline's own JSON line too (its load and runnable counts are its own).
+        print(json.dumps({"baseline": str(args.baseline), **baseline}, sort_keys=True))
+    result = measure(REPO, args, render=args.render_cells > 0, processes=args.server_processes)
     report("this checkout", result)
     if baseline is not None:
         ratios = {

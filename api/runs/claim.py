@@ -151,10 +151,28 @@ _CLAIMING_HOSTS = {
     .with_for_update(of=_hosts)
     for is_pg, among in among_ids(_hosts.c.id, "host_ids").items()
 }
-# Read after the hosts' rows are locked, so it sees a claim of the same host committed by a
-# concurrent transaction while this one waited for the lock.
-_HOSTS_HOLDING_RUNS = {
-    is_pg: sa.select(_runs.c.host_id).where(among, _runs.c.state == RunState.LEASED)
+# Which of the group's hosts hold a run, and the first page of the oldest queued runs, in one
+# statement (one round trip instead of two): read after the hosts' rows are locked, so it sees
+# a claim of the same host committed by a concurrent transaction while this one waited for the
+# lock. A row with `holder` set is a host holding a run; the others are `_CANDIDATES`' rows
+# (a compound select keeps no order: sorted again by `_candidate_order`).
+_candidates_page = _CANDIDATES.subquery("page")
+
+
+def _holding_and_candidates(among: sa.ColumnElement[bool]) -> sa.CompoundSelect[Any]:
+    holders = sa.select(
+        sa.null().label("id"),
+        sa.null().label("job_id"),
+        sa.null().label("slot"),
+        sa.null().label("created_at"),
+        _runs.c.host_id.label("holder"),
+    ).where(among, _runs.c.state == RunState.LEASED)
+    page = sa.select(*_candidates_page.c, sa.null().label("holder"))
+    return sa.union_all(page, holders)
+
+
+_HOLDING_AND_CANDIDATES = {
+    is_pg: _holding_and_candidates(among)
     for is_pg, among in among_ids(_runs.c.host_id, "host_ids").items()
 }
 _claim_times = {
@@ -279,15 +297,15 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
     `Database.run_grouped`): each authenticated host that holds no run takes the oldest queued
     run it may run, and no run goes to two hosts.
 
-    The same statements whatever the group's size (five on PostgreSQL, where no run is
+    The same statements whatever the group's size (four on PostgreSQL, where no run is
     contested): lock the hosts' rows (which serializes the claims of one host, one run per
-    host at a time, and authenticates the requests), see which hold a run, read the oldest
-    queued runs and offer each to the first host, in turn, that may run it (`_offer_runs`),
-    lock the oldest offered runs no concurrent claimer holds (SKIP LOCKED: claimers pass each
-    other; `_take_runs`), then write the runs taken, their attempts, the jobs' state, the
-    audit rows and the hosts' rows: on PostgreSQL in one statement (`_write_claims`), on
-    SQLite one statement each. A request whose token does not match, or whose host is
-    revoked or gone, gets NotAuthenticated.
+    host at a time, and authenticates the requests), see which hold a run and read the oldest
+    queued runs (one statement, `_HOLDING_AND_CANDIDATES`), offer each to the first host, in
+    turn, that may run it (`_offer_runs`), lock the oldest offered runs no concurrent claimer
+    holds (SKIP LOCKED: claimers pass each other; `_take_runs`), then write the runs taken,
+    their attempts, the jobs' state, the audit rows and the hosts' rows: on PostgreSQL in one
+    statement (`_write_claims`), on SQLite one statement each. A request whose token does not
+    match, or whose host is revoked or gone, gets NotAuthenticated.
     """
     settings, is_pg = requests[0].settings, requests[0].dialect == "postgresql"
     rows = {
@@ -327,13 +345,19 @@ def claim_group_program(requests: Sequence[ClaimRequest]) -> Program[list[Claime
         claimers[host.id] = host
         host_values[host.id] = values
         answers.append(Claimed(None, values))  # its lease, if any, is filled in below
-    holding = (
-        set((yield Execute(_HOSTS_HOLDING_RUNS[is_pg], {"host_ids": list(claimers)})).scalars())
-        if claimers
-        else set()
-    )
+    holding: set[str] = set()
+    first_page: list[Any] | None = None
+    if claimers:
+        rows_read = (
+            yield Execute(_HOLDING_AND_CANDIDATES[is_pg], {"host_ids": list(claimers)})
+        ).all()
+        holding = {row.holder for row in rows_read if row.holder is not None}
+        first_page = sorted((row for row in rows_read if row.holder is None), key=_candidate_order)
     taken = yield from _take_runs(
-        settings, is_pg, [host for host in claimers.values() if host.id not in holding]
+        settings,
+        is_pg,
+        [host for host in claimers.values() if host.id not in holding],
+        first_page,
     )
     now = utcnow()
     attempt_rows = [
@@ -476,16 +500,23 @@ def _reported(report: HostReport | None, row: Any) -> tuple[dict[str, Any], Leas
 
 
 def _take_runs(
-    settings: Settings, is_pg: bool, hosts: list[LeasingHost]
+    settings: Settings,
+    is_pg: bool,
+    hosts: list[LeasingHost],
+    first_page: list[Any] | None = None,
 ) -> Program[dict[str, tuple[str, str, int]]]:
     """(run id, job id, attempt) by host id, for the hosts that take a run: on PostgreSQL
     the runs this transaction locked for them (`_write_claims` takes them), on SQLite the
-    runs already taken."""
+    runs already taken. `first_page`: the first page of `_CANDIDATES`, read already in this
+    transaction (with the hosts holding runs), for the first round."""
     taken: dict[str, tuple[str, str, int]] = {}
     leased: set[str] = set()
     lost: set[str] = set()  # runs a concurrent claimer holds: not offered again
+    if not hosts:
+        return taken
     for _ in range(CLAIM_RACES_MAX):
-        offers = yield from _offer_runs(is_pg, hosts, lost | leased)
+        offers = yield from _offer_runs(is_pg, hosts, lost | leased, first_page)
+        first_page = None  # later rounds read again: concurrent claims have taken runs
         if not offers.oldest_first:
             break
         if is_pg:
@@ -580,10 +611,21 @@ class _Offers:
         return picks
 
 
-def _offer_runs(is_pg: bool, hosts: list[LeasingHost], excluded: set[str]) -> Program[_Offers]:
+def _candidate_order(row: Any) -> tuple[Any, str, int]:
+    """`_CANDIDATES`' order of its rows: oldest job first, then slot."""
+    return (row.created_at, row.job_id, row.slot)
+
+
+def _offer_runs(
+    is_pg: bool,
+    hosts: list[LeasingHost],
+    excluded: set[str],
+    first_page: list[Any] | None = None,
+) -> Program[_Offers]:
     """Offers of the oldest queued runs to `hosts`: each run to the first host, in turn, that
     may run it, until every host has one and there are ELIGIBLE_SPARE more (runs that
-    concurrent claimers may hold). No locks taken."""
+    concurrent claimers may hold). No locks taken. `first_page`: `_CANDIDATES`' rows, read
+    already, instead of reading them again."""
     specs: dict[str, tuple[JobSpec, dict[str, Any]]] = {}
     judged: dict[tuple[str, str], bool] = {}  # a host's eligibility depends only on the spec
 
@@ -598,10 +640,13 @@ def _offer_runs(is_pg: bool, hosts: list[LeasingHost], excluded: set[str]) -> Pr
     turn = list(hosts)  # who is offered the next run it fits: the host at the front
     after: tuple[Any, str, int] | None = None
     for _ in range(CANDIDATE_PAGES_MAX):
-        query = _CANDIDATES
-        if after is not None:
-            query = query.where(sa.tuple_(_jobs.c.created_at, _jobs.c.id, _runs.c.slot) > after)
-        page = (yield Execute(query)).all()
+        if after is None and first_page is not None:
+            page = first_page
+        else:
+            query = _CANDIDATES
+            if after is not None:
+                query = query.where(sa.tuple_(_jobs.c.created_at, _jobs.c.id, _runs.c.slot) > after)
+            page = (yield Execute(query)).all()
         candidates = [row for row in page if row.id not in excluded]
         job_ids = {row.job_id for row in candidates}
         specs.update((yield from _job_specs(job_ids - specs.keys())))

@@ -102,9 +102,12 @@ def test_a_claim_that_loses_its_race_looks_again_at_once(
     looks: list[list[str]] = []
 
     def offer(
-        is_pg: bool, hosts: list[LeasingHost], excluded: set[str]
+        is_pg: bool,
+        hosts: list[LeasingHost],
+        excluded: set[str],
+        first_page: list[Any] | None = None,
     ) -> Program[run_claim._Offers]:
-        offers = yield from real(is_pg, hosts, excluded)
+        offers = yield from real(is_pg, hosts, excluded, first_page)
         if not looks:
             offers.runs = {host.id: [taken.run_id] for host in hosts}
             offers.oldest_first = [taken.run_id]
