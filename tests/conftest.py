@@ -100,18 +100,35 @@ def coldbench_cmd() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The `tiny` preset (llama, 4 layers, width 256, float32, seed 0), written once per session.
-
-    It lies where `engine.checkpoints.resolve_model("preset:tiny", {})` looks: the fixture points
-    COLDBENCH_MODEL_DIR (inherited by child processes) at its folder, so `preset:tiny` resolves
-    to this same checkpoint instead of writing one under the home directory.
-    """
-    from engine.checkpoints import create_checkpoint
-
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's folder of synthetic checkpoints, where `engine.checkpoints.resolve_model`
+    looks for `preset:NAME`: COLDBENCH_MODEL_DIR (inherited by child processes) points at it, so
+    a preset resolves to the checkpoint a fixture wrote instead of one under the home folder."""
     root = tmp_path_factory.mktemp("models")
     os.environ["COLDBENCH_MODEL_DIR"] = str(root)
-    return create_checkpoint("tiny", root / "tiny-0-float32")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(model_root: Path) -> Path:
+    """The `tiny` preset (llama, 4 layers, width 256, float32, seed 0), written once per session,
+    resolved by `preset:tiny`. For tests whose subject is the model: checkpoint digests, goldens,
+    memory estimates, this CPU's arithmetic, the `timing` tests."""
+    from engine.checkpoints import create_checkpoint
+
+    return create_checkpoint("tiny", model_root / "tiny-0-float32")
+
+
+@pytest.fixture(scope="session")
+def micro_model_dir(model_root: Path) -> Path:
+    """The `micro` preset (llama, 2 layers, width 64, float32, seed 0), resolved by
+    `preset:micro`. For end-to-end tests whose subject is the service path, the scheduling, the
+    evidence or a planted wait: on this CPU its 256-token prefill takes 25-60 ms where `tiny`'s
+    takes 0.6-1.6 s, so cells and warm-ups cost 20-50x less and a planted wait stands further
+    above what load does to the compute."""
+    from engine.checkpoints import create_checkpoint
+
+    return create_checkpoint("micro", model_root / "micro-0-float32")
 
 
 # The `slow-prefill` branch of `mlx_lm_repo`: the stock prefill loop with its chunks capped at

@@ -151,19 +151,34 @@ class Stack:
         self, name: str = "server", *, port: int | None = None, env: dict[str, str] | None = None
     ) -> Server:
         """`coldbench server` on a free loopback port, once it answers /healthz."""
-        port = port or free_port()
-        child = self.start(
-            name,
-            *("server", "--port", str(port), "--log-level", "warning"),
-            env={**self._state(name), **(env or {})},
-        )
-        server = Server(name, port, child.process)
-        try:
-            wait_healthy(server.url, Children(self.root, self.env, started=[child]), 90)
-        except RuntimeError as error:
-            raise AssertionError(f"{name} did not start: {error}\n{child.log()}") from None
-        self.servers.append(server)
+        (server,) = self.start_servers(name, port=port, env=env)
         return server
+
+    def start_servers(
+        self, *names: str, port: int | None = None, env: dict[str, str] | None = None
+    ) -> list[Server]:
+        """`coldbench server` processes (replicas; `port` only for one) started together and
+        returned once each answers /healthz: their starts (seconds of CPU each) overlap instead
+        of queueing."""
+        assert port is None or len(names) == 1, "a port is for one server"
+        started: list[tuple[Server, Child]] = []
+        for name in names:
+            server_port = port or free_port()
+            child = self.start(
+                name,
+                *("server", "--port", str(server_port), "--log-level", "warning"),
+                env={**self._state(name), **(env or {})},
+            )
+            started.append((Server(name, server_port, child.process), child))
+        for server, child in started:
+            try:
+                wait_healthy(server.url, Children(self.root, self.env, started=[child]), 90)
+            except RuntimeError as error:
+                raise AssertionError(
+                    f"{server.name} did not start: {error}\n{child.log()}"
+                ) from None
+            self.servers.append(server)
+        return [server for server, _ in started]
 
     def start_celery(
         self, name: str = "celery", *, env: dict[str, str] | None = None

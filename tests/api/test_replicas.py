@@ -37,8 +37,7 @@ def test_job_submitted_on_one_replica_is_leased_completed_and_served_by_both(
             **s3_server.env,
         },
     ) as running:
-        api_a = running.start_server("api-a")
-        api_b = running.start_server("api-b")
+        api_a, api_b = running.start_servers("api-a", "api-b")
         running.start_celery()
         key = running.cli("admin", "apikey", "replicas")
         token = running.cli("admin", "enroll")

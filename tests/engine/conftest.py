@@ -21,3 +21,16 @@ def tiny_model(tiny_model_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
 def tiny_prompts(tiny_model: tuple[Any, Any, dict[str, Any]]) -> PromptSource:
     _, tokenizer, config = tiny_model
     return PromptSource.from_tokenizer(tokenizer, max_tokens=config["max_position_embeddings"])
+
+
+@pytest.fixture(scope="session")
+def micro_model(micro_model_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, config) of the micro preset: for tests of what a cell counts (chunk
+    widths, clears) at lengths where `tiny`'s CPU arithmetic takes a minute."""
+    return checkpoints.load_model(micro_model_dir)
+
+
+@pytest.fixture(scope="session")
+def micro_prompts(micro_model: tuple[Any, Any, dict[str, Any]]) -> PromptSource:
+    _, tokenizer, config = micro_model
+    return PromptSource.from_tokenizer(tokenizer, max_tokens=config["max_position_embeddings"])

@@ -92,7 +92,7 @@ def test_only_prefill_step_size_is_accepted() -> None:
 
 @pytest.mark.slow
 def test_each_branch_runs_its_own_code(
-    mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
+    mlx_lm_repo: tuple[Path, tuple[str, str]], micro_model_dir: Path, tmp_path: Path
 ) -> None:
     repo, (main, slow) = mlx_lm_repo
     checkouts = {
@@ -101,11 +101,11 @@ def test_each_branch_runs_its_own_code(
     }
     # A third variant asks the slow branch for 64-token chunks, which it never delivers.
     plans = {
-        name: _plan(tmp_path, name, tiny_model_dir, checkout)
+        name: _plan(tmp_path, name, micro_model_dir, checkout)
         for name, checkout in checkouts.items()
     }
     plans["slow-64"] = _plan(
-        tmp_path, "slow-64", tiny_model_dir, checkouts["slow"], flags={"prefill_step_size": 64}
+        tmp_path, "slow-64", micro_model_dir, checkouts["slow"], flags={"prefill_step_size": 64}
     )
     # slow-64 runs without the checkout on PYTHONPATH: engine/ imports the host's mlx_lm first,
     # and the adapter must still end up running the worktree's copy.
@@ -149,13 +149,13 @@ def test_each_branch_runs_its_own_code(
 
 
 def test_a_checkout_whose_module_is_not_imported_is_refused(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     # A fork in src/ layout that was never installed: `import mlx_lm` finds the host's copy.
     checkout = tmp_path / "fork"
     (checkout / "src" / "mlx_lm").mkdir(parents=True)
     (checkout / "src" / "mlx_lm" / "__init__.py").write_text("")
-    plan = _plan(tmp_path, "fork", tiny_model_dir, checkout)
+    plan = _plan(tmp_path, "fork", micro_model_dir, checkout)
     code, events, _stderr = _finish(_start(plan, _env(REPO_ROOT)))
     assert code == 2
     assert events[-1]["event"] == "error"
@@ -166,7 +166,7 @@ def test_a_checkout_whose_module_is_not_imported_is_refused(
 
 
 def test_a_reused_prompt_cache_is_invalid(
-    mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path
+    mlx_lm_repo: tuple[Path, tuple[str, str]], micro_model_dir: Path
 ) -> None:
     repo, _branches = mlx_lm_repo
     script = textwrap.dedent(
@@ -177,7 +177,7 @@ def test_a_reused_prompt_cache_is_invalid(
         from engine.plan import Plan
         plan = Plan.from_json({{
             "run_id": "r", "variant": "v", "adapter": "mlx-lm", "decode_tokens": 2,
-            "model": {str(tiny_model_dir)!r}, "checkout": {str(repo)!r}, "records_path": "-",
+            "model": {str(micro_model_dir)!r}, "checkout": {str(repo)!r}, "records_path": "-",
         }})
         adapter = create(plan)
         adapter.load()
@@ -230,7 +230,7 @@ _STEP_CASES = {
 
 
 def test_prefill_step_size_is_judged_by_the_chunk_widths_delivered(
-    mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
+    mlx_lm_repo: tuple[Path, tuple[str, str]], micro_model_dir: Path, tmp_path: Path
 ) -> None:
     from tests.conftest import NOOP_STEP_BRANCH, OLD_LAYOUT_BRANCH
 
@@ -254,7 +254,7 @@ def test_prefill_step_size_is_judged_by_the_chunk_widths_delivered(
             for step, n in {cases!r}:
                 adapter = create(Plan.from_json({{
                     "run_id": "r", "variant": "v", "adapter": "mlx-lm", "decode_tokens": 2,
-                    "model": {str(tiny_model_dir)!r}, "checkout": {str(checkout)!r},
+                    "model": {str(micro_model_dir)!r}, "checkout": {str(checkout)!r},
                     "records_path": "-", "flags": {{"prefill_step_size": step}},
                 }}))
                 adapter.load()
@@ -282,14 +282,14 @@ def test_prefill_step_size_is_judged_by_the_chunk_widths_delivered(
 
 
 def test_a_checkout_whose_loader_predates_return_config_runs(
-    mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
+    mlx_lm_repo: tuple[Path, tuple[str, str]], micro_model_dir: Path, tmp_path: Path
 ) -> None:
     """mlx-lm before 0.28.3 (v0.26.4, v0.28.2, ...): `load()` takes no return_config."""
     from tests.conftest import LOADER_028_BRANCH
 
     repo, _branches = mlx_lm_repo
     checkout = _worktree(repo, LOADER_028_BRANCH, tmp_path / "wt-loader")
-    plan = _plan(tmp_path, "old-loader", tiny_model_dir, checkout)
+    plan = _plan(tmp_path, "old-loader", micro_model_dir, checkout)
     code, events, stderr = _finish(_start(plan, _env(checkout)))
     assert code == 0, stderr[-2000:]
     assert events[0]["target"]["engine_module_file"] == str(

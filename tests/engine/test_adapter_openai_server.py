@@ -1,6 +1,6 @@
 """The openai-server adapter against real server processes on loopback ports.
 
-mlx_lm.server serving the tiny checkpoint shows the two halves of the cold-cache guarantee: the
+mlx_lm.server serving the micro checkpoint shows the two halves of the cold-cache guarantee: the
 harness prevents warm cells (fresh prompts per round: every cell reports cached_tokens == 0)
 and detects them (the same cell sent twice is invalid, with the server's cached count in the
 reason). A small stdlib server stands in for a server that does not report cached tokens.
@@ -154,8 +154,8 @@ def test_placeholders_are_filled() -> None:
     assert argv == [sys.executable, "-m", "srv", "--model=/m", "4"]
 
 
-def test_engine_flags_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
-    plan = _plan(tiny_model_dir, MLX_LM_SERVER, tmp_path, flags={"clear_cache": False})
+def test_engine_flags_are_refused(micro_model_dir: Path, tmp_path: Path) -> None:
+    plan = _plan(micro_model_dir, MLX_LM_SERVER, tmp_path, flags={"clear_cache": False})
     with pytest.raises(
         ServerLoadError, match="takes no engine flags.*not a server option here: clear_cache"
     ):
@@ -163,29 +163,29 @@ def test_engine_flags_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_a_server_that_dies_is_reported_with_its_stderr(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     command = ["{python}", "-c", "import sys; sys.exit('no such model: ' + sys.argv[1])", "{port}"]
-    adapter = OpenAIServerAdapter(_plan(tiny_model_dir, command, tmp_path))
+    adapter = OpenAIServerAdapter(_plan(micro_model_dir, command, tmp_path))
     with pytest.raises(ServerLoadError, match=r"exited with code 1 before ready: no such model"):
         adapter.load()
     assert adapter.process is None
 
 
-def test_a_server_that_never_answers_times_out(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_server_that_never_answers_times_out(micro_model_dir: Path, tmp_path: Path) -> None:
     command = ["{python}", "-c", "import time; print('listening?', flush=True); time.sleep(60)"]
     adapter = OpenAIServerAdapter(
-        _plan(tiny_model_dir, [*command, "{port}"], tmp_path), ready_timeout_s=1
+        _plan(micro_model_dir, [*command, "{port}"], tmp_path), ready_timeout_s=1
     )
     with pytest.raises(ServerLoadError, match=r"not ready after 1 s on port \d+: listening\?"):
         adapter.load()
     assert adapter.process is None  # the sleeping server was ended, not left behind
 
 
-def test_prompt_text_reencodes_to_exactly_n_tokens(tiny_model_dir: Path) -> None:
+def test_prompt_text_reencodes_to_exactly_n_tokens(micro_model_dir: Path) -> None:
     from mlx_lm.utils import load_tokenizer
 
-    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer = load_tokenizer(micro_model_dir)
     ids = tokenizer.encode("the cold prefill of one prompt " * 40, add_special_tokens=False)
     # Cut mid-word on both sides, as a corpus window does.
     window = ids[3:131]
@@ -195,12 +195,12 @@ def test_prompt_text_reencodes_to_exactly_n_tokens(tiny_model_dir: Path) -> None
 
 
 def test_server_without_cached_token_accounting_makes_cells_invalid(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     script = tmp_path / "silent_server.py"
     script.write_text(SILENT_SERVER)
     adapter = OpenAIServerAdapter(
-        _plan(tiny_model_dir, ["{python}", str(script), "{port}", "64"], tmp_path)
+        _plan(micro_model_dir, ["{python}", str(script), "{port}", "64"], tmp_path)
     )
     adapter.load()
     process = adapter.process
@@ -218,7 +218,7 @@ def test_server_without_cached_token_accounting_makes_cells_invalid(
 
 @pytest.mark.slow
 def test_mlx_lm_server_cells_are_cold_and_a_repeat_is_caught(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     """Through the variant process: fresh prompts per round are cold; a repeated cell is warm."""
     records_path = tmp_path / "records.jsonl"
@@ -226,7 +226,7 @@ def test_mlx_lm_server_cells_are_cold_and_a_repeat_is_caught(
         "run_id": "r-server",
         "variant": "server",
         "adapter": "openai-server",
-        "model": str(tiny_model_dir),
+        "model": str(micro_model_dir),
         "flags": {},
         "decode_tokens": 4,
         "seed": 3,
@@ -276,7 +276,7 @@ def test_mlx_lm_server_cells_are_cold_and_a_repeat_is_caught(
 
 
 def test_a_context_the_model_cannot_serve_stops_the_server_too(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     # A marker argument finds this test's server among the machine's processes.
     marker = ["--prompt-cache-size", "7031"]
@@ -284,7 +284,7 @@ def test_a_context_the_model_cannot_serve_stops_the_server_too(
         "run_id": "r-server",
         "variant": "server",
         "adapter": "openai-server",
-        "model": str(tiny_model_dir),
+        "model": str(micro_model_dir),
         "records_path": str(tmp_path / "records.jsonl"),
         "server_command": [*MLX_LM_SERVER, *marker],
         "cells": [{"round": 0, "order": 0, "context_tokens": 100_000}],
@@ -306,9 +306,9 @@ def test_a_context_the_model_cannot_serve_stops_the_server_too(
 
 
 def test_a_server_that_never_streams_is_an_error_within_seconds(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
-    plan = _plan(tiny_model_dir, _behaving(tmp_path, "hang"), tmp_path, first_token_timeout_s=1.5)
+    plan = _plan(micro_model_dir, _behaving(tmp_path, "hang"), tmp_path, first_token_timeout_s=1.5)
     adapter = OpenAIServerAdapter(plan)
     adapter.load()
     try:
@@ -324,9 +324,9 @@ def test_a_server_that_never_streams_is_an_error_within_seconds(
 
 
 def test_a_server_that_exits_mid_cell_is_an_error_with_its_log(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
-    plan = _plan(tiny_model_dir, _behaving(tmp_path, "exit"), tmp_path)
+    plan = _plan(micro_model_dir, _behaving(tmp_path, "exit"), tmp_path)
     adapter = OpenAIServerAdapter(plan)
     adapter.load()
     try:
@@ -345,13 +345,13 @@ def test_a_server_that_exits_mid_cell_is_an_error_with_its_log(
 
 
 def test_options_reach_the_server_and_their_proof_lines_are_counted(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     cache = tmp_path / "server-cache"
     (cache / "kv").mkdir(parents=True)
     (cache / "kv" / "block").write_bytes(b"x" * 1000)
     plan = _plan(
-        tiny_model_dir,
+        micro_model_dir,
         _behaving(tmp_path, "ok"),
         tmp_path,
         flags={"fast": True, "env_fast": True},
@@ -384,10 +384,10 @@ def test_options_reach_the_server_and_their_proof_lines_are_counted(
 
 
 def test_an_option_the_server_ignores_is_a_silent_no_op(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     plan = _plan(
-        tiny_model_dir,
+        micro_model_dir,
         _behaving(tmp_path, "ok"),
         tmp_path,
         flags={"fast": True},
@@ -412,7 +412,7 @@ def test_wipe_refuses_root_and_home(tmp_path: Path) -> None:
 
 
 def _bos_checkpoint(source: Path, out: Path) -> Path:
-    """A copy of the tiny checkpoint whose tokenizer adds BOS, as real checkpoints do (a
+    """A copy of the micro checkpoint whose tokenizer adds BOS, as real checkpoints do (a
     post-processor in tokenizer.json); the preset's own files are left as they are."""
     import shutil
 
@@ -435,14 +435,14 @@ def _bos_checkpoint(source: Path, out: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_bos_adding_tokenizer_needs_the_prompt_cache_off(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     """Every prompt starts with BOS: mlx_lm.server's default prompt cache reuses that one
     token in every cell after the first, and the reason says how to start it instead; with
     `--prompt-cache-size 0` (the documented command) every cell is cold."""
     from mlx_lm.utils import load_tokenizer
 
-    model = _bos_checkpoint(tiny_model_dir, tmp_path / "tiny-bos")
+    model = _bos_checkpoint(micro_model_dir, tmp_path / "micro-bos")
     tokenizer = load_tokenizer(model)
     assert tokenizer.encode("hello")[0] == tokenizer.bos_token_id  # really adds BOS
 
@@ -587,7 +587,7 @@ def test_a_prefill_step_option_is_judged_by_what_it_implies(tmp_path: Path) -> N
 
 
 def test_mlx_lm_server_step_proven_only_by_lines_stock_cannot_print(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     """The documented option on the real mlx_lm.server: at 128 tokens a step of 128 cuts the
     prompt as stock does (its `128/128` line is stock's too): inert, no proof counted; at 256
@@ -595,7 +595,7 @@ def test_mlx_lm_server_step_proven_only_by_lines_stock_cannot_print(
     logs a CacheNotFound traceback without a Hugging Face cache) and the server module recorded
     is mlx_lm/server.py, not the package's __init__."""
     plan = _plan(
-        tiny_model_dir,
+        micro_model_dir,
         [*MLX_LM_SERVER, "--prompt-cache-size", "0"],
         tmp_path,
         flags={"step": 128},
@@ -619,7 +619,7 @@ def test_mlx_lm_server_step_proven_only_by_lines_stock_cannot_print(
 
 
 def test_a_server_refusing_its_arguments_says_so_at_the_end_of_its_reason(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     """argparse prints a long usage and then the error: the variant's load error keeps the end
     of the log tail, where `unrecognized arguments` is."""
@@ -628,7 +628,7 @@ def test_a_server_refusing_its_arguments_says_so_at_the_end_of_its_reason(
         "run_id": "r-args",
         "variant": "bogus",
         "adapter": "openai-server",
-        "model": str(tiny_model_dir),
+        "model": str(micro_model_dir),
         "records_path": str(tmp_path / "records.jsonl"),
         "server_command": [*MLX_LM_SERVER, "--no-such-option"],
         "decode_tokens": 1,

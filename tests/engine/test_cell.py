@@ -130,12 +130,13 @@ def test_a_request_that_implies_stock_here_is_ok_and_inert(
 
 
 def test_a_step_wider_than_the_prompt_is_honest_where_stock_chunks(
-    tiny_model: tuple[Any, Any, dict[str, Any]], tiny_prompts: PromptSource
+    micro_model: tuple[Any, Any, dict[str, Any]], micro_prompts: PromptSource
 ) -> None:
     # At 2100 tokens stock 2048 cuts 2048 + 52; 4096 takes one chunk (the H200's 8192 at 4K).
-    ids = tiny_prompts.prompt(0, 0, 2100).ids
+    # micro: the chunk widths are the subject; tiny's 2100-token prefill is a minute of CPU.
+    ids = micro_prompts.prompt(0, 0, 2100).ids
     result = run_cell(
-        tiny_model[0],
+        micro_model[0],
         ids,
         context_tokens=2100,
         flags=Flags(prefill_step_size=4096),

@@ -2,7 +2,7 @@
 
 Child processes, all stopped at the end: `coldbench server` (embedded SQLite), `coldbench
 celery worker` (kombu's SQLAlchemy transport) and a `coldbench worker` agent enrolled with a
-one-use token, measuring the tiny model on this CPU. A job is submitted through the form, its
+one-use token, measuring the micro model on this CPU. A job is submitted through the form, its
 progress watched, the evidence page opened, the Markdown copied and the bundle downloaded and
 verified with `coldbench verify`. Every request the browser makes must go to the test server.
 Screenshots land in tests/_artifacts/ (git-ignored).
@@ -65,9 +65,9 @@ def _wait_until(condition: Any, timeout_s: float, what: str, stack: Stack) -> An
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Stack]:
-    """The embedded default (SQLite, kombu's SQLAlchemy transport; preset:tiny resolves to
-    tiny_model_dir) with two agents on this machine, local-1 and local-2."""
+def stack(tmp_path_factory: pytest.TempPathFactory, micro_model_dir: Path) -> Iterator[Stack]:
+    """The embedded default (SQLite, kombu's SQLAlchemy transport; preset:micro resolves to
+    micro_model_dir) with two agents on this machine, local-1 and local-2."""
     root = tmp_path_factory.mktemp("stack")
     with running_stack(root, database="sqlite", server=False, api_key=None) as stack:
         enrollments = {
@@ -87,7 +87,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ite
         for name in ("local-1", "local-2"):
             (root / f"{name}.toml").write_text(
                 f'name = "{name}"\nlabels = ["lab:home"]\nstate_dir = "{name}-state"\n'
-                'allow_presets = ["tiny"]\n'
+                'allow_presets = ["micro", "tiny"]\n'
                 f'[repositories.stub]\nurl = "{repo}"\n'
                 "[repositories.stub.recipes.editable]\n"
                 'command = ["{python}", "-m", "pip", "install", "--no-deps", "-e", "."]\n'
@@ -186,7 +186,7 @@ def _fill_job(page: Page, **values: str) -> None:
     page.fill("#custom_contexts", values.get("contexts", "64, 128"))
     page.fill("#rounds", "2")
     page.fill("#decode_tokens", "2")
-    page.fill("#model", "preset:tiny")
+    page.fill("#model", "preset:micro")
 
 
 def test_submit_watch_progress_open_evidence_copy_and_verify(
@@ -214,7 +214,7 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
 
     seen_done: list[int] = []
     seen_states: list[str] = []
-    # Generous: this machine is shared, and under load a tiny job can take minutes.
+    # Generous: this machine is shared, and under load a job can take minutes.
     deadline = time.monotonic() + 300
     while not page.locator("#evidence-link").is_visible():
         assert time.monotonic() < deadline, stack.log("agent") + stack.log("celery")

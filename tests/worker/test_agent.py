@@ -47,7 +47,7 @@ def write_config(
         f'name = "{name}"',
         f"labels = {json.dumps(list(labels))}",
         'state_dir = "state"',
-        'allow_presets = ["tiny"]',
+        'allow_presets = ["micro", "tiny"]',
     ]
     for repo, (url, recipes) in (repositories or {}).items():
         lines += [f"[repositories.{repo}]", f'url = "{url}"', 'module = "mlx_lm"']
@@ -187,7 +187,8 @@ def test_registration_reports_adapters_and_recipes(tmp_path: Path) -> None:
 def _embedded_job(
     rounds: int, contexts: list[int], *, pair: bool = False, **extra: object
 ) -> dict[str, object]:
-    """An embedded job; one variant unless `pair` (each variant costs a model load)."""
+    """An embedded job on `micro` (the service path is the subject, not the model's
+    arithmetic); one variant unless `pair` (each variant costs a model load)."""
     variants: list[dict[str, object]] = [{"name": "base"}]
     if pair:
         variants.append({"name": "cand", "flags": {"prefill_step_size": 32}})
@@ -196,6 +197,7 @@ def _embedded_job(
         "contexts": contexts,
         "rounds": rounds,
         "decode_tokens": 1,
+        "model": "preset:micro",
         **extra,
     }
 
@@ -286,7 +288,9 @@ def test_killed_agent_run_is_requeued_and_finished_by_the_other(
     log_a = tmp_path / "host-ka.log"
     agent_a = service.start_agent(config_a, token=service.enrollment_token(), log=log_a)
     _wait_enrolled(service, {"host-ka"}, [agent_a], [log_a])
-    created = service.submit(_embedded_job(3, [64, 128]))
+    # 5 rounds, a process each: micro's cells are quick, and the kill must come while the
+    # rounds after the second cell (4 process starts) are still to run.
+    created = service.submit(_embedded_job(5, [64, 128]))
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
     _wait_progress(service, job_id, 2, agent_a, log_a)
@@ -311,7 +315,7 @@ def test_killed_agent_run_is_requeued_and_finished_by_the_other(
     )
     measured = _measured(service, run["id"])
     keys = [(r["variant"], r["round"], r["context_tokens"]) for r in measured]
-    assert len(keys) == len(set(keys)) == 6  # every cell once: none lost, none twice
+    assert len(keys) == len(set(keys)) == 10  # every cell once: none lost, none twice
     # Nothing of the killed attempt was uploaded.
     attempts = service.rows("select distinct attempt from artifacts where run_id = :r", r=run["id"])
     assert [a for (a,) in attempts] == [last["attempt"]]
@@ -372,6 +376,7 @@ def test_branch_comparison_attributes_each_variant_to_its_commit_and_file(
             "contexts": [128],
             "rounds": 2,
             "decode_tokens": 1,
+            "model": "preset:micro",
         }
     )
     assert created.status_code == 201, created.text

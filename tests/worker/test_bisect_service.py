@@ -25,7 +25,7 @@ from tests.worker.test_agent import write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-# 0.5 s per prefill chunk (one chunk at 64 tokens): several times the whole cell of the tiny
+# 0.5 s per prefill chunk (one chunk at 64 tokens): ten times the whole cell of the micro
 # model, so 6 rounds settle every comparison even on a loaded 2-core machine.
 PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.5)  # planted: work per chunk\n"
 
@@ -55,7 +55,7 @@ def planted_repo(
 @pytest.fixture(scope="module")
 def host(
     planted_repo: tuple[Path, dict[str, str]],
-    tiny_model_dir: Path,
+    micro_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     shared_stack: Stack,
 ) -> Iterator[tuple[Stack, Path]]:
@@ -84,7 +84,7 @@ def _spec(**extra: Any) -> dict[str, Any]:
         "repository": "planted",
         "contexts": [64],
         "decode_tokens": 0,
-        "model": "preset:tiny",
+        "model": "preset:micro",
         **extra,
     }
 

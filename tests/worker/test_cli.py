@@ -241,7 +241,8 @@ def test_ablation_expands_variants_and_brackets_long_rounds(
         coldbench_cmd,
         *("--mode", "ablation", "--features", "compile,clear_cache=false"),
         *("--variant", "base:prefill_step_size=32", "--contexts", "64,128", "--rounds", "1"),
-        *("--decode-tokens", "1", "--out", str(out)),
+        # micro: the subject is how variants expand and rounds are bracketed, not the model
+        *("--model", "preset:micro", "--decode-tokens", "1", "--out", str(out)),
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -73,7 +73,7 @@ def pr_repo(
 def test_commits_rank_as_planted_and_the_inseparable_ones_say_why(
     pr_repo: tuple[Path, dict[str, str]],
     coldbench_cmd: list[str],
-    tiny_model_dir: Path,
+    micro_model_dir: Path,
     tmp_path: Path,
 ) -> None:
     repo, shas = pr_repo
@@ -83,7 +83,16 @@ def test_commits_rank_as_planted_and_the_inseparable_ones_say_why(
             *coldbench_cmd,
             "run",
             *("--repo", str(repo), "--mode", "commits", "--base", shas["base"], "--head", "pr"),
-            *("--contexts", CONTEXT, "--rounds", ROUNDS, "--decode-tokens", "2"),
+            *(
+                "--model",
+                "preset:micro",
+                "--contexts",
+                CONTEXT,
+                "--rounds",
+                ROUNDS,
+                "--decode-tokens",
+                "2",
+            ),
             *("--out", str(out), "--state-dir", str(tmp_path / "state")),
         ],
         cwd=tmp_path,
@@ -139,8 +148,14 @@ def test_commits_rank_as_planted_and_the_inseparable_ones_say_why(
 def test_commits_input_errors_are_one_line(
     pr_repo: tuple[Path, dict[str, str]], coldbench_cmd: list[str], tmp_path: Path
 ) -> None:
+    """Refusals in this process (CliRunner: a `python -m coldbench` start costs seconds of CPU
+    on this machine), and the first one through the real command as well."""
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+
     repo, shas = pr_repo
-    for args, message in (
+    cases = (
         (["--mode", "commits", "--base", "a", "--head", "b"], "--repo: commits mode needs a repo"),
         (
             ["--repo", str(repo), "--mode", "commits", "--base", "main"],
@@ -160,15 +175,22 @@ def test_commits_input_errors_are_one_line(
             + ["--variant", "a:ref=main"],
             "the variant takes flags only",
         ),
-    ):
-        done = subprocess.run(
-            [*coldbench_cmd, "run", *args, "--state-dir", str(tmp_path / "state")],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        assert done.returncode == 2, (args, done.stderr[-2000:])
+    )
+    state = ["--state-dir", str(tmp_path / "state")]
+    first_args, first_message = cases[0]
+    done = subprocess.run(
+        [*coldbench_cmd, "run", *first_args, *state],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, (first_args, done.stderr[-2000:])
+    assert any(first_message in line for line in lines), (first_args, lines)
+    for args, message in cases:
+        invoked = CliRunner().invoke(app, ["run", *args, *state])
+        lines = [line for line in invoked.stderr.splitlines() if line.strip()]
+        assert invoked.exit_code == 2, (args, invoked.output[-2000:])
         assert any(message in line for line in lines), (args, lines)

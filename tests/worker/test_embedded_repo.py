@@ -34,7 +34,7 @@ def _commit(repo: Path, ref: str) -> str:
 def test_two_commits_run_as_variants_each_attributed_to_its_commit_and_files(
     coldbench_cmd: list[str],
     coldbench_repo: tuple[Path, tuple[str, str]],
-    tiny_model_dir: Path,
+    micro_model_dir: Path,
     tmp_path: Path,
 ) -> None:
     repo, (main, step64) = coldbench_repo
@@ -45,7 +45,16 @@ def test_two_commits_run_as_variants_each_attributed_to_its_commit_and_files(
             "run",
             *("--repo", str(repo), "--adapter", "embedded"),
             *("--variant", f"main:ref={main}", "--variant", f"step:ref={step64}"),
-            *("--contexts", "128", "--rounds", "2", "--decode-tokens", "2"),
+            *(
+                "--model",
+                "preset:micro",
+                "--contexts",
+                "128",
+                "--rounds",
+                "2",
+                "--decode-tokens",
+                "2",
+            ),
             *("--out", str(out), "--state-dir", str(tmp_path / "state")),
         ],
         cwd=tmp_path,
@@ -87,7 +96,7 @@ def test_two_commits_run_as_variants_each_attributed_to_its_commit_and_files(
 
 
 def test_a_variant_whose_engine_is_not_the_checkouts_refuses_to_run(
-    tiny_model_dir: Path, tmp_path: Path
+    micro_model_dir: Path, tmp_path: Path
 ) -> None:
     # A checkout that holds an engine/ that is never imported: this checkout's comes first.
     checkout = tmp_path / "other"
@@ -97,7 +106,7 @@ def test_a_variant_whose_engine_is_not_the_checkouts_refuses_to_run(
         "run_id": "r",
         "variant": "v",
         "adapter": "embedded",
-        "model": str(tiny_model_dir),
+        "model": str(micro_model_dir),
         "records_path": str(tmp_path / "v.jsonl"),
         "checkout": str(checkout),
         "cells": [{"round": 0, "order": 0, "context_tokens": 64}],
@@ -150,7 +159,7 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
     root = tmp_path_factory.mktemp("embedded-host")
     config = root / "worker.toml"
     config.write_text(
-        'name = "host-e"\nstate_dir = "state"\nallow_presets = ["tiny"]\n'
+        'name = "host-e"\nstate_dir = "state"\nallow_presets = ["micro"]\n'
         f'[repositories.engine]\nurl = "{repo}"\nadapter = "embedded"\n'
         "[repositories.engine.recipes.editable]\n"
         'command = ["{python}", "-m", "pip", "install", "--no-deps", "--no-build-isolation", '
@@ -168,6 +177,7 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
                 "contexts": [128],
                 "rounds": 2,
                 "decode_tokens": 1,
+                "model": "preset:micro",
             }
         )
         assert created.status_code == 201, created.text
@@ -196,7 +206,7 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
 def test_offline_recipe_runs_branches_without_a_package_index(
     coldbench_cmd: list[str],
     coldbench_repo: tuple[Path, tuple[str, str]],
-    tiny_model_dir: Path,
+    micro_model_dir: Path,
     tmp_path: Path,
 ) -> None:
     """`--recipe offline` installs nothing (a GPU host with no registry): pip pointed at a dead
@@ -218,7 +228,16 @@ def test_offline_recipe_runs_branches_without_a_package_index(
             *("--variant", f"main:ref={main}"),
             *("--variant", f"fast:ref={step64},fused_swiglu=true"),
             *("--variant", f"branch:ref={SWIGLU_ON_BRANCH}"),
-            *("--contexts", "128", "--rounds", "1", "--decode-tokens", "2"),
+            *(
+                "--model",
+                "preset:micro",
+                "--contexts",
+                "128",
+                "--rounds",
+                "1",
+                "--decode-tokens",
+                "2",
+            ),
             *("--out", str(out), "--state-dir", str(tmp_path / "state")),
         ],
         cwd=tmp_path,

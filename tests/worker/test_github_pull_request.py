@@ -60,7 +60,7 @@ def _github_config(path: Path, api_url: str, service_url: str) -> Path:
         f'[repositories."{REPO}".defaults]\n'
         'contexts = "64"\n'
         "rounds = 2\n"
-        'model = "preset:tiny"\n'
+        'model = "preset:micro"\n'
     )
     return path
 
@@ -82,7 +82,7 @@ def _wait(condition: Any, timeout_s: float, what: str, log: Path) -> Any:
 
 def test_a_comment_asks_and_the_pull_request_gets_the_evidence(
     mlx_lm_repo: tuple[Path, tuple[str, str]],
-    tiny_model_dir: Path,
+    micro_model_dir: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

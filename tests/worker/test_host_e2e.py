@@ -1,5 +1,5 @@
 """benchmarks/host_e2e.py: a benchmark host end to end on the embedded default, as the H200 runs
-it (issue 11), here on the CPU with the tiny preset and a bundle of two commits of the engine."""
+it (issue 11), here on the CPU with the micro preset and a bundle of two commits of the engine."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_two_refs_from_a_bundle_through_service_celery_and_agent_give_a_verified_zip(
-    coldbench_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path, tmp_path: Path
+    coldbench_repo: tuple[Path, tuple[str, str]], micro_model_dir: Path, tmp_path: Path
 ) -> None:
     repo, (main, step64) = coldbench_repo
     bundle = tmp_path / "cb.bundle"
@@ -32,7 +32,7 @@ def test_two_refs_from_a_bundle_through_service_celery_and_agent_give_a_verified
     done = subprocess.run(
         [
             *(sys.executable, "benchmarks/host_e2e.py", "--repo", str(bundle)),
-            *("--ref", main, "--ref", step64, "--model", str(tiny_model_dir)),
+            *("--ref", main, "--ref", step64, "--model", str(micro_model_dir)),
             *("--contexts", "128", "--rounds", "1", "--decode-tokens", "1"),
             *("--out", str(out), "--workdir", str(tmp_path / "work"), "--timeout-s", "400"),
         ],

@@ -65,7 +65,7 @@ def test_server_command_is_required_and_host_owned(tmp_path: Path) -> None:
 
 
 def test_openai_server_job_runs_cold_cells_from_the_checkouts_build(
-    tmp_path: Path, mlx_lm_repo: tuple[Path, tuple[str, str]], tiny_model_dir: Path
+    tmp_path: Path, mlx_lm_repo: tuple[Path, tuple[str, str]], micro_model_dir: Path
 ) -> None:
     repo, (main, _slow) = mlx_lm_repo
     config = parse_host_config(_config(repo, server_command=SERVER_COMMAND), base=tmp_path)
@@ -77,7 +77,7 @@ def test_openai_server_job_runs_cold_cells_from_the_checkouts_build(
             "contexts": [64],
             "rounds": 2,
             "decode_tokens": 2,
-            "model": "tiny",
+            "model": "micro",
         }
     )
     outcome = execute_run(
@@ -87,7 +87,7 @@ def test_openai_server_job_runs_cold_cells_from_the_checkouts_build(
         state_dir=tmp_path / "state",
         host=HostInfo(backend="cpu"),
         repositories=config.repositories,
-        models={"tiny": tiny_model_dir},
+        models={"micro": micro_model_dir},
     )
     assert outcome.status == "succeeded", outcome.reason
     parsed, problems = parse_records(outcome.files["records.jsonl"])

@@ -44,7 +44,7 @@ WRAPPER = textwrap.dedent(
 
 @pytest.mark.slow
 def test_server_option_on_vs_off_with_a_planted_no_op(
-    coldbench_cmd: list[str], tmp_path: Path, tiny_model_dir: Path
+    coldbench_cmd: list[str], tmp_path: Path, micro_model_dir: Path
 ) -> None:
     wrapper = tmp_path / "wrapper_server.py"
     wrapper.write_text(WRAPPER)
@@ -65,6 +65,7 @@ def test_server_option_on_vs_off_with_a_planted_no_op(
         "--variant", "off:cache=1",
         "--variant", "on:cache=1,fast=1",
         "--variant", "planted:cache=1,planted=1",
+        "--model", "preset:micro",
         "--contexts", "64",
         "--rounds", "2",
         "--decode-tokens", "2",
@@ -180,7 +181,7 @@ def test_server_run_bad_input_is_one_clear_line(
 
 
 def test_a_server_that_cannot_start_fails_the_run_with_its_reason_and_log(
-    tmp_path: Path, tiny_model_dir: Path
+    tmp_path: Path, micro_model_dir: Path
 ) -> None:
     from evidence.schemas import HostInfo, JobSpec
     from worker.config import RepositoryConfig
@@ -204,7 +205,7 @@ def test_a_server_that_cannot_start_fails_the_run_with_its_reason_and_log(
             "variants": [{"name": "a"}],
             "contexts": [64],
             "rounds": 1,
-            "model": "tiny",
+            "model": "micro",
         }
     )
     outcome = execute_run(
@@ -214,7 +215,7 @@ def test_a_server_that_cannot_start_fails_the_run_with_its_reason_and_log(
         state_dir=tmp_path / "state",
         host=HostInfo(backend="cpu"),
         repositories={"installed-server": repository},
-        models={"tiny": tiny_model_dir},
+        models={"micro": micro_model_dir},
     )
     assert outcome.status == "failed"
     assert outcome.reason is not None and "server exited with code 1 before ready" in outcome.reason

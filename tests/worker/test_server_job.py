@@ -29,7 +29,7 @@ def _csrf(html: str) -> str:
 
 def test_a_server_experiment_submitted_on_the_form_runs_on_a_host(
     mlx_lm_repo: tuple[Path, tuple[str, str]],
-    tiny_model_dir: Path,
+    micro_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     service: Stack,
 ) -> None:
@@ -46,7 +46,7 @@ def test_a_server_experiment_submitted_on_the_form_runs_on_a_host(
     ]  # fmt: skip
     config = root / "worker.toml"
     config.write_text(
-        'name = "host-s"\nstate_dir = "state"\nallow_presets = ["tiny"]\n'
+        'name = "host-s"\nstate_dir = "state"\nallow_presets = ["micro"]\n'
         f'[repositories.srv]\nurl = "{repo}"\nadapter = "openai-server"\n'
         f"server_command = {json.dumps(server_command)}\n"
         f"wipe = {json.dumps([str(cache)])}\nfirst_token_timeout_s = 60\n"
@@ -89,7 +89,7 @@ def test_a_server_experiment_submitted_on_the_form_runs_on_a_host(
                 "custom_contexts": "64",
                 "rounds": "2",
                 "decode_tokens": "2",
-                "model": "preset:tiny",
+                "model": "preset:micro",
                 "hosts": "1",
                 "precision": "0.05",
                 "seed": "0",
