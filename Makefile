@@ -16,10 +16,10 @@ EXTRAS := worker,server,test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
 
 .PHONY: demo test timing install lint services clean
 
-$(BIN)/coldbench: pyproject.toml .ci/constraints.txt
+$(BIN)/coldbench: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c .ci/constraints.txt -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(BIN)/coldbench
 
 install: $(BIN)/coldbench
