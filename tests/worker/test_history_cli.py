@@ -22,6 +22,8 @@ pytestmark = pytest.mark.slow
 # load stretches work on both sides alike and leaves a wait as it is.
 PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.75)  # planted: work per chunk\n"
 CONTEXT = "64"
+# The matrix of every history run in this module: the service path, on micro.
+MATRIX = ("--model", "preset:micro", "--contexts", CONTEXT, "--rounds", "6", "--decode-tokens", "0")
 NO_LOAD = (
     "\n\ndef load(*args, **kwargs):  # planted: this commit cannot load\n"
     "    raise RuntimeError('this loader refuses every checkpoint')\n"
@@ -91,16 +93,7 @@ def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build
             *coldbench_cmd,
             "run",
             *("--repo", str(repo), "--mode", "history", "--range", f"{shas['base']}..HEAD"),
-            *(
-                "--model",
-                "preset:micro",
-                "--contexts",
-                CONTEXT,
-                "--rounds",
-                "6",
-                "--decode-tokens",
-                "0",
-            ),
+            *MATRIX,
             *("--out", str(out), "--state-dir", str(series_state)),
         ],
         cwd=tmp_path,
@@ -150,16 +143,7 @@ def test_a_history_commit_that_cannot_load_is_recorded_and_skipped(
             *coldbench_cmd,
             "run",
             *("--repo", str(repo), "--mode", "history", "--commits", commits),
-            *(
-                "--model",
-                "preset:micro",
-                "--contexts",
-                CONTEXT,
-                "--rounds",
-                "6",
-                "--decode-tokens",
-                "0",
-            ),
+            *MATRIX,
             *("--out", str(out), "--state-dir", str(series_state)),
         ],
         cwd=tmp_path,
@@ -225,16 +209,7 @@ def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
             "run",
             *("--repo", str(repo), "--mode", "bisect", "--good", shas["base"]),
             *("--bad", shas["fixed"], "--direction", "slower"),
-            *(
-                "--model",
-                "preset:micro",
-                "--contexts",
-                CONTEXT,
-                "--rounds",
-                "6",
-                "--decode-tokens",
-                "0",
-            ),
+            *MATRIX,
             *("--out", str(out), "--state-dir", str(series_state)),
         ],
         cwd=tmp_path,
