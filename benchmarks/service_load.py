@@ -625,18 +625,17 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
         agents = await asyncio.gather(*(register(i) for i in range(args.workers)))
 
         # 0. one round of `submitters` submissions, the server's first: reported apart
-        async def cold(index: int) -> None:
+        async def submit_one(index: int, latencies: list[float]) -> None:
+            """One job through submitter `index`'s client, its latency kept in `latencies`."""
             job_id = await submit(
-                clients[index % len(clients)],
-                key,
-                job_spec(),
-                figures.cold_submit_s,
-                figures.errors,
+                clients[index % len(clients)], key, job_spec(), latencies, figures.errors
             )
             if job_id is not None:
                 figures.submitted_jobs.append(job_id)
 
-        await asyncio.gather(*(cold(i) for i in range(args.submitters)))
+        await asyncio.gather(
+            *(submit_one(i, figures.cold_submit_s) for i in range(args.submitters))
+        )
 
         # 1. submissions at `submitters` in flight
         remaining = list(range(args.jobs))
@@ -644,11 +643,7 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
         async def submitter(index: int) -> None:
             while remaining:
                 remaining.pop()
-                job_id = await submit(
-                    clients[index % len(clients)], key, job_spec(), figures.submit_s, figures.errors
-                )
-                if job_id is not None:
-                    figures.submitted_jobs.append(job_id)
+                await submit_one(index, figures.submit_s)
 
         started = time.perf_counter()
         await asyncio.gather(*(submitter(i) for i in range(args.submitters)))
@@ -681,15 +676,7 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
                 outstanding = len(figures.submitted_jobs) - len(figures.leased_to)
                 figures.min_queued = min(figures.min_queued, outstanding)
                 if outstanding < 2 * args.workers:
-                    job_id = await submit(
-                        clients[index % len(clients)],
-                        key,
-                        job_spec(),
-                        figures.submit_under_load_s,
-                        figures.errors,
-                    )
-                    if job_id is not None:
-                        figures.submitted_jobs.append(job_id)
+                    await submit_one(index, figures.submit_under_load_s)
                 else:
                     await asyncio.sleep(0.05)
 

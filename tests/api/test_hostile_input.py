@@ -198,7 +198,7 @@ def test_one_hostile_host_fails_only_its_own_requests(live_db: str, tmp_path: Pa
         rehearse_at_start=False,
         lease_wait_max_s=1,
         lease_poll_s=0.2,
-        # The subject is isolation, not the bounded wait: on a loaded 2-core machine 41
+        # The subject is isolation, not the bounded wait: on a loaded 2-core machine 21
         # threads' requests can wait over the default 1 s for the database and get a 503
         # (retry later) that no hostile byte caused.
         db_request_timeout_s=30,
