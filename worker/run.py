@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,8 @@ log = logging.getLogger(__name__)
 CELL_TIMEOUT_S = 600.0
 # Each server's log in a bundle: its end, where a failure explains itself.
 SERVER_LOG_BYTES = 256 * 1024
+# Builds of one run at once, at most one per core: each is pip and a Python import, CPU-bound.
+MAX_PARALLEL_BUILDS = 8
 
 
 class RunRefused(ValueError):
@@ -316,12 +320,15 @@ def prepare_variants(
             launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
             prepared.append(PreparedVariant(variant, launch, repository.adapter))
         return prepared, logs, None
-    builds: dict[tuple[str, str], Build] = {}
     plans = (
         {plan.name: plan for plan in spec.commits.planned()}
         if spec.commits is not None and spec.commits.line is not None
         else {}
     )
+    # Checkouts one at a time (they share the repository's mirror), then every distinct
+    # (commit, recipe) built at once: builds are independent processes, nothing is timed yet.
+    to_build: list[tuple[VariantSpec, Checkout, Recipe, SynthesizedTree | None]] = []
+    failure: str | None = None
     for variant in variants:
         assert variant.ref is not None  # check_job
         recipe = recipe_for(repository, variant)
@@ -329,7 +336,6 @@ def prepare_variants(
         synthesized = _tree_plan(repository, plan, state_dir=state_dir)
         if on_phase:
             on_phase(f"checkout {repository.name}@{variant.ref}" + _change_text(plan))
-        skippable = may_skip(spec, variant.name)
         try:
             if plan is not None and synthesized is not None:
                 assert plan.change is not None and plan.commit is not None
@@ -344,7 +350,7 @@ def prepare_variants(
             else:
                 checkout = prepare(repository, variant.ref, state_dir=state_dir)
         except CheckoutError as error:
-            if skippable:
+            if may_skip(spec, variant.name):
                 if isinstance(error, NotSeparable) and synthesized is not None:
                     synthesized = synthesized.model_copy(update={"conflicts": error.conflicts})
                 launch = VariantLaunch(name=variant.name, python=sys.executable, plan={})
@@ -358,23 +364,24 @@ def prepare_variants(
                     )
                 )
                 continue
-            return prepared, logs, f"variant {variant.name}: {error}"
-        key = (checkout.commit, recipe.name)
-        log_name = f"build-{variant.name}.log"
-        if key not in builds:
-            if on_phase:
-                on_phase(f"build {repository.name}@{checkout.commit[:12]} ({recipe.name})")
-            builds[key] = build(
-                repository,
-                checkout,
-                recipe,
-                state_dir=state_dir,
-                log_path=workdir / "builds" / log_name,
-            )
-            logs[log_name] = Path(builds[key].log_path).read_bytes()
-        else:
-            logs[log_name] = Path(builds[key].log_path).read_bytes()
-        result = builds[key]
+            failure = f"variant {variant.name}: {error}"
+            break
+        to_build.append((variant, checkout, recipe, synthesized))
+
+    builds = _build_all(
+        repository,
+        [
+            (checkout, recipe, f"build-{variant.name}.log")
+            for variant, checkout, recipe, _ in to_build
+        ],
+        state_dir=state_dir,
+        workdir=workdir,
+        on_phase=on_phase,
+    )
+    order = {variant.name: index for index, variant in enumerate(variants)}
+    for variant, checkout, recipe, synthesized in to_build:
+        result = builds[(checkout.commit, recipe.name)]
+        logs[f"build-{variant.name}.log"] = Path(result.log_path).read_bytes()
         plan = _plan(
             spec, variant, run_id=run_id, model=model, adapter=repository.adapter, corpora=corpora
         )
@@ -388,7 +395,7 @@ def prepare_variants(
             # an embedded repository's variant runs its worktree's engine/, not ours
             pythonpath_first=str(checkout.path) if repository.adapter == "embedded" else None,
         )
-        if not result.ok and skippable:
+        if not result.ok and may_skip(spec, variant.name):
             skipped = f"did not build: {result.reason}"
             if synthesized is not None:
                 tail = log_tail(Path(result.log_path).read_bytes())
@@ -405,10 +412,51 @@ def prepare_variants(
             )
         )
         if not result.ok:
-            return prepared, logs, f"variant {variant.name}: {result.reason}"
+            # as if built one at a time: nothing after the first variant that cannot run
+            failure = f"variant {variant.name}: {result.reason}"
+            prepared = [p for p in prepared if order[p.spec.name] <= order[variant.name]]
+            break
+    prepared.sort(key=lambda p: order[p.spec.name])
+    if failure:
+        return prepared, logs, failure
     if spec.mode == "history" and all(p.skipped for p in prepared[1:]):
         return prepared, logs, "no commit of the history built besides the reference"
     return prepared, logs, None
+
+
+def _build_all(
+    repository: RepositoryConfig,
+    wanted: Sequence[tuple[Checkout, Recipe, str]],
+    *,
+    state_dir: Path,
+    workdir: Path,
+    on_phase: Callable[[str], None] | None,
+) -> dict[tuple[str, str], Build]:
+    """Each distinct (commit, recipe) of `wanted` (checkout, recipe, log name) built once, up to
+    one build per core at a time: a build is a venv, an install and an import check, each its
+    own process, and a run of a pull request's commits builds one tree per commit."""
+    first: dict[tuple[str, str], tuple[Checkout, Recipe, str]] = {}
+    for checkout, recipe, log_name in wanted:
+        first.setdefault((checkout.commit, recipe.name), (checkout, recipe, log_name))
+    if not first:
+        return {}
+    if on_phase:
+        commits = ", ".join(f"{commit[:12]} ({recipe})" for commit, recipe in first)
+        on_phase(f"build {repository.name}@{commits}")
+
+    def one(item: tuple[Checkout, Recipe, str]) -> Build:
+        checkout, recipe, log_name = item
+        return build(
+            repository,
+            checkout,
+            recipe,
+            state_dir=state_dir,
+            log_path=workdir / "builds" / log_name,
+        )
+
+    workers = max(1, min(len(first), os.cpu_count() or 1, MAX_PARALLEL_BUILDS))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="build") as pool:
+        return dict(zip(first, pool.map(one, first.values()), strict=True))
 
 
 def may_skip(spec: JobSpec, variant: str) -> bool:

@@ -25,9 +25,9 @@ from tests.worker.test_agent import write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-# 0.5 s per prefill chunk (one chunk at 64 tokens): ten times the whole cell of the micro
-# model, so 6 rounds settle every comparison even on a loaded 2-core machine.
-PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.5)  # planted: work per chunk\n"
+# 0.25 s per prefill chunk (one chunk at 64 tokens): six times the slowest whole cell of the
+# micro model (9-41 ms), so 6 rounds settle every comparison even on a loaded 2-core machine.
+PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.25)  # planted: work per chunk\n"
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ build or import reported as not separable with their reason."""
 
 from __future__ import annotations
 
+import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,57 @@ def test_trees_that_do_not_apply_or_import_are_not_separable_and_the_rest_go_on(
         shas["c4"],
         shas["merge"],
     }
+
+
+@pytest.mark.slow
+def test_a_runs_builds_go_at_once_and_come_back_in_the_variants_order(
+    pr_repo: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """Every tree of a commits job is built at once (one per core): each build writes when it
+    began and ended, and on a machine of two cores or more two of them overlap."""
+    repo, _shas = pr_repo
+    times = tmp_path / "build-times.txt"
+    timed = Recipe(
+        "timed",
+        (
+            "{python}",
+            "-c",
+            "import os, site, time; began = time.time(); time.sleep(1.0); "
+            "open(os.environ['BUILD_TIMES'], 'a').write(f'{began} {time.time()}\\n'); "
+            "open(os.path.join(site.getsitepackages()[0], 'checkout.pth'), 'w')"
+            ".write(os.getcwd())",
+        ),
+        env={"BUILD_TIMES": str(times)},
+    )
+    repository = _repository(repo, recipes={"timed": timed})
+    state = tmp_path / "state"
+    submitted = JobSpec.model_validate(
+        {
+            "mode": "commits",
+            "repository": "stub",
+            "adapter": "mlx-lm",
+            "variants": [{"name": "base"}],
+            "contexts": [64],
+            "rounds": 6,
+            "commits": {"base": "main", "head": "pr"},
+        }
+    )
+    spec = resolve_on_host(submitted, {"stub": repository}, state_dir=state)
+    variants = expand_variants(spec)
+    prepared, logs, failure = prepare_variants(
+        spec,
+        variants,
+        run_id="r-1",
+        model=tmp_path / "model",
+        repositories={"stub": repository},
+        state_dir=state,
+        workdir=tmp_path / "work",
+    )
+    assert failure is None
+    assert [p.spec.name for p in prepared] == [v.name for v in variants]
+    built = [p for p in prepared if p.build is not None]
+    assert all(f"build-{p.spec.name}.log" in logs for p in built)
+    spans = sorted(tuple(map(float, line.split())) for line in times.read_text().splitlines())
+    assert len(spans) == len({(p.build.commit, p.build.recipe) for p in built if p.build}) >= 3
+    if (os.cpu_count() or 1) >= 2:
+        assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans

@@ -17,11 +17,10 @@ from tests.worker.conftest import git
 pytestmark = pytest.mark.slow
 
 # A wait per prefill chunk, read from two modules a commit can change on its own. A 64-token
-# prefill of the tiny preset is about 0.12 s of compute on this CPU; the faster commit takes
-# 0.75 s of wait away, the slower one adds 0.75 s: head without the first waits 1.5 s, head
-# 0.75 s, head without the second none. A pair flips only if one cell's compute alone runs
-# 0.75 s (7x) over its partner's: waits of 0.2 s were not enough beside other test runs (an
-# identical-code pair spread 0.74-1.27 there), and one flipped pair of 8 leaves no verdict.
+# prefill of the micro preset is 9-41 ms of compute on this CPU (2026-12-03, load 2-4); the faster
+# commit takes 0.25 s of wait away, the slower one adds 0.25 s: head without the first waits
+# 0.5 s, head 0.25 s, head without the second none. A pair flips only if one cell's compute
+# alone runs 0.25 s (6x its slowest) over its partner's, far above what load does to it.
 PLANTED = SLOW_PREFILL_SYNC_OLD + (
     "            from mlx_lm import planted_a, planted_b  # planted: a wait per chunk\n"
     "            time.sleep(planted_a.WAIT_S + planted_b.WAIT_S)\n"
@@ -43,7 +42,7 @@ def pr_repo(
     text = generate.read_text()
     assert text.count(SLOW_PREFILL_SYNC_OLD) == 1 and "\nimport time\n" in text
     generate.write_text(text.replace(SLOW_PREFILL_SYNC_OLD, PLANTED))
-    (package / "planted_a.py").write_text("WAIT_S = 0.75\n")
+    (package / "planted_a.py").write_text("WAIT_S = 0.25\n")
     (package / "planted_b.py").write_text("WAIT_S = 0.0\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "base: planted waits")
@@ -59,7 +58,7 @@ def pr_repo(
     commit("faster", "prefill: wait less")
     (repo / "NOTES.md").write_text("notes\n")
     commit("notes", "docs: notes")
-    (package / "planted_b.py").write_text("WAIT_S = 0.75\n")
+    (package / "planted_b.py").write_text("WAIT_S = 0.25\n")
     commit("slower", "prefill: wait more")
     (package / "models" / "llama_extra.py").write_text("EXTRA = 1\n")
     commit("extra", "models: an extra module")

@@ -16,11 +16,11 @@ from tests.worker.conftest import git
 
 pytestmark = pytest.mark.slow
 
-# 0.75 s of waiting per prefill chunk, several times a whole 64-token prefill (one chunk) of the
-# tiny preset on a CPU: one pair flips only if the baseline's cell alone runs that many times
-# slower than usual, far above what other work on the machine does to it. A wait, not work:
-# load stretches work on both sides alike and leaves a wait as it is.
-PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.75)  # planted: work per chunk\n"
+# 0.25 s of waiting per prefill chunk, several times a whole 64-token prefill (one chunk) of the
+# micro preset on this CPU (9-41 ms): one pair flips only if the baseline's cell alone runs that
+# many times slower than usual, far above what other work on the machine does to it. A wait,
+# not work: load stretches work on both sides alike and leaves a wait as it is.
+PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.25)  # planted: work per chunk\n"
 CONTEXT = "64"
 # The matrix of every history run in this module: the service path, on micro.
 MATRIX = ("--model", "preset:micro", "--contexts", CONTEXT, "--rounds", "6", "--decode-tokens", "0")
