@@ -114,9 +114,7 @@ def tiny_model_dir(model_root: Path) -> Path:
     """The `tiny` preset (llama, 4 layers, width 256, float32, seed 0), written once per session,
     resolved by `preset:tiny`. For tests whose subject is the model: checkpoint digests, goldens,
     memory estimates, this CPU's arithmetic, the `timing` tests."""
-    from engine.checkpoints import create_checkpoint
-
-    return create_checkpoint("tiny", model_root / "tiny-0-float32")
+    return _session_preset("tiny", model_root)
 
 
 @pytest.fixture(scope="session")
@@ -126,9 +124,18 @@ def micro_model_dir(model_root: Path) -> Path:
     evidence or a planted wait: on this CPU its 256-token prefill takes 25-60 ms where `tiny`'s
     takes 0.6-1.6 s, so cells and warm-ups cost 20-50x less and a planted wait stands further
     above what load does to the compute."""
-    from engine.checkpoints import create_checkpoint
+    return _session_preset("micro", model_root)
 
-    return create_checkpoint("micro", model_root / "micro-0-float32")
+
+def _session_preset(preset: str, model_root: Path) -> Path:
+    """The preset's checkpoint in the session's folder, resolved as `preset:NAME` is everywhere:
+    written on first use, reused when a test's child process (an ablation, a demo) wrote it
+    first."""
+    from engine.checkpoints import resolve_model
+
+    path = resolve_model(f"preset:{preset}", {})
+    assert path.parent == model_root, path
+    return path
 
 
 # The `slow-prefill` branch of `mlx_lm_repo`: the stock prefill loop with its chunks capped at
