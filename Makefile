@@ -30,12 +30,13 @@ demo: install
 services:
 	.ci/services
 
-# Two pytest workers (pytest-xdist): most of the suite's time is real processes starting and
-# waiting (servers, Celery, agents, variant processes loading mlx-lm), about one core of two.
-# Each worker starts on its half of the tests in order and then takes from the other's rest.
-# Each worker's session has its own databases, Redis key prefixes, ports, temporary folders
-# and host lock (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= 2
+# Three pytest workers (pytest-xdist) on a 2-core machine: most of the suite's time is real
+# processes starting and waiting (servers, Celery, agents, variant processes loading mlx-lm), so
+# a third worker fills the cores the other two leave idle. Each worker starts on its third of the
+# tests in order and then takes from the others' rest. Each worker's session has its own
+# databases, Redis key prefixes, ports, temporary folders and host lock (tests/conftest.py).
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 3
 
 # Tests marked `alone` measure a planted wait beside steps that compare identical code (a
 # bisection's good commits): a second worker's load can tip those, so they run afterwards, one
