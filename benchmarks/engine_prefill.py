@@ -11,7 +11,7 @@ token) of:
 - `cell`: the coldbench cell (`engine.cell`) with flags off (stock-like: clear_cache=true,
   compile=false, 2,048-token chunks);
 - `cell:<flags>`: the cell with each candidate of the best flags; the fastest median is `best`.
-  `--try-fastpaths` adds each candidate with kernels/' fast paths on (`,fused`); a fast path
+  `--try-fastpaths` adds each candidate with the fast paths of fastpaths/ on (`,fused`); a fast path
   that falls back or is not exercised makes the cell invalid (engine/judge.py), so such a
   candidate gets no figure rather than the reference path's.
 
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--try-fastpaths",
         action="store_true",
-        help="candidates with kernels/' fast paths on (fused_swiglu, fused_add_rms_norm)",
+        help="candidates with the fast paths of fastpaths/ on (fused_swiglu, fused_add_rms_norm)",
     )
     parser.add_argument("--no-cell", action="store_true", help="stock and bare loop only")
     parser.add_argument(

@@ -4,7 +4,7 @@ On one machine (a GPU host rented for a few minutes, or this CPU) it starts the 
 on its embedded default (SQLite and kombu's SQLAlchemy broker under `--workdir`, no PostgreSQL
 or Redis), one Celery worker and one agent whose worker.toml declares `--repo` as an
 `adapter = "embedded"` repository with the `offline` recipe (installs nothing: each ref's
-worktree runs its own engine/ and kernels/ on the host's packages, docs/KERNELS.md), enrolls
+worktree runs its own engine/ and fastpaths/ on the host's packages, docs/FASTPATHS.md), enrolls
 the agent and issues a submitter key with `coldbench admin` as `coldbench demo` does, submits
 an A/B job over the refs with `coldbench submit`, follows it, downloads the evidence zip into
 `--out`, checks it with `coldbench verify`, stops every process (also on failure, printing the
@@ -131,7 +131,7 @@ def worker_toml(args: argparse.Namespace, agent_dir: Path) -> tuple[str, str]:
         model = _variant_name(folder.name)
         models.append(f"{json.dumps(model)} = {json.dumps(str(folder))}")
     recipe_commands = {
-        "offline": ["{python}", "-c", "import engine, kernels"],
+        "offline": ["{python}", "-c", "import engine, {fast_path_package}"],
         "editable": [
             *("{python}", "-m", "pip", "install", "--no-deps", "--no-build-isolation"),
             *("-e", "."),

@@ -21,7 +21,7 @@ each call `mx.eval` + `mx.synchronize`. The share is of the whole layer as measu
 separately do not sum to it exactly (separate calls cannot overlap, and kernel launches count
 once per call).
 
-Then the fast paths of kernels/ against their references at the layer's shapes, side by side
+Then the fast paths of fastpaths/ against their references at the layer's shapes, side by side
 in one process (median of alternating calls): `fused_swiglu` on the MLP's (chunk, intermediate)
 (and the experts' shape for a MoE layer), `fused_add_rms_norm` on (chunk, hidden). Where a gate
 refuses (a CPU host), the reason is printed instead of a ratio.
@@ -154,8 +154,8 @@ def profile(
     from mlx_lm.models.cache import KVCache
     from mlx_lm.models.switch_layers import _gather_sort
 
-    from kernels import add_rms_norm, detect_backend
-    from kernels import swiglu as fused_swiglu
+    from fastpaths import add_rms_norm, detect_backend
+    from fastpaths import swiglu as fused_swiglu
 
     layer, args, config = build_layer(preset, dtype, seed)
     model_type = config["model_type"]

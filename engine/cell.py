@@ -20,7 +20,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
-import kernels
+import fastpaths
 from engine.backend import not_exercised
 from engine.fastpaths import KernelSteps
 from engine.flags import Flags
@@ -136,7 +136,7 @@ def _model_type(model: Any) -> str:
 class KernelForward(Forward):
     """The fast-path flags (`fused_swiglu`, `fused_add_rms_norm`): the backbone runs through
     `engine.fastpaths.KernelSteps`, whose kernel calls count their own dispatches and
-    fallbacks (`kernels.COUNTERS`). A model the step cannot drive runs its own forward and
+    fallbacks (`fastpaths.COUNTERS`). A model the step cannot drive runs its own forward and
     `reason` says why (recorded as each requested fast path's fallback)."""
 
     def __init__(self, model: Any, flags: Flags) -> None:
@@ -208,7 +208,7 @@ def run_cell(
         "clear_cache.dispatched": 0,
         "cache_clears": 0,
         "compile.dispatched": 0,
-        **{f"{name}.dispatched": 0 for name in kernels.FAST_PATHS},
+        **{f"{name}.dispatched": 0 for name in fastpaths.FAST_PATHS},
     }
     result = Measurement(
         prompt_tokens=len(prompt_ids),
@@ -227,7 +227,7 @@ def run_cell(
         cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
         cached = cache_offset(cache)
         result.cached_tokens = cached
-        kernels.COUNTERS.reset()
+        fastpaths.COUNTERS.reset()
         widths = _measure(forward, cache, prompt_ids, flags, decode_tokens, result)
         counters["compile.dispatched"] = forward.dispatched if flags.compile else 0
         fast_path_counters(forward, flags, counters)
@@ -328,12 +328,12 @@ def _measure(
 def fast_path_counters(forward: Forward, flags: Flags, counters: dict[str, Any]) -> None:
     """`<flag>.dispatched` (kernel launches in the cell's prefill and decode) and
     `<flag>.fallback` (the first reason a requested fast path ran its reference, with how many
-    of its calls did) for every fast path of kernels/."""
-    for name in kernels.FAST_PATHS:
-        counters[f"{name}.dispatched"] = kernels.COUNTERS.dispatched[name]
+    of its calls did) for every fast path of fastpaths/."""
+    for name in fastpaths.FAST_PATHS:
+        counters[f"{name}.dispatched"] = fastpaths.COUNTERS.dispatched[name]
         if name in flags.fast_paths():
             why = forward.reason if isinstance(forward, KernelForward) else None
-            reason = f"{name}: {why}" if why else kernels.COUNTERS.fallback_reason(name)
+            reason = f"{name}: {why}" if why else fastpaths.COUNTERS.fallback_reason(name)
             if reason is not None:
                 counters[f"{name}.fallback"] = reason
 
@@ -366,7 +366,7 @@ def execution(
         elif name == "compile":
             expectation = Expectation(name, AtLeast(1), 0)
             observed = counters["compile.dispatched"]
-        else:  # a fast path (kernels/): its path must dispatch at least once
+        else:  # a fast path (fastpaths/): its path must dispatch at least once
             expectation = Expectation(name, AtLeast(1), 0)
             observed = counters.get(f"{name}.dispatched", 0)
         fallback = counters.get(f"{name}.fallback")

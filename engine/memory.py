@@ -318,7 +318,7 @@ class MemoryGuard:
 
     @classmethod
     def for_plan(cls, plan: Plan, path: Path | str) -> MemoryGuard:
-        from engine.flags import Flags  # kernels/ and mlx: not for the worker's imports
+        from engine.flags import Flags  # fastpaths/ and mlx: not for the worker's imports
 
         step_flag = {k: v for k, v in (plan.flags or {}).items() if k == "prefill_step_size"}
         try:

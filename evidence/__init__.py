@@ -21,6 +21,6 @@ those. Nothing imports upward, so nothing needs a lazy import to dodge a cycle.
 
 May import: pydantic, scipy, numpy, jinja2, plotly, typer (its `verify` command, the spec
 options' declarations) and the standard library. Never `api/`, `worker/`, `web/`, `engine/`,
-`kernels/` or `coldbench/`: both sides of the worker protocol import this package, so it must
+`fastpaths/` or `coldbench/`: both sides of the worker protocol import this package, so it must
 stay free of either (import-linter contracts in pyproject.toml enforce it).
 """

@@ -30,7 +30,8 @@ EMBEDDED_FLAGS: Final[dict[str, FlagKind]] = {
     "fused_swiglu": "bool",
     "fused_add_rms_norm": "bool",
 }
-# Flags that run kernels/' fast paths: a compiled layer step would hide their dispatch counts.
+# Flags that run the fast paths of fastpaths/: a compiled layer step would hide their dispatch
+# counts.
 FAST_PATH_FLAGS: Final = ("fused_swiglu", "fused_add_rms_norm")
 ADAPTER_FLAGS: Final[dict[str, dict[str, FlagKind]]] = {
     "embedded": EMBEDDED_FLAGS,

@@ -8,6 +8,7 @@ PYTHONPATH is set to the repository root for the whole session.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -278,23 +279,28 @@ ENGINE_STEP_NEW = "    prefill_step_size: int = 64  # coldbench test branch\n"
 SWIGLU_ON_BRANCH = "fused-swiglu-on"
 SWIGLU_OLD = "    fused_swiglu: bool = False\n"
 SWIGLU_NEW = "    fused_swiglu: bool = True  # coldbench test branch\n"
+# A commit as this repository was before `kernels/` became `fastpaths/`: the same code under the
+# old package name, imported as `kernels` (engine.fastpaths, a module of engine, kept its name).
+PRE_RENAME_BRANCH = "kernels-name"
+_FAST_PATH_IMPORT = re.compile(r"(?<![\w./])fastpaths(?![\w/])")
 
 
 @pytest.fixture(scope="session")
 def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, str]]:
     """A small git copy of this repository's engine, as a branch of it would look.
 
-    `engine/`, `kernels/` and `evidence/` of this checkout plus a minimal pyproject.toml
+    `engine/`, `fastpaths/` and `evidence/` of this checkout plus a minimal pyproject.toml
     (`pip install -e .` works) on branch `main`; branch `step-64` changes one engine flag's
     default (`Flags.prefill_step_size` 2048 -> 64, see ENGINE_STEP_*); branch
-    `fused-swiglu-on` turns a fast path on by default. Returns (repository path, (main,
-    step-64)).
+    `fused-swiglu-on` turns a fast path on by default; branch `kernels-name`
+    (PRE_RENAME_BRANCH) has `fastpaths/` under its old name `kernels/`. Returns (repository
+    path, (main, step-64)).
     """
     import shutil
     import subprocess
 
     repo = tmp_path_factory.mktemp("coldbench-repo")
-    for package in ("engine", "kernels", "evidence"):
+    for package in ("engine", "fastpaths", "evidence"):
         shutil.copytree(
             REPO_ROOT / package,
             repo / package,
@@ -309,7 +315,7 @@ def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tupl
         'version = "0.0.1"\n'
         'requires-python = ">=3.11"\n\n'
         "[tool.setuptools.packages.find]\n"
-        'include = ["engine*", "kernels*", "evidence*"]\n\n'
+        'include = ["engine*", "fastpaths*", "evidence*"]\n\n'
         "[tool.setuptools.package-data]\n"
         '"*" = ["*.j2", "*.json"]\n'
     )
@@ -339,5 +345,17 @@ def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tupl
     assert text.count(SWIGLU_OLD) == 1, "engine.flags default fused_swiglu not found"
     flags_py.write_text(text.replace(SWIGLU_OLD, SWIGLU_NEW))
     git("commit", "-q", "-am", "Embedded engine: fused_swiglu on by default")
+    git("checkout", "-q", "-b", PRE_RENAME_BRANCH, "main")
+    git("mv", "fastpaths", "kernels")
+    renamed = 0
+    for source in [*(repo / "engine").rglob("*.py"), *(repo / "kernels").rglob("*.py")]:
+        text = source.read_text()
+        old_text = _FAST_PATH_IMPORT.sub("kernels", text)
+        renamed += old_text != text
+        source.write_text(old_text)
+    assert renamed, "no import of fastpaths found to rename"
+    pyproject = repo / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"fastpaths*"', '"kernels*"'))
+    git("commit", "-q", "-am", "The fast-path package as it was named before: kernels/")
     git("checkout", "-q", "main")
     return repo, ("main", "step-64")

@@ -2,11 +2,12 @@
 
 Each build gets its own venv with `--system-site-packages` plus the host interpreter's own
 site-packages (MLX comes from the host; a host that is itself a venv needs the second). The
-recipe's argv runs in the checkout with its env (`{python}` replaced by the venv's python; no
-shell, no command from the job), its output goes to a log. Then the engine module is imported
-exactly as a variant process will import it, and the file it came from must lie inside the
-checkout: seed 002's install-path defect (code built or loaded from somewhere else) fails the
-build instead of producing numbers for the wrong code.
+recipe's argv runs in the checkout with its env (`{python}` replaced by the venv's python,
+`{fast_path_package}` by the checkout's fast-path package; no shell, no command from the job),
+its output goes to a log. Then the engine module (and for an embedded repository its fast-path
+package) is imported exactly as a variant process will import it, and the file it came from
+must lie inside the checkout: seed 002's install-path defect (code built or loaded from
+somewhere else) fails the build instead of producing numbers for the wrong code.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ _PRECEDENCE_PTH = (
     "import sys; sys.meta_path.sort(key=lambda f: 0 if str(getattr(f, '__module__', ''))"
     ".startswith('__editable__') else 1)\n"
 )
+# The fast-path package of a coldbench tree, by name, newest first: `kernels/` before it was
+# renamed (Hugging Face's `kernels` distribution, which transformers 5.25 requires, has that
+# top-level name), and an embedded repository's refs may be commits from before the rename.
+FAST_PATH_PACKAGES = ("fastpaths", "kernels")
 _IMPORT_PROBE = (
     "import importlib, json, sys; m = importlib.import_module(sys.argv[1]); "
     "print(json.dumps({'file': getattr(m, '__file__', None), 'executable': sys.executable}))"
@@ -126,6 +131,26 @@ def native_modules(root: Path) -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
+def fast_path_package(tree: Path) -> str:
+    """The fast-path package of the coldbench tree at `tree`: `fastpaths`, or `kernels` in a
+    tree from before the rename (`fastpaths` when it has neither: the build's check then says
+    that package cannot be imported)."""
+    for name in FAST_PATH_PACKAGES:
+        if (tree / name / "__init__.py").is_file():
+            return name
+    return FAST_PATH_PACKAGES[0]
+
+
+def recipe_command(recipe: Recipe, *, python: Path, checkout: Path) -> list[str]:
+    """The recipe's argv as it runs: `{python}` is the build venv's interpreter and
+    `{fast_path_package}` the checkout's fast-path package (`fast_path_package`)."""
+    package = fast_path_package(checkout)
+    return [
+        arg.replace("{python}", str(python)).replace("{fast_path_package}", package)
+        for arg in recipe.command
+    ]
+
+
 def imported_file(python: Path, module: str, *, cwd: Path, first: str | None = None) -> str | None:
     """The file `module` is imported from by `python`, in a variant process's environment
     (`first`: the worktree an embedded repository's variant puts first on its path)."""
@@ -160,7 +185,7 @@ def install_path_problem(module_file: str | None, module: str, checkout: Path) -
 
 
 def _run_recipe(recipe: Recipe, *, python: Path, venv: Path, cwd: Path, log_path: Path) -> int:
-    command = [arg.replace("{python}", str(python)) for arg in recipe.command]
+    command = recipe_command(recipe, python=python, checkout=cwd)
     env = {
         **os.environ,
         "VIRTUAL_ENV": str(venv),
@@ -219,7 +244,7 @@ def build(
     marker = venv / MARKER
     python = _venv_python(venv)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [arg.replace("{python}", str(python)) for arg in recipe.command]
+    command = recipe_command(recipe, python=python, checkout=checkout.path)
     result = Build(
         repository=repository.name,
         commit=checkout.commit,
@@ -277,12 +302,16 @@ def _check(
     result: Build, repository: RepositoryConfig, checkout: Checkout, log_path: Path
 ) -> Build:
     python = Path(result.python)
-    # An embedded repository's variants run its worktree's engine/ and kernels/: both checked.
+    # An embedded repository's variants run its worktree's engine and fast-path package: both
+    # checked.
     embedded = repository.adapter == "embedded"
     first = str(checkout.path) if embedded else None
     problem: str | None = None
     module_file: str | None = None
-    for module in (repository.module, "kernels") if embedded else (repository.module,):
+    modules = [repository.module]
+    if embedded:
+        modules.append(fast_path_package(checkout.path))
+    for module in modules:
         found: str | None
         why: str | None
         try:

@@ -48,10 +48,12 @@ EDITABLE_COMMAND = (
 )
 # `offline`: installs nothing, so it needs no package index and no build backend (a GPU host
 # with only the packages it has). An embedded repository's variants run their worktree first on
-# PYTHONPATH, and the build's import check (worker/build.py) proves engine/ and kernels/ come
-# from it; the command itself only proves the checkout imports. For an mlx-lm repository the
-# check fails, naming the file mlx_lm was imported from.
-OFFLINE_COMMAND = ("{python}", "-c", "import engine, kernels")
+# PYTHONPATH, and the build's import check (worker/build.py) proves engine/ and its fast-path
+# package come from it; the command itself only proves the checkout imports. For an mlx-lm
+# repository the check fails, naming the file mlx_lm was imported from.
+# `{fast_path_package}` is `fastpaths`, or `kernels` in a tree from before that package's rename
+# (worker.build.fast_path_package).
+OFFLINE_COMMAND = ("{python}", "-c", "import engine, {fast_path_package}")
 # A server that streams no token this long after the request is treated as dead (its
 # generation thread gone); hosts serving long contexts on slow machines raise it.
 DEFAULT_FIRST_TOKEN_TIMEOUT_S = 300.0
@@ -68,7 +70,9 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    command: tuple[str, ...]  # argv; `{python}` is the build venv's interpreter
+    # argv; `{python}` is the build venv's interpreter, `{fast_path_package}` the checkout's
+    # fast-path package (worker.build.recipe_command)
+    command: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
 
 

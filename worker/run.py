@@ -54,7 +54,7 @@ from evidence.schemas import (
 )
 from evidence.summary_schema import Summary
 from evidence.variant import baseline_name, expand_variants
-from worker.build import Build, build, install_path_problem
+from worker.build import FAST_PATH_PACKAGES, Build, build, install_path_problem
 from worker.checkout import (
     Checkout,
     CheckoutError,
@@ -515,15 +515,17 @@ def _stderr_tail(workdir: Path, variant: str, fallback: str) -> str:
 
 def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | None) -> str | None:
     """The variant process's own report of what it imported, checked against its checkout:
-    the engine module (an embedded one must report it), and kernels/ where reported (commits
-    older than that report were checked by the build, in the same environment)."""
+    the engine module (an embedded one must report it), and the fast-path package where
+    reported (`fastpaths`, or `kernels` from a tree before its rename; commits older than that
+    report were checked by the build, in the same environment)."""
     assert variant.checkout is not None
     embedded = variant.adapter == "embedded"
     software = (target or {}).get("software") or {}
-    files = {
-        "the engine module": module_file_of(target),
-        "kernels": (software.get("files") or {}).get("kernels") if embedded else None,
-    }
+    reported = software.get("files") or {}
+    files: dict[str, str | None] = {"the engine module": module_file_of(target)}
+    if embedded:
+        for package in FAST_PATH_PACKAGES:
+            files[package] = reported.get(package)
     for module, module_file in files.items():
         if module_file or (embedded and module == "the engine module"):
             problem = install_path_problem(module_file, module, variant.checkout.path)

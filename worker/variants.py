@@ -128,7 +128,7 @@ def engine_root() -> Path:
 def child_env(extra: dict[str, str] | None = None, *, first: str | None = None) -> dict[str, str]:
     """The environment of a child that runs engine code: the orchestrator's engine root first
     on PYTHONPATH, or instead `first` (a worktree of an embedded repository, whose engine/
-    and kernels/ must be the ones imported), then the inherited PYTHONPATH."""
+    and fastpaths/ must be the ones imported), then the inherited PYTHONPATH."""
     env = dict(os.environ)
     head = [first] if first else [str(engine_root())]
     paths = [*head, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]

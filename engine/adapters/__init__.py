@@ -17,7 +17,8 @@ the engine module was really imported from), `flags`, `mlx`, `mlx_lm`, `backend`
 the cells, which provenance keeps per variant. Its shape, shared with the openai-server adapter
 (which reports what the server's interpreter imports): `python`, `python_executable`, `mlx`,
 `mlx_lm`, `coldbench` (versions, None when unknown) and `files` (name -> absolute path of the
-file the module was imported from: `engine`, `kernels`, `mlx`, `mlx_lm`).
+file the module was imported from: `engine`, `fastpaths`, `mlx`, `mlx_lm`; a tree from before
+the package was renamed reports `kernels` in place of `fastpaths`).
 """
 
 from __future__ import annotations
@@ -86,14 +87,14 @@ def process_software(**modules: Any) -> dict[str, Any]:
     """Versions and imported files in this process (`describe()["software"]`).
 
     `modules` adds named modules to the files (e.g. the checkout's `mlx_lm`); `engine`,
-    `kernels` and `mlx` (mlx.core's extension) are always listed, `mlx_lm` when imported.
+    `fastpaths` and `mlx` (mlx.core's extension) are always listed, `mlx_lm` when imported.
     """
     import mlx.core as mx
 
     import engine
-    import kernels
+    import fastpaths
 
-    found: dict[str, Any] = {"engine": engine, "kernels": kernels, "mlx": mx}
+    found: dict[str, Any] = {"engine": engine, "fastpaths": fastpaths, "mlx": mx}
     if "mlx_lm" in sys.modules:
         found["mlx_lm"] = sys.modules["mlx_lm"]
     found.update(modules)

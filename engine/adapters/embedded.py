@@ -1,7 +1,7 @@
 """The `embedded` adapter: this project's engine (`engine.cell`) in the variant process.
 
 With the plan's `checkout` (a worktree of a repository declared `adapter = "embedded"`), the
-variant must run that worktree's `engine/` and `kernels/`: the files this process imported for
+variant must run that worktree's `engine/` and `fastpaths/`: the files this process imported for
 both must lie inside it, or the adapter refuses to run (a load error, exit 2), as the mlx-lm
 adapter does for its checkout.
 """
@@ -29,11 +29,11 @@ class EmbeddedLoadError(ValueError):
 
 
 def check_imported_from(checkout: str | Path) -> None:
-    """Raise EmbeddedLoadError unless `engine` and `kernels` came from inside `checkout`."""
-    import kernels
+    """Raise EmbeddedLoadError unless `engine` and `fastpaths` came from inside `checkout`."""
+    import fastpaths
 
     root = Path(checkout).resolve()
-    for module in (engine, kernels):
+    for module in (engine, fastpaths):
         imported = Path(module.__file__ or "").resolve()
         if not imported.is_relative_to(root):
             raise EmbeddedLoadError(

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The project's packages a host runs; api/, web/ and migrations/ are the server's.
-WORKER_PACKAGES = {"coldbench", "evidence", "engine", "kernels", "worker"}
+WORKER_PACKAGES = {"coldbench", "evidence", "engine", "fastpaths", "worker"}
 GUARD = """
 import importlib.machinery
 import os
@@ -138,8 +138,8 @@ def test_a_worker_install_measures_without_the_server_packages(
         [
             sys.executable,
             "-c",
-            "import pkgutil, importlib, worker, engine, kernels\n"
-            "for package in (worker, engine, kernels):\n"
+            "import pkgutil, importlib, worker, engine, fastpaths\n"
+            "for package in (worker, engine, fastpaths):\n"
             "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
             "        importlib.import_module(info.name)\n",
         ],

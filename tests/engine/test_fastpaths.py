@@ -18,7 +18,7 @@ from engine.cell import run_cell
 from engine.flags import Flags
 from engine.prompts import PromptSource
 from engine.record import Measurement
-from kernels import DISABLE_ENV, add_rms_norm, swiglu
+from fastpaths import DISABLE_ENV, add_rms_norm, swiglu
 
 CONTEXT = 96
 DECODE = 4

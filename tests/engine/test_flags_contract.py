@@ -11,7 +11,7 @@ import pytest
 from engine.adapters.mlx_lm import SUPPORTED_FLAGS
 from engine.flags import MAX_PREFILL_STEP, Flags
 from evidence import engine_flags
-from kernels import FAST_PATHS
+from fastpaths import FAST_PATHS
 
 
 def test_the_declared_flags_are_the_engines() -> None:

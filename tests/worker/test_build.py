@@ -7,7 +7,8 @@ from pathlib import Path
 import mlx_lm
 
 from evidence.canonical import sha256_file
-from worker.build import build
+from tests.conftest import PRE_RENAME_BRANCH
+from worker.build import build, fast_path_package, recipe_command
 from worker.checkout import prepare
 from worker.config import Recipe, RepositoryConfig, default_recipes
 
@@ -106,3 +107,64 @@ def test_recipe_env_is_passed_and_native_modules_are_digested(
     assert result.ok, result.reason
     digest = sha256_file(checkout.path / "mlx_lm" / "_ext.so")[0]
     assert result.native_modules == {"mlx_lm/_ext.so": digest}
+
+
+def test_the_fast_path_package_is_fastpaths_or_its_pre_rename_name(tmp_path: Path) -> None:
+    cases = (
+        (["fastpaths"], "fastpaths"),
+        (["kernels"], "kernels"),
+        (["fastpaths", "kernels"], "fastpaths"),
+        ([], "fastpaths"),  # neither: the build's import check says fastpaths is missing
+    )
+    for number, (packages, expected) in enumerate(cases):
+        tree = tmp_path / f"tree-{number}"
+        tree.mkdir()
+        for package in packages:
+            (tree / package).mkdir()
+            (tree / package / "__init__.py").write_text("")
+        assert fast_path_package(tree) == expected, packages
+    # A folder without __init__.py (a leftover __pycache__) is not the package.
+    (tmp_path / "stale" / "fastpaths" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "stale" / "kernels").mkdir()
+    (tmp_path / "stale" / "kernels" / "__init__.py").write_text("")
+    assert fast_path_package(tmp_path / "stale") == "kernels"
+    offline = default_recipes("embedded")["offline"]
+    python = tmp_path / "venv" / "bin" / "python"
+    # tree-1 holds kernels/ only: a tree from before the rename
+    assert recipe_command(offline, python=python, checkout=tmp_path / "tree-1") == [
+        str(python),
+        "-c",
+        "import engine, kernels",
+    ]
+
+
+def test_embedded_builds_check_either_name_of_the_fast_path_package(
+    coldbench_repo: tuple[Path, tuple[str, str]], tmp_path: Path
+) -> None:
+    """A ref from before `kernels/` became `fastpaths/` builds and is checked under its own
+    name; a current ref under the new one."""
+    repo, (main, _) = coldbench_repo
+    repository = RepositoryConfig(
+        name="engine",
+        url=str(repo),
+        module="engine",
+        adapter="embedded",
+        recipes=default_recipes("embedded"),
+    )
+    state = tmp_path / "state"
+    recipe = repository.recipes["offline"]
+    for ref, package in ((main, "fastpaths"), (PRE_RENAME_BRANCH, "kernels")):
+        checkout = prepare(repository, ref, state_dir=state)
+        assert fast_path_package(checkout.path) == package
+        log_path = tmp_path / f"{package}.log"
+        result = build(repository, checkout, recipe, state_dir=state, log_path=log_path)
+        assert result.ok, (ref, result.reason, log_path.read_text()[-2000:])
+        assert result.command[1:] == ["-c", f"import engine, {package}"]
+        assert result.engine_module_file == str(checkout.path / "engine" / "__init__.py")
+    # The check imports the tree's own package: in the pre-rename tree a `kernels` that cannot
+    # be imported fails the build under that name (this recipe imports nothing itself).
+    (checkout.path / "kernels" / "__init__.py").write_text("raise ImportError('planted')\n")
+    noop = Recipe("noop", ("{python}", "-c", "pass"))
+    result = build(repository, checkout, noop, state_dir=state, log_path=tmp_path / "planted.log")
+    assert not result.ok
+    assert result.reason == "install-path check failed: import kernels: ImportError: planted"

@@ -101,7 +101,7 @@ def test_aa_never_claims_a_difference(
     for target in targets.values():
         software = target["software"]
         assert software["files"]["engine"] == engine_file
-        assert software["files"]["kernels"] == str(repo_root / "kernels" / "__init__.py")
+        assert software["files"]["fastpaths"] == str(repo_root / "fastpaths" / "__init__.py")
         assert software["mlx"] and software["mlx_lm"] and software["python"]
     assert "software (its own process)" in (out / "summary.md").read_text()
     assert run["model"]["weights_sha256"] and run["job_spec_sha256"]

@@ -1,9 +1,10 @@
 """Branches of coldbench's own engine (issue 11): a repository declared `adapter = "embedded"`.
 
-`coldbench_repo` (tests/conftest.py) is a small git copy of this repository's engine/, kernels/
-and evidence/ whose `step-64` commit changes one engine flag's default. Each variant's ref is
-checked out in its own worktree and installed into its own venv, and its process must run that
-worktree's engine/ and kernels/, not the orchestrator's.
+`coldbench_repo` (tests/conftest.py) is a small git copy of this repository's engine/,
+fastpaths/ and evidence/ whose `step-64` commit changes one engine flag's default (and whose
+`kernels-name` commit is a tree from before fastpaths/ was renamed from kernels/). Each
+variant's ref is checked out in its own worktree and installed into its own venv, and its
+process must run that worktree's engine/ and fast-path package, not the orchestrator's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from evidence.bundle import verify_bundle
 from evidence.records import read_records
-from tests.conftest import SWIGLU_ON_BRANCH
+from tests.conftest import PRE_RENAME_BRANCH, SWIGLU_ON_BRANCH
 from tests.stack import Stack, stop_process
 from worker.config import ConfigError, local_repository, parse_host_config
 
@@ -77,11 +78,11 @@ def test_two_commits_run_as_variants_each_attributed_to_its_commit_and_files(
         checkout = Path(target["checkout"]).resolve()
         checkouts.add(checkout)
         assert not checkout.is_relative_to(Path(__file__).resolve().parents[2])
-        # the variant's own process imported the worktree's engine/ and kernels/
+        # the variant's own process imported the worktree's engine/ and fastpaths/
         assert target["engine_module_file"] == str(checkout / "engine" / "__init__.py")
         files = target["software"]["files"]
         assert files["engine"] == str(checkout / "engine" / "__init__.py")
-        assert files["kernels"] == str(checkout / "kernels" / "__init__.py")
+        assert files["fastpaths"] == str(checkout / "fastpaths" / "__init__.py")
         assert target["ready"]["checkout"] == str(checkout)
         assert target["build_module_file"] == target["engine_module_file"]
     assert len(checkouts) == 2
@@ -93,6 +94,56 @@ def test_two_commits_run_as_variants_each_attributed_to_its_commit_and_files(
     assert widths == {"main": "128", "step": "64x2"}
     summary_md = (out / "summary.md").read_text()
     assert commits["step"][:12] in summary_md and "step-64" in summary_md
+
+
+def test_a_ref_from_before_the_fast_path_rename_runs_its_own_kernels_package(
+    coldbench_cmd: list[str],
+    coldbench_repo: tuple[Path, tuple[str, str]],
+    micro_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """A commit whose fast-path package is still `kernels/` builds with the default editable
+    recipe beside a current one (also where Hugging Face's `kernels`, which transformers 5.25
+    requires, is installed), and each variant's process runs and reports its own worktree's
+    package under its own name."""
+    repo, (main, _) = coldbench_repo
+    out = tmp_path / "renamed"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--repo", str(repo), "--adapter", "embedded"),
+            *("--variant", f"main:ref={main}", "--variant", f"old:ref={PRE_RENAME_BRANCH}"),
+            *("--model", "preset:micro", "--contexts", "128", "--rounds", "1"),
+            *("--decode-tokens", "2"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert verify_bundle(out).is_intact
+    provenance = json.loads((out / "provenance.json").read_text())
+    targets = {t["variant"]: t for t in provenance.get("runs", [provenance])[0]["targets"]}
+    for name, ref, package, other in (
+        ("main", main, "fastpaths", "kernels"),
+        ("old", PRE_RENAME_BRANCH, "kernels", "fastpaths"),
+    ):
+        target = targets[name]
+        assert target["commit"] == _commit(repo, ref)
+        checkout = Path(target["checkout"]).resolve()
+        assert (checkout / package / "__init__.py").is_file()
+        assert not (checkout / other).exists()
+        files = target["software"]["files"]
+        assert files[package] == str(checkout / package / "__init__.py")
+        assert other not in files
+        assert target["build_module_file"] == str(checkout / "engine" / "__init__.py")
+    records = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
+    assert {r.variant for r in records} == {"main", "old"}
+    assert all(r.status == "ok" for r in records), records
 
 
 def test_a_variant_whose_engine_is_not_the_checkouts_refuses_to_run(
@@ -194,7 +245,7 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
             checkout = root / "state" / "worktrees" / "engine" / target["commit"]
             assert target["engine_module_file"] == str(checkout / "engine" / "__init__.py")
             files = target["software"]["files"]
-            assert files["kernels"] == str(checkout / "kernels" / "__init__.py")
+            assert files["fastpaths"] == str(checkout / "fastpaths" / "__init__.py")
         lines = service.artifact(run["id"], "records.jsonl").decode().splitlines()
         measured = [r for r in map(json.loads, lines) if r["round"] >= 0]
         widths = {r["variant"]: r["counters"]["chunk_widths"] for r in measured}
@@ -257,7 +308,8 @@ def test_offline_recipe_runs_branches_without_a_package_index(
         assert target["commit"] == _commit(repo, ref)
         assert target["recipe"] == "offline"
         checkout = Path(target["checkout"]).resolve()
-        assert target["software"]["files"]["kernels"] == str(checkout / "kernels" / "__init__.py")
+        fast_paths_file = target["software"]["files"]["fastpaths"]
+        assert fast_paths_file == str(checkout / "fastpaths" / "__init__.py")
         assert target["build_module_file"] == str(checkout / "engine" / "__init__.py")
     records = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
     assert {r.status for r in records if r.variant == "main"} == {"ok"}
