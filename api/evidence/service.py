@@ -106,7 +106,11 @@ class BundleView:
 @functools.lru_cache(maxsize=8)
 def _bundle_view(bundle_sha256: str, read: Callable[[str], bytes]) -> BundleView:
     """Cached by the zip's digest (and the store's `read`): a digest names one content."""
-    files = read_zip(read(bundle_sha256))
+    return view_of_files(read_zip(read(bundle_sha256)))
+
+
+def view_of_files(files: dict[str, bytes]) -> BundleView:
+    """The view of a bundle's files (name -> bytes, as the zip holds them)."""
     manifest = json.loads(files["manifest.json"])
     return BundleView(
         # A summary that does not match the contract raises pydantic's ValidationError (a
@@ -304,9 +308,7 @@ def fail_analysis(*, db_session: Session, job_id: str, reason: str) -> bool:
 
 
 def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -> str | None:
-    """Zip the job's bundle into the store and publish its evidence id (idempotent)."""
-    from evidence.bundle import MANIFEST_FILE, evidence_id_of, zip_bytes
-
+    """Publish the job's analysed bundle (idempotent): its id, or None while there is none."""
     job = db_session.get(Job, job_id)
     if job is None:
         return None
@@ -320,20 +322,37 @@ def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -
         if problem is not None:
             raise RuntimeError(f"bundle file {name} of job {job_id} {problem}")
         files[name] = store.read_bytes(entry["sha256"])
+    return publish(db_session=db_session, store=store, job=job, files=files)
+
+
+def publish(*, db_session: Session, store: ArtifactStore, job: Job, files: dict[str, bytes]) -> str:
+    """Store the bundle's zip and its evidence page, add the Evidence row and mark the job
+    done; the evidence id. `files` are the bundle's files, already in the store."""
+    from api.evidence.page import PAGE_FILE, render_stored_page
+    from evidence.bundle import MANIFEST_FILE, evidence_id_of, zip_bytes
+
     evidence_id = evidence_id_of(files[MANIFEST_FILE])
+    manifest_sha256 = sha256_hex(files[MANIFEST_FILE])
+    published = {}
+    for name in ("report.html", "summary.md", "summary.json", MANIFEST_FILE):
+        if name in files:
+            published[name] = {"sha256": sha256_hex(files[name]), "bytes": len(files[name])}
     zipped = store.put_bytes(zip_bytes(files))
-    published = {
-        name: job.bundle_files[name]
-        for name in ("report.html", "summary.md", "summary.json", MANIFEST_FILE)
-        if name in job.bundle_files
-    }
     published["bundle.zip"] = {"sha256": zipped.sha256, "bytes": zipped.bytes}
+    try:
+        page = render_stored_page(evidence_id, view_of_files(files), manifest_sha256)
+    except (KeyError, ValueError):
+        # The page is rendered per request then, falling back to the bundle's report.html.
+        log.exception("evidence %s: page not rendered at publishing", evidence_id)
+    else:
+        blob = store.put_bytes(page)
+        published[PAGE_FILE] = {"sha256": blob.sha256, "bytes": blob.bytes}
     if db_session.get(Evidence, evidence_id) is None:
         db_session.add(
             Evidence(
                 id=evidence_id,
-                job_id=job_id,
-                manifest_sha256=job.bundle_files[MANIFEST_FILE]["sha256"],
+                job_id=job.id,
+                manifest_sha256=manifest_sha256,
                 files=published,
             )
         )
@@ -344,9 +363,9 @@ def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -
         db_session=db_session,
         actor="server",
         kind="evidence.published",
-        subject_id=job_id,
+        subject_id=job.id,
         evidence_id=evidence_id,
     )
     db_session.commit()
-    log.info("evidence %s published for job %s", evidence_id, job_id)
+    log.info("evidence %s published for job %s", evidence_id, job.id)
     return evidence_id

@@ -28,6 +28,7 @@ from api.auth.models import ApiKey
 from api.database import utcnow
 from api.deps import DatabaseDep, SessionDep, SettingsDep
 from api.errors import Invalid, NotFound, ServiceError
+from api.evidence import page as evidence_pages
 from api.evidence import service as evidence_service
 from api.github import service as github_service
 from api.github.schemas import PullRequestAsk
@@ -36,7 +37,6 @@ from api.hosts import service as host_service
 from api.jobs import service as job_service
 from api.pages import form as job_form
 from api.pages import signing
-from api.pages.evidence import render_page
 from api.pages.outcome import job_outcome
 from api.pages.templates import templates
 from api.pages.timing import job_timing
@@ -469,24 +469,29 @@ async def cancel_job(job_id: str, request: Request, db_session: SessionDep, sett
 
 
 def evidence_page(request: Request, db_session: Session, store: Any, evidence_id: str) -> Response:
-    """`/e/{id}`: the report with plotly.js from /static, copy-Markdown and download buttons."""
+    """`/e/{id}`: the report with plotly.js from /static, copy-Markdown and download buttons:
+    the page stored at publishing, or rendered now for evidence published without one."""
     row = evidence_service.get_evidence(db_session=db_session, evidence_id=evidence_id)
-    header = (
-        templates()
-        .get_template("_evidence_header.html")
-        .render(evidence_id=evidence_id, markdown="{markdown}")
-    )
+    page_url = evidence_service.evidence_page_url(str(request.base_url), evidence_id)
+    # Stored bytes are checked on each request: altered bytes answer 409, not a page.
+    stored = row.files.get(evidence_pages.PAGE_FILE)
     try:
-        # The bundle is re-checked before each render: altered bytes answer 409, not a page.
-        view = evidence_service.bundle_view(
-            store=store, evidence_id=evidence_id, entry=row.files.get("bundle.zip")
-        )
-        page = render_page(
-            evidence_id,
-            view,
-            evidence_service.evidence_page_url(str(request.base_url), evidence_id),
-            header,
-        )
+        if stored is not None:
+            page = evidence_pages.stored_page(
+                evidence_service.checked_bytes(
+                    store=store,
+                    evidence_id=evidence_id,
+                    file_name=evidence_pages.PAGE_FILE,
+                    entry=stored,
+                ),
+                manifest_sha256=row.manifest_sha256,
+                page_url=page_url,
+            )
+        else:
+            view = evidence_service.bundle_view(
+                store=store, evidence_id=evidence_id, entry=row.files.get("bundle.zip")
+            )
+            page = evidence_pages.render_page(evidence_id, view, page_url)
     except (BundleError, KeyError, ValueError):
         # A bundle this version cannot re-render (older format, a damaged zip): its own
         # report.html, as is, once its digest is checked too.

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from api.evidence import page as evidence_pages
 from api.evidence.models import Evidence
 from api.settings import Settings
 from evidence.bundle import build_bundle, verify_bundle, write_bundle, zip_bytes
@@ -21,9 +22,9 @@ from tests.evidence.builders import provenance, simulate_run
 from tests.web.builders import publish_evidence
 
 SUFFIXES = ["", ".html", ".md", ".json", ".zip"]
-# The stored file each URL is made from (the page and the PR Markdown: the bundle's zip).
+# The stored file each URL is made from (the PR Markdown: the bundle's zip).
 STORED_NAME = {
-    "": "bundle.zip",
+    "": "page.html",
     ".html": "report.html",
     ".md": "bundle.zip",
     ".json": "summary.json",
@@ -53,6 +54,56 @@ def test_altered_stored_evidence_is_409_not_served(
     detail = response.json()["detail"]
     assert STORED_NAME[suffix] in detail and "no longer matches" in detail
     assert "immutable" not in response.headers.get("cache-control", "")
+
+
+def test_the_page_stored_at_publishing_is_served_with_the_requests_url(
+    client: TestClient, db_session: Session, evidence_id: str
+) -> None:
+    row = db_session.get(Evidence, evidence_id)
+    store = client.app.state.store  # type: ignore[attr-defined]
+    stored = store.read_bytes(row.files["page.html"]["sha256"])
+    placeholder = evidence_pages.page_url_placeholder(row.manifest_sha256)
+    assert stored.count(placeholder.encode()) == 1  # the Markdown's link to this page
+    here = client.get(f"/e/{evidence_id}")
+    there = client.get(f"/e/{evidence_id}", headers={"Host": "evidence.example:8443"})
+    for response, url in (
+        (here, f"http://testserver/e/{evidence_id}"),
+        (there, f"http://evidence.example:8443/e/{evidence_id}"),
+    ):
+        assert response.status_code == 200
+        assert f"[`{evidence_id}`]({url})" in response.text
+        assert placeholder not in response.text
+        assert len(response.content) == len(stored) - len(placeholder) + len(url)
+    assert here.headers["etag"] != there.headers["etag"]  # two URLs, two entities
+    repeat = client.get(f"/e/{evidence_id}", headers={"If-None-Match": here.headers["etag"]})
+    assert repeat.status_code == 304 and not repeat.content
+    other = client.get(
+        f"/e/{evidence_id}",
+        headers={"If-None-Match": here.headers["etag"], "Host": "evidence.example:8443"},
+    )
+    assert other.status_code == 200
+    head = client.head(f"/e/{evidence_id}")
+    assert head.status_code == 200 and head.headers["etag"] == here.headers["etag"]
+    # The request's Host is escaped where it lands in the page, as every other value (this
+    # is one Starlette takes as the base URL; it falls back to its default for `<` or `"`).
+    odd = client.get(f"/e/{evidence_id}", headers={"Host": "a&b"})
+    assert odd.status_code == 200
+    assert f"(http://a&amp;b/e/{evidence_id})" in odd.text and "http://a&b/" not in odd.text
+
+
+def test_evidence_published_without_a_stored_page_renders_the_same_page(
+    client: TestClient, db_session: Session, evidence_id: str
+) -> None:
+    stored = client.get(f"/e/{evidence_id}")
+    row = db_session.get(Evidence, evidence_id)
+    row.files = {name: entry for name, entry in row.files.items() if name != "page.html"}
+    db_session.commit()
+    rendered = client.get(f"/e/{evidence_id}")
+    assert rendered.status_code == 200
+    assert rendered.content == stored.content
+    assert rendered.headers["cache-control"] == stored.headers["cache-control"]
+    again = client.get(f"/e/{evidence_id}", headers={"If-None-Match": rendered.headers["etag"]})
+    assert again.status_code == 304
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)

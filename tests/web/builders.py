@@ -9,11 +9,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.artifacts.store import LocalArtifactStore
-from api.auth import service as auth_service
-from api.evidence.models import Evidence
+from api.evidence import service as evidence_service
 from api.jobs.models import Job
 from api.settings import Settings
-from evidence.bundle import MANIFEST_FILE, build_bundle, evidence_id_of, zip_bytes
+from evidence.bundle import build_bundle
 from evidence.schemas import Provenance, Record
 from tests.evidence.builders import provenance, simulate_run
 
@@ -79,29 +78,10 @@ def publish_bundle(
     provenances: list[Provenance],
     **build: Any,
 ) -> str:
-    """The bundle of these records stored and published as render_evidence does."""
+    """The bundle of these records stored and published by the code render_evidence runs."""
     files, summary = build_bundle(records=records, provenances=provenances, **build)
     store = LocalArtifactStore(settings.artifact_dir)
-    stored: dict[str, Any] = {}
-    for name in ("report.html", "summary.md", "summary.json", MANIFEST_FILE):
-        blob = store.put_bytes(files[name])
-        stored[name] = {"sha256": blob.sha256, "bytes": blob.bytes}
-    zipped = store.put_bytes(zip_bytes(files))
-    stored["bundle.zip"] = {"sha256": zipped.sha256, "bytes": zipped.bytes}
-    evidence_id = evidence_id_of(files[MANIFEST_FILE])
-    db_session.add(
-        Evidence(
-            id=evidence_id,
-            job_id=job.id,
-            manifest_sha256=stored[MANIFEST_FILE]["sha256"],
-            files=stored,
-        )
-    )
-    job.evidence_id = evidence_id
+    for content in files.values():
+        store.put_bytes(content)
     job.summary = summary.to_json_value()
-    job.state = "done"
-    auth_service.record_audit(
-        db_session=db_session, actor="test", kind="evidence.published", subject_id=job.id
-    )
-    db_session.commit()
-    return evidence_id
+    return evidence_service.publish(db_session=db_session, store=store, job=job, files=files)

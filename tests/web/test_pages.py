@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
+from html import unescape
 
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
@@ -476,14 +477,7 @@ def test_one_pr_markdown_linked_on_the_page_the_md_url_and_for_a_comment(
     served = web.get(f"/e/{evidence_id}.md").text
     page = web.get(f"/e/{evidence_id}").text
     copied = re.search(r'<textarea id="cb-markdown" readonly>(.*?)</textarea>', page, re.S)
-    html_unescaped = (
-        copied.group(1)
-        .replace("&quot;", '"')
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&amp;", "&")
-    )
-    assert html_unescaped == served
+    assert unescape(copied.group(1)) == served  # what the browser shows and copies
     assert f"Evidence id: [`{evidence_id}`](http://testserver/e/{evidence_id})" in served
     assert "Evidence id: the first 24 hex digits" not in served
     assert "<details><summary>Variants as built</summary>" in served
