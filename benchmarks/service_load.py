@@ -937,10 +937,11 @@ def render_report(service: Service, cells: int) -> dict[str, float]:
         measured = db_session.scalar(
             sa.select(sa.func.count()).where(Cell.job_id == job_id, Cell.status != "warmup")
         )
-    # A Celery worker has these imported after its first task: not part of a render.
-    import evidence.bundle
-    import evidence.report
-    import evidence.stats  # noqa: F401
+    # A Celery worker prepares these when it starts (`api.tasks.prepare_analysis`, on
+    # `worker_init`): not part of a render.
+    from api.tasks import prepare_analysis
+
+    prepare_analysis()
 
     with sessionmaker() as db_session:
         started, cpu_started = time.perf_counter(), time.process_time()

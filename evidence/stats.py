@@ -89,6 +89,12 @@ def _scipy_stats() -> Any:
     return stats
 
 
+def prepare() -> None:
+    """Import scipy.stats now: a long-lived process (a Celery worker) pays it at start instead
+    of in its first analysis."""
+    _scipy_stats()
+
+
 Metric = Literal["prefill_tps", "decode_tps"]
 ComparisonT = TypeVar("ComparisonT", bound=Comparison)
 
