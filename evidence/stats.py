@@ -70,6 +70,7 @@ import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -290,13 +291,26 @@ def order_statistic_interval(
     return float(low), float(high)
 
 
+@lru_cache(maxsize=256)
+def _half_binomial_cdf(n: int) -> tuple[float, ...]:
+    """P(B <= k) for k = 0..n, B ~ Binomial(n, 1/2), each the correctly rounded float of the
+    exact fraction (integer sums of binomial coefficients over 2^n): building a job spec needs
+    it for its default rounds, and scipy.stats would cost a command or an API process a second
+    to import."""
+    total, cumulative = 0, []
+    for k in range(n + 1):
+        total += math.comb(n, k)
+        cumulative.append(total / 2**n)
+    return tuple(cumulative)
+
+
 def order_statistic_position(n: int, confidence_level: float) -> tuple[int, float]:
     """(d, lambda) of `order_statistic_interval` for n values: its low end is
     (1 - lambda) x(d) + lambda x(d+1), its high end the mirror; lambda 0: no interpolation."""
-    cdf = _scipy_stats().binom.cdf(np.arange(n + 1), n, 0.5)
+    cdf = _half_binomial_cdf(n)
 
     def coverage(d: int) -> float:
-        return float(1 - 2 * cdf[d - 1])
+        return 1 - 2 * cdf[d - 1]
 
     d = 1
     while 2 * (d + 1) <= n and coverage(d + 1) >= confidence_level:
