@@ -193,6 +193,10 @@ def demo(
         raise typer.Exit(2) from None
 
     def interrupted(_signum: int, _frame: Any) -> None:
+        # The first Ctrl-C stops the demo; later ones must not cut its clean-up short (an
+        # impatient second Ctrl-C would otherwise leave the server or an agent running).
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     # SIGINT too: a shell starts a background job (`coldbench demo &` in a script, a CI runner)

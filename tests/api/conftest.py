@@ -165,6 +165,14 @@ def live_db(postgres_migrated: str) -> Iterator[str]:
     yield postgres_migrated
     engine = sa.create_engine(postgres_migrated)
     with engine.begin() as connection:
+        # A connection the test left inside a transaction (an app's engine whose requests
+        # were cut short) holds locks that TRUNCATE would wait on for ever: the test is over,
+        # so its open transactions are ended first.
+        connection.exec_driver_sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND state LIKE 'idle in transaction%%'"
+        )
         names = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
         connection.exec_driver_sql(f"TRUNCATE {names} CASCADE")
     engine.dispose()
