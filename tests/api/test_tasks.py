@@ -199,16 +199,23 @@ def test_worker_killed_mid_ingest_redelivers_without_duplicates(pipeline: Pipeli
     assert len(rows) == 10 and len({row.line for row in rows}) == 10
 
 
-def test_a_starting_worker_builds_what_every_report_reuses() -> None:
-    """Celery's worker_init (sent before a prefork pool forks) prepares the report's plotly
-    template, inlined plotly.js and templates, so the first job's analysis does not pay it."""
+def test_a_starting_worker_builds_what_every_report_reuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Celery's worker_init (sent before a prefork pool forks) imports scipy.stats and prepares
+    the report's plotly template, inlined plotly.js and templates, so the first job's analysis
+    does not pay them."""
     from celery.signals import worker_init
 
     import api.tasks  # noqa: F401 (connects the signal's receivers)
-    from evidence import report
+    from evidence import report, stats
 
+    imported: list[object] = []
+    scipy_stats = stats._scipy_stats
+    monkeypatch.setattr(stats, "_scipy_stats", lambda: imported.append(scipy_stats()))
     cached = (report._template, report._plotly_js_inline, report._environment)
     for function in cached:
         function.cache_clear()
     worker_init.send(sender=None)
     assert [function.cache_info().currsize for function in cached] == [1, 1, 1]
+    assert [module.__name__ for module in imported] == ["scipy.stats"]  # type: ignore[attr-defined]
