@@ -32,13 +32,14 @@ demo: install
 services:
 	.ci/services
 
-# Three pytest workers (pytest-xdist) on a 2-core machine: most of the suite's time is real
+# Four pytest workers (pytest-xdist) on a 2-core machine: most of the suite's time is real
 # processes starting and waiting (servers, Celery, agents, variant processes loading mlx-lm), so
-# a third worker fills the cores the other two leave idle. Each worker starts on its third of the
-# tests in order and then takes from the others' rest. Each worker's session has its own
-# databases, Redis key prefixes, ports, temporary folders and host lock (tests/conftest.py).
+# more workers than cores fill the time that fewer leave idle (docs/TESTING.md, "How long it
+# takes"). Each worker starts on its share of the tests in order and then takes from the others'
+# rest. Each worker's session has its own databases, Redis key prefixes, ports, temporary
+# folders and host lock (tests/conftest.py).
 # TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 
 # Tests marked `alone` measure a planted wait beside steps that compare identical code (a
 # bisection's good commits): a second worker's load can tip those, so they run afterwards, one
