@@ -64,13 +64,15 @@ def render_stored_page(evidence_id: str, view: BundleView, manifest_sha256: str)
     return _page_html(evidence_id, view, page_url_placeholder(manifest_sha256)).encode("utf-8")
 
 
-def stored_page(stored: bytes, *, manifest_sha256: str, page_url: str) -> EvidencePage:
-    """The stored page (its digest already checked) with this request's page URL; the ETag
-    names both, so a page reached through another address is another entity."""
+def stored_page(
+    stored: bytes, *, stored_sha256: str, manifest_sha256: str, page_url: str
+) -> EvidencePage:
+    """The stored page (its digest `stored_sha256` already checked) with this request's page
+    URL; the ETag names both, so a page reached through another address is another entity."""
     filled = stored.replace(
         page_url_placeholder(manifest_sha256).encode(), html.escape(page_url).encode("utf-8")
     )
-    etag = f'"{sha256_hex(stored)[:24]}-{sha256_hex(page_url.encode())[:8]}"'
+    etag = f'"{stored_sha256[:24]}-{sha256_hex(page_url.encode())[:8]}"'
     return EvidencePage(html=filled, etag=etag)
 
 

@@ -484,6 +484,7 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
                     file_name=evidence_pages.PAGE_FILE,
                     entry=stored,
                 ),
+                stored_sha256=stored["sha256"],
                 manifest_sha256=row.manifest_sha256,
                 page_url=page_url,
             )
