@@ -297,10 +297,11 @@ def _half_binomial_cdf(n: int) -> tuple[float, ...]:
     exact fraction (integer sums of binomial coefficients over 2^n): building a job spec needs
     it for its default rounds, and scipy.stats would cost a command or an API process a second
     to import."""
+    outcomes = 2**n
     total, cumulative = 0, []
     for k in range(n + 1):
         total += math.comb(n, k)
-        cumulative.append(total / 2**n)
+        cumulative.append(total / outcomes)
     return tuple(cumulative)
 
 
