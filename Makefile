@@ -41,12 +41,8 @@ services:
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 4
 
-# Tests marked `alone` measure a planted wait beside steps that compare identical code (a
-# bisection's good commits): a second worker's load can tip those, so they run afterwards, one
-# at a time.
 test: install services
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not timing and not alone"
-	$(BIN)/python -m pytest -q -n 0 -m "alone and not timing"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not timing"
 
 # Tests marked `timing` assert a speed difference of this CPU's own arithmetic (1-token
 # chunks against one 128-token chunk, in an A/B and in `coldbench calibrate`): another

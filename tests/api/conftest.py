@@ -164,18 +164,30 @@ def live_db(postgres_migrated: str) -> Iterator[str]:
     """The PostgreSQL database with real commits; emptied after the test."""
     yield postgres_migrated
     engine = sa.create_engine(postgres_migrated)
-    with engine.begin() as connection:
-        # A connection the test left inside a transaction (an app's engine whose requests
-        # were cut short) holds locks that TRUNCATE would wait on for ever: the test is over,
-        # so its open transactions are ended first.
-        connection.exec_driver_sql(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND state LIKE 'idle in transaction%%'"
-        )
-        names = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-        connection.exec_driver_sql(f"TRUNCATE {names} CASCADE")
-    engine.dispose()
+    others = " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    try:
+        with engine.begin() as connection:
+            # A connection the test left inside a transaction (an app's engine whose requests
+            # were cut short) holds locks that TRUNCATE would wait on for ever: the test is
+            # over, so its open transactions are ended first.
+            connection.exec_driver_sql(
+                f"SELECT pg_terminate_backend(pid){others} AND state LIKE 'idle in transaction%%'"
+            )
+            # Anything else still holding a lock fails the teardown, naming itself, instead of
+            # hanging the worker until the suite's timeout.
+            connection.exec_driver_sql("SET LOCAL lock_timeout = '30s'")
+            names = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+            connection.exec_driver_sql(f"TRUNCATE {names} CASCADE")
+    except sa.exc.OperationalError as error:
+        with engine.connect() as connection:
+            holders = connection.exec_driver_sql(
+                f"SELECT pid, application_name, state, left(query, 200){others}"
+            ).all()
+        raise AssertionError(
+            f"live_db: tables not emptied ({error.orig}); holders: {holders}"
+        ) from error
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture

@@ -21,6 +21,11 @@ pytestmark = pytest.mark.slow
 # many times slower than usual, far above what other work on the machine does to it. A wait,
 # not work: load stretches work on both sides alike and leaves a wait as it is.
 PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.25)  # planted: work per chunk\n"
+# The bisection's good commit waits 0.1 s per chunk: slower than its next commits (no wait) and
+# faster than the planted slowdown, each by a wait several times micro's whole cell.
+GOOD_WAIT = (
+    SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.1)  # planted: the good commit's wait\n"
+)
 CONTEXT = "64"
 # The matrix of every history run in this module: the service path, on micro.
 MATRIX = ("--model", "preset:micro", "--contexts", CONTEXT, "--rounds", "6", "--decode-tokens", "0")
@@ -68,6 +73,45 @@ def series_repo(
     shas["no-load"] = git(repo, "rev-parse", "HEAD")
     git(repo, "checkout", "-q", main)
     return repo, shas
+
+
+@pytest.fixture(scope="module")
+def bisect_line(series_repo: tuple[Path, dict[str, str]]) -> dict[str, str]:
+    """A line of commits for the bisection, on a branch of series_repo from base: good (a wait
+    per chunk), faster (drops it), tidy, slow (a longer wait), broken, fixed.
+
+    The first step's mid (tidy) is established faster than good by a planted difference, so the
+    step decides `upper` (mid like lo: not slower) without an A/A comparison: identical code's
+    95% interval falls wholly below 1 in 2.5% of runs by construction, and more often on
+    micro's 6 ms cells, whose times come in two modes (about 5 and 8 ms) that a pair can
+    straddle.
+    """
+    repo, shas = series_repo
+    generate = repo / "mlx_lm" / "generate.py"
+    stock = (repo / "mlx_lm" / "generate.py").read_text()
+    pyproject = repo / "pyproject.toml"
+    good = pyproject.read_text()
+    line: dict[str, str] = {}
+    git(repo, "checkout", "-q", "-b", "bisect-line", shas["base"])
+    for name, edit, message in (
+        ("good", (generate, stock.replace(SLOW_PREFILL_SYNC_OLD, GOOD_WAIT)), "prefill: wait"),
+        ("faster", (generate, stock), "prefill: drop the wait"),
+        ("tidy", (repo / "NOTES.md", "notes\n"), "docs: add notes"),
+        (
+            "slow",
+            (generate, stock.replace(SLOW_PREFILL_SYNC_OLD, PLANTED)),
+            "prefill: extra work per chunk",
+        ),
+        ("broken", (pyproject, good + "this is not toml [\n"), "build: break pyproject"),
+        ("fixed", (pyproject, good), "build: fix pyproject"),
+    ):
+        path, text = edit
+        path.write_text(text)
+        git(repo, "add", str(path.relative_to(repo)))
+        git(repo, "commit", "-q", "-m", message)
+        line[name] = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-")
+    return line
 
 
 @pytest.fixture(scope="module")
@@ -190,24 +234,22 @@ def test_history_input_errors_are_one_line(
     shutil.rmtree(tmp_path / "state", ignore_errors=True)
 
 
-# The slowdown is a planted wait (PLANTED), far above any load; but the first step compares a
-# commit of identical code with its parent and must not call it slower, which load on a second
-# test worker can tip: it runs alone.
-@pytest.mark.alone
 def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     series_repo: tuple[Path, dict[str, str]],
+    bisect_line: dict[str, str],
     series_state: Path,
     coldbench_cmd: list[str],
     micro_model_dir: Path,
     tmp_path: Path,
 ) -> None:
-    repo, shas = series_repo
+    repo, _ = series_repo
+    shas = bisect_line
     out = tmp_path / "bisect"
     done = subprocess.run(
         [
             *coldbench_cmd,
             "run",
-            *("--repo", str(repo), "--mode", "bisect", "--good", shas["base"]),
+            *("--repo", str(repo), "--mode", "bisect", "--good", shas["good"]),
             *("--bad", shas["fixed"], "--direction", "slower"),
             *MATRIX,
             *("--out", str(out), "--state-dir", str(series_state)),
@@ -220,9 +262,9 @@ def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     steps = sorted(p for p in out.iterdir() if p.is_dir())
-    print(done.stdout)
-    # base docs tidy slow broken fixed: mid tidy (upper), then mid slow, slower like hi and
-    # tidy's child: found there, the pair tidy..slow not measured again.
+    # good faster tidy slow broken fixed: mid tidy, established faster than good (upper),
+    # then mid slow, slower like hi and tidy's child: found there, the pair tidy..slow not
+    # measured again.
     assert [p.name for p in steps] == ["step-01", "step-02"]
     for step in steps:
         assert verify_bundle(step).is_intact
@@ -235,6 +277,7 @@ def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     assert final["decision"] == "found" and final["ratio"] == final["mid_result"]
     first = json.loads((steps[0] / "summary.json").read_text())["bisect"]
     assert first["first_bad_commit"] is None and first["reason"] == "bisection not finished"
+    assert first["mid_result"]["ci_low"] > 1, first["mid_result"]  # tidy: faster than good
     report = (steps[-1] / "report.html").read_text()
     assert 'href="../step-01/report.html"' in report and shas["slow"] in report
     assert f"First slower commit at {CONTEXT} tokens: {shas['slow']}" in done.stdout
