@@ -1,4 +1,4 @@
-"""Where does a variant process's own speed offset come from? (issue 16; not a test)
+"""Where does a variant process's own speed offset come from? (not a test)
 
 An A/A job (identical variants) on the H200 called one variant slower: every cell of a
 variant ran in one long-lived process, and processes differ by 1-2% in speed. This script

@@ -339,7 +339,7 @@ def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tupl
     assert text.count(ENGINE_STEP_OLD) == 1, "engine.flags default step not found"
     flags_py.write_text(text.replace(ENGINE_STEP_OLD, ENGINE_STEP_NEW))
     git("commit", "-q", "-am", "Embedded engine: 64-token prefill chunks by default")
-    # A fast-path branch as issue 11 judges them: the kernel on by default, not by request.
+    # A fast-path branch as a keep/drop run judges it: the kernel on by default, not by request.
     git("checkout", "-q", "-b", SWIGLU_ON_BRANCH, "main")
     text = flags_py.read_text()
     assert text.count(SWIGLU_OLD) == 1, "engine.flags default fused_swiglu not found"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -111,22 +113,38 @@ def test_ctrl_c_twice_stops_every_child(tmp_path: Path, coldbench_cmd: list[str]
         # so Python would install no KeyboardInterrupt handler unless the demo does
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
+    lines: queue.Queue[str | None] = queue.Queue()
+    output: list[str] = []
+
+    def read() -> None:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        # Interrupt once the agent runs: the server, Celery and the agent are all up then.
+        # Interrupt as the demo says it submitted its first job: the server, Celery and the
+        # agent are all up then, and the jobs' measuring still ahead (seconds at the least).
         deadline = time.monotonic() + 240
-        agent_log = state_dir / "logs" / "agent.log"
-        while not (agent_log.exists() and agent_log.stat().st_size > 0):
-            assert demo.poll() is None, demo.stdout.read() if demo.stdout else ""
-            assert time.monotonic() < deadline, "the agent never started"
-            time.sleep(0.5)
+        while not any("submitted ab job" in line for line in output):
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+            assert line is not None, "the demo ended before it submitted: " + "".join(output)
+            output.append(line)
         assert len(_processes_with_state_dir(state_dir)) >= 4
         demo.send_signal(signal.SIGINT)
         time.sleep(0.5)
         demo.send_signal(signal.SIGINT)  # an impatient second Ctrl-C must not cut clean-up short
-        output, _ = demo.communicate(timeout=60)
+        demo.wait(timeout=60)
+        reader.join(timeout=10)
     finally:
         if demo.poll() is None:
             demo.kill()
-    assert demo.returncode == 130, output[-3000:]
-    assert "stopping every child process" in output
+    while (line := lines.get_nowait() if not lines.empty() else None) is not None:
+        output.append(line)
+    text = "".join(output)
+    assert demo.returncode == 130, text[-3000:]
+    assert "stopping every child process" in text
+    assert "demo finished" not in text
     assert _wait_gone(state_dir) == []

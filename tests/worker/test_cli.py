@@ -307,7 +307,7 @@ def _wait_for(condition: Any, timeout_s: float = 240) -> None:
 def test_a_sigterm_during_the_warm_ups_stops_every_process_and_leaves_a_bundle(
     coldbench_cmd: list[str], tmp_path: Path
 ) -> None:
-    """Issue 28 item 9: a run stopped while its processes warm up 8,192 tokens (minutes on this
+    """A run stopped while its processes warm up 8,192 tokens (minutes on this
     CPU) ends within seconds, leaves no variant process behind and writes a bundle saying it
     was stopped (nothing was measured yet)."""
     import signal

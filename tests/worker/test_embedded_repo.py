@@ -1,4 +1,4 @@
-"""Branches of coldbench's own engine (issue 11): a repository declared `adapter = "embedded"`.
+"""Branches of coldbench's own engine: a repository declared `adapter = "embedded"`.
 
 `coldbench_repo` (tests/conftest.py) is a small git copy of this repository's engine/,
 fastpaths/ and evidence/ whose `step-64` commit changes one engine flag's default (and whose

@@ -1,5 +1,5 @@
-"""benchmarks/host_e2e.py: a benchmark host end to end on the embedded default, as the H200 runs
-it (issue 11), here on the CPU with the micro preset and a bundle of two commits of the engine."""
+"""benchmarks/host_e2e.py: a benchmark host end to end on the embedded default, as a rented GPU
+host runs it, here on the CPU with the micro preset and a bundle of two commits of the engine."""
 
 from __future__ import annotations
 

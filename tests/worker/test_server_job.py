@@ -1,4 +1,4 @@
-"""The server experiment through the service (issue 10): a host declares a server repository in
+"""The server experiment through the service: a host declares a server repository in
 worker.toml (its server command, a cache folder wiped before every start, an option whose proof
 line the server prints, a planted option it accepts and ignores); a submitter asks for option
 off / on / planted on the job form; the host's agent runs it, and the evidence shows the proof
