@@ -1,5 +1,6 @@
-"""`coldbench run --mode history` end to end: a copy of the installed mlx_lm with a series of
-commits, one of which adds work per prefill chunk and one of which does not build."""
+"""`coldbench run --mode history` and `--mode bisect` end to end: a copy of the installed mlx_lm
+with a series of commits, one of which adds work per prefill chunk and one of which does not
+build."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.slow
 # many times slower than usual, far above what other work on the machine does to it. A wait,
 # not work: load stretches work on both sides alike and leaves a wait as it is.
 PLANTED = SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.25)  # planted: work per chunk\n"
-# The bisection's good commit waits 0.1 s per chunk: slower than its next commits (no wait) and
+SLOW_SUBJECT = "prefill: extra work per chunk"
+# The series' good commit waits 0.1 s per chunk: slower than the commits after it (no wait) and
 # faster than the planted slowdown, each by a wait several times micro's whole cell.
 GOOD_WAIT = (
     SLOW_PREFILL_SYNC_OLD + "            time.sleep(0.1)  # planted: the good commit's wait\n"
@@ -39,32 +41,37 @@ NO_LOAD = (
 def series_repo(
     mlx_lm_repo: tuple[Path, tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict[str, str]]:
-    """main of mlx_lm_repo, then: docs, tidy, the planted slowdown, a broken build, the fix."""
+    """main of mlx_lm_repo (base), then: good (a wait per chunk), faster (drops the wait),
+    docs, slow (the planted slowdown), broken (does not build), fixed; and off the line,
+    no-load (from docs).
+
+    The history runs good..fixed and the bisection good..fixed, so both rest on planted
+    differences, never on a comparison of identical code reading "not different": the
+    bisection's first step finds its mid (docs) established faster than good, where a mid of
+    the same code as good would read slower at 95% in 2.5% of runs by construction, and more
+    often on micro's 6 ms cells, whose times come in two modes (about 5 and 8 ms) that a pair
+    can straddle. Both use the same builds (series_state)."""
     source, (main, _slow) = mlx_lm_repo
     repo = tmp_path_factory.mktemp("series") / "mlx-lm"
     git(source.parent, "clone", "-q", "--branch", main, str(source), str(repo))
     shas = {"base": git(repo, "rev-parse", "HEAD")}
-    (repo / "NOTES.md").write_text("notes\n")
-    git(repo, "add", "NOTES.md")
-    git(repo, "commit", "-q", "-m", "docs: add notes")
-    shas["docs"] = git(repo, "rev-parse", "HEAD")
-    (repo / "NOTES.md").write_text("notes, tidied\n")
-    git(repo, "commit", "-q", "-am", "tidy notes")
-    shas["tidy"] = git(repo, "rev-parse", "HEAD")
     generate = repo / "mlx_lm" / "generate.py"
-    text = generate.read_text()
-    assert text.count(SLOW_PREFILL_SYNC_OLD) == 1 and "\nimport time\n" in text
-    generate.write_text(text.replace(SLOW_PREFILL_SYNC_OLD, PLANTED))
-    git(repo, "commit", "-q", "-am", "prefill: extra work per chunk")
-    shas["slow"] = git(repo, "rev-parse", "HEAD")
+    stock = generate.read_text()
+    assert stock.count(SLOW_PREFILL_SYNC_OLD) == 1 and "\nimport time\n" in stock
     pyproject = repo / "pyproject.toml"
-    good = pyproject.read_text()
-    pyproject.write_text(good + "this is not toml [\n")
-    git(repo, "commit", "-q", "-am", "build: break pyproject")
-    shas["broken"] = git(repo, "rev-parse", "HEAD")
-    pyproject.write_text(good)
-    git(repo, "commit", "-q", "-am", "build: fix pyproject")
-    shas["fixed"] = git(repo, "rev-parse", "HEAD")
+    buildable = pyproject.read_text()
+    for name, path, text, message in (
+        ("good", generate, stock.replace(SLOW_PREFILL_SYNC_OLD, GOOD_WAIT), "prefill: wait"),
+        ("faster", generate, stock, "prefill: drop the wait"),
+        ("docs", repo / "NOTES.md", "notes\n", "docs: add notes"),
+        ("slow", generate, stock.replace(SLOW_PREFILL_SYNC_OLD, PLANTED), SLOW_SUBJECT),
+        ("broken", pyproject, buildable + "this is not toml [\n", "build: break pyproject"),
+        ("fixed", pyproject, buildable, "build: fix pyproject"),
+    ):
+        path.write_text(text)
+        git(repo, "add", str(path.relative_to(repo)))
+        git(repo, "commit", "-q", "-m", message)
+        shas[name] = git(repo, "rev-parse", "HEAD")
     # Off the line: a commit that builds but whose loader cannot load any checkpoint.
     git(repo, "checkout", "-q", "-b", "no-load", shas["docs"])
     utils = repo / "mlx_lm" / "utils.py"
@@ -73,45 +80,6 @@ def series_repo(
     shas["no-load"] = git(repo, "rev-parse", "HEAD")
     git(repo, "checkout", "-q", main)
     return repo, shas
-
-
-@pytest.fixture(scope="module")
-def bisect_line(series_repo: tuple[Path, dict[str, str]]) -> dict[str, str]:
-    """A line of commits for the bisection, on a branch of series_repo from base: good (a wait
-    per chunk), faster (drops it), tidy, slow (a longer wait), broken, fixed.
-
-    The first step's mid (tidy) is established faster than good by a planted difference, so the
-    step decides `upper` (mid like lo: not slower) without an A/A comparison: identical code's
-    95% interval falls wholly below 1 in 2.5% of runs by construction, and more often on
-    micro's 6 ms cells, whose times come in two modes (about 5 and 8 ms) that a pair can
-    straddle.
-    """
-    repo, shas = series_repo
-    generate = repo / "mlx_lm" / "generate.py"
-    stock = (repo / "mlx_lm" / "generate.py").read_text()
-    pyproject = repo / "pyproject.toml"
-    good = pyproject.read_text()
-    line: dict[str, str] = {}
-    git(repo, "checkout", "-q", "-b", "bisect-line", shas["base"])
-    for name, edit, message in (
-        ("good", (generate, stock.replace(SLOW_PREFILL_SYNC_OLD, GOOD_WAIT)), "prefill: wait"),
-        ("faster", (generate, stock), "prefill: drop the wait"),
-        ("tidy", (repo / "NOTES.md", "notes\n"), "docs: add notes"),
-        (
-            "slow",
-            (generate, stock.replace(SLOW_PREFILL_SYNC_OLD, PLANTED)),
-            "prefill: extra work per chunk",
-        ),
-        ("broken", (pyproject, good + "this is not toml [\n"), "build: break pyproject"),
-        ("fixed", (pyproject, good), "build: fix pyproject"),
-    ):
-        path, text = edit
-        path.write_text(text)
-        git(repo, "add", str(path.relative_to(repo)))
-        git(repo, "commit", "-q", "-m", message)
-        line[name] = git(repo, "rev-parse", "HEAD")
-    git(repo, "checkout", "-q", "-")
-    return line
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +104,7 @@ def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build
         [
             *coldbench_cmd,
             "run",
-            *("--repo", str(repo), "--mode", "history", "--range", f"{shas['base']}..HEAD"),
+            *("--repo", str(repo), "--mode", "history", "--range", f"{shas['good']}..HEAD"),
             *MATRIX,
             *("--out", str(out), "--state-dir", str(series_state)),
         ],
@@ -150,8 +118,8 @@ def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build
     assert verify_bundle(out).is_intact
     summary = json.loads((out / "summary.json").read_text())
     history = summary["history"]
-    assert history["reference"]["commit"] == shas["base"]
-    order = ["docs", "tidy", "slow", "broken", "fixed"]
+    assert history["reference"]["commit"] == shas["good"]
+    order = ["faster", "docs", "slow", "broken", "fixed"]
     assert [c["commit"] for c in history["commits"]] == [shas[name] for name in order]
     skipped = {c["commit"]: c["skipped"] for c in history["commits"] if c["skipped"]}
     assert list(skipped) == [shas["broken"]] and skipped[shas["broken"]].startswith("did not build")
@@ -159,13 +127,17 @@ def test_history_finds_the_planted_step_and_skips_the_commit_that_does_not_build
         (p["variant"], p["ratio_median"], p["ci_low"], p["ci_high"])
         for p in history["series"][0]["points"]
     ]
+    # faster is established faster than good only by its interval: with 6 rounds no verdict
+    # against the reference survives Holm's correction over 5 commits, so the first commit is
+    # no step; faster and docs (the same code) overlap, and so do slow and fixed.
     assert len(history["steps"]) == 1, series
     (step,) = history["steps"]
-    assert (step["from_commit"], step["to_commit"]) == (shas["tidy"], shas["slow"])
-    assert step["direction"] == "slower" and step["subject"] == "prefill: extra work per chunk"
+    assert (step["from_commit"], step["to_commit"]) == (shas["docs"], shas["slow"])
+    assert step["direction"] == "slower" and step["subject"] == SLOW_SUBJECT
     points = {p["commit"]: p for p in history["series"][0]["points"]}
+    assert points[shas["faster"]]["ci_low"] > 1 and points[shas["docs"]]["ci_low"] > 1
     assert points[shas["fixed"]]["ci_high"] < 1  # the slowdown stays after the skipped commit
-    assert "prefill: extra work per chunk" in done.stdout
+    assert SLOW_SUBJECT in done.stdout
     assert "did not build" in done.stdout
     report = (out / "report.html").read_text()
     assert 'id="fig-history"' in report and 'class="step"' in report
@@ -236,14 +208,12 @@ def test_history_input_errors_are_one_line(
 
 def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     series_repo: tuple[Path, dict[str, str]],
-    bisect_line: dict[str, str],
     series_state: Path,
     coldbench_cmd: list[str],
     micro_model_dir: Path,
     tmp_path: Path,
 ) -> None:
-    repo, _ = series_repo
-    shas = bisect_line
+    repo, shas = series_repo
     out = tmp_path / "bisect"
     done = subprocess.run(
         [
@@ -262,22 +232,22 @@ def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     steps = sorted(p for p in out.iterdir() if p.is_dir())
-    # good faster tidy slow broken fixed: mid tidy, established faster than good (upper),
-    # then mid slow, slower like hi and tidy's child: found there, the pair tidy..slow not
+    # good faster docs slow broken fixed: mid docs, established faster than good (upper),
+    # then mid slow, slower like hi and docs' child: found there, the pair docs..slow not
     # measured again.
     assert [p.name for p in steps] == ["step-01", "step-02"]
     for step in steps:
         assert verify_bundle(step).is_intact
     final = json.loads((steps[-1] / "summary.json").read_text())["bisect"]
     assert final["first_bad_commit"] == shas["slow"]
-    assert final["parent"] == shas["tidy"]
+    assert final["parent"] == shas["docs"]
     assert final["ratio"]["ci_high"] < 1
     assert [s["decision"] for s in final["steps"]] == ["upper"]
     assert [s["location"] for s in final["steps"]] == ["../step-01/report.html"]
     assert final["decision"] == "found" and final["ratio"] == final["mid_result"]
     first = json.loads((steps[0] / "summary.json").read_text())["bisect"]
     assert first["first_bad_commit"] is None and first["reason"] == "bisection not finished"
-    assert first["mid_result"]["ci_low"] > 1, first["mid_result"]  # tidy: faster than good
+    assert first["mid_result"]["ci_low"] > 1, first["mid_result"]  # docs: faster than good
     report = (steps[-1] / "report.html").read_text()
     assert 'href="../step-01/report.html"' in report and shas["slow"] in report
     assert f"First slower commit at {CONTEXT} tokens: {shas['slow']}" in done.stdout
