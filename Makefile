@@ -17,11 +17,16 @@ EXTRAS := worker,server,test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
 .PHONY: demo test timing install lint services clean
 
 # uv resolves and installs the project's ~150 distributions in seconds where pip takes minutes;
-# it is installed into the venv itself, so nothing outside .venv changes.
+# it is installed into the venv itself, so nothing outside .venv changes. Bytecode is compiled
+# at install (the dependencies by uv, the project's own packages by compileall): where
+# PYTHONDONTWRITEBYTECODE is set Python never writes it, and every process (a server, a Celery
+# worker, an agent, each variant process) would compile transformers, mlx-lm and the rest again
+# as it starts.
 $(BIN)/coldbench: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "uv>=0.5"
-	$(BIN)/uv pip install -q --python $(BIN)/python -e ".[$(EXTRAS)]"
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e ".[$(EXTRAS)]"
+	$(BIN)/python -m compileall -q -j 0 -x '/[.]|/tests/|/benchmarks/' .
 	touch $(BIN)/coldbench
 
 install: $(BIN)/coldbench
