@@ -22,7 +22,7 @@ EXTRAS := worker,server,test$(if $(MLX_EXTRA),$(comma)$(MLX_EXTRA),)
 # PYTHONDONTWRITEBYTECODE is set Python never writes it, and every process (a server, a Celery
 # worker, an agent, each variant process) would compile transformers, mlx-lm and the rest again
 # as it starts.
-$(BIN)/coldbench: pyproject.toml
+$(BIN)/coldbench: pyproject.toml Makefile
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "uv>=0.5"
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e ".[$(EXTRAS)]"
