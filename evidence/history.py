@@ -33,7 +33,7 @@ from evidence.summary_schema import (
 STEP_RULE = (
     "a step is a pair of neighbouring measured commits whose 95% intervals of the paired ratio "
     "to the reference do not overlap; the first commit is a step after the reference (ratio 1) "
-    "where its verdict against it is faster or slower; a commit with too few pairs for a 95% "
+    "where its verdict against it is faster or slower; a commit with too few pairs for an "
     "interval is no one's neighbour"
 )
 
@@ -196,12 +196,12 @@ def history_sentences(history: History, text: Callable[[object], str] = str) -> 
             (position, p.variant, p.commit)
             for series in history.series
             for position, p in enumerate(series.points)
-            if not p.skipped and p.ci_low is not None and decisive_interval(p) is None
+            if not p.skipped and p.n > 0 and decisive_interval(p) is None
         }
     )
     if few:
         sentences.append(
-            f"{plural(len(few), 'commit')} had too few pairs for a 95% interval and "
+            f"{plural(len(few), 'commit')} had too few pairs for an interval and "
             f"{'are' if len(few) != 1 else 'is'} no neighbour in the step rule: "
             + ", ".join(text(short(commit, variant)) for _, variant, commit in few)
             + "."

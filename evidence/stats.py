@@ -132,6 +132,14 @@ class StatsOptions:
                 "process); the ratio shown is the interval's centre"
             ),
             "test": "the interval itself: faster above 1, slower below 1 (Yuen's trimmed t test)",
+            # The drift section's intervals (evidence.drift), not the verdicts'.
+            "bootstrap": {
+                "statistic": "median of the drift section's ratios",
+                "method": BOOTSTRAP_METHOD,
+                "interval": "hull of the percentile bootstrap and the order-statistic interval",
+                "n_resamples": self.n_resamples,
+                "seed": self.seed,
+            },
             "correction": (
                 "bonferroni: every interval of a family of m comparisons at level "
                 "1 - alpha_look / m, alpha_look this look's share of alpha (all of it with one "
