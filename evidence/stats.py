@@ -513,8 +513,9 @@ def too_few_rounds(spec: JobSpec) -> str | None:
         return None
     return (
         f"{first} round{'s' if first != 1 else ''} cannot reach a verdict: the robust interval "
-        f"needs {units_for_verdict()} independent process pairs (at least {needed} rounds), so "
-        f"that {DISSENTING_UNITS} stalled ones at each end cannot decide it"
+        f"needs at least {needed} rounds ({units_for_verdict()} independent process pairs, so "
+        f"that {DISSENTING_UNITS} stalled at each end cannot decide it), more when the spread "
+        "is wide"
     )
 
 
