@@ -140,6 +140,39 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
     assert widths == {"base": 128, "small": 1}
 
 
+def test_until_decided_stops_at_the_first_look_that_decides(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    """4-token chunks against 64-token ones (about 3x fewer tok/s on this CPU, even at a load
+    of 15): measuring until decided with a budget of 40 rounds, the run stops at the first look
+    (10, 20 or 40 rounds) whose interval leaves 1, and the summary analyses exactly the rounds
+    of that look and says why it stopped."""
+    out = tmp_path / "decided"
+    done = _run(
+        coldbench_cmd,
+        *("--model", "preset:micro", "--contexts", "128", "--decode-tokens", "1"),
+        *("--until", "decided", "--rounds", "40"),
+        *("--variant", "base:prefill_step_size=4", "--variant", "wide:prefill_step_size=64"),
+        *("--out", str(out)),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    sequential = summary["settings"]["sequential"]
+    assert sequential["looks"] == [10, 20, 40]
+    (row,) = summary["comparisons"]
+    assert row["verdict"] == "faster" and row["ci_low"] > 1, row
+    analysed = sequential["rounds_analysed"]
+    assert analysed in (10, 20, 40) and row["n"] == analysed
+    assert sequential["stopped"] == f"every comparison decided at look {sequential['taken']}"
+    measured = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
+    # the run ended at that look: no round past it was measured
+    assert max(r.round for r in measured) + 1 == analysed
+    assert "Measured until decided: looks after 10, 20, 40 rounds" in (
+        out / "summary.md"
+    ).read_text()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
