@@ -114,9 +114,7 @@ def simulate_job(scenario: Scenario, seed: int) -> list[Record]:
                         scenario.process_sd * rng.choice((-1.0, 1.0))
                     )
                 else:
-                    offsets[(variant, process_block)] = float(
-                        rng.normal(0, scenario.process_sd)
-                    )
+                    offsets[(variant, process_block)] = float(rng.normal(0, scenario.process_sd))
             for context in CONTEXTS:
                 if model == "t3":
                     own = float(rng.standard_t(3)) * cell_sd / math.sqrt(3)
@@ -248,9 +246,7 @@ CHUNK = 25
 
 def rates(scenario: Scenario, *, jobs: int, seed: int = 0, workers: int = 1) -> Rates:
     """The rates of `jobs` seeded jobs (the same numbers with any number of `workers`)."""
-    chunks = [
-        (scenario, first, min(CHUNK, jobs - first), seed) for first in range(0, jobs, CHUNK)
-    ]
+    chunks = [(scenario, first, min(CHUNK, jobs - first), seed) for first in range(0, jobs, CHUNK)]
     if workers > 1 and len(chunks) > 1:
         with ProcessPoolExecutor(workers) as pool:
             parts = list(pool.map(_rates_of_jobs, *zip(*chunks, strict=True)))
@@ -281,8 +277,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--effect", type=float, default=0.98, help="the planted speed ratio")
     parser.add_argument("--models", nargs="+", choices=NOISE_MODELS, default=list(NOISE_MODELS))
     parser.add_argument("--rounds", type=int, nargs="+", default=[6, 12, 24])
-    parser.add_argument("--decided", action=argparse.BooleanOptionalAction, default=True,
-                        help="add a row measuring until decided (budget 40) per model")
+    parser.add_argument(
+        "--decided",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="add a row measuring until decided (budget 40) per model",
+    )
     parser.add_argument("--process-sd", type=float, default=0.01)
     parser.add_argument("--pair-sd", type=float, default=0.0075)
     parser.add_argument("--seed", type=int, default=0)

@@ -160,7 +160,7 @@ def demo(
         typer.Option(
             min=1,
             help="Rounds of each job (default: enough for a verdict, evidence/job_options.py: "
-            "10 for the A/B and 11 for the ablation at two contexts).",
+            "10 process blocks for each job).",
         ),
     ] = None,
     contexts: str = "128,256",

@@ -168,9 +168,9 @@ def test_until_decided_stops_at_the_first_look_that_decides(
     measured = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
     # the run ended at that look: no round past it was measured
     assert max(r.round for r in measured) + 1 == analysed
-    assert "Measured until decided: looks after 10, 20, 40 rounds" in (
-        out / "summary.md"
-    ).read_text()
+    assert (
+        "Measured until decided: looks after 10, 20, 40 rounds" in (out / "summary.md").read_text()
+    )
 
 
 @pytest.mark.parametrize(
