@@ -48,6 +48,7 @@ from api.rehearsal import rehearse
 from api.routing import (
     BodyLimitMiddleware,
     CompressionMiddleware,
+    DoorRefused,
     StrictJSONRoute,
     finite_or_text,
 )
@@ -208,6 +209,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for item in error.errors()
         ]
         return JSONResponse({"detail": finite_or_text(jsonable_encoder(errors))}, status_code=422)
+
+    @app.exception_handler(DoorRefused)
+    async def _door_refused(_request: Request, error: DoorRefused) -> JSONResponse:
+        # Text the door refuses (api/routing.py): the field and what is wrong, never the text.
+        body = ErrorBody(detail=str(error.detail), field=error.field)
+        return JSONResponse(body.model_dump(exclude_none=True), status_code=422)
 
     @app.exception_handler(sa.exc.SQLAlchemyError)
     async def _database_error(request: Request, error: sa.exc.SQLAlchemyError) -> JSONResponse:

@@ -160,11 +160,12 @@ def fail_on_service_error() -> Iterator[None]:
 def admin_labels(
     host: str = typer.Argument(..., help="the host's name (or worker id)"),
     set_: str = typer.Option(
-        ..., "--set", help="comma-separated labels replacing the host's own ('' clears them)"
+        ..., "--set", help="comma-separated labels replacing the admin's ('' clears them)"
     ),
 ) -> None:
-    """Replace a host's labels (lease matching uses them with the automatic host:, backend:,
-    os: labels, which cannot be set)."""
+    """Replace the admin's labels of a host. The labels the host derives itself (corpus:,
+    chip:, mem:, its worker.toml's) are kept; lease matching uses both with the automatic
+    host:, backend:, os: labels, which cannot be set."""
     from api.hosts import service
 
     wanted = [label.strip() for label in set_.split(",") if label.strip()]
@@ -177,7 +178,8 @@ def admin_labels(
             db_session=db_session, name_or_id=host, labels=wanted, actor="admin:cli"
         )
         typer.echo(",".join(row.labels))
-        typer.echo(f"labels of {row.name} ({row.id}) set", err=True)
+        kept = f"; the host's own kept: {','.join(row.host_labels)}" if row.host_labels else ""
+        typer.echo(f"admin labels of {row.name} ({row.id}) set{kept}", err=True)
 
 
 @admin_app.command("revoke")

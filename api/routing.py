@@ -1,10 +1,17 @@
-"""HTTP plumbing every route shares: strict JSON bodies and the request-body limit.
+"""HTTP plumbing every route shares: the door's text rule, strict JSON bodies and the
+request-body limit.
 
-- `StrictJSONRoute` parses JSON bodies with `evidence.boundary.strict_json_loads`: `Infinity`,
-  `-Infinity`, `NaN` and numbers that overflow a float (`1e999`, which Python's json module
-  reads as infinity) are refused (PostgreSQL's JSON type, canonical JSON and the error encoder
-  cannot hold them), so such a body is a 422 like any malformed JSON. Every router of the app
-  uses it (a test checks).
+- `StrictJSONRoute` is the door: before a route reads anything, the request's path, query,
+  headers and cookies hold no NUL (`request_text_refusal`), its JSON body is strict UTF-8
+  with no NUL, no lone surrogate and no string past `MAX_DOOR_TEXT_CHARS`
+  (`evidence.boundary.door_json_loads`), and so is each field of a form. A refusal is 422
+  with the field it names (`DoorRefused`: `{"detail": "fingerprint.chip: holds the lone
+  surrogate U+D800 (not UTF-8)", "field": "fingerprint.chip"}`); no schema, service or
+  statement sees the text, so no route can forget the rule and nothing stored can fail a
+  later read. The JSON is parsed strictly too: `Infinity`, `-Infinity`, `NaN` and numbers
+  that overflow a float (`1e999`, which Python's json module reads as infinity) are refused
+  (PostgreSQL's JSON type, canonical JSON and the error encoder cannot hold them), so such a
+  body is a 422 like any malformed JSON. Every router of the app uses it (a test checks).
 - `BodyLimitMiddleware` refuses a body larger than the limit before it is parsed: from its
   Content-Length at once, or while it streams, with 413 and a one-line JSON detail.
 - `CompressionMiddleware` gzips what a client that accepts gzip is sent (pages, evidence,
@@ -19,19 +26,77 @@ import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
+from starlette.datastructures import FormData
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from evidence.boundary import strict_json_loads
+from evidence.boundary import TextRefused, door_json_loads, door_text_problem
+
+
+class DoorRefused(HTTPException):
+    """Text the door refuses (evidence.boundary's rule): answered 422 with the field it names
+    (api/app.py maps it). An HTTPException, so FastAPI's body parsing passes it on as it is."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(status_code=422, detail=f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+    @classmethod
+    def of(cls, refused: TextRefused) -> DoorRefused:
+        return cls(refused.field, refused.problem)
+
+
+def request_text_refusal(request: Request) -> DoorRefused | None:
+    """The door's rule on what precedes the body: the path (and its parameters), the query
+    string and the headers (cookies are a header) hold no NUL. Nothing else can be refused
+    there: the server decodes the path and query as UTF-8 with replacement characters, and
+    headers as Latin-1, so they hold no surrogate; their lengths are the server's to bound."""
+    scope = request.scope
+    for name, value in scope["headers"]:
+        if b"\x00" in value:
+            return DoorRefused(f"header {name.decode('latin-1')}", "holds NUL (U+0000)")
+    if "\x00" in scope["path"]:
+        for name, param in request.path_params.items():
+            if isinstance(param, str) and "\x00" in param:
+                return DoorRefused(f"path parameter {name}", "holds NUL (U+0000)")
+        return DoorRefused("path", "holds NUL (U+0000)")
+    query = scope.get("query_string", b"")
+    if query and (b"%00" in query or b"\x00" in query):
+        for name, param in request.query_params.multi_items():
+            for text in (name, param):
+                if (problem := door_text_problem(text)) is not None:
+                    return DoorRefused(f"query parameter {name[:40]!r}", problem)
+    return None
+
+
+def form_refusal(form: FormData) -> DoorRefused | None:
+    """The door's rule on each field of a form (names and text values; a file's bytes are
+    its route's to judge)."""
+    for name, value in form.multi_items():
+        for text in (name, value) if isinstance(value, str) else (name,):
+            if (problem := door_text_problem(text)) is not None:
+                return DoorRefused(f"form field {name[:40]!r}", problem)
+    return None
 
 
 class _StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = strict_json_loads(await self.body())
+            try:
+                self._json = door_json_loads(await self.body())
+            except TextRefused as refused:
+                raise DoorRefused.of(refused) from None
         return self._json
+
+    async def _get_form(self, **limits: Any) -> FormData:
+        form = await super()._get_form(**limits)
+        refusal = form_refusal(form)
+        if refusal is not None:
+            raise refusal
+        return form
 
 
 class StrictJSONRoute(APIRoute):
@@ -39,6 +104,9 @@ class StrictJSONRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def strict_handler(request: Request) -> Response:
+            refusal = request_text_refusal(request)
+            if refusal is not None:
+                raise refusal
             return await handler(_StrictJSONRequest(request.scope, request.receive))
 
         return strict_handler

@@ -69,6 +69,18 @@ def test_logout_clears_the_session(web: TestClient) -> None:
     assert web.get("/", follow_redirects=False).status_code == 303
 
 
+def test_logout_ends_the_session_on_the_server(web: TestClient) -> None:
+    """A copy of the session cookie taken before logout (another tab, a stolen copy) opens
+    nothing after it (issue 46: it opened /jobs until its 12 h TTL)."""
+    kept = web.cookies.get("cb_session")
+    assert kept and web.get("/jobs", follow_redirects=False).status_code == 200
+    page = web.get("/hosts")
+    web.post("/logout", data={"csrf_token": csrf_of(page.text)}, follow_redirects=False)
+    web.cookies.set("cb_session", kept)
+    response = web.get("/jobs", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"].startswith("/login")
+
+
 def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
