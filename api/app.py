@@ -48,6 +48,7 @@ from api.rehearsal import rehearse
 from api.routing import (
     BodyLimitMiddleware,
     CompressionMiddleware,
+    DoorMiddleware,
     DoorRefused,
     StrictJSONRoute,
     finite_or_text,
@@ -270,6 +271,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return settings.max_artifact_bytes
         return settings.max_request_body_bytes
 
+    # Innermost of these three: the door reads a JSON body whole, within the body limit.
+    app.add_middleware(DoorMiddleware)
     app.add_middleware(CompressionMiddleware, skip=WORKER_PROTOCOL_PATH)
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)
     return app

@@ -84,7 +84,9 @@ def test_logout_ends_the_session_on_the_server(web: TestClient) -> None:
 def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
-    host, _secret = make_host(db_session, "studio-1", labels=["lab:home"])
+    host, _secret = make_host(
+        db_session, "studio-1", labels=["lab:home"], enrolled_labels=["team:a"]
+    )
     make_host(db_session, "idle-box")
     job = make_job(db_session, settings)
     lease = agent_calls.claim_lease(
@@ -107,7 +109,10 @@ def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
     html = web.get("/hosts").text
     row = re.search(r'<tr id="host-studio-1">(.*?)</tr>', html, re.S).group(1)
     assert "Apple M3 Ultra" in row and "32 cores" in row
-    assert "lab:home" in row and "backend:cpu" in row
+    # Each label with its source: the admin's, the host's own, the server's.
+    assert 'team:a <span class="source">admin</span>' in row
+    assert 'lab:home <span class="source">host</span>' in row
+    assert 'backend:cpu <span class="source">server</span>' in row
     assert f"/jobs/{job.id}" in row and "3/8 cells" in row
     assert "s ago" in row
     idle = re.search(r'<tr id="host-idle-box">(.*?)</tr>', html, re.S).group(1)
