@@ -35,7 +35,7 @@ from api.database import (
     make_sessionmaker,
     upgrade_database,
 )
-from api.deps import SessionDep
+from api.deps import DatabaseDep, SessionDep
 from api.errors import ServiceError
 from api.evidence.router import router as evidence_router
 from api.github.config import load_github_config
@@ -58,7 +58,7 @@ from api.runs.models import Run
 from api.runs.router import router as runs_router
 from api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from api.settings import Settings, get_settings
-from api.transactions import AsyncDatabase, make_async_engine
+from api.transactions import AsyncDatabase, Execute, Program, make_async_engine
 from evidence.protocol import API_PREFIX, ErrorBody, FieldError, RunState
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,13 @@ def _install_metrics(app: FastAPI) -> None:
             runs_by_state.labels(state).set(counts.get(state, 0))
         artifact_bytes.set(total_artifact_bytes(db_session=db_session))
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+_SELECT_ONE = sa.select(sa.literal(1))
+
+
+def _select_one() -> Program[None]:
+    yield Execute(_SELECT_ONE)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -261,6 +268,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/healthz", include_in_schema=False)
     def healthz(db_session: SessionDep) -> dict[str, str]:
         db_session.execute(sa.text("SELECT 1"))
+        return {"status": "ok"}
+
+    @app.get("/healthz/pool", include_in_schema=False)
+    async def healthz_pool(db: DatabaseDep) -> dict[str, str]:
+        """One `SELECT 1` through the async engine's pool, which the agents' requests and
+        submissions use (healthz's is the sync one): a probe of that pool, and the floor that
+        benchmarks/service_load.py measures leases and submissions against in the same run
+        (the stack's own cost of a request with one round trip, under the same load)."""
+        await db.read(_select_one)
         return {"status": "ok"}
 
     _install_metrics(app)
