@@ -11,6 +11,7 @@ PostgreSQL, the same while honest hosts and submitters lease, submit and list co
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -298,61 +299,75 @@ def test_the_issues_hostile_requests_are_refused_and_everything_reads_back(
     _read_everything(client, key)
 
 
-def test_a_fingerprint_stored_before_the_door_is_cleaned_by_the_migration(
-    postgres_url: str, tmp_path: Path
+def _database_before_the_door(dialect: str, postgres_url: str, tmp_path: Path) -> Iterator[str]:
+    """A database of `dialect` at the revision before this change, dropped afterwards."""
+    if dialect == "sqlite":
+        yield f"sqlite:///{tmp_path / 'before.db'}"
+        return
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    name = f"door_{secrets.token_hex(4)}"
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield sa.engine.make_url(postgres_url).set(database=name).render_as_string(False)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_json_stored_before_the_door_is_cleaned_by_the_migration(
+    dialect: str, postgres_url: str, tmp_path: Path
 ) -> None:
-    """A host registered with a lone surrogate before this change broke every read of the host
-    list: the migration replaces what no column can hold (U+FFFD), and the list reads back."""
+    """A host registered with a lone surrogate before this change broke every read of the
+    host list: the migration replaces in every JSON column what no column can hold (U+FFFD),
+    and the list reads back."""
     from alembic import command
 
     from api.migration import alembic_config
 
-    engine = sa.create_engine(postgres_url)
-    name = f"door_{abs(hash(tmp_path)) % 10**8}"
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = sa.engine.make_url(postgres_url).set(database=name).render_as_string(False)
+    databases = _database_before_the_door(dialect, postgres_url, tmp_path)
+    url = next(databases)
     try:
         config = alembic_config(url)
         command.upgrade(config, "5a7c3e91d2b4")
         raw = sa.create_engine(url)
+        now = "now()" if dialect == "postgresql" else "CURRENT_TIMESTAMP"
         with raw.begin() as connection:
-            # What psycopg cannot send, the database accepts as JSON text with an escape.
+            # What a driver cannot send as text, a JSON column held as an escape.
             connection.exec_driver_sql(
                 "INSERT INTO hosts (id, name, secret_sha256, fingerprint, enrolled_labels, labels,"
-                " system_labels, repositories, models, created_at, health) VALUES ('h1', 'old',"
-                ' \'x\', \'{"chip": "M3\\ud800", "k": "a\\u0000"}\', \'["lab:a"]\','
-                " '[\"corpus:code\", \"lab:a\"]', '[]', '{}', '[]', now(), 'ready')"
+                " system_labels, repositories, models, created_at, health, calibration) VALUES"
+                " ('h1', 'old', 'x', '{\"chip\": \"M3\\ud800\", \"k\": \"a\\u0000\"}',"
+                " '[\"lab:a\"]', '[\"corpus:code\", \"lab:a\"]', '[]', '{}', '[]', "
+                f'{now}, \'ready\', \'{{"model": "\\udfff", "ok": "\\ud83d\\ude00"}}\')'
             )
         command.upgrade(config, "head")
         with raw.connect() as connection:
-            stored, own = connection.execute(
-                sa.text("SELECT fingerprint, host_labels FROM hosts WHERE id = 'h1'")
+            stored, own, calibration = connection.execute(
+                sa.text("SELECT fingerprint, host_labels, calibration FROM hosts WHERE id = 'h1'")
             ).one()
         raw.dispose()
-        assert stored == {"chip": "M3\ufffd", "k": "a\ufffd"}
-        assert own == ["corpus:code"]
-        with (
-            dispatch.use_sender(SentTasks()),
-            TestClient(
-                create_app(
-                    Settings(
-                        database_url=url,
-                        artifact_dir=tmp_path / "a",
-                        state_dir=tmp_path / "s",
-                        rehearse_at_start=False,
-                    )
-                )
-            ) as client,
-        ):
-            with make_sessionmaker(make_engine(url))() as db_session:
+        decoded = [json.loads(v) if isinstance(v, str) else v for v in (stored, own, calibration)]
+        assert decoded[0] == {"chip": "M3\ufffd", "k": "a\ufffd"}
+        assert decoded[1] == ["corpus:code"]
+        assert decoded[2] == {"model": "\ufffd", "ok": "\U0001f600"}
+        settings = Settings(
+            database_url=url,
+            artifact_dir=tmp_path / "a",
+            state_dir=tmp_path / "s",
+            rehearse_at_start=False,
+        )
+        with dispatch.use_sender(SentTasks()), TestClient(create_app(settings)) as client:
+            engine = make_engine(url)
+            with make_sessionmaker(engine)() as db_session:
                 key = make_api_key(db_session)
+            engine.dispose()
             listed = client.get("/api/v1/hosts", headers=bearer(key))
-            assert listed.status_code == 200 and listed.json()[0]["fingerprint"] == stored
+            assert listed.status_code == 200 and listed.json()[0]["fingerprint"] == decoded[0]
     finally:
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        engine.dispose()
+        next(databases, None)
 
 
 # --- uploads --------------------------------------------------------------------------------
