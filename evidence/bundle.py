@@ -42,6 +42,7 @@ from evidence.schemas import (
     error_line,
     is_valid_name,
 )
+from evidence.stats import N_RESAMPLES
 from evidence.summary import summarize
 from evidence.summary_schema import Summary, first_difference, summary_json_bytes
 from evidence.timeline import Timeline, is_timeline_file, timeline_file_name
@@ -632,6 +633,7 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
         timelines = timelines_of(files)
     except ValueError as error:
         return [f"cannot recompute: {error}"]
+    bootstrap = stored.settings.bootstrap
     try:
         recomputed = summarize(
             records,
@@ -640,8 +642,8 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
             features=stored.features,
             provenances=provenance_list,
             precision=stored.settings.precision,
-            seed=stored.settings.bootstrap.seed,
-            n_resamples=stored.settings.bootstrap.n_resamples,
+            seed=bootstrap.seed if bootstrap is not None else None,
+            n_resamples=bootstrap.n_resamples if bootstrap is not None else N_RESAMPLES,
             margin_threshold=stored.parity.margin_threshold,
             timelines=timelines,
         )
