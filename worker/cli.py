@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 
 app = typer.Typer(add_completion=False)
 
+RESIDENCY_OPTION = typer.Option(
+    help="auto (default): the variants' processes are resident side by side where every "
+    "context fits them together (the memory guard's estimates), else in turns, one resident "
+    "at a time; side-by-side or in-turns to choose."
+)
+
+
+def _check_residency(residency: str) -> None:
+    if residency not in ("auto", "side-by-side", "in-turns"):
+        _fail(f"--residency {residency!r}: give auto, side-by-side or in-turns")
+
 
 def _fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
@@ -418,6 +429,7 @@ def run(
             "statistics follow its noise (default: rounds // 12 and a unit per process pair).",
         ),
     ] = None,
+    residency: Annotated[str, RESIDENCY_OPTION] = "auto",
 ) -> None:
     """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle.
 
@@ -456,6 +468,7 @@ def run(
         "head": head,
         "alone": alone,
     }
+    _check_residency(residency)
     setup = _local_setup(
         given,
         model=model,
@@ -491,6 +504,7 @@ def run(
         console=console,
         prespawn=prespawn,
         noise=noise,
+        residency=residency,
     )
     _print_outcome(outcome, out)
 
@@ -524,6 +538,7 @@ def _measure(
     console: Any,
     prespawn: bool | None = None,
     noise: HostNoise | None = None,
+    residency: str = "auto",
 ) -> RunOutcome:
     """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -601,6 +616,7 @@ def _measure(
                     should_stop=stop.is_set,
                     prespawn=prespawn,
                     noise=noise,
+                    residency=residency,
                 )
         except RunRefused as error:
             bar.stop()

@@ -400,3 +400,74 @@ def test_a_runner_without_the_load_gate_is_never_started_ahead(tmp_path: Path) -
     ahead = {(p.variant, p.block) for p in outcome.timeline.processes if p.prespawned}
     assert ahead == {("a", 1)}
     assert all(r["status"] == "ok" for r in outcome.records if r["round"] >= 0)
+
+
+def test_in_turns_one_process_is_resident_at_a_time_and_every_cell_pairs(
+    tmp_path: Path,
+) -> None:
+    rounds = plan_rounds(["a", "b"], [64, 128], seed=5, rounds=4, bracket_min_cells=2)
+    assert any(cell.is_control for round_ in rounds for cell in round_)
+    outcome = run_schedule(
+        [_launch("a", cell_s=0.02), _launch("b", cell_s=0.02)],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=5,
+        residency="in-turns",
+        residency_reason="in turns, one variant resident at a time: test",
+        baseline="a",
+    )
+    measured = [r for r in outcome.records if r["round"] >= 0]
+    # every round's matrix cells of both variants, once each; no bracketing controls
+    assert sorted((r["variant"], r["round"], r["context_tokens"]) for r in measured) == sorted(
+        (v, r, c) for v in "ab" for r in range(4) for c in (64, 128)
+    )
+    assert outcome.controls == [] and outcome.cells_done == outcome.cells_total == 16
+    # ABBA at block level, the baseline first in the even block and last in the odd one
+    turns = [(r["variant"], r["process"]) for r in measured]
+    runs = [turn for i, turn in enumerate(turns) if i == 0 or turns[i - 1] != turn]
+    assert runs == [("a", 1), ("b", 1), ("b", 2), ("a", 2)]
+    # one process at a time: each alone (no peers) and gone before the next one loaded
+    timeline = outcome.timeline
+    assert timeline is not None and timeline.residency == "in-turns"
+    assert [(s.block, s.variant) for s in timeline.blocks] == [
+        (0, "a"),
+        (0, "b"),
+        (1, "b"),
+        (1, "a"),
+    ]
+    processes = sorted(timeline.processes, key=lambda p: p.spawned_s)
+    for previous, current in zip(processes, processes[1:], strict=False):
+        assert previous.exited_s is not None and current.load_s is not None
+        assert current.load_s >= previous.exited_s
+    warmups = [r for r in outcome.records if r["status"] == "warmup"]
+    assert len(warmups) == 4 and {w["counters"]["peers"] for w in warmups} == {"0"}
+
+
+def test_in_turns_the_next_turns_process_imports_while_this_one_measures(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=6, rounds=4)
+    launches = [_launch(name, import_s=0.5, cell_s=0.3) for name in "ab"]
+    outcome = run_schedule(
+        launches,
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=6,
+        prespawn=True,
+        residency="in-turns",
+        baseline="a",
+    )
+    assert outcome.cells_done == 8
+    timeline = outcome.timeline
+    assert timeline is not None and len(timeline.blocks) == 4
+    starts = timeline.blocks
+    # from the second block on every turn's process was started ahead (whether a variant's
+    # runner waits at the load gate is known once it has run), and imported before its turn
+    ahead = [p for p in timeline.processes if p.prespawned]
+    assert {(p.variant, p.block) for p in ahead} >= {("b", 1), ("a", 1)}
+    for process in ahead:
+        start = next(s for s in starts if (s.block, s.variant) == (process.block, process.variant))
+        assert process.imported_s is not None and process.imported_s < start.began_s
+        assert start.imports_s < 0.4
