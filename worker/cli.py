@@ -769,6 +769,13 @@ def calibrate(
     ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[Path, typer.Option(help="Spools of the jobs' runs.")] = Path(".coldbench"),
+    residency: Annotated[str, RESIDENCY_OPTION] = "auto",
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace a --bundles folder that is not empty (a recipe re-run)."
+        ),
+    ] = False,
 ) -> None:
     """Calibrate this host: runs of three identical variants beside a planted effect, each read
     as an A/A/A job and a planted-effect job, through the same machinery as `coldbench run`;
@@ -788,8 +795,12 @@ def calibrate(
     console = Console(stderr=True)
     if out.exists() and out.is_dir():
         _fail(f"--out {out}: is a folder; give a file name")
-    if bundles is not None and bundles.exists() and any(bundles.iterdir()):
-        _fail(f"--bundles {bundles}: folder exists and is not empty; choose a new one")
+    _check_residency(residency)
+    if bundles is not None and bundles.exists() and any(bundles.iterdir()) and not force:
+        _fail(
+            f"--bundles {bundles}: folder exists and is not empty; choose a new one (or "
+            "--force to replace it)"
+        )
     if api is not None and not re.fullmatch(r"https?://[^\s]+", api):
         _fail(f"--api {api!r}: give an http:// or https:// URL")
     agent = None
@@ -846,6 +857,15 @@ def calibrate(
     def on_job(_kind: str, index: int, total: int) -> None:
         console.print(f"run {index} of {total}: an A/A/A job and a planted-effect job")
 
+    def on_phase(text: str) -> None:
+        if text.startswith("variants run in turns"):  # the memory plan: say which
+            console.print(text, highlight=False)
+
+    if force and bundles is not None and bundles.is_dir():
+        import shutil
+
+        shutil.rmtree(bundles)
+
     try:
         result = run_calibration(
             model=model_name,
@@ -865,9 +885,20 @@ def calibrate(
             bundles_dir=bundles,
             cell_timeout_s=cell_timeout_s,
             on_job=on_job,
+            on_phase=on_phase,
+            residency=residency,
         )
     except (RunRefused, ValueError) as error:
         _fail(str(error).splitlines()[0])
+    if not any(c.n for job in result.jobs for c in job.comparisons):
+        # nothing a merge or `coldbench run --calibration` could take for this host's noise
+        failed = [job for job in result.jobs if job.status != "succeeded"]
+        why = f": {failed[0].reason}" if failed and failed[0].reason else ""
+        _fail(
+            f"no calibration job produced statistics ({len(failed)} of {len(result.jobs)} "
+            f"jobs failed{why}); no result written to {out}",
+            code=1,
+        )
     _finish_calibration(result, out, agent, api)
 
 

@@ -744,7 +744,7 @@ def execute_run(
         launches = [p.launch for p in prepared if not p.skipped]
         plan = memory_plan(launches, model=model, contexts=spec.contexts, asked=residency)
         if on_phase and plan.residency == IN_TURNS and not spec.fresh_process:
-            on_phase("variants run in turns: one resident at a time")
+            on_phase(f"variants run {plan.reason}")
         try:
             outcome = run_schedule(
                 launches,

@@ -447,7 +447,8 @@ def test_in_turns_one_process_is_resident_at_a_time_and_every_cell_pairs(
 
 def test_in_turns_the_next_turns_process_imports_while_this_one_measures(tmp_path: Path) -> None:
     rounds = plan_rounds(["a", "b"], [64], seed=6, rounds=4)
-    launches = [_launch(name, import_s=0.5, cell_s=0.3) for name in "ab"]
+    # a turn measures 2 cells (1.4 s): time for the next interpreter to start and import
+    launches = [_launch(name, import_s=0.3, cell_s=0.7) for name in "ab"]
     outcome = run_schedule(
         launches,
         rounds,
