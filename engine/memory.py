@@ -9,7 +9,9 @@ with the estimate in the reason: the cell is an error record, the other contexts
 peak = weights (the safetensors files' bytes)
      + KV cache: layers x 2 x kv_heads x head_dim x context (rounded up to mlx-lm's 256-token
        growth step) x itemsize, plus the copies made while it grows: one layer's on the CPU, a
-       quarter of the cache on a GPU (below)
+       quarter of the cache on a GPU (below); with multi-head latent attention (DeepSeek-V2/V3,
+       `kv_lora_rank`) one latent and one rotary key per position and layer instead, and a
+       chunk's expansion of the latent to every head's keys and values in its activations
      + activations of one chunk: hidden states, q/k/v, the MLP's gate/up/product (the routed
        experts' for a mixture of experts) and, where this backend's attention materializes the
        scores (probed once: CPU always does), scores and softmax of heads x chunk x context;
@@ -139,16 +141,35 @@ def estimate(
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or hidden // heads)
     positions = -(-context_tokens // KV_STEP) * KV_STEP
-    layer_kv = 2 * kv_heads * head_dim * positions * size
+    chunk = min(chunk_tokens, context_tokens)
+    latent = int(c.get("kv_lora_rank") or 0)
+    # Multi-head latent attention (mlx-lm's deepseek_v2/v3): the cache holds one latent and one
+    # rotary key per position, and each chunk expands the latent to every head's keys and
+    # values over all positions, beside the rotary part's scores (the additive mask it passes)
+    mla_layer = 0
+    if latent:
+        rope = int(c.get("qk_rope_head_dim") or 0)
+        nope, value = int(c.get("qk_nope_head_dim") or 0), int(c.get("v_head_dim") or 0)
+        layer_kv = (latent + rope) * positions * size
+        attention = 2 * (heads * (nope + rope) + latent + rope + heads * value)
+        mla_layer = (heads * positions * (nope + value) + heads * chunk * context_tokens) * size
+    else:
+        layer_kv = 2 * kv_heads * head_dim * positions * size
+        attention = 2 * (heads + 2 * kv_heads) * head_dim
     growth = max(layer_kv, int(GPU_KV_GROWTH * layers * layer_kv)) if gpu else layer_kv
     kv_cache = layers * layer_kv + growth
-    chunk = min(chunk_tokens, context_tokens)
+    dense = 3 * int(c.get("intermediate_size") or 4 * hidden)
     if c.get("num_experts_per_tok") and c.get("moe_intermediate_size"):
-        mlp = int(c["num_experts_per_tok"]) * (3 * int(c["moe_intermediate_size"]) + hidden)
+        moe = int(c["moe_intermediate_size"])
+        mlp = int(c["num_experts_per_tok"]) * (3 * moe + hidden)
+        mlp += 3 * moe * int(c.get("n_shared_experts") or 0)  # DeepSeek's shared experts
+        if c.get("first_k_dense_replace"):  # its first layers are dense
+            mlp = max(mlp, dense)
     else:
-        mlp = 3 * int(c.get("intermediate_size") or 4 * hidden)
-    per_token = 4 * hidden + 2 * (heads + 2 * kv_heads) * head_dim + mlp
-    activations = chunk * per_token * size * (min(layers, GPU_LAYERS_IN_FLIGHT) if gpu else 1)
+        mlp = dense
+    per_token = 4 * hidden + attention + mlp
+    in_flight = min(layers, GPU_LAYERS_IN_FLIGHT) if gpu else 1
+    activations = (chunk * per_token * size + mla_layer) * in_flight
     activations += 2 * int(c.get("vocab_size") or 0) * 4  # the last position's logits
     if attention_materialized:
         # scores and their softmax (heads x chunk x keys), and the causal mask (bool)

@@ -381,3 +381,41 @@ def test_the_plan_is_made_in_a_process_of_its_own_from_the_checkpoint(
         check=True,
     )
     assert json.loads(done.stdout)["residency"] == memory.SIDE_BY_SIDE
+
+
+# Measured on this CPU (2026-12-06), the estimate over the cell's peak above what was active
+# before it at (chunk, context) (32, 512), (128, 1024), (256, 2048), (512, 2048): tiny-moe
+# 1.07, 1.40, 1.44, 1.53x; tiny-deepseek-v3 1.19, 1.29, 1.35, 1.36x.
+@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-deepseek-v3"])
+def test_the_estimate_bounds_the_measured_peak_of_a_mixture_of_experts(
+    preset: str, tmp_path: Path
+) -> None:
+    from engine import checkpoints
+
+    path = checkpoints.create_checkpoint(preset, tmp_path / preset)
+    model, tokenizer, config = checkpoints.load_model(path)
+    assert config["model_type"] in ("qwen3_moe", "deepseek_v3")
+    prompts = PromptSource.from_tokenizer(tokenizer)
+    for step, context in ((32, 512), (128, 1024)):
+        guard = MemoryGuard.for_checkpoint(path, chunk_tokens=step)
+        ids = prompts.prompt(0, 0, context).ids
+        gc.collect()
+        mx.clear_cache()
+        before = mx.get_active_memory()
+        record = run_cell(
+            model, ids, context_tokens=context, flags=Flags(prefill_step_size=step), decode_tokens=1
+        )
+        assert record.status == "ok", record.reason
+        needed = guard.estimate(context)
+        measured = record.peak_memory_bytes - before
+        estimated = needed.kv_cache_bytes + needed.activations_bytes
+        assert measured <= estimated <= 1.6 * measured, (preset, step, context, measured)
+
+
+def test_the_latent_cache_of_deepseek_v3_is_one_latent_and_rotary_key_per_position() -> None:
+    config = {**get_preset("tiny-deepseek-v3").config, "torch_dtype": "float32"}
+    estimate = memory.estimate(
+        config, context_tokens=1024, chunk_tokens=256, weights_bytes=0, attention_materialized=False
+    )
+    # (kv_lora_rank 64 + qk_rope_head_dim 16) x 1,024 positions x 4 bytes, 2 layers + 1 growing
+    assert estimate.kv_cache_bytes == 3 * 80 * 1024 * 4
