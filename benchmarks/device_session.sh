@@ -8,10 +8,14 @@
 # Steps: model (write the checkpoint, probe the load gate), cal1 and cal2 (each CAL_RUNS
 # calibration runs, seeds apart), merge, aaa (A/A/A through coldbench run with the calibration),
 # e2e (the whole service: A/B of two refs of $BUNDLE), decided and decided-aa (JOBS jobs measuring
-# until decided: the two refs, or the first against itself), summaries (the bundles' summaries,
-# tarred).
+# until decided: the two refs, or the first against itself), duty (the duty cycle of an A/B in
+# turns beside one side by side, benchmarks/time_to_evidence.py --compare residency), moe (issue
+# 47: an A/B of $MOE_PRESET, one process more than half of the device, which runs in turns,
+# beside the page cache's read of its weights; on a machine of its own: its checkpoint is about
+# 46 GB), summaries (the bundles' summaries, tarred). Every step can be run again in place: it
+# replaces its own output.
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, duty, moe, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -20,24 +24,41 @@ DTYPE=${DTYPE:-bfloat16}
 CTX=${CTX:-16384}
 E2E_CTX=${E2E_CTX:-4096,16384}
 BASE_STEP=${BASE_STEP:-4096}
-PLANTED_STEP=${PLANTED_STEP:-3072}
+PLANTED_STEP=${PLANTED_STEP:-2048}
 CAL_ROUNDS=${CAL_ROUNDS:-12}
 CAL_RUNS=${CAL_RUNS:-5}
 AAA_ROUNDS=${AAA_ROUNDS:-24}
 E2E_ROUNDS=${E2E_ROUNDS:-12}
 BUNDLE=${BUNDLE:-.gpu/cb.bundle}
 REFS=${REFS:-main e2e-wide}
+DUTY_ROUNDS=${DUTY_ROUNDS:-12}
+DUTY_RPP=${DUTY_RPP:-3}
+MOE_PRESET=${MOE_PRESET:-qwen3-moe-45g-shape}
+MOE_CTX=${MOE_CTX:-16384}
+MOE_ROUNDS=${MOE_ROUNDS:-12}
+MOE_RPP=${MOE_RPP:-2}
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$OUT"
 model=$WORK/model
 clock() { date -u +%H:%M:%S; }
 echo "[$(clock)] step $step, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 calibrate() {  # $1: part name, $2: first seed
+  # an earlier attempt's result must not outlive a failed run (the merge would take it)
+  rm -f "$WORK/$1.json"
   $PY -m coldbench calibrate --model "$model" --contexts "$CTX" --rounds "$CAL_ROUNDS" \
     --rounds-per-process "$CAL_ROUNDS" --jobs "$CAL_RUNS" --base-step "$BASE_STEP" \
     --planted-step "$PLANTED_STEP" --decode-tokens 2 --seed "$2" --out "$WORK/$1.json" \
-    --bundles "$WORK/bundles-$1" --state-dir "$WORK/state-$1"
+    --bundles "$WORK/bundles-$1" --force --state-dir "$WORK/state-$1"
   cp "$WORK/$1.json" "$OUT/"
+}
+read_s() {  # seconds to read a checkpoint's weights (run twice: the second is the page cache's)
+  $PY -c 'import glob, sys, time
+start = time.monotonic()
+for name in sorted(glob.glob(sys.argv[1] + "/model*.safetensors")):
+    with open(name, "rb", buffering=0) as handle:
+        while handle.read(1 << 24):
+            pass
+print(round(time.monotonic() - start, 3))' "$1"
 }
 case $step in
   model)
@@ -71,6 +92,35 @@ case $step in
     $PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" --contexts "$CTX" \
       --until decided --rounds "${BUDGET:-40}" --jobs "${JOBS:-10}" --out "$WORK/$step-out" \
       --workdir "$WORK/$step" --timeout-s 900 | grep '^{' | tee "$OUT/$step.jsonl"
+    ;;
+  duty)
+    rm -f "$OUT/duty.jsonl"
+    $PY benchmarks/time_to_evidence.py --model "$model" --contexts "$CTX" --rounds "$DUTY_ROUNDS" \
+      --rounds-per-process "$DUTY_RPP" --variant a --variant "b:prefill_step_size=$PLANTED_STEP" \
+      --decode-tokens 2 --compare residency --workdir "$WORK/duty" --out "$OUT/duty.jsonl"
+    ;;
+  moe)
+    moe=$WORK/moe
+    start=$(date +%s)
+    [ -f "$moe/config.json" ] || $PY -m coldbench model create --preset "$MOE_PRESET" --dtype bfloat16 --out "$moe"
+    echo "moe model written in $(( $(date +%s) - start )) s"
+    first=$(read_s "$moe"); again=$(read_s "$moe")
+    echo "{\"read_s\": $first, \"page_cache_read_s\": $again, \"bytes\": $(cat "$moe"/model*.safetensors | wc -c)}" | tee "$OUT/moe-read.json"
+    rm -rf "$WORK/moe-out" "$WORK/state-moe"
+    $PY -m coldbench run --model "$moe" --contexts "$MOE_CTX" --rounds "$MOE_ROUNDS" \
+      --rounds-per-process "$MOE_RPP" --decode-tokens 2 --seed 7 \
+      --variant "base:prefill_step_size=$BASE_STEP" --variant "planted:prefill_step_size=$PLANTED_STEP" \
+      --out "$WORK/moe-out" --state-dir "$WORK/state-moe" || true  # the bundle says why
+    for f in summary.md summary.json timeline.json records.jsonl; do
+      [ -f "$WORK/moe-out/$f" ] && cp "$WORK/moe-out/$f" "$OUT/moe-$f"
+    done
+    $PY -c 'import json, sys
+run = json.load(open(sys.argv[1]))["timeline"]["runs"][0]
+cost, turns = run.get("turn_starts") or {}, run.get("turns_within_blocks") or 0
+added = sum(cost.get(k, 0) for k in ("stop_s", "imports_s", "load_s"))
+print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty_cycle"),
+  "turns_within_blocks": turns, "per_turn_start_s": round(added / turns, 2) if turns else None,
+  "page_cache_read_s": float(sys.argv[2])}))' "$WORK/moe-out/summary.json" "$again" | tee "$OUT/moe-turns.json"
     ;;
   summaries)
     for zip in "$WORK"/e2e-out/*.zip; do  # the service's evidence: its views and timeline

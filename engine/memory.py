@@ -33,12 +33,19 @@ memory on the CPU; `COLDBENCH_DEVICE_MEMORY_BYTES` overrides it (a host sharing 
 test simulating a small device). Peak memory measured per cell stays in the records
 (`peak_memory_bytes`), so every report shows the estimate's accuracy against context.
 
-The variant processes of one run are resident on the device together (they interleave cell by
-cell), so the orchestrator tells each how many peers it has (`COLDBENCH_PEER_PROCESSES`), and
-each process gets a share of the device (`MemoryGuard.share`): the guard checks the estimate
-against it and `share_device` lowers MLX's memory limit to it, so a process that keeps its
-buffer cache (`clear_cache=false`) reclaims it before the share is spent. The runner also hands
-MLX's buffer cache back after every cell (`release_cached_buffers`).
+Before any timing the orchestrator makes the run's memory plan (`plan_memory`, through
+`python -m engine.memory` so that the orchestrator itself never touches the device): where every
+context's estimate fits every variant's process beside the others (each within its share,
+below), they are resident side by side and interleave cell by cell; where not, they run in
+turns, one resident at a time with the whole device (worker/variants.py). A context that does
+not fit even one process is refused by that process, as above.
+
+Side by side, the orchestrator tells each process how many peers it has
+(`COLDBENCH_PEER_PROCESSES`), and each process gets a share of the device (`MemoryGuard.share`):
+the guard checks the estimate against it and `share_device` lowers MLX's memory limit to it,
+so a process that keeps its buffer cache (`clear_cache=false`) reclaims it before the share is
+spent. The runner also hands MLX's buffer cache back after every cell
+(`release_cached_buffers`).
 - Metal and CPU: an idle process holds its weights, so the share is the device less each peer's
   weights and a margin (PEER_OVERHEAD_BYTES).
 - CUDA: the device is split evenly. A process's buffer cache may grow to its memory limit, and
