@@ -3,8 +3,10 @@
 # Run from the repository root with MLX installed (PYTHONPATH holding it); each step's figures
 # and files go to $OUT. The defaults are the H200's; the CPU rehearsal overrides them:
 #   PRESET=tiny DTYPE=float32 CTX=128 E2E_CTX=128,256 BASE_STEP=64 PLANTED_STEP=16 CAL_RUNS=2 \
-#   AAA_ROUNDS=8 E2E_ROUNDS=6 PYTHON=.venv/bin/python OUT=/tmp/out WORK=/tmp/work \
+#   AAA_ROUNDS=8 E2E_ROUNDS=6 DUTY_ROUNDS=4 DUTY_RPP=2 MOE_PRESET=tiny-moe MOE_DTYPE=float32 \
+#   MOE_CTX=128 MOE_ROUNDS=4 PYTHON=.venv/bin/python OUT=/tmp/out WORK=/tmp/work \
 #   benchmarks/device_session.sh model
+# (with COLDBENCH_DEVICE_MEMORY_BYTES=1000000000 the CPU's moe step runs in turns, as on the GPU)
 # Steps: model (write the checkpoint, probe the load gate), cal1 and cal2 (each CAL_RUNS
 # calibration runs, seeds apart), merge, aaa (A/A/A through coldbench run with the calibration),
 # e2e (the whole service: A/B of two refs of $BUNDLE), decided and decided-aa (JOBS jobs measuring
@@ -34,6 +36,7 @@ REFS=${REFS:-main e2e-wide}
 DUTY_ROUNDS=${DUTY_ROUNDS:-12}
 DUTY_RPP=${DUTY_RPP:-3}
 MOE_PRESET=${MOE_PRESET:-qwen3-moe-45g-shape}
+MOE_DTYPE=${MOE_DTYPE:-bfloat16}
 MOE_CTX=${MOE_CTX:-16384}
 MOE_ROUNDS=${MOE_ROUNDS:-12}
 MOE_RPP=${MOE_RPP:-2}
@@ -50,15 +53,6 @@ calibrate() {  # $1: part name, $2: first seed
     --planted-step "$PLANTED_STEP" --decode-tokens 2 --seed "$2" --out "$WORK/$1.json" \
     --bundles "$WORK/bundles-$1" --force --state-dir "$WORK/state-$1"
   cp "$WORK/$1.json" "$OUT/"
-}
-read_s() {  # seconds to read a checkpoint's weights (run twice: the second is the page cache's)
-  $PY -c 'import glob, sys, time
-start = time.monotonic()
-for name in sorted(glob.glob(sys.argv[1] + "/model*.safetensors")):
-    with open(name, "rb", buffering=0) as handle:
-        while handle.read(1 << 24):
-            pass
-print(round(time.monotonic() - start, 3))' "$1"
 }
 case $step in
   model)
@@ -102,10 +96,9 @@ case $step in
   moe)
     moe=$WORK/moe
     start=$(date +%s)
-    [ -f "$moe/config.json" ] || $PY -m coldbench model create --preset "$MOE_PRESET" --dtype bfloat16 --out "$moe"
+    [ -f "$moe/config.json" ] || $PY -m coldbench model create --preset "$MOE_PRESET" --dtype "$MOE_DTYPE" --out "$moe"
     echo "moe model written in $(( $(date +%s) - start )) s"
-    first=$(read_s "$moe"); again=$(read_s "$moe")
-    echo "{\"read_s\": $first, \"page_cache_read_s\": $again, \"bytes\": $(cat "$moe"/model*.safetensors | wc -c)}" | tee "$OUT/moe-read.json"
+    $PY benchmarks/load_gate_probe.py --model "$moe" | tee "$OUT/moe-gate.json"
     rm -rf "$WORK/moe-out" "$WORK/state-moe"
     $PY -m coldbench run --model "$moe" --contexts "$MOE_CTX" --rounds "$MOE_ROUNDS" \
       --rounds-per-process "$MOE_RPP" --decode-tokens 2 --seed 7 \
@@ -114,13 +107,17 @@ case $step in
     for f in summary.md summary.json timeline.json records.jsonl; do
       [ -f "$WORK/moe-out/$f" ] && cp "$WORK/moe-out/$f" "$OUT/moe-$f"
     done
+    # a turn start's stop, imports and load, beside the page cache's read of the weights
     $PY -c 'import json, sys
 run = json.load(open(sys.argv[1]))["timeline"]["runs"][0]
 cost, turns = run.get("turn_starts") or {}, run.get("turns_within_blocks") or 0
 added = sum(cost.get(k, 0) for k in ("stop_s", "imports_s", "load_s"))
+floor = json.load(open(sys.argv[2]))["page_cache_read_s"]
+per_turn = round(added / turns, 2) if turns else None
 print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty_cycle"),
-  "turns_within_blocks": turns, "per_turn_start_s": round(added / turns, 2) if turns else None,
-  "page_cache_read_s": float(sys.argv[2])}))' "$WORK/moe-out/summary.json" "$again" | tee "$OUT/moe-turns.json"
+  "turns_within_blocks": turns, "per_turn_start_s": per_turn, "page_cache_read_s": floor,
+  "beyond_page_cache_s": None if per_turn is None else round(per_turn - floor, 2)}))' \
+      "$WORK/moe-out/summary.json" "$OUT/moe-gate.json" | tee "$OUT/moe-turns.json"
     ;;
   summaries)
     for zip in "$WORK"/e2e-out/*.zip; do  # the service's evidence: its views and timeline
