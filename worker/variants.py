@@ -792,8 +792,24 @@ def run_schedule(
                 for name in following.names:
                     # only a runner known to wait at the load gate may start early: an older
                     # one would load (and touch the device) while this start measures
-                    if name in by_name and gated.get(name):
+                    if name in by_name and waits_at_gate(name):
                         ahead[name] = spawn(name, following.block, prespawned=True)
+
+        def waits_at_gate(name: str) -> bool:
+            """Whether `name`'s runner waits at the load gate: as its last process did, or,
+            before it has run (a run in turns' first block), as one of the same interpreter,
+            module and import path did."""
+            if name in gated:
+                return gated[name]
+            launch = by_name[name]
+            same = [
+                gated[other.name]
+                for other in by_name.values()
+                if other.name in gated
+                and (other.python, other.module, other.pythonpath_first)
+                == (launch.python, launch.module, launch.pythonpath_first)
+            ]
+            return bool(same) and all(same)
 
         def measure(cell: Cell) -> None:
             """One cell on its variant's process (restarted first when it is gone)."""
