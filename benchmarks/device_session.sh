@@ -11,13 +11,13 @@
 # calibration runs, seeds apart), merge, aaa (A/A/A through coldbench run with the calibration),
 # e2e (the whole service: A/B of two refs of $BUNDLE), decided and decided-aa (JOBS jobs measuring
 # until decided: the two refs, or the first against itself), duty (the duty cycle of an A/B in
-# turns beside one side by side, benchmarks/time_to_evidence.py --compare residency), moe (issue
-# 47: an A/B of $MOE_PRESET, one process more than half of the device, which runs in turns,
-# beside the page cache's read of its weights; on a machine of its own: its checkpoint is about
-# 46 GB), summaries (the bundles' summaries, tarred). Every step can be run again in place: it
-# replaces its own output.
+# turns beside one side by side, benchmarks/time_to_evidence.py --compare residency), moe-model
+# and moe (issue 47: write $MOE_PRESET and probe its load beside the page cache's read of its
+# weights, then an A/B of it, one process more than half of the device, which runs in turns; on
+# a machine of its own, its checkpoint is about 46 GB), summaries (the bundles' summaries,
+# tarred). Every step can be run again in place: it replaces its own output.
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, duty, moe, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, duty, moe-model, moe, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -43,6 +43,7 @@ MOE_RPP=${MOE_RPP:-2}
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$OUT"
 model=$WORK/model
+moe=$WORK/moe
 clock() { date -u +%H:%M:%S; }
 echo "[$(clock)] step $step, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 calibrate() {  # $1: part name, $2: first seed
@@ -93,12 +94,14 @@ case $step in
       --rounds-per-process "$DUTY_RPP" --variant a --variant "b:prefill_step_size=$PLANTED_STEP" \
       --decode-tokens 2 --compare residency --workdir "$WORK/duty" --out "$OUT/duty.jsonl"
     ;;
-  moe)
-    moe=$WORK/moe
+  moe-model)
     start=$(date +%s)
     [ -f "$moe/config.json" ] || $PY -m coldbench model create --preset "$MOE_PRESET" --dtype "$MOE_DTYPE" --out "$moe"
     echo "moe model written in $(( $(date +%s) - start )) s"
     $PY benchmarks/load_gate_probe.py --model "$moe" | tee "$OUT/moe-gate.json"
+    cp "$OUT/moe-gate.json" "$WORK/moe-gate.json"
+    ;;
+  moe)
     rm -rf "$WORK/moe-out" "$WORK/state-moe"
     $PY -m coldbench run --model "$moe" --contexts "$MOE_CTX" --rounds "$MOE_ROUNDS" \
       --rounds-per-process "$MOE_RPP" --decode-tokens 2 --seed 7 \
@@ -117,7 +120,7 @@ per_turn = round(added / turns, 2) if turns else None
 print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty_cycle"),
   "turns_within_blocks": turns, "per_turn_start_s": per_turn, "page_cache_read_s": floor,
   "beyond_page_cache_s": None if per_turn is None else round(per_turn - floor, 2)}))' \
-      "$WORK/moe-out/summary.json" "$OUT/moe-gate.json" | tee "$OUT/moe-turns.json"
+      "$WORK/moe-out/summary.json" "$WORK/moe-gate.json" | tee "$OUT/moe-turns.json"
     ;;
   summaries)
     for zip in "$WORK"/e2e-out/*.zip; do  # the service's evidence: its views and timeline
