@@ -472,3 +472,21 @@ def test_in_turns_the_next_turns_process_imports_while_this_one_measures(tmp_pat
         start = next(s for s in starts if (s.block, s.variant) == (process.block, process.variant))
         assert process.imported_s is not None and process.imported_s < start.began_s
         assert start.imports_s < 0.4
+
+
+def test_a_run_whose_memory_cannot_be_planned_runs_side_by_side_saying_why(
+    tmp_path: Path,
+) -> None:
+    from worker.run import RunRefused, memory_plan
+
+    plan = memory_plan(
+        [_launch("a"), _launch("b")], model=tmp_path / "nothing", contexts=[64], asked="auto"
+    )
+    assert plan.residency == "side-by-side" and plan.refused == {}
+    assert plan.reason.startswith("no memory plan (checkpoint ") and "does not exist" in plan.reason
+    forced = memory_plan(
+        [_launch("a")], model=tmp_path / "nothing", contexts=[64], asked="in-turns"
+    )
+    assert forced.residency == "in-turns"
+    with pytest.raises(RunRefused, match="residency 'both'"):
+        memory_plan([_launch("a")], model=tmp_path, contexts=[64], asked="both")
