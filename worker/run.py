@@ -819,6 +819,7 @@ def execute_run(
             repository=repository,
             commits={t.variant: t.commit for t in targets if t.commit},
             local_arguments=local_arguments,
+            residency=residency,
         ),
         labels=labels,
         corpus=corpus_info(spec.corpus, corpora.get(spec.corpus)),

@@ -461,4 +461,6 @@ def test_variants_that_fit_once_but_not_twice_run_in_turns(
     text = (out / "summary.md").read_text()
     assert "Variants ran in turns: one resident at a time, 3 blocks of 2 rounds" in text
     assert "The 3 turn starts within blocks added" in text
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert "--residency" not in provenance["command"]  # auto: the plan decides again
     assert verify_bundle(out).is_intact

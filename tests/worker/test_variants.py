@@ -490,3 +490,14 @@ def test_a_run_whose_memory_cannot_be_planned_runs_side_by_side_saying_why(
     assert forced.residency == "in-turns"
     with pytest.raises(RunRefused, match="residency 'both'"):
         memory_plan([_launch("a")], model=tmp_path, contexts=[64], asked="both")
+
+
+def test_a_residency_asked_for_is_in_the_reproduce_line() -> None:
+    from evidence.schemas import JobSpec
+    from worker.provenance import reproduce_command
+
+    spec = JobSpec.model_validate(
+        {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [64], "rounds": 2}
+    )
+    assert "--residency" not in reproduce_command(spec)
+    assert reproduce_command(spec, residency="in-turns").endswith("--residency in-turns")
