@@ -86,6 +86,7 @@ case $step in
   decided|decided-aa)
     # Measuring until decided through the whole service, JOBS jobs back to back: the A/B of the
     # two refs (decided), or main against itself (decided-aa); one JSON line a job.
+    rm -rf "$WORK/$step-out" "$WORK/$step"
     set -- $REFS
     if [ "$step" = decided ]; then variants="--ref $1 --ref $2"; else variants="--variant a:ref=$1 --variant b:ref=$1"; fi
     $PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" --contexts "$CTX" \
