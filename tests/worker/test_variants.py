@@ -501,3 +501,33 @@ def test_a_residency_asked_for_is_in_the_reproduce_line() -> None:
     )
     assert "--residency" not in reproduce_command(spec)
     assert reproduce_command(spec, residency="in-turns").endswith("--residency in-turns")
+
+
+def test_in_turns_a_run_measuring_until_decided_looks_once_a_blocks_rounds_are_complete(
+    tmp_path: Path,
+) -> None:
+    asked: list[tuple[int, int]] = []
+
+    def end_after_round(rounds_done: int, records: object) -> str | None:
+        measured = [r for r in records if r["round"] >= 0]  # type: ignore[attr-defined]
+        asked.append((rounds_done, len(measured)))
+        return "decided" if rounds_done == 4 else None
+
+    rounds = plan_rounds(["a", "b"], [64], seed=7, rounds=6)
+    outcome = run_schedule(
+        [_launch("a"), _launch("b")],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=7,
+        residency="in-turns",
+        baseline="a",
+        end_after_round=end_after_round,
+    )
+    # asked before the second and the third block, each time with every cell of both
+    # variants' turns in the rounds done; the third block never started
+    assert asked == [(2, 4), (4, 8)]
+    assert outcome.ended == "decided" and outcome.cells_done == 8
+    timeline = outcome.timeline
+    assert timeline is not None and {s.block for s in timeline.blocks} == {0, 1}
