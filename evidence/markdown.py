@@ -33,6 +33,7 @@ from evidence.summary_schema import (
     PhaseTimes,
     ReproductionRun,
     RunDrift,
+    RunTime,
     Settings,
     Summary,
 )
@@ -196,10 +197,36 @@ def time_spent_lines(summary: Summary) -> list[str]:
         if run.block_rule:
             parts.append(f"blocks: {run.block_rule}")
         text = "; ".join(parts) + "."
+        if run.residency == "in-turns":
+            text += " " + in_turns_text(run)
+        elif run.residency_reason:
+            text += f" Variants ran {run.residency_reason}."
         if run.stopped:
             text += f" The run was {run.stopped}."
         lines.append(f"Where the time went{f' (run {run.run_id})' if several else ''}: {text}")
     return lines
+
+
+def in_turns_text(run: RunTime) -> str:
+    """The sentences of a run whose variants were resident one at a time (engine.memory)."""
+    rounds = run.rounds_per_process
+    blocks = f"{run.blocks} block{'s' if run.blocks != 1 else ''}" if run.blocks else "blocks"
+    of = f" of {rounds} round{'s' if rounds != 1 else ''}" if rounds else ""
+    text = f"Variants ran in turns: one resident at a time, {blocks}{of}"
+    reason = (run.residency_reason or "").removeprefix("in turns, one variant resident at a time: ")
+    text += f" ({reason})." if reason else "."
+    if run.turn_starts is not None and run.turns_within_blocks:
+        cost = run.turn_starts
+        # their warm-ups are not added: side by side every process warms up the same
+        added = cost.stop_s + cost.imports_s + cost.load_s
+        turns = run.turns_within_blocks
+        text += (
+            f" The {turns} turn start{'s' if turns > 1 else ''} within blocks added "
+            f"{_seconds(added)} (stop {_seconds(cost.stop_s)}, imports "
+            f"{_seconds(cost.imports_s)}, load {_seconds(cost.load_s)}; their warm-ups, "
+            f"{_seconds(cost.warmups_s)}, a run side by side pays too)."
+        )
+    return text
 
 
 def drift_context_text(run: RunDrift) -> list[str]:

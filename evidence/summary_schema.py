@@ -346,6 +346,13 @@ class RunTime(_Section):
     first_block: PhaseTimes | None
     later_blocks: PhaseTimes | None
     stopped: str | None
+    # engine.memory's plan (evidence.timeline): side-by-side or in-turns, and why
+    residency: str | None = None
+    residency_reason: str | None = None
+    # in turns: the starts within blocks (every turn but a block's first), what the turns
+    # added over a run side by side, and their number
+    turn_starts: PhaseTimes | None = None
+    turns_within_blocks: int | None = None
 
 
 class TimelineSummary(_Section):

@@ -184,6 +184,7 @@ def test_until_decided_stops_at_the_first_look_that_decides(
         (["--adapter", "openai-server"], "--adapter openai-server needs --server-command"),
         (["--wipe", "/tmp/x"], "--wipe: only with --adapter openai-server"),
         (["--corpus", "/nonexistent/corpus.txt"], "is not a file"),
+        (["--residency", "both"], "--residency 'both': give auto, side-by-side or in-turns"),
         (
             ["--adapter", "embedded", "--repo", str(REPO_ROOT), "--variant", "a"],
             "--variant: variant a names no ref of",
@@ -403,3 +404,63 @@ def test_a_sigint_while_measuring_keeps_the_cells_measured(
     assert kept >= 3 and run_time["cells"] == kept
     assert run_time["stopped"] == f"stopped on request after {kept} of 24 cells"
     assert "stopped on request" in (out / "summary.md").read_text()
+
+
+def test_variants_that_fit_once_but_not_twice_run_in_turns(
+    coldbench_cmd: list[str], tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The device set so the tiny checkpoint fits one process but not two: the plan runs the
+    A/B in turns, one resident at a time; every cell is valid, pairs by round and process pair,
+    and the evidence says how it ran and what the turns cost."""
+    import os
+
+    from engine.memory import DEVICE_MEMORY_ENV, PEER_OVERHEAD_BYTES, MemoryGuard
+
+    guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=2048)
+    need = guard.estimate(128).total_bytes
+    device = need + PEER_OVERHEAD_BYTES // 2  # alone it fits; beside a peer (2 GiB more) not
+    out = tmp_path / "turns"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--model", "preset:tiny", "--contexts", "128", "--rounds", "6"),
+            *("--rounds-per-process", "2", "--decode-tokens", "1"),
+            *("--variant", "a", "--variant", "b:prefill_step_size=64"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, DEVICE_MEMORY_ENV: str(device)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_records(out / "records.jsonl")
+    timed = [r for r in records if r.round >= 0]
+    assert len(timed) == 12 and all(r.status == "ok" for r in timed), [r.reason for r in timed]
+    # one process per variant per block of 2 rounds, each alone on the device
+    assert {(r.variant, r.round // 2 + 1) for r in timed} == {(r.variant, r.process) for r in timed}
+    timeline = json.loads((out / "timeline.json").read_text())
+    assert timeline["residency"] == "in-turns"
+    assert (
+        "in turns" in timeline["residency_reason"] and "128 tokens" in timeline["residency_reason"]
+    )
+    spans = sorted(
+        (p["load_s"], p["exited_s"]) for p in timeline["processes"] if p["load_s"] is not None
+    )
+    for (_, exited), (loaded, _) in zip(spans, spans[1:], strict=False):
+        assert loaded >= exited, "two variant processes were resident together"
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["comparisons"]
+    assert row["n"] == 6 and row["blocks"] == 3 and row["unit"] == "process pair"
+    (run,) = summary["timeline"]["runs"]
+    assert run["residency"] == "in-turns" and run["blocks"] == 3
+    assert run["turns_within_blocks"] == 3 and run["turn_starts"]["load_s"] > 0
+    text = (out / "summary.md").read_text()
+    assert "Variants ran in turns: one resident at a time, 3 blocks of 2 rounds" in text
+    assert "The 3 turn starts within blocks added" in text
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert "--residency" not in provenance["command"]  # auto: the plan decides again
+    assert verify_bundle(out).is_intact
