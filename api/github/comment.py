@@ -9,6 +9,7 @@ host is escaped: no HTML of theirs reaches the page that renders the comment.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from evidence.escaping import escape_html, md_code, md_text
@@ -18,6 +19,26 @@ MARKER = "<!-- coldbench:pull-request -->"
 # GitHub refuses comment bodies above 65,536 characters; the evidence Markdown stays below
 # 60,000 (evidence/markdown.py) and the rest of the comment is short.
 MAX_COMMENT_CHARS = 65_000
+# U+2060 WORD JOINER: invisible, and no mention (`@login`, `@org/team`), email or autolink
+# (`https://`, `www.`) survives one after its `@`, `:` or `www`.
+_JOINER = "\u2060"
+_LIVE = re.compile(r"(@)(?=[A-Za-z0-9])|(:)(?=//)|(?<![A-Za-z0-9])(www)(?=\.)", re.IGNORECASE)
+# A notice starts by naming its asker (a mention meant to notify them); the rest is quoted.
+_ASKER = re.compile(r"^(@[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?: )(.*)$", re.DOTALL)
+
+
+def inert(text: str) -> str:
+    """`text` as GitHub shows it, without the mentions, team mentions and links GitHub would
+    make of it: text quoted back from a request notifies nobody and links nowhere."""
+    return _LIVE.sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + _JOINER, text)
+
+
+def notice_line(notice: str) -> str:
+    """The reply to a request as a quote: the asker named (and notified), the rest inert and
+    escaped; the quote marker itself is Markdown, never an entity."""
+    found = _ASKER.match(notice)
+    asker, rest = (found.group(1), found.group(2)) if found else ("", notice)
+    return "> " + escape_html(md_text(asker) + inert(md_text(rest)))
 
 
 @dataclass(frozen=True)
@@ -67,7 +88,7 @@ def render_comment(*, job: JobView | None, head_sha: str | None, notice: str | N
             f"request's head is now `{short(head_sha)}`. Comment `/coldbench` to measure it.",
         ]
     if notice:
-        lines += ["", escape_html(f"> {md_text(notice)}")]
+        lines += ["", notice_line(notice)]
     if job is not None:
         lines += ["", *job_lines(job)]
     elif not notice:

@@ -1,0 +1,63 @@
+"""GitHub: deliveries de-duplicated by what they are about (a comment's id) as well as by
+delivery id; the head the webhook last heard of (and when it became the head), so a fork's
+approval is pinned to the commit of the approving comment; an answer still due and the
+backoff of a GitHub that was busy or refused; the head's "how to ask" check run.
+
+Revision ID: 9d4e2b7f1c03
+Revises: 5a7c3e91d2b4
+Create Date: 2026-12-06 21:00:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "9d4e2b7f1c03"
+down_revision: str | Sequence[str] | None = "5a7c3e91d2b4"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("github_deliveries") as batch_op:
+        batch_op.add_column(sa.Column("source_key", sa.String(80), nullable=True))
+        batch_op.add_column(sa.Column("retry_at", sa.DateTime(timezone=True), nullable=True))
+        batch_op.add_column(
+            sa.Column("attempts", sa.Integer(), nullable=False, server_default="0")
+        )
+        batch_op.create_unique_constraint(
+            op.f("uq_github_deliveries_source_key"), ["source_key"]
+        )
+    with op.batch_alter_table("github_pull_requests") as batch_op:
+        batch_op.add_column(sa.Column("seen_head_sha", sa.String(40), nullable=True))
+        batch_op.add_column(
+            sa.Column("seen_head_at", sa.DateTime(timezone=True), nullable=True)
+        )
+        batch_op.add_column(
+            sa.Column("answer_due", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
+        batch_op.add_column(sa.Column("retry_at", sa.DateTime(timezone=True), nullable=True))
+        batch_op.add_column(
+            sa.Column("attempts", sa.Integer(), nullable=False, server_default="0")
+        )
+        batch_op.add_column(sa.Column("idle_check_sha", sa.String(40), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("github_pull_requests") as batch_op:
+        for column in (
+            "idle_check_sha",
+            "attempts",
+            "retry_at",
+            "answer_due",
+            "seen_head_at",
+            "seen_head_sha",
+        ):
+            batch_op.drop_column(column)
+    with op.batch_alter_table("github_deliveries") as batch_op:
+        batch_op.drop_constraint(op.f("uq_github_deliveries_source_key"), type_="unique")
+        for column in ("attempts", "retry_at", "source_key"):
+            batch_op.drop_column(column)
