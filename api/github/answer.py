@@ -16,7 +16,7 @@ from api.artifacts.store import ArtifactStore
 from api.database import utcnow
 from api.evidence import service as evidence_service
 from api.github import client
-from api.github.comment import MARKER, JobView, render_comment
+from api.github.comment import MARKER, JobView, render_comment, without_host_paths
 from api.github.config import GitHubConfig, RepositoryConfig, StatusPolicy
 from api.github.events import check_run_external_id
 from api.github.models import PullRequest, PullRequestJob
@@ -96,12 +96,15 @@ def job_report(job: Job, policy: StatusPolicy, config: GitHubConfig) -> Report:
 def evidence_markdown(
     db_session: Session, job: Job, store: ArtifactStore, config: GitHubConfig
 ) -> str | None:
-    """The job's PR Markdown, its evidence id linked to its page (the evidence page's)."""
+    """The job's PR Markdown, its evidence id linked to its page (the evidence page's), with
+    each host path shown by its last name."""
     if job.evidence_id is None:
         return None
-    return evidence_service.pr_markdown(
+    markdown = evidence_service.pr_markdown(
         db_session=db_session, store=store, evidence_id=job.evidence_id, base_url=config.service_url
     )
+    # A pull request is public: the hosts' paths stay on the evidence page and in the bundle.
+    return without_host_paths(markdown)
 
 
 @dataclass

@@ -27,6 +27,20 @@ _LIVE = re.compile(r"(@)(?=[A-Za-z0-9])|(:)(?=//)|(?<![A-Za-z0-9])(www)(?=\.)", 
 _ASKER = re.compile(r"^(@[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?: )(.*)$", re.DOTALL)
 
 
+# A host's absolute path (two segments or more) where a path starts: a line's or a word's start,
+# after `=`, a quote or a backtick; never inside a URL or a link target.
+_HOST_PATH = re.compile(
+    r"(?:(?<=^)|(?<=[\s=`'\"]))(?:~|/[^\s/`'\"]+)(?:/[^\s/`'\"]+)+/?", re.MULTILINE
+)
+
+
+def without_host_paths(markdown: str) -> str:
+    """The evidence's Markdown for a public pull request: each of a host's filesystem paths
+    (the reproduce line's `--repo`, a worktree, an engine's files) shown by its last name; the
+    paths stay on the evidence page and in the bundle."""
+    return _HOST_PATH.sub(lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1], markdown)
+
+
 def inert(text: str) -> str:
     """`text` as GitHub shows it, without the mentions, team mentions and links GitHub would
     make of it: text quoted back from a request notifies nobody and links nowhere."""

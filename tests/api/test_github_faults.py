@@ -254,6 +254,22 @@ def test_quoted_text_notifies_nobody_and_links_nowhere(
     assert "https://evil" not in body and "evil.example" in body
 
 
+def test_the_pull_request_shows_no_host_path() -> None:
+    from api.github.comment import without_host_paths
+
+    markdown = (
+        "Evidence id: [`ab12`](https://bench.example.org/e/ab12)\n\n```sh\n"
+        "coldbench run --model /Users/ci/models/llama-3b --repo /Users/ci/src/mlx-lm "
+        "--corpus code=/srv/corpora/code.txt --variant pr-7:ref=abc\n```\n"
+        "- engine `/opt/homebrew/lib/python3.11/site-packages/mlx/core.so`, ~/src/x\n"
+    )
+    shown = without_host_paths(markdown)
+    assert "--model llama-3b --repo mlx-lm --corpus code=code.txt" in shown
+    assert "`core.so`, x" in shown
+    assert "](https://bench.example.org/e/ab12)" in shown  # links are not paths
+    assert not re.search(r"(?<![\w:/])[~/][\w.-]+/", shown)
+
+
 # --- the approval is the commit reviewed ---------------------------------------------------
 
 
