@@ -446,16 +446,25 @@ def _comparison_rows(summary: Summary, key: ComparisonKey) -> list[list[object]]
     return [[row[c] for c in columns] for row in verdict_rows(summary, key)]
 
 
-_COMPARISON_HEADER = [
-    "context",
-    "variant",
-    "baseline tok/s",
-    "variant tok/s",
-    "ratio [95% CI]",
-    "p (Holm)",
-    "pairs",
-    "verdict",
-]
+def ratio_header(comparisons: Sequence[Interval]) -> str:
+    """The ratio column's header, true of every cell under it: `ratio [95% CI]`, or, where a
+    cell's interval is of a lower level (too few pairs: `(50% interval)`), says so."""
+    if all(getattr(c, "ci_level", None) is None for c in comparisons):
+        return "ratio [95% CI]"
+    return "ratio [interval: 95% unless marked]"
+
+
+def _comparison_header(comparisons: Sequence[Interval]) -> list[str]:
+    return [
+        "context",
+        "variant",
+        "baseline tok/s",
+        "variant tok/s",
+        ratio_header(comparisons),
+        "p (Holm)",
+        "pairs",
+        "verdict",
+    ]
 
 
 def corpus_line(corpus: CorpusInfo) -> str:
@@ -788,7 +797,7 @@ def _render(
         "",
         "### Cold prefill",
         "",
-        *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
+        *_table(_comparison_header(summary.comparisons), _comparison_rows(summary, "comparisons")),
     ]
     floor = noise_floor_text(summary)
     if floor:
@@ -859,7 +868,10 @@ def _render(
             "",
             "### Decode",
             "",
-            *_table(_COMPARISON_HEADER, _comparison_rows(summary, "decode_comparisons")),
+            *_table(
+                _comparison_header(summary.decode_comparisons),
+                _comparison_rows(summary, "decode_comparisons"),
+            ),
         ]
     ablation = summary.ablation
     if ablation:

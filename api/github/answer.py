@@ -20,7 +20,9 @@ from api.github.comment import MARKER, JobView, render_comment, without_host_pat
 from api.github.config import GitHubConfig, RepositoryConfig, StatusPolicy
 from api.github.events import check_run_external_id
 from api.github.models import PullRequest, PullRequestJob
+from api.hosts.models import Host
 from api.jobs.models import Job
+from api.runs.models import Run
 from evidence.canonical import sha256_hex
 from evidence.protocol import JobState
 from evidence.summary_schema import Summary
@@ -119,6 +121,29 @@ class Progress:
     idle_check_sha: str | None = None
 
 
+def hosts_text(db_session: Session, job_id: str) -> str | None:
+    """Where the job ran, for the comment's first line: each host's name, machine, chip and
+    memory from the fingerprint it registered with (the evidence has each run's own)."""
+    query = (
+        sa.select(Host.id, Host.name, Host.fingerprint)
+        .join(Run, Run.host_id == Host.id)
+        .where(Run.job_id == job_id)
+        .order_by(Host.name)
+    )
+    shown: dict[str, str] = {}
+    for host_id, name, fingerprint in db_session.execute(query):
+        facts = fingerprint or {}
+        memory = facts.get("memory_bytes")
+        parts = [
+            facts.get("machine_model"),
+            facts.get("chip") or facts.get("cpu"),
+            f"{memory / 2**30:.0f} GiB" if isinstance(memory, int | float) and memory else None,
+        ]
+        details = ", ".join(str(part) for part in parts if part)
+        shown[host_id] = f"{name} ({details})" if details else name
+    return "; ".join(shown.values()) or None
+
+
 def answer_pull_request(
     *, db_session: Session, config: GitHubConfig, store: ArtifactStore, pull_request_id: int
 ) -> None:
@@ -165,6 +190,7 @@ def answer_pull_request(
             job_url=config.link(f"/jobs/{job.id}"),
             reason=job.reason,
             evidence_markdown=evidence_markdown(db_session, job, store, config),
+            hosts=hosts_text(db_session, job.id),
         )
     if view is None and pull.notice is None and pull.comment_id is None:
         pull.answer_due = False

@@ -69,6 +69,8 @@ class JobView:
     reason: str | None = None
     # The evidence's PR Markdown, with its id linked to its page (once the job is done).
     evidence_markdown: str | None = None
+    # Where it ran (host names and machines), shown on the comment's first line.
+    hosts: str | None = None
 
 
 def short(sha: str) -> str:
@@ -81,6 +83,8 @@ def job_lines(job: JobView) -> list[str]:
     asked = (
         f"{md_code(job.command)} asked by {md_text(job.asked_by)}: head {head} against base {base}"
     )
+    if job.hosts:
+        asked += f" on {inert(md_text(job.hosts))}"
     link = f"[job {md_code(job.job_id)}]({job.job_url})"
     if job.state in (JobState.FAILED, JobState.CANCELLED):
         why = f": {md_text(job.reason)}" if job.reason else ""

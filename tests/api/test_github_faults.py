@@ -270,6 +270,32 @@ def test_the_pull_request_shows_no_host_path() -> None:
     assert not re.search(r"(?<![\w:/])[~/][\w.-]+/", shown)
 
 
+def test_the_comment_says_where_it_ran_on_its_first_lines(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    from api.hosts.models import Host
+    from api.runs.models import Run
+
+    deliver(client, pr_comment("maintainer", "/coldbench", at=time.time()), "issue_comment")
+    [pull_id] = handle(db_session, settings, config)
+    assert pull_id is not None
+    [link] = jobs(db_session)
+    studio = db_session.scalars(sa.select(Host)).one()
+    studio.fingerprint = {**studio.fingerprint, "chip": "Apple M2 Max", "memory_bytes": 64 * 2**30}
+    for run in db_session.scalars(sa.select(Run).where(Run.job_id == link.job_id)):
+        run.host_id = studio.id
+    db_session.commit()
+    answer_until_quiet(db_session, config, pull_id)
+    [comment] = github.marked_comments(MARKER)
+    first_screen = comment["body"].splitlines()[:3]
+    assert any("on studio-1 (Apple M2 Max, 64 GiB)" in line for line in first_screen), first_screen
+
+
 # --- the approval is the commit reviewed ---------------------------------------------------
 
 
