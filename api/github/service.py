@@ -328,23 +328,27 @@ async def ask_for_pull_request(
         ask = ask_of(asked.options)
     except CommandError as error:
         raise Invalid(str(error)) from None
+    if asked.head_sha is not None:
+        if ask.head_sha not in (None, asked.head_sha):
+            raise Invalid(f"two heads named: {asked.head_sha} and {ask.head_sha}")
+        ask = dataclasses.replace(ask, head_sha=asked.head_sha)
     async with client.github_api(repository, full_name=asked.full_name) as gh:
         try:
             heads = await _heads(gh, repository, asked.full_name, asked.number, ask.mode)
         except BadRequest as error:
             if error.status_code == 404:
-                raise NotFound(f"GitHub has no pull request {asked.pull_request}") from None
+                raise NotFound(f"GitHub has no pull request {asked.name}") from None
             raise
     # The same rule as a comment's: a fork's commits run only as the head its asker names.
     if ask.head_sha is not None and not heads.head_sha.startswith(ask.head_sha):
         raise Conflict(
-            f"{asked.pull_request}'s head is now {short(heads.head_sha)}, not {ask.head_sha}: "
-            "review it and name it with --head"
+            f"{asked.name}'s head is now {short(heads.head_sha)}, not {ask.head_sha}: "
+            "review it and name it with --head (the form: OWNER/REPO#N@SHA)"
         )
     if ask.head_sha is None and heads.from_fork and not repository.api_runs_fork_heads:
         raise Invalid(
-            f"{asked.pull_request} is from a fork: name the head commit you reviewed with "
-            "--head SHA (options.head); it runs only while it is the pull request's head"
+            f"{asked.name} is from a fork: name the head commit you reviewed, --head SHA "
+            "(the form: OWNER/REPO#N@SHA); it runs only while it is the pull request's head"
         )
     name = config.repository_name(asked.full_name)
 

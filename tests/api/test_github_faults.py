@@ -421,16 +421,26 @@ def test_submit_pr_on_a_fork_runs_only_the_head_the_submitter_names(
 
     refused = ask()
     assert refused.status_code == 422
-    assert refused.json()["detail"].startswith(f"{REPO}#7 is from a fork: name the head commit")
+    assert refused.json()["detail"] == (
+        f"{REPO}#7 is from a fork: name the head commit you reviewed, --head SHA (the form: "
+        "OWNER/REPO#N@SHA); it runs only while it is the pull request's head"
+    )
     moved = ask(head="eeeeeee")
     assert moved.status_code == 409
     assert moved.json()["detail"] == (
-        f"{REPO}#7's head is now bbbbbbbbbb, not eeeeeee: review it and name it with --head"
+        f"{REPO}#7's head is now bbbbbbbbbb, not eeeeeee: review it and name it with --head "
+        "(the form: OWNER/REPO#N@SHA)"
     )
     assert ask(head="zz").status_code == 422
     created = ask(head=HEAD[:12])
     assert created.status_code == 201, created.text
     assert [v["ref"] for v in created.json()["spec"]["variants"]] == [BASE, HEAD]
+    # The form's way: the head after `@`.
+    body = {"pull_request": f"{REPO}#7@{HEAD[:9]}", "options": {"contexts": "64"}}
+    named = client.post("/api/v1/github/pulls", json=body, headers=key)
+    assert named.status_code == 201, named.text
+    body["pull_request"] = f"{REPO}#7@{PUSHED[:9]}"
+    assert client.post("/api/v1/github/pulls", json=body, headers=key).status_code == 409
 
 
 # --- exactly one comment and one check run whatever GitHub answers ---------------------------
