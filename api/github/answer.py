@@ -16,7 +16,13 @@ from api.artifacts.store import ArtifactStore
 from api.database import utcnow
 from api.evidence import service as evidence_service
 from api.github import client
-from api.github.comment import MARKER, JobView, render_comment, without_host_paths
+from api.github.comment import (
+    MARKER,
+    JobView,
+    render_comment,
+    without_host_paths,
+    without_mentions,
+)
 from api.github.config import GitHubConfig, RepositoryConfig, StatusPolicy
 from api.github.events import check_run_external_id
 from api.github.models import PullRequest, PullRequestJob
@@ -106,7 +112,7 @@ def evidence_markdown(
         db_session=db_session, store=store, evidence_id=job.evidence_id, base_url=config.service_url
     )
     # A pull request is public: the hosts' paths stay on the evidence page and in the bundle.
-    return without_host_paths(markdown)
+    return without_mentions(without_host_paths(markdown))
 
 
 @dataclass
@@ -155,8 +161,12 @@ def answer_pull_request(
     if pull is None:
         return
     repository = config.repository(pull.repository)
-    if repository is None or (pull.retry_at is not None and pull.retry_at > utcnow()):
-        db_session.rollback()
+    if repository is None:
+        pull.answer_due = False  # no longer configured: nothing to say there
+        db_session.commit()
+        return
+    if pull.retry_at is not None and pull.retry_at > utcnow():
+        db_session.rollback()  # GitHub asked to wait: the beat sends it when due
         return
     links = list(
         db_session.scalars(

@@ -41,6 +41,30 @@ def without_host_paths(markdown: str) -> str:
     return _HOST_PATH.sub(lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1], markdown)
 
 
+_MENTION = re.compile(r"@(?=[A-Za-z0-9])")
+_CODE_SPAN = re.compile(r"(`+)(?:.+?)\1")
+
+
+def without_mentions(markdown: str) -> str:
+    """Markdown that notifies nobody: outside code (where GitHub makes no mention anyway, and
+    a command must copy as written), each `@name` and `@org/team` gets a word joiner. The
+    evidence quotes hosts and commit subjects, which a fork's contributor writes."""
+    lines, fenced = [], False
+    for line in markdown.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced or line.lstrip().startswith("```"):
+            lines.append(line)
+            continue
+        pieces, last = [], 0
+        for span in _CODE_SPAN.finditer(line):
+            pieces += [_MENTION.sub("@" + _JOINER, line[last : span.start()]), span.group(0)]
+            last = span.end()
+        pieces.append(_MENTION.sub("@" + _JOINER, line[last:]))
+        lines.append("".join(pieces))
+    return "\n".join(lines)
+
+
 def inert(text: str) -> str:
     """`text` as GitHub shows it, without the mentions, team mentions and links GitHub would
     make of it: text quoted back from a request notifies nobody and links nowhere."""
@@ -87,7 +111,7 @@ def job_lines(job: JobView) -> list[str]:
         asked += f" on {inert(md_text(job.hosts))}"
     link = f"[job {md_code(job.job_id)}]({job.job_url})"
     if job.state in (JobState.FAILED, JobState.CANCELLED):
-        why = f": {md_text(job.reason)}" if job.reason else ""
+        why = f": {inert(md_text(job.reason))}" if job.reason else ""
         return [escape_html(f"**{job.state}**: {asked}, {link}{why}")]
     if job.state == JobState.DONE and job.evidence_markdown:
         return [escape_html(f"{asked}, {link}."), "", job.evidence_markdown]

@@ -171,10 +171,10 @@ def handle_delivery(
     refusal: str | None = None
     if facts.kind == "synchronize":
         pull.head_sha = facts.head_sha
+        # Only a pull request the service has answered on hears of its new head.
         answered = pull.comment_id is not None or _has_jobs(db_session, pull)
+        pull.answer_due = pull.answer_due or answered
         if not repository.auto_run_on_push:
-            # Only a pull request the service has answered on hears of its new head.
-            pull.answer_due = pull.answer_due or answered
             _handled(db_session, row, "new head recorded")
             return pull.id if answered else None
         ask = Ask()
@@ -201,9 +201,10 @@ def handle_delivery(
         _wait_for_github(db_session, row, error)
         return None
     if not asked.may_ask:
-        # No event from someone who may not ask starts a job or gets an answer.
+        # No event from someone who may not ask starts a job or gets an answer (a push to a
+        # pull request answered before still moves its head there).
         _handled(db_session, row, f"ignored: {facts.login} may not ask")
-        return None
+        return pull.id if facts.kind == "synchronize" and pull.answer_due else None
     heads = asked.heads
     assert heads is not None
     pull.head_sha = heads.head_sha

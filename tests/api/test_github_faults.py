@@ -254,6 +254,20 @@ def test_quoted_text_notifies_nobody_and_links_nowhere(
     assert "https://evil" not in body and "evil.example" in body
 
 
+def test_the_evidence_quoted_on_the_pull_request_notifies_nobody() -> None:
+    from api.github.comment import without_mentions
+
+    markdown = (
+        "- pr-7: `abc` fix for @octo-org/admins, cc @alice\n"
+        "```sh\ngit clone git@github.com:octo/x && echo @alice\n```\n"
+        "- `user@host` and @bob"
+    )
+    shown = without_mentions(markdown)
+    assert not re.search(r"@[A-Za-z0-9]", shown.replace("`user@host`", "").split("```")[0])
+    assert "git clone git@github.com:octo/x && echo @alice" in shown  # code copies as written
+    assert "`user@host`" in shown and "@\u2060bob" in shown
+
+
 def test_the_pull_request_shows_no_host_path() -> None:
     from api.github.comment import without_host_paths
 
