@@ -128,8 +128,8 @@ class Progress:
 
 
 def hosts_text(db_session: Session, job_id: str) -> str | None:
-    """Where the job ran, for the comment's first line: each host's name, machine, chip and
-    memory from the fingerprint it registered with (the evidence has each run's own)."""
+    """Where the job ran, for the comment's first line: each host's name, machine, chip, cores
+    and memory from the fingerprint it registered with (the evidence has each run's own)."""
     query = (
         sa.select(Host.id, Host.name, Host.fingerprint)
         .join(Run, Run.host_id == Host.id)
@@ -140,9 +140,11 @@ def hosts_text(db_session: Session, job_id: str) -> str | None:
     for host_id, name, fingerprint in db_session.execute(query):
         facts = fingerprint or {}
         memory = facts.get("memory_bytes")
+        cores = facts.get("cores")
         parts = [
             facts.get("machine_model"),
             facts.get("chip") or facts.get("cpu"),
+            f"{cores} cores" if isinstance(cores, int) and cores else None,
             f"{memory / 2**30:.0f} GiB" if isinstance(memory, int | float) and memory else None,
         ]
         details = ", ".join(str(part) for part in parts if part)

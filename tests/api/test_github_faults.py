@@ -307,7 +307,9 @@ def test_the_comment_says_where_it_ran_on_its_first_lines(
     answer_until_quiet(db_session, config, pull_id)
     [comment] = github.marked_comments(MARKER)
     first_screen = comment["body"].splitlines()[:3]
-    assert any("on studio-1 (Apple M2 Max, 64 GiB)" in line for line in first_screen), first_screen
+    assert any("on studio-1 (Apple M2 Max, 2 cores, 64 GiB)" in line for line in first_screen), (
+        first_screen
+    )
 
 
 # --- the approval is the commit reviewed ---------------------------------------------------
