@@ -52,6 +52,8 @@ def submit(
     rounds_per_process: Annotated[str | None, spec_option("rounds_per_process")] = None,
     fresh_process: Annotated[bool, spec_option("fresh_process")] = False,
     precision: Annotated[str | None, spec_option("precision")] = None,
+    until: Annotated[str | None, spec_option("until")] = None,
+    budget_minutes: Annotated[str | None, spec_option("budget_minutes")] = None,
     seed: Annotated[str | None, spec_option("seed")] = None,
     corpus: Annotated[str | None, spec_option("corpus")] = None,
     pull_request: Annotated[
@@ -96,6 +98,8 @@ def submit(
         "rounds_per_process": rounds_per_process,
         "fresh_process": fresh_process,
         "precision": precision,
+        "until": until,
+        "budget_minutes": budget_minutes,
         "range": commit_range,
         "every": every,
         "last": last,

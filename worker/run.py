@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,10 +49,13 @@ from evidence.schemas import (
     HostInfo,
     HostNoise,
     JobSpec,
+    Record,
     SynthesizedTree,
     VariantSpec,
     effective_rounds_per_process,
 )
+from evidence.stats import job_looks
+from evidence.summary import all_decided, prefill_verdicts_at_look
 from evidence.summary_schema import Summary
 from evidence.variant import baseline_name, expand_variants
 from worker.build import FAST_PATH_PACKAGES, Build, build, install_path_problem
@@ -534,6 +538,33 @@ def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | No
     return None
 
 
+def until_decided(spec: JobSpec) -> Callable[[int, Sequence[dict[str, Any]]], str | None]:
+    """The check a run measuring until decided makes after each complete round: at a look
+    (evidence.stats `Looks`), the prefill verdicts by the rule summary.json states; it ends the
+    run when every one is decided, or when the job's time budget is spent."""
+    looks = job_looks(spec)
+    began = time.monotonic()
+
+    def check(rounds_done: int, raw: Sequence[dict[str, Any]]) -> str | None:
+        if rounds_done not in looks.rounds:
+            return None
+        look = looks.rounds.index(rounds_done) + 1
+        if spec.budget_minutes is not None and time.monotonic() - began >= 60 * spec.budget_minutes:
+            return f"the time budget of {spec.budget_minutes:g} minutes was spent at look {look}"
+        records = []
+        for value in raw:
+            try:
+                records.append(Record.model_validate(value))
+            except ValueError:
+                continue  # a record the bundle will refuse; it decides nothing
+        _, comparisons = prefill_verdicts_at_look(records, spec=spec)
+        if all_decided(comparisons):
+            return f"every prefill comparison decided at look {look} ({rounds_done} rounds)"
+        return None
+
+    return check
+
+
 def default_prespawn(host: HostInfo) -> bool:
     """Start the next block's processes while a block measures on a GPU (Metal, CUDA): their
     imports run on CPU cores the cells do not use. Not on the CPU backend, where the imports
@@ -552,6 +583,12 @@ def process_blocks(
     if spec.rounds_per_process is not None:
         asked = spec.rounds_per_process
         return asked, f"{asked} round{'s' if asked != 1 else ''} per process, as asked"
+    if spec.until == "decided":
+        length = effective_rounds_per_process(spec) or 1
+        return length, (
+            f"{length} round{'s' if length != 1 else ''} per process: measuring until decided, "
+            "each look a whole number of process blocks"
+        )
     if noise is not None:
         return block_length(spec.rounds, contexts=spec.contexts, variants=variants, noise=noise)
     length = effective_rounds_per_process(spec)
@@ -676,6 +713,7 @@ def execute_run(
                 # a history commit, or a tree a commits job made, that cannot load is a result,
                 # like one that cannot build
                 droppable=[p.spec.name for p in prepared if may_skip(spec, p.spec.name)],
+                end_after_round=until_decided(spec) if spec.until == "decided" else None,
             )
         except VariantError as error:
             failure = str(error)

@@ -104,6 +104,8 @@ class ScheduleOutcome:
     timeline: Timeline | None = None
     # variant -> why its process could not start (only variants the schedule may drop)
     dropped: dict[str, str] = field(default_factory=dict)
+    # why measuring ended before the last round (`end_after_round`: every verdict decided)
+    ended: str | None = None
 
 
 class RunClock:
@@ -513,6 +515,7 @@ def run_schedule(
     block_rule: str = "",
     run_id: str | None = None,
     droppable: Collection[str] = (),
+    end_after_round: Callable[[int, Sequence[dict[str, Any]]], str | None] | None = None,
 ) -> ScheduleOutcome:
     """Run every cell of every round in order; always stops the processes it started.
 
@@ -525,7 +528,9 @@ def run_schedule(
     the timeline). A variant that cannot start raises VariantError, whose `outcome` holds what
     was measured; one of `droppable` (a history's commits) is dropped instead: its process is
     killed, its remaining cells are not run (nor counted), `outcome.dropped` says why, and the
-    others go on.
+    others go on. `end_after_round(rounds_done, records)` is asked after each complete round;
+    a reason it returns ends the schedule there (`outcome.ended`): a run measuring until its
+    verdicts are decided.
     """
     if rounds_per_process is not None and rounds_per_process < 1:
         raise ValueError("rounds_per_process must be >= 1")
@@ -718,12 +723,23 @@ def run_schedule(
 
         outcome_blocks = timeline.blocks
         block: int | None = None
+        previous_round: int | None = None
         try:
             report(cells[0] if cells else None)
             for cell in cells:
                 if stop():
                     outcome.stopped = True
                     break
+                if (
+                    end_after_round is not None
+                    and previous_round is not None
+                    and cell.round > previous_round
+                ):
+                    ended = end_after_round(previous_round + 1, outcome.records)
+                    if ended:
+                        outcome.ended = ended
+                        break
+                previous_round = cell.round
                 if not fresh_process:
                     cell_block = cell.round // rounds_per_process if rounds_per_process else 0
                     if cell_block != block:

@@ -32,6 +32,8 @@ OPTIONS = tuple(
         "recipe",
         "hosts",
         "precision",
+        "until",
+        "budget_minutes",
         "seed",
         "corpus",
         "rounds_per_process",
