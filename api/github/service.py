@@ -272,8 +272,13 @@ def pinned_refusal(
             f"{who}: not started: this pull request is from a fork and its head at the moment "
             f"of the comment is not known here; {ask_again}"
         )
-    moved = pull.seen_head_sha != now or (
-        pull.seen_head_at is not None and facts.at is not None and pull.seen_head_at >= facts.at
+    # Moved: not the head the webhook heard of, or it became the head at the comment or after
+    # (GitHub's clock has seconds; a moment not known counts as after).
+    moved = (
+        pull.seen_head_sha != now
+        or pull.seen_head_at is None
+        or facts.at is None
+        or pull.seen_head_at >= facts.at
     )
     if moved:
         return (

@@ -213,6 +213,25 @@ def test_real_deliveries_are_accepted_and_refusals_answered_on_the_pull_request(
     assert "&gt; @maintainer" not in comment["body"]
 
 
+def test_a_bot_listed_among_the_askers_may_ask(
+    tmp_path: Path,
+    fake: tuple[FakeGitHub, str],
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    from tests.api.test_github import write_config
+
+    listed = load_github_config(
+        write_config(tmp_path / "bots.toml", fake[1], askers=["renovate[bot]"])
+    )
+    deliver(client, pr_comment("renovate[bot]", "/coldbench", at=time.time()), "issue_comment")
+    handle(db_session, settings, listed)
+    assert [link.asked_by for link in jobs(db_session)] == ["@renovate[bot]"]
+
+
 def test_one_comment_under_two_delivery_ids_is_acted_on_once(
     client: TestClient,
     db_session: Session,
