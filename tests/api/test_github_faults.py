@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from api.artifacts.store import LocalArtifactStore
 from api.database import utcnow
 from api.github import answer, client, service
 from api.github.comment import MARKER
@@ -47,6 +48,8 @@ from tests.api.test_github import (  # noqa: F401 (fixtures)
     host,
     settings,
 )
+from tests.evidence.builders import provenance, simulate_run
+from tests.web.builders import publish_bundle
 
 pytestmark = pytest.mark.both_dialects
 
@@ -107,12 +110,14 @@ def deliver(client: TestClient, event: dict[str, Any], name: str) -> Any:
     return response
 
 
-def answer_until_quiet(db_session: Session, config: GitHubConfig, pull_id: int) -> int:
+def answer_until_quiet(
+    db_session: Session, config: GitHubConfig, pull_id: int, store: Any = None
+) -> int:
     """Answer as the beat would, letting every backoff pass, until nothing is due; the
     number of answers it took."""
     for answers in range(1, 20):
         answer.answer_pull_request(
-            db_session=db_session, config=config, store=None, pull_request_id=pull_id
+            db_session=db_session, config=config, store=store, pull_request_id=pull_id
         )
         pull = db_session.get(PullRequest, pull_id)
         assert pull is not None
@@ -523,26 +528,38 @@ def test_after_any_failures_one_comment_and_one_check_run_end_final(
     assert pull_id is not None
     for method, fragment, kind in faults:
         github.fail(method, fragment, kind, delay_s=1.0)
-    answers = answer_until_quiet(db_session, app_config, pull_id)
+    store = LocalArtifactStore(settings.artifact_dir)
+    answers = answer_until_quiet(db_session, app_config, pull_id, store)
     assert answers > 1
     [link] = jobs(db_session)
     job = db_session.get(Job, link.job_id)
     assert job is not None
     job.state = JobState.RUNNING
     db_session.commit()
-    answer_until_quiet(db_session, app_config, pull_id)
-    job.state, job.reason = JobState.FAILED, "every run failed: build failed"
+    answer_until_quiet(db_session, app_config, pull_id, store)
+    # The evidence lands (published by the code render_evidence runs: a 10% slower head).
+    records = simulate_run(effects={"base": 1.0, "pr-7": 0.9}, contexts=(64,), rounds=8)
+    evidence_id = publish_bundle(
+        db_session,
+        settings,
+        job,
+        records=records,
+        provenances=[provenance()],
+        baseline="base",
+        n_resamples=50,
+    )
     db_session.commit()
-    answer_until_quiet(db_session, app_config, pull_id)
+    answer_until_quiet(db_session, app_config, pull_id, store)
     assert all(fault.times == 0 for fault in github.faults), "a fault was not met"
 
+    evidence_url = f"https://bench.example.org/e/{evidence_id}"
     [comment] = github.marked_comments(MARKER)
-    assert "**failed**" in comment["body"] and f"/jobs/{job.id}" in comment["body"]
+    assert f"Evidence id: [`{evidence_id}`]({evidence_url})" in comment["body"]
     [check] = github.check_runs_on(HEAD)
     assert check["external_id"] == f"pr-7:{job.id}"
     final = check["updates"][-1]
     assert (final["status"], final["conclusion"]) == ("completed", "failure")
-    assert final["details_url"] == f"https://bench.example.org/jobs/{job.id}"
+    assert final["details_url"] == evidence_url
     pull = db_session.get(PullRequest, pull_id)
     assert pull is not None and pull.answer_due is False and pull.attempts == 0
 
