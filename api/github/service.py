@@ -26,7 +26,7 @@ from api.github import client
 from api.github.commands import PREFIX, Ask, CommandError, ask_of, parse_command
 from api.github.config import GitHubConfig, RepositoryConfig
 from api.github.events import Delivery, Facts, event_facts
-from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
+from api.github.models import GitHubDelivery, PullRequest, PullRequestHead, PullRequestJob
 from api.github.schemas import PullRequestAsk
 from api.jobs import service as jobs_service
 from api.jobs.models import Job
@@ -75,14 +75,28 @@ def record_delivery(*, db_session: Session, delivery: Delivery) -> tuple[bool, F
 def _see_head(db_session: Session, repository: str, facts: Facts) -> None:
     """Note the head a pull_request event carries, and since when (GitHub's clock) it is the
     head. Deliveries may arrive out of order: an older event does not undo a newer one."""
-    pull = _pull_request_row(db_session, repository, facts.number)
+    assert facts.head_sha is not None
+    seen = db_session.get(PullRequestHead, (repository, facts.number), with_for_update=True)
     at = facts.at
-    if pull.seen_head_sha == facts.head_sha:
-        if at is not None and (pull.seen_head_at is None or at < pull.seen_head_at):
-            pull.seen_head_at = at
+    if seen is None:
+        # Two deliveries about a new pull request may both note it: the loser updates it.
+        try:
+            with db_session.begin_nested():
+                db_session.add(
+                    PullRequestHead(
+                        repository=repository, number=facts.number, sha=facts.head_sha, at=at
+                    )
+                )
+            return
+        except IntegrityError:
+            seen = db_session.get(PullRequestHead, (repository, facts.number), with_for_update=True)
+            assert seen is not None
+    if seen.sha == facts.head_sha:
+        if at is not None and (seen.at is None or at < seen.at):
+            seen.at = at
         return
-    if pull.seen_head_at is None or at is None or at >= pull.seen_head_at:
-        pull.seen_head_sha, pull.seen_head_at = facts.head_sha, at
+    if seen.at is None or at is None or at >= seen.at:
+        seen.sha, seen.at = facts.head_sha, at
 
 
 def unhandled_delivery_ids(*, db_session: Session, older_than_s: float) -> list[str]:
@@ -209,7 +223,8 @@ def handle_delivery(
     assert heads is not None
     pull.head_sha = heads.head_sha
     if refusal is None and ask is not None:
-        refusal = pinned_refusal(facts=facts, ask=ask, heads=heads, pull=pull)
+        seen = db_session.get(PullRequestHead, (row.repository, facts.number))
+        refusal = pinned_refusal(facts=facts, ask=ask, heads=heads, seen=seen)
     if refusal is not None or ask is None:
         pull.notice = refusal
         pull.answer_due = True
@@ -239,7 +254,7 @@ def handle_delivery(
 
 
 def pinned_refusal(
-    *, facts: Facts, ask: Ask, heads: client.PullRequestHeads, pull: PullRequest
+    *, facts: Facts, ask: Ask, heads: client.PullRequestHeads, seen: PullRequestHead | None
 ) -> str | None:
     """Why the pull request's head now (`heads`) is not the commit its asker approved, or
     None when it is. The approved commit is the one the command names (`head=SHA`); else the
@@ -267,19 +282,14 @@ def pinned_refusal(
         )
     if not heads.from_fork:
         return None
-    if pull.seen_head_sha is None:
+    if seen is None:
         return (
             f"{who}: not started: this pull request is from a fork and its head at the moment "
             f"of the comment is not known here; {ask_again}"
         )
     # Moved: not the head the webhook heard of, or it became the head at the comment or after
     # (GitHub's clock has seconds; a moment not known counts as after).
-    moved = (
-        pull.seen_head_sha != now
-        or pull.seen_head_at is None
-        or facts.at is None
-        or pull.seen_head_at >= facts.at
-    )
+    moved = seen.sha != now or seen.at is None or facts.at is None or seen.at >= facts.at
     if moved:
         return (
             f"{who}: not started: the head moved to `{short(now)}` after the comment "

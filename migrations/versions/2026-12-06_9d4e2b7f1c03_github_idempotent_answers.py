@@ -1,6 +1,7 @@
 """GitHub: deliveries de-duplicated by what they are about (a comment's id) as well as by
 delivery id; the head the webhook last heard of (and when it became the head), so a fork's
-approval is pinned to the commit of the approving comment; an answer still due and the
+approval is pinned to the commit of the approving comment (its own table, which the webhook
+writes without waiting for an answer's lock on the pull request); an answer still due and the
 backoff of a GitHub that was busy or refused; the head's "how to ask" check run.
 
 Revision ID: 9d4e2b7f1c03
@@ -32,10 +33,6 @@ def upgrade() -> None:
             op.f("uq_github_deliveries_source_key"), ["source_key"]
         )
     with op.batch_alter_table("github_pull_requests") as batch_op:
-        batch_op.add_column(sa.Column("seen_head_sha", sa.String(40), nullable=True))
-        batch_op.add_column(
-            sa.Column("seen_head_at", sa.DateTime(timezone=True), nullable=True)
-        )
         batch_op.add_column(
             sa.Column("answer_due", sa.Boolean(), nullable=False, server_default=sa.false())
         )
@@ -44,18 +41,20 @@ def upgrade() -> None:
             sa.Column("attempts", sa.Integer(), nullable=False, server_default="0")
         )
         batch_op.add_column(sa.Column("idle_check_sha", sa.String(40), nullable=True))
+    op.create_table(
+        "github_pull_request_heads",
+        sa.Column("repository", sa.String(140), nullable=False),
+        sa.Column("number", sa.Integer(), nullable=False),
+        sa.Column("sha", sa.String(40), nullable=False),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=True),
+        sa.PrimaryKeyConstraint("repository", "number", name=op.f("pk_github_pull_request_heads")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("github_pull_request_heads")
     with op.batch_alter_table("github_pull_requests") as batch_op:
-        for column in (
-            "idle_check_sha",
-            "attempts",
-            "retry_at",
-            "answer_due",
-            "seen_head_at",
-            "seen_head_sha",
-        ):
+        for column in ("idle_check_sha", "attempts", "retry_at", "answer_due"):
             batch_op.drop_column(column)
     with op.batch_alter_table("github_deliveries") as batch_op:
         batch_op.drop_constraint(op.f("uq_github_deliveries_source_key"), type_="unique")
