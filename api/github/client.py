@@ -255,18 +255,29 @@ class Identity:
 
     login: str | None = None
     app_id: int | None = None
+    # A token with no user (an installation's, configured as `token`): its comments are a
+    # bot's, whichever App it is.
+    bot: bool = False
 
     def wrote(self, comment: dict[str, Any]) -> bool:
+        user = comment.get("user") or {}
         if self.app_id is not None:
             app = comment.get("performed_via_github_app") or {}
             return app.get("id") == self.app_id
-        return (comment.get("user") or {}).get("login") == self.login
+        if self.bot:
+            return user.get("type") == "Bot"
+        return user.get("login") == self.login
 
 
 async def identity(gh: GitHubAPI, config: RepositoryConfig) -> Identity:
     if config.app_id is not None:
         return Identity(app_id=config.app_id)
-    return Identity(login=str((await gh.getitem("/user"))["login"]))
+    try:
+        return Identity(login=str((await gh.getitem("/user"))["login"]))
+    except BadRequest as error:
+        if error.status_code in (403, 404):  # an installation token is no user
+            return Identity(bot=True)
+        raise
 
 
 async def find_comment(

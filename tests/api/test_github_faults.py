@@ -564,6 +564,40 @@ def test_after_any_failures_one_comment_and_one_check_run_end_final(
     assert pull is not None and pull.answer_due is False and pull.attempts == 0
 
 
+def test_an_installation_token_as_token_finds_its_own_comment_too(
+    tmp_path: Path,
+    fake: tuple[FakeGitHub, str],
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    github: FakeGitHub,
+    host: None,
+    short_timeout: None,
+) -> None:
+    """A token that is no user (`GET /user` is 403 for it): its comments are a bot's."""
+    from tests.api.fake_github import INSTALLATION_TOKEN, TOKEN
+    from tests.api.test_github import write_config
+
+    path = write_config(tmp_path / "installation.toml", fake[1])
+    path.write_text(path.read_text().replace(TOKEN, INSTALLATION_TOKEN))
+    installation = load_github_config(path)
+    # Someone else's comment that copies the marker is not the service's.
+    github.comments[1] = {
+        "number": 7,
+        "body": MARKER + " mine now",
+        "edits": 0,
+        "user": {"login": "mallory", "type": "User"},
+    }
+    github.fail("POST", "/comments", "timeout", delay_s=1.0)
+    deliver(client, pr_comment("maintainer", "/coldbench", at=time.time()), "issue_comment")
+    [pull_id] = handle(db_session, settings, installation)
+    assert pull_id is not None
+    assert answer_until_quiet(db_session, installation, pull_id) == 2
+    ours = [c for c in github.marked_comments(MARKER) if c["user"]["type"] == "Bot"]
+    assert len(ours) == 1 and ours[0]["edits"] == 1
+    assert github.comments[1]["body"] == MARKER + " mine now"
+
+
 def test_a_refusal_whose_comment_failed_is_sent_by_the_catch_up(
     client: TestClient,
     db_session: Session,
