@@ -228,6 +228,11 @@ def answer_pull_request(
         idle_sha = pull.head_sha
     progress = Progress(pull.comment_id, {link.job_id: link.check_run_id for link in links})
     failed: BaseException | None = None
+    if body_sha256 == pull.comment_sha256 and not to_report and idle_sha is None:
+        # GitHub shows all of it already: not even a token is asked for.
+        pull.answer_due, pull.attempts, pull.retry_at = False, 0, None
+        db_session.commit()
+        return
     try:
         asyncio.run(
             _send_answer(
