@@ -483,6 +483,33 @@ def test_submit_pr_on_a_fork_runs_only_the_head_the_submitter_names(
     assert client.post("/api/v1/github/pulls", json=body, headers=key).status_code == 409
 
 
+def test_the_form_runs_a_forks_head_only_as_named(
+    client: TestClient,
+    db_session: Session,
+    github: FakeGitHub,
+    host: None,
+    sent_tasks: Any,
+) -> None:
+    from tests.api.factories import make_api_key
+    from tests.web.builders import login
+    from tests.web.test_form import _errors, _fields
+
+    github.add_pull(REPO, 7, base=BASE, head=HEAD, fork=FORK)
+    login(client, make_api_key(db_session, "bob"))
+    page = client.get("/").text
+    assert "OWNER/REPO#N@SHA" in page
+    fields = _fields(page, pull_request=f"{REPO}#7", custom_contexts="64", rounds="2")
+    refused = client.post("/", data=fields)
+    assert refused.status_code == 422
+    assert _errors(refused.text)["pull_request"].startswith(f"{REPO}#7 is from a fork")
+    named = client.post(
+        "/", data={**fields, "pull_request": f"{REPO}#7@{HEAD[:10]}"}, follow_redirects=False
+    )
+    assert named.status_code == 303, _errors(named.text)
+    job = db_session.get(Job, named.headers["location"].removeprefix("/jobs/"))
+    assert job is not None and [v.ref for v in job.spec.variants] == [BASE, HEAD]
+
+
 # --- exactly one comment and one check run whatever GitHub answers ---------------------------
 
 
