@@ -7,9 +7,11 @@
 #   benchmarks/device_session.sh model
 # Steps: model (write the checkpoint, probe the load gate), cal1 and cal2 (each CAL_RUNS
 # calibration runs, seeds apart), merge, aaa (A/A/A through coldbench run with the calibration),
-# e2e (the whole service: A/B of two refs of $BUNDLE), summaries (the bundles' summaries, tarred).
+# e2e (the whole service: A/B of two refs of $BUNDLE), decided and decided-aa (JOBS jobs measuring
+# until decided: the two refs, or the first against itself), summaries (the bundles' summaries,
+# tarred).
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -60,6 +62,15 @@ case $step in
     $PY benchmarks/host_e2e.py --repo "$BUNDLE" --ref "$1" --ref "$2" --model "$model" \
       --contexts "$E2E_CTX" --rounds "$E2E_ROUNDS" --calibration "$WORK/cal.json" \
       --out "$WORK/e2e-out" --workdir "$WORK/e2e" --timeout-s 500 | tail -1 | tee "$OUT/e2e.json"
+    ;;
+  decided|decided-aa)
+    # Measuring until decided through the whole service, JOBS jobs back to back: the A/B of the
+    # two refs (decided), or main against itself (decided-aa); one JSON line a job.
+    set -- $REFS
+    if [ "$step" = decided ]; then variants="--ref $1 --ref $2"; else variants="--variant a:ref=$1 --variant b:ref=$1"; fi
+    $PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" --contexts "$CTX" \
+      --until decided --rounds "${BUDGET:-40}" --jobs "${JOBS:-10}" --out "$WORK/$step-out" \
+      --workdir "$WORK/$step" --timeout-s 900 | grep '^{' | tee "$OUT/$step.jsonl"
     ;;
   summaries)
     for zip in "$WORK"/e2e-out/*.zip; do  # the service's evidence: its views and timeline

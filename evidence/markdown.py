@@ -445,25 +445,16 @@ def _comparison_rows(summary: Summary, key: ComparisonKey) -> list[list[object]]
     return [[row[c] for c in columns] for row in verdict_rows(summary, key)]
 
 
-def ratio_header(comparisons: Sequence[Interval]) -> str:
-    """The ratio column's header, true of every cell under it: `ratio [95% CI]`, or, where a
-    cell's interval is of a lower level (too few pairs: `(50% interval)`), says so."""
-    if all(getattr(c, "ci_level", None) is None for c in comparisons):
-        return "ratio [95% CI]"
-    return "ratio [interval: 95% unless marked]"
-
-
-def _comparison_header(comparisons: Sequence[Interval]) -> list[str]:
-    return [
-        "context",
-        "variant",
-        "baseline tok/s",
-        "variant tok/s",
-        ratio_header(comparisons),
-        "p (adjusted)",
-        "pairs",
-        "verdict",
-    ]
+_COMPARISON_HEADER = [
+    "context",
+    "variant",
+    "baseline tok/s",
+    "variant tok/s",
+    "ratio [95% joint CI]",
+    "p (adjusted)",
+    "pairs",
+    "verdict",
+]
 
 
 def corpus_line(corpus: CorpusInfo) -> str:
@@ -709,7 +700,7 @@ def commits_lines(commits: Commits) -> list[str]:
         "c",
         "commit",
         "subject",
-        "head / head without it [95% CI]",
+        "head / head without it [95% joint CI]",
         "p (adjusted)",
         "pairs",
         "verdict",
@@ -790,7 +781,7 @@ def _render(
         "",
         "### Cold prefill",
         "",
-        *_table(_comparison_header(summary.comparisons), _comparison_rows(summary, "comparisons")),
+        *_table(_COMPARISON_HEADER, _comparison_rows(summary, "comparisons")),
     ]
     floor = noise_floor_text(summary)
     if floor:
@@ -861,10 +852,7 @@ def _render(
             "",
             "### Decode",
             "",
-            *_table(
-                _comparison_header(summary.decode_comparisons),
-                _comparison_rows(summary, "decode_comparisons"),
-            ),
+            *_table(_COMPARISON_HEADER, _comparison_rows(summary, "decode_comparisons")),
         ]
     ablation = summary.ablation
     if ablation:
@@ -887,7 +875,7 @@ def _render(
                 [
                     "context",
                     "feature",
-                    "all / all-minus-f [95% CI]",
+                    "all / all-minus-f [95% joint CI]",
                     "p (adjusted)",
                     "pairs",
                     "verdict",

@@ -513,8 +513,9 @@ def too_few_rounds(spec: JobSpec) -> str | None:
         return None
     return (
         f"{first} round{'s' if first != 1 else ''} cannot reach a verdict: the robust interval "
-        f"needs {units_for_verdict()} independent process pairs (at least {needed} rounds), so "
-        f"that {DISSENTING_UNITS} stalled ones at each end cannot decide it"
+        f"needs at least {needed} rounds ({units_for_verdict()} independent process pairs, so "
+        f"that {DISSENTING_UNITS} stalled at each end cannot decide it), more when the spread "
+        "is wide"
     )
 
 
@@ -754,7 +755,8 @@ def comparison_blocks(
     records: Sequence[Record], *, baseline: str
 ) -> dict[tuple[str, int], list[list[float]]]:
     """Each (variant, context)'s paired ratios to the baseline grouped by process pair: the
-    groups a host's variance components are estimated from."""
+    groups a host's variance components are estimated from, without gross outliers
+    (`without_gross_outliers`)."""
     index = CellIndex.of(records)
     measured = [r for r in records if r.round >= 0]
     variants = sorted({r.variant for r in measured} - {baseline})
@@ -765,8 +767,28 @@ def comparison_blocks(
             pairs, _ = pairs_for(index, variant, baseline, "prefill_tps", context)
             blocks = blocks_of(pairs)
             if blocks:
-                found[(variant, context)] = blocks
+                found[(variant, context)] = without_gross_outliers(blocks)
     return found
+
+
+# A ratio whose log lies further than this many robust SDs (1.4826 MAD) from the comparison's
+# median is a stalled or raced cell, not noise: it would inflate a calibration's variances.
+GROSS_OUTLIER_SDS = 6.0
+
+
+def without_gross_outliers(blocks: Sequence[Sequence[float]]) -> list[list[float]]:
+    """The blocks' ratios less those further than GROSS_OUTLIER_SDS robust SDs (1.4826 x the
+    median absolute deviation of the logs) from the median log ratio; blocks left empty go."""
+    logs = np.log(np.concatenate([np.asarray(b, dtype=float) for b in blocks]))
+    centre = float(np.median(logs))
+    spread = 1.4826 * float(np.median(np.abs(logs - centre)))
+    if spread == 0:
+        return [list(b) for b in blocks]
+    kept = [
+        [r for r in block if abs(math.log(r) - centre) <= GROSS_OUTLIER_SDS * spread]
+        for block in blocks
+    ]
+    return [block for block in kept if block]
 
 
 def calibration_sums(runs: Sequence[Sequence[Record]], *, baseline: str) -> VarianceSums | None:

@@ -298,7 +298,7 @@ def _verdict_table(
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("context", "variant", "n", "ratio", "95% interval", "verdict"):
+    for column in ("context", "variant", "n", "ratio", "95% joint interval", "verdict"):
         table.add_column(column)
     for row in rows:
         ratio, low, high = row.ratio_median, row.ci_low, row.ci_high

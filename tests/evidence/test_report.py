@@ -229,27 +229,6 @@ def test_hosts_sharing_a_hostname_are_told_apart_by_their_registered_names() -> 
     assert hosts == ["vm (run r-1)", "vm (run r-2)"]
 
 
-@pytest.mark.parametrize(
-    ("level", "header"), [(0.5, "ratio [interval: 95% unless marked]"), (None, "ratio [95% CI]")]
-)
-def test_the_ratio_header_is_true_of_every_cell_under_it(level: float | None, header: str) -> None:
-    """An interval below 95% (as evidence made before the trimmed-t rule carries, `ci_level`
-    set) is marked in its cell, `(50% interval)`: the page's and the Markdown's headers then
-    say the level is not always 95%."""
-    from evidence.markdown import render_summary_md
-
-    records = simulate_run(effects={"base": 1.0, "cand": 0.9}, contexts=(256,), rounds=8)
-    summary = summarize(records, baseline="base", provenances=[provenance()], n_resamples=50)
-    if level is not None:
-        older = summary.comparisons[0].model_copy(update={"ci_level": level})
-        summary = summary.model_copy(update={"comparisons": [older]})
-    html = render_report_html(summary, records, [provenance()], None)
-    markdown = render_summary_md(summary, [provenance()])
-    assert f"<th>{header}</th>" in html and f"| {header} |" in markdown
-    marked = "(50% interval)" in markdown
-    assert marked == (level is not None) and ("(50% interval)" in html) == marked
-
-
 def test_context_axes_are_logarithmic(ablation_job) -> None:
     """4K..128K contexts spread evenly instead of bunching at the left."""
     from evidence.report import build_figures

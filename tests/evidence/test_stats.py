@@ -571,3 +571,25 @@ def test_rounds_to_detect_a_large_change_are_far_fewer_than_for_the_precision() 
     assert detect is not None and needed is not None
     assert len(ratios) < detect <= 12 and needed > 5 * detect
     assert rounds_to_detect(trimmed_estimate([0.1, -0.1, 0.0, 0.2, -0.2]), 0.95) is None
+
+
+def test_a_calibration_sets_gross_outliers_aside() -> None:
+    """One cell 5x slow among 240 pairs would multiply a calibration's within-process variance;
+    set aside, the sums are those of the clean records."""
+    from evidence.stats import calibration_sums
+
+    records = simulate_run(
+        effects={"base": 1.0, "same": 1.0}, contexts=(256,), rounds=24, noise=0.01, seed=3
+    )
+    blocked = _with_processes(records, 4)
+    clean = calibration_sums([blocked], baseline="base")
+    stalled = [
+        r.model_copy(update={"prefill_tps": r.prefill_tps / 5})
+        if (r.variant, r.round) == ("same", 5)
+        else r
+        for r in blocked
+    ]
+    robust = calibration_sums([stalled], baseline="base")
+    assert clean is not None and robust is not None
+    assert robust.within_variance == pytest.approx(clean.within_variance, rel=0.25)
+    assert robust.df_within == clean.df_within - 1

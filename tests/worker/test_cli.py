@@ -31,14 +31,13 @@ def _run(coldbench_cmd: list[str], *args: str, cwd: Path) -> subprocess.Complete
 def test_aa_never_claims_a_difference(
     coldbench_cmd: list[str], repo_root: Path, tmp_path: Path
 ) -> None:
-    """Two identical variants, 6 rounds: no comparison may claim a difference.
+    """Two identical variants, 6 rounds: each verdict is what its interval shows.
 
-    Precision 0.25: this 2-core machine is shared, so A/A pairs spread well beyond the +-5%
-    default while others run (intervals as wide as [0.60, 1.36] were seen). The 95% interval
-    of 6 pairs misses 1 in 5% of A/A comparisons by construction, more on a loaded machine;
-    such an interval, or one that leaves 1 +- 0.25, is `inconclusive`. Never `faster` or
-    `slower`: with 6 pairs the signed-rank test's smallest two-sided p is 2/64, which Holm's
-    correction over the two comparisons doubles past 0.05.
+    Precision 0.25: this 2-core machine is shared, so A/A pairs spread well beyond the +-2%
+    default while others run (intervals as wide as [0.60, 1.36] were seen). The two intervals
+    hold together at 95% (each at 97.5%): an A/A job claims a difference in at most 5% of runs
+    by construction (benchmarks/aa_simulation.py measures that rate); here the rule is checked,
+    cell by cell of the matrix, on real processes.
     """
     out = tmp_path / "aa"
     done = _run(
@@ -58,7 +57,10 @@ def test_aa_never_claims_a_difference(
     assert len(summary["comparisons"]) == 2
     for row in summary["comparisons"]:
         assert row["n"] == 6 and row["ci_low"] <= row["ratio_median"] <= row["ci_high"], row
-        if row["ci_low"] <= 1 <= row["ci_high"] and 0.75 <= row["ci_low"] <= row["ci_high"] <= 1.25:
+        assert row["interval_level"] == pytest.approx(0.975)
+        if row["ci_low"] > 1 or row["ci_high"] < 1:
+            assert row["verdict"] == ("faster" if row["ci_low"] > 1 else "slower"), row
+        elif 0.75 <= row["ci_low"] <= row["ci_high"] <= 1.25:
             assert row["verdict"] == "no established change", row
         else:
             assert row["verdict"] == "inconclusive", row
@@ -136,6 +138,39 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
     records = read_records(out / "records.jsonl")
     widths = {r.variant: r.counters["chunk_width_max"] for r in records if r.round >= 0}
     assert widths == {"base": 128, "small": 1}
+
+
+def test_until_decided_stops_at_the_first_look_that_decides(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    """4-token chunks against 64-token ones (about 3x fewer tok/s on this CPU, even at a load
+    of 15): measuring until decided with a budget of 40 rounds, the run stops at the first look
+    (10, 20 or 40 rounds) whose interval leaves 1, and the summary analyses exactly the rounds
+    of that look and says why it stopped."""
+    out = tmp_path / "decided"
+    done = _run(
+        coldbench_cmd,
+        *("--model", "preset:micro", "--contexts", "128", "--decode-tokens", "1"),
+        *("--until", "decided", "--rounds", "40"),
+        *("--variant", "base:prefill_step_size=4", "--variant", "wide:prefill_step_size=64"),
+        *("--out", str(out)),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    sequential = summary["settings"]["sequential"]
+    assert sequential["looks"] == [10, 20, 40]
+    (row,) = summary["comparisons"]
+    assert row["verdict"] == "faster" and row["ci_low"] > 1, row
+    analysed = sequential["rounds_analysed"]
+    assert analysed in (10, 20, 40) and row["n"] == analysed
+    assert sequential["stopped"] == f"every comparison decided at look {sequential['taken']}"
+    measured = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
+    # the run ended at that look: no round past it was measured
+    assert max(r.round for r in measured) + 1 == analysed
+    assert (
+        "Measured until decided: looks after 10, 20, 40 rounds" in (out / "summary.md").read_text()
+    )
 
 
 @pytest.mark.parametrize(

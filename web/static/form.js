@@ -41,7 +41,8 @@
     warning.textContent = asked + " round" + (asked === 1 ? "" : "s") +
       " cannot reach a verdict: the robust interval of " + family + " comparison" +
       (family === 1 ? "" : "s") + " needs at least " + need +
-      " process pairs, more when the spread is wide. The job is still accepted.";
+      " rounds (independent process pairs), more when the spread is wide. The job is still " +
+      "accepted.";
     warning.hidden = false;
   }
   form.addEventListener("input", update);
