@@ -5,7 +5,7 @@ writes without waiting for an answer's lock on the pull request); an answer stil
 backoff of a GitHub that was busy or refused; the head's "how to ask" check run.
 
 Revision ID: 9d4e2b7f1c03
-Revises: 5a7c3e91d2b4
+Revises: d46a5e1f0b27
 Create Date: 2026-12-06 21:00:00
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "9d4e2b7f1c03"
-down_revision: str | Sequence[str] | None = "5a7c3e91d2b4"
+down_revision: str | Sequence[str] | None = "d46a5e1f0b27"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
