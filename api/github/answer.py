@@ -188,27 +188,33 @@ def answer_pull_request(
         for link in links
         if link.reported_state not in FINAL_REPORTS
     }
-    view = None
-    if links:
-        latest = links[-1]
-        job = jobs[latest.job_id]
-        view = JobView(
+
+    def view_of(link: PullRequestJob) -> JobView:
+        job = jobs[link.job_id]
+        return JobView(
             job_id=job.id,
             state=job.state,
-            base_sha=latest.base_sha,
-            head_sha=latest.head_sha,
-            asked_by=latest.asked_by,
-            command=latest.command,
+            base_sha=link.base_sha,
+            head_sha=link.head_sha,
+            asked_by=link.asked_by,
+            command=link.command,
             job_url=config.link(f"/jobs/{job.id}"),
             reason=job.reason,
             evidence_markdown=evidence_markdown(db_session, job, store, config),
             hosts=hosts_text(db_session, job.id),
         )
+
+    view = view_of(links[-1]) if links else None
+    # The latest evidence stays on the comment whatever a later job does.
+    done = [link for link in links if jobs[link.job_id].evidence_id is not None]
+    evidence_view = view_of(done[-1]) if done and done[-1] is not links[-1] else None
     if view is None and pull.notice is None and pull.comment_id is None:
         pull.answer_due = False
         db_session.commit()
         return  # nothing asked here yet: no comment
-    body = render_comment(job=view, head_sha=pull.head_sha, notice=pull.notice)
+    body = render_comment(
+        job=view, head_sha=pull.head_sha, notice=pull.notice, evidence=evidence_view
+    )
     body_sha256 = sha256_hex(body.encode())
     to_report = [
         (link, reports[link.job_id])

@@ -120,8 +120,16 @@ def job_lines(job: JobView) -> list[str]:
     ]
 
 
-def render_comment(*, job: JobView | None, head_sha: str | None, notice: str | None) -> str:
-    """The comment's whole body."""
+def render_comment(
+    *,
+    job: JobView | None,
+    head_sha: str | None,
+    notice: str | None,
+    evidence: JobView | None = None,
+) -> str:
+    """The comment's whole body: the latest job, and, when that one has no evidence (queued,
+    running, failed, cancelled), the evidence of the latest job that has (`evidence`) after
+    it: a later job cancelled never hides evidence already there."""
     lines = [MARKER]
     if job is not None and head_sha and head_sha != job.head_sha:
         lines += [
@@ -133,7 +141,9 @@ def render_comment(*, job: JobView | None, head_sha: str | None, notice: str | N
         lines += ["", notice_line(notice)]
     if job is not None:
         lines += ["", *job_lines(job)]
-    elif not notice:
+    if job is not None and evidence is not None and evidence.job_id != job.job_id:
+        lines += ["", "Evidence of the job before it:", "", *job_lines(evidence)]
+    elif job is None and not notice:
         lines += ["", "No coldbench job for this pull request yet: comment `/coldbench ab`."]
     body = "\n".join(lines) + "\n"
     if len(body) > MAX_COMMENT_CHARS:

@@ -625,6 +625,49 @@ def test_an_installation_token_as_token_finds_its_own_comment_too(
     assert github.comments[1]["body"] == MARKER + " mine now"
 
 
+def test_a_later_job_cancelled_never_hides_the_evidence(
+    client: TestClient,
+    db_session: Session,
+    settings: Settings,
+    config: GitHubConfig,
+    github: FakeGitHub,
+    host: None,
+) -> None:
+    store = LocalArtifactStore(settings.artifact_dir)
+    deliver(client, pr_comment("maintainer", "/coldbench", at=time.time()), "issue_comment")
+    [pull_id] = handle(db_session, settings, config)
+    assert pull_id is not None
+    [first] = jobs(db_session)
+    records = simulate_run(effects={"base": 1.0, "pr-7": 1.0}, contexts=(64,), rounds=6)
+    job = db_session.get(Job, first.job_id)
+    assert job is not None
+    evidence_id = publish_bundle(
+        db_session,
+        settings,
+        job,
+        records=records,
+        provenances=[provenance()],
+        baseline="base",
+        n_resamples=50,
+    )
+    db_session.commit()
+    deliver(
+        client, pr_comment("maintainer", "/coldbench rounds=4", at=time.time()), "issue_comment"
+    )
+    handle(db_session, settings, config)
+    second = jobs(db_session)[-1]
+    later = db_session.get(Job, second.job_id)
+    assert later is not None and later.id != job.id
+    later.state, later.reason = JobState.CANCELLED, "cancelled by maintainer"
+    db_session.commit()
+    answer_until_quiet(db_session, config, pull_id, store)
+    [comment] = github.marked_comments(MARKER)
+    body = comment["body"]
+    assert "**cancelled**" in body and f"[job `{later.id}`]" in body
+    assert body.index("**cancelled**") < body.index("Evidence of the job before it:")
+    assert f"Evidence id: [`{evidence_id}`](https://bench.example.org/e/{evidence_id})" in body
+
+
 def test_a_refusal_whose_comment_failed_is_sent_by_the_catch_up(
     client: TestClient,
     db_session: Session,
