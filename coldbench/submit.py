@@ -63,7 +63,9 @@ def submit(
             metavar="OWNER/REPO#N",
             help="Measure a pull request: its base commit against its head commit, pinned now, "
             "on the repository the service maps it to; the answer also goes on the pull "
-            "request (docs/github.md). The service sets the repository and the variants.",
+            "request (docs/github.md). The service sets the repository and the variants. A "
+            "fork's pull request needs --head SHA, the head you reviewed (it runs only while "
+            "it is the head).",
         ),
     ] = None,
     wait: Annotated[bool, typer.Option(help="Wait for the evidence and print its URL.")] = False,
