@@ -1,0 +1,79 @@
+"""The hosts' agreement: a test of their difference, not whether their intervals overlap."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats
+
+from evidence.agreement import HostResult, host_agreement, log_standard_error
+
+
+def _host(name: str, ratio: float, low: float, high: float, level: float | None = None):
+    return HostResult(host=name, ratio_median=ratio, ci_low=low, ci_high=high, ci_level=level)
+
+
+def test_overlapping_intervals_can_still_be_hosts_that_differ() -> None:
+    """1.000 [0.980, 1.020] and 1.035 [1.015, 1.055] overlap, yet their difference (3.4%,
+    whose interval is sqrt(2), not 2, times one interval's half-width) is established."""
+    a = _host("h100", 1.0, 0.98, 1.02)
+    b = _host("h200", 1.035, 1.015, 1.055)
+    assert b.ci_low < a.ci_high  # the old rule said: agree
+    (outcome,) = host_agreement([[a, b]])
+    assert outcome.agree is False
+    assert outcome.statement == "hosts disagree: h100 +0.0% [-2.0, 2.0], h200 +3.5% [1.5, 5.5]"
+    (difference,) = outcome.test.differences
+    assert difference.ratio == pytest.approx(1.035)
+    assert 1 < difference.ci_low < difference.ci_high
+    # two hosts: Q is the square of the z of their log difference
+    se = math.hypot(log_standard_error(0.98, 1.02, 0.95), log_standard_error(1.015, 1.055, 0.95))
+    z = math.log(1.035) / se
+    assert outcome.test.q == pytest.approx(z**2)
+    assert outcome.test.p_value == pytest.approx(2 * stats.norm.sf(abs(z)))
+
+
+def test_agreement_states_the_difference_it_rules_out() -> None:
+    """Hosts that agree say within what: a noisier pair of hosts agrees within a wider bound,
+    never more convincingly."""
+    (quiet,) = host_agreement([[_host("a", 0.976, 0.967, 0.985), _host("b", 0.98, 0.97, 0.99)]])
+    (noisy,) = host_agreement([[_host("a", 0.976, 0.90, 1.05), _host("b", 0.98, 0.91, 1.06)]])
+    assert quiet.agree and noisy.agree
+    assert quiet.statement == f"hosts agree within +-{quiet.test.within_pct:.1f}%"
+    assert quiet.test.within_pct < 2 < 8 < noisy.test.within_pct
+    (difference,) = quiet.test.differences
+    assert difference.ci_low >= 1 - quiet.test.within_pct / 100 - 1e-12
+    assert difference.ci_high <= 1 + quiet.test.within_pct / 100 + 1e-12
+
+
+def test_three_hosts_are_one_heterogeneity_test() -> None:
+    hosts = [_host("a", 1.0, 0.99, 1.01), _host("b", 1.0, 0.99, 1.01), _host("c", 1.05, 1.04, 1.06)]
+    (outcome,) = host_agreement([hosts])
+    logs = [math.log(h.ratio_median) for h in hosts]
+    weights = [1 / log_standard_error(h.ci_low, h.ci_high, 0.95) ** 2 for h in hosts]
+    mean = sum(w * y for w, y in zip(weights, logs, strict=True)) / sum(weights)
+    q = sum(w * (y - mean) ** 2 for w, y in zip(weights, logs, strict=True))
+    assert outcome.test.df == 2 and outcome.test.q == pytest.approx(q)
+    assert outcome.test.p_value == pytest.approx(stats.chi2.sf(q, 2))
+    assert outcome.test.i_squared == pytest.approx((q - 2) / q)
+    assert [d.host for d in outcome.test.differences] == ["b", "c"]
+    assert outcome.agree is False and "c +5.0% [4.0, 6.0]" in outcome.statement
+
+
+def test_the_comparisons_are_corrected_as_one_family() -> None:
+    """A difference at p of about 0.03 is a disagreement alone, not as one of four tests."""
+    borderline = [_host("a", 1.0, 0.98, 1.02), _host("b", 1.03, 1.01, 1.05)]
+    same = [_host("a", 1.0, 0.98, 1.02), _host("b", 1.0, 0.98, 1.02)]
+    (alone,) = host_agreement([borderline])
+    assert 0.01 < alone.test.p_value < 0.05 and alone.agree is False
+    outcomes = host_agreement([borderline, same, same, same])
+    assert outcomes[0].test.p_adjusted == pytest.approx(4 * alone.test.p_value)
+    assert outcomes[0].agree is True
+    assert outcomes[1].test.q == 0 and outcomes[1].test.i_squared == 0
+
+
+def test_a_host_without_a_95_percent_interval_is_not_tested() -> None:
+    few = _host("laptop", 0.8, 0.7, 0.9, level=0.75)
+    (outcome,) = host_agreement([[_host("studio", 1.0, 0.99, 1.01), few]])
+    assert outcome.agree is None and outcome.test is None
+    assert outcome.statement == "not tested: laptop without a 95% interval (too few pairs)"
