@@ -169,8 +169,8 @@ def _finish(
         f"{d.host} / {d.reference} {d.ratio:.3f} [{d.ci_low:.3f}, {d.ci_high:.3f}]"
         for d in differences
     ) + (
-        f"; Q = {draft.q:.2f}, {draft.df} df, p = {_p_text(draft.p_value)}, "
-        f"Holm {_p_text(p_adjusted)}, I^2 = {100 * i_squared:.0f}%"
+        f"; Q = {draft.q:.2f}, {draft.df} df, p {_p_text(draft.p_value)}, "
+        f"Holm p {_p_text(p_adjusted)}, I^2 = {100 * i_squared:.0f}%"
     )
     return Outcome(
         agree=agree,
@@ -189,7 +189,7 @@ def _finish(
 
 
 def _p_text(p: float) -> str:
-    return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
+    return f"= {p:.2g}" if p >= 1e-4 else "< 1e-4"
 
 
 def host_agreement(

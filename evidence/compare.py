@@ -241,7 +241,10 @@ def compare_hosts(hosts: Sequence[HostRun]) -> HostComparison:
     labels = [h.label for h in hosts]
     for position, host in enumerate(hosts):
         if labels.count(host.label) > 1:
-            host.label = f"{host.label} ({position + 1})"
+            # one machine's runs (or machines sharing a hostname): told apart by evidence
+            host.label = f"{host.label} ({host.evidence_id[:8]})"
+            if [h.label for h in hosts].count(host.label) > 1:
+                host.label = f"{host.label} #{position + 1}"
     reference = job_identity(hosts[0].spec, hosts[0].provenance)
     for host in hosts[1:]:
         difference = identity_difference(reference, job_identity(host.spec, host.provenance))
