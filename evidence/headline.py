@@ -102,7 +102,8 @@ def caveats(summary: Summary) -> list[str]:
         disagree = [row for row in reproductions.comparisons if row.agree is False]
         if disagree:
             where = ", ".join(f"{row.variant} @ {row.context_tokens}" for row in disagree[:4])
-            found.append(f"The hosts disagree for {where}: {disagree[0].statement or ''}".strip())
+            first = (disagree[0].statement or "").removeprefix("hosts disagree: ")
+            found.append(f"The hosts disagree for {where}" + (f" ({first})." if first else "."))
     found += _direction_caveats(summary)
     return found
 

@@ -738,7 +738,7 @@ def reproduce(
         host_runs,
         load_source,
     )
-    from worker.reproduce import ReproductionRefused, plan_reproduction
+    from worker.reproduce import ReproductionRefused, build_differences, plan_reproduction
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
@@ -775,14 +775,15 @@ def reproduce(
         console=console,
         extra_files={"reproduces.json": plan.reproduces_file()},
     )
+    lines = []
     if outcome.status == "succeeded":
         try:
             hosts = host_runs(original) + host_runs(Source(str(out), outcome.files))
             lines = comparison_lines(compare_hosts(hosts))
+            differences = build_differences(plan.provenance, hosts[-1].provenance)
+            lines += [f"warning: {line}" for line in differences]
         except CompareError as error:
             lines = [f"not compared: {error}"]
-    else:
-        lines = []
     try:
         _print_outcome(outcome, out)
     finally:

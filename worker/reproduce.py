@@ -3,14 +3,16 @@ the bundle alone.
 
 The bundle holds the job as it ran (job.json: variants, flags, recipes, seed, rounds,
 contexts, decode tokens) and what each variant ran (provenance.json: the commit each target
-was built from, the repository's URL, whether its checkout had uncommitted changes, the build
-recipe; the model's digests; the prompts' digest). `plan_reproduction` turns them into the
-job pinned to those commits (evidence.compare.pinned_spec) and this machine's repository,
-model and corpus, refusing with the reason where something cannot be had: a commit the
-repository lacks, a model or corpus whose digest differs, a checkout that had uncommitted
-changes (the bundle does not hold the diff), a recipe this machine does not define. The run
-itself is `execute_run`'s, as `coldbench run`'s; its bundle adds `reproduces.json`, naming the
-evidence it reproduces and the job's identity digest.
+was built from, the repository's URL, the build recipe and the diff its build left; the
+model's digests; the prompts' digest). `plan_reproduction` turns them into the job pinned to
+those commits (evidence.compare.pinned_spec) and this machine's repository, model and corpus,
+refusing with the reason where something cannot be had: a commit the repository lacks, a
+model or corpus whose digest differs, a recipe this machine does not define. Only commits were
+measured (a source repository's uncommitted changes never are), so a commit is all a variant
+needs; where a build changed tracked files (`dirty`, its diff's sha256), `build_differences`
+says after the run whether this machine's build changed them the same way. The run itself is
+`execute_run`'s, as `coldbench run`'s; its bundle adds `reproduces.json`, naming the evidence
+it reproduces and the job's identity digest.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +28,16 @@ from pathlib import Path
 from evidence.canonical import canonical_json, sha256_json
 from evidence.compare import REPRODUCES_FILE, Source, checked, job_identity, pinned_spec
 from evidence.schemas import BUILTIN_CORPUS, JobSpec, Provenance
-from worker.config import ConfigError, RepositoryConfig, local_repository
+from worker.config import (
+    DEFAULT_MODULES,
+    ConfigError,
+    RepositoryConfig,
+    default_recipes,
+    local_repository,
+)
+
+# A repository URL git fetches over the network (a local path is a clone on this machine).
+REMOTE_URL = re.compile(r"^(https?|ssh|git|file)://|^[\w.-]+@[\w.-]+:")
 
 
 class ReproductionRefused(ValueError):
@@ -75,10 +87,25 @@ def _repository(
         )
         return None
     urls = sorted({t.repository for t in provenance.targets if t.repository})
+    modules = {
+        Path(t.engine_module_file).parent.name for t in provenance.targets if t.engine_module_file
+    }
+    module = modules.pop() if len(modules) == 1 else None
     if repo is None:
         if not urls:
             problems.append(f"the bundle names no URL of repository {spec.repository!r}: --repo")
             return None
+        if REMOTE_URL.match(urls[0]):
+            # a URL git fetches: mirrored under --state-dir like any allow-listed repository
+            remote = RepositoryConfig(
+                name=spec.repository,
+                url=urls[0],
+                module=module or DEFAULT_MODULES[spec.adapter],
+                adapter=spec.adapter,
+                recipes=default_recipes(spec.adapter),
+                default_recipe="editable",
+            )
+            return _with_recipes(remote, provenance, problems)
         repo = Path(urls[0])
         if not repo.exists():
             problems.append(
@@ -86,28 +113,29 @@ def _repository(
                 "--repo PATH (a clone holding the commits measured)"
             )
             return None
-    modules = {
-        Path(t.engine_module_file).parent.name for t in provenance.targets if t.engine_module_file
-    }
     try:
-        local = local_repository(
-            repo, module=modules.pop() if len(modules) == 1 else None, adapter=spec.adapter
-        )
+        local = local_repository(repo, module=module, adapter=spec.adapter)
     except ConfigError as error:
         problems.append(str(error))
         return None
     # the job names its repository; this machine's copy goes by that name
-    local = dataclasses.replace(local, name=spec.repository)
+    return _with_recipes(dataclasses.replace(local, name=spec.repository), provenance, problems)
+
+
+def _with_recipes(
+    repository: RepositoryConfig, provenance: Provenance, problems: list[str]
+) -> RepositoryConfig:
+    """The repository building with the recipe the bundle's targets were built with."""
     recipes = {t.recipe for t in provenance.targets if t.recipe}
     for recipe in sorted(recipes):
-        if recipe not in local.recipes:
+        if recipe not in repository.recipes:
             problems.append(
                 f"recipe {recipe!r} is not defined on this machine "
-                f"(defined: {', '.join(sorted(local.recipes))})"
+                f"(defined: {', '.join(sorted(repository.recipes))})"
             )
     if len(recipes) == 1:
-        local = dataclasses.replace(local, default_recipe=recipes.pop())
-    return local
+        repository = dataclasses.replace(repository, default_recipe=recipes.pop())
+    return repository
 
 
 def _missing_commits(repository: RepositoryConfig, spec: JobSpec, *, state_dir: Path) -> list[str]:
@@ -210,11 +238,6 @@ def plan_reproduction(
     if pinned.needs_host_resolution:
         problems.append(f"the bundle's {spec.mode} job names no commits it resolved")
     for target in provenance.targets:
-        if target.source_dirty:
-            problems.append(
-                f"variant {target.variant} was built from a checkout with uncommitted changes, "
-                "which the bundle does not hold"
-            )
         if target.skipped is None and target.repository and not target.commit:
             problems.append(f"variant {target.variant}: the bundle names no commit")
     repository = _repository(pinned, provenance, repo, problems)
@@ -240,3 +263,17 @@ def reproduces_of(files: Mapping[str, bytes]) -> dict[str, str] | None:
     """A bundle's reproduces.json, or None for a bundle that reproduces nothing."""
     raw = files.get(REPRODUCES_FILE)
     return None if raw is None else json.loads(raw)
+
+
+def build_differences(original: Provenance, reproduction: Provenance) -> list[str]:
+    """Variants whose build changed tracked files other than the original's did (the diff's
+    sha256 after the recipe ran): the trees measured were not the same."""
+    before = {t.variant: t.diff_sha256 for t in original.targets}
+    lines = []
+    for target in reproduction.targets:
+        if target.variant in before and target.diff_sha256 != before[target.variant]:
+            lines.append(
+                f"variant {target.variant}: its build left the tree with diff "
+                f"{target.diff_sha256 or 'none'}, the original's {before[target.variant] or 'none'}"
+            )
+    return lines
