@@ -1,34 +1,37 @@
 """Do hosts agree? A test of their difference, for one job measured on several hosts.
 
-Each host's result at a comparison (context, variant against the baseline) is its median
-ratio with its 95% interval, as its own run's statistics made them (evidence.stats, read
-through the typed fields of `Comparison` or `ReproductionRun`). On the log scale a host's
-estimate is y = ln(ratio) with standard error se = (ln ci_high - ln ci_low) / (2 x 1.96):
-the interval's width read as a normal interval's. The interval already carries what the
-host's own statistics knew about its noise (process pairs, a calibrated design effect), and
-it is the hull of a bootstrap and an order-statistic interval, so se tends to be too large,
-never too small: the test errs toward "agree", not toward a false disagreement.
+Each host's result at a comparison (context, variant against the baseline) is its ratio with
+its interval, as its own run's statistics made them (evidence.stats), read through the typed
+fields of `Comparison` or `ReproductionRun`: `ratio_median`, `ci_low`, `ci_high`, the
+interval's level (`interval_level`; the confidence level where a summary does not say) and the
+independent units (`blocks`, else `n`). On the log scale a host's estimate is y = ln(ratio)
+with standard error se = (ln ci_high - ln ci_low) / (2 t), t the quantile of its interval's
+level with the degrees of freedom a 20%-trimmed interval of those units has (h - 1, h the
+units kept): the interval's width read back as its standard error. The interval already
+carries what the host's statistics knew about its noise (its process pairs), so nothing else
+is needed.
 
-- The ratio of ratios of each host to the reference host (the first: the original evidence):
-  exp(y_i - y_0) with the interval exp((y_i - y_0) +- 1.96 x sqrt(se_i^2 + se_0^2)).
 - The heterogeneity test across all hosts: Cochran's Q = sum w_i (y_i - y_w)^2, w_i = 1/se_i^2,
   y_w the weighted mean, against chi-squared with hosts - 1 degrees of freedom; I^2 = (Q - df)
   / Q (at least 0), the share of the hosts' spread beyond what their own noise explains. With
   two hosts Q is the square of the z statistic of their log difference.
-- Holm's correction over the section's comparisons, as the verdicts' (a matrix of 12
-  comparisons must not find a host difference somewhere by chance).
+- Bonferroni over the section's comparisons, as the verdicts' intervals are (a matrix of 12
+  comparisons must not find a host difference somewhere by chance): p_adjusted = min(1, m p).
+- The ratio of ratios of each host to the reference host (the first): exp(y_i - y_0) with the
+  interval exp((y_i - y_0) +- z sqrt(se_i^2 + se_0^2)) at the same level 1 - alpha / m, so
+  with two hosts it excludes 1 exactly where they disagree.
 
 The hosts disagree where the corrected p-value is below alpha; they agree within +-X% where it
 is not, X the largest distance from 1 of the ratio-of-ratios intervals (a difference larger
-than X is ruled out at 95%, one smaller is not). A host without a 95% interval (too few
-process pairs: `ci_level` set) is not tested.
+than X is ruled out, jointly over the comparisons at 95%; one smaller is not). A host without
+an interval at its level (too few units: no interval, or `ci_level` set) is not tested.
 
 This replaces the earlier rule that two hosts agree where their 95% intervals overlap: two
 intervals can overlap while the hosts differ by more than either interval's width (the
 difference's interval is only sqrt(2) times wider, not 2 times), and overlap grows more likely
 the noisier the hosts, so a noisy host "agreed" with everything.
 
-May import: `evidence.summary_schema`, `evidence.stats` (Holm), scipy, the standard library.
+May import: `evidence.summary_schema`, scipy, the standard library.
 """
 
 from __future__ import annotations
@@ -37,17 +40,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from evidence.stats import holm
 from evidence.summary_schema import HostAgreement, HostDifference
 
 CONFIDENCE_LEVEL = 0.95
 ALPHA = 0.05
+# Yuen's interval of evidence.stats trims 20% of the units at each end (h - 1 df, h kept).
+TRIM = 0.2
 RULE = (
-    "hosts disagree where Cochran's Q of their log median ratios (each host's standard error "
-    "from its 95% interval's width, df = hosts - 1), Holm-corrected over the comparisons, has "
-    "p < 0.05; otherwise they agree within +-X%, X the largest distance from 1 of the 95% "
-    "intervals of each host's ratio over the first host's; a host without a 95% interval is "
-    "not tested"
+    "hosts disagree where Cochran's Q of their log ratios (each host's standard error from its "
+    "interval's width and level, df = hosts - 1), Bonferroni-corrected over the comparisons, "
+    "has p < 0.05; otherwise they agree within +-X%, X the largest distance from 1 of the "
+    "intervals (jointly 95%) of each host's ratio over the first host's; a host without an "
+    "interval is not tested"
 )
 
 
@@ -60,6 +64,8 @@ class HostResult:
     ci_low: float | None
     ci_high: float | None
     ci_level: float | None = None
+    interval_level: float | None = None  # None: the confidence level
+    units: int | None = None  # None: a normal interval (large samples)
 
 
 @dataclass(frozen=True)
@@ -82,31 +88,54 @@ class _Draft:
     p_value: float
 
 
-def _z(confidence_level: float) -> float:
+def _z(level: float) -> float:
     from scipy.stats import norm
 
-    return float(norm.ppf(1 - (1 - confidence_level) / 2))
+    return float(norm.ppf(1 - (1 - level) / 2))
 
 
-def log_standard_error(ci_low: float, ci_high: float, confidence_level: float) -> float:
-    """A host's standard error of its log ratio, from its interval's width."""
-    return (math.log(ci_high) - math.log(ci_low)) / (2 * _z(confidence_level))
+def _quantile(level: float, units: int | None) -> float:
+    """The quantile a host's interval was made with: t with h - 1 df of a trimmed interval of
+    `units`, or the normal one where the units are not known."""
+    if units is None:
+        return _z(level)
+    kept = units - 2 * math.floor(TRIM * units)
+    if kept < 2:
+        return _z(level)
+    from scipy.stats import t
+
+    return float(t.ppf(1 - (1 - level) / 2, kept - 1))
+
+
+def log_standard_error(
+    ci_low: float, ci_high: float, level: float, units: int | None = None
+) -> float:
+    """A host's standard error of its log ratio, from its interval's width and level."""
+    return (math.log(ci_high) - math.log(ci_low)) / (2 * _quantile(level, units))
 
 
 def _draft(results: Sequence[HostResult], confidence_level: float) -> _Draft | str:
-    # only 95% intervals: a [min, max] interval of a few pairs gives no standard error
+    # a [min, max] interval of a few units (ci_level set) gives no standard error
     missing = [
         r.host
         for r in results
         if r.ratio_median is None or r.ci_low is None or r.ci_high is None or r.ci_level
     ]
     if missing:
-        return f"not tested: {', '.join(missing)} without a 95% interval (too few pairs)"
+        return f"not tested: {', '.join(missing)} without an interval (too few units)"
     logs = [math.log(r.ratio_median) for r in results]  # type: ignore[arg-type]
     # A zero-width interval (identical ratios) would weigh infinitely: the smallest positive
     # spread instead, so equal results still give Q = 0.
     ses = [
-        max(log_standard_error(r.ci_low, r.ci_high, confidence_level), 1e-12)  # type: ignore[arg-type]
+        max(
+            log_standard_error(
+                r.ci_low,  # type: ignore[arg-type]
+                r.ci_high,  # type: ignore[arg-type]
+                r.interval_level or confidence_level,
+                r.units,
+            ),
+            1e-12,
+        )
         for r in results
     ]
     weights = [1 / se**2 for se in ses]
@@ -141,10 +170,10 @@ def _finish(
     results: Sequence[HostResult],
     p_adjusted: float,
     *,
-    confidence_level: float,
+    level: float,
     alpha: float,
 ) -> Outcome:
-    z = _z(confidence_level)
+    z = _z(level)
     differences = []
     for host, y, se in zip(draft.hosts[1:], draft.logs[1:], draft.ses[1:], strict=True):
         d = y - draft.logs[0]
@@ -170,7 +199,7 @@ def _finish(
         for d in differences
     ) + (
         f"; Q = {draft.q:.2f}, {draft.df} df, p {_p_text(draft.p_value)}, "
-        f"Holm p {_p_text(p_adjusted)}, I^2 = {100 * i_squared:.0f}%"
+        f"corrected p {_p_text(p_adjusted)}, I^2 = {100 * i_squared:.0f}%"
     )
     return Outcome(
         agree=agree,
@@ -199,16 +228,21 @@ def host_agreement(
     alpha: float = ALPHA,
 ) -> list[Outcome]:
     """The hosts' agreement at each comparison (each a sequence of at least two hosts' results,
-    the reference host first), corrected as one family."""
+    the reference host first), corrected as one family (Bonferroni)."""
     drafts = [_draft(results, confidence_level) for results in comparisons]
-    adjusted = holm([d.p_value if isinstance(d, _Draft) else None for d in drafts])
+    family = max(1, sum(1 for d in drafts if isinstance(d, _Draft)))
     outcomes = []
-    for draft, results, p_adjusted in zip(drafts, comparisons, adjusted, strict=True):
+    for draft, results in zip(drafts, comparisons, strict=True):
         if isinstance(draft, str):
             outcomes.append(Outcome(agree=None, test=None, statement=draft))
             continue
-        assert p_adjusted is not None
         outcomes.append(
-            _finish(draft, results, p_adjusted, confidence_level=confidence_level, alpha=alpha)
+            _finish(
+                draft,
+                results,
+                min(1.0, draft.p_value * family),
+                level=1 - alpha / family,
+                alpha=alpha,
+            )
         )
     return outcomes

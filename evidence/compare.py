@@ -17,6 +17,7 @@ URL's zip), the standard library.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ from evidence.bundle import (
 )
 from evidence.canonical import sha256_json
 from evidence.markdown import reproduction_machines
+from evidence.reproduction import host_result
 from evidence.schemas import JobSpec, Provenance
 from evidence.summary import host_names
 from evidence.summary_schema import Summary, Verdict, first_difference
@@ -217,7 +219,15 @@ def host_runs(source: Source) -> list[HostRun]:
         provenance = provenances[0]  # provenances_of: at least one
         host = HostRun(names[provenance.run_id], source.name, evidence_id, provenance, spec)
         for c in summary.comparisons:
-            result = HostResult(host.label, c.ratio_median, c.ci_low, c.ci_high, c.ci_level)
+            result = HostResult(
+                host.label,
+                c.ratio_median,
+                c.ci_low,
+                c.ci_high,
+                c.ci_level,
+                interval_level=c.interval_level,
+                units=c.blocks or c.n,
+            )
             host.results[(c.context_tokens, c.variant)] = (result, c.verdict)
         return [host]
     # the section's runs are in the order of the records' first appearance
@@ -227,7 +237,7 @@ def host_runs(source: Source) -> list[HostRun]:
         host = HostRun(names[provenance.run_id], source.name, evidence_id, provenance, spec)
         for row in summary.reproductions.comparisons:
             run = row.runs[position]
-            result = HostResult(host.label, run.ratio_median, run.ci_low, run.ci_high, run.ci_level)
+            result = dataclasses.replace(host_result(run), host=host.label)
             host.results[(row.context_tokens, row.variant)] = (result, run.verdict)
         hosts.append(host)
     return hosts
@@ -267,9 +277,7 @@ def compare_hosts(hosts: Sequence[HostRun]) -> HostComparison:
 
 def _relabelled(found: tuple[HostResult, Verdict], label: str) -> tuple[HostResult, Verdict]:
     result, verdict = found
-    return HostResult(label, result.ratio_median, result.ci_low, result.ci_high, result.ci_level), (
-        verdict
-    )
+    return dataclasses.replace(result, host=label), verdict
 
 
 def _interval(result: HostResult) -> str:

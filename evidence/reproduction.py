@@ -10,6 +10,7 @@ pairs for a 95% interval (its `ci_level` set) and was not tested.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from evidence.agreement import RULE, HostResult, host_agreement
 from evidence.stats import CellIndex, StatsOptions, compare_matrix
@@ -57,7 +58,7 @@ def reproduction_section(
                 ci_high=comparison.ci_high,
                 p_adjusted=comparison.p_adjusted,
                 verdict=comparison.verdict,
-                **level_field(comparison.ci_level),
+                **_levels(comparison.ci_level, comparison.interval_level, comparison.blocks),
             )
             for run_id in run_ids
             for comparison in (per_run[run_id][position],)
@@ -87,6 +88,17 @@ def reproduction_section(
     )
 
 
+def _levels(ci_level: float | None, level: float | None, blocks: int | None) -> dict[str, Any]:
+    """The interval's real coverage, its level and the process pairs, where the comparison has
+    them (summary.json keeps only the keys a section set)."""
+    found: dict[str, Any] = dict(level_field(ci_level))
+    if level is not None:
+        found["interval_level"] = level
+    if blocks is not None:
+        found["blocks"] = blocks
+    return found
+
+
 def host_result(run: ReproductionRun) -> HostResult:
     """A run's result as the agreement test reads it, named by its host (or run id)."""
     return HostResult(
@@ -95,4 +107,6 @@ def host_result(run: ReproductionRun) -> HostResult:
         ci_low=run.ci_low,
         ci_high=run.ci_high,
         ci_level=run.ci_level,
+        interval_level=run.interval_level,
+        units=run.blocks or run.n,
     )

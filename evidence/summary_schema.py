@@ -289,6 +289,10 @@ class ReproductionRun(_Section):
     p_adjusted: float | None
     verdict: Verdict
     ci_level: float | None = None
+    # the run's interval level and independent units (its comparison's): the agreement test
+    # reads the run's standard error from them (evidence.agreement)
+    interval_level: float | None = None
+    blocks: int | None = None
 
 
 class HostDifference(_Section):

@@ -60,6 +60,22 @@ def test_three_hosts_are_one_heterogeneity_test() -> None:
     assert outcome.agree is False and "c +5.0% [4.0, 6.0]" in outcome.statement
 
 
+def test_a_standard_error_is_read_at_its_interval_level_and_units() -> None:
+    """A joint interval (level 1 - 0.05 / m) of 8 process pairs is a t interval of 5 df (20%
+    trimmed: 6 kept): the same width is a smaller standard error than a 95% normal one's, and
+    the ratio of ratios is drawn at the family's level, so with two hosts it excludes 1 exactly
+    where they disagree."""
+    wide = log_standard_error(0.98, 1.02, 0.95)
+    joint = log_standard_error(0.98, 1.02, 1 - 0.05 / 3, units=8)
+    assert joint == pytest.approx(wide * stats.norm.ppf(0.975) / stats.t.ppf(1 - 0.05 / 6, 5))
+    a = HostResult("a", 1.0, 0.98, 1.02, interval_level=1 - 0.05 / 3, units=8)
+    b = HostResult("b", 1.04, 1.02, 1.06, interval_level=1 - 0.05 / 3, units=8)
+    outcomes = host_agreement([[a, b], [a, a], [b, b]])
+    (difference,) = outcomes[0].test.differences
+    assert outcomes[0].agree is (difference.ci_low <= 1 <= difference.ci_high) is False
+    assert outcomes[0].test.p_adjusted == pytest.approx(3 * outcomes[0].test.p_value)
+
+
 def test_the_comparisons_are_corrected_as_one_family() -> None:
     """A difference at p of about 0.03 is a disagreement alone, not as one of four tests."""
     borderline = [_host("a", 1.0, 0.98, 1.02), _host("b", 1.03, 1.01, 1.05)]
@@ -76,4 +92,6 @@ def test_a_host_without_a_95_percent_interval_is_not_tested() -> None:
     few = _host("laptop", 0.8, 0.7, 0.9, level=0.75)
     (outcome,) = host_agreement([[_host("studio", 1.0, 0.99, 1.01), few]])
     assert outcome.agree is None and outcome.test is None
-    assert outcome.statement == "not tested: laptop without a 95% interval (too few pairs)"
+    assert outcome.statement == "not tested: laptop without an interval (too few units)"
+    (none,) = host_agreement([[_host("studio", 1.0, 0.99, 1.01), _host("cpu", 0.9, None, None)]])
+    assert none.agree is None and none.statement.startswith("not tested: cpu without")
