@@ -12,14 +12,18 @@ carries what the host's statistics knew about its noise (its process pairs), so 
 is needed.
 
 - The heterogeneity test across all hosts: Cochran's Q = sum w_i (y_i - y_w)^2, w_i = 1/se_i^2,
-  y_w the weighted mean, against chi-squared with hosts - 1 degrees of freedom; I^2 = (Q - df)
-  / Q (at least 0), the share of the hosts' spread beyond what their own noise explains. With
-  two hosts Q is the square of the z statistic of their log difference.
+  y_w the weighted mean, read as Welch's heteroscedastic F (Welch 1951: each host's variance is
+  estimated from its own few units, so Q against chi-squared would be anti-conservative; with
+  two hosts it is Welch's t test squared, with Satterthwaite's degrees of freedom; as the
+  hosts' degrees of freedom grow it tends to Q against chi-squared with hosts - 1 degrees of
+  freedom, which is what hosts of unknown units get). I^2 = (Q - df) / Q (at least 0), the
+  share of the hosts' spread beyond what their own noise explains.
 - Bonferroni over the section's comparisons, as the verdicts' intervals are (a matrix of 12
   comparisons must not find a host difference somewhere by chance): p_adjusted = min(1, m p).
 - The ratio of ratios of each host to the reference host (the first): exp(y_i - y_0) with the
-  interval exp((y_i - y_0) +- z sqrt(se_i^2 + se_0^2)) at the same level 1 - alpha / m, so
-  with two hosts it excludes 1 exactly where they disagree.
+  interval exp((y_i - y_0) +- t sqrt(se_i^2 + se_0^2)) at the same level 1 - alpha / m (t with
+  the pair's Welch-Satterthwaite degrees of freedom), so with two hosts it excludes 1 exactly
+  where they disagree.
 
 The hosts disagree where the corrected p-value is below alpha; they agree within +-X% where it
 is not, X the largest distance from 1 of the ratio-of-ratios intervals (a difference larger
@@ -47,11 +51,11 @@ ALPHA = 0.05
 # Yuen's interval of evidence.stats trims 20% of the units at each end (h - 1 df, h kept).
 TRIM = 0.2
 RULE = (
-    "hosts disagree where Cochran's Q of their log ratios (each host's standard error from its "
-    "interval's width and level, df = hosts - 1), Bonferroni-corrected over the comparisons, "
-    "has p < 0.05; otherwise they agree within +-X%, X the largest distance from 1 of the "
-    "intervals (jointly 95%) of each host's ratio over the first host's; a host without an "
-    "interval is not tested"
+    "hosts disagree where Welch's test of their log ratios (Cochran's Q read as Welch's F, each "
+    "host's standard error and degrees of freedom from its interval's width, level and units), "
+    "Bonferroni-corrected over the comparisons, has p < 0.05; otherwise they agree within "
+    "+-X%, X the largest distance from 1 of the intervals (jointly 95%) of each host's ratio "
+    "over the first host's; a host without an interval is not tested"
 )
 
 
@@ -83,6 +87,7 @@ class _Draft:
     hosts: list[str]
     logs: list[float]
     ses: list[float]
+    dfs: list[float]  # each host's degrees of freedom (infinite: a normal interval)
     q: float
     df: int
     p_value: float
@@ -94,24 +99,29 @@ def _z(level: float) -> float:
     return float(norm.ppf(1 - (1 - level) / 2))
 
 
-def _quantile(level: float, units: int | None) -> float:
-    """The quantile a host's interval was made with: t with h - 1 df of a trimmed interval of
-    `units`, or the normal one where the units are not known."""
+def freedom(units: int | None) -> float:
+    """The degrees of freedom of a host's interval: h - 1 of a 20%-trimmed interval of `units`
+    (h kept), infinite (a normal interval) where the units are not known."""
     if units is None:
-        return _z(level)
+        return math.inf
     kept = units - 2 * math.floor(TRIM * units)
-    if kept < 2:
+    return float(kept - 1) if kept >= 2 else math.inf
+
+
+def _quantile(level: float, df: float) -> float:
+    """The two-sided quantile of `level`: t with `df` degrees of freedom, normal when infinite."""
+    if math.isinf(df):
         return _z(level)
     from scipy.stats import t
 
-    return float(t.ppf(1 - (1 - level) / 2, kept - 1))
+    return float(t.ppf(1 - (1 - level) / 2, df))
 
 
 def log_standard_error(
     ci_low: float, ci_high: float, level: float, units: int | None = None
 ) -> float:
     """A host's standard error of its log ratio, from its interval's width and level."""
-    return (math.log(ci_high) - math.log(ci_low)) / (2 * _quantile(level, units))
+    return (math.log(ci_high) - math.log(ci_low)) / (2 * _quantile(level, freedom(units)))
 
 
 def _draft(results: Sequence[HostResult], confidence_level: float) -> _Draft | str:
@@ -138,19 +148,26 @@ def _draft(results: Sequence[HostResult], confidence_level: float) -> _Draft | s
         )
         for r in results
     ]
+    dfs = [freedom(r.units) for r in results]
     weights = [1 / se**2 for se in ses]
-    mean = sum(w * y for w, y in zip(weights, logs, strict=True)) / sum(weights)
+    total = sum(weights)
+    mean = sum(w * y for w, y in zip(weights, logs, strict=True)) / total
     q = sum(w * (y - mean) ** 2 for w, y in zip(weights, logs, strict=True))
-    df = len(results) - 1
-    from scipy.stats import chi2
+    k = len(results)
+    # Welch's heteroscedastic F (1951): Cochran's Q with each host's variance estimated from
+    # few units (t intervals of h - 1 df) is anti-conservative against chi-squared; Welch's
+    # F corrects for it, is the Welch t test squared for two hosts, and tends to Q / (k - 1)
+    # against chi-squared as the hosts' degrees of freedom grow.
+    spread = sum((1 - w / total) ** 2 / df for w, df in zip(weights, dfs, strict=True))
+    from scipy.stats import chi2, f
 
+    if spread == 0:
+        p_value = float(chi2.sf(q, k - 1))
+    else:
+        statistic = (q / (k - 1)) / (1 + 2 * (k - 2) / (k**2 - 1) * spread)
+        p_value = float(f.sf(statistic, k - 1, (k**2 - 1) / (3 * spread)))
     return _Draft(
-        hosts=[r.host for r in results],
-        logs=logs,
-        ses=ses,
-        q=q,
-        df=df,
-        p_value=float(chi2.sf(q, df)),
+        hosts=[r.host for r in results], logs=logs, ses=ses, dfs=dfs, q=q, df=k - 1, p_value=p_value
     )
 
 
@@ -173,11 +190,17 @@ def _finish(
     level: float,
     alpha: float,
 ) -> Outcome:
-    z = _z(level)
     differences = []
-    for host, y, se in zip(draft.hosts[1:], draft.logs[1:], draft.ses[1:], strict=True):
+    se0, df0 = draft.ses[0], draft.dfs[0]
+    for host, y, se, df in zip(
+        draft.hosts[1:], draft.logs[1:], draft.ses[1:], draft.dfs[1:], strict=True
+    ):
         d = y - draft.logs[0]
-        half = z * math.sqrt(se**2 + draft.ses[0] ** 2)
+        # Welch-Satterthwaite degrees of freedom of the difference (infinite: normal)
+        variance = se**2 + se0**2
+        normal = math.isinf(df) and math.isinf(df0)
+        welch = math.inf if normal else variance**2 / (se**4 / df + se0**4 / df0)
+        half = _quantile(level, welch) * math.sqrt(variance)
         differences.append(
             HostDifference(
                 host=host,

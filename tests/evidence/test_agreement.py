@@ -76,6 +76,24 @@ def test_a_standard_error_is_read_at_its_interval_level_and_units() -> None:
     assert outcomes[0].test.p_adjusted == pytest.approx(3 * outcomes[0].test.p_value)
 
 
+def test_hosts_of_few_units_are_tested_by_welch_not_by_a_normal_approximation() -> None:
+    """Six process pairs a host (t intervals of 3 df): the normal approximation would call
+    these two hosts different (z = 2.2, p = 0.03); Welch's test, with the hosts' own degrees
+    of freedom, does not, and its interval of their ratio agrees with it."""
+    a = HostResult("gpu-a", 0.793, 0.561, 1.120, units=6)
+    b = HostResult("gpu-b", 1.122, 0.782, 1.609, units=6)
+    (outcome,) = host_agreement([[a, b]])
+    se_a = log_standard_error(0.561, 1.120, 0.95, units=6)
+    se_b = log_standard_error(0.782, 1.609, 0.95, units=6)
+    d, variance = math.log(1.122 / 0.793), se_a**2 + se_b**2
+    welch_df = variance**2 / (se_a**4 / 3 + se_b**4 / 3)
+    assert 2 * stats.norm.sf(d / math.sqrt(variance)) < 0.05  # what the normal test says
+    assert outcome.test.p_value == pytest.approx(2 * stats.t.sf(d / math.sqrt(variance), welch_df))
+    assert outcome.agree is True
+    (difference,) = outcome.test.differences
+    assert difference.ci_low < 1 < difference.ci_high
+
+
 def test_the_comparisons_are_corrected_as_one_family() -> None:
     """A difference at p of about 0.03 is a disagreement alone, not as one of four tests."""
     borderline = [_host("a", 1.0, 0.98, 1.02), _host("b", 1.03, 1.01, 1.05)]
