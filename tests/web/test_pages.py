@@ -231,7 +231,7 @@ def test_evidence_page_puts_reproduction_hosts_side_by_side(
     assert rows and all('<td class="flag">hosts disagree: studio-1 ' in row for row in rows)
     assert all("studio-2 / studio-1 0." in row and "Q = " in row for row in rows)
     # what each host was, beside the test: the difference may come from the machine
-    assert "Agreement: hosts disagree where Cochran&#39;s Q" in section
+    assert "Agreement: hosts disagree where Welch&#39;s test of their log ratios" in section
     assert len(re.findall(r"<li>studio-\d", section)) == 2
     # Each host's own interval, side by side in the same row, then their ratio's.
     assert all(len(re.findall(r"\[\d\.\d+, \d\.\d+\]", row)) == 3 for row in rows)
