@@ -40,6 +40,16 @@ COMMANDS: dict[str, Subcommand] = {
         "app",
         "Check an evidence bundle: every file's sha256, every record, the provenance.",
     ),
+    "compare": Subcommand(
+        "evidence.cli",
+        "app",
+        "Set one job's bundles from several hosts side by side: do the hosts agree?",
+    ),
+    "reproduce": Subcommand(
+        "worker.cli",
+        "app",
+        "Re-run a bundle's (or an evidence URL's) job on this machine, from the bundle alone.",
+    ),
     "submit": Subcommand(
         "coldbench.submit", "app", "Submit a job to the central API (and wait for its evidence)."
     ),

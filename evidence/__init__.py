@@ -13,14 +13,17 @@ ablation, parity, drift, reproductions, and rendering (summary.json, summary.md,
 
 Inside, the statistics are layered (an import-linter `layers` contract): `summary_schema` (the
 typed summary.json) < `stats` (primitives) < the sections (`ablation`, `bisect`, `drift`,
-`history`, `parity`, `reproduction`; none imports another) < `summary` (the one assembly) <
-`markdown` < `report` < `bundle` < `cli`, with `calibration`, `protocol`, `job_options` and
-`resolution` placed among them by what they read; the foundations (`schemas`, `spec_text`,
-`variant`, `records`, `canonical`, `options`, `escaping`, `engine_flags`) import none of
-those. Nothing imports upward, so nothing needs a lazy import to dodge a cycle.
+`history`, `parity`, `reproduction`; none imports another, and `agreement`, the test of
+several hosts' difference, sits below them) < `summary` (the one assembly) < `markdown` <
+`report` < `bundle` < `compare` (one job's bundles from several hosts) < `cli`, with
+`calibration`, `protocol`, `job_options` and `resolution` placed among them by what they
+read; the foundations (`schemas`, `spec_text`, `variant`, `records`, `canonical`, `options`,
+`escaping`, `engine_flags`) import none of those. Nothing imports upward, so nothing needs a
+lazy import to dodge a cycle.
 
-May import: pydantic, scipy, numpy, jinja2, plotly, typer (its `verify` command, the spec
-options' declarations) and the standard library. Never `api/`, `worker/`, `web/`, `engine/`,
+May import: pydantic, scipy, numpy, jinja2, plotly, typer (its `verify` and `compare`
+commands, the spec options' declarations), httpx (`compare` fetching an evidence URL's zip)
+and the standard library. Never `api/`, `worker/`, `web/`, `engine/`,
 `fastpaths/` or `coldbench/`: both sides of the worker protocol import this package, so it must
 stay free of either (import-linter contracts in pyproject.toml enforce it).
 """

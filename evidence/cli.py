@@ -1,4 +1,5 @@
-"""`coldbench verify [--expect ID] PATH`: recompute every digest of a bundle (folder or zip)."""
+"""`coldbench verify [--expect ID] PATH`: recompute every digest of a bundle (folder or zip);
+`coldbench compare A B [C...]`: one job's bundles from several hosts, and whether they agree."""
 
 from __future__ import annotations
 
@@ -37,3 +38,37 @@ def verify(
     for problem in result.problems:
         typer.echo(problem)
     raise typer.Exit(1)
+
+
+@app.command()
+def compare(
+    sources: list[str] = typer.Argument(
+        ...,
+        help="Bundles (folders or zips) or evidence URLs (https://HOST/e/<id>) of one job on "
+        "several hosts; a bundle of several runs counts each run.",
+    ),
+) -> None:
+    """Set one job's hosts side by side: each host's ratio and interval per comparison, and
+    whether the hosts agree (a test of their difference: ratio of their ratios, Cochran's Q).
+
+    Exits 0 when the hosts agree wherever tested, 1 when they disagree somewhere, 2 when the
+    sources cannot be compared (unreadable, altered, or different jobs: what differs is said).
+    """
+    from evidence.compare import (
+        CompareError,
+        compare_hosts,
+        comparison_lines,
+        host_runs,
+        load_source,
+    )
+
+    try:
+        hosts = [host for source in sources for host in host_runs(load_source(source))]
+        comparison = compare_hosts(hosts)
+    except CompareError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    for line in comparison_lines(comparison):
+        typer.echo(line)
+    if comparison.disagreements:
+        raise typer.Exit(1)

@@ -99,10 +99,11 @@ def caveats(summary: Summary) -> list[str]:
         )
     reproductions = summary.reproductions
     if reproductions:
-        disagree = [row for row in reproductions.comparisons if not row.agree]
+        disagree = [row for row in reproductions.comparisons if row.agree is False]
         if disagree:
             where = ", ".join(f"{row.variant} @ {row.context_tokens}" for row in disagree[:4])
-            found.append(f"The hosts' intervals do not overlap for {where}.")
+            first = (disagree[0].statement or "").removeprefix("hosts disagree: ")
+            found.append(f"The hosts disagree for {where}" + (f" ({first})." if first else "."))
     found += _direction_caveats(summary)
     return found
 

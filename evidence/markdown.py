@@ -31,6 +31,7 @@ from evidence.summary_schema import (
     History,
     HistoryPoint,
     PhaseTimes,
+    ReproductionRow,
     ReproductionRun,
     RunDrift,
     RunTime,
@@ -312,6 +313,35 @@ def software_line(provenance: Provenance) -> str:
         f"coldbench {software.coldbench}" if software.coldbench else None,
     ]
     return ", ".join(md_text(p) for p in parts if p) or "unknown"
+
+
+def agreement_text(row: ReproductionRow) -> str:
+    """A reproduction row's agreement: its statement (bold where the hosts disagree), or for
+    a bundle from before the test, whether the intervals overlapped."""
+    if row.statement is None:
+        return "intervals overlap" if row.agree else "**intervals apart**"
+    text = md_text(row.statement)
+    return f"**{text}**" if row.agree is False else text
+
+
+def reproduction_machines(provenances: Sequence[Provenance]) -> list[str]:
+    """Each run's host fingerprint, software and MLX build: what a difference between hosts
+    may come from."""
+    return [f"{host_line(p)}; {software_line(p)}; {mlx_build_text(p)}" for p in provenances]
+
+
+def mlx_build_text(provenance: Provenance) -> str:
+    """The MLX each variant process imported, and the digest of the host's installed packages
+    (`pip freeze`): two hosts with one MLX version may still run different builds of it, whose
+    extension's file provenance.json keeps."""
+    versions = []
+    for target in provenance.targets:
+        version = (target.software or {}).get("mlx") or provenance.software.mlx
+        if version and version not in versions:
+            versions.append(version)
+    text = f"MLX {', '.join(md_text(v) for v in versions)}" if versions else "MLX unknown"
+    freeze = provenance.software.pip_freeze_sha256
+    return text + (f", packages {freeze[:12]}" if freeze else "")
 
 
 _NATIVE_SUFFIXES = (".so", ".dylib", ".pyd")
@@ -957,12 +987,17 @@ def _render(
         rows = []
         for row in reproductions.comparisons:
             cells = [f"{fmt_interval(r)} {r.verdict}" for r in row.runs]
-            rows.append([row.context_tokens, row.variant, *cells, "yes" if row.agree else "**no**"])
+            detail = md_text(row.test.detail) if row.test else "-"
+            rows.append([row.context_tokens, row.variant, *cells, agreement_text(row), detail])
         lines += [
             "",
             "### Reproductions",
             "",
-            *_table(["context", "variant", *hosts, "intervals overlap"], rows),
+            *_table(["context", "variant", *hosts, "hosts", "ratio of ratios, test"], rows),
+            "",
+            f"Agreement: {md_text(reproductions.rule)}.",
+            "",
+            *(f"- {text}" for text in reproduction_machines(provenances)),
         ]
     invalid = summary.invalid
     lines += ["", "### Invalid cells", ""]

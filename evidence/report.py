@@ -35,6 +35,7 @@ from evidence.markdown import (
     how_to_read,
     inert_lines,
     noise_floor_text,
+    reproduction_machines,
     software_line,
     time_spent_lines,
     variant_software_text,
@@ -608,6 +609,9 @@ def render_report_html(
                 "variant": row.variant,
                 "cells": [f"{fmt_interval(r)} {r.verdict}" for r in row.runs],
                 "agree": row.agree,
+                "statement": row.statement
+                or ("intervals overlap" if row.agree else "intervals apart"),
+                "detail": row.test.detail if row.test else "-",
             }
             for row in reproductions.comparisons
         ]
@@ -669,6 +673,8 @@ def render_report_html(
         ],
         "reproduction_rows": reproduction_rows,
         "reproduction_hosts": reproduction_hosts,
+        "reproduction_rule": reproductions.rule if reproductions else None,
+        "reproduction_machines": reproduction_machines(provenance_list) if reproductions else [],
         "parity_rows": [c for c in summary.parity.cells if c.result != "exact"][:_MAX_ROWS],
         "invalid_cells": summary.invalid.cells[:_MAX_ROWS],
         "file_digests": sorted((file_digests or {}).items()),

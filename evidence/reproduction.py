@@ -1,27 +1,23 @@
 """Reproductions: the same job run on several hosts, compared host by host.
 
 Each run's records are analysed alone (its own pairs, corrected within the run). For each
-(context, variant) the hosts' results sit side by side; `agree` is false where two hosts'
-95% intervals do not overlap, which says the hosts measure different effects (a host
-difference, or drift) rather than noise around one effect. A run with too few pairs for a 95%
-interval (its `ci_level` set) is not compared.
+(context, variant) the hosts' results sit side by side with the test of their difference
+(evidence.agreement): `agree` is false where the hosts measure different effects (a host
+difference, or drift) rather than noise around one effect, None where a run had too few
+pairs for a 95% interval (its `ci_level` set) and was not tested.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from evidence.stats import (
-    CellIndex,
-    StatsOptions,
-    compare_matrix,
-    intervals_overlap,
-)
+from evidence.agreement import RULE, HostResult, host_agreement
+from evidence.stats import CellIndex, StatsOptions, compare_matrix
 from evidence.summary_schema import (
     ReproductionRow,
     ReproductionRun,
     Reproductions,
-    decisive_interval,
     level_field,
 )
 
@@ -50,7 +46,7 @@ def reproduction_section(
             metric="prefill_tps",
             options=options,
         )
-    rows = []
+    drafts = []
     for position, first in enumerate(per_run[run_ids[0]]):
         results = [
             ReproductionRun(
@@ -62,28 +58,55 @@ def reproduction_section(
                 ci_high=comparison.ci_high,
                 p_adjusted=comparison.p_adjusted,
                 verdict=comparison.verdict,
-                **level_field(comparison.ci_level),
+                **_levels(comparison.ci_level, comparison.interval_level, comparison.blocks),
             )
             for run_id in run_ids
             for comparison in (per_run[run_id][position],)
         ]
-        # only 95% intervals: two [min, max] intervals of a few pairs can miss each other
-        # by chance far more often than 1 time in 20
-        intervals = [found for r in results if (found := decisive_interval(r)) is not None]
-        agree = all(
-            intervals_overlap(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1 :]
+        drafts.append((first, results))
+    outcomes = host_agreement(
+        [[host_result(r) for r in results] for _, results in drafts],
+        confidence_level=options.confidence_level,
+        alpha=options.alpha,
+    )
+    rows = [
+        ReproductionRow(
+            context_tokens=first.context_tokens,
+            variant=first.variant,
+            baseline=baseline,
+            runs=results,
+            agree=outcome.agree,
+            test=outcome.test,
+            statement=outcome.statement,
         )
-        rows.append(
-            ReproductionRow(
-                context_tokens=first.context_tokens,
-                variant=first.variant,
-                baseline=baseline,
-                runs=results,
-                agree=agree,
-            )
-        )
+        for (first, results), outcome in zip(drafts, outcomes, strict=True)
+    ]
     return Reproductions(
-        rule="agree is false where two runs' 95% intervals of the median ratio do not overlap",
+        rule=RULE,
         comparisons=rows,
-        all_agree=all(row.agree for row in rows),
+        all_agree=all(row.agree is not False for row in rows),
+    )
+
+
+def _levels(ci_level: float | None, level: float | None, blocks: int | None) -> dict[str, Any]:
+    """The interval's real coverage, its level and the process pairs, where the comparison has
+    them (summary.json keeps only the keys a section set)."""
+    found: dict[str, Any] = dict(level_field(ci_level))
+    if level is not None:
+        found["interval_level"] = level
+    if blocks is not None:
+        found["blocks"] = blocks
+    return found
+
+
+def host_result(run: ReproductionRun) -> HostResult:
+    """A run's result as the agreement test reads it, named by its host (or run id)."""
+    return HostResult(
+        host=run.host or run.run_id,
+        ratio_median=run.ratio_median,
+        ci_low=run.ci_low,
+        ci_high=run.ci_high,
+        ci_level=run.ci_level,
+        interval_level=run.interval_level,
+        units=run.blocks or run.n,
     )

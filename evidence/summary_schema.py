@@ -289,6 +289,38 @@ class ReproductionRun(_Section):
     p_adjusted: float | None
     verdict: Verdict
     ci_level: float | None = None
+    # the run's interval level and independent units (its comparison's): the agreement test
+    # reads the run's standard error from them (evidence.agreement)
+    interval_level: float | None = None
+    blocks: int | None = None
+
+
+class HostDifference(_Section):
+    """One host's ratio over the reference host's (the first run): the ratio of their ratios
+    with its interval (evidence.agreement)."""
+
+    host: str
+    reference: str
+    ratio: float
+    ci_low: float
+    ci_high: float
+
+
+class HostAgreement(_Section):
+    """The test of the hosts' difference at one comparison (evidence.agreement): Cochran's Q
+        of the hosts' log ratios (df = hosts - 1), its p-value Holm-corrected over the section's
+        comparisons, I^2, each host's ratio of ratios to the reference, and the test in one line
+    (the row's `statement` says what it means)."""
+
+    differences: list[HostDifference]
+    q: float
+    df: int
+    p_value: float
+    p_adjusted: float
+    i_squared: float
+    within_pct: float
+    # the ratios of ratios and the test, as one line: "b / a 0.983 [0.955, 1.011]; Q = ..."
+    detail: str
 
 
 class ReproductionRow(_Section):
@@ -296,7 +328,12 @@ class ReproductionRow(_Section):
     variant: str
     baseline: str
     runs: list[ReproductionRun]
-    agree: bool
+    # False where the hosts' difference is established (evidence.agreement); None where it
+    # was not tested (a host without a 95% interval). Bundles before the test: intervals
+    # overlap.
+    agree: bool | None
+    test: HostAgreement | None = None
+    statement: str | None = None
 
 
 class Reproductions(_Section):

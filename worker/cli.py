@@ -1,5 +1,5 @@
-"""`coldbench run` (the whole matrix on this machine, no server), `coldbench calibrate` and
-`coldbench worker`.
+"""`coldbench run` (the whole matrix on this machine, no server), `coldbench reproduce` (a
+bundle's job again, from the bundle alone), `coldbench calibrate` and `coldbench worker`.
 
 `run` goes options -> spec (`_local_setup`: this machine's repository, model and corpus, then
 the one builder, evidence/job_options.py) -> measuring (`_measure`, or `_bisect` for its steps)
@@ -539,6 +539,7 @@ def _measure(
     prespawn: bool | None = None,
     noise: HostNoise | None = None,
     residency: str = "auto",
+    extra_files: dict[str, bytes] | None = None,
 ) -> RunOutcome:
     """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -617,6 +618,7 @@ def _measure(
                     prespawn=prespawn,
                     noise=noise,
                     residency=residency,
+                    extra_files=extra_files,
                 )
         except RunRefused as error:
             bar.stop()
@@ -682,6 +684,111 @@ def _print_outcome(outcome: RunOutcome, out: Path) -> None:
         raise typer.Exit(130)
     if outcome.status != "succeeded":
         _fail(f"run failed: {outcome.reason}", code=1)
+
+
+@app.command("reproduce")
+def reproduce(
+    source: Annotated[
+        str,
+        typer.Argument(help="An evidence bundle (folder or zip) or URL (https://HOST/e/<id>)."),
+    ],
+    repo: Annotated[
+        Path | None,
+        typer.Option(
+            help="This machine's clone of the job's repository (default: the URL the bundle names)."
+        ),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            help="The checkpoint folder, where the job's model was a folder of the "
+            "original host (its digests must match the bundle's)."
+        ),
+    ] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(
+            help="The prompts file, where the job's corpus was a file of the original "
+            "host (its sha256 must match)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Bundle folder to write (new; default: reproduction-<id>-<time>)."),
+    ] = None,
+    cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
+    state_dir: Annotated[
+        Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
+    ] = Path(".coldbench"),
+) -> None:
+    """Re-run a bundle's job on this machine from the bundle alone: the commits it measured,
+    its flags, recipes, seed, rounds and contexts, its model and prompts (digests checked).
+    Writes a bundle naming the evidence it reproduces (reproduces.json), then prints the
+    hosts' agreement as `coldbench compare` does. Exits 2, with every reason, where the job
+    cannot be had here (a commit missing, a model digest that differs, ...)."""
+    import logging
+
+    from rich.console import Console
+
+    from evidence.compare import (
+        CompareError,
+        Source,
+        compare_hosts,
+        comparison_lines,
+        host_runs,
+        load_source,
+    )
+    from worker.reproduce import ReproductionRefused, build_differences, plan_reproduction
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=True)
+    state_dir = state_dir.resolve()
+    try:
+        original = load_source(source)
+        plan = plan_reproduction(
+            original, state_dir=state_dir, repo=repo, model=model, corpus=corpus
+        )
+    except (CompareError, ReproductionRefused) as error:
+        _fail_all([f"cannot reproduce: {line}" for line in str(error).splitlines()])
+    run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    out = out or Path(f"reproduction-{plan.evidence_id[:12]}-{run_id.removeprefix('local-')}")
+    if out.exists() and any(out.iterdir()):
+        _fail(f"--out {out}: folder exists and is not empty; choose a new one")
+    console.print(
+        f"reproducing evidence {plan.evidence_id} ({plan.spec.mode}, job pinned to "
+        "the commits it measured)",
+        highlight=False,
+    )
+    setup = LocalSetup(
+        spec=plan.spec,
+        repositories=plan.repositories,
+        models=plan.models,
+        corpora=plan.corpora,
+        model_argument=str(model) if model is not None else None,
+        corpus_argument=f"{plan.spec.corpus}={corpus}" if corpus is not None else None,
+    )
+    outcome = _measure(
+        setup,
+        run_id=run_id,
+        state_dir=state_dir,
+        cell_timeout_s=cell_timeout_s,
+        console=console,
+        extra_files={"reproduces.json": plan.reproduces_file()},
+    )
+    lines = []
+    if outcome.status == "succeeded":
+        try:
+            hosts = host_runs(original) + host_runs(Source(str(out), outcome.files))
+            lines = comparison_lines(compare_hosts(hosts))
+            differences = build_differences(plan.provenance, hosts[-1].provenance)
+            lines += [f"warning: {line}" for line in differences]
+        except CompareError as error:
+            lines = [f"not compared: {error}"]
+    try:
+        _print_outcome(outcome, out)
+    finally:
+        for line in lines:
+            typer.echo(line)
 
 
 class StopRequest:

@@ -680,6 +680,7 @@ def execute_run(
     prespawn: bool | None = None,
     noise: HostNoise | None = None,
     residency: str = "auto",
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> RunOutcome:
     """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`.
 
@@ -691,7 +692,7 @@ def execute_run(
     `residency` (auto, side-by-side, in-turns): whether the variants' processes are resident
     together or in turns; auto follows the memory plan made before any timing (`memory_plan`).
     A run stopped by `should_stop` or failed by a variant still returns the bundle of what was
-    measured."""
+    measured. `extra_files` join the bundle (`coldbench reproduce`: reproduces.json)."""
     from engine.checkpoints import resolve_model
     from evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
 
@@ -828,19 +829,19 @@ def execute_run(
     stopped = bool(outcome and outcome.stopped)
     if failure is None and stopped:
         failure = f"stopped after {outcome.cells_done} of {outcome.cells_total} cells"
-    extra_files = server_logs(workdir)
+    bundle_extras = {**server_logs(workdir), **(extra_files or {})}
     if failure:
-        extra_files["reason.txt"] = (failure + "\n").encode()
+        bundle_extras["reason.txt"] = (failure + "\n").encode()
     controls = _records_bytes(workdir / CONTROLS_FILE)
     if controls:
         # The bracketing controls' own file, when the rounds were long enough to have them.
-        extra_files[CONTROLS_FILE] = controls
+        bundle_extras[CONTROLS_FILE] = controls
     files, summary = build_run_bundle(
         records=_records_bytes(workdir / RECORDS_FILE),
         provenances=[provenance],
         spec=spec,
         build_logs=build_logs,
-        extra_files=extra_files,
+        extra_files=bundle_extras,
         timeline=outcome.timeline if outcome else None,
     )
     return RunOutcome(

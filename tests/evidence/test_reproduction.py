@@ -26,11 +26,18 @@ def test_hosts_that_agree() -> None:
     assert [r.host for r in row.runs] == ["studio-1", "studio-2"]
     assert all(r.verdict == "faster" for r in row.runs)
     assert row.agree and reproductions.all_agree
+    assert row.statement.startswith("hosts agree within +-")
+    (difference,) = row.test.differences
+    assert (difference.host, difference.reference) == ("studio-2", "studio-1")
+    assert difference.ci_low < 1 < difference.ci_high
     assert summary.comparisons[0].n == 20  # pooled pairs of both runs
 
 
-def test_hosts_whose_intervals_do_not_overlap_are_flagged() -> None:
+def test_hosts_that_measure_opposite_effects_disagree() -> None:
     reproductions = _two_hosts(0.94).reproductions
     (row,) = reproductions.comparisons
     assert [r.verdict for r in row.runs] == ["faster", "slower"]
-    assert not row.agree and not reproductions.all_agree
+    assert row.agree is False and not reproductions.all_agree
+    assert row.statement.startswith("hosts disagree: studio-1 +")
+    assert ", studio-2 -" in row.statement
+    assert row.test.differences[0].ci_high < 1 and row.test.p_adjusted < 0.05

@@ -555,7 +555,9 @@ def test_reproductions_without_intervals_establish_no_disagreement() -> None:
         options=FAST,
     )
     (row,) = section.comparisons
-    assert all(r.ci_low is None for r in row.runs) and row.agree
+    assert all(r.ci_low is None for r in row.runs) and row.agree is None
+    assert row.test is None and row.statement.startswith("not tested:")
+    assert section.all_agree  # untested is no disagreement
 
 
 def test_rounds_to_detect_a_large_change_are_far_fewer_than_for_the_precision() -> None:

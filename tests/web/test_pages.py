@@ -215,7 +215,7 @@ def test_evidence_page_puts_reproduction_hosts_side_by_side(
 ) -> None:
     make_host(db_session, "studio-1")
     job = make_job(db_session, settings)
-    # studio-2 measures the candidate slower: the hosts' intervals cannot agree.
+    # studio-2 measures the candidate slower: the hosts disagree, and the test says so.
     evidence_id = publish_evidence(
         db_session,
         settings,
@@ -226,11 +226,15 @@ def test_evidence_page_puts_reproduction_hosts_side_by_side(
     html = web.get(f"/e/{evidence_id}").text
     section = re.search(r'<section id="reproductions">(.*?)</section>', html, re.S).group(1)
     header = re.search(r"<thead>(.*?)</thead>", section, re.S).group(1)
-    assert "studio-1" in header and "studio-2" in header and "intervals overlap" in header
+    assert "studio-1" in header and "studio-2" in header and "ratio of ratios" in header
     rows = re.findall(r"<tr>(.*?)</tr>", re.search(r"<tbody>(.*?)</tbody>", section, re.S)[1])
-    assert rows and all('<td class="flag">no</td>' in row for row in rows)
-    # Each host's own interval, side by side in the same row.
-    assert all(len(re.findall(r"\[\d\.\d+, \d\.\d+\]", row)) == 2 for row in rows)
+    assert rows and all('<td class="flag">hosts disagree: studio-1 ' in row for row in rows)
+    assert all("studio-2 / studio-1 0." in row and "Q = " in row for row in rows)
+    # what each host was, beside the test: the difference may come from the machine
+    assert "Agreement: hosts disagree where Welch&#39;s test of their log ratios" in section
+    assert len(re.findall(r"<li>studio-\d", section)) == 2
+    # Each host's own interval, side by side in the same row, then their ratio's.
+    assert all(len(re.findall(r"\[\d\.\d+, \d\.\d+\]", row)) == 3 for row in rows)
 
 
 def test_hosts_whose_machines_share_a_hostname_are_shown_by_their_registered_names(

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+from pathlib import Path
+
+import pytest
 
 from evidence.bisect import step_spec
+from evidence.compare import Source
 from evidence.history import history_spec
 from evidence.schemas import JobSpec
+from tests.worker.conftest import git
 from worker.provenance import reproduce_command
 
 BASE = {"adapter": "mlx-lm", "repository": "r", "contexts": [64], "rounds": 6}
@@ -74,3 +80,66 @@ def test_an_ab_repeats_at_the_commits_it_measured_into_a_new_folder() -> None:
     assert variants == [f"main:ref={'a' * 40}", f"pr:ref={'b' * 40},prefill_step_size=64"]
     assert "--out" not in args
     assert args[args.index("--model") + 1] == "/models/tiny"
+
+
+def _bundle_of(spec: JobSpec, targets: list[dict], tmp_path: Path) -> Source:
+    from evidence.bundle import build_bundle
+    from tests.evidence.builders import provenance, simulate_run
+
+    records = simulate_run(effects={"main": 1.0, "pr": 1.0}, contexts=(64,), rounds=6)
+    files, _ = build_bundle(
+        records=records,
+        provenances=provenance(
+            "r-1", "studio-1", targets=targets, model={"name": spec.model}, corpus=None
+        ),
+        spec=spec,
+        n_resamples=200,
+    )
+    return Source(name=str(tmp_path / "bundle"), files=files)
+
+
+def test_a_bundle_naming_a_url_reproduces_from_it_and_a_missing_commit_is_named(
+    stub_repo: Path, micro_model_dir: Path, tmp_path: Path
+) -> None:
+    """A repository the bundle names by a URL git fetches is mirrored from it; each variant's
+    ref is pinned to the commit its target measured, and one the repository lacks refuses."""
+    from worker.reproduce import ReproductionRefused, plan_reproduction
+
+    spec = JobSpec.model_validate(
+        {
+            **BASE,
+            "repository": "stub",
+            "model": "preset:micro",
+            "contexts": [64],
+            "variants": [{"name": "main", "ref": "main"}, {"name": "pr", "ref": "feature"}],
+        }
+    )
+    url = f"file://{stub_repo}"
+    commits = {"main": git(stub_repo, "rev-parse", "main"), "pr": git(stub_repo, "rev-parse", "v1")}
+    targets = [
+        {
+            "variant": name,
+            "repository": url,
+            "ref": ref,
+            "commit": commits[name],
+            "recipe": "editable",
+        }
+        for name, ref in (("main", "main"), ("pr", "feature"))
+    ]
+    plan = plan_reproduction(_bundle_of(spec, targets, tmp_path), state_dir=tmp_path / "state")
+    (repository,) = plan.repositories.values()
+    assert (repository.name, repository.url, repository.default_recipe) == ("stub", url, "editable")
+    assert [v.ref for v in plan.spec.variants] == [commits["main"], commits["pr"]]
+    assert json.loads(plan.reproduces_file())["evidence_id"] == plan.evidence_id
+
+    targets[1]["commit"] = "c" * 40
+    with pytest.raises(ReproductionRefused, match=f"variant pr: commit {'c' * 40} is not in {url}"):
+        plan_reproduction(_bundle_of(spec, targets, tmp_path), state_dir=tmp_path / "state")
+    targets[1] |= {"commit": commits["pr"], "recipe": "fancy"}
+    targets[0] |= {"commit": None}
+    with pytest.raises(ReproductionRefused) as refused:
+        plan_reproduction(_bundle_of(spec, targets, tmp_path), state_dir=tmp_path / "state")
+    assert str(refused.value).splitlines() == [
+        "variant main: the bundle names no commit",
+        "recipe 'fancy' is not defined on this machine (defined: editable)",
+    ]
