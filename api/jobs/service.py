@@ -614,19 +614,9 @@ def job_detail(*, db_session: Session, job_id: str, settings: Settings | None = 
 
 
 def rounds_warning(job: Job, runs: list[Run]) -> str | None:
-    """Why the job's rounds cannot reach a verdict, or None: over the commits its host
-    resolved once it has (a range's size is known only then)."""
-    spec = spec_as_run(job, runs)
-    warning = too_few_rounds(spec)
-    if warning and spec.mode == "history" and job.spec.history and job.spec.needs_host_resolution:
-        resolved = "" if spec is job.spec else f" to {len(spec.variants) - 1} commits"
-        return f"the host resolved {job.spec.history.range}{resolved}: {warning}"
-    if warning and job.spec.commits and job.spec.needs_host_resolution and spec.commits:
-        line = spec.commits.line
-        resolved = f" to {len(line) - 1} commits" if line else ""
-        ends = f"{job.spec.commits.base}..{job.spec.commits.head}"
-        return f"the host resolved {ends}{resolved}: {warning}"
-    return warning
+    """Why the job's rounds cannot reach a verdict, or None (evidence.stats `too_few_rounds`:
+    the same whatever the number of commits a host resolves a range to)."""
+    return too_few_rounds(spec_as_run(job, runs))
 
 
 def _job_out(

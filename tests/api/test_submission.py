@@ -115,10 +115,10 @@ def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
     run.resolved_spec = history_spec(job.spec, f"{0:040x}", commits)
     db_session.commit()
     detail = job_service.job_detail(db_session=db_session, job_id=job.id)
-    assert detail.rounds_warning == (
-        "the host resolved v1..main to 40 commits: 6 rounds cannot reach a verdict: the robust "
-        "interval needs at least 10 rounds (10 independent process pairs, so that 2 stalled at "
-        "each end cannot decide it), more when the spread is wide"
+    assert detail.rounds_warning == answer.rounds_warning == (
+        "6 rounds cannot reach a verdict: the robust interval needs at least 10 rounds (10 "
+        "independent process pairs, so that 2 stalled at each end cannot decide it), more when "
+        "the spread is wide"
     )
     assert detail.resolved_spec is not None and len(detail.resolved_spec["variants"]) == 41
 
@@ -203,7 +203,8 @@ def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Se
     bounded = job_service.checked_spec(settings.model_copy(update={"max_variants": 3}), history)
     assert bounded.history is not None and bounded.history.max_commits == 2
     unbounded = job_service.checked_spec(settings, history)
-    assert bounded.rounds == default_rounds(bounded) < unbounded.rounds == default_rounds(unbounded)
+    # the rounds a verdict needs do not grow with the commits a host may resolve
+    assert bounded.rounds == default_rounds(bounded) == unbounded.rounds == 10
     narrow = settings.model_copy(update={"max_rounds": 9})
     with pytest.raises(Invalid) as refused:
         job_service.checked_spec(narrow, payload)
@@ -215,9 +216,8 @@ def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Se
 
 
 def test_a_range_from_any_door_gets_the_default_the_service_sizes(settings: Settings) -> None:
-    """The builder cannot know how many commits this service lets a host resolve: the form,
-    submit and a pull request send rounds left to the default as left out (service_payload),
-    so the service sizes them as it does for the JSON API."""
+    """The form, submit and a pull request send rounds left to the default as left out
+    (service_payload), so the service sizes them as it does for the JSON API."""
     from evidence.job_options import build_job_spec, default_rounds, service_payload
 
     given = {
@@ -238,6 +238,6 @@ def test_a_range_from_any_door_gets_the_default_the_service_sizes(settings: Sett
         "contexts": [64],
     }
     via_json = job_service.checked_spec(settings, raw)
-    assert via_a_door.rounds == via_json.rounds == default_rounds(via_json) < built.rounds
+    assert via_a_door.rounds == via_json.rounds == default_rounds(via_json) == built.rounds
     asked = build_job_spec({**given, "rounds": "20"})
     assert job_service.checked_spec(settings, service_payload(asked, rounds="20")).rounds == 20
