@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from evidence.canary import canary_caveats
 from evidence.schemas import Provenance, TargetInfo
 from evidence.spec_text import flags_text
 from evidence.summary_schema import Comparison, Summary, counts_pairs_by_design_effect
@@ -70,6 +71,9 @@ def caveats(summary: Summary) -> list[str]:
     """Everything in the summary that undercuts its verdicts, one sentence each; empty when
     nothing does."""
     found: list[str] = []
+    # The evidence as a whole first: a cold check that cannot see a warm cache.
+    found += list(summary.evidence_invalid or [])
+    found += canary_caveats(summary.canary)
     found += _drift_caveats(summary)
     invalid = summary.invalid
     if invalid.total:

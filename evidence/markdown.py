@@ -24,6 +24,7 @@ from evidence.spec_text import flags_text
 from evidence.summary_schema import (
     Bisect,
     Bracketing,
+    Canary,
     CommitMarginal,
     Commits,
     Comparison,
@@ -584,6 +585,25 @@ def render_summary_md(
     return text
 
 
+def canary_lines(canary: Canary) -> list[str]:
+    """One line per run's warm canary (evidence/canary.py): what the cold check made of it."""
+    lines = []
+    for cell in canary.runs:
+        if cell.result == "missing":
+            lines.append(f"Warm canary of run {cell.run_id}: none (the cold check is unproven)")
+            continue
+        said = {
+            "caught": "caught, as it must be",
+            "passed": "PASSED AS COLD: the evidence is invalid",
+            "error": "did not run to a verdict",
+        }[cell.result]
+        lines.append(
+            f"Warm canary of run {cell.run_id} ({cell.variant}, {cell.context_tokens} tokens, "
+            f"cached_tokens={cell.cached_tokens}): {said}"
+        )
+    return lines
+
+
 def history_lines(history: History) -> list[str]:
     """The history's steps (with their commit subjects) and the commits that did not build."""
     reference = history.reference
@@ -772,6 +792,8 @@ def _render(
     settings = summary.settings
     history = summary.history
     bisect = summary.bisect
+    if summary.evidence_invalid:
+        lines += ["", "**Evidence invalid:** " + md_text(" ".join(summary.evidence_invalid))]
     answer = answer_sentences(summary, compact=compact, text=md_text)
     lines += ["", *(f"- {sentence}" for sentence in answer)]
     undercut = caveats(summary)
@@ -957,6 +979,8 @@ def _render(
         lines.append(
             f"- {invalid.pairs_with_different_prompts} pairs dropped: different prompt ids"
         )
+    if summary.canary is not None:
+        lines += ["", *(f"- {md_text(line)}" for line in canary_lines(summary.canary))]
     commands = list(dict.fromkeys(p.command for p in provenances if p.command))
     if commands:
         lines += ["", "Reproduce:", "", *md_fence(commands, "sh")]

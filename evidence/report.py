@@ -24,6 +24,7 @@ from evidence.history import short
 from evidence.markdown import (
     ComparisonKey,
     answer_sentences,
+    canary_lines,
     drift_rate_text,
     evidence_id_line,
     fmt_interval,
@@ -671,6 +672,7 @@ def render_report_html(
         "reproduction_hosts": reproduction_hosts,
         "parity_rows": [c for c in summary.parity.cells if c.result != "exact"][:_MAX_ROWS],
         "invalid_cells": summary.invalid.cells[:_MAX_ROWS],
+        "canary_lines": canary_lines(summary.canary) if summary.canary else [],
         "file_digests": sorted((file_digests or {}).items()),
         "figures": figures,
         "figures_json": _script_json(figures),

@@ -31,6 +31,8 @@ EVIDENCE_FORMAT: Final = "coldbench.evidence/1"
 PROVENANCE_SCHEMA: Final = "coldbench.provenance/1"
 JOB_SCHEMA: Final = "coldbench.job/1"
 MIN_PROCESS_BLOCKS: Final = 12
+# The round of a run's warm canary (engine/canary.py): warm on purpose, never in statistics.
+CANARY_ROUND: Final = -2
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # Names that end up in file names, URLs and command lines: short, no separators, no dots first.
@@ -137,7 +139,8 @@ class Record(_Strict):
     schema_: Literal["coldbench.record/1"] = Field(RECORD_SCHEMA, alias="schema")
     run_id: str
     variant: Name
-    round: int = Field(ge=-1, le=INT32_MAX)  # -1 is the discarded warm-up
+    # -1 is the discarded warm-up, -2 the warm canary (CANARY_ROUND)
+    round: int = Field(ge=CANARY_ROUND, le=INT32_MAX)
     order: int = Field(ge=-1, le=INT32_MAX)
     context_tokens: int = Field(ge=1, le=INT32_MAX)
     prompt_tokens: int | None = Field(ge=0, le=INT32_MAX)

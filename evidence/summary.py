@@ -18,12 +18,13 @@ import numpy as np
 
 from evidence.ablation import ablation_section
 from evidence.bisect import bisect_section
+from evidence.canary import canary_invalidations, canary_section
 from evidence.commits import commits_section
 from evidence.drift import drift_section
 from evidence.history import history_section
 from evidence.parity import PARITY_MARGIN_THRESHOLD, parity_section
 from evidence.reproduction import reproduction_section
-from evidence.schemas import JobSpec, Provenance, Record
+from evidence.schemas import CANARY_ROUND, JobSpec, Provenance, Record
 from evidence.stats import (
     DEFAULT_PRECISION,
     MIN_PAIRS,
@@ -112,10 +113,13 @@ def inert_flags(records: Iterable[Record]) -> list[str]:
 def invalid_section(
     records: Iterable[Record], duplicates: Sequence[Record], mismatched: int
 ) -> Invalid:
-    """Cells kept out of statistics, counted per reason (warm-ups are expected, not invalid),
-    and how many pairs were dropped for differing prompts."""
+    """Cells kept out of statistics, counted per reason (warm-ups are expected, not invalid;
+    the warm canary has its own section), and how many pairs were dropped for differing
+    prompts."""
     cells = []
     for record in records:
+        if record.round == CANARY_ROUND:
+            continue
         if record.status in ("invalid", "error"):
             reason = record.reason or record.status
         elif record.status == "ok" and record.round < 0:
@@ -283,6 +287,12 @@ def summarize(
             parity=parity,
             options=options,
         )
+    canary = canary_section(records, run_ids)
+    if canary is not None:
+        conditional["canary"] = canary
+    invalidations = canary_invalidations(canary)
+    if invalidations:
+        conditional["evidence_invalid"] = invalidations
     blocks_settings = DESIGN_EFFECT_SETTINGS if prior is not None else PROCESS_BLOCK_SETTINGS
     settings = Settings.model_validate(
         {**options.settings(), **({"process_blocks": blocks_settings} if by_process else {})}

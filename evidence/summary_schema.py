@@ -216,6 +216,25 @@ class Invalid(_Section):
     pairs_with_different_prompts: int
 
 
+# --- the warm canary (evidence/canary.py) ---------------------------------------------------
+
+
+class CanaryCell(_Section):
+    run_id: str
+    variant: str
+    context_tokens: int
+    cached_tokens: int | None
+    # caught: the cold check refused it, as it must; passed: it was judged cold (the run's
+    # evidence is invalid); error: it did not run to a verdict; missing: the run has none
+    result: Literal["caught", "passed", "error", "missing"]
+    reason: str | None
+
+
+class Canary(_Section):
+    runs: list[CanaryCell]
+    rule: str
+
+
 # --- parity ---------------------------------------------------------------------------------
 
 
@@ -543,6 +562,9 @@ class Summary(_Section):
     history: History | None = None
     bisect: Bisect | None = None
     commits: Commits | None = None
+    canary: Canary | None = None
+    # Why this evidence as a whole cannot be trusted (a warm canary judged cold); unset: none.
+    evidence_invalid: list[str] | None = None
 
     def to_json_value(self) -> dict[str, Any]:
         """summary.json's value: the keys this summary set (module docstring), plain Python."""
