@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from evidence.builds import builds_caveats
 from evidence.canary import canary_caveats
 from evidence.schemas import Provenance, TargetInfo
 from evidence.spec_text import flags_text
@@ -74,6 +75,7 @@ def caveats(summary: Summary) -> list[str]:
     # The evidence as a whole first: a cold check that cannot see a warm cache.
     found += list(summary.evidence_invalid or [])
     found += canary_caveats(summary.canary)
+    found += builds_caveats(summary.mlx_builds)
     found += _drift_caveats(summary)
     invalid = summary.invalid
     if invalid.total:

@@ -316,7 +316,13 @@ def variant_software_text(software: Mapping[str, Any] | None, *, native_files: b
         f"{md_text(name)} {md_code(path)}" for name, path in sorted(files.items(), key=str)
     )
     versions = ", ".join(md_text(p) for p in parts if p)
-    return "; ".join(p for p in [versions, imported] if p) or "n/a"
+    build = software.get("mlx_build")
+    built = (
+        f"MLX build {md_text(build.get('origin'))} {md_code(str(build.get('digest'))[:12])}"
+        if isinstance(build, dict) and build.get("digest")
+        else None
+    )
+    return "; ".join(p for p in [versions, built, imported] if p) or "n/a"
 
 
 def _flags(flags: Mapping[str, Any]) -> str:

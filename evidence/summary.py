@@ -18,6 +18,7 @@ import numpy as np
 
 from evidence.ablation import ablation_section
 from evidence.bisect import bisect_section
+from evidence.builds import builds_section
 from evidence.canary import canary_invalidations, canary_section
 from evidence.commits import commits_section
 from evidence.drift import drift_section
@@ -290,6 +291,9 @@ def summarize(
     canary = canary_section(records, run_ids)
     if canary is not None:
         conditional["canary"] = canary
+    builds = builds_section(provenances)
+    if builds is not None:
+        conditional["mlx_builds"] = builds
     invalidations = canary_invalidations(canary)
     if invalidations:
         conditional["evidence_invalid"] = invalidations

@@ -235,6 +235,22 @@ class Canary(_Section):
     rule: str
 
 
+# --- the MLX builds (evidence/builds.py) ----------------------------------------------------
+
+
+class MlxBuild(_Section):
+    run_id: str
+    variant: str
+    version: str | None
+    origin: str
+    digest: str
+
+
+class MlxBuilds(_Section):
+    builds: list[MlxBuild]
+    runs_with_different_builds: list[str]
+
+
 # --- parity ---------------------------------------------------------------------------------
 
 
@@ -563,6 +579,7 @@ class Summary(_Section):
     bisect: Bisect | None = None
     commits: Commits | None = None
     canary: Canary | None = None
+    mlx_builds: MlxBuilds | None = None
     # Why this evidence as a whole cannot be trusted (a warm canary judged cold); unset: none.
     evidence_invalid: list[str] | None = None
 
