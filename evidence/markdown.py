@@ -19,6 +19,7 @@ from evidence.commits import commits_sentences
 from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
 from evidence.headline import caveats
 from evidence.history import history_sentences, plural, short
+from evidence.peak import fastest_lines
 from evidence.schemas import CorpusInfo, Provenance, TargetInfo
 from evidence.spec_text import flags_text
 from evidence.summary_schema import (
@@ -31,6 +32,7 @@ from evidence.summary_schema import (
     DriftLine,
     History,
     HistoryPoint,
+    Peak,
     PhaseTimes,
     ReproductionRun,
     RunDrift,
@@ -591,6 +593,35 @@ def render_summary_md(
     return text
 
 
+def peak_lines(peak: Peak, *, compact: bool = False) -> list[str]:
+    """The achieved FLOP rate per context and variant against the device's peak
+    (evidence/peak.py), and how far the fastest variant is from it."""
+    lines = ["### Achieved FLOP rate against the device's peak", ""]
+    for run in peak.runs:
+        if run.peak_tflops is None:
+            lines.append(f"- run {md_code(run.run_id)}: the device's peak is unknown")
+        else:
+            lines.append(
+                f"- run {md_code(run.run_id)}: {md_text(run.device)}, peak "
+                f"{run.peak_tflops:.4g} TFLOP/s {md_text(run.dtype)} ({md_text(run.source)})"
+            )
+    lines += [f"- {md_text(line)}" for line in fastest_lines(peak)]
+    if not compact and peak.rates:
+        rows = [
+            [
+                r.context_tokens,
+                md_text(r.variant),
+                f"{r.tflops_median:.4g}",
+                "n/a" if r.share_of_peak is None else f"{r.share_of_peak:.1%}",
+                r.n,
+            ]
+            for r in peak.rates
+        ]
+        lines += ["", *_table(["context", "variant", "TFLOP/s (median)", "of peak", "cells"], rows)]
+    lines += ["", f"_{md_text(peak.flop_rule)}; {md_text(peak.rule)}._"]
+    return lines
+
+
 def canary_lines(canary: Canary) -> list[str]:
     """One line per run's warm canary (evidence/canary.py): what the cold check made of it."""
     lines = []
@@ -882,6 +913,8 @@ def _render(
             ],
             memory_rows(summary),
         )
+    if summary.peak is not None:
+        lines += ["", *peak_lines(summary.peak, compact=compact)]
     if not compact:
         lines += [
             "",

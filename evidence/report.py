@@ -42,6 +42,7 @@ from evidence.markdown import (
     verdict_rows,
     verify_command,
 )
+from evidence.peak import fastest_lines
 from evidence.schemas import Provenance, Record
 from evidence.spec_text import flags_text
 from evidence.summary_schema import (
@@ -673,6 +674,8 @@ def render_report_html(
         "parity_rows": [c for c in summary.parity.cells if c.result != "exact"][:_MAX_ROWS],
         "invalid_cells": summary.invalid.cells[:_MAX_ROWS],
         "canary_lines": canary_lines(summary.canary) if summary.canary else [],
+        "peak": summary.peak,
+        "peak_lines": fastest_lines(summary.peak) if summary.peak else [],
         "file_digests": sorted((file_digests or {}).items()),
         "figures": figures,
         "figures_json": _script_json(figures),

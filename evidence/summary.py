@@ -24,6 +24,7 @@ from evidence.commits import commits_section
 from evidence.drift import drift_section
 from evidence.history import history_section
 from evidence.parity import PARITY_MARGIN_THRESHOLD, parity_section
+from evidence.peak import over_peak, peak_section
 from evidence.reproduction import reproduction_section
 from evidence.schemas import CANARY_ROUND, JobSpec, Provenance, Record
 from evidence.stats import (
@@ -225,6 +226,8 @@ def summarize(
         precision = spec.precision if spec is not None else DEFAULT_PRECISION
     if seed is None:
         seed = spec.seed if spec is not None else 0
+    # A cell faster than its device can compute has a wrong timing: invalid before any statistic.
+    records = over_peak(records, provenances)
     prior = calibrated_bound(provenances)
     options = StatsOptions(
         precision=precision, seed=seed, n_resamples=n_resamples, process_pair_sd=prior
@@ -291,6 +294,9 @@ def summarize(
     canary = canary_section(records, run_ids)
     if canary is not None:
         conditional["canary"] = canary
+    peak = peak_section(records, provenances)
+    if peak is not None:
+        conditional["peak"] = peak
     builds = builds_section(provenances)
     if builds is not None:
         conditional["mlx_builds"] = builds

@@ -251,6 +251,37 @@ class MlxBuilds(_Section):
     runs_with_different_builds: list[str]
 
 
+# --- achieved FLOP rate against the device's peak (evidence/peak.py) ----------------------
+
+
+class PrefillRate(_Section):
+    run_id: str
+    context_tokens: int
+    variant: str
+    n: int
+    flops_per_cell: float
+    tflops_median: float
+    share_of_peak: float | None
+
+
+class RunPeak(_Section):
+    run_id: str
+    device: str | None
+    peak_tflops: float | None
+    dtype: str | None
+    source: str | None
+    measured: bool
+    # cells left out of the statistics: their rate was above the peak's limit
+    over_peak: int
+
+
+class Peak(_Section):
+    runs: list[RunPeak]
+    rates: list[PrefillRate]
+    flop_rule: str
+    rule: str
+
+
 # --- parity ---------------------------------------------------------------------------------
 
 
@@ -580,6 +611,7 @@ class Summary(_Section):
     commits: Commits | None = None
     canary: Canary | None = None
     mlx_builds: MlxBuilds | None = None
+    peak: Peak | None = None
     # Why this evidence as a whole cannot be trusted (a warm canary judged cold); unset: none.
     evidence_invalid: list[str] | None = None
 
