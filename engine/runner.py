@@ -55,6 +55,7 @@ from engine.canary import (
 from engine.memory import release_cached_buffers
 from engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, CellRequest, Plan
 from engine.record import CellRecord, Measurement, clip, now_iso, one_line
+from engine.telemetry import GpuTelemetry
 
 log = logging.getLogger("engine.runner")
 
@@ -65,6 +66,8 @@ class VariantProcess:
         self.adapter = adapter
         self.out = out
         self.records = open(plan.records_path, "a", encoding="utf-8")  # noqa: SIM115
+        # opened at the first cell: nothing touches the device before the load gate
+        self.telemetry: GpuTelemetry | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
         self.out.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -76,6 +79,11 @@ class VariantProcess:
         round_ = -1 if warmup else CANARY_ROUND if canary else request.round
         order = -1 if warmup else CANARY_ORDER if canary else request.order
         started_at = now_iso()
+        if self.telemetry is None:
+            from engine.backend import detect_backend
+
+            self.telemetry = GpuTelemetry.open(detect_backend())
+        before = self.telemetry.start()
         try:
             if canary:
                 measured = self.adapter.canary_cell(request.context_tokens)
@@ -87,6 +95,8 @@ class VariantProcess:
             else:
                 log.exception("cell %s failed", request)
             measured = Measurement.failed(one_line(error), started_at=started_at)
+        # read after the cell, outside its timing (engine/telemetry.py)
+        measured.counters.update(self.telemetry.finish(before))
         cell = CellRecord.of(
             measured,
             run_id=self.plan.run_id,

@@ -15,6 +15,7 @@ from evidence.canary import canary_caveats
 from evidence.schemas import Provenance, TargetInfo
 from evidence.spec_text import flags_text
 from evidence.summary_schema import Comparison, Summary, counts_pairs_by_design_effect
+from evidence.telemetry import telemetry_caveats
 
 # More variants than this are named by count (an ablation's none, all and all-minus-f).
 _MAX_NAMED = 6
@@ -76,6 +77,7 @@ def caveats(summary: Summary) -> list[str]:
     found += list(summary.evidence_invalid or [])
     found += canary_caveats(summary.canary)
     found += builds_caveats(summary.mlx_builds)
+    found += telemetry_caveats(summary.telemetry)
     found += _drift_caveats(summary)
     invalid = summary.invalid
     if invalid.total:

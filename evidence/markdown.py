@@ -40,6 +40,7 @@ from evidence.summary_schema import (
     Summary,
     counts_pairs_by_design_effect,
 )
+from evidence.telemetry import telemetry_lines
 
 # Anything with a median ratio and its interval: a comparison, a history point, a host's
 # reproduction, a bracketing row.
@@ -915,6 +916,8 @@ def _render(
         )
     if summary.peak is not None:
         lines += ["", *peak_lines(summary.peak, compact=compact)]
+    if summary.telemetry is not None:
+        lines += ["", *(f"- {md_text(line)}" for line in telemetry_lines(summary.telemetry))]
     if not compact:
         lines += [
             "",

@@ -53,6 +53,7 @@ from evidence.summary_schema import (
     Quantiles,
     Summary,
 )
+from evidence.telemetry import telemetry_lines
 
 TEMPLATES = Path(__file__).parent / "templates"
 _MAX_ROWS = 500
@@ -675,6 +676,7 @@ def render_report_html(
         "invalid_cells": summary.invalid.cells[:_MAX_ROWS],
         "canary_lines": canary_lines(summary.canary) if summary.canary else [],
         "peak": summary.peak,
+        "telemetry_lines": telemetry_lines(summary.telemetry) if summary.telemetry else [],
         "peak_lines": fastest_lines(summary.peak) if summary.peak else [],
         "file_digests": sorted((file_digests or {}).items()),
         "figures": figures,

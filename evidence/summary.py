@@ -51,6 +51,7 @@ from evidence.summary_schema import (
     Summary,
     decisive_interval,
 )
+from evidence.telemetry import telemetry_section
 from evidence.timeline import Timeline, timeline_section
 from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
 
@@ -294,6 +295,9 @@ def summarize(
     canary = canary_section(records, run_ids)
     if canary is not None:
         conditional["canary"] = canary
+    telemetry = telemetry_section(records, run_ids)
+    if telemetry is not None:
+        conditional["telemetry"] = telemetry
     peak = peak_section(records, provenances)
     if peak is not None:
         conditional["peak"] = peak

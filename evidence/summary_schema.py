@@ -282,6 +282,30 @@ class Peak(_Section):
     rule: str
 
 
+# --- GPU telemetry (evidence/telemetry.py) --------------------------------------------------
+
+
+class RunTelemetry(_Section):
+    run_id: str
+    source: str | None
+    # why there is none (the CPU backend, no NVML): every value below is then None or 0
+    unavailable: str | None
+    cells: int
+    sm_clock_mhz_median: float | None
+    sm_clock_mhz_min: float | None
+    power_w_max: float | None
+    temperature_c_max: float | None
+    throttled_cells: int
+    throttle_reasons: list[str]
+    clock_drop_pct: float | None
+    flagged: bool
+
+
+class Telemetry(_Section):
+    runs: list[RunTelemetry]
+    rule: str
+
+
 # --- parity ---------------------------------------------------------------------------------
 
 
@@ -612,6 +636,7 @@ class Summary(_Section):
     canary: Canary | None = None
     mlx_builds: MlxBuilds | None = None
     peak: Peak | None = None
+    telemetry: Telemetry | None = None
     # Why this evidence as a whole cannot be trusted (a warm canary judged cold); unset: none.
     evidence_invalid: list[str] | None = None
 

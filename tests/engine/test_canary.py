@@ -63,6 +63,12 @@ def test_the_warm_canary_is_caught_and_kept_out_of_the_statistics(
     # never counted as an invalid cell of the matrix, never in the descriptive statistics
     assert summary.invalid.total == 0 and summary.descriptive[0].n == 2
     assert "caught, as it must be" in render_summary_md(summary, [])
+    # every cell of the CPU runner says why it has no GPU telemetry (engine/telemetry.py)
+    assert all(r.counters["gpu.sm_clock_mhz"] is None for r in records)
+    assert {r.counters["gpu.telemetry_unavailable"] for r in records} == {
+        "the cpu backend has no NVML device"
+    }
+    assert summary.telemetry is not None and summary.telemetry.runs[0].source is None
 
 
 def test_a_blind_cold_check_lets_the_canary_pass_and_the_run_is_marked_invalid(
