@@ -669,6 +669,23 @@ def history_lines(history: History) -> list[str]:
         )
     else:
         lines.append("No step: every pair of neighbouring intervals overlaps.")
+    if history.change_points:
+        rows = [
+            [
+                cut.context_tokens,
+                md_text(short(cut.commit, cut.variant)),
+                f"{md_text(cut.first_variant)} .. {md_text(cut.last_variant)}",
+                f"{cut.level_before:.3f} to {cut.level_after:.3f}",
+                "**step**" if cut.kind == "step" else "drift",
+            ]
+            for cut in history.change_points
+        ]
+        lines += [
+            "",
+            *_table(["context", "change point at", "levels over", "level", "kind"], rows),
+            "",
+            f"_{md_text(history.change_point_rule or '')}._",
+        ]
     skipped = [c for c in history.commits if c.skipped]
     if skipped:
         lines.append("")

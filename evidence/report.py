@@ -329,6 +329,17 @@ def _history_view(history: History) -> dict[str, Any]:
             }
             for step in history.steps
         ],
+        "change_points": [
+            {
+                "context": cut.context_tokens,
+                "at": short(cut.commit, cut.variant),
+                "over": f"{cut.first_variant} .. {cut.last_variant}",
+                "levels": f"{cut.level_before:.3f} to {cut.level_after:.3f}",
+                "kind": cut.kind,
+            }
+            for cut in history.change_points or []
+        ],
+        "change_point_rule": history.change_point_rule,
         "skipped": [
             {"commit": short(c.commit, c.variant), "reason": c.skipped}
             for c in history.commits

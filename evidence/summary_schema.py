@@ -495,6 +495,20 @@ class HistoryStep(_Section):
     direction: Literal["slower", "faster"]
 
 
+class HistoryChangePoint(_Section):
+    """Where the change-point library cut a context's series (evidence/history.py): the level
+    of the commits before and after, and whether the paired step rule names a step there."""
+
+    context_tokens: int
+    variant: str  # the first commit of the new level
+    commit: str | None
+    first_variant: str  # the first commit of the level before
+    last_variant: str  # the last commit of the new level
+    level_before: float
+    level_after: float
+    kind: Literal["step", "drift"]
+
+
 class History(_Section):
     range: str | None
     every: int | None
@@ -504,6 +518,9 @@ class History(_Section):
     series: list[HistorySeries]
     steps: list[HistoryStep]
     rule: str
+    # Set by summaries since change points were added (absent in older summary.json).
+    change_points: list[HistoryChangePoint] | None = None
+    change_point_rule: str | None = None
 
 
 # --- bisect -----------------------------------------------------------------------------------
