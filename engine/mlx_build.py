@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import hashlib
+import json
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -92,8 +93,6 @@ def _origin(distribution: metadata.Distribution | None, core_file: Path) -> tupl
     name = f"{distribution.metadata['Name']} {distribution.version}"
     direct = distribution.read_text("direct_url.json")
     if direct:
-        import json
-
         try:
             value = json.loads(direct)
         except ValueError:
