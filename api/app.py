@@ -35,7 +35,7 @@ from api.database import (
     make_sessionmaker,
     upgrade_database,
 )
-from api.deps import SessionDep
+from api.deps import DatabaseDep, SessionDep
 from api.errors import ServiceError
 from api.evidence.router import router as evidence_router
 from api.github.config import load_github_config
@@ -48,6 +48,8 @@ from api.rehearsal import rehearse
 from api.routing import (
     BodyLimitMiddleware,
     CompressionMiddleware,
+    DoorMiddleware,
+    DoorRefused,
     StrictJSONRoute,
     finite_or_text,
 )
@@ -56,7 +58,7 @@ from api.runs.models import Run
 from api.runs.router import router as runs_router
 from api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from api.settings import Settings, get_settings
-from api.transactions import AsyncDatabase, make_async_engine
+from api.transactions import AsyncDatabase, Execute, Program, make_async_engine
 from evidence.protocol import API_PREFIX, ErrorBody, FieldError, RunState
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,13 @@ def _install_metrics(app: FastAPI) -> None:
             runs_by_state.labels(state).set(counts.get(state, 0))
         artifact_bytes.set(total_artifact_bytes(db_session=db_session))
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+_SELECT_ONE = sa.select(sa.literal(1))
+
+
+def _select_one() -> Program[None]:
+    yield Execute(_SELECT_ONE)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -209,6 +218,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ]
         return JSONResponse({"detail": finite_or_text(jsonable_encoder(errors))}, status_code=422)
 
+    @app.exception_handler(DoorRefused)
+    async def _door_refused(_request: Request, error: DoorRefused) -> JSONResponse:
+        # Text the door refuses (api/routing.py): the field and what is wrong, never the text.
+        body = ErrorBody(detail=str(error.detail), field=error.field)
+        return JSONResponse(body.model_dump(exclude_none=True), status_code=422)
+
     @app.exception_handler(sa.exc.SQLAlchemyError)
     async def _database_error(request: Request, error: sa.exc.SQLAlchemyError) -> JSONResponse:
         # The sync sessions' (pages, lists, registration); the async engine's transactions
@@ -255,6 +270,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         db_session.execute(sa.text("SELECT 1"))
         return {"status": "ok"}
 
+    @app.get("/healthz/pool", include_in_schema=False)
+    async def healthz_pool(db: DatabaseDep) -> dict[str, str]:
+        """One `SELECT 1` through the async engine's pool, which the agents' requests and
+        submissions use (healthz's is the sync one): a probe of that pool, and the floor that
+        benchmarks/service_load.py measures leases and submissions against in the same run
+        (the stack's own cost of a request with one round trip, under the same load)."""
+        await db.read(_select_one)
+        return {"status": "ok"}
+
     _install_metrics(app)
 
     def body_limit(scope: Scope) -> int:
@@ -263,6 +287,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return settings.max_artifact_bytes
         return settings.max_request_body_bytes
 
+    # Innermost of these three: the door reads a JSON body whole, within the body limit.
+    app.add_middleware(DoorMiddleware)
     app.add_middleware(CompressionMiddleware, skip=WORKER_PROTOCOL_PATH)
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)
     return app

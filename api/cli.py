@@ -6,13 +6,52 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
+from evidence.boundary import door_text_problem
+
+
+def argument_refusal(args: list[str]) -> str | None:
+    """The door's rule (evidence/boundary.py) on command-line arguments: what is wrong with
+    the first one it refuses, naming it (`--set`, `argument 2`), else None. An argument that
+    is not UTF-8 reaches Python as lone surrogates (surrogateescape) and is refused as such."""
+    for index, arg in enumerate(args):
+        problem = door_text_problem(arg)
+        if problem is None:
+            continue
+        if arg.startswith("--") and "=" in arg:
+            field = arg.split("=", 1)[0]
+        elif index and args[index - 1].startswith("-"):
+            field = args[index - 1]
+        else:
+            field = f"argument {index + 1}"
+        if door_text_problem(field) is not None:
+            field = f"argument {index + 1}"
+        return f"{field}: {problem}"
+    return None
+
+
+class DoorGroup(TyperGroup):
+    """A command group whose every argument, of any of its commands, passes the door's rule
+    before a command parses it: nothing an admin types can reach the database unchecked."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        refusal = argument_refusal(args)
+        if refusal is not None:
+            typer.echo(f"error: {refusal}", err=True)
+            raise typer.Exit(2)
+        return super().parse_args(ctx, args)
+
 
 app = typer.Typer(add_completion=False)
 db_app = typer.Typer(help="Database schema: Alembic migrations.", no_args_is_help=True)
 admin_app = typer.Typer(
-    help="Enrollment tokens, API keys, host labels and revocation.", no_args_is_help=True
+    cls=DoorGroup,
+    help="Enrollment tokens, API keys, host labels and revocation.",
+    no_args_is_help=True,
 )
 celery_app = typer.Typer(
     help="Celery worker and beat of the central service.", no_args_is_help=True
@@ -160,11 +199,12 @@ def fail_on_service_error() -> Iterator[None]:
 def admin_labels(
     host: str = typer.Argument(..., help="the host's name (or worker id)"),
     set_: str = typer.Option(
-        ..., "--set", help="comma-separated labels replacing the host's own ('' clears them)"
+        ..., "--set", help="comma-separated labels replacing the admin's ('' clears them)"
     ),
 ) -> None:
-    """Replace a host's labels (lease matching uses them with the automatic host:, backend:,
-    os: labels, which cannot be set)."""
+    """Replace the admin's labels of a host. The labels the host derives itself (corpus:,
+    chip:, mem:, its worker.toml's) are kept; lease matching uses both with the automatic
+    host:, backend:, os: labels, which cannot be set."""
     from api.hosts import service
 
     wanted = [label.strip() for label in set_.split(",") if label.strip()]
@@ -177,7 +217,8 @@ def admin_labels(
             db_session=db_session, name_or_id=host, labels=wanted, actor="admin:cli"
         )
         typer.echo(",".join(row.labels))
-        typer.echo(f"labels of {row.name} ({row.id}) set", err=True)
+        kept = f"; the host's own kept: {','.join(row.host_labels)}" if row.host_labels else ""
+        typer.echo(f"admin labels of {row.name} ({row.id}) set{kept}", err=True)
 
 
 @admin_app.command("revoke")

@@ -1,5 +1,16 @@
-"""HTTP plumbing every route shares: strict JSON bodies and the request-body limit.
+"""HTTP plumbing every route shares: the door's text rule, strict JSON bodies and the
+request-body limit.
 
+- `DoorMiddleware` is the door, before every route of the app whatever its router or route
+  class: the request's path, query and headers (cookies are a header) hold no NUL, no query
+  value is longer than `MAX_DOOR_TEXT_CHARS`, and a JSON body (`application/json`, `+json`)
+  is strict UTF-8 whose strings hold no NUL, no lone surrogate and no more than
+  `MAX_DOOR_TEXT_CHARS` characters (`evidence.boundary.door_check_json`). A refusal is 422
+  naming the field (`{"detail": "fingerprint.chip: holds the lone surrogate U+D800 (not
+  UTF-8)", "field": "fingerprint.chip"}`); no schema, service or statement sees the text, so
+  no route can forget the rule and nothing stored can fail a later read. Forms are held to the
+  same rule field by field where they are parsed (`form_refusal`, on the routes'
+  `StrictJSONRoute`); an upload's bytes are its route's (`api/artifacts/router.py`).
 - `StrictJSONRoute` parses JSON bodies with `evidence.boundary.strict_json_loads`: `Infinity`,
   `-Infinity`, `NaN` and numbers that overflow a float (`1e999`, which Python's json module
   reads as infinity) are refused (PostgreSQL's JSON type, canonical JSON and the error encoder
@@ -18,13 +29,141 @@ import math
 import re
 from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import parse_qsl
 
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
+from starlette.datastructures import FormData
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from evidence.boundary import strict_json_loads
+from evidence.boundary import (
+    MAX_DOOR_TEXT_CHARS,
+    TextRefused,
+    door_check_json,
+    door_text_problem,
+    strict_json_loads,
+)
+
+
+class DoorRefused(HTTPException):
+    """Text the door refuses (evidence.boundary's rule): answered 422 with the field it names
+    (api/app.py maps it). An HTTPException, so FastAPI's body parsing passes it on as it is."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(status_code=422, detail=f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+    @classmethod
+    def of(cls, refused: TextRefused) -> DoorRefused:
+        return cls(refused.field, refused.problem)
+
+    def body(self) -> bytes:
+        return json.dumps({"detail": self.detail, "field": self.field}).encode()
+
+
+_NUL = "holds NUL (U+0000)"
+
+
+def scope_text_refusal(scope: Scope) -> DoorRefused | None:
+    """The door's rule on what precedes the body: the path, the query string and the headers
+    hold no NUL, and no query value is longer than `MAX_DOOR_TEXT_CHARS`. Nothing else can be
+    refused there: the server decodes the path and query as UTF-8 with replacement
+    characters, and headers as Latin-1, so they hold no surrogate; the lengths of the path and
+    the headers are the HTTP server's to bound."""
+    for name, value in scope["headers"]:
+        if b"\x00" in value:
+            return DoorRefused(f"header {name.decode('latin-1')}", _NUL)
+    if "\x00" in scope["path"]:
+        return DoorRefused("path", _NUL)
+    query: bytes = scope.get("query_string", b"")
+    if query and (b"%00" in query or b"\x00" in query or len(query) > MAX_DOOR_TEXT_CHARS):
+        for name, param in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+            for text in (name, param):
+                if (problem := door_text_problem(text)) is not None:
+                    return DoorRefused(f"query parameter {name[:40]!r}", problem)
+    return None
+
+
+def _is_json(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            kind = value.split(b";", 1)[0].strip().lower()
+            return kind.startswith(b"application/") and (
+                kind == b"application/json" or kind.endswith(b"+json")
+            )
+    return False
+
+
+class DoorMiddleware:
+    """The door (the module docstring): refuses, before the app sees the request, text that
+    PostgreSQL's `text` and `jsonb` cannot hold, with 422 naming the field. A JSON body is
+    read whole first (BodyLimitMiddleware, outside, bounds it), checked, and handed to the app
+    as one message; what the app receives after it (a client's disconnect, which a lease's
+    long-poll waits for) comes from the server as before."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    @staticmethod
+    async def _refuse(send: Send, refusal: DoorRefused) -> None:
+        body = refusal.body()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 422,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = scope_text_refusal(scope)
+        if refusal is not None:
+            await self._refuse(send, refusal)
+            return
+        if not _is_json(scope):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        held: list[Message] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                held.append(message)  # the client left: the app sees that as before
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            door_check_json(body)
+        except TextRefused as refused:
+            await self._refuse(send, DoorRefused.of(refused))
+            return
+        replay = [{"type": "http.request", "body": body, "more_body": False}, *held]
+
+        async def replayed() -> Message:
+            return replay.pop(0) if replay else await receive()
+
+        await self.app(scope, replayed, send)
+
+
+def form_refusal(form: FormData) -> DoorRefused | None:
+    """The door's rule on each field of a form (names and text values; a file's bytes are
+    its route's to judge)."""
+    for name, value in form.multi_items():
+        for text in (name, value) if isinstance(value, str) else (name,):
+            if (problem := door_text_problem(text)) is not None:
+                return DoorRefused(f"form field {name[:40]!r}", problem)
+    return None
 
 
 class _StrictJSONRequest(Request):
@@ -32,6 +171,13 @@ class _StrictJSONRequest(Request):
         if not hasattr(self, "_json"):
             self._json = strict_json_loads(await self.body())
         return self._json
+
+    async def _get_form(self, **limits: Any) -> FormData:
+        form = await super()._get_form(**limits)
+        refusal = form_refusal(form)
+        if refusal is not None:
+            raise refusal
+        return form
 
 
 class StrictJSONRoute(APIRoute):

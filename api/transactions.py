@@ -34,8 +34,10 @@ Requests that arrive together and do the same short transaction (lease claims, j
 submissions) can share one: `Database.run_grouped` is a group commit. A request adds its item
 to its process's queue for that program and waits; a task takes every waiting item (up to
 `GROUP_MAX_ITEMS`), runs `make_program(items)` as one transaction, and hands each request its
-own answer, or its own error (an `Exception` in the answer's place fails only that request; an
-error of the transaction fails all of its items). Up to `GROUP_TRANSACTIONS_MAX` such
+own answer, or its own error (an `Exception` in the answer's place fails only that request).
+A transaction that fails otherwise wrote nothing: its halves run again alone, down to the one
+item that fails (`_Group._answer`), so no request can fail another's; only an unavailable
+database fails every item. Up to `GROUP_TRANSACTIONS_MAX` such
 transactions run at once; items that arrive while that many run form the next. Why: on this
 stack a transaction of one statement costs the API process about 0.4 ms of CPU (the pool,
 BEGIN, COMMIT, the async adaptation, in one greenlet: `AsyncDatabase._transaction`) and each
@@ -71,6 +73,7 @@ from api.database import (
     postgres_timeouts,
     sqlite_pragmas,
 )
+from api.errors import ServiceError
 from api.runs import wakeup
 
 log = logging.getLogger(__name__)
@@ -235,6 +238,42 @@ class _Group(Generic[Item, T]):
         # may be part of runs to its end for the others.
         return await future
 
+    async def _answer(
+        self, database: AsyncDatabase, batch: list[tuple[Item, asyncio.Future[T]]]
+    ) -> None:
+        """One transaction for `batch`; each future gets its own answer. A transaction that
+        fails with anything but a service's own error (a statement the database or its
+        driver refuses: a value no check caught) was rolled back, so it wrote nothing: its
+        halves run again, each in a transaction of its own, until the member that fails is
+        alone. One request can fail only its own answer; the others commit. An unavailable
+        database (DatabaseUnavailable, a ServiceError) fails them all at once: whatever ran
+        next would wait as long."""
+        try:
+            answers = await database.run(partial(self.make_program, [item for item, _ in batch]))
+        except Exception as error:
+            if len(batch) > 1 and not isinstance(error, ServiceError):
+                log.warning(
+                    "a grouped transaction of %d requests failed (%s); running its halves alone",
+                    len(batch),
+                    str(error).splitlines()[0][:200] if str(error) else type(error).__name__,
+                )
+                middle = len(batch) // 2
+                await self._answer(database, batch[:middle])
+                await self._answer(database, batch[middle:])
+                return
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        for index, (_, future) in enumerate(batch):
+            if future.done():
+                continue
+            answer = answers[index]
+            if isinstance(answer, Exception):
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
+
     async def _serve(self, database: AsyncDatabase) -> None:
         try:
             while self.waiting:
@@ -242,23 +281,7 @@ class _Group(Generic[Item, T]):
                 del self.waiting[:GROUP_MAX_ITEMS]
                 if not batch:
                     continue
-                try:
-                    answers = await database.run(
-                        partial(self.make_program, [item for item, _ in batch])
-                    )
-                except Exception as error:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(error)
-                    continue
-                for index, (_, future) in enumerate(batch):
-                    if future.done():
-                        continue
-                    answer = answers[index]
-                    if isinstance(answer, Exception):
-                        future.set_exception(answer)
-                    else:
-                        future.set_result(answer)
+                await self._answer(database, batch)
         finally:
             self.servers.discard(cast("asyncio.Task[None]", asyncio.current_task()))
             if not self.servers:

@@ -1,42 +1,37 @@
 """How often the verdicts call identical code faster or slower, and how often they find a real
-effect, when every process carries a speed offset of its own (not a test; the tests import it).
+effect, under the noise a benchmark host really has (not a test; the tests import it).
 
-Model of one simulated job: variants `a` (the baseline), `b` and `c` at one context, `rounds`
-rounds. Each process of a variant has a log-speed offset drawn from N(0, process_sd); each cell
-adds N(0, pair_sd / sqrt(2)) (so a paired ratio has noise pair_sd); a planted effect multiplies
-`c`'s speed by `effect`. Designs:
+One simulated job: variants `a` (the baseline), `b`, `c` and `d` at two contexts, so six
+comparisons corrected as one family, as in a job with three candidates. `d` carries the planted
+effect (a factor on its tok/s; 1.0 for an A/A job), `b` and `c` are always identical to `a`.
+Each variant gets a fresh process every block of rounds (the job's default block, or one per
+round measuring until decided). A cell's log tok/s is the sum of:
 
-- `one process`: one process per variant for the whole run (coldbench before process
-  rotation); records carry no `process`, so the per-round statistics apply.
-- `blocks of R`: every variant gets a fresh process every R rounds; records carry `process`.
-- `blocks of R, per-round statistics`: the same records with `process` removed, analysed as if
-  rounds were independent (to show that rotation alone is not enough).
-- `calibrated`: the host is calibrated first, as `coldbench calibrate` does (`CAL_RUNS` runs of
-  a, b, c and a planted p, one block of `CAL_ROUNDS` rounds each, at the same process and pair
-  SD), its noise gives the block length (`evidence.calibration.block_length`, with a block
-  start of `START_S` seconds against a cell of `CELL_S`) and the statistics count pairs with
-  the design effect of the calibrated bound (`StatsOptions.process_pair_sd`). A new
-  calibration every `RECALIBRATE` jobs, so the rates include the calibrations' own spread.
+- its process's offset, N(0, process SD) (`bimodal`: +-process SD with a random sign);
+- the round's shared speed, N(0, 2%) (it cancels in a pair);
+- the cell's own noise, N(0, pair SD / sqrt 2) (`t3`: Student t with 3 degrees of freedom,
+  scaled to the same SD);
+- `drift`: a linear trend of the whole host over the run, -5% to +5% by the job's seed;
+- `step`: the whole host 5% faster from the middle round on;
+- `outliers`: 1% of cells 5x slow (a stalled cell), on any variant;
+- `order`: the first cell of each round 1% slow (the order rotates every round).
 
-Each job is analysed by the real `evidence.stats.compare_matrix` (two comparisons, b/a and c/a,
-Holm-corrected as one family). An A/A job (effect 1.0) counts as a false claim when either
-comparison is `faster` or `slower`; a planted job (c's speed times `--effect`) counts as found
-when c/a gets the verdict of the planted direction. Each row prints both rates of one design
-and noise, each with its exact binomial 95% interval: how far Monte Carlo noise alone could put
-the rate from the design's true one. A rate above 5% whose interval still reaches 5% is noise at
-this many jobs; one whose interval lies above 5% is a real excess. The planted rate is the
-power, so a rule that never claims anything shows as one that never finds anything. The last
-line names the highest A/A rate and says which of the two it is.
+Every job is analysed by the real statistics: `evidence.summary.prefill_verdicts_at_look`, the
+check a run measuring until decided makes after each look, and the summary's own rule. A fixed
+job is analysed once at its rounds; a job measuring until decided is analysed at each look
+(first look 10 rounds, doubling, budget 40) and stops at the first where every comparison is
+decided. Per row, with exact binomial 95% intervals (how far Monte Carlo noise alone could put
+the rate from the design's true one):
 
-Default: the final rule (`calibrated`) and the default blocks of a host without a calibration,
-process SD 0-2%, 2,000 A/A and 500 planted jobs per row; `--designs` adds the designs before
-them. Seeded: the same numbers with any `--workers`.
+- A/A jobs with any `faster`/`slower` claim (the target: 5% or less per job);
+- planted comparisons found (the verdict of the planted direction) and of the wrong sign;
+- coverage: the share of all comparisons whose interval holds its true ratio (each interval is
+  at level 1 - 0.05 / 6 or higher, so 99.2% or more is the stated level);
+- the mean rounds measured (until decided: where the jobs stopped).
 
     PYTHONPATH=. python benchmarks/aa_simulation.py --workers 2
-    PYTHONPATH=. python benchmarks/aa_simulation.py --designs calibrated --process-sd 0.01 \\
-        --jobs 10000 --planted-jobs 0
-    PYTHONPATH=. python benchmarks/aa_simulation.py --designs one-process per-round \\
-        default blocks-of-1 calibrated --process-sd 0.01 --jobs 400
+    PYTHONPATH=. python benchmarks/aa_simulation.py --models gauss outliers --rounds 6 12 24 \\
+        --jobs 2000 --planted-jobs 500
 """
 
 from __future__ import annotations
@@ -47,152 +42,160 @@ import hashlib
 import math
 import operator
 from collections import Counter
-from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import numpy as np
 from scipy import stats as scipy_stats
 
-from evidence.calibration import block_length, noise_of
-from evidence.schemas import HostNoise, Record
-from evidence.stats import CellIndex, StatsOptions, calibration_sums, compare_matrix
+from evidence.schemas import JobSpec, Record, default_rounds_per_process
+from evidence.summary import all_decided, prefill_verdicts_at_look
 
-VARIANTS = ("a", "b", "c")
-CONTEXT = 16384
+VARIANTS = ("a", "b", "c", "d")
+PLANTED = "d"
+CONTEXTS = (4096, 16384)
 _MOMENT = datetime(2026, 12, 1, tzinfo=UTC)
+NOISE_MODELS = ("gauss", "t3", "outliers", "drift", "step", "bimodal", "order")
+# Measuring until decided: the budget in rounds (four first looks of ten).
+DECIDED_BUDGET = 40
 
 
 @dataclass(frozen=True)
 class Scenario:
-    name: str
-    rounds: int = 24
-    rounds_per_process: int | None = None  # None: one process per variant for the whole run
-    per_round_statistics: bool = False  # drop `process` before the analysis
+    model: str = "gauss"
+    rounds: int = 24  # the job's rounds (until decided: the budget)
+    until_decided: bool = False
     process_sd: float = 0.01
     pair_sd: float = 0.0075
-    effect: float = 1.0  # c's true speed relative to a and b
-    calibrated: bool = False  # the host's calibration sets the blocks and the statistics
+    effect: float = 1.0  # d's true speed relative to a, b and c
 
+    @property
+    def name(self) -> str:
+        how = f"until decided, budget {self.rounds}" if self.until_decided else f"{self.rounds}"
+        return f"{self.model}, {how} rounds"
 
-# The calibrated design (module docstring): an H200-like cost of a block start and of a cell.
-CAL_RUNS = 10
-CAL_ROUNDS = 12
-START_S = 8.0
-CELL_S = 0.75
-RECALIBRATE = 20
+    def spec(self) -> JobSpec:
+        return JobSpec.model_validate(
+            {
+                "variants": [{"name": name} for name in VARIANTS],
+                "contexts": list(CONTEXTS),
+                "rounds": self.rounds,
+                "until": "decided" if self.until_decided else "rounds",
+            }
+        )
 
 
 def _sha(*parts: object) -> str:
     return hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
 
 
-def simulate_job(
-    scenario: Scenario, seed: int, *, variants: tuple[str, ...] = VARIANTS, planted: str = "c"
-) -> list[Record]:
+def simulate_job(scenario: Scenario, seed: int) -> list[Record]:
     """The `ok` records of one simulated job (a seeded pure function of its arguments)."""
     rng = np.random.default_rng(seed)
-    per_process = scenario.rounds_per_process or scenario.rounds
-    offsets: dict[tuple[str, int], float] = {}
+    spec = scenario.spec()
+    block = 1 if scenario.until_decided else default_rounds_per_process(scenario.rounds)
+    model = scenario.model
     cell_sd = scenario.pair_sd / math.sqrt(2)
+    drift = float(rng.uniform(-0.05, 0.05)) if model == "drift" else 0.0
+    offsets: dict[tuple[str, int], float] = {}
     records = []
-    for round_index in range(scenario.rounds):
-        block = round_index // per_process
-        round_speed = float(rng.normal(0, 0.02))  # shared by the round's cells: cancels in pairs
-        for variant in variants:
-            if (variant, block) not in offsets:
-                offsets[(variant, block)] = float(rng.normal(0, scenario.process_sd))
-            log_speed = offsets[(variant, block)] + round_speed + float(rng.normal(0, cell_sd))
-            if variant == planted:
-                log_speed += math.log(scenario.effect)
-            tps = 27_000.0 * math.exp(log_speed)
-            process = None
-            if scenario.rounds_per_process is not None and not scenario.per_round_statistics:
-                process = block + 1
-            records.append(
-                Record.model_construct(
-                    run_id="sim",
-                    variant=variant,
-                    round=round_index,
-                    order=0,
-                    context_tokens=CONTEXT,
-                    prompt_tokens=CONTEXT,
-                    prompt_sha256=_sha(seed, round_index),
-                    cached_tokens=0,
-                    prefill_s=CONTEXT / tps,
-                    prefill_tps=tps,
-                    decode_tps=None,
-                    status="ok",
-                    reason=None,
-                    started_at=_MOMENT,
-                    process=process,
+    for round_index in range(spec.rounds):
+        process_block = round_index // block
+        round_speed = float(rng.normal(0, 0.02))
+        host = drift * round_index / max(spec.rounds - 1, 1)
+        if model == "step" and round_index >= spec.rounds // 2:
+            host += math.log(1.05)
+        for position in range(len(VARIANTS)):
+            variant = VARIANTS[(position + round_index) % len(VARIANTS)]
+            if (variant, process_block) not in offsets:
+                if model == "bimodal":
+                    offsets[(variant, process_block)] = float(
+                        scenario.process_sd * rng.choice((-1.0, 1.0))
+                    )
+                else:
+                    offsets[(variant, process_block)] = float(rng.normal(0, scenario.process_sd))
+            for context in CONTEXTS:
+                if model == "t3":
+                    own = float(rng.standard_t(3)) * cell_sd / math.sqrt(3)
+                else:
+                    own = float(rng.normal(0, cell_sd))
+                log_speed = offsets[(variant, process_block)] + round_speed + host + own
+                if variant == PLANTED:
+                    log_speed += math.log(scenario.effect)
+                if model == "order" and position == 0:
+                    log_speed += math.log(0.99)
+                if model == "outliers" and rng.random() < 0.01:
+                    log_speed -= math.log(5)
+                tps = 27_000.0 * math.exp(log_speed)
+                records.append(
+                    Record.model_construct(
+                        run_id="sim",
+                        variant=variant,
+                        round=round_index,
+                        order=position,
+                        context_tokens=context,
+                        prompt_tokens=context,
+                        prompt_sha256=_sha(seed, round_index, context),
+                        cached_tokens=0,
+                        prefill_s=context / tps,
+                        prefill_tps=tps,
+                        decode_tps=None,
+                        status="ok",
+                        reason=None,
+                        started_at=_MOMENT,
+                        process=process_block + 1,
+                    )
                 )
-            )
     return records
 
 
-def job_verdicts(
-    records: Sequence[Record],
-    *,
-    seed: int,
-    n_resamples: int,
-    process_pair_sd: float | None = None,
-) -> dict[str, str]:
-    """Verdict of b/a and c/a, corrected as one family, through the real statistics."""
-    comparisons, _ = compare_matrix(
-        CellIndex.of(records),
-        variants=list(VARIANTS),
-        baseline="a",
-        contexts=[CONTEXT],
-        metric="prefill_tps",
-        options=StatsOptions(seed=seed, n_resamples=n_resamples, process_pair_sd=process_pair_sd),
-    )
-    return {c.variant: c.verdict for c in comparisons}
+@dataclass(frozen=True)
+class JobResult:
+    verdicts: dict[tuple[str, int], str]
+    covered: int  # comparisons whose interval holds the true ratio
+    compared: int
+    rounds: int  # rounds analysed (until decided: where the job stopped)
 
 
-def simulated_calibration(scenario: Scenario, seed: int) -> HostNoise:
-    """The noise a calibration of this host finds (module docstring, `calibrated`)."""
-    calibration = Scenario(
-        "calibration",
-        rounds=CAL_ROUNDS,
-        rounds_per_process=CAL_ROUNDS,
-        process_sd=scenario.process_sd,
-        pair_sd=scenario.pair_sd,
-        effect=0.98,
+def run_job(scenario: Scenario, seed: int) -> JobResult:
+    """One job through the real statistics: at its rounds, or look by look until decided."""
+    spec = scenario.spec()
+    records = simulate_job(scenario, seed)
+    looks = [scenario.rounds]
+    if scenario.until_decided:
+        from evidence.stats import job_looks
+
+        looks = list(job_looks(spec).rounds)
+    for look in looks:
+        seen = [r for r in records if r.round < look]
+        _, comparisons = prefill_verdicts_at_look(seen, spec=spec)
+        if all_decided(comparisons) or look == looks[-1]:
+            break
+    covered = 0
+    for c in comparisons:
+        truth = scenario.effect if c.variant == PLANTED else 1.0
+        covered += c.ci_low is not None and c.ci_low <= truth <= c.ci_high
+    return JobResult(
+        verdicts={(c.variant, c.context_tokens): c.verdict for c in comparisons},
+        covered=covered,
+        compared=len(comparisons),
+        rounds=look,
     )
-    runs = [
-        simulate_job(
-            calibration, seed * 1_000_003 + run, variants=("a", "b", "c", "p"), planted="p"
-        )
-        for run in range(CAL_RUNS)
-    ]
-    noise = noise_of(
-        calibration_sums(runs, baseline="a"),
-        load_s=START_S - len(VARIANTS) * CELL_S,
-        cell_s_per_token=CELL_S / CONTEXT,
-        contexts=[CONTEXT],
-    )
-    assert noise is not None
-    return noise
 
 
 @dataclass(frozen=True)
 class Rates:
     scenario: Scenario
     jobs: int
-    claimed: int  # jobs with any `faster` / `slower`
-    detected: int  # jobs where c/a has the planted direction's verdict
-    verdicts: dict[str, int]  # c/a's verdicts
-    block_lengths: list[int] = field(default_factory=list)  # calibrated: each job's blocks
-
-    @property
-    def claimed_pct(self) -> float:
-        return 100 * self.claimed / self.jobs
-
-    @property
-    def detected_pct(self) -> float:
-        return 100 * self.detected / self.jobs
+    claimed: int  # jobs with a `faster`/`slower` among the identical variants (b, c)
+    found: int  # planted comparisons with the planted direction's verdict
+    wrong_sign: int  # planted comparisons with the other direction's verdict
+    planted: int  # planted comparisons (0 for A/A)
+    covered: int
+    compared: int
+    rounds: int  # summed over jobs
+    verdicts: dict[str, int] = field(default_factory=dict)  # planted comparisons' verdicts
 
     def __add__(self, other: Rates) -> Rates:
         verdicts = Counter(self.verdicts)
@@ -201,53 +204,49 @@ class Rates:
             self.scenario,
             self.jobs + other.jobs,
             self.claimed + other.claimed,
-            self.detected + other.detected,
+            self.found + other.found,
+            self.wrong_sign + other.wrong_sign,
+            self.planted + other.planted,
+            self.covered + other.covered,
+            self.compared + other.compared,
+            self.rounds + other.rounds,
             dict(verdicts),
-            self.block_lengths + other.block_lengths,
         )
 
 
-def _rates_of_jobs(
-    scenario: Scenario, first: int, count: int, seed: int, n_resamples: int
-) -> Rates:
-    """Jobs first .. first + count - 1 (first a multiple of RECALIBRATE, so a calibrated
-    scenario's calibrations are the same however the jobs are split among workers)."""
-    claimed = detected = 0
-    verdicts: Counter[str] = Counter()
+def _rates_of_jobs(scenario: Scenario, first: int, count: int, seed: int) -> Rates:
     expected = "faster" if scenario.effect > 1 else "slower"
-    noise: HostNoise | None = None
-    lengths: list[int] = []
+    other = "slower" if expected == "faster" else "faster"
+    planted_effect = scenario.effect != 1.0
+    claimed = found = wrong = planted = covered = compared = rounds = 0
+    verdicts: Counter[str] = Counter()
     for job in range(first, first + count):
-        job_seed = seed * 1_000_003 + job
-        run = scenario
-        if scenario.calibrated:
-            if noise is None or job % RECALIBRATE == 0:
-                noise = simulated_calibration(scenario, seed * 7919 + job - job % RECALIBRATE)
-            length, _ = block_length(
-                scenario.rounds, contexts=[CONTEXT], variants=len(VARIANTS), noise=noise
-            )
-            lengths.append(length)
-            run = Scenario(**{**scenario.__dict__, "rounds_per_process": length})
-        found = job_verdicts(
-            simulate_job(run, job_seed),
-            seed=job_seed,
-            n_resamples=n_resamples,
-            process_pair_sd=noise.process_pair_sd_upper if noise is not None else None,
-        )
-        claimed += any(v in ("faster", "slower") for v in found.values())
-        detected += scenario.effect != 1.0 and found["c"] == expected
-        verdicts[found["c"]] += 1
-    return Rates(scenario, count, claimed, detected, dict(verdicts), lengths)
+        result = run_job(scenario, seed * 1_000_003 + job)
+        identical = [
+            v for (name, _), v in result.verdicts.items() if name != PLANTED or not planted_effect
+        ]
+        claimed += any(v in ("faster", "slower") for v in identical)
+        if planted_effect:
+            for (name, _), verdict in result.verdicts.items():
+                if name == PLANTED:
+                    planted += 1
+                    found += verdict == expected
+                    wrong += verdict == other
+                    verdicts[verdict] += 1
+        covered += result.covered
+        compared += result.compared
+        rounds += result.rounds
+    return Rates(
+        scenario, count, claimed, found, wrong, planted, covered, compared, rounds, dict(verdicts)
+    )
 
 
-def rates(
-    scenario: Scenario, *, jobs: int, seed: int = 0, n_resamples: int = 1000, workers: int = 1
-) -> Rates:
+CHUNK = 25
+
+
+def rates(scenario: Scenario, *, jobs: int, seed: int = 0, workers: int = 1) -> Rates:
     """The rates of `jobs` seeded jobs (the same numbers with any number of `workers`)."""
-    chunks = [
-        (scenario, first, min(RECALIBRATE, jobs - first), seed, n_resamples)
-        for first in range(0, jobs, RECALIBRATE)
-    ]
+    chunks = [(scenario, first, min(CHUNK, jobs - first), seed) for first in range(0, jobs, CHUNK)]
     if workers > 1 and len(chunks) > 1:
         with ProcessPoolExecutor(workers) as pool:
             parts = list(pool.map(_rates_of_jobs, *zip(*chunks, strict=True)))
@@ -257,112 +256,74 @@ def rates(
 
 
 def proportion_interval(count: int, total: int) -> tuple[float, float]:
-    """Exact (Clopper-Pearson) 95% interval of a rate seen `count` times in `total` jobs: how
-    far Monte Carlo noise alone could put the observed rate from the true one."""
+    """Exact (Clopper-Pearson) 95% interval of a rate seen `count` times in `total` trials."""
     if total == 0:
         return 0.0, 1.0
     found = scipy_stats.binomtest(count, total).proportion_ci(confidence_level=0.95)
     return float(found.low), float(found.high)
 
 
-DESIGNS = ("calibrated", "default", "blocks-of-1", "per-round", "one-process")
-
-
-def design_scenario(design: str, rounds: int, **common: float) -> Scenario:
-    """One design of the module docstring at these rounds; `default` is what a job on a host
-    without a calibration runs (rounds // 12 rounds per process, at least 1)."""
-    from evidence.schemas import default_rounds_per_process
-
-    block = default_rounds_per_process(rounds)
-    if design == "calibrated":
-        return Scenario("calibrated", rounds=rounds, calibrated=True, **common)
-    if design == "default":
-        return Scenario(f"blocks of {block}", rounds=rounds, rounds_per_process=block, **common)
-    if design == "blocks-of-1":
-        return Scenario("blocks of 1", rounds=rounds, rounds_per_process=1, **common)
-    if design == "per-round":
-        return Scenario(
-            f"blocks of {block}, per-round statistics",
-            rounds=rounds,
-            rounds_per_process=block,
-            per_round_statistics=True,
-            **common,
-        )
-    if design == "one-process":
-        return Scenario("one process", rounds=rounds, **common)
-    raise ValueError(f"unknown design {design!r} (one of {', '.join(DESIGNS)})")
-
-
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
+def _rate(count: int, total: int) -> str:
+    if total == 0:
+        return "-"
+    low, high = proportion_interval(count, total)
+    return f"{100 * count / total:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=2000, help="A/A jobs per row")
-    parser.add_argument("--planted-jobs", type=int, default=500, help="planted jobs per row")
+    parser.add_argument("--jobs", type=int, default=1000, help="A/A jobs per row")
+    parser.add_argument("--planted-jobs", type=int, default=250, help="planted jobs per row")
     parser.add_argument("--effect", type=float, default=0.98, help="the planted speed ratio")
-    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--models", nargs="+", choices=NOISE_MODELS, default=list(NOISE_MODELS))
+    parser.add_argument("--rounds", type=int, nargs="+", default=[6, 12, 24])
     parser.add_argument(
-        "--process-sd", type=float, nargs="+", default=[0.0, 0.0025, 0.005, 0.01, 0.015, 0.02]
+        "--decided",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="add a row measuring until decided (budget 40) per model",
     )
-    parser.add_argument("--pair-sd", type=float, nargs="+", default=[0.0075])
-    parser.add_argument("--designs", nargs="+", choices=DESIGNS, default=["calibrated", "default"])
-    parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--process-sd", type=float, default=0.01)
+    parser.add_argument("--pair-sd", type=float, default=0.0075)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1, help="processes (same numbers)")
     args = parser.parse_args(argv)
     print(
-        "| design | process SD | pair SD | A/A jobs | A/A jobs with faster/slower [95%] | "
-        "planted jobs | planted effect found [95%] |"
+        f"process SD {100 * args.process_sd:g}%, pair SD {100 * args.pair_sd:g}%, planted "
+        f"effect {args.effect:g} on one of three candidates, 6 comparisons per job\n"
     )
-    print("| --- | --- | --- | ---: | --- | ---: | --- |")
-    worst: tuple[float, float, str] | None = None  # (rate, interval's low end, row)
-    for process_sd in args.process_sd:
-        for pair_sd in args.pair_sd:
-            for design in args.designs:
-                common = {"process_sd": process_sd, "pair_sd": pair_sd}
-                aa_scenario = design_scenario(design, args.rounds, **common)
-                planted_scenario = design_scenario(
-                    design, args.rounds, effect=args.effect, **common
-                )
-                run = functools.partial(
-                    rates, seed=args.seed, n_resamples=args.resamples, workers=args.workers
-                )
-                aa = run(aa_scenario, jobs=args.jobs)
-                planted = (
-                    run(planted_scenario, jobs=args.planted_jobs) if args.planted_jobs else None
-                )
-                name = aa_scenario.name
-                if aa.block_lengths:
-                    lengths = set(aa.block_lengths + (planted.block_lengths if planted else []))
-                    name += f" (blocks of {', '.join(map(str, sorted(lengths)))})"
-                rate = aa.claimed / aa.jobs
-                low, high = proportion_interval(aa.claimed, aa.jobs)
-                found = "-"
-                if planted is not None:
-                    found_low, found_high = proportion_interval(planted.detected, planted.jobs)
-                    found = (
-                        f"{_pct(planted.detected / planted.jobs)} "
-                        f"[{_pct(found_low)}, {_pct(found_high)}]"
-                    )
-                row = f"{name}, process SD {100 * process_sd:g}%, pair SD {100 * pair_sd:g}%"
-                if worst is None or rate > worst[0]:
-                    worst = (rate, low, row)
-                print(
-                    f"| {name} | {100 * process_sd:g}% | {100 * pair_sd:g}% | {aa.jobs} | "
-                    f"{_pct(rate)} [{_pct(low)}, {_pct(high)}] | "
-                    f"{planted.jobs if planted else 0} | {found} |",
-                    flush=True,
-                )
+    print(
+        "| noise | rounds | A/A jobs | A/A jobs with a claim [95%] | planted comparisons | "
+        "found [95%] | wrong sign | coverage | mean rounds |"
+    )
+    print("| --- | --- | ---: | --- | ---: | --- | ---: | --- | ---: |")
+    worst: tuple[float, str] | None = None
+    for model in args.models:
+        designs = [Scenario(model, rounds=r) for r in args.rounds]
+        if args.decided:
+            designs.append(Scenario(model, rounds=DECIDED_BUDGET, until_decided=True))
+        for design in designs:
+            design = replace(design, process_sd=args.process_sd, pair_sd=args.pair_sd)
+            run = functools.partial(rates, seed=args.seed, workers=args.workers)
+            aa = run(design, jobs=args.jobs)
+            planted = run(replace(design, effect=args.effect), jobs=args.planted_jobs)
+            both = aa + planted
+            how = "until decided (10, 20, 40)" if design.until_decided else str(design.rounds)
+            print(
+                f"| {model} | {how} | {aa.jobs} | {_rate(aa.claimed, aa.jobs)} | "
+                f"{planted.planted} | {_rate(planted.found, planted.planted)} | "
+                f"{planted.wrong_sign} | {_rate(both.covered, both.compared)} | "
+                f"{both.rounds / both.jobs:.1f} |",
+                flush=True,
+            )
+            rate = aa.claimed / aa.jobs
+            if worst is None or rate > worst[0]:
+                worst = (rate, f"{model}, {how}")
     if worst is not None:
-        rate, low, row = worst
-        side = "at or below" if rate <= 0.05 else "above"
+        low, _ = proportion_interval(round(worst[0] * args.jobs), args.jobs)
+        side = "at or below" if worst[0] <= 0.05 else "above"
         excess = "a real excess" if low > 0.05 else "within Monte Carlo noise of 5% or less"
-        print(
-            f"\nhighest A/A rate: {_pct(rate)} ({row}), {side} 5%; its interval starts at "
-            f"{_pct(low)}: {excess}"
-        )
+        print(f"\nhighest A/A rate: {100 * worst[0]:.1f}% ({worst[1]}), {side} 5%: {excess}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # Issue 26's GPU session, one step per device call (docs/PERFORMANCE.md, "Time to evidence").
 # Run from the repository root with MLX installed (PYTHONPATH holding it); each step's figures
-# and files go to $OUT. The defaults are the H200's; the CPU rehearsal overrides them:
+# and files go to $OUT. The defaults are docs/PERFORMANCE.md's (written for the H200, meant to
+# run as they are on an 80 GB H100 too, not yet run there: the memory plan runs in turns what
+# does not fit side by side); the CPU rehearsal overrides them:
 #   PRESET=tiny DTYPE=float32 CTX=128 E2E_CTX=128,256 BASE_STEP=64 PLANTED_STEP=16 CAL_RUNS=2 \
-#   AAA_ROUNDS=8 E2E_ROUNDS=6 PYTHON=.venv/bin/python OUT=/tmp/out WORK=/tmp/work \
+#   AAA_ROUNDS=8 E2E_ROUNDS=6 DUTY_ROUNDS=4 DUTY_RPP=2 MOE_PRESET=tiny-moe MOE_DTYPE=float32 \
+#   MOE_CTX=128 MOE_ROUNDS=4 PYTHON=.venv/bin/python OUT=/tmp/out WORK=/tmp/work \
 #   benchmarks/device_session.sh model
+# (with COLDBENCH_DEVICE_MEMORY_BYTES=1000000000 the CPU's moe step runs in turns, as on the GPU)
 # Steps: model (write the checkpoint, probe the load gate), cal1 and cal2 (each CAL_RUNS
 # calibration runs, seeds apart), merge, aaa (A/A/A through coldbench run with the calibration),
-# e2e (the whole service: A/B of two refs of $BUNDLE), summaries (the bundles' summaries, tarred).
+# e2e (the whole service: A/B of two refs of $BUNDLE), decided and decided-aa (JOBS jobs measuring
+# until decided: the two refs, or the first against itself), duty (the duty cycle of an A/B in
+# turns beside one side by side, benchmarks/time_to_evidence.py --compare residency), moe-model
+# and moe (issue 47: write $MOE_PRESET and probe its load beside the page cache's read of its
+# weights, then an A/B of it, one process more than half of the device, which runs in turns; on
+# a machine of its own, its checkpoint is about 46 GB), summaries (the bundles' summaries,
+# tarred). Every step can be run again in place: it replaces its own output.
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, duty, moe-model, moe, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -18,23 +28,33 @@ DTYPE=${DTYPE:-bfloat16}
 CTX=${CTX:-16384}
 E2E_CTX=${E2E_CTX:-4096,16384}
 BASE_STEP=${BASE_STEP:-4096}
-PLANTED_STEP=${PLANTED_STEP:-3072}
+PLANTED_STEP=${PLANTED_STEP:-2048}
 CAL_ROUNDS=${CAL_ROUNDS:-12}
 CAL_RUNS=${CAL_RUNS:-5}
 AAA_ROUNDS=${AAA_ROUNDS:-24}
 E2E_ROUNDS=${E2E_ROUNDS:-12}
 BUNDLE=${BUNDLE:-.gpu/cb.bundle}
 REFS=${REFS:-main e2e-wide}
+DUTY_ROUNDS=${DUTY_ROUNDS:-12}
+DUTY_RPP=${DUTY_RPP:-3}
+MOE_PRESET=${MOE_PRESET:-qwen3-moe-45g-shape}
+MOE_DTYPE=${MOE_DTYPE:-bfloat16}
+MOE_CTX=${MOE_CTX:-16384}
+MOE_ROUNDS=${MOE_ROUNDS:-12}
+MOE_RPP=${MOE_RPP:-2}
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$OUT"
 model=$WORK/model
+moe=$WORK/moe
 clock() { date -u +%H:%M:%S; }
 echo "[$(clock)] step $step, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 calibrate() {  # $1: part name, $2: first seed
+  # an earlier attempt's result must not outlive a failed run (the merge would take it)
+  rm -f "$WORK/$1.json"
   $PY -m coldbench calibrate --model "$model" --contexts "$CTX" --rounds "$CAL_ROUNDS" \
     --rounds-per-process "$CAL_ROUNDS" --jobs "$CAL_RUNS" --base-step "$BASE_STEP" \
     --planted-step "$PLANTED_STEP" --decode-tokens 2 --seed "$2" --out "$WORK/$1.json" \
-    --bundles "$WORK/bundles-$1" --state-dir "$WORK/state-$1"
+    --bundles "$WORK/bundles-$1" --force --state-dir "$WORK/state-$1"
   cp "$WORK/$1.json" "$OUT/"
 }
 case $step in
@@ -51,15 +71,61 @@ case $step in
     cp "$WORK/cal.json" "$OUT/"
     ;;
   aaa)
+    rm -f "$OUT/tte.jsonl"
     $PY benchmarks/time_to_evidence.py --model "$model" --contexts "$CTX" --rounds "$AAA_ROUNDS" \
       --variant a --variant b --variant c --calibration "$WORK/cal.json" --decode-tokens 2 \
       --workdir "$WORK/tte" --out "$OUT/tte.jsonl"
     ;;
   e2e)
+    rm -rf "$WORK/e2e-out" "$WORK/e2e" "$WORK/e2e-evidence"
     set -- $REFS
     $PY benchmarks/host_e2e.py --repo "$BUNDLE" --ref "$1" --ref "$2" --model "$model" \
       --contexts "$E2E_CTX" --rounds "$E2E_ROUNDS" --calibration "$WORK/cal.json" \
       --out "$WORK/e2e-out" --workdir "$WORK/e2e" --timeout-s 500 | tail -1 | tee "$OUT/e2e.json"
+    ;;
+  decided|decided-aa)
+    # Measuring until decided through the whole service, JOBS jobs back to back: the A/B of the
+    # two refs (decided), or main against itself (decided-aa); one JSON line a job.
+    rm -rf "$WORK/$step-out" "$WORK/$step"
+    set -- $REFS
+    if [ "$step" = decided ]; then variants="--ref $1 --ref $2"; else variants="--variant a:ref=$1 --variant b:ref=$1"; fi
+    $PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" --contexts "$CTX" \
+      --until decided --rounds "${BUDGET:-40}" --jobs "${JOBS:-10}" --out "$WORK/$step-out" \
+      --workdir "$WORK/$step" --timeout-s 900 | grep '^{' | tee "$OUT/$step.jsonl"
+    ;;
+  duty)
+    rm -f "$OUT/duty.jsonl"
+    $PY benchmarks/time_to_evidence.py --model "$model" --contexts "$CTX" --rounds "$DUTY_ROUNDS" \
+      --rounds-per-process "$DUTY_RPP" --variant a --variant "b:prefill_step_size=$PLANTED_STEP" \
+      --decode-tokens 2 --compare residency --workdir "$WORK/duty" --out "$OUT/duty.jsonl"
+    ;;
+  moe-model)
+    start=$(date +%s)
+    [ -f "$moe/config.json" ] || $PY -m coldbench model create --preset "$MOE_PRESET" --dtype "$MOE_DTYPE" --out "$moe"
+    echo "moe model written in $(( $(date +%s) - start )) s"
+    $PY benchmarks/load_gate_probe.py --model "$moe" | tee "$OUT/moe-gate.json"
+    cp "$OUT/moe-gate.json" "$WORK/moe-gate.json"
+    ;;
+  moe)
+    rm -rf "$WORK/moe-out" "$WORK/state-moe"
+    $PY -m coldbench run --model "$moe" --contexts "$MOE_CTX" --rounds "$MOE_ROUNDS" \
+      --rounds-per-process "$MOE_RPP" --decode-tokens 2 --seed 7 \
+      --variant "base:prefill_step_size=$BASE_STEP" --variant "planted:prefill_step_size=$PLANTED_STEP" \
+      --out "$WORK/moe-out" --state-dir "$WORK/state-moe" || true  # the bundle says why
+    for f in summary.md summary.json timeline.json records.jsonl; do
+      [ -f "$WORK/moe-out/$f" ] && cp "$WORK/moe-out/$f" "$OUT/moe-$f"
+    done
+    # a turn start's stop, imports and load, beside the page cache's read of the weights
+    $PY -c 'import json, sys
+run = json.load(open(sys.argv[1]))["timeline"]["runs"][0]
+cost, turns = run.get("turn_starts") or {}, run.get("turns_within_blocks") or 0
+added = sum(cost.get(k, 0) for k in ("stop_s", "imports_s", "load_s"))
+floor = json.load(open(sys.argv[2]))["page_cache_read_s"]
+per_turn = round(added / turns, 2) if turns else None
+print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty_cycle"),
+  "turns_within_blocks": turns, "per_turn_start_s": per_turn, "page_cache_read_s": floor,
+  "beyond_page_cache_s": None if per_turn is None else round(per_turn - floor, 2)}))' \
+      "$WORK/moe-out/summary.json" "$WORK/moe-gate.json" | tee "$OUT/moe-turns.json"
     ;;
   summaries)
     for zip in "$WORK"/e2e-out/*.zip; do  # the service's evidence: its views and timeline

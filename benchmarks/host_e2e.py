@@ -88,6 +88,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds-per-process", type=int, default=None)
     parser.add_argument("--decode-tokens", type=int, default=2)
     parser.add_argument("--precision", type=float, default=None)
+    parser.add_argument("--until", choices=("rounds", "decided"), default=None)
+    parser.add_argument("--budget-minutes", type=float, default=None)
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="submit the job this many times, one after the other, seeds 0.. (one JSON line each)",
+    )
     parser.add_argument("--recipe", default="offline", help="offline (default) or editable")
     parser.add_argument("--out", required=True, type=Path, help="where the evidence zip goes")
     parser.add_argument("--workdir", required=True, type=Path, help="state, worker.toml, logs")
@@ -210,12 +218,103 @@ def timeline_figures(zip_path: Path) -> dict[str, Any]:
     }
 
 
+def verdict_figures(zip_path: Path) -> dict[str, Any]:
+    """Each prefill comparison's verdict and interval, and where measuring until decided
+    stopped (summary settings' `sequential`)."""
+    from evidence.bundle import read_bundle
+
+    summary = json.loads(read_bundle(zip_path).get("summary.json", b"{}"))
+    verdicts = [
+        {
+            "context_tokens": c["context_tokens"],
+            "variant": c["variant"],
+            "ratio": c["ratio_median"],
+            "ci": [c["ci_low"], c["ci_high"]],
+            "verdict": c["verdict"],
+            "n": c["n"],
+        }
+        for c in summary.get("comparisons", [])
+    ]
+    return {"verdicts": verdicts, "sequential": summary.get("settings", {}).get("sequential")}
+
+
 def variant_commits(zip_path: Path) -> dict[str, str]:
     from evidence.bundle import read_bundle
 
     provenance = json.loads(read_bundle(zip_path)["provenance.json"])
     runs = provenance.get("runs", [provenance])
     return {t["variant"]: t.get("commit") for run in runs for t in run.get("targets", [])}
+
+
+def _one_job(
+    args: argparse.Namespace,
+    client: Any,
+    children: Children,
+    base_url: str,
+    api_key: str,
+    model: str,
+    env: dict[str, str],
+    seed: int,
+    say: Any,
+) -> dict[str, Any]:
+    """Submit one job (seed `seed`), follow it, fetch and verify its evidence: its figures."""
+    import httpx
+
+    result: dict[str, Any] = {"ok": False}
+    out = args.out.expanduser().resolve()
+    submit = [
+        *("submit", "--api", base_url, "--key", api_key),
+        *("--adapter", "embedded", "--repo", REPOSITORY, "--model", model),
+        *(arg for variant in args.variants for arg in ("--variant", variant)),
+        *("--contexts", args.contexts, "--rounds", str(args.rounds)),
+        *("--decode-tokens", str(args.decode_tokens), "--labels", HOST_LABEL),
+    ]
+    if args.rounds_per_process is not None:
+        submit += ["--rounds-per-process", str(args.rounds_per_process)]
+    if args.precision is not None:
+        submit += ["--precision", str(args.precision)]
+    if args.until is not None:
+        submit += ["--until", args.until]
+    if args.budget_minutes is not None:
+        submit += ["--budget-minutes", str(args.budget_minutes)]
+    submit += ["--seed", str(seed)]
+    submitted_at = time.monotonic()
+    job_id = run_cli(submit, env, timeout_s=60).split()[1]
+    result["job_id"] = job_id
+    say(f"job {job_id} submitted: {base_url}/jobs/{job_id}")
+    job = _follow(client, job_id, children, submitted_at, args.timeout_s, result, say)
+    evidence_id = job.get("evidence_id")
+    if job["state"] != JobState.DONE or not evidence_id:
+        reasons = "; ".join(f"run {r['id']}: {r.get('reason')}" for r in job.get("runs", []))
+        raise Failed(f"job {job_id} ended {job['state']} without evidence: {reasons}")
+    result["evidence_id"] = evidence_id
+    zip_path = out / f"{evidence_id}.zip"
+    response = httpx.get(f"{base_url}/e/{evidence_id}.zip", timeout=120)
+    response.raise_for_status()
+    zip_path.write_bytes(response.content)
+    result["zip"] = str(zip_path)
+    say(f"evidence {base_url}/e/{evidence_id} -> {zip_path}")
+    verified = subprocess.run(
+        [sys.executable, "-m", "coldbench", "verify", str(zip_path), "--expect", evidence_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    last = (verified.stdout + verified.stderr).strip().splitlines()
+    result["verify"] = "ok" if verified.returncode == 0 else (last or ["failed"])[-1]
+    say(f"coldbench verify: {(last or [''])[-1]}")
+    result.update(cell_figures(zip_path))
+    result.update(timeline_figures(zip_path))
+    if result["cells_per_minute"] is not None and "time_to_upload_s" in result:
+        result["cells_per_minute_end_to_end"] = round(
+            result["cells"] * 60 / result["time_to_upload_s"], 2
+        )
+    result["variants"] = variant_commits(zip_path)
+    result.update(verdict_figures(zip_path))
+    result["ok"] = result["verify"] == "ok"
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,52 +371,13 @@ def main(argv: list[str] | None = None) -> int:
             _wait_for_host(client, children)
             result["startup_s"] = round(time.monotonic() - started, 2)
             say(f"agent {HOST_NAME} registered; submitting {', '.join(args.variants)}")
-            submit = [
-                *("submit", "--api", base_url, "--key", api_key),
-                *("--adapter", "embedded", "--repo", REPOSITORY, "--model", model),
-                *(arg for variant in args.variants for arg in ("--variant", variant)),
-                *("--contexts", args.contexts, "--rounds", str(args.rounds)),
-                *("--decode-tokens", str(args.decode_tokens), "--labels", HOST_LABEL),
-            ]
-            if args.rounds_per_process is not None:
-                submit += ["--rounds-per-process", str(args.rounds_per_process)]
-            if args.precision is not None:
-                submit += ["--precision", str(args.precision)]
-            submitted_at = time.monotonic()
-            job_id = run_cli(submit, env, timeout_s=60).split()[1]
-            result["job_id"] = job_id
-            say(f"job {job_id} submitted: {base_url}/jobs/{job_id}")
-            job = _follow(client, job_id, children, submitted_at, args.timeout_s, result, say)
-        evidence_id = job.get("evidence_id")
-        if job["state"] != JobState.DONE or not evidence_id:
-            reasons = "; ".join(f"run {r['id']}: {r.get('reason')}" for r in job.get("runs", []))
-            raise Failed(f"job {job_id} ended {job['state']} without evidence: {reasons}")
-        result["evidence_id"] = evidence_id
-        zip_path = out / f"{evidence_id}.zip"
-        response = httpx.get(f"{base_url}/e/{evidence_id}.zip", timeout=120)
-        response.raise_for_status()
-        zip_path.write_bytes(response.content)
-        result["zip"] = str(zip_path)
-        say(f"evidence {base_url}/e/{evidence_id} -> {zip_path}")
-        verified = subprocess.run(
-            [sys.executable, "-m", "coldbench", "verify", str(zip_path), "--expect", evidence_id],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        last = (verified.stdout + verified.stderr).strip().splitlines()
-        result["verify"] = "ok" if verified.returncode == 0 else (last or ["failed"])[-1]
-        say(f"coldbench verify: {(last or [''])[-1]}")
-        result.update(cell_figures(zip_path))
-        result.update(timeline_figures(zip_path))
-        if result["cells_per_minute"] is not None and "time_to_upload_s" in result:
-            result["cells_per_minute_end_to_end"] = round(
-                result["cells"] * 60 / result["time_to_upload_s"], 2
-            )
-        result["variants"] = variant_commits(zip_path)
-        result["ok"] = result["verify"] == "ok"
+            for seed in range(args.jobs):
+                one = _one_job(args, client, children, base_url, api_key, model, env, seed, say)
+                result.update(one)
+                if args.jobs > 1:
+                    print(json.dumps({"job": seed, **one}, sort_keys=True), flush=True)
+                if not one["ok"]:
+                    break
     except (Failed, RuntimeError, subprocess.SubprocessError, OSError, httpx.HTTPError) as error:
         result["error"] = str(error)[-2000:]
         print(f"host_e2e failed: {error}", file=sys.stderr, flush=True)

@@ -4,8 +4,10 @@ Starts `python -m engine.runner` on a checkpoint with the orchestrator's gates o
 `nvidia-smi` which processes hold GPU memory while the runner waits at the load gate (after its
 imports: the state in which a block's processes are started ahead, while the previous block
 measures), then again once it has loaded. One JSON line: the seconds to `imported` and to
-`loaded`, whether the runner imported mlx-lm without transformers (`lean`), and the runner's GPU
-memory at each point (None where nvidia-smi is not there: a CPU or Metal host).
+`loaded`, whether the runner imported mlx-lm without transformers (`lean`), the runner's GPU
+memory at each point (None where nvidia-smi is not there: a CPU or Metal host), and the load's
+floor: the weight files read twice before the runner starts (`read_s`, then
+`page_cache_read_s`) and the runner's own load beyond the page cache's read.
 
     PYTHONPATH=. python benchmarks/load_gate_probe.py --model <checkpoint folder>
 """
@@ -42,6 +44,16 @@ def gpu_memory_of(pid: int) -> int | None:
     return 0
 
 
+def read_weights_s(model: Path) -> float:
+    """Seconds to read every weight file once, unbuffered (the floor of a load from here)."""
+    started = time.monotonic()
+    for path in sorted(model.glob("model*.safetensors")):
+        with open(path, "rb", buffering=0) as handle:
+            while handle.read(1 << 24):
+                pass
+    return round(time.monotonic() - started, 3)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, type=Path)
@@ -68,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     assert runner.stdin is not None and runner.stdout is not None
     result: dict[str, Any] = {"model": str(args.model)}
+    # The weights read twice before the runner starts: the second read is the page cache's,
+    # the floor a load in turns (the same files every turn) is measured against.
+    result["read_s"] = read_weights_s(args.model)
+    result["page_cache_read_s"] = read_weights_s(args.model)
+    result["weights_bytes"] = sum(p.stat().st_size for p in args.model.glob("model*.safetensors"))
     try:
         imported = json.loads(runner.stdout.readline())
         result["imported_s"] = round(time.monotonic() - started, 2)
@@ -79,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         loaded = json.loads(runner.stdout.readline())
         result["loaded_s"] = round(time.monotonic() - started, 2)
         result["runner_load_s"] = loaded.get("load_s")
+        if loaded.get("load_s") is not None:
+            result["load_beyond_page_cache_s"] = round(
+                loaded["load_s"] - result["page_cache_read_s"], 3
+            )
         result["gpu_mib_loaded"] = gpu_memory_of(runner.pid)
         runner.stdin.write('{"op": "exit"}\n')
         runner.stdin.flush()

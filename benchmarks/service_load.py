@@ -20,6 +20,12 @@ Starts, on loopback, a fresh PostgreSQL database, `coldbench server` (one proces
    request of its page, and side by side the first request of the same evidence without its
    stored page (the server renders it).
 
+Beside phases 1 and 3 one more client asks `GET /healthz/pool` (one `SELECT 1` through the
+async engine's pool that leases and submissions use) about every 20 ms: the floor of a request
+with one round trip on this stack under the same load, measured in the same run. Leases and
+submissions are reported against it as ratios (`lease_p99_over_floor`, ...): on a shared
+machine an absolute p99 follows whatever else runs, the ratio much less.
+
 It stops by itself (every phase is bounded) and prints the figures, then one JSON line.
 
     PYTHONPATH=. python benchmarks/service_load.py --workers 50 --seconds 30
@@ -324,6 +330,9 @@ class Figures:
     submitted_jobs: list[str] = field(default_factory=list)
     # fewest jobs submitted and not yet leased seen by the top-up during the agent phase
     min_queued: int = 1 << 30
+    # GET /healthz/pool (one SELECT 1 through the same pool) during phase 1 and phase 3
+    floor_submit_s: list[float] = field(default_factory=list)
+    floor_agents_s: list[float] = field(default_factory=list)
 
 
 class LoadResponse:
@@ -469,6 +478,42 @@ async def send(client: LoadClient, method: str, url: str, **kwargs: Any) -> Load
                 raise
             await asyncio.sleep(0.1)
     raise AssertionError("unreachable")
+
+
+FLOOR_EVERY_S = 0.02
+
+
+async def probe_floor(
+    client: LoadClient, into: list[float], errors: list[str], stop: asyncio.Event
+) -> None:
+    """`GET /healthz/pool` one at a time, every FLOOR_EVERY_S, until `stop`: the floor the
+    leases and submissions of the same phase are compared with."""
+    while not stop.is_set():
+        started = time.perf_counter()
+        response = await send(client, "GET", "/healthz/pool")
+        if response.status_code == 200:
+            into.append(time.perf_counter() - started)
+        elif response.status_code != 404:  # 404: a checkout without the route (a baseline)
+            errors.append(f"floor: {response.status_code}")
+        await asyncio.sleep(FLOOR_EVERY_S)
+
+
+@contextlib.asynccontextmanager
+async def floor_beside(client: LoadClient, into: list[float], errors: list[str]) -> Any:
+    """The floor probed for as long as the block runs."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(probe_floor(client, into, errors, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, 2)
 
 
 async def submit(
@@ -648,7 +693,8 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
                 await submit_one(index, figures.submit_s)
 
         started = time.perf_counter()
-        await asyncio.gather(*(submitter(i) for i in range(args.submitters)))
+        async with floor_beside(client, figures.floor_submit_s, figures.errors):
+            await asyncio.gather(*(submitter(i) for i in range(args.submitters)))
         submit_wall = time.perf_counter() - started
 
         # 2. 50 concurrent job lists, four times
@@ -689,14 +735,15 @@ async def load(service: Service, args: argparse.Namespace, figures: Figures) -> 
                 figures.generator_lag.append((before, time.perf_counter() - before - LAG_SAMPLE_S))
 
         started = time.perf_counter()
-        await asyncio.gather(
-            sample_lag(),
-            *(top_up(i) for i in range(args.topup)),
-            *(
-                agent(clients[i % len(clients)], name, secret, figures, stop_at, args.measure_s)
-                for i, (name, secret) in enumerate(agents)
-            ),
-        )
+        async with floor_beside(client, figures.floor_agents_s, figures.errors):
+            await asyncio.gather(
+                sample_lag(),
+                *(top_up(i) for i in range(args.topup)),
+                *(
+                    agent(clients[i % len(clients)], name, secret, figures, stop_at, args.measure_s)
+                    for i, (name, secret) in enumerate(agents)
+                ),
+            )
         agents_wall = time.perf_counter() - started
     return {"submit_wall_s": submit_wall, "agents_wall_s": agents_wall}
 
@@ -1124,14 +1171,33 @@ def measure(
         + figures.uploads
         + figures.completes
     )
+    lease_p50 = ms(statistics.median(figures.lease_s)) if leases else None
+    lease_p99 = ms(percentile(figures.lease_s, 99))
+    submit_p50 = ms(statistics.median(figures.submit_s)) if figures.submit_s else None
+    submit_p99 = ms(percentile(figures.submit_s, 99))
+    submit_under_load_p99 = ms(percentile(figures.submit_under_load_s, 99))
+    floor: dict[str, float | None] = {}
+    for phase, samples in (("submit", figures.floor_submit_s), ("agents", figures.floor_agents_s)):
+        floor[f"floor_{phase}_p50_ms"] = ms(statistics.median(samples)) if samples else None
+        floor[f"floor_{phase}_p99_ms"] = ms(percentile(samples, 99)) if samples else None
+        floor[f"floor_{phase}_requests"] = len(samples)
     return {
         "workers": args.workers,
         "server_processes": processes,
+        **floor,
+        # Against the floor of the same phase (GET /healthz/pool: one SELECT 1, same pool).
+        "lease_p50_over_floor": ratio(lease_p50, floor["floor_agents_p50_ms"]),
+        "lease_p99_over_floor": ratio(lease_p99, floor["floor_agents_p99_ms"]),
+        "submit_p50_over_floor": ratio(submit_p50, floor["floor_submit_p50_ms"]),
+        "submit_p99_over_floor": ratio(submit_p99, floor["floor_submit_p99_ms"]),
+        "submit_under_load_p99_over_floor": ratio(
+            submit_under_load_p99, floor["floor_agents_p99_ms"]
+        ),
         "seconds": args.seconds,
         "leases": leases,
         "leases_per_s": round(leases / walls["agents_wall_s"], 1),
-        "lease_p50_ms": ms(statistics.median(figures.lease_s)) if leases else None,
-        "lease_p99_ms": ms(percentile(figures.lease_s, 99)),
+        "lease_p50_ms": lease_p50,
+        "lease_p99_ms": lease_p99,
         "lease_burst_p99_ms": ms(percentile(figures.burst_s, 99)),
         "lease_steady_p99_ms": ms(percentile(figures.steady_s, 99)),
         # Leases that started SETTLED_S or more after the first: without the start-up (all
@@ -1157,10 +1223,10 @@ def measure(
         "min_queued_jobs": figures.min_queued if figures.min_queued < 1 << 30 else None,
         "submit_in_flight": args.submitters,
         "submits": len(figures.submit_s),
-        "submit_p50_ms": ms(statistics.median(figures.submit_s)),
+        "submit_p50_ms": submit_p50,
         "submit_cold_max_ms": ms(max(figures.cold_submit_s, default=float("nan"))),
-        "submit_p99_ms": ms(percentile(figures.submit_s, 99)),
-        "submit_under_load_p99_ms": ms(percentile(figures.submit_under_load_s, 99)),
+        "submit_p99_ms": submit_p99,
+        "submit_under_load_p99_ms": submit_under_load_p99,
         "list_p50_ms": ms(statistics.median(figures.list_s)),
         "list_p99_ms": ms(percentile(figures.list_s, 99)),
         "uploads_per_s": round(figures.uploads / walls["agents_wall_s"], 1),
@@ -1238,6 +1304,19 @@ def report(label: str, result: dict[str, Any]) -> None:
     )
     print(f"  GET /jobs x50: p50 {result['list_p50_ms']} ms, p99 {result['list_p99_ms']} ms")
     print(
+        f"  floor (GET /healthz/pool, one SELECT 1 through the same pool): during the submit "
+        f"phase p50 {result['floor_submit_p50_ms']} / p99 {result['floor_submit_p99_ms']} ms "
+        f"({result['floor_submit_requests']} requests), during the agent phase p50 "
+        f"{result['floor_agents_p50_ms']} / p99 {result['floor_agents_p99_ms']} ms "
+        f"({result['floor_agents_requests']} requests)"
+    )
+    print(
+        f"  against the floor: lease p50 {result['lease_p50_over_floor']}x, p99 "
+        f"{result['lease_p99_over_floor']}x; submit p50 {result['submit_p50_over_floor']}x, p99 "
+        f"{result['submit_p99_over_floor']}x; submit during the agent phase p99 "
+        f"{result['submit_under_load_p99_over_floor']}x"
+    )
+    print(
         f"  uploads {result['uploads_per_s']}/s, ingest {result['ingest_records_per_s']} records/s"
         f", server CPU {result['server_cpu_ms_per_request']} ms per request, waiting for a "
         f"core {result['server_core_wait_ms_per_request']} ms per request "
@@ -1278,6 +1357,8 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 RATIO_KEYS = (
+    "lease_p99_over_floor",
+    "submit_p99_over_floor",
     "lease_p50_ms",
     "lease_p99_ms",
     "lease_burst_p99_ms",

@@ -12,7 +12,9 @@ fresh process each time, and prints one JSON line per run:
   summary.json (evidence/timeline.py);
 - `verdicts`, `cells`, `exit_code`, `label`, `python` and the load average when the run began.
 
-`--compare prespawn` alternates `--prespawn` and `--no-prespawn` run by run (A B A B...), and
+`--compare prespawn` alternates `--prespawn` and `--no-prespawn` run by run (A B A B...),
+`--compare residency` alternates `--residency side-by-side` and `--residency in-turns` (the
+duty cycle of a run in turns beside one side by side, `turn_starts` what the turns added), and
 `--checkout DIR` (repeatable) alternates between coldbench checkouts, each run with that
 checkout's `.venv/bin/python` (or `--python`), so figures measured side by side share the
 machine's load. `--demo` times `coldbench demo` (its "demo finished in N s" line and its own
@@ -22,6 +24,8 @@ breakdown) instead of a run.
         --rounds 8 --variant a --variant b --repeat 2 --compare prespawn
     PYTHONPATH=. python benchmarks/time_to_evidence.py --model <checkpoint> --contexts 16384 \\
         --rounds 24 --variant a --variant b --variant c --calibration <calibration.json>
+    PYTHONPATH=. python benchmarks/time_to_evidence.py --model <checkpoint> --contexts 16384 \\
+        --rounds 12 --rounds-per-process 3 --variant a --variant b --compare residency --repeat 2
     PYTHONPATH=. python benchmarks/time_to_evidence.py --demo --checkout <main checkout> \\
         --checkout . --repeat 2
 """
@@ -59,9 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="runs per setting")
     parser.add_argument(
-        "--compare", choices=["prespawn"], default=None, help="alternate a setting run by run"
+        "--compare",
+        choices=["prespawn", "residency"],
+        default=None,
+        help="alternate a setting run by run",
     )
     parser.add_argument("--prespawn", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--residency", choices=["auto", "side-by-side", "in-turns"], default=None)
     parser.add_argument(
         "--checkout", action="append", type=Path, default=[], help="a coldbench checkout to run"
     )
@@ -87,7 +95,11 @@ def interpreter(checkout: Path | None, python: str | None) -> str:
 
 
 def run_command(
-    args: argparse.Namespace, out: Path, state: Path, prespawn: bool | None
+    args: argparse.Namespace,
+    out: Path,
+    state: Path,
+    prespawn: bool | None,
+    residency: str | None = None,
 ) -> list[str]:
     command = [
         "run",
@@ -102,6 +114,8 @@ def run_command(
         command += ["--calibration", str(args.calibration.resolve())]
     if prespawn is not None:
         command.append("--prespawn" if prespawn else "--no-prespawn")
+    if residency is not None:
+        command += ["--residency", residency]
     return command
 
 
@@ -124,11 +138,14 @@ def timeline_figures(summary: dict[str, Any]) -> dict[str, Any]:
             "prespawn",
             "process_starts",
             "stopped",
+            "residency",
+            "turns_within_blocks",
         )
     }
     figures["phases"] = {
         "first_block": run.get("first_block"),
         "later_blocks": run.get("later_blocks"),
+        "turn_starts": run.get("turn_starts"),
     }
     return figures
 
@@ -141,6 +158,7 @@ def one_run(
     label: str,
     prespawn: bool | None,
     index: int,
+    residency: str | None = None,
 ) -> dict[str, Any]:
     scratch = Path(args.workdir or tempfile.gettempdir()) / f"tte-{os.getpid()}-{index}"
     out, state = scratch / "bundle", scratch / "state"
@@ -148,7 +166,12 @@ def one_run(
     if args.demo:
         command = [python, "-m", "coldbench", "demo", "--dir", str(scratch / "demo")]
     else:
-        command = [python, "-m", "coldbench", *run_command(args, out, state, prespawn)]
+        command = [
+            python,
+            "-m",
+            "coldbench",
+            *run_command(args, out, state, prespawn, residency),
+        ]
     line: dict[str, Any] = {
         "label": label,
         "python": python,
@@ -194,10 +217,14 @@ def one_run(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     checkouts: list[Path | None] = list(args.checkout) or [None]
-    settings: list[bool | None] = [True, False] if args.compare == "prespawn" else [args.prespawn]
+    settings: list[tuple[bool | None, str | None]] = [(args.prespawn, args.residency)]
+    if args.compare == "prespawn":
+        settings = [(True, args.residency), (False, args.residency)]
+    elif args.compare == "residency":
+        settings = [(args.prespawn, "side-by-side"), (args.prespawn, "in-turns")]
     plan = list(itertools.product(range(args.repeat), checkouts, settings))
     failed = 0
-    for index, (_, checkout, prespawn) in enumerate(plan):
+    for index, (_, checkout, (prespawn, residency)) in enumerate(plan):
         cwd = (checkout or Path.cwd()).resolve()
         label = (
             " ".join(
@@ -205,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 for part in (
                     str(checkout) if len(checkouts) > 1 else "",
                     {True: "prespawn", False: "no-prespawn", None: ""}[prespawn],
+                    residency or "",
                 )
                 if part
             )
@@ -217,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             label=label,
             prespawn=prespawn,
             index=index,
+            residency=residency,
         )
         failed += line["exit_code"] != 0
         text = json.dumps(line, sort_keys=True)

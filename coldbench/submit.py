@@ -52,6 +52,8 @@ def submit(
     rounds_per_process: Annotated[str | None, spec_option("rounds_per_process")] = None,
     fresh_process: Annotated[bool, spec_option("fresh_process")] = False,
     precision: Annotated[str | None, spec_option("precision")] = None,
+    until: Annotated[str | None, spec_option("until")] = None,
+    budget_minutes: Annotated[str | None, spec_option("budget_minutes")] = None,
     seed: Annotated[str | None, spec_option("seed")] = None,
     corpus: Annotated[str | None, spec_option("corpus")] = None,
     pull_request: Annotated[
@@ -61,7 +63,9 @@ def submit(
             metavar="OWNER/REPO#N",
             help="Measure a pull request: its base commit against its head commit, pinned now, "
             "on the repository the service maps it to; the answer also goes on the pull "
-            "request (docs/github.md). The service sets the repository and the variants.",
+            "request (docs/github.md). The service sets the repository and the variants. A "
+            "fork's pull request needs --head SHA, the head you reviewed (it runs only while "
+            "it is the head).",
         ),
     ] = None,
     wait: Annotated[bool, typer.Option(help="Wait for the evidence and print its URL.")] = False,
@@ -94,6 +98,8 @@ def submit(
         "rounds_per_process": rounds_per_process,
         "fresh_process": fresh_process,
         "precision": precision,
+        "until": until,
+        "budget_minutes": budget_minutes,
         "range": commit_range,
         "every": every,
         "last": last,

@@ -9,7 +9,9 @@ with the estimate in the reason: the cell is an error record, the other contexts
 peak = weights (the safetensors files' bytes)
      + KV cache: layers x 2 x kv_heads x head_dim x context (rounded up to mlx-lm's 256-token
        growth step) x itemsize, plus the copies made while it grows: one layer's on the CPU, a
-       quarter of the cache on a GPU (below)
+       quarter of the cache on a GPU (below); with multi-head latent attention (DeepSeek-V2/V3,
+       `kv_lora_rank`) one latent and one rotary key per position and layer instead, and a
+       chunk's expansion of the latent to every head's keys and values in its activations
      + activations of one chunk: hidden states, q/k/v, the MLP's gate/up/product (the routed
        experts' for a mixture of experts) and, where this backend's attention materializes the
        scores (probed once: CPU always does), scores and softmax of heads x chunk x context;
@@ -31,12 +33,19 @@ memory on the CPU; `COLDBENCH_DEVICE_MEMORY_BYTES` overrides it (a host sharing 
 test simulating a small device). Peak memory measured per cell stays in the records
 (`peak_memory_bytes`), so every report shows the estimate's accuracy against context.
 
-The variant processes of one run are resident on the device together (they interleave cell by
-cell), so the orchestrator tells each how many peers it has (`COLDBENCH_PEER_PROCESSES`), and
-each process gets a share of the device (`MemoryGuard.share`): the guard checks the estimate
-against it and `share_device` lowers MLX's memory limit to it, so a process that keeps its
-buffer cache (`clear_cache=false`) reclaims it before the share is spent. The runner also hands
-MLX's buffer cache back after every cell (`release_cached_buffers`).
+Before any timing the orchestrator makes the run's memory plan (`plan_memory`, through
+`python -m engine.memory` so that the orchestrator itself never touches the device): where every
+context's estimate fits every variant's process beside the others (each within its share,
+below), they are resident side by side and interleave cell by cell; where not, they run in
+turns, one resident at a time with the whole device (worker/variants.py). A context that does
+not fit even one process is refused by that process, as above.
+
+Side by side, the orchestrator tells each process how many peers it has
+(`COLDBENCH_PEER_PROCESSES`), and each process gets a share of the device (`MemoryGuard.share`):
+the guard checks the estimate against it and `share_device` lowers MLX's memory limit to it,
+so a process that keeps its buffer cache (`clear_cache=false`) reclaims it before the share is
+spent. The runner also hands MLX's buffer cache back after every cell
+(`release_cached_buffers`).
 - Metal and CPU: an idle process holds its weights, so the share is the device less each peer's
   weights and a margin (PEER_OVERHEAD_BYTES).
 - CUDA: the device is split evenly. A process's buffer cache may grow to its memory limit, and
@@ -50,6 +59,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -138,16 +148,35 @@ def estimate(
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or hidden // heads)
     positions = -(-context_tokens // KV_STEP) * KV_STEP
-    layer_kv = 2 * kv_heads * head_dim * positions * size
+    chunk = min(chunk_tokens, context_tokens)
+    latent = int(c.get("kv_lora_rank") or 0)
+    # Multi-head latent attention (mlx-lm's deepseek_v2/v3): the cache holds one latent and one
+    # rotary key per position, and each chunk expands the latent to every head's keys and
+    # values over all positions, beside the rotary part's scores (the additive mask it passes)
+    mla_layer = 0
+    if latent:
+        rope = int(c.get("qk_rope_head_dim") or 0)
+        nope, value = int(c.get("qk_nope_head_dim") or 0), int(c.get("v_head_dim") or 0)
+        layer_kv = (latent + rope) * positions * size
+        attention = 2 * (heads * (nope + rope) + latent + rope + heads * value)
+        mla_layer = (heads * positions * (nope + value) + heads * chunk * context_tokens) * size
+    else:
+        layer_kv = 2 * kv_heads * head_dim * positions * size
+        attention = 2 * (heads + 2 * kv_heads) * head_dim
     growth = max(layer_kv, int(GPU_KV_GROWTH * layers * layer_kv)) if gpu else layer_kv
     kv_cache = layers * layer_kv + growth
-    chunk = min(chunk_tokens, context_tokens)
+    dense = 3 * int(c.get("intermediate_size") or 4 * hidden)
     if c.get("num_experts_per_tok") and c.get("moe_intermediate_size"):
-        mlp = int(c["num_experts_per_tok"]) * (3 * int(c["moe_intermediate_size"]) + hidden)
+        moe = int(c["moe_intermediate_size"])
+        mlp = int(c["num_experts_per_tok"]) * (3 * moe + hidden)
+        mlp += 3 * moe * int(c.get("n_shared_experts") or 0)  # DeepSeek's shared experts
+        if c.get("first_k_dense_replace"):  # its first layers are dense
+            mlp = max(mlp, dense)
     else:
-        mlp = 3 * int(c.get("intermediate_size") or 4 * hidden)
-    per_token = 4 * hidden + 2 * (heads + 2 * kv_heads) * head_dim + mlp
-    activations = chunk * per_token * size * (min(layers, GPU_LAYERS_IN_FLIGHT) if gpu else 1)
+        mlp = dense
+    per_token = 4 * hidden + attention + mlp
+    in_flight = min(layers, GPU_LAYERS_IN_FLIGHT) if gpu else 1
+    activations = (chunk * per_token * size + mla_layer) * in_flight
     activations += 2 * int(c.get("vocab_size") or 0) * 4  # the last position's logits
     if attention_materialized:
         # scores and their softmax (heads x chunk x keys), and the causal mask (bool)
@@ -255,6 +284,30 @@ def release_cached_buffers() -> None:
     mx.clear_cache()
 
 
+def share_of(device: int | None, *, peers: int, backend: str, weights: int) -> int | None:
+    """What one process may use of `device` bytes beside `peers` resident processes of the
+    same run, each holding `weights` (module docstring); None when the size is unknown."""
+    if device is None:
+        return None
+    if not peers:
+        return device
+    if backend == "cuda":
+        processes = peers + 1
+        return (device - processes * PEER_OVERHEAD_BYTES) // processes
+    return device - peers * (weights + PEER_OVERHEAD_BYTES)
+
+
+def chunk_tokens_of(flags: Mapping[str, Any]) -> int:
+    """The prefill chunk a variant's flags ask for (the engine's default otherwise)."""
+    from engine.flags import Flags  # fastpaths/ and mlx: not for the worker's imports
+
+    step_flag = {k: v for k, v in flags.items() if k == "prefill_step_size"}
+    try:
+        return Flags.parse(step_flag).prefill_step_size
+    except ValueError:  # the adapter refuses the value itself, with its own message
+        return Flags().prefill_step_size
+
+
 def weights_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).glob("model*.safetensors") if p.is_file())
 
@@ -318,14 +371,7 @@ class MemoryGuard:
 
     @classmethod
     def for_plan(cls, plan: Plan, path: Path | str) -> MemoryGuard:
-        from engine.flags import Flags  # fastpaths/ and mlx: not for the worker's imports
-
-        step_flag = {k: v for k, v in (plan.flags or {}).items() if k == "prefill_step_size"}
-        try:
-            step = Flags.parse(step_flag).prefill_step_size
-        except ValueError:  # the adapter refuses the value itself, with its own message
-            step = Flags().prefill_step_size
-        return cls.for_checkpoint(path, chunk_tokens=step)
+        return cls.for_checkpoint(path, chunk_tokens=chunk_tokens_of(plan.flags or {}))
 
     def estimate(self, context_tokens: int) -> MemoryEstimate:
         return estimate(
@@ -340,14 +386,9 @@ class MemoryGuard:
     def share(self) -> int | None:
         """What this process may use of the device beside its peers (module docstring); None
         when the device's size is unknown."""
-        if self.device.bytes is None:
-            return None
-        if not self.peers:
-            return self.device.bytes
-        if self.backend == "cuda":
-            processes = self.peers + 1
-            return (self.device.bytes - processes * PEER_OVERHEAD_BYTES) // processes
-        return self.device.bytes - self.peers * (self.weights_bytes + PEER_OVERHEAD_BYTES)
+        return share_of(
+            self.device.bytes, peers=self.peers, backend=self.backend, weights=self.weights_bytes
+        )
 
     def share_reason(self) -> str:
         """How the share was set, for the guard's refusal."""
@@ -388,3 +429,155 @@ class MemoryGuard:
                 f"context {context_tokens} tokens does not fit: it needs {needed.describe()}, "
                 f"the device has {gib(self.device.bytes)} ({self.device.source}){shared}"
             )
+
+
+# ---------------------------------------------------------------------------------------------
+# the run's memory plan: side by side, or one variant resident at a time
+
+SIDE_BY_SIDE = "side-by-side"
+IN_TURNS = "in-turns"
+RESIDENCIES = (SIDE_BY_SIDE, IN_TURNS)
+
+
+@dataclass(frozen=True)
+class VariantNeed:
+    """One variant's estimated peak at each context of a run, alone on the device."""
+
+    variant: str
+    weights_bytes: int
+    estimates: dict[int, MemoryEstimate]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a run's variant processes share the device, decided before any timing.
+
+    `side-by-side`: every variant's process is resident for the whole block and cells
+    interleave (the guard splits the device between them). `in-turns`: one variant's process
+    at a time, each variant's cells of a block in a turn of its own (worker/variants.py).
+    `refused`: per variant, the contexts that do not fit even alone: its process refuses them
+    with the estimate, as the guard always has."""
+
+    residency: str
+    reason: str
+    refused: dict[str, list[int]]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"residency": self.residency, "reason": self.reason, "refused": self.refused}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> MemoryPlan:
+        residency = str(value["residency"])
+        if residency not in RESIDENCIES:
+            raise ValueError(f"unknown residency {residency!r}")
+        refused = {str(k): [int(c) for c in v] for k, v in dict(value["refused"]).items()}
+        return cls(residency, str(value["reason"]), refused)
+
+
+def plan_memory(
+    needs: list[VariantNeed], *, device: DeviceMemory, backend: str, asked: str = "auto"
+) -> MemoryPlan:
+    """Side by side where every context fits every variant's process beside the others
+    (each process's share as the guard computes it), else in turns; `asked` (auto,
+    side-by-side, in-turns) overrides the choice, never the refusals."""
+    if asked not in ("auto", *RESIDENCIES):
+        raise ValueError(f"residency {asked!r}: give auto, {SIDE_BY_SIDE} or {IN_TURNS}")
+    peers = len(needs) - 1
+    refused: dict[str, list[int]] = {}
+    notes: list[str] = []
+    worst: tuple[float, VariantNeed, MemoryEstimate, int] | None = None  # need / share
+    for need in needs:
+        for context, estimate in sorted(need.estimates.items()):
+            if device.bytes is None:
+                continue
+            if estimate.total_bytes > device.bytes:
+                refused.setdefault(need.variant, []).append(context)
+                continue
+            share = share_of(device.bytes, peers=peers, backend=backend, weights=need.weights_bytes)
+            assert share is not None
+            ratio = estimate.total_bytes / share if share > 0 else math.inf
+            if worst is None or ratio > worst[0]:
+                worst = (ratio, need, estimate, share)
+    for variant, contexts in sorted(refused.items()):
+        estimate = next(n for n in needs if n.variant == variant).estimates[max(contexts)]
+        notes.append(
+            f"variant {variant}: {_tokens(contexts)} do not fit even alone ({estimate.describe()} "
+            f"at {max(contexts):,} tokens; the device has {gib(device.bytes or 0)}): refused"
+        )
+    if device.bytes is None:
+        fits, why = True, f"the device's memory is unknown ({device.source})"
+    elif peers < 1:
+        fits, why = True, "one variant process"
+    elif worst is None:
+        fits, why = True, "no context fits even one process"
+    else:
+        ratio, need, estimate, share = worst
+        fits = ratio <= 1
+        each = f"{len(needs)} variant processes"
+        at = (
+            f"{estimate.context_tokens:,} tokens (variant {need.variant}) needs "
+            f"{gib(estimate.total_bytes)}"
+        )
+        if fits:
+            why = (
+                f"every context fits {each} side by side: the largest need, {at}, within the "
+                f"{gib(share)} each may use"
+            )
+        else:
+            why = (
+                f"{at} but each of {each} side by side may use "
+                f"{gib(share) if share > 0 else 'nothing'} of {gib(device.bytes)} "
+                f"({device.source}); alone it may use all of it"
+            )
+    chosen = (SIDE_BY_SIDE if fits else IN_TURNS) if asked == "auto" else asked
+    if asked != "auto":
+        why = f"{chosen} as asked ({why})"
+    elif chosen == IN_TURNS:
+        why = f"in turns, one variant resident at a time: {why}"
+    else:
+        why = f"side by side: {why}"
+    return MemoryPlan(chosen, "; ".join([why, *notes]), refused)
+
+
+def _tokens(contexts: list[int]) -> str:
+    listed = ", ".join(f"{c:,}" for c in contexts)
+    return f"context{'s' if len(contexts) > 1 else ''} {listed} tokens"
+
+
+def variant_needs(
+    model: Path | str, flags: Mapping[str, Mapping[str, Any]], contexts: list[int]
+) -> tuple[list[VariantNeed], DeviceMemory, str]:
+    """Each variant's estimates from config.json and the weight files (nothing is loaded; the
+    attention probe of a GPU runs in this process: call it in a process of its own)."""
+    needs = []
+    device, backend = DeviceMemory(None, "unknown"), "cpu"
+    for variant, variant_flags in flags.items():
+        guard = MemoryGuard.for_checkpoint(model, chunk_tokens=chunk_tokens_of(variant_flags))
+        device, backend = guard.device, guard.backend
+        estimates = {context: guard.estimate(context) for context in contexts}
+        needs.append(VariantNeed(variant, guard.weights_bytes, estimates))
+    return needs, device, backend
+
+
+def main() -> int:
+    """`python -m engine.memory`: reads {"model", "variants": {name: flags}, "contexts",
+    "residency"} on stdin, prints the run's MemoryPlan as one JSON line. The orchestrator runs
+    it in a process of its own so that it never touches the device itself (a CUDA context held
+    by the orchestrator would sit beside every variant process of the run)."""
+    import sys
+
+    try:
+        asked = json.loads(sys.stdin.read())
+        needs, device, backend = variant_needs(
+            asked["model"], asked["variants"], [int(c) for c in asked["contexts"]]
+        )
+        plan = plan_memory(needs, device=device, backend=backend, asked=asked["residency"])
+    except (KeyError, TypeError, ValueError) as error:
+        print(json.dumps({"error": str(error)}))
+        return 2
+    print(json.dumps(plan.as_json()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,8 +1,8 @@
 """Synthetic model presets: real mlx-lm architectures with the dimensions of a named model.
 
-`micro`, `tiny` and `tiny-moe` are for tests and the demo on a CPU; the `*-shape` presets carry
-a real model's dimensions (several GB of random weights) and are written only on benchmark
-hosts.
+`micro`, `tiny`, `tiny-moe` (qwen3_moe) and `tiny-deepseek-v3` are for tests and the demo on a
+CPU; the `*-shape` presets carry a real model's dimensions (several GB of random weights) and
+are written only on benchmark hosts.
 
 `*-long` presets are the same architectures declared as long-context checkpoints declare it:
 Llama 3.1's `rope_scaling` (`rope_type` llama3: low and high frequency factors 1 and 4 over the
@@ -110,6 +110,48 @@ PRESETS: dict[str, Preset] = {
         tokenizer_vocab=2048,
         vocab_from_tokenizer=True,
     ),
+    # DeepSeek-V3's architecture as mlx-lm ships it (multi-head latent attention: the KV cache
+    # holds one 64-wide latent per position instead of keys and values per head; a dense first
+    # layer, then routed experts beside a shared one), small enough for a CPU test of its
+    # memory estimate.
+    "tiny-deepseek-v3": Preset(
+        name="tiny-deepseek-v3",
+        description="deepseek_v3, 2 layers (1 dense), width 256, 8 experts (top 2) + 1 shared",
+        config={
+            "model_type": "deepseek_v3",
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "hidden_size": 256,
+            "num_hidden_layers": 2,
+            "intermediate_size": 512,
+            "moe_intermediate_size": 128,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1,
+            "moe_layer_freq": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 64,
+            "q_lora_rank": 96,
+            "qk_rope_head_dim": 16,
+            "qk_nope_head_dim": 32,
+            "v_head_dim": 32,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+        },
+        default_dtype="float32",
+        tokenizer_vocab=2048,
+        vocab_from_tokenizer=True,
+    ),
     "llama-8b-shape": Preset(
         name="llama-8b-shape",
         description="Llama-3.1-8B dimensions, random weights (about 16 GB in bf16)",
@@ -170,6 +212,20 @@ PRESETS: dict[str, Preset] = {
         tags=("gpu-host-only",),
     ),
 }
+
+# The GPU check of a run in turns (docs/PERFORMANCE.md): Qwen3-30B-A3B's decoder layer (128
+# routed experts, top 8, width 2,048) in 36 of its 48 layers, so that one process holds more
+# than half of an 80 GB GPU (about 46 GB of weights) and two cannot be resident together, on a
+# GPU machine's 64 GiB disk beside everything else.
+PRESETS["qwen3-moe-45g-shape"] = Preset(
+    name="qwen3-moe-45g-shape",
+    description="qwen3_moe, Qwen3-30B-A3B's layers (128 experts, top 8), 36 of them, random "
+    "weights (about 46 GB in bf16): one process > half of an 80 GB GPU",
+    config={**PRESETS["qwen3-30b-a3b-shape"].config, "num_hidden_layers": 36},
+    default_dtype="bfloat16",
+    tokenizer_vocab=8192,
+    tags=("gpu-host-only",),
+)
 
 
 LONG_CONTEXT = 262_144

@@ -2,7 +2,8 @@
 
 For each feature f and context, the paired ratio of `all` over `all-minus-f` (same run, round
 and context, so the same prompt): above 1 means removing f makes the candidate slower, i.e. f
-earns speed. Verdicts follow `evidence.stats` (Holm across the ablation entries as one family).
+earns speed. Verdicts follow `evidence.stats` (Bonferroni across the ablation entries as one
+family).
 These contributions are measured with every other feature on; they interact and do not add up
 to the `all` over `none` ratio.
 """
@@ -46,7 +47,7 @@ def ablation_section(
             )
             entries.append({"feature": feature, **entry})
     return Ablation(
-        note=ABLATION_NOTE, correction="holm", entries=finish(entries, options, AblationEntry)
+        note=ABLATION_NOTE, correction="bonferroni", entries=finish(entries, options, AblationEntry)
     )
 
 

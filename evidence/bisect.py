@@ -65,12 +65,12 @@ def _interval(result: StepResult | None) -> tuple[float, float] | None:
 
 def _too_few(name: str, result: StepResult | None) -> str | None:
     """Why `result`'s interval cannot decide a step (None: it can, or it has none)."""
-    if result is None or result.ci_level is None or _interval(result) is None:
+    if result is None or result.n == 0 or _interval(result) is not None:
         return None
     return (
-        f"{name} has {result.n} pairs, too few for a 95% interval (its [min, max] covers "
-        f"{100 * result.ci_level:.4g}%; {MIN_PAIRS} independent pairs or process pairs give "
-        "one): run the step with more rounds"
+        f"{name} has {result.n} pairs, too few independent units for an interval "
+        f"({MIN_PAIRS} independent pairs or process pairs give one): run the step with more "
+        "rounds"
     )
 
 

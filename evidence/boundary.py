@@ -15,6 +15,17 @@ Every model of the data contract (`evidence/schemas.py`) and of the worker proto
 - JSON text: parsed by `strict_json_loads` (no `NaN`/`Infinity`, no number that overflows to
   infinity, no nesting deeper than the models read).
 
+The door (`door_check_json`, `door_text_problem`): whatever a service receives, before any
+schema reads it, is text PostgreSQL's `text` and `jsonb` accept: UTF-8 (a byte that is not is
+refused with its position), no NUL (`text` cannot hold it, `jsonb` refuses `\\u0000`), no lone
+surrogate (`"\\ud800"` parses into a Python str no UTF-8 encoder accepts: the driver fails the
+statement, or a later read of the stored JSON fails), no string longer than
+`MAX_DOOR_TEXT_CHARS`. A refusal is a `TextRefused` naming the field (`fingerprint.chip`,
+`variants.1.flags.kv_bits`). The API applies it to every request, whatever its route
+(`api/routing.py: DoorMiddleware`), the admin commands to every argument (`api/cli.py`),
+uploads of JSON files to every line (`Utf8Lines`, `api/artifacts/store.py`); `Checked`
+models refuse lone surrogates too, wherever they parse.
+
 PostgreSQL stores JSON text as sent, but `->>` on a value with `\\u0000` fails every query that
 reads it: one host's fingerprint made every submission fail until then. This module imports
 nothing of coldbench.
@@ -22,6 +33,7 @@ nothing of coldbench.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import json
 import math
@@ -78,6 +90,8 @@ def text_problem(text: str, *, multiline: bool = False) -> str | None:
         category = unicodedata.category(char)
         if category == "Cc" or category in _SEPARATORS:
             return f"holds the control character U+{ord(char):04X}"
+        if category == "Cs":
+            return f"holds the lone surrogate U+{ord(char):04X} (not UTF-8)"
     return None
 
 
@@ -257,3 +271,142 @@ def strict_json_loads(raw: bytes | str) -> Any:
 
 def _document(raw: bytes | str) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+
+
+# --- the door: text every service receives ------------------------------------------------------
+
+# The longest string a request may hold anywhere (a reason with a server's log tail is at most
+# 4,000 characters; request bodies are at most 1 MiB, `Settings.max_request_body_bytes`).
+MAX_DOOR_TEXT_CHARS: Final = 65_536
+
+
+class TextRefused(ValueError):
+    """Text the door refuses: `field` names where (a dotted JSON path, `body`, `header
+    x-name`, `argument 2`), `problem` says what, in a few words."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def door_text_problem(text: str) -> str | None:
+    """What PostgreSQL's `text` and `jsonb` cannot hold in `text` (None: nothing): NUL, a lone
+    surrogate, more than `MAX_DOOR_TEXT_CHARS` characters."""
+    if len(text) > MAX_DOOR_TEXT_CHARS:
+        return f"longer than {MAX_DOOR_TEXT_CHARS} characters"
+    if "\x00" in text:
+        return "holds NUL (U+0000)"
+    try:
+        text.encode("utf-8")  # fails on a lone surrogate, and only on one
+    except UnicodeEncodeError as error:
+        return f"holds the lone surrogate U+{ord(text[error.start]):04X} (not UTF-8)"
+    return None
+
+
+def document_problem(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(field, problem) of the first text of a parsed JSON document, key or value, nested,
+    that `door_text_problem` refuses; None when there is none. A field is the dotted path
+    (`variants.1.flags`), `body` for the document itself."""
+    if isinstance(value, str):
+        problem = door_text_problem(value)
+        return None if problem is None else (path or "body", problem)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            problem = door_text_problem(key)
+            if problem is not None:
+                # The key itself cannot be shown as it is: name it by its first characters.
+                return (path or "body", f"a key {problem}")
+            found = document_problem(item, where)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = document_problem(item, f"{path}.{index}" if path else str(index))
+            if found is not None:
+                return found
+    return None
+
+
+# What a JSON text that holds NUL or a surrogate must contain: their escapes (a raw NUL is not
+# JSON; a raw surrogate is not UTF-8). A valid pair escaped (`\\ud83d\\ude00`) matches too
+# and is then found whole by the walk.
+_SUSPECT_ESCAPE: Final = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+
+
+def door_check_json(raw: bytes | str, *, what: str = "body") -> None:
+    """The door's rule on a JSON text before anything parses it: `raw` strict UTF-8
+    (`TextRefused` naming the byte's position), and every string of the document held to
+    `door_text_problem` (`TextRefused` naming its path). The document is parsed only where a
+    string could be refused (an escape of NUL or a surrogate, or a text longer than one
+    string may be), so a lease's body costs a UTF-8 check and one regular-expression search;
+    malformed JSON is left to the parser that reads it, with its own message."""
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise TextRefused(
+                what, f"byte {error.start} (0x{raw[error.start]:02x}) is not UTF-8"
+            ) from None
+    else:
+        text = raw
+    if len(text) <= MAX_DOOR_TEXT_CHARS and _SUSPECT_ESCAPE.search(text) is None:
+        return
+    try:
+        value = strict_json_loads(text)
+    except ValueError:
+        return
+    found = document_problem(value)
+    if found is not None:
+        field, problem = found
+        raise TextRefused(field if what == "body" else f"{what}: {field}", problem)
+
+
+def door_json_loads(raw: bytes | str, *, what: str = "body") -> Any:
+    """`strict_json_loads` of a JSON text the door accepts (`door_check_json`): for a reader
+    of JSON from outside that no request door stands before (a file, a message)."""
+    door_check_json(raw, what=what)
+    return strict_json_loads(raw)
+
+
+class Utf8Lines:
+    """The door's rule on a JSON file arriving in chunks (an upload of `records.jsonl`): UTF-8
+    throughout and no NUL byte, refused at the first that is not with its line number
+    (`TextRefused(name, "line 3: byte 0xff is not UTF-8")`), so a file is never accepted and
+    its records dropped later. JSON must be UTF-8 (RFC 8259) and holds no raw NUL; what a line
+    holds beyond that (its JSON, its schema) is the reader's, line by line."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._newlines = 0
+
+    def _refuse(self, data: bytes, index: int, problem: str) -> TextRefused:
+        line = self._newlines + data.count(b"\n", 0, index) + 1
+        return TextRefused(self.name, f"line {line}: {problem}")
+
+    def feed(self, chunk: bytes) -> None:
+        nul = chunk.find(b"\x00")
+        if nul >= 0:
+            raise self._refuse(chunk, nul, "holds a NUL byte")
+        buffered = self._decoder.getstate()[0]
+        try:
+            self._decoder.decode(chunk)
+        except UnicodeDecodeError as error:
+            data = buffered + chunk
+            raise self._refuse(
+                data, error.start, f"byte 0x{data[error.start]:02x} is not UTF-8"
+            ) from None
+        self._newlines += chunk.count(b"\n")
+
+    def close(self) -> None:
+        """The end of the file: a character cut short there is refused too."""
+        buffered = self._decoder.getstate()[0]
+        try:
+            self._decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise self._refuse(
+                buffered, 0, f"ends inside a character (byte 0x{buffered[0]:02x})"
+            ) from None

@@ -42,6 +42,7 @@ from evidence.schemas import (
     error_line,
     is_valid_name,
 )
+from evidence.stats import N_RESAMPLES
 from evidence.summary import summarize
 from evidence.summary_schema import Summary, first_difference, summary_json_bytes
 from evidence.timeline import Timeline, is_timeline_file, timeline_file_name
@@ -438,14 +439,20 @@ def _unsafe_member_name(name: str) -> bool:
 
 def read_zip(data: bytes) -> dict[str, bytes]:
     """Every regular file of a zipped bundle; the zip may hold the files at its top level or
-    inside one top-level folder."""
+    inside one top-level folder.
+
+    Memory is bounded by what the entries declare, checked before anything is inflated: their
+    sizes' sum at most `MAX_BUNDLE_BYTES`, and each entry is inflated in chunks of
+    `ZIP_READ_CHUNK_BYTES`, refused as soon as it streams more than it declared (zipfile reads
+    a deflated entry in one call with a 2 GiB output limit: a 2.4 MB zip whose 1 GiB entry
+    declared 1 KiB took 2.1 GB before its CRC failed)."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except _ZIP_READ_ERRORS as error:
         raise BundleError(f"not a readable zip file ({error})") from error
     files: dict[str, bytes] = {}
-    total = 0
     with archive:
+        entries: list[zipfile.ZipInfo] = []
         for info in archive.infolist():
             name = info.filename
             if _unsafe_member_name(name):
@@ -457,16 +464,39 @@ def read_zip(data: bytes) -> dict[str, bytes]:
                 continue
             if mode and not stat.S_ISREG(mode):
                 raise BundleError(f"zip entry {name!r}: not a regular file")
-            if name in files:
+            if name in files or any(entry.filename == name for entry in entries):
                 raise BundleError(f"zip entry {name!r}: appears twice")
-            total += info.file_size
-            if total > MAX_BUNDLE_BYTES:
-                raise BundleError(f"zip inflates beyond {MAX_BUNDLE_BYTES} bytes")
-            try:
-                files[name] = archive.read(info)
-            except _ZIP_READ_ERRORS as error:
-                raise BundleError(f"zip entry {name!r}: unreadable ({error})") from error
+            entries.append(info)
+        declared = sum(info.file_size for info in entries)
+        if declared > MAX_BUNDLE_BYTES:
+            raise BundleError(f"zip declares {declared} bytes, beyond {MAX_BUNDLE_BYTES}")
+        for info in entries:
+            files[info.filename] = _inflate(archive, info)
     return _strip_common_folder(files)
+
+
+# How much of a zip entry is inflated at a time (read_zip).
+ZIP_READ_CHUNK_BYTES = 1 << 20
+
+
+def _inflate(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """The entry's bytes, inflated chunk by chunk: never more than it declares."""
+    name = info.filename
+    parts: list[bytes] = []
+    streamed = 0
+    try:
+        with archive.open(info) as entry:
+            while chunk := entry.read(ZIP_READ_CHUNK_BYTES):
+                streamed += len(chunk)
+                if streamed > info.file_size:
+                    raise BundleError(
+                        f"zip entry {name!r}: inflates beyond the {info.file_size} bytes it "
+                        "declares"
+                    )
+                parts.append(chunk)
+    except _ZIP_READ_ERRORS as error:
+        raise BundleError(f"zip entry {name!r}: unreadable ({error})") from error
+    return b"".join(parts)
 
 
 def _strip_common_folder(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -603,6 +633,7 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
         timelines = timelines_of(files)
     except ValueError as error:
         return [f"cannot recompute: {error}"]
+    bootstrap = stored.settings.bootstrap
     try:
         recomputed = summarize(
             records,
@@ -611,8 +642,8 @@ def recompute_problems(files: Mapping[str, bytes], *, rel_tol: float = 1e-9) -> 
             features=stored.features,
             provenances=provenance_list,
             precision=stored.settings.precision,
-            seed=stored.settings.bootstrap.seed,
-            n_resamples=stored.settings.bootstrap.n_resamples,
+            seed=bootstrap.seed if bootstrap is not None else None,
+            n_resamples=bootstrap.n_resamples if bootstrap is not None else N_RESAMPLES,
             margin_threshold=stored.parity.margin_threshold,
             timelines=timelines,
         )

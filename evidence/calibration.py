@@ -44,7 +44,7 @@ CLAIMS = ("faster", "slower")
 NOISE_CONFIDENCE = 0.95
 # A calibrated host's runs keep at least this many blocks: their own process pairs check the
 # calibration (evidence.stats.design_effect_interval's F test).
-MIN_CALIBRATED_BLOCKS = 2
+MIN_CALIBRATED_BLOCKS = 10
 
 
 def _f_distribution() -> Any:

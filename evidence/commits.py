@@ -7,7 +7,7 @@ variant, so:
 
 - the PR's total is head / base;
 - c's marginal is head / head-without-c: what leaving that one commit out costs with every
-  other commit in (above 1: c earns speed), corrected across commits and contexts (Holm);
+  other commit in (above 1: c earns speed), corrected across commits and contexts (Bonferroni);
 - the marginals are not additive: their sum is set beside the total, and the difference is
   what no single commit accounts for (commits that build on each other, or overlap);
 - a commit whose revert conflicts, or whose tree does not build or load, is not separable: it
@@ -131,7 +131,7 @@ def commits_section(
     options: StatsOptions,
 ) -> Commits:
     """summary.json's `commits`: every commit with its trees, the PR's total, each commit's
-    marginal (Holm across commits and contexts), each alone on base, and the sums."""
+    marginal (Bonferroni across commits and contexts), each alone on base, and the sums."""
     assert spec.commits is not None and spec.commits.line is not None  # JobSpec's rules
     base_plan, head_plan, *changed = spec.commits.planned()
     targets = _targets(provenances)
@@ -210,7 +210,7 @@ def commits_section(
         alone=alone,
         additivity=additivity,
         note=COMMITS_NOTE,
-        correction="holm",
+        correction="bonferroni",
     )
 
 

@@ -14,7 +14,7 @@ from evidence.builds import builds_caveats
 from evidence.canary import canary_caveats
 from evidence.schemas import Provenance, TargetInfo
 from evidence.spec_text import flags_text
-from evidence.summary_schema import Comparison, Summary, counts_pairs_by_design_effect
+from evidence.summary_schema import Comparison, Summary
 from evidence.telemetry import telemetry_caveats
 
 # More variants than this are named by count (an ablation's none, all and all-minus-f).
@@ -99,18 +99,7 @@ def caveats(summary: Summary) -> list[str]:
             "that computes something else has not been shown faster at the same work."
         )
     floor = summary.noise_floor
-    if (
-        floor
-        and floor.process_pairs < summary.settings.min_pairs
-        and counts_pairs_by_design_effect(summary.settings)
-    ):
-        found.append(
-            f"Only {floor.process_pairs} process pairs: the interval and test count every pair "
-            "with the design effect this host's calibration allows, and so few process pairs "
-            "check that calibration only coarsely (a host noisier than it was calibrated needs "
-            "a new calibration)."
-        )
-    elif floor and floor.process_pairs < summary.settings.min_pairs:
+    if floor and floor.process_pairs < summary.settings.min_pairs:
         found.append(
             f"Only {floor.process_pairs} process pairs: the process pair is the independent "
             f"unit of the interval and test, and fewer than {summary.settings.min_pairs} rest "

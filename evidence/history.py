@@ -5,10 +5,11 @@ so each point is the paired ratio commit / reference with its 95% interval: the 
 an A/B verdict rests on, not a raw tok/s from another hour. A *step* is where two neighbouring
 measured commits' intervals do not overlap: the performance changed between them. The reference
 is the first of them, at ratio 1 exactly: the first commit measured is a step after it where
-its verdict against the reference is `faster` or `slower` (the A/B rule: interval off 1 and the
-Holm-corrected test), so a change at the first commit is found too. Commits that did not build
-or load are listed with the reason and skipped, and so is, for the step rule, a commit with too
-few pairs for a 95% interval (`evidence.stats`); the next measured commit is the neighbour.
+its verdict against the reference is `faster` or `slower` (the A/B rule: its interval,
+corrected for the matrix, off 1), so a change at the first commit is found too. Commits that
+did not build or load are listed with the reason and skipped, and so is, for the step rule, a
+commit with too few pairs for an interval (`evidence.stats`); the next measured commit is the
+neighbour.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from evidence.summary_schema import (
 STEP_RULE = (
     "a step is a pair of neighbouring measured commits whose 95% intervals of the paired ratio "
     "to the reference do not overlap; the first commit is a step after the reference (ratio 1) "
-    "where its verdict against it is faster or slower; a commit with too few pairs for a 95% "
+    "where its verdict against it is faster or slower; a commit with too few pairs for an "
     "interval is no one's neighbour"
 )
 
@@ -187,7 +188,7 @@ def history_section(
             )
         series.append(HistorySeries(context_tokens=context, points=points))
         # The reference against itself: ratio 1 with no spread, the first neighbour. The first
-        # commit steps from it as an A/B verdict would call it (interval off 1 and Holm).
+        # commit steps from it as an A/B verdict would call it (its corrected interval off 1).
         origin = (reference_commit.variant, reference_commit.commit, 1.0, None, None)
         measured_points = [origin] + [
             (p.variant, p.commit, p.ratio_median, interval, p.verdict)
@@ -285,12 +286,12 @@ def history_sentences(history: History, text: Callable[[object], str] = str) -> 
             (position, p.variant, p.commit)
             for series in history.series
             for position, p in enumerate(series.points)
-            if not p.skipped and p.ci_low is not None and decisive_interval(p) is None
+            if not p.skipped and p.n > 0 and decisive_interval(p) is None
         }
     )
     if few:
         sentences.append(
-            f"{plural(len(few), 'commit')} had too few pairs for a 95% interval and "
+            f"{plural(len(few), 'commit')} had too few pairs for an interval and "
             f"{'are' if len(few) != 1 else 'is'} no neighbour in the step rule: "
             + ", ".join(text(short(commit, variant)) for _, variant, commit in few)
             + "."

@@ -10,8 +10,9 @@ option it belongs to and, where there is one, the JobSpec field path, so each fr
 it in its own terms (`--contexts` on the command line, the contexts input on the form).
 
 A default that depends on the job is computed from it: rounds (`default_rounds`) are enough for
-the job's comparisons to reach a verdict even when two process pairs disagree with the rest
-(evidence/stats.py's rule, `rounds_to_outvote`).
+the job's comparisons to reach a verdict even when two process pairs at each end disagree with
+the rest (evidence/stats.py's rule, `units_for_verdict`); measuring until decided, four times
+that is the budget.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from pydantic import ValidationError
 
 from evidence.engine_flags import flag_problems
 from evidence.schemas import (
-    MAX_HISTORY_COMMITS,
-    MAX_PR_COMMITS,
     REF_PATTERN,
     JobSpec,
     Mode,
@@ -140,8 +139,23 @@ JOB_OPTIONS: Final = _options(
         "--rounds",
         "Rounds (pairing units).",
         metavar="N",
-        default_text="enough for a verdict even when two process pairs disagree with the rest "
-        "(10 for up to 5 comparisons, more for larger matrices)",
+        default_text="10 process blocks, enough for a verdict even when two process pairs at "
+        "each end disagree with the rest; with --until decided the budget, 4 times that",
+    ),
+    JobOption(
+        "until",
+        "--until",
+        "rounds: measure exactly --rounds; decided: look after the first 10 process blocks and "
+        "at each doubling, and stop once every prefill comparison is faster, slower or no "
+        "established change (--rounds is the budget; false claims stay at 5% per job).",
+        metavar="rounds|decided",
+        default_text="rounds",
+    ),
+    JobOption(
+        "budget_minutes",
+        "--budget-minutes",
+        "With --until decided: also stop at the first look after this many minutes of measuring.",
+        "MINUTES",
     ),
     JobOption(
         "decode_tokens", "--decode-tokens", "Greedy tokens after prefill.", "N", default_text="8"
@@ -183,9 +197,9 @@ JOB_OPTIONS: Final = _options(
     JobOption(
         "precision",
         "--precision",
-        "Verdict precision: 'no established change' needs the 95% interval inside 1 +- this.",
+        "Verdict precision: 'no established change' needs the interval inside 1 +- this.",
         "FRACTION",
-        default_text="0.05",
+        default_text="0.02",
     ),
     JobOption(
         "range",
@@ -499,10 +513,13 @@ def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
             number = _int(build, name, given[name])
             if number is not None:
                 raw[name] = number
-    if _given(given.get("precision")):
-        precision = _float(build, "precision", given["precision"])
-        if precision is not None:
-            raw["precision"] = precision
+    for name in ("precision", "budget_minutes"):
+        if _given(given.get(name)):
+            number_value = _float(build, name, given[name])
+            if number_value is not None:
+                raw[name] = number_value
+    if _given(given.get("until")):
+        raw["until"] = str(given["until"]).strip()
     if _given(given.get("fresh_process")):
         raw["fresh_process"] = _bool(build, "fresh_process", given["fresh_process"]) or False
     for name in ("model", "corpus"):
@@ -733,23 +750,20 @@ def human_message(item: Mapping[str, Any], raw: Mapping[str, Any] | None = None)
     return str(item["msg"])
 
 
+# Measuring until decided, the default budget is this many first looks (looks at 1, 2 and 4).
+BUDGET_FIRST_LOOKS: Final = 4
+
+
 def default_rounds(spec: JobSpec) -> int:
     """Rounds that let every comparison of `spec` reach a verdict even when two of its process
-    pairs disagree with the rest (evidence/stats.py, `rounds_to_outvote`), over the job's whole
-    corrected family: a history over a range, or a commits job, counts the most commits its host
-    may resolve."""
-    from evidence.stats import comparison_family_size, rounds_to_outvote
+    pairs at each end disagree with the rest (evidence/stats.py, `units_for_verdict`), whatever
+    the size of the family (the interval is a t interval: more comparisons widen it, none makes
+    it unreachable); measuring until decided, `BUDGET_FIRST_LOOKS` first looks."""
+    from evidence.stats import units_for_verdict
 
-    family = comparison_family_size(spec)
-    if spec.mode == "history" and spec.needs_host_resolution and spec.history is not None:
-        commits = spec.history.last or spec.history.max_commits or MAX_HISTORY_COMMITS
-        family = len(spec.contexts) * commits
-    if spec.mode == "commits" and spec.needs_host_resolution and spec.commits is not None:
-        # head, then a variant per commit (two with `alone`), against base
-        commits = spec.commits.max_commits or MAX_PR_COMMITS
-        family = len(spec.contexts) * (1 + commits * (2 if spec.commits.alone else 1))
-    units = rounds_to_outvote(family)
-    return units * (spec.rounds_per_process or 1)
+    block = 1 if spec.fresh_process else (spec.rounds_per_process or 1)
+    first = spec.first_look or units_for_verdict() * block
+    return first * (BUDGET_FIRST_LOOKS if spec.until == "decided" else 1)
 
 
 def typer_option(name: str, *, help: str | None = None, default_text: str | None = None) -> Any:

@@ -36,9 +36,9 @@ from evidence.summary_schema import (
     PhaseTimes,
     ReproductionRun,
     RunDrift,
+    RunTime,
     Settings,
     Summary,
-    counts_pairs_by_design_effect,
 )
 from evidence.telemetry import telemetry_lines
 
@@ -201,10 +201,36 @@ def time_spent_lines(summary: Summary) -> list[str]:
         if run.block_rule:
             parts.append(f"blocks: {run.block_rule}")
         text = "; ".join(parts) + "."
+        if run.residency == "in-turns":
+            text += " " + in_turns_text(run)
+        elif run.residency_reason:
+            text += f" Variants ran {run.residency_reason}."
         if run.stopped:
             text += f" The run was {run.stopped}."
         lines.append(f"Where the time went{f' (run {run.run_id})' if several else ''}: {text}")
     return lines
+
+
+def in_turns_text(run: RunTime) -> str:
+    """The sentences of a run whose variants were resident one at a time (engine.memory)."""
+    rounds = run.rounds_per_process
+    blocks = f"{run.blocks} block{'s' if run.blocks != 1 else ''}" if run.blocks else "blocks"
+    of = f" of {rounds} round{'s' if rounds != 1 else ''}" if rounds else ""
+    text = f"Variants ran in turns: one resident at a time, {blocks}{of}"
+    reason = (run.residency_reason or "").removeprefix("in turns, one variant resident at a time: ")
+    text += f" ({reason})." if reason else "."
+    if run.turn_starts is not None and run.turns_within_blocks:
+        cost = run.turn_starts
+        # their warm-ups are not added: side by side every process warms up the same
+        added = cost.stop_s + cost.imports_s + cost.load_s
+        turns = run.turns_within_blocks
+        text += (
+            f" The {turns} turn start{'s' if turns > 1 else ''} within blocks added "
+            f"{_seconds(added)} (stop {_seconds(cost.stop_s)}, imports "
+            f"{_seconds(cost.imports_s)}, load {_seconds(cost.load_s)}; their warm-ups, "
+            f"{_seconds(cost.warmups_s)}, a run side by side pays too)."
+        )
+    return text
 
 
 def drift_context_text(run: RunDrift) -> list[str]:
@@ -461,8 +487,8 @@ _COMPARISON_HEADER = [
     "variant",
     "baseline tok/s",
     "variant tok/s",
-    "ratio [95% CI]",
-    "p (Holm)",
+    "ratio [95% joint CI]",
+    "p (adjusted)",
     "pairs",
     "verdict",
 ]
@@ -523,52 +549,46 @@ def how_to_read(settings: Settings) -> list[str]:
     """The verdict rules in plain words, for summary.md and report.html."""
     precision_pct = f"{100 * settings.precision:g}%"
     level = f"{100 * settings.confidence_level:g}%"
-    calibrated = counts_pairs_by_design_effect(settings)
-    test_name = "t test's" if calibrated else "signed-rank"
     lines = [
         "Each ratio is the variant's tok/s over the baseline's on the same prompt in the same "
-        "round (paired); above 1 is faster. The table shows the median ratio and a "
-        f"{level} interval of that median (a seeded bootstrap, widened where needed to the "
-        "distribution-free order-statistic interval, so the level holds with few pairs).",
-        f"faster / slower: the interval excludes 1 and the {test_name} p-value, corrected "
-        f"(Holm) across the whole matrix, is below {settings.alpha:g}.",
+        "round (paired); above 1 is faster. The table shows a robust centre of the ratios (the "
+        "20% trimmed mean of their logs: a stalled cell at either end cannot move it) and its "
+        "t interval (Yuen). The intervals hold together: every interval of the table, and of "
+        f"every look a run took, covers its ratio with {level} confidence at once (each at "
+        "its share of the error, Bonferroni), so the verdicts read them directly.",
+        "faster / slower: the interval lies above / below 1.",
         f"no established change: the interval includes 1 and lies within 1 +- "
         f"{precision_pct}, so any change larger than {precision_pct} is ruled out; a smaller "
         "one is not.",
-        f"inconclusive: fewer than {settings.min_pairs} pairs, or an interval too wide for "
-        f"+-{precision_pct}, or an interval and a corrected test that disagree; from the "
-        "observed spread, the rounds that would detect a change of the size observed and those "
-        f"that would bound it within +-{precision_pct} are two estimates (a large change is "
-        "detected long before its interval is that narrow). An interval that includes 1 "
-        "establishes nothing more than that.",
+        f"inconclusive: fewer than {settings.min_pairs} units, or an interval that includes "
+        f"1 but is wider than +-{precision_pct}; from the observed spread, the rounds that "
+        "would detect a change of the size observed and those that would bound it within "
+        f"+-{precision_pct} are two estimates (a large change is detected long before its "
+        "interval is that narrow). An interval that includes 1 establishes nothing more than "
+        "that.",
         "no valid pairs: no round had valid cells of both the variant and the baseline at "
         "that context; the row says which side had none and why its cells were set aside.",
         "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "
         "the statistics; they are counted per reason. Ablation ratios (all / all-minus-f) "
         "interact and are not additive.",
     ]
-    if calibrated:
-        lines.insert(
-            1,
-            "Each variant ran in a fresh process every few rounds, and a process has a speed "
-            "offset of its own. This host's calibration bounds how much a process pair adds to "
-            "a paired ratio, so every pair counts, weighted by the design effect of its process "
-            "pair (1 + (m - 1) rho for m pairs, rho the share of the variance the bound allows "
-            "a process pair): the interval is the pairs' own widened by the square root of the "
-            "design effect, and the test is a t test of the median log ratio against its "
-            "variance under those offsets. Where the run's own process pairs differ more than "
-            "the calibration allows, their spread replaces the bound. The blocks' length comes "
-            'from the same calibration ("Where the time went" says which and why).',
-        )
-    elif settings.process_blocks is not None:
+    if settings.process_blocks is not None:
         lines.insert(
             1,
             "Each variant ran in a fresh process every few rounds, and a process has a speed "
             "offset of its own (about 1% between identical processes), so the independent "
-            "unit is the process pair, not the round: the interval resamples process pairs and "
-            "then pairs within them, and the test ranks the process pairs' median ratios. The "
-            "noise floor under the prefill table says how much processes differed and how small "
-            "an effect this run can resolve.",
+            "unit is the process pair, not the round: each process pair counts once, as the "
+            "median of its pairs' log ratios. The noise floor under the prefill table says how "
+            "much processes differed and how small an effect this run can resolve.",
+        )
+    sequential = settings.sequential
+    if sequential is not None:
+        looks = ", ".join(str(r) for r in sequential.looks)
+        lines.insert(
+            1,
+            f"Measured until decided: looks after {looks} rounds (the last is the budget); "
+            f"{sequential.taken} taken, {sequential.rounds_analysed} rounds analysed, this "
+            f"look's share of alpha {sequential.alpha:.4g}. Why it stopped: {sequential.stopped}.",
         )
     return lines
 
@@ -782,8 +802,8 @@ def commits_lines(commits: Commits) -> list[str]:
         "c",
         "commit",
         "subject",
-        "head / head without it [95% CI]",
-        "p (Holm)",
+        "head / head without it [95% joint CI]",
+        "p (adjusted)",
         "pairs",
         "verdict",
     ]
@@ -963,8 +983,8 @@ def _render(
                 [
                     "context",
                     "feature",
-                    "all / all-minus-f [95% CI]",
-                    "p (Holm)",
+                    "all / all-minus-f [95% joint CI]",
+                    "p (adjusted)",
                     "pairs",
                     "verdict",
                 ],

@@ -1,6 +1,6 @@
 """Reproductions: the same job run on several hosts, compared host by host.
 
-Each run's records are analysed alone (its own pairs, Holm within the run). For each
+Each run's records are analysed alone (its own pairs, corrected within the run). For each
 (context, variant) the hosts' results sit side by side; `agree` is false where two hosts'
 95% intervals do not overlap, which says the hosts measure different effects (a host
 difference, or drift) rather than noise around one effect. A run with too few pairs for a 95%

@@ -44,6 +44,7 @@ REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
 Mode = Literal["ab", "ablation", "sweep", "history", "bisect", "commits"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
+Until = Literal["rounds", "decided"]
 # The repository name of `coldbench run --adapter openai-server` without `--repo`: the server the
 # orchestrating interpreter already has installed, one build for every variant, so no refs. A
 # host's agent still refuses a ref-less variant of any repository it builds (worker/run.py).
@@ -634,9 +635,17 @@ class JobSpec(_Strict):
     # Rounds measured by one process per variant before every variant's process is replaced
     # (worker/schedule.py's process blocks); None: `default_rounds_per_process(rounds)`.
     rounds_per_process: int | None = Field(None, ge=1, le=10_000)
-    # Requested precision of verdicts: "no established change" needs the 95% interval of the
-    # median ratio inside [1 - precision, 1 + precision] (evidence/stats.py).
-    precision: float = Field(0.05, gt=0, le=0.5)
+    # Requested precision of verdicts: "no established change" needs the interval inside
+    # [1 - precision, 1 + precision] (evidence/stats.py).
+    precision: float = Field(0.02, gt=0, le=0.5)
+    # `rounds`: measure exactly `rounds`; `decided`: take a look after the first look's rounds
+    # and at each doubling, stop once every prefill comparison is decided, `rounds` being the
+    # budget (evidence/stats.py `Looks`).
+    until: Until = "rounds"
+    # The first look's rounds with `until: decided` (None: `units_for_verdict` process blocks).
+    first_look: int | None = Field(None, ge=1, le=INT32_MAX)
+    # With `until: decided`, a time budget too: the run stops at the first look after it.
+    budget_minutes: float | None = Field(None, gt=0, le=10_080, allow_inf_nan=False)
     # Mode history: the first variant is the reference commit, the others the commits measured
     # against it, oldest first (evidence/history.py).
     history: HistorySpec | None = None
@@ -702,6 +711,7 @@ class JobSpec(_Strict):
         problems: list[SpecError] = []
         for rule in (
             self._process_rules,
+            self._until_rules,
             self._name_rules,
             self._target_rules,
             self._history_rules,
@@ -724,6 +734,12 @@ class JobSpec(_Strict):
                 "rounds_per_process",
                 "fresh_process (a process per cell) and rounds_per_process exclude each other",
             )
+
+    def _until_rules(self, names: list[str]) -> None:
+        if self.until != "decided":
+            for field in ("first_look", "budget_minutes"):
+                if getattr(self, field) is not None:
+                    raise SpecError(field, f"{field} needs until=decided (measure until decided)")
 
     def _name_rules(self, names: list[str]) -> None:
         if self.baseline is None:
@@ -905,11 +921,15 @@ def default_rounds_per_process(rounds: int) -> int:
 
 
 def effective_rounds_per_process(spec: JobSpec) -> int | None:
-    """What the runner uses: None with `fresh_process` (every cell its own process)."""
+    """What the runner uses: None with `fresh_process` (every cell its own process). Measuring
+    until decided, a process block per round unless the job says: each look is a whole
+    number of blocks, and the first look has as many process pairs as rounds."""
     if spec.fresh_process:
         return None
     if spec.rounds_per_process is not None:
         return spec.rounds_per_process
+    if spec.until == "decided":
+        return 1
     return default_rounds_per_process(spec.rounds)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,12 @@ from evidence.stats import (
     MIN_PAIRS,
     N_RESAMPLES,
     CellIndex,
+    Looks,
     StatsOptions,
     compare_matrix,
+    job_looks,
 )
 from evidence.summary_schema import (
-    DESIGN_EFFECT_SETTINGS,
     PROCESS_BLOCK_SETTINGS,
     SUMMARY_FORMAT,
     Comparison,
@@ -47,6 +49,7 @@ from evidence.summary_schema import (
     NoiseFloor,
     Quantiles,
     RunCount,
+    Sequential,
     Settings,
     Summary,
     decisive_interval,
@@ -184,12 +187,89 @@ def noise_floor(comparisons: Sequence[Comparison]) -> NoiseFloor | None:
     )
 
 
-def calibrated_bound(provenances: Sequence[Provenance]) -> float | None:
-    """The process-pair bound the statistics use: the largest of the runs' calibrated hosts',
-    or None when any run's host has no calibration (each process pair is then a unit)."""
-    if not provenances or any(p.noise is None for p in provenances):
-        return None
-    return max(p.noise.process_pair_sd_upper for p in provenances if p.noise is not None)
+def rounds_done(records: Sequence[Record]) -> int:
+    """Complete rounds of these records: the fewest any run reached (a run's rounds start at 0
+    and a run stops only at a process block's end)."""
+    last: dict[str, int] = {}
+    for record in records:
+        if record.round >= 0:
+            last[record.run_id] = max(last.get(record.run_id, -1), record.round)
+    return min(last.values()) + 1 if last else 0
+
+
+@dataclass(frozen=True)
+class LookTaken:
+    """Which look of a job these records reach, and what it may spend."""
+
+    looks: Looks
+    index: int | None  # None: the records stop short of the first look
+    rounds: int  # rounds analysed: those of the look taken, or all there are before the first
+    alpha: float
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == len(self.looks.rounds) - 1
+
+
+def look_taken(spec: JobSpec, records: Sequence[Record], alpha: float) -> LookTaken:
+    """The look these records of `spec` reach (evidence.stats `Looks`): a run that stops early
+    is analysed at the last look it completed, with that look's share of alpha; records short
+    of the first look are analysed with the first look's share."""
+    looks = job_looks(spec)
+    done = rounds_done(records)
+    index = looks.taken(done)
+    if index is None:
+        return LookTaken(looks, None, done, looks.alpha_at(0, alpha))
+    return LookTaken(looks, index, looks.rounds[index], looks.alpha_at(index, alpha))
+
+
+def prefill_verdicts_at_look(
+    records: Sequence[Record], *, spec: JobSpec
+) -> tuple[LookTaken, list[Comparison]]:
+    """The prefill comparisons of a job at the look its records reach: what a run measuring
+    until decided checks after each process block (worker/run.py), by the rule summary.json
+    states."""
+    options = StatsOptions(precision=spec.precision, seed=spec.seed)
+    taken = look_taken(spec, records, options.alpha)
+    kept = [r for r in records if r.round < taken.rounds]
+    baseline = baseline_name(spec)
+    variants = [v.name for v in expand_variants(spec)]
+    comparisons, _ = compare_matrix(
+        CellIndex.of(kept),
+        variants=variants,
+        baseline=baseline,
+        contexts=sorted(spec.contexts),
+        metric="prefill_tps",
+        options=replace(options, look_alpha=taken.alpha),
+    )
+    return taken, comparisons
+
+
+def all_decided(comparisons: Sequence[Comparison]) -> bool:
+    return bool(comparisons) and all(
+        c.verdict in ("faster", "slower", "no established change") for c in comparisons
+    )
+
+
+def _sequential(taken: LookTaken, comparisons: Sequence[Comparison]) -> Sequential:
+    if taken.index is None:
+        stopped = f"the records stop at {taken.rounds} rounds, short of the first look"
+    elif all_decided(comparisons):
+        stopped = f"every comparison decided at look {taken.index + 1}"
+    elif taken.is_last:
+        stopped = f"the budget of {taken.rounds} rounds was spent"
+    else:
+        stopped = (
+            f"measuring ended at look {taken.index + 1} before every comparison decided (the "
+            "time budget, or the run ended)"
+        )
+    return Sequential(
+        looks=list(taken.looks.rounds),
+        taken=0 if taken.index is None else taken.index + 1,
+        rounds_analysed=taken.rounds,
+        alpha=taken.alpha,
+        stopped=stopped,
+    )
 
 
 def _order_of_first_appearance(values: Iterable[str]) -> list[str]:
@@ -229,10 +309,14 @@ def summarize(
         seed = spec.seed if spec is not None else 0
     # A cell faster than its device can compute has a wrong timing: invalid before any statistic.
     records = over_peak(records, provenances)
-    prior = calibrated_bound(provenances)
-    options = StatsOptions(
-        precision=precision, seed=seed, n_resamples=n_resamples, process_pair_sd=prior
-    )
+    options = StatsOptions(precision=precision, seed=seed, n_resamples=n_resamples)
+    taken: LookTaken | None = None
+    if spec is not None and spec.until == "decided":
+        # Analysed at the look the records reach, at that look's share of alpha (evidence.stats
+        # `Looks`); rounds past it are not part of the verdicts.
+        taken = look_taken(spec, records, options.alpha)
+        options = replace(options, look_alpha=taken.alpha)
+        records = [r for r in records if r.round < taken.rounds]
 
     measured = [r for r in records if r.round >= 0]
     # Records stamped with their process instance (process rotation): cluster-aware statistics
@@ -307,10 +391,12 @@ def summarize(
     invalidations = canary_invalidations(canary)
     if invalidations:
         conditional["evidence_invalid"] = invalidations
-    blocks_settings = DESIGN_EFFECT_SETTINGS if prior is not None else PROCESS_BLOCK_SETTINGS
-    settings = Settings.model_validate(
-        {**options.settings(), **({"process_blocks": blocks_settings} if by_process else {})}
-    )
+    extra_settings: dict[str, Any] = {}
+    if by_process:
+        extra_settings["process_blocks"] = PROCESS_BLOCK_SETTINGS
+    if taken is not None:
+        extra_settings["sequential"] = _sequential(taken, comparisons)
+    settings = Settings.model_validate({**options.settings(), **extra_settings})
     return Summary(
         format=SUMMARY_FORMAT,
         mode=spec.mode if spec is not None else ("ablation" if features else "ab"),

@@ -77,27 +77,22 @@ class ProcessBlocks(_Section):
     test: str
 
 
-# The same records on a host whose calibration bounds the process-pair component
-# (provenance `noise`): every pair counts, weighted by the design effect of its process pair.
-DESIGN_EFFECT_SETTINGS = ProcessBlocks(
-    unit="pair, with the design effect of its process pair: 1 + (m - 1) x rho, m pairs per "
-    "process pair, rho the share of a paired log ratio's variance a process pair adds (the "
-    "host's calibrated upper bound, or the run's own estimate where its process pairs differ "
-    "more than that allows: F test)",
-    interval="hull of the percentile bootstrap and the order-statistic interval of the pairs' "
-    "median ratio, widened by the square root of the design effect",
-    test="t test of the pairs' median log ratio against its variance under the process pairs' "
-    "offsets, (pi / 2)(m tau^2 + sigma^2) / n, tau taken as known from the host's calibration "
-    "(Satterthwaite degrees of freedom of sigma^2), or the run's own estimate with its process "
-    "pairs less one as degrees of freedom where they differ more than the calibration allows",
-)
 PROCESS_BLOCK_SETTINGS = ProcessBlocks(
     unit="process pair: the pairs measured by one process of the variant and one of the "
-    "baseline (records' `process`)",
-    interval="hull of a two-stage bootstrap (process pairs, then pairs within them) of the "
-    "median ratio and the order-statistic interval of the process pairs' median ratios",
-    test="Wilcoxon signed-rank, two-sided, on the log median ratio of each process pair",
+    "baseline (records' `process`), counted as the median of its pairs' log ratios",
+    interval="Yuen's 20% trimmed mean of the process pairs' log ratios with its t interval",
+    test="the interval: it excludes 1 exactly where Yuen's trimmed t test rejects",
 )
+
+
+class Sequential(_Section):
+    """The looks of a run measuring until its verdicts are decided (evidence.stats `Looks`)."""
+
+    looks: list[int]  # the rounds after which verdicts may be taken; the last is the budget
+    taken: int  # how many of them the records reach
+    rounds_analysed: int  # the rounds of the last look taken (later rounds are not analysed)
+    alpha: float  # the share of alpha the last look taken spends
+    stopped: str  # why measuring stopped
 
 
 class Settings(_Section):
@@ -105,17 +100,12 @@ class Settings(_Section):
     alpha: float
     precision: float
     min_pairs: int
-    bootstrap: Bootstrap
     test: str
     correction: str
+    interval: str | None = None
+    bootstrap: Bootstrap | None = None
     process_blocks: ProcessBlocks | None = None
-
-
-def counts_pairs_by_design_effect(settings: Settings) -> bool:
-    """Whether these statistics used the host's calibration (DESIGN_EFFECT_SETTINGS): every pair
-    counts, weighted by its process pair's design effect, and the test is a t test."""
-    blocks = settings.process_blocks
-    return blocks is not None and blocks.unit == DESIGN_EFFECT_SETTINGS.unit
+    sequential: Sequential | None = None
 
 
 # --- comparisons -----------------------------------------------------------------------------
@@ -153,8 +143,8 @@ class Comparison(_Section):
     # The interval's real coverage, set only below the confidence level (too few units for it;
     # evidence.stats): such an interval is labelled so and decides nothing.
     ci_level: float | None = None
-    # pairs counted with the host's calibrated design effect (evidence.stats)
-    design_effect: float | None = None
+    # the interval's level for this comparison: 1 - alpha_look / m (evidence.stats)
+    interval_level: float | None = None
 
 
 class AblationEntry(Comparison):
@@ -446,6 +436,13 @@ class RunTime(_Section):
     first_block: PhaseTimes | None
     later_blocks: PhaseTimes | None
     stopped: str | None
+    # engine.memory's plan (evidence.timeline): side-by-side or in-turns, and why
+    residency: str | None = None
+    residency_reason: str | None = None
+    # in turns: the starts within blocks (every turn but a block's first), what the turns
+    # added over a run side by side, and their number
+    turn_starts: PhaseTimes | None = None
+    turns_within_blocks: int | None = None
 
 
 class TimelineSummary(_Section):

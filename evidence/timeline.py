@@ -15,7 +15,9 @@ processes were started ahead, while the previous block measured), `load` (weight
 - `duty_cycle`: timed cells over the measuring wall, the share of it spent measuring;
 - `time_to_first_cell_s`: from the schedule's start to the first timed cell;
 - `first_block` and `later_blocks`: the phases of the first block's start (mostly before the
-  measuring wall) and of all later ones (inside it), and the block length with its reason.
+  measuring wall) and of all later ones (inside it), and the block length with its reason;
+- `residency` and its reason (engine.memory's plan); in turns, `turn_starts`: the phases of
+  every start within a block (a block's later turns), the time running in turns added.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class BlockStart(_Strict):
     """Seconds the orchestrator waited in each phase before a block's first timed cell."""
 
     block: int = Field(ge=0, le=1_000_000)
+    # in turns (one variant resident at a time): the variant whose turn this start began
+    variant: Name | None = None
     began_s: Seconds
     stop_s: Seconds = 0.0
     imports_s: Seconds = 0.0
@@ -84,6 +88,10 @@ class Timeline(_Strict):
     rounds_per_process: int | None = Field(None, ge=1, le=10_000)
     block_rule: str = Field("", max_length=500)
     prespawn: bool = False
+    # engine.memory's plan: every variant's process resident through a block (side-by-side)
+    # or one at a time (in-turns), and why; None for a process per cell or an older timeline
+    residency: Literal["side-by-side", "in-turns"] | None = None
+    residency_reason: str = Field("", max_length=2000)
     first_cell_s: Seconds | None = None
     stopped: str | None = Field(None, max_length=500)
     blocks: list[BlockStart] = Field(default_factory=list, max_length=100_000)
@@ -124,7 +132,12 @@ def run_time(timeline: Timeline | None, records: Sequence[Record], run_id: str) 
         end = max(r.ended_at for r in mine)
         span = max((end - start).total_seconds(), 0.0)
     cells_s = sum(max((r.ended_at - r.started_at).total_seconds(), 0.0) for r in timed)
-    blocks = sorted(timeline.blocks, key=lambda b: b.began_s) if timeline else []
+    starts = sorted(timeline.blocks, key=lambda b: b.began_s) if timeline else []
+    in_turns = timeline is not None and timeline.residency == "in-turns"
+    # in turns a block has one start per variant: its first opens the block, the others are
+    # what running in turns added
+    blocks = [s for i, s in enumerate(starts) if i == 0 or s.block != starts[i - 1].block]
+    turns = [s for i, s in enumerate(starts) if i > 0 and s.block == starts[i - 1].block]
     return RunTime(
         run_id=run_id,
         measuring_wall_s=None if span is None else round(span, 3),
@@ -141,6 +154,10 @@ def run_time(timeline: Timeline | None, records: Sequence[Record], run_id: str) 
         first_block=_phases(blocks[:1]) if blocks else None,
         later_blocks=_phases(blocks[1:]) if blocks else None,
         stopped=timeline.stopped if timeline else None,
+        residency=timeline.residency if timeline else None,
+        residency_reason=(timeline.residency_reason or None) if timeline else None,
+        turn_starts=_phases(turns) if in_turns else None,
+        turns_within_blocks=len(turns) if in_turns else None,
     )
 
 

@@ -10,6 +10,10 @@ noise (`evidence.schemas.HostNoise`); each job's verdicts use the noise of the o
 only, as a run on this calibrated host would (the design effect of evidence/stats.py), so no
 job is judged by a bound it helped set. Without other runs (one job) a job is judged as on an
 uncalibrated host.
+
+Each run sizes itself as every run does (engine.memory's plan): where its variants' processes
+do not fit the device side by side they run in turns, one resident at a time, and `on_phase`
+says so.
 """
 
 from __future__ import annotations
@@ -136,6 +140,8 @@ def run_calibration(
     cell_timeout_s: float = 600.0,
     on_job: Callable[[str, int, int], None] | None = None,
     on_progress: Callable[[Any], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    residency: str = "auto",
 ) -> HostCalibration:
     """Every run, then the reduction (module docstring). Raises `worker.run.RunRefused` for a
     run this host cannot do (unknown model, bad context); a run that fails is recorded."""
@@ -171,6 +177,8 @@ def run_calibration(
             command=None,
             cell_timeout_s=cell_timeout_s,
             on_progress=on_progress,
+            on_phase=on_phase,
+            residency=residency,
         )
         if bundles_dir is not None:
             from evidence.bundle import write_folder

@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 
 app = typer.Typer(add_completion=False)
 
+RESIDENCY_OPTION = typer.Option(
+    help="auto (default): the variants' processes are resident side by side where every "
+    "context fits them together (the memory guard's estimates), else in turns, one resident "
+    "at a time; side-by-side or in-turns to choose."
+)
+
+
+def _check_residency(residency: str) -> None:
+    if residency not in ("auto", "side-by-side", "in-turns"):
+        _fail(f"--residency {residency!r}: give auto, side-by-side or in-turns")
+
 
 def _fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
@@ -298,7 +309,7 @@ def _verdict_table(
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("context", "variant", "n", "ratio", "95% interval", "verdict"):
+    for column in ("context", "variant", "n", "ratio", "95% joint interval", "verdict"):
         table.add_column(column)
     for row in rows:
         ratio, low, high = row.ratio_median, row.ci_low, row.ci_high
@@ -380,6 +391,8 @@ def run(
     fresh_process: Annotated[bool, spec_option("fresh_process")] = False,
     rounds_per_process: Annotated[str | None, spec_option("rounds_per_process")] = None,
     precision: Annotated[str | None, spec_option("precision")] = None,
+    until: Annotated[str | None, spec_option("until")] = None,
+    budget_minutes: Annotated[str | None, spec_option("budget_minutes")] = None,
     commit_range: Annotated[str | None, spec_option("range")] = None,
     every: Annotated[str | None, spec_option("every")] = None,
     last: Annotated[str | None, spec_option("last")] = None,
@@ -416,6 +429,7 @@ def run(
             "statistics follow its noise (default: rounds // 12 and a unit per process pair).",
         ),
     ] = None,
+    residency: Annotated[str, RESIDENCY_OPTION] = "auto",
 ) -> None:
     """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle.
 
@@ -441,6 +455,8 @@ def run(
         "fresh_process": fresh_process,
         "rounds_per_process": rounds_per_process,
         "precision": precision,
+        "until": until,
+        "budget_minutes": budget_minutes,
         "range": commit_range,
         "every": every,
         "last": last,
@@ -452,6 +468,7 @@ def run(
         "head": head,
         "alone": alone,
     }
+    _check_residency(residency)
     setup = _local_setup(
         given,
         model=model,
@@ -487,6 +504,7 @@ def run(
         console=console,
         prespawn=prespawn,
         noise=noise,
+        residency=residency,
     )
     _print_outcome(outcome, out)
 
@@ -520,6 +538,7 @@ def _measure(
     console: Any,
     prespawn: bool | None = None,
     noise: HostNoise | None = None,
+    residency: str = "auto",
 ) -> RunOutcome:
     """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -597,6 +616,7 @@ def _measure(
                     should_stop=stop.is_set,
                     prespawn=prespawn,
                     noise=noise,
+                    residency=residency,
                 )
         except RunRefused as error:
             bar.stop()
@@ -749,6 +769,13 @@ def calibrate(
     ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[Path, typer.Option(help="Spools of the jobs' runs.")] = Path(".coldbench"),
+    residency: Annotated[str, RESIDENCY_OPTION] = "auto",
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace a --bundles folder that is not empty (a recipe re-run)."
+        ),
+    ] = False,
 ) -> None:
     """Calibrate this host: runs of three identical variants beside a planted effect, each read
     as an A/A/A job and a planted-effect job, through the same machinery as `coldbench run`;
@@ -768,8 +795,12 @@ def calibrate(
     console = Console(stderr=True)
     if out.exists() and out.is_dir():
         _fail(f"--out {out}: is a folder; give a file name")
-    if bundles is not None and bundles.exists() and any(bundles.iterdir()):
-        _fail(f"--bundles {bundles}: folder exists and is not empty; choose a new one")
+    _check_residency(residency)
+    if bundles is not None and bundles.exists() and any(bundles.iterdir()) and not force:
+        _fail(
+            f"--bundles {bundles}: folder exists and is not empty; choose a new one (or "
+            "--force to replace it)"
+        )
     if api is not None and not re.fullmatch(r"https?://[^\s]+", api):
         _fail(f"--api {api!r}: give an http:// or https:// URL")
     agent = None
@@ -826,6 +857,15 @@ def calibrate(
     def on_job(_kind: str, index: int, total: int) -> None:
         console.print(f"run {index} of {total}: an A/A/A job and a planted-effect job")
 
+    def on_phase(text: str) -> None:
+        if text.startswith("variants run in turns"):  # the memory plan: say which
+            console.print(text, highlight=False)
+
+    if force and bundles is not None and bundles.is_dir():
+        import shutil
+
+        shutil.rmtree(bundles)
+
     try:
         result = run_calibration(
             model=model_name,
@@ -845,9 +885,20 @@ def calibrate(
             bundles_dir=bundles,
             cell_timeout_s=cell_timeout_s,
             on_job=on_job,
+            on_phase=on_phase,
+            residency=residency,
         )
     except (RunRefused, ValueError) as error:
         _fail(str(error).splitlines()[0])
+    if not any(c.n for job in result.jobs for c in job.comparisons):
+        # nothing a merge or `coldbench run --calibration` could take for this host's noise
+        failed = [job for job in result.jobs if job.status != "succeeded"]
+        why = f": {failed[0].reason}" if failed and failed[0].reason else ""
+        _fail(
+            f"no calibration job produced statistics ({len(failed)} of {len(result.jobs)} "
+            f"jobs failed{why}); no result written to {out}",
+            code=1,
+        )
     _finish_calibration(result, out, agent, api)
 
 

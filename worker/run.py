@@ -24,15 +24,19 @@ openai-server` without `--repo`: its server runs from this interpreter, nothing 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.memory import IN_TURNS, RESIDENCIES, SIDE_BY_SIDE, MemoryPlan
 from evidence.bisect import step_spec
 from evidence.calibration import block_length
 from evidence.commits import commits_spec
@@ -48,10 +52,13 @@ from evidence.schemas import (
     HostInfo,
     HostNoise,
     JobSpec,
+    Record,
     SynthesizedTree,
     VariantSpec,
     effective_rounds_per_process,
 )
+from evidence.stats import job_looks
+from evidence.summary import all_decided, prefill_verdicts_at_look
 from evidence.summary_schema import Summary
 from evidence.variant import baseline_name, expand_variants
 from worker.build import FAST_PATH_PACKAGES, Build, build, install_path_problem
@@ -88,6 +95,7 @@ from worker.variants import (
     ScheduleOutcome,
     VariantError,
     VariantLaunch,
+    child_env,
     run_schedule,
 )
 
@@ -535,6 +543,33 @@ def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | No
     return None
 
 
+def until_decided(spec: JobSpec) -> Callable[[int, Sequence[dict[str, Any]]], str | None]:
+    """The check a run measuring until decided makes after each complete round: at a look
+    (evidence.stats `Looks`), the prefill verdicts by the rule summary.json states; it ends the
+    run when every one is decided, or when the job's time budget is spent."""
+    looks = job_looks(spec)
+    began = time.monotonic()
+
+    def check(rounds_done: int, raw: Sequence[dict[str, Any]]) -> str | None:
+        if rounds_done not in looks.rounds:
+            return None
+        look = looks.rounds.index(rounds_done) + 1
+        if spec.budget_minutes is not None and time.monotonic() - began >= 60 * spec.budget_minutes:
+            return f"the time budget of {spec.budget_minutes:g} minutes was spent at look {look}"
+        records = []
+        for value in raw:
+            try:
+                records.append(Record.model_validate(value))
+            except ValueError:
+                continue  # a record the bundle will refuse; it decides nothing
+        _, comparisons = prefill_verdicts_at_look(records, spec=spec)
+        if all_decided(comparisons):
+            return f"every prefill comparison decided at look {look} ({rounds_done} rounds)"
+        return None
+
+    return check
+
+
 def default_prespawn(host: HostInfo) -> bool:
     """Start the next block's processes while a block measures on a GPU (Metal, CUDA): their
     imports run on CPU cores the cells do not use. Not on the CPU backend, where the imports
@@ -553,6 +588,12 @@ def process_blocks(
     if spec.rounds_per_process is not None:
         asked = spec.rounds_per_process
         return asked, f"{asked} round{'s' if asked != 1 else ''} per process, as asked"
+    if spec.until == "decided":
+        length = effective_rounds_per_process(spec) or 1
+        return length, (
+            f"{length} round{'s' if length != 1 else ''} per process: measuring until decided, "
+            "each look a whole number of process blocks"
+        )
     if noise is not None:
         return block_length(spec.rounds, contexts=spec.contexts, variants=variants, noise=noise)
     length = effective_rounds_per_process(spec)
@@ -562,6 +603,44 @@ def process_blocks(
         f"{MIN_PROCESS_BLOCKS} process pairs, or a fresh process every round below "
         f"{2 * MIN_PROCESS_BLOCKS} rounds)"
     )
+
+
+PLAN_TIMEOUT_S = 120.0
+
+
+def memory_plan(
+    launches: Sequence[VariantLaunch], *, model: Path, contexts: Sequence[int], asked: str
+) -> MemoryPlan:
+    """engine.memory's plan for these variants, from the guard's estimates, computed in a
+    process of its own (`python -m engine.memory`: this process never touches the device).
+    A plan that cannot be made (an unreadable checkpoint) is side by side, as before plans:
+    the variant processes then refuse what they cannot load, with their own reasons."""
+    if asked not in ("auto", *RESIDENCIES):
+        raise RunRefused(f"residency {asked!r}: give auto, side-by-side or in-turns")
+    request = {
+        "model": str(model),
+        "variants": {launch.name: dict(launch.plan.get("flags") or {}) for launch in launches},
+        "contexts": list(contexts),
+        "residency": asked,
+    }
+    fallback = SIDE_BY_SIDE if asked == "auto" else asked
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "engine.memory"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=PLAN_TIMEOUT_S,
+            env=child_env(),
+            check=False,
+        )
+        lines = done.stdout.strip().splitlines()
+        answer = json.loads(lines[-1]) if lines else {"error": done.stderr.strip()[-300:]}
+        if "error" in answer:
+            return MemoryPlan(fallback, f"no memory plan ({answer['error']})", {})
+        return MemoryPlan.from_json(answer)
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as error:
+        return MemoryPlan(fallback, f"no memory plan ({error})", {})
 
 
 def _records_bytes(path: Path) -> bytes:
@@ -601,6 +680,7 @@ def execute_run(
     should_stop: Callable[[], bool] | None = None,
     prespawn: bool | None = None,
     noise: HostNoise | None = None,
+    residency: str = "auto",
 ) -> RunOutcome:
     """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`.
 
@@ -608,8 +688,10 @@ def execute_run(
     spec at the commits measured (`reproduce_command`, with `local_arguments`). `prespawn`
     starts each block's processes while the previous block measures (None: this host's backend
     decides, `default_prespawn`). `noise` is this host's calibration: the block length follows
-    it when the job does not set one, and the provenance carries it to the statistics. A run
-    stopped by `should_stop` or failed by a variant still returns the bundle of what was
+    it when the job does not set one, and the provenance carries it to the statistics.
+    `residency` (auto, side-by-side, in-turns): whether the variants' processes are resident
+    together or in turns; auto follows the memory plan made before any timing (`memory_plan`).
+    A run stopped by `should_stop` or failed by a variant still returns the bundle of what was
     measured."""
     from engine.checkpoints import resolve_model
     from evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
@@ -660,9 +742,13 @@ def execute_run(
         if on_phase:
             on_phase("rounds")
         rounds_per_process, rule = process_blocks(spec, variants=len(measured), noise=noise)
+        launches = [p.launch for p in prepared if not p.skipped]
+        plan = memory_plan(launches, model=model, contexts=spec.contexts, asked=residency)
+        if on_phase and plan.residency == IN_TURNS and not spec.fresh_process:
+            on_phase(f"variants run {plan.reason}")
         try:
             outcome = run_schedule(
-                [p.launch for p in prepared if not p.skipped],
+                launches,
                 rounds,
                 workdir=workdir,
                 cell_timeout_s=cell_timeout_s,
@@ -677,6 +763,10 @@ def execute_run(
                 # a history commit, or a tree a commits job made, that cannot load is a result,
                 # like one that cannot build
                 droppable=[p.spec.name for p in prepared if may_skip(spec, p.spec.name)],
+                end_after_round=until_decided(spec) if spec.until == "decided" else None,
+                residency=plan.residency,
+                residency_reason=plan.reason,
+                baseline=baseline,
             )
         except VariantError as error:
             failure = str(error)
@@ -730,6 +820,7 @@ def execute_run(
             repository=repository,
             commits={t.variant: t.commit for t in targets if t.commit},
             local_arguments=local_arguments,
+            residency=residency,
         ),
         labels=labels,
         corpus=corpus_info(spec.corpus, corpora.get(spec.corpus)),

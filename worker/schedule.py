@@ -17,6 +17,11 @@ variants on the H200 and on a CPU), so the rounds are cut into blocks of `rounds
 consecutive rounds and every variant runs each block in a fresh process: the offsets become
 independent block-to-block noise that the statistics cluster by (evidence/stats.py) instead of
 a constant bias. Which variant's process starts first rotates over blocks from a seeded order.
+
+Turns. Where the variants' processes cannot be resident side by side (engine.memory's plan),
+each block runs its variants one after another, one process at a time (`turn_order`); each
+round's cells keep their (round, context) and prompts, so they pair as before, and each
+process is still the unit the statistics cluster by.
 """
 
 from __future__ import annotations
@@ -149,6 +154,25 @@ def start_order(variants: Sequence[str], *, seed: int, block: int) -> list[str]:
     _rng(seed, "process-order").shuffle(order)
     shift = block % len(order) if order else 0
     return order[shift:] + order[:shift]
+
+
+def turn_order(
+    variants: Sequence[str], *, seed: int, block: int, baseline: str | None = None
+) -> list[str]:
+    """The variants' turns within one process block of a run in turns (one variant resident
+    at a time): the baseline first, then the others in their seeded order rotated by one
+    place every two blocks, and every odd block the same order reversed. Consecutive blocks
+    read A B | B A (ABBA at block level), the baseline brackets the others in each pair of
+    blocks, and every variant's mean position in time is the same in each pair, so a linear
+    drift over the run reaches the baseline and the candidates alike."""
+    if block < 0:
+        raise ValueError("block index must be >= 0")
+    if not variants:
+        return []
+    first = variants[0] if baseline is None or baseline not in variants else baseline
+    others = start_order([v for v in variants if v != first], seed=seed, block=block // 2)
+    order = [first, *others]
+    return order if block % 2 == 0 else order[::-1]
 
 
 def plan_rounds(

@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.canary import CANARY_ENV, CANARY_ROUND
-from engine.memory import PEER_PROCESSES_ENV
+from engine.memory import IN_TURNS, PEER_PROCESSES_ENV, RESIDENCIES, SIDE_BY_SIDE
 from engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV
 from engine.record import CellRecord, Measurement
 from evidence.timeline import BlockStart, ProcessTimes, Timeline
-from worker.schedule import Cell, start_order
+from worker.schedule import Cell, start_order, turn_order
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ class ScheduleOutcome:
     timeline: Timeline | None = None
     # variant -> why its process could not start (only variants the schedule may drop)
     dropped: dict[str, str] = field(default_factory=dict)
+    # why measuring ended before the last round (`end_after_round`: every verdict decided)
+    ended: str | None = None
 
 
 class RunClock:
@@ -508,6 +510,52 @@ def _timeout_record(
     ).as_json()
 
 
+@dataclass(frozen=True)
+class _Start:
+    """Processes brought up together and the cells they measure: a whole block's (every
+    variant side by side) or one variant's turn in a block; block None: a process per cell."""
+
+    block: int | None
+    names: list[str]
+    cells: list[Cell]
+    ends_block: bool
+
+
+def _starts(
+    variants: list[str],
+    cells: list[Cell],
+    *,
+    fresh_process: bool,
+    in_turns: bool,
+    rounds_per_process: int | None,
+    seed: int,
+    baseline: str | None,
+) -> list[_Start]:
+    if fresh_process:
+        return [_Start(None, [], cells, True)]
+    blocks: dict[int, list[Cell]] = {}
+    for cell in cells:
+        block = cell.round // rounds_per_process if rounds_per_process else 0
+        blocks.setdefault(block, []).append(cell)
+    starts = []
+    for block, block_cells in blocks.items():
+        if not in_turns:
+            starts.append(
+                _Start(block, start_order(variants, seed=seed, block=block), block_cells, True)
+            )
+            continue
+        present = {cell.variant for cell in block_cells}
+        order = [
+            v
+            for v in turn_order(variants, seed=seed, block=block, baseline=baseline)
+            if v in present
+        ]
+        for turn, name in enumerate(order):
+            mine = [cell for cell in block_cells if cell.variant == name]
+            starts.append(_Start(block, [name], mine, turn == len(order) - 1))
+    return starts
+
+
 def run_schedule(
     launches: Sequence[VariantLaunch],
     rounds: Sequence[Sequence[Cell]],
@@ -524,6 +572,10 @@ def run_schedule(
     block_rule: str = "",
     run_id: str | None = None,
     droppable: Collection[str] = (),
+    end_after_round: Callable[[int, Sequence[dict[str, Any]]], str | None] | None = None,
+    residency: str = SIDE_BY_SIDE,
+    residency_reason: str = "",
+    baseline: str | None = None,
 ) -> ScheduleOutcome:
     """Run every cell of every round in order; always stops the processes it started.
 
@@ -536,12 +588,24 @@ def run_schedule(
     the timeline). A variant that cannot start raises VariantError, whose `outcome` holds what
     was measured; one of `droppable` (a history's commits) is dropped instead: its process is
     killed, its remaining cells are not run (nor counted), `outcome.dropped` says why, and the
-    others go on.
+    others go on. `end_after_round(rounds_done, records)` is asked after each complete round
+    (in turns: after each block, the first moment its rounds are complete); a reason it returns
+    ends the schedule there (`outcome.ended`): a run measuring until its verdicts are decided.
+
+    `residency` (engine.memory's plan, `residency_reason` its why): `side-by-side`, every
+    variant's process resident through the block, cells in the schedule's order; `in-turns`,
+    one process at a time: each block runs each variant's cells of its rounds in a turn of
+    their own, in `turn_order` (`baseline` first in even blocks, last in odd ones), every
+    process alone on the device. A round's matrix cells are the same in both; its bracketing
+    controls are not run in turns (the baseline's turns bracket the others instead).
     """
     if rounds_per_process is not None and rounds_per_process < 1:
         raise ValueError("rounds_per_process must be >= 1")
+    if residency not in RESIDENCIES:
+        raise ValueError(f"residency must be one of {', '.join(RESIDENCIES)}")
+    in_turns = residency == IN_TURNS and not fresh_process
     by_name = {launch.name: launch for launch in launches}
-    cells = [cell for round_ in rounds for cell in round_]
+    cells = [cell for round_ in rounds for cell in round_ if not (in_turns and cell.is_control)]
     missing = sorted({c.variant for c in cells} - set(by_name))
     if missing:
         raise VariantError(f"schedule names variants without a launch: {', '.join(missing)}")
@@ -554,6 +618,8 @@ def run_schedule(
         rounds_per_process=None if fresh_process else rounds_per_process,
         block_rule=block_rule,
         prespawn=prespawn and not fresh_process,
+        residency=None if fresh_process else residency,  # type: ignore[arg-type]
+        residency_reason="" if fresh_process else residency_reason,
     )
     outcome = ScheduleOutcome([], [], {}, 0, len(cells), False, timeline)
     processes: dict[str, VariantProcess] = {}  # the current block's, by variant
@@ -564,13 +630,21 @@ def run_schedule(
     cell_seconds: list[float] = []
     left = Counter(cell.variant for cell in cells)  # each variant's cells not yet run
     stop = should_stop or (lambda: False)
-    blocks_of_cells = (
-        {cell.round // rounds_per_process for cell in cells} if rounds_per_process else {0}
+    gated: dict[str, bool] = {}  # variant -> whether its last process waited at the load gate
+    starts = _starts(
+        list(by_name),
+        cells,
+        fresh_process=fresh_process,
+        in_turns=in_turns,
+        rounds_per_process=rounds_per_process,
+        seed=seed,
+        baseline=baseline,
     )
 
     def spawn(name: str, block: int | None, *, prespawned: bool = False) -> VariantProcess:
         instances[name] = instances.get(name, 0) + 1
-        peers = 0 if fresh_process else len(by_name) - 1
+        # in turns a process is alone on the device: the guard gives it the whole of it
+        peers = 0 if fresh_process or in_turns else len(by_name) - 1
         process = VariantProcess(
             by_name[name],
             workdir=workdir,
@@ -699,11 +773,16 @@ def run_schedule(
         open(workdir / CONTROLS_FILE, "ab") as controls_out,
     ):
 
-        def start_block(block: int) -> None:
-            """Stop every variant's process, then bring up this block's: started ahead
-            (prespawn) or now, in the block's rotated order. With `prespawn`, the next block's
-            processes start as soon as this block's are ready."""
-            phases = BlockStart(block=block, began_s=clock.now())
+        def start_processes(start: _Start, following: _Start | None) -> None:
+            """Stop the processes of the previous start, then bring up this start's (every
+            variant side by side, or one variant's in turns): started ahead (prespawn) or
+            now, in the start's order. With `prespawn`, the processes of the start that
+            follows start as soon as these are ready and wait at the load gate."""
+            assert start.block is not None
+            names = [name for name in start.names if name in by_name]
+            phases = BlockStart(
+                block=start.block, began_s=clock.now(), variant=names[0] if in_turns else None
+            )
             outcome_blocks.append(phases)
             mark = time.monotonic()
             old = list(processes.values())
@@ -713,90 +792,137 @@ def run_schedule(
             for process in old:
                 process.reap()
             phases.stop_s = round(time.monotonic() - mark, 4)
-            order = start_order(list(by_name), seed=seed, block=block)
-            spawned = [ahead.pop(name, None) or spawn(name, block) for name in order]
+            spawned = [ahead.pop(name, None) or spawn(name, start.block) for name in names]
             for process in ahead.values():  # nothing left over is expected; never kept
                 process.kill()
             ahead.clear()
             spawned = bring_up(spawned, phases)
             processes.update((process.launch.name, process) for process in spawned)
-            if prespawn and block + 1 in blocks_of_cells:
-                for process in spawned:
+            for process in spawned:
+                gated[process.launch.name] = bool(process.load_gated)
+            if prespawn and following is not None and following.block is not None:
+                for name in following.names:
                     # only a runner known to wait at the load gate may start early: an older
-                    # one would load (and touch the device) while this block measures
-                    if process.load_gated:
-                        name = process.launch.name
-                        ahead[name] = spawn(name, block + 1, prespawned=True)
+                    # one would load (and touch the device) while this start measures
+                    if name in by_name and waits_at_gate(name):
+                        ahead[name] = spawn(name, following.block, prespawned=True)
+
+        def waits_at_gate(name: str) -> bool:
+            """Whether `name`'s runner waits at the load gate: as its last process did, or,
+            before it has run (a run in turns' first block), as one of the same interpreter,
+            module and import path did."""
+            if name in gated:
+                return gated[name]
+            launch = by_name[name]
+            same = [
+                gated[other.name]
+                for other in by_name.values()
+                if other.name in gated
+                and (other.python, other.module, other.pythonpath_first)
+                == (launch.python, launch.module, launch.pythonpath_first)
+            ]
+            return bool(same) and all(same)
+
+        def measure(cell: Cell) -> None:
+            """One cell on its variant's process (restarted first when it is gone)."""
+            report(cell)
+            process = processes.get(cell.variant)
+            if process is None or process.proc.poll() is not None:
+                restarted = start(cell.variant)
+                if restarted is None:
+                    return
+                process = processes[cell.variant] = restarted
+            began = datetime.now(UTC)
+            mark = time.monotonic()
+            if timeline.first_cell_s is None:
+                timeline.first_cell_s = clock.now()
+            if outcome_blocks and outcome_blocks[-1].first_cell_s is None:
+                outcome_blocks[-1].first_cell_s = clock.now()
+            try:
+                record = process.run_cell(cell, cell_timeout_s, stop)
+                record["process"] = process.instance
+            except TimeoutError:
+                process.kill()
+                del processes[cell.variant]
+                record = _timeout_record(
+                    by_name[cell.variant],
+                    cell,
+                    began,
+                    f"cell timeout: no record after {cell_timeout_s:.0f} s",
+                    process.instance,
+                )
+            except VariantError as error:
+                # The process died mid-cell: the cell is an error, the variant restarts.
+                process.kill()
+                del processes[cell.variant]
+                record = _timeout_record(
+                    by_name[cell.variant], cell, began, str(error), process.instance
+                )
+            cell_seconds.append(time.monotonic() - mark)
+            if cell.is_control:
+                append_line(controls_out, record)
+                outcome.controls.append(record)
+            else:
+                append_line(records_out, record)
+                outcome.records.append(record)
+                if record.get("status") not in ("ok", "warmup"):
+                    invalid.append(
+                        {
+                            "variant": cell.variant,
+                            "round": cell.round,
+                            "context_tokens": cell.context_tokens,
+                            "reason": record.get("reason") or record.get("status"),
+                        }
+                    )
+            outcome.cells_done += 1
+            left[cell.variant] -= 1
+            if fresh_process:
+                processes.pop(cell.variant).stop()
+            report(cell)
 
         outcome_blocks = timeline.blocks
-        block: int | None = None
+        checked = 0  # the rounds done when `end_after_round` was last asked
+
+        def ends_after(rounds_done: int) -> bool:
+            """Ask `end_after_round` once the first `rounds_done` rounds are complete (once
+            for each number of rounds); True when the run ends there."""
+            nonlocal checked
+            if end_after_round is None or rounds_done <= checked:
+                return False
+            checked = rounds_done
+            ended = end_after_round(rounds_done, outcome.records)
+            if ended:
+                outcome.ended = ended
+            return bool(ended)
+
         try:
             report(cells[0] if cells else None)
-            for cell in cells:
+            for index, current in enumerate(starts):
                 if stop():
                     outcome.stopped = True
                     break
-                if not fresh_process:
-                    cell_block = cell.round // rounds_per_process if rounds_per_process else 0
-                    if cell_block != block:
-                        start_block(cell_block)
-                        block = cell_block
-                if cell.variant in outcome.dropped:
-                    continue
-                report(cell)
-                process = processes.get(cell.variant)
-                if process is None or process.proc.poll() is not None:
-                    restarted = start(cell.variant)
-                    if restarted is None:
-                        continue
-                    process = processes[cell.variant] = restarted
-                began = datetime.now(UTC)
-                mark = time.monotonic()
-                if timeline.first_cell_s is None:
-                    timeline.first_cell_s = clock.now()
-                if outcome_blocks and outcome_blocks[-1].first_cell_s is None:
-                    outcome_blocks[-1].first_cell_s = clock.now()
-                try:
-                    record = process.run_cell(cell, cell_timeout_s, stop)
-                    record["process"] = process.instance
-                except TimeoutError:
-                    process.kill()
-                    del processes[cell.variant]
-                    record = _timeout_record(
-                        by_name[cell.variant],
-                        cell,
-                        began,
-                        f"cell timeout: no record after {cell_timeout_s:.0f} s",
-                        process.instance,
-                    )
-                except VariantError as error:
-                    # The process died mid-cell: the cell is an error, the variant restarts.
-                    process.kill()
-                    del processes[cell.variant]
-                    record = _timeout_record(
-                        by_name[cell.variant], cell, began, str(error), process.instance
-                    )
-                cell_seconds.append(time.monotonic() - mark)
-                if cell.is_control:
-                    append_line(controls_out, record)
-                    outcome.controls.append(record)
-                else:
-                    append_line(records_out, record)
-                    outcome.records.append(record)
-                    if record.get("status") not in ("ok", "warmup"):
-                        invalid.append(
-                            {
-                                "variant": cell.variant,
-                                "round": cell.round,
-                                "context_tokens": cell.context_tokens,
-                                "reason": record.get("reason") or record.get("status"),
-                            }
-                        )
-                outcome.cells_done += 1
-                left[cell.variant] -= 1
-                if fresh_process:
-                    processes.pop(cell.variant).stop()
-                report(cell)
+                # Side by side (and a process per cell) the rounds complete one by one; in
+                # turns only at the end of a block, before the next block's first turn.
+                opens_block = index == 0 or starts[index - 1].ends_block
+                if current.cells and opens_block and ends_after(current.cells[0].round):
+                    break
+                if current.block is not None and any(n in by_name for n in current.names):
+                    following = starts[index + 1] if index + 1 < len(starts) else None
+                    start_processes(current, following)
+                for cell in current.cells:
+                    if stop():
+                        outcome.stopped = True
+                        break
+                    if not in_turns and ends_after(cell.round):
+                        break
+                    if cell.variant not in outcome.dropped:
+                        measure(cell)
+                if outcome.stopped or outcome.ended:
+                    break
+                if current.ends_block:
+                    # A block has ended, in either residency: every variant has measured
+                    # every cell of the block's rounds, each in its own process.
+                    log.debug("block %s ended", current.block)
             report(None)
         except Stopped:
             outcome.stopped = True

@@ -12,6 +12,7 @@ from api.artifacts import service
 from api.deps import DatabaseDep, SettingsDep, StoreDep, WorkerClaim
 from api.errors import TooLarge
 from api.routing import StrictJSONRoute
+from evidence.boundary import Utf8Lines
 from evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["artifacts"])
@@ -49,7 +50,12 @@ async def upload_artifact(
         bulk=True,
     )
     blob = await store.put_stream(
-        request.stream(), expected_sha256=sha256, max_bytes=settings.max_artifact_bytes
+        request.stream(),
+        expected_sha256=sha256,
+        max_bytes=settings.max_artifact_bytes,
+        # JSON files (records.jsonl, provenance.json) pass the door's rule as they stream: a
+        # byte that is not UTF-8 is refused here with its line, never accepted and dropped.
+        text=Utf8Lines(name) if name.endswith((".json", ".jsonl")) else None,
     )
     # One statement, no transaction of its own: the insert checks the attempt itself.
     record = partial(service.record_upload_program, **upload, blob=blob)

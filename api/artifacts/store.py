@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from api.errors import Invalid, StoreFull, TooLarge
+from evidence.boundary import TextRefused, Utf8Lines
 from evidence.canonical import sha256_file, sha256_hex
 
 if TYPE_CHECKING:
@@ -161,16 +162,31 @@ class ArtifactStore(ABC):
         return StoredBlob(actual, spool.size, self.storage_path(actual))
 
     async def put_stream(
-        self, chunks: AsyncIterator[bytes], *, expected_sha256: str, max_bytes: int
+        self,
+        chunks: AsyncIterator[bytes],
+        *,
+        expected_sha256: str,
+        max_bytes: int,
+        text: Utf8Lines | None = None,
     ) -> StoredBlob:
-        """Store a request body; TooLarge, Invalid (digest mismatch) or StoreFull store
-        nothing. The file work (creating, writing, fsync, publishing to a folder or a remote
-        store) runs in worker threads, never on the event loop."""
+        """Store a request body; TooLarge, Invalid (digest mismatch, or text that `text`
+        refuses: a JSON file that is not UTF-8, naming its line) or StoreFull store nothing.
+        The file work (creating, writing, fsync, publishing to a folder or a remote store)
+        runs in worker threads, never on the event loop."""
         spool = _Spool(self.spool_dir, max_bytes)
         try:
             async for chunk in chunks:
+                if text is not None:
+                    text.feed(chunk)
                 if spool.add(chunk):
                     await asyncio.to_thread(spool.spill)
+            if text is not None:
+                text.close()
+        except TextRefused as refused:
+            await asyncio.to_thread(spool.discard)
+            raise Invalid(
+                f"{refused.field} {refused.problem}; nothing stored", field=refused.field
+            ) from None
         except BaseException:
             await asyncio.to_thread(spool.discard)
             raise
@@ -248,11 +264,15 @@ class LocalArtifactStore(ArtifactStore):
         return None
 
     def _check_space(self, size: int) -> None:
+        # The spool file under root/tmp holds the `size` bytes on this filesystem already, and
+        # publishing it is a rename that takes no more room: what is free now is what stays
+        # free. Subtracting `size` again counted each upload twice (a 38 MB upload was refused
+        # with 63 MB free).
         free = shutil.disk_usage(self.root).free
-        if free - size < self.min_free_bytes:
+        if free < self.min_free_bytes:
             raise StoreFull(
-                f"the artifact store is full: storing {size} bytes would leave {free - size} "
-                f"of the {self.min_free_bytes} bytes kept free; nothing stored"
+                f"the artifact store is full: storing {size} bytes leaves {free} free, less "
+                f"than the {self.min_free_bytes} bytes kept free; nothing stored"
             )
 
     def _publish(self, spool: _Spool, sha256: str) -> None:

@@ -32,6 +32,19 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class WebSession(Base):
+    """A browser's login with a submitter API key (`/login`): its cookie names this row, so
+    `/logout` ends it on the server (the cookie alone is no longer enough), and revoking the
+    key ends every session of it."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(sa.ForeignKey("api_keys.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class AuditEvent(Base):
     """Every state change worth explaining later: who, what, on which row."""
 

@@ -46,11 +46,18 @@ def revoke_api_key(key_id: str, db_session: SessionDep, _admin: AdminKey):
 
 @router.put("/hosts/{host}/labels", response_model=HostLabelsResponse)
 def set_host_labels(host: str, body: LabelsRequest, db_session: SessionDep, _admin: AdminKey):
-    """Replace a host's labels (by name or worker id); `host:`, `backend:`, `os:` are automatic."""
+    """Replace the admin's labels of a host (by name or worker id); the labels the host
+    derives itself are kept; `host:`, `backend:`, `os:` are automatic."""
     row = host_service.set_labels(
         db_session=db_session, name_or_id=host, labels=body.labels, actor="admin:http"
     )
-    return HostLabelsResponse(id=row.id, name=row.name, labels=row.labels)
+    return HostLabelsResponse(
+        id=row.id,
+        name=row.name,
+        labels=row.labels,
+        admin_labels=row.enrolled_labels,
+        host_labels=row.host_labels,
+    )
 
 
 @router.post("/hosts/{host}/revoke", response_model=HostRevokedResponse)

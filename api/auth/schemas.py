@@ -35,7 +35,10 @@ class LabelsRequest(BaseModel):
 class HostLabelsResponse(BaseModel):
     id: str
     name: str
+    # What lease matching uses now: the admin's (as just set) and the host's own.
     labels: list[str]
+    admin_labels: list[str]
+    host_labels: list[str]
 
 
 class HostRevokedResponse(BaseModel):

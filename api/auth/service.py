@@ -16,7 +16,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from api.auth.models import ApiKey, AuditEvent, EnrollmentToken
+from api.auth.models import ApiKey, AuditEvent, EnrollmentToken, WebSession
 from api.database import utcnow
 from api.errors import NotAuthenticated, NotFound
 from api.hosts.models import Host
@@ -219,3 +219,34 @@ def active_api_key(*, db_session: Session, key_id: str) -> ApiKey | None:
     if key is None or key.revoked_at is not None:
         return None
     return key
+
+
+def start_web_session(*, db_session: Session, key: ApiKey) -> str:
+    """A new browser session of `key` (at /login); its id goes into the signed cookie."""
+    session = WebSession(id=secrets.token_hex(16), api_key_id=key.id)
+    db_session.add(session)
+    db_session.commit()
+    return session.id
+
+
+def web_session_key(*, db_session: Session, session_id: str) -> ApiKey | None:
+    """The API key of a browser session that was not ended, unless the key is revoked."""
+    return db_session.scalars(
+        sa.select(ApiKey)
+        .join(WebSession, WebSession.api_key_id == ApiKey.id)
+        .where(
+            WebSession.id == session_id,
+            WebSession.ended_at.is_(None),
+            ApiKey.revoked_at.is_(None),
+        )
+    ).one_or_none()
+
+
+def end_web_session(*, db_session: Session, session_id: str) -> None:
+    """End a browser session (/logout): its cookie opens nothing from now on; idempotent."""
+    db_session.execute(
+        sa.update(WebSession)
+        .where(WebSession.id == session_id, WebSession.ended_at.is_(None))
+        .values(ended_at=utcnow())
+    )
+    db_session.commit()

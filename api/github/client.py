@@ -8,13 +8,14 @@ refuses any request outside the base anyway, and redirects are not followed.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from gidgethub import BadRequest
+from gidgethub import BadRequest, GitHubBroken, HTTPException, RateLimitExceeded
 from gidgethub.apps import get_installation_access_token, get_jwt
 from gidgethub.httpx import GitHubAPI
 
@@ -30,6 +31,47 @@ WRITE_PERMISSIONS = ("admin", "write")
 
 class OutboundRefused(RuntimeError):
     """A request to somewhere other than the configured API base; nothing was sent."""
+
+
+# GitHub busy, limiting, refusing or unreachable: the work is kept and tried again later.
+GITHUB_ERRORS = (HTTPException, httpx.TransportError)
+MAX_BACKOFF_S = 3600.0
+
+
+def retry_delay(error: BaseException, attempts: int) -> float:
+    """How long to wait before calling GitHub again after `error` (the `attempts`-th in a
+    row), as GitHub's REST docs ask: a primary rate limit until its reset, a secondary one
+    for its Retry-After (a minute when it gives none), anything else (5xx, a timeout, 401,
+    403) with exponential backoff and jitter, at most an hour."""
+    if isinstance(error, RateLimitExceeded):
+        wait = (error.rate_limit.reset_datetime - _now()).total_seconds()
+        return min(max(wait, 1.0), MAX_BACKOFF_S)
+    if isinstance(error, HTTPException):
+        headers = error.headers or {}
+        retry_after = headers.get("retry-after") or headers.get("Retry-After")
+        if retry_after is not None and str(retry_after).isdigit():
+            return min(max(float(retry_after), 1.0), MAX_BACKOFF_S)
+        if int(error.status_code) in (403, 429) and "rate limit" in str(error).lower():
+            return 60.0
+    base = min(30.0 * 2 ** min(attempts, 7), MAX_BACKOFF_S)
+    return base * random.uniform(0.8, 1.0)
+
+
+def _now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+def describe(error: BaseException) -> str:
+    """One line for the log and the delivery's outcome."""
+    if isinstance(error, HTTPException):
+        return f"GitHub answered {int(error.status_code)}: {error}"[:300]
+    return f"GitHub unreachable: {type(error).__name__}"
+
+
+def is_server_error(error: BaseException) -> bool:
+    return isinstance(error, GitHubBroken | httpx.TransportError)
 
 
 def _only_to(api_base: str) -> Any:
@@ -108,6 +150,9 @@ class PullRequestHeads:
     base_sha: str
     head_sha: str
     state: str
+    # The head is in another repository (a fork, or a fork since deleted): its commits are
+    # someone else's until an allowed asker approves one.
+    from_fork: bool = True
     # Where head's line leaves the base branch (asked for mode `commits` only).
     merge_base_sha: str | None = None
 
@@ -116,11 +161,13 @@ async def pull_request(gh: GitHubAPI, full_name: str, number: int) -> PullReques
     answer = await gh.getitem(
         "/repos/{owner}/{repo}/pulls/{number}", {**_owner_repo(full_name), "number": number}
     )
+    head_repo = (answer["head"].get("repo") or {}).get("full_name")
     return PullRequestHeads(
         number=number,
         base_sha=str(answer["base"]["sha"]),
         head_sha=str(answer["head"]["sha"]),
         state=str(answer["state"]),
+        from_fork=head_repo is None or str(head_repo).lower() != full_name.lower(),
     )
 
 
@@ -156,20 +203,95 @@ async def set_status(
 
 
 async def create_check_run(
-    gh: GitHubAPI, full_name: str, sha: str, *, name: str, details_url: str, title: str
+    gh: GitHubAPI,
+    full_name: str,
+    sha: str,
+    *,
+    name: str,
+    details_url: str,
+    title: str,
+    external_id: str,
+    summary: str | None = None,
+    conclusion: str | None = None,
 ) -> int:
-    answer = await gh.post(
-        "/repos/{owner}/{repo}/check-runs",
-        _owner_repo(full_name),
-        data={
-            "name": name,
-            "head_sha": sha,
-            "status": "queued",
-            "details_url": details_url,
-            "output": {"title": title, "summary": title},
+    data: dict[str, Any] = {
+        "name": name,
+        "head_sha": sha,
+        "status": "queued",
+        "external_id": external_id,
+        "details_url": details_url,
+        "output": {"title": title[:200], "summary": (summary or title)[:60_000]},
+    }
+    if conclusion is not None:
+        data.update(status="completed", conclusion=conclusion)
+    answer = await gh.post("/repos/{owner}/{repo}/check-runs", _owner_repo(full_name), data=data)
+    return int(answer["id"])
+
+
+async def find_check_run(
+    gh: GitHubAPI, full_name: str, sha: str, *, name: str, external_id: str
+) -> int | None:
+    """The service's check run of `external_id` on `sha`, if an earlier call made it (a
+    create whose answer was lost, a timeout after GitHub applied it)."""
+    answer = await gh.getitem(
+        "/repos/{owner}/{repo}/commits/{sha}/check-runs{?check_name,filter,per_page}",
+        {
+            **_owner_repo(full_name),
+            "sha": sha,
+            "check_name": name,
+            "filter": "all",
+            "per_page": 100,
         },
     )
-    return int(answer["id"])
+    for check_run in answer.get("check_runs") or []:
+        if check_run.get("external_id") == external_id:
+            return int(check_run["id"])
+    return None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the service is on GitHub, to know its own comments: a token's user, or an App."""
+
+    login: str | None = None
+    app_id: int | None = None
+    # A token with no user (an installation's, configured as `token`): its comments are a
+    # bot's, whichever App it is.
+    bot: bool = False
+
+    def wrote(self, comment: dict[str, Any]) -> bool:
+        user = comment.get("user") or {}
+        if self.app_id is not None:
+            app = comment.get("performed_via_github_app") or {}
+            return app.get("id") == self.app_id
+        if self.bot:
+            return user.get("type") == "Bot"
+        return user.get("login") == self.login
+
+
+async def identity(gh: GitHubAPI, config: RepositoryConfig) -> Identity:
+    if config.app_id is not None:
+        return Identity(app_id=config.app_id)
+    try:
+        return Identity(login=str((await gh.getitem("/user"))["login"]))
+    except BadRequest as error:
+        if error.status_code in (403, 404):  # an installation token is no user
+            return Identity(bot=True)
+        raise
+
+
+async def find_comment(
+    gh: GitHubAPI, full_name: str, number: int, *, marker: str, me: Identity
+) -> int | None:
+    """The service's own marked comment on the pull request (another's copy of the marker is
+    not it): what a create whose answer was lost left there."""
+    async for comment in gh.getiter(
+        "/repos/{owner}/{repo}/issues/{number}/comments{?per_page}",
+        {**_owner_repo(full_name), "number": number, "per_page": 100},
+    ):
+        if str(comment.get("body") or "").startswith(marker) and me.wrote(comment):
+            return int(comment["id"])
+    return None
 
 
 async def update_check_run(

@@ -32,6 +32,8 @@ OPTIONS = tuple(
         "recipe",
         "hosts",
         "precision",
+        "until",
+        "budget_minutes",
         "seed",
         "corpus",
         "rounds_per_process",
@@ -41,6 +43,7 @@ OPTIONS = tuple(
     if name in JOB_OPTIONS
 )
 MAX_LINE_CHARS = 500
+_SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _COMMAND_LINE = re.compile(rf"^[ \t]*{re.escape(PREFIX)}(?:[ \t]+(.*))?$", re.MULTILINE)
 
 
@@ -59,6 +62,9 @@ class Ask:
 
     mode: str | None = None
     options: dict[str, str] = field(default_factory=dict)
+    # `head=SHA`: the head commit the asker reviewed (7 to 40 hex digits); it runs only if it
+    # is still the pull request's head.
+    head_sha: str | None = None
 
 
 def find_command(body: str) -> str | None:
@@ -94,14 +100,18 @@ def parse_command(text: str) -> Ask:
 def ask_of(options: dict[str, str]) -> Ask:
     """A request from its options' text (`mode` among them), as the comment, `coldbench submit
     --pr` and the form give them; CommandError naming the first unknown option or mode."""
-    unknown = [key for key in options if key not in OPTIONS]
+    unknown = [key for key in options if key not in (*OPTIONS, "head")]
     if unknown:
-        raise CommandError(f"unknown option `{_shown(unknown[0])}`; options: {', '.join(OPTIONS)}")
+        names = ", ".join((*OPTIONS, "head"))
+        raise CommandError(f"unknown option `{_shown(unknown[0])}`; options: {names}")
     given = dict(options)
     mode = given.pop("mode", None)
     if mode is not None and mode not in available_modes():
         raise CommandError(f"unknown mode `{_shown(mode)}`; modes: {', '.join(available_modes())}")
-    return Ask(mode=mode, options=given)
+    head = given.pop("head", None)
+    if head is not None and not _SHA.fullmatch(head):
+        raise CommandError(f"head: `{_shown(head)}` is not a commit sha (7 to 40 hex digits)")
+    return Ask(mode=mode, options=given, head_sha=head)
 
 
 def _shown(text: str) -> str:

@@ -27,9 +27,10 @@ from evidence.schemas import NAME_PATTERN, AdapterName, error_line
 
 # OWNER/NAME as GitHub spells them.
 FULL_NAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$"
-LOGIN_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})$"
+# Who acts in an event: a user, or an App's bot account (`dependabot[bot]`, `renovate[bot]`).
+ACTOR_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$"
 FullName = Annotated[str, Field(pattern=FULL_NAME_PATTERN)]
-Login = Annotated[str, Field(pattern=LOGIN_PATTERN)]
+Actor = Annotated[str, Field(pattern=ACTOR_PATTERN)]
 
 
 class GitHubConfigError(ValueError):
@@ -77,11 +78,15 @@ class RepositoryConfig(_Strict):
     coldbench_repository: str = Field(pattern=NAME_PATTERN)
     adapter: AdapterName = "mlx-lm"
     # "write": collaborators with write, maintain or admin permission; or the logins allowed.
-    askers: Literal["write"] | list[Login] = "write"
+    askers: Literal["write"] | list[Actor] = "write"
     # Adding this label to a pull request asks for the default request; "" disables labels.
     label: str = Field("coldbench", max_length=50)
     # A push to a pull request starts the default request when its pusher may ask.
     auto_run_on_push: bool = False
+    # `coldbench submit --pr` and the form on a fork's pull request: false (the default), the
+    # submitter names the head commit they reviewed (`--head SHA`); true, the deployer's
+    # choice, any submitter key runs whatever the fork's head is when asked.
+    api_runs_fork_heads: bool = False
     # Jobs started for one pull request per rolling hour; more are refused on the PR.
     max_jobs_per_hour: int = Field(4, ge=1, le=1000)
     report: Literal["status", "check-run"] = "status"

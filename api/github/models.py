@@ -28,6 +28,12 @@ class GitHubDelivery(Base):
     handled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
     # What handling it did, in one line (a job started, or why not).
     outcome: Mapped[str | None] = mapped_column(sa.Text)
+    # What the delivery is about, whatever its delivery id (`comment:<id>`): two hooks on one
+    # repository deliver one comment under two ids, and it is acted on once.
+    source_key: Mapped[str | None] = mapped_column(sa.String(80), unique=True)
+    # GitHub was busy or refused (5xx, a rate limit): the beat does not send it before this.
+    retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
 
 
 class PullRequest(Base):
@@ -48,7 +54,30 @@ class PullRequest(Base):
     installation_id: Mapped[int | None] = mapped_column(sa.BigInteger)
     # The last reply to a request that started nothing (a refusal), shown in the comment.
     notice: Mapped[str | None] = mapped_column(sa.Text)
+    # Something to say that GitHub has not been told yet (a refusal, a new job, a moved
+    # head); cleared once the comment is sent, so a failed answer is sent again by the beat.
+    answer_due: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    # GitHub was busy or refused: the beat does not answer again before this.
+    retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    # The head (not measured) that has its neutral "how to ask" check run already.
+    idle_check_sha: Mapped[str | None] = mapped_column(sa.String(40))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PullRequestHead(Base):
+    """A pull request's head as the webhook last heard of it (pull_request events, noted at
+    receipt) and since when it is the head by GitHub's clock (the event's
+    `pull_request.updated_at`): a fork's approval is for the head at the moment of the
+    approving comment, never a later push. Its own table: the webhook writes it while an
+    answer holds the pull request's row for its GitHub calls, and must not wait for that."""
+
+    __tablename__ = "github_pull_request_heads"
+
+    repository: Mapped[str] = mapped_column(sa.String(140), primary_key=True)
+    number: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    sha: Mapped[str] = mapped_column(sa.String(40))
+    at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class PullRequestJob(Base):

@@ -26,6 +26,10 @@ async def webhook(request: Request, response: Response, db: DatabaseDep) -> dict
     config = _config(request)
     headers = {key.lower(): value for key, value in request.headers.items()}
     delivery = verify_delivery(config, headers, await request.body())
+    if delivery.repository is None:
+        # A GitHub App's `ping`, `installation.created`, ...: answered, nothing stored.
+        response.status_code = status.HTTP_200_OK
+        return {"delivery": delivery.delivery_id, "outcome": "nothing to do"}
     is_new, facts = await db.run_with_session(
         lambda db_session: service.record_delivery(db_session=db_session, delivery=delivery)
     )

@@ -9,7 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.github.config import FULL_NAME_PATTERN
 
-_PULL_REQUEST = re.compile(FULL_NAME_PATTERN.removesuffix("$") + r"#([1-9][0-9]{0,9})$")
+# OWNER/REPO#N, optionally @SHA: the head commit its asker reviewed (the form's way to name it).
+_PULL_REQUEST = re.compile(
+    FULL_NAME_PATTERN.removesuffix("$") + r"#([1-9][0-9]{0,9})(?:@([0-9a-f]{7,40}))?$"
+)
 # An option's name and its text: one line, bounded.
 OptionName = Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")]
 OptionText = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,500}$")]
@@ -30,4 +33,14 @@ class PullRequestAsk(BaseModel):
 
     @property
     def number(self) -> int:
-        return int(self.pull_request.rpartition("#")[2])
+        return int(self.pull_request.rpartition("#")[2].partition("@")[0])
+
+    @property
+    def head_sha(self) -> str | None:
+        """The head named after `@`, else the `head` option's (`--head`), else None."""
+        return self.pull_request.rpartition("@")[2] if "@" in self.pull_request else None
+
+    @property
+    def name(self) -> str:
+        """OWNER/REPO#N, without a named head."""
+        return self.pull_request.partition("@")[0]

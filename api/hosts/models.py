@@ -31,8 +31,12 @@ class Host(Base):
     fingerprint: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
     # Labels the admin gave at enrollment (or set since with `coldbench admin labels`).
     enrolled_labels: Mapped[list[str]] = mapped_column(sa.JSON, default=list)
-    # What lease matching uses, with the automatic ones: the enrolled labels plus those the
-    # host configured when it registered, never changed by a lease request, never `host:...`.
+    # Labels the host derives itself and sent when it registered (its worker.toml's labels,
+    # `corpus:NAME` for each corpus, `chip:`, `mem:`, ...): the admin's command never changes
+    # them.
+    host_labels: Mapped[list[str]] = mapped_column(sa.JSON, default=list)
+    # What lease matching uses, with the automatic ones: enrolled_labels | host_labels, never
+    # changed by a lease request, never `host:...`.
     labels: Mapped[list[str]] = mapped_column(sa.JSON, default=list)
     # The automatic `backend:` and `os:` labels, from the fingerprint it registered with
     # (api/hosts/matching.py: system_labels); a lease's fingerprint never changes them.

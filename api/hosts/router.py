@@ -83,6 +83,8 @@ def list_hosts(db_session: SessionDep, settings: SettingsDep, _submitter: Curren
             id=host.id,
             name=host.name,
             labels=host.labels,
+            admin_labels=host.enrolled_labels,
+            host_labels=host.host_labels,
             auto_labels=matching.auto_labels(host),
             repositories=host.repositories,
             models=host.models,

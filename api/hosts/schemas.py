@@ -12,7 +12,13 @@ from pydantic import BaseModel
 class HostOut(BaseModel):
     id: str
     name: str
+    # What lease matching uses besides auto_labels: admin_labels | host_labels.
     labels: list[str]
+    # Set by the admin (enrollment, `coldbench admin labels --set`).
+    admin_labels: list[str]
+    # Derived by the host itself and sent at registration (corpus:, chip:, mem:, worker.toml).
+    host_labels: list[str]
+    # Derived by the server (host:, and backend:, os: of the registered fingerprint).
     auto_labels: list[str]
     repositories: dict[str, Any]
     models: list[str]

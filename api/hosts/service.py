@@ -70,7 +70,8 @@ def register_host(
     host.fingerprint = fingerprint
     host.system_labels = matching.system_labels(fingerprint)
     host.enrolled_labels = sorted(matching.own_labels(token.labels))
-    host.labels = sorted(matching.own_labels(token.labels) | matching.own_labels(labels))
+    host.host_labels = sorted(matching.own_labels(labels))
+    host.labels = sorted(set(host.enrolled_labels) | set(host.host_labels))
     host.repositories = _stored_offers(repositories)
     host.models = sorted(set(models))
     host.last_heartbeat_at = utcnow()
@@ -142,7 +143,10 @@ def find_host(*, db_session: Session, name_or_id: str) -> Host:
 
 
 def set_labels(*, db_session: Session, name_or_id: str, labels: Iterable[str], actor: str) -> Host:
-    """Replace a host's labels (the admin's command); automatic namespaces are refused."""
+    """Replace the admin's labels of a host (the admin's command); the labels the host
+    derives itself (`host_labels`: its corpora, chip, memory) and the automatic ones are
+    kept, so a host's `corpus:NAME` outlives the admin's change. Automatic namespaces are
+    refused."""
     wanted = sorted(set(labels))
     reserved = [label for label in wanted if is_automatic_label(label)]
     if reserved:
@@ -150,9 +154,9 @@ def set_labels(*, db_session: Session, name_or_id: str, labels: Iterable[str], a
     host = find_host(db_session=db_session, name_or_id=name_or_id)
     if host.revoked_at is not None:
         raise Conflict(f"host {host.name} ({host.id}) is revoked")
-    before = host.labels
+    before = host.enrolled_labels
     host.enrolled_labels = wanted
-    host.labels = wanted
+    host.labels = sorted(set(wanted) | set(host.host_labels))
     auth_service.record_audit(
         db_session=db_session,
         actor=actor,

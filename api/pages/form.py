@@ -16,7 +16,7 @@ from typing import Any
 
 from evidence.job_options import JOB_OPTIONS, MODE_HELP, JobOptionsError, build_job_spec
 from evidence.schemas import JobSpec, SpecLimits
-from evidence.stats import rounds_for_verdict, too_few_rounds
+from evidence.stats import too_few_rounds, units_for_verdict
 
 VARIANT_ROWS = 4
 DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
@@ -58,7 +58,9 @@ def blank_form() -> JobForm:
         "model": "preset:tiny",
         "host_labels": "",
         "hosts": "1",
-        "precision": "0.05",
+        "precision": "0.02",
+        "until": "rounds",
+        "budget_minutes": "",
         "seed": "0",
         **dict.fromkeys(HISTORY_FIELDS, ""),
         "good": "",
@@ -100,7 +102,16 @@ def pull_request_options(form: JobForm) -> dict[str, str]:
         "labels": values["host_labels"],
         **{
             name: values[name]
-            for name in ("features", "rounds", "decode_tokens", "model", "hosts", "precision")
+            for name in (
+                "features",
+                "rounds",
+                "decode_tokens",
+                "model",
+                "hosts",
+                "precision",
+                "until",
+                "budget_minutes",
+            )
         },
         "seed": values["seed"],
     }
@@ -189,6 +200,8 @@ def build_spec(
                 "hosts",
                 "seed",
                 "precision",
+                "until",
+                "budget_minutes",
                 *HISTORY_FIELDS,
                 *BISECT_FIELDS,
                 *COMMITS_FIELDS,
@@ -231,6 +244,8 @@ _SPEC_FIELDS = {
     "repository": "repository",
     "adapter": "adapter",
     "precision": "precision",
+    "until": "until",
+    "budget_minutes": "budget_minutes",
     "seed": "seed",
     "baseline": "variant-0-name",
 }
@@ -268,4 +283,5 @@ MAX_FAMILY_LOOKUP = 256
 
 
 def rounds_by_family() -> dict[int, int]:
-    return {m: rounds_for_verdict(m) for m in range(1, MAX_FAMILY_LOOKUP + 1)}
+    # The robust interval needs as many process pairs whatever the family's size.
+    return {m: units_for_verdict() for m in range(1, MAX_FAMILY_LOOKUP + 1)}

@@ -71,13 +71,17 @@ def _secret(request: Request) -> bytes:
     return state.web_secret
 
 
-def _current_key(request: Request, db_session: Session, settings: Settings) -> ApiKey | None:
-    key_id = signing.session_key_id(
+def _session_id(request: Request, settings: Settings) -> str | None:
+    return signing.session_id_of(
         _secret(request), request.cookies.get(signing.SESSION_COOKIE), settings.web_session_ttl_s
     )
-    if key_id is None:
+
+
+def _current_key(request: Request, db_session: Session, settings: Settings) -> ApiKey | None:
+    session_id = _session_id(request, settings)
+    if session_id is None:
         return None
-    return auth_service.active_api_key(db_session=db_session, key_id=key_id)
+    return auth_service.web_session_key(db_session=db_session, session_id=session_id)
 
 
 def _login_redirect(request: Request) -> RedirectResponse:
@@ -216,7 +220,9 @@ async def login(request: Request, db_session: SessionDep, settings: SettingsDep)
         request,
         response,
         signing.SESSION_COOKIE,
-        signing.session_cookie(_secret(request), key.id),
+        signing.session_cookie(
+            _secret(request), auth_service.start_web_session(db_session=db_session, key=key)
+        ),
         max_age=settings.web_session_ttl_s,
     )
     # A new CSRF token bound to the new session; the login form's one stops working.
@@ -231,6 +237,10 @@ async def logout(request: Request, db_session: SessionDep, settings: SettingsDep
     key = _current_key(request, db_session, settings)
     if not _csrf_ok(request, await request.form(), key):
         return _forbidden(request, key)
+    session_id = _session_id(request, settings)
+    if session_id is not None:
+        # Ended on the server: a copy of the cookie kept anywhere opens nothing from now on.
+        auth_service.end_web_session(db_session=db_session, session_id=session_id)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(signing.SESSION_COOKIE, path="/")
     response.delete_cookie(signing.CSRF_COOKIE, path="/")

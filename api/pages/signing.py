@@ -1,8 +1,9 @@
 """Signed browser cookies: the session (which submitter API key logged in) and CSRF tokens.
 
 Both are `<fields>.<hmac-sha256>` with the web secret, compared with `hmac.compare_digest`.
-The session cookie never holds the API key itself, only its id: revoking the key ends every
-browser session of it (the key row is checked on each request).
+The session cookie never holds the API key itself, only the id of its session row
+(`api.auth.models.WebSession`): logging out ends the session on the server, and revoking the
+key ends every browser session of it (both are checked on each request).
 """
 
 from __future__ import annotations
@@ -52,26 +53,28 @@ def _sign(secret: bytes, purpose: str, payload: str) -> str:
     return hmac.new(secret, f"{purpose}:{payload}".encode(), hashlib.sha256).hexdigest()
 
 
-def session_cookie(secret: bytes, key_id: str, now_s: float | None = None) -> str:
+def session_cookie(secret: bytes, session_id: str, now_s: float | None = None) -> str:
+    """The signed cookie of a browser session (api/auth: WebSession's id)."""
     issued = str(int(now_s if now_s is not None else time.time()))
-    payload = f"{key_id}.{issued}"
+    payload = f"{session_id}.{issued}"
     return f"{payload}.{_sign(secret, 'session', payload)}"
 
 
-def session_key_id(
+def session_id_of(
     secret: bytes, cookie: str | None, ttl_s: int, now_s: float | None = None
 ) -> str | None:
-    """The API key id of a valid, unexpired session cookie, else None."""
+    """The session id of a validly signed, unexpired session cookie, else None (whether the
+    session still stands is the database's to say: logging out ends it there)."""
     if not cookie or cookie.count(".") != 2:
         return None
-    key_id, issued, signature = cookie.split(".")
-    expected = _sign(secret, "session", f"{key_id}.{issued}")
+    session_id, issued, signature = cookie.split(".")
+    expected = _sign(secret, "session", f"{session_id}.{issued}")
     if not hmac.compare_digest(signature, expected) or not issued.isdigit():
         return None
     now = now_s if now_s is not None else time.time()
     if not 0 <= now - int(issued) <= ttl_s:
         return None
-    return key_id
+    return session_id
 
 
 def csrf_token(secret: bytes, session_id: str | None) -> str:

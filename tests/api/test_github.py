@@ -35,6 +35,8 @@ from tests.api.fake_github import (
     signed,
 )
 
+pytestmark = pytest.mark.both_dialects
+
 REPO = "octo/mlx-lm"
 OTHER = "octo/other"
 SECRET = "webhook-secret-of-mlx-lm"
@@ -54,10 +56,7 @@ def fake() -> Iterator[tuple[FakeGitHub, str]]:
 @pytest.fixture
 def github(fake: tuple[FakeGitHub, str]) -> FakeGitHub:
     github, _url = fake
-    github.calls.clear()
-    github.comments.clear()
-    github.statuses.clear()
-    github.check_runs.clear()
+    github.reset()
     github.permissions.update({"maintainer": "write", "reader": "read"})
     github.add_pull(REPO, 7, base=BASE, head=HEAD)
     return github
@@ -190,8 +189,12 @@ def test_a_redelivered_event_is_recorded_and_sent_once(
         "command": "ab",
         "label": None,
         "head_sha": None,
+        "at": stored.payload["at"],
+        "comment_id": stored.payload["comment_id"],
+        "job_id": None,
         "installation_id": None,
     }
+    assert stored.source_key == f"comment:{stored.payload['comment_id']}"
 
 
 def test_events_that_ask_nothing_are_recorded_as_handled(

@@ -7,6 +7,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,39 @@ def test_a_full_local_store_refuses_with_a_clear_error_and_keeps_nothing(tmp_pat
     # The store's condition, not the blob's: a task that meets it is tried again later.
     assert is_unavailable(refused.value)
     assert not is_unavailable(Invalid("the sha256 of the body is not the one announced"))
+
+
+def test_the_local_store_counts_an_upload_once_against_its_free_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46, 6: the free-space check subtracted an upload's size from a free space that
+    its spool file (on the same filesystem) had already taken: 507 with 63 MB free for a 38 MB
+    upload. The filesystem here is a quota: its free space is what the files written under
+    the store leave of a fixed capacity, so the check sees what a real disk would."""
+    import shutil
+
+    mib = 1 << 20
+    capacity = 10 * mib
+    root = tmp_path / "artifacts"
+
+    def disk_usage(_path: object) -> Any:
+        used = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        return shutil._ntuple_diskusage(capacity, used, capacity - used)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr("api.artifacts.store.shutil.disk_usage", disk_usage)
+    blobs = LocalArtifactStore(root, min_free_bytes=5 * mib)
+    # 10 MiB free, 4 MiB stored: 6 MiB stay free, above the 5 MiB kept free.
+    fits = b"a" * (4 * mib)
+    stored = asyncio.run(
+        blobs.put_stream(_chunks(fits), expected_sha256=sha256_hex(fits), max_bytes=capacity)
+    )
+    assert blobs.exists(stored.sha256) and _leftovers(blobs) == []
+    # 6 MiB free, 2 MiB more: 4 MiB would stay free, below the 5 MiB kept free.
+    too_much = b"b" * (2 * mib)
+    with pytest.raises(StoreFull, match="leaves 4194304 free"):
+        asyncio.run(
+            blobs.put_stream(
+                _chunks(too_much), expected_sha256=sha256_hex(too_much), max_bytes=capacity
+            )
+        )
+    assert not blobs.exists(sha256_hex(too_much)) and _leftovers(blobs) == []

@@ -90,8 +90,9 @@ def test_refusals_still_judge_every_host(
 def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
     db_session: Session, settings: Settings
 ) -> None:
-    """Until a host resolves a range, its number of commits (the comparisons its verdicts are
-    corrected over) is unknown; once it has, the job says when its rounds cannot conclude."""
+    """The rounds a verdict needs do not grow with the comparisons (a t interval widens, never
+    becomes unreachable), so a range warns at submission when its rounds are too few, and says
+    again what its host resolved it to."""
     from evidence.history import history_spec
 
     make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
@@ -102,10 +103,12 @@ def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
         "variants": [{"name": "base"}],
         "history": {"range": "v1..main"},
         "contexts": [64],
-        "rounds": 10,
+        "rounds": 6,
     }
     answer = _submit(db_session, settings, payload)
-    assert answer.rounds_warning is None
+    assert answer.rounds_warning is not None and answer.rounds_warning.startswith(
+        "6 rounds cannot reach a verdict"
+    )
     job = db_session.get_one(Job, answer.id)
     (run,) = db_session.scalars(sa.select(Run).where(Run.job_id == job.id)).all()
     commits = [f"{n:040x}" for n in range(1, 41)]
@@ -113,9 +116,9 @@ def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
     db_session.commit()
     detail = job_service.job_detail(db_session=db_session, job_id=job.id)
     assert detail.rounds_warning == (
-        "the host resolved v1..main to 40 commits: 10 rounds cannot reach a verdict: "
-        "40 comparisons corrected together (Holm) need at least 11 rounds, more when the "
-        "spread is wide"
+        "the host resolved v1..main to 40 commits: 6 rounds cannot reach a verdict: the robust "
+        "interval needs at least 10 rounds (10 independent process pairs, so that 2 stalled at "
+        "each end cannot decide it), more when the spread is wide"
     )
     assert detail.resolved_spec is not None and len(detail.resolved_spec["variants"]) == 41
 

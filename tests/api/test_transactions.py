@@ -452,7 +452,7 @@ def test_grouped_submissions_refuse_only_the_invalid_one(live: Live) -> None:
 
 
 def _numbered(items: Sequence[int]) -> Program[list[int | Exception]]:
-    """Each item doubled, odd items refused; 13 fails the whole transaction."""
+    """Each item doubled, odd items refused; 13 fails any transaction it is part of."""
     _groups_seen.append(len(items))
     yield Execute(sa.select(sa.literal(1)))
     if 13 in items:
@@ -460,7 +460,9 @@ def _numbered(items: Sequence[int]) -> Program[list[int | Exception]]:
     return [Invalid(f"{item} is odd") if item % 2 else item * 2 for item in items]
 
 
-def test_a_group_answers_each_item_and_a_failed_transaction_fails_them_all(live: Live) -> None:
+def test_a_group_answers_each_item_and_a_failed_transaction_fails_only_its_culprit(
+    live: Live,
+) -> None:
     async def scenario(db: AsyncDatabase) -> tuple[list[Any], list[Any], list[Any]]:
         _groups_seen.clear()
         first = await asyncio.gather(
@@ -478,10 +480,47 @@ def test_a_group_answers_each_item_and_a_failed_transaction_fails_them_all(live:
     first, failed, later = live.run(scenario)
     assert first[0::2] == [0, 4, 8]
     assert [str(answer) for answer in first[1::2]] == ["1 is odd", "3 is odd", "5 is odd"]
-    assert all(isinstance(answer, RuntimeError) for answer in failed)
+    # The failed group's halves ran alone: 2 and 4 answered, only 13 failed.
+    assert failed[0] == 4 and failed[2] == 8
+    assert isinstance(failed[1], RuntimeError)
     assert isinstance(later[0], asyncio.CancelledError)
     assert str(later[1]) == "21 is odd" and later[2] == 44
-    assert _groups_seen == [6, 3, 2]
+    assert _groups_seen == [6, 3, 1, 2, 1, 1, 2]
+
+
+_AUDIT = sa.text(
+    "INSERT INTO audit_events (at, actor, kind, subject_id, detail) "
+    "VALUES (CURRENT_TIMESTAMP, 'test', 'grouped', :subject, '{}')"
+)
+
+
+def _audited(items: Sequence[str]) -> Program[list[str | Exception]]:
+    """One audit row per item, all in one statement: a value the driver cannot encode (a lone
+    surrogate, which no door let through here) fails the whole statement."""
+    yield Execute(_AUDIT, [{"subject": item} for item in items])
+    return list(items)
+
+
+def test_a_poisoned_member_of_a_group_is_refused_alone_and_the_rest_commit(live: Live) -> None:
+    """What one host's lone surrogate did to the claims of every host leasing with it
+    (issue 46): with the halves run again alone, only the poisoned request fails."""
+    honest = [f"honest-{i:02d}" for i in range(12)]
+    poisoned = "poisoned-\ud800"
+
+    async def scenario(db: AsyncDatabase) -> list[Any]:
+        items = [*honest[:6], poisoned, *honest[6:]]
+        return await asyncio.gather(
+            *(db.run_grouped(_audited, item) for item in items), return_exceptions=True
+        )
+
+    answers = live.run(scenario)
+    assert isinstance(answers[6], Exception), answers[6]
+    assert [a for i, a in enumerate(answers) if i != 6] == honest
+    with live.sessions() as db_session:
+        stored = db_session.scalars(
+            sa.text("SELECT subject_id FROM audit_events WHERE kind = 'grouped'")
+        ).all()
+    assert sorted(stored) == honest
 
 
 # --- the pool ---------------------------------------------------------------------------------

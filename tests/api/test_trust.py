@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.auth import service as auth_service
+from api.hosts import service as host_service
 from api.hosts.models import Host
 from api.runs import expiry
 from api.runs.models import Run, RunAttempt
@@ -325,3 +326,27 @@ def test_admin_revoke_cli(tmp_path: Any, coldbench_cmd: list[str], what: str) ->
     assert "revoked" in done.stderr
     unknown = admin("revoke", what, "nobody")
     assert unknown.returncode == 1 and len(unknown.stderr.strip().splitlines()) == 1
+
+
+def test_the_admins_labels_replace_only_the_admins_and_keep_the_hosts_own(
+    client: TestClient, db_session: Session, settings: Settings
+) -> None:
+    """Issue 46, 3: the admin's labels and those the host derives itself are two sets; a
+    corpus job still finds the host after the admin's change."""
+    make_host(
+        db_session, "studio-1", labels=["corpus:code", "chip:m3"], enrolled_labels=["lab:old"]
+    )
+    row = host_service.set_labels(
+        db_session=db_session, name_or_id="studio-1", labels=["team:a"], actor="admin:test"
+    )
+    assert row.enrolled_labels == ["team:a"]
+    assert row.host_labels == ["chip:m3", "corpus:code"]
+    assert row.labels == ["chip:m3", "corpus:code", "team:a"]
+    key = make_api_key(db_session)
+    listed = client.get("/api/v1/hosts", headers=bearer(key)).json()[0]
+    assert listed["admin_labels"] == ["team:a"]
+    assert listed["host_labels"] == ["chip:m3", "corpus:code"]
+    assert "backend:cpu" in listed["auto_labels"]
+    spec = job_payload(corpus="code", host_labels=["team:a", "chip:m3"])
+    submitted = client.post("/api/v1/jobs", json=spec, headers=bearer(key))
+    assert submitted.status_code == 201, submitted.text

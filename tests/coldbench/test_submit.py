@@ -201,6 +201,10 @@ def test_a_pull_request_asks_only_what_was_given(monkeypatch: pytest.MonkeyPatch
     alone = CliRunner().invoke(submit.app, [*base, "--mode", "commits", "--alone"])
     assert alone.exit_code == 0, alone.output
     assert sent[-1]["options"] == {"mode": "commits", "alone": "true"}
+    # A fork's head is named as reviewed: the service runs it only while it is the head.
+    named = CliRunner().invoke(submit.app, [*base, "--head", "abc1234"])
+    assert named.exit_code == 0, named.output
+    assert sent[-1]["options"] == {"head": "abc1234"}
 
 
 def test_a_commits_job_is_checked_before_anything_is_sent() -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -305,3 +306,116 @@ def test_the_memory_probe_measures_each_term_of_the_estimate(tmp_path: Path) -> 
         one_layer_copy = row["estimated_kv_bytes"] // (layers + 1)
         assert row["measured_kv_bytes"] == row["estimated_kv_bytes"] - one_layer_copy
         assert 0 < row["measured_peak_above_weights_bytes"] <= row["estimated_above_weights_bytes"]
+
+
+def _need(variant: str, weights: int, totals: dict[int, int]) -> memory.VariantNeed:
+    def estimate(context: int, total: int) -> memory.MemoryEstimate:
+        return memory.MemoryEstimate(context, 2048, weights, total - weights, 0, False)
+
+    return memory.VariantNeed(variant, weights, {c: estimate(c, t) for c, t in totals.items()})
+
+
+def test_the_plan_puts_variants_side_by_side_only_where_every_context_fits_them_all() -> None:
+    gib = 1 << 30
+    device = memory.DeviceMemory(80 * gib, "cuda total_memory")
+    small = [_need(v, 16 * gib, {4096: 20 * gib, 16384: 30 * gib}) for v in "ab"]
+    plan = memory.plan_memory(small, device=device, backend="cuda")
+    # an even CUDA split: (80 - 2 x 2) / 2 = 38 GiB each, and 30 fit
+    assert plan.residency == memory.SIDE_BY_SIDE and plan.refused == {}
+    assert "16,384 tokens (variant a) needs 30.0 GiB" in plan.reason and "38.0 GiB" in plan.reason
+    large = [_need(v, 44 * gib, {4096: 50 * gib, 16384: 60 * gib, 262144: 90 * gib}) for v in "ab"]
+    plan = memory.plan_memory(large, device=device, backend="cuda")
+    assert plan.residency == memory.IN_TURNS
+    assert plan.reason.startswith("in turns, one variant resident at a time: 16,384 tokens")
+    # a context that does not fit even alone is refused for every variant, as the guard does
+    assert plan.refused == {"a": [262144], "b": [262144]}
+    assert "do not fit even alone" in plan.reason
+    forced = memory.plan_memory(small, device=device, backend="cuda", asked="in-turns")
+    assert forced.residency == memory.IN_TURNS and forced.reason.startswith("in-turns as asked")
+    # Metal and the CPU: each peer holds its weights and a margin beside this process's need
+    cpu = memory.plan_memory(
+        [_need(v, 1 * gib, {256: 3 * gib}) for v in "ab"],
+        device=memory.DeviceMemory(5 * gib, "cpu"),
+        backend="cpu",
+    )
+    assert cpu.residency == memory.IN_TURNS  # 5 - (1 + 2) = 2 GiB beside a peer, 3 needed
+    assert memory.plan_memory(small[:1], device=device, backend="cuda").residency == (
+        memory.SIDE_BY_SIDE
+    )
+    with pytest.raises(ValueError, match="residency 'both'"):
+        memory.plan_memory(small, device=device, backend="cuda", asked="both")
+    assert memory.MemoryPlan.from_json(plan.as_json()) == plan
+
+
+def test_the_plan_is_made_in_a_process_of_its_own_from_the_checkpoint(
+    tiny_model_dir: Path,
+) -> None:
+    request = {
+        "model": str(tiny_model_dir),
+        "variants": {"a": {}, "b": {"prefill_step_size": 64}},
+        "contexts": [128, 256],
+        "residency": "auto",
+    }
+    guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=2048)
+    need = guard.estimate(256).total_bytes
+    env = {**os.environ, DEVICE_MEMORY_ENV: str(need + (1 << 30))}
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.memory"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    plan = memory.MemoryPlan.from_json(json.loads(done.stdout))
+    assert plan.residency == memory.IN_TURNS and plan.refused == {}
+    env[DEVICE_MEMORY_ENV] = str(4 * need + (8 << 30))
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.memory"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(done.stdout)["residency"] == memory.SIDE_BY_SIDE
+
+
+# Measured on this CPU (2026-12-06), the estimate over the cell's peak above what was active
+# before it at (chunk, context) (32, 512), (128, 1024), (256, 2048), (512, 2048): tiny-moe
+# 1.07, 1.40, 1.44, 1.53x; tiny-deepseek-v3 1.19, 1.29, 1.35, 1.36x.
+@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-deepseek-v3"])
+def test_the_estimate_bounds_the_measured_peak_of_a_mixture_of_experts(
+    preset: str, tmp_path: Path
+) -> None:
+    from engine import checkpoints
+
+    path = checkpoints.create_checkpoint(preset, tmp_path / preset)
+    model, tokenizer, config = checkpoints.load_model(path)
+    assert config["model_type"] in ("qwen3_moe", "deepseek_v3")
+    prompts = PromptSource.from_tokenizer(tokenizer)
+    for step, context in ((32, 512), (128, 1024)):
+        guard = MemoryGuard.for_checkpoint(path, chunk_tokens=step)
+        ids = prompts.prompt(0, 0, context).ids
+        gc.collect()
+        mx.clear_cache()
+        before = mx.get_active_memory()
+        record = run_cell(
+            model, ids, context_tokens=context, flags=Flags(prefill_step_size=step), decode_tokens=1
+        )
+        assert record.status == "ok", record.reason
+        needed = guard.estimate(context)
+        measured = record.peak_memory_bytes - before
+        estimated = needed.kv_cache_bytes + needed.activations_bytes
+        assert measured <= estimated <= 1.6 * measured, (preset, step, context, measured)
+
+
+def test_the_latent_cache_of_deepseek_v3_is_one_latent_and_rotary_key_per_position() -> None:
+    config = {**get_preset("tiny-deepseek-v3").config, "torch_dtype": "float32"}
+    estimate = memory.estimate(
+        config, context_tokens=1024, chunk_tokens=256, weights_bytes=0, attention_materialized=False
+    )
+    # (kv_lora_rank 64 + qk_rope_head_dim 16) x 1,024 positions x 4 bytes, 2 layers + 1 growing
+    assert estimate.kv_cache_bytes == 3 * 80 * 1024 * 4

@@ -24,9 +24,13 @@ FINGERPRINT: dict[str, Any] = {
 }
 
 # Every code point below U+3000, controls and separators included, plus the line and
-# paragraph separators and a bidirectional override.
+# paragraph separators, a bidirectional override and lone surrogates (what `"\\ud800"` in
+# JSON parses into).
 HOSTILE_CHARACTERS = st.characters(max_codepoint=0x3000) | st.sampled_from(
-    ["\u0000", "\n", "\r", "\t", "\x1b", "\x7f", "\x85", "\u2028", "\u2029", "\u202e"]
+    [
+        *("\u0000", "\n", "\r", "\t", "\x1b", "\x7f", "\x85", "\u2028", "\u2029", "\u202e"),
+        *("\ud800", "\udbff", "\udc80", "\udfff"),
+    ]
 )
 HOSTILE_TEXT = st.text(HOSTILE_CHARACTERS, max_size=12)
 HOSTILE_SCALARS = (

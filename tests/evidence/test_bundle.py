@@ -4,7 +4,9 @@ import io
 import json
 import os
 import stat
+import struct
 import subprocess
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from evidence.bundle import (
     MANIFEST_FILE,
+    MAX_BUNDLE_BYTES,
     BundleError,
     bundle_files,
     evidence_id_of,
@@ -150,6 +153,44 @@ def _zip_with(name: str, *, mode: int = stat.S_IFREG | 0o644) -> bytes:
         info.external_attr = mode << 16
         archive.writestr(info, b"x")
     return buffer.getvalue()
+
+
+def _zip_declaring(inflated: int, declared: int) -> bytes:
+    """A zip whose one deflated entry of `inflated` zero bytes says it holds `declared` bytes
+    (in its local header and the central directory): a bomb a few hundred KiB long."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        info = zipfile.ZipInfo("records.jsonl")
+        info.external_attr = (stat.S_IFREG | 0o644) << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        archive.writestr(info, bytes(inflated))
+    data = bytearray(buffer.getvalue())
+    struct.pack_into("<I", data, 22, declared)  # the local header's uncompressed size
+    central = data.rfind(b"PK\x01\x02")
+    struct.pack_into("<I", data, central + 24, declared)
+    return bytes(data)
+
+
+def test_a_zip_entry_that_inflates_past_its_declared_size_is_refused_within_it() -> None:
+    """Issue 46, 5: `coldbench verify` of a 2.4 MB zip whose 1 GiB entry declared 1 KiB peaked
+    at 2.1 GB before refusing it. An entry is inflated chunk by chunk, never past what it
+    declares: a 64 MiB entry declaring 1 KiB is refused within a few MiB of memory."""
+    bomb = _zip_declaring(64 << 20, 1024)
+    assert len(bomb) < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(BundleError, match="records.jsonl"):
+            read_zip(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
+def test_a_zip_declaring_more_than_the_bound_is_refused_before_inflating() -> None:
+    bomb = _zip_declaring(1024, MAX_BUNDLE_BYTES + 1)
+    with pytest.raises(BundleError, match=f"declares {MAX_BUNDLE_BYTES + 1} bytes"):
+        read_zip(bomb)
 
 
 @pytest.mark.parametrize("name", ["../evil.txt", "/etc/passwd", "a/../../evil", "C:/x", "a\\..\\b"])

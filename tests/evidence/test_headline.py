@@ -42,7 +42,7 @@ def test_too_few_process_pairs_and_medians_against_the_ratio_are_caveats() -> No
     summary = summarize(records, baseline="base", provenances=[provenance()], n_resamples=200)
     comparison = summary.comparisons[0]
     floor = NoiseFloor(
-        process_pairs=3,
+        process_pairs=2,
         rounds_per_process_pair=2.0,
         between_process_sd=0.01,
         resolvable=0.02,
@@ -57,6 +57,6 @@ def test_too_few_process_pairs_and_medians_against_the_ratio_are_caveats() -> No
         }
     )
     lines = caveats(tweaked)
-    assert any(line.startswith("Only 3 process pairs") for line in lines), lines
+    assert any(line.startswith("Only 2 process pairs") for line in lines), lines
     direction = [line for line in lines if "median paired ratio is 0.970" in line]
     assert direction and "above the baseline's" in direction[0], lines

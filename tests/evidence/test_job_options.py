@@ -18,14 +18,13 @@ from evidence.job_options import (
 )
 from evidence.schemas import JobSpec, SpecLimits
 from evidence.stats import (
+    Pair,
     StatsOptions,
-    decide,
-    holm,
-    median_interval,
-    rounds_for_verdict,
-    rounds_to_outvote,
-    signed_rank_p,
+    compare_pairs,
+    finish,
+    units_for_verdict,
 )
+from evidence.summary_schema import Comparison
 
 
 def _problems(given: dict[str, Any]) -> list[str]:
@@ -226,8 +225,9 @@ def test_defaults_per_mode() -> None:
 
 
 def test_default_rounds_reach_a_verdict_in_every_mode() -> None:
-    """The default is never below the bare minimum for the job's corrected family, and grows
-    with it; a range the host has not resolved counts the most commits it may resolve to."""
+    """The default is the rule's ten process pairs in every mode, whatever the family (a t
+    interval gets wider with more comparisons, never unreachable); blocks multiply it, and
+    measuring until decided takes four first looks as the budget."""
     for given in (
         {},
         {"variants": ["a", "b:prefill_step_size=64", "c:prefill_step_size=32"]},
@@ -239,18 +239,16 @@ def test_default_rounds_reach_a_verdict_in_every_mode() -> None:
         {"mode": "commits", "repository": "r", "base": "a", "head": "b"},
     ):
         spec = build_job_spec(given)
-        assert spec.rounds == default_rounds(spec) >= 10, given
-    # base..head: head and a variant per commit (two with alone), the most a host may resolve
-    pr = build_job_spec({"mode": "commits", "repository": "r", "base": "a", "head": "b"})
-    assert pr.rounds == rounds_to_outvote(2 * (1 + 32))
-    alone = build_job_spec(
-        {"mode": "commits", "repository": "r", "base": "a", "head": "b", "alone": True}
-    )
-    assert alone.rounds == rounds_to_outvote(2 * (1 + 64))
-    ranged = build_job_spec({"mode": "history", "repository": "r", "range": "a..b"})
-    assert ranged.rounds == rounds_to_outvote(2 * 64) > rounds_to_outvote(1)
+        assert spec.rounds == default_rounds(spec) == units_for_verdict() == 10, given
     blocks = build_job_spec({"rounds_per_process": "2"})
-    assert blocks.rounds == 2 * rounds_to_outvote(1)
+    assert blocks.rounds == 2 * units_for_verdict()
+    decided = build_job_spec({"until": "decided"})
+    assert decided.until == "decided" and decided.rounds == 4 * units_for_verdict()
+    budget = build_job_spec({"until": "decided", "budget_minutes": "12.5", "rounds": "60"})
+    assert (budget.rounds, budget.budget_minutes) == (60, 12.5)
+    assert _problems({"budget_minutes": "5"}) == [
+        "--budget-minutes: budget_minutes needs until=decided (measure until decided)"
+    ]
 
 
 def test_default_rounds_above_a_services_limit_ask_the_submitter_to_choose() -> None:
@@ -277,22 +275,30 @@ def test_default_rounds_above_a_services_limit_ask_the_submitter_to_choose() -> 
 
 
 @pytest.mark.parametrize("family", [1, 2, 10, 40, 128])
-def test_rounds_to_outvote_is_what_the_verdict_rules_need(family: int) -> None:
-    """At the rule's n, units of which two point the other way (the smallest, by a little less
-    than the rest point their way) reach `faster` with the real interval, test and Holm; with
-    one unit fewer they do not."""
-    options = StatsOptions()
+def test_units_for_verdict_outvote_two_stalled_units_at_each_end(family: int) -> None:
+    """At the rule's ten units, two stalled process pairs at each end (ratios far off on both
+    sides) leave a 20% slowdown `slower` in any family size; with one unit fewer nothing is set
+    aside and they widen the interval past 1."""
 
     def verdict(n: int) -> str:
-        ratios = [1 / 1.199, 1 / 1.1995] + [1.2 + 0.01 * i for i in range(n - 2)]
-        low, high = median_interval(ratios, seed=1, options=options)
-        p = holm([signed_rank_p(ratios)] * family)[0]
-        return decide(n, low, high, p, options)
+        from tests.evidence.builders import record
 
-    n = rounds_to_outvote(family)
-    assert verdict(n) == "faster"
+        ratios = [5.0, 4.0, 0.2, 0.25] + [0.8 + 0.002 * i for i in range(n - 4)]
+        pairs = []
+        for i, ratio in enumerate(ratios):
+            base = record(variant="base", round=i, prefill_tps=1000.0)
+            cand = record(variant="cand", round=i, prefill_tps=1000.0 * ratio)
+            pairs.append(Pair(base.run_id, i, base.context_tokens, ratio, cand, base))
+        draft = compare_pairs(
+            pairs, context_tokens=256, variant="cand", baseline="base", seed=0, options=options
+        )
+        others = [dict(draft) for _ in range(family - 1)]
+        return finish([draft, *others], options, Comparison)[0].verdict
+
+    options = StatsOptions()
+    n = units_for_verdict()
+    assert verdict(n) == "slower"
     assert verdict(n - 1) == "inconclusive"
-    assert n >= rounds_for_verdict(family)
 
 
 def test_every_mode_and_option_is_declared_once_with_help() -> None:

@@ -219,7 +219,7 @@ def test_summary_md_opens_with_one_sentence_per_context_then_the_table() -> None
     sentences = verdict_sentences(summary)
     assert len(sentences) == len(summary.contexts)
     assert sentences[0].startswith("fast is ") and "at 64 tokens" in sentences[0]
-    assert "same: no established change at 64 tokens" in sentences[0]
+    assert "same: inconclusive at 64 tokens" in sentences[0]
     text = render_summary_md(summary, provenances)
     head = text.split("### Cold prefill")[0]
     assert all(f"- {sentence}" in head for sentence in sentences)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
-from evidence.stats import rounds_for_verdict
+from evidence.stats import units_for_verdict
 from tests.conftest import REPO_ROOT
 from tests.stack import Stack, running_stack
 
@@ -202,9 +202,9 @@ def test_submit_watch_progress_open_evidence_copy_and_verify(
     # cannot reach a verdict; the number it asks for makes the warning go.
     warning = page.locator("#rounds-warning")
     expect(warning).to_be_visible()
-    expect(warning).to_contain_text(f"need at least {rounds_for_verdict(4)} rounds")
+    expect(warning).to_contain_text(f"needs at least {units_for_verdict()} rounds")
     _shot(page, "form-rounds-warning")
-    page.fill("#rounds", str(rounds_for_verdict(4)))
+    page.fill("#rounds", str(units_for_verdict()))
     expect(warning).to_be_hidden()
     _shot(page, "form-filled")
     page.click("button.primary")
@@ -338,7 +338,7 @@ def test_two_hosts_sharing_a_hostname_are_shown_by_their_registered_names(
     expect(page.locator("#rounds")).to_have_value("")
     expect(page.locator("#rounds")).to_have_attribute("placeholder", "auto")
     _fill_job(page, contexts="64", cand_flags="prefill_step_size=64")
-    page.fill("#rounds", str(rounds_for_verdict(1)))
+    page.fill("#rounds", str(units_for_verdict()))
     page.fill("#hosts", "2")
     expect(page.locator("#rounds-warning")).to_be_hidden()
     page.click("button.primary")

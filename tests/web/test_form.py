@@ -322,7 +322,7 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
     import json
 
     from evidence.job_options import default_rounds
-    from evidence.stats import rounds_for_verdict
+    from evidence.stats import units_for_verdict
 
     make_host(db_session, "studio-1")
     page = web.get("/").text
@@ -335,7 +335,7 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
     assert 'id="rounds-warning"' not in web.get(blank.headers["location"]).text
     table = re.search(r'data-rounds-needed="([^"]+)"', page).group(1)
     needed = json.loads(html_lib.unescape(table))
-    assert needed["2"] == rounds_for_verdict(2) and needed["8"] == rounds_for_verdict(8)
+    assert needed["2"] == units_for_verdict() and needed["8"] == units_for_verdict()
     assert '<script src="/static/form.js"></script>' in page
     assert web.get("/static/form.js").status_code == 200
     # Too few rounds for two contexts: accepted, and the job page says why it cannot conclude.
@@ -343,10 +343,10 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
     assert response.status_code == 303
     job_page = web.get(response.headers["location"]).text
     warning = re.search(r'id="rounds-warning">([^<]*)<', job_page)
-    assert warning and f"need at least {rounds_for_verdict(2)} rounds" in warning.group(1)
-    assert "3 rounds cannot reach a verdict: 2 comparisons" in warning.group(1)
+    assert warning and f"needs at least {units_for_verdict()} rounds" in warning.group(1)
+    assert "3 rounds cannot reach a verdict: the robust interval" in warning.group(1)
     enough = web.post(
-        "/", data=_fields(page, rounds=str(rounds_for_verdict(2))), follow_redirects=False
+        "/", data=_fields(page, rounds=str(units_for_verdict())), follow_redirects=False
     )
     assert 'id="rounds-warning"' not in web.get(enough.headers["location"]).text
 

@@ -69,10 +69,24 @@ def test_logout_clears_the_session(web: TestClient) -> None:
     assert web.get("/", follow_redirects=False).status_code == 303
 
 
+def test_logout_ends_the_session_on_the_server(web: TestClient) -> None:
+    """A copy of the session cookie taken before logout (another tab, a stolen copy) opens
+    nothing after it (issue 46: it opened /jobs until its 12 h TTL)."""
+    kept = web.cookies.get("cb_session")
+    assert kept and web.get("/jobs", follow_redirects=False).status_code == 200
+    page = web.get("/hosts")
+    web.post("/logout", data={"csrf_token": csrf_of(page.text)}, follow_redirects=False)
+    web.cookies.set("cb_session", kept)
+    response = web.get("/jobs", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"].startswith("/login")
+
+
 def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
-    host, _secret = make_host(db_session, "studio-1", labels=["lab:home"])
+    host, _secret = make_host(
+        db_session, "studio-1", labels=["lab:home"], enrolled_labels=["team:a"]
+    )
     make_host(db_session, "idle-box")
     job = make_job(db_session, settings)
     lease = agent_calls.claim_lease(
@@ -95,7 +109,10 @@ def test_hosts_page_shows_fingerprint_labels_heartbeat_and_current_run(
     html = web.get("/hosts").text
     row = re.search(r'<tr id="host-studio-1">(.*?)</tr>', html, re.S).group(1)
     assert "Apple M3 Ultra" in row and "32 cores" in row
-    assert "lab:home" in row and "backend:cpu" in row
+    # Each label with its source: the admin's, the host's own, the server's.
+    assert 'team:a <span class="source">admin</span>' in row
+    assert 'lab:home <span class="source">host</span>' in row
+    assert 'backend:cpu <span class="source">server</span>' in row
     assert f"/jobs/{job.id}" in row and "3/8 cells" in row
     assert "s ago" in row
     idle = re.search(r'<tr id="host-idle-box">(.*?)</tr>', html, re.S).group(1)

@@ -12,17 +12,17 @@ SECRET = b"s" * 32
 
 def test_session_cookie_round_trip_and_expiry() -> None:
     cookie = signing.session_cookie(SECRET, "0123456789abcdef", now_s=1000)
-    assert signing.session_key_id(SECRET, cookie, ttl_s=60, now_s=1030) == "0123456789abcdef"
-    assert signing.session_key_id(SECRET, cookie, ttl_s=60, now_s=1061) is None
-    assert signing.session_key_id(b"other" * 8, cookie, ttl_s=60, now_s=1030) is None
+    assert signing.session_id_of(SECRET, cookie, ttl_s=60, now_s=1030) == "0123456789abcdef"
+    assert signing.session_id_of(SECRET, cookie, ttl_s=60, now_s=1061) is None
+    assert signing.session_id_of(b"other" * 8, cookie, ttl_s=60, now_s=1030) is None
 
 
 def test_session_cookie_tampered_key_id_is_refused() -> None:
     cookie = signing.session_cookie(SECRET, "0123456789abcdef", now_s=1000)
     forged = cookie.replace("0123456789abcdef", "fedcba9876543210")
-    assert signing.session_key_id(SECRET, forged, ttl_s=60, now_s=1001) is None
+    assert signing.session_id_of(SECRET, forged, ttl_s=60, now_s=1001) is None
     for junk in ("", "a.b", "a.b.c.d", None):
-        assert signing.session_key_id(SECRET, junk, ttl_s=60, now_s=1001) is None
+        assert signing.session_id_of(SECRET, junk, ttl_s=60, now_s=1001) is None
 
 
 def test_csrf_token_is_bound_to_its_session() -> None:

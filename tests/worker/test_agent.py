@@ -527,3 +527,42 @@ def test_an_upload_receipt_for_other_bytes_is_retried(tmp_path: Path) -> None:
     receipts.append("0" * 64)
     with pytest.raises(_Retry, match="records.jsonl: the server stored sha256 0000000000000000"):
         agent._upload_all(files.parent, "r-1", 1)
+
+
+def test_the_admins_labels_keep_the_corpus_label_the_host_derives(
+    service: Stack, tmp_path: Path
+) -> None:
+    """Issue 46: `coldbench admin labels HOST --set a,b` erased the host's `corpus:NAME` label,
+    and a restart did not bring it back, so corpus jobs were refused. The admin's labels and
+    the host's are two sets: after the admin's change and after a restart of the agent, a job
+    on the host's corpus is still accepted and leased, and one needing the admin's label too."""
+    config = write_config(tmp_path / "corpus-host" / "worker.toml", name="corpus-host")
+    corpus = config.parent / "code.txt"
+    corpus.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(300)))
+    config.write_text(config.read_text() + '[corpora]\ncode = "code.txt"\n')
+    log = tmp_path / "corpus-host.log"
+    proc = service.start_agent(config, token=service.enrollment_token("lab:old"), log=log)
+    _wait_enrolled(service, {"corpus-host"}, [proc], [log])
+    output = service.cli("admin", "labels", "corpus-host", "--set", "team:a,lab:new")
+    assert "corpus:code" in output.split(",") and "lab:old" not in output.split(","), output
+    with service.http() as client:
+        (host,) = [h for h in client.get("/hosts").json() if h["name"] == "corpus-host"]
+    assert host["admin_labels"] == ["lab:new", "team:a"]
+    assert "corpus:code" in host["host_labels"] and "corpus:code" in host["labels"]
+    job_ids = []
+    for round_ in range(2):
+        if round_ == 1:
+            # The agent restarts with its secret: nothing it sends changes either set.
+            assert stop_process(proc) == 0, _log(log)
+            proc = service.start_agent(config, token=None, log=log)
+        created = service.submit(
+            _embedded_job(1, [64], corpus="code", host_labels=["team:a"], seed=round_)
+        )
+        assert created.status_code == 201, created.text
+        job_ids.append(created.json()["id"])
+        jobs = service.wait_jobs(
+            job_ids[-1:], timeout_s=120, done=("completed", "processed", "failed")
+        )
+        (run,) = jobs[job_ids[-1]]["runs"]
+        assert run["host_name"] == "corpus-host" and run["state"] != "failed", (run, _log(log))
+    assert stop_process(proc) == 0, _log(log)

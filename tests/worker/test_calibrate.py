@@ -137,3 +137,51 @@ def test_calibrate_merges_results_run_side_by_side(
         )
         assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
         assert not (tmp_path / "x.json").exists()
+
+
+def test_a_calibration_whose_every_job_failed_exits_non_zero_and_writes_no_result(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    """A device too small for even one process: every run fails before it measures. The
+    command must not look like a calibration to a recipe's `&&` chain or to a merge."""
+    import os
+
+    from engine.memory import DEVICE_MEMORY_ENV
+
+    out = tmp_path / "calibration.json"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "calibrate",
+            *("--model", "preset:micro", "--contexts", "64", "--rounds", "2", "--jobs", "1"),
+            *("--variants", "2", "--planted-step", "16", "--decode-tokens", "1"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, DEVICE_MEMORY_ENV: "4096"},
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr[-2000:])
+    assert "no calibration job produced statistics (2 of 2 jobs failed: " in done.stderr
+    assert "does not fit" in done.stderr and "no result written" in done.stderr
+    assert not out.exists()
+
+
+def test_calibrate_replaces_its_bundles_with_force(tmp_path: Path, monkeypatch: Any) -> None:
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    # --force passes the check (and the model then fails on its own, before anything runs)
+    done = CliRunner().invoke(
+        app,
+        ["calibrate", "--planted-step", "1", "--bundles", "full", "--force", "--model", "/nope"],
+    )
+    assert done.exit_code == 2 and "not empty" not in done.stderr, done.output
+    assert "--model" in done.stderr or "nope" in done.stderr, done.stderr

@@ -31,14 +31,13 @@ def _run(coldbench_cmd: list[str], *args: str, cwd: Path) -> subprocess.Complete
 def test_aa_never_claims_a_difference(
     coldbench_cmd: list[str], repo_root: Path, tmp_path: Path
 ) -> None:
-    """Two identical variants, 6 rounds: no comparison may claim a difference.
+    """Two identical variants, 6 rounds: each verdict is what its interval shows.
 
-    Precision 0.25: this 2-core machine is shared, so A/A pairs spread well beyond the +-5%
-    default while others run (intervals as wide as [0.60, 1.36] were seen). The 95% interval
-    of 6 pairs misses 1 in 5% of A/A comparisons by construction, more on a loaded machine;
-    such an interval, or one that leaves 1 +- 0.25, is `inconclusive`. Never `faster` or
-    `slower`: with 6 pairs the signed-rank test's smallest two-sided p is 2/64, which Holm's
-    correction over the two comparisons doubles past 0.05.
+    Precision 0.25: this 2-core machine is shared, so A/A pairs spread well beyond the +-2%
+    default while others run (intervals as wide as [0.60, 1.36] were seen). The two intervals
+    hold together at 95% (each at 97.5%): an A/A job claims a difference in at most 5% of runs
+    by construction (benchmarks/aa_simulation.py measures that rate); here the rule is checked,
+    cell by cell of the matrix, on real processes.
     """
     out = tmp_path / "aa"
     done = _run(
@@ -58,7 +57,10 @@ def test_aa_never_claims_a_difference(
     assert len(summary["comparisons"]) == 2
     for row in summary["comparisons"]:
         assert row["n"] == 6 and row["ci_low"] <= row["ratio_median"] <= row["ci_high"], row
-        if row["ci_low"] <= 1 <= row["ci_high"] and 0.75 <= row["ci_low"] <= row["ci_high"] <= 1.25:
+        assert row["interval_level"] == pytest.approx(0.975)
+        if row["ci_low"] > 1 or row["ci_high"] < 1:
+            assert row["verdict"] == ("faster" if row["ci_low"] > 1 else "slower"), row
+        elif 0.75 <= row["ci_low"] <= row["ci_high"] <= 1.25:
             assert row["verdict"] == "no established change", row
         else:
             assert row["verdict"] == "inconclusive", row
@@ -143,6 +145,39 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
     assert widths == {"base": 128, "small": 1}
 
 
+def test_until_decided_stops_at_the_first_look_that_decides(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    """4-token chunks against 64-token ones (about 3x fewer tok/s on this CPU, even at a load
+    of 15): measuring until decided with a budget of 40 rounds, the run stops at the first look
+    (10, 20 or 40 rounds) whose interval leaves 1, and the summary analyses exactly the rounds
+    of that look and says why it stopped."""
+    out = tmp_path / "decided"
+    done = _run(
+        coldbench_cmd,
+        *("--model", "preset:micro", "--contexts", "128", "--decode-tokens", "1"),
+        *("--until", "decided", "--rounds", "40"),
+        *("--variant", "base:prefill_step_size=4", "--variant", "wide:prefill_step_size=64"),
+        *("--out", str(out)),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    sequential = summary["settings"]["sequential"]
+    assert sequential["looks"] == [10, 20, 40]
+    (row,) = summary["comparisons"]
+    assert row["verdict"] == "faster" and row["ci_low"] > 1, row
+    analysed = sequential["rounds_analysed"]
+    assert analysed in (10, 20, 40) and row["n"] == analysed
+    assert sequential["stopped"] == f"every comparison decided at look {sequential['taken']}"
+    measured = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
+    # the run ended at that look: no round past it was measured
+    assert max(r.round for r in measured) + 1 == analysed
+    assert (
+        "Measured until decided: looks after 10, 20, 40 rounds" in (out / "summary.md").read_text()
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -154,6 +189,7 @@ def test_ab_detects_a_slower_prefill(coldbench_cmd: list[str], tmp_path: Path) -
         (["--adapter", "openai-server"], "--adapter openai-server needs --server-command"),
         (["--wipe", "/tmp/x"], "--wipe: only with --adapter openai-server"),
         (["--corpus", "/nonexistent/corpus.txt"], "is not a file"),
+        (["--residency", "both"], "--residency 'both': give auto, side-by-side or in-turns"),
         (
             ["--adapter", "embedded", "--repo", str(REPO_ROOT), "--variant", "a"],
             "--variant: variant a names no ref of",
@@ -374,3 +410,63 @@ def test_a_sigint_while_measuring_keeps_the_cells_measured(
     assert kept >= 3 and run_time["cells"] == kept
     assert run_time["stopped"] == f"stopped on request after {kept} of 24 cells"
     assert "stopped on request" in (out / "summary.md").read_text()
+
+
+def test_variants_that_fit_once_but_not_twice_run_in_turns(
+    coldbench_cmd: list[str], tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The device set so the tiny checkpoint fits one process but not two: the plan runs the
+    A/B in turns, one resident at a time; every cell is valid, pairs by round and process pair,
+    and the evidence says how it ran and what the turns cost."""
+    import os
+
+    from engine.memory import DEVICE_MEMORY_ENV, PEER_OVERHEAD_BYTES, MemoryGuard
+
+    guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=2048)
+    need = guard.estimate(128).total_bytes
+    device = need + PEER_OVERHEAD_BYTES // 2  # alone it fits; beside a peer (2 GiB more) not
+    out = tmp_path / "turns"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--model", "preset:tiny", "--contexts", "128", "--rounds", "6"),
+            *("--rounds-per-process", "2", "--decode-tokens", "1"),
+            *("--variant", "a", "--variant", "b:prefill_step_size=64"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, DEVICE_MEMORY_ENV: str(device)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_records(out / "records.jsonl")
+    timed = [r for r in records if r.round >= 0]
+    assert len(timed) == 12 and all(r.status == "ok" for r in timed), [r.reason for r in timed]
+    # one process per variant per block of 2 rounds, each alone on the device
+    assert {(r.variant, r.round // 2 + 1) for r in timed} == {(r.variant, r.process) for r in timed}
+    timeline = json.loads((out / "timeline.json").read_text())
+    assert timeline["residency"] == "in-turns"
+    assert (
+        "in turns" in timeline["residency_reason"] and "128 tokens" in timeline["residency_reason"]
+    )
+    spans = sorted(
+        (p["load_s"], p["exited_s"]) for p in timeline["processes"] if p["load_s"] is not None
+    )
+    for (_, exited), (loaded, _) in zip(spans, spans[1:], strict=False):
+        assert loaded >= exited, "two variant processes were resident together"
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["comparisons"]
+    assert row["n"] == 6 and row["blocks"] == 3 and row["unit"] == "process pair"
+    (run,) = summary["timeline"]["runs"]
+    assert run["residency"] == "in-turns" and run["blocks"] == 3
+    assert run["turns_within_blocks"] == 3 and run["turn_starts"]["load_s"] > 0
+    text = (out / "summary.md").read_text()
+    assert "Variants ran in turns: one resident at a time, 3 blocks of 2 rounds" in text
+    assert "The 3 turn starts within blocks added" in text
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert "--residency" not in provenance["command"]  # auto: the plan decides again
+    assert verify_bundle(out).is_intact

@@ -26,7 +26,8 @@ PLANTED = SLOW_PREFILL_SYNC_OLD + (
     "            time.sleep(planted_a.WAIT_S + planted_b.WAIT_S)\n"
 )
 CONTEXT = "64"
-# 3 marginals corrected together (Holm) reach a verdict from 7 process pairs; one more for margin
+# 3 marginals corrected together (Bonferroni): 8 process pairs leave the planted waits' intervals
+# far from 1
 ROUNDS = "8"
 
 

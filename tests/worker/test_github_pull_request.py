@@ -8,6 +8,7 @@ the host's mirror fetches it, and the job runs the commits pinned when it was as
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,8 @@ def _ask_and_check(service: Stack, github: FakeGitHub, base: str, head: str, log
     assert f"Evidence id: [`{job['evidence_id']}`]({evidence_url})" in text
     assert text.index("pr-7") < text.index("### Cold prefill") < text.index("Reproduce:")
     assert head[:12] in text and base[:12] in text  # the commits as built, from provenance
+    # A pull request is public: the host's paths (its checkout, the service's folders) are not.
+    assert not re.search(r"(?<![\w:/])/(?:tmp|private|home|Users)/", text), text
 
     # The status on the measured head: pending while queued and running, then final.
     states = [s["state"] for s in github.statuses if s["sha"] == head]

@@ -123,3 +123,15 @@ def test_process_start_order_rotates_so_each_variant_starts_first_equally(seed: 
     assert Counter(o[0] for o in orders) == {"a": 2, "b": 2, "c": 2}
     assert Counter(o[-1] for o in orders) == {"a": 2, "b": 2, "c": 2}
     assert orders == [start_order(variants, seed=seed, block=b) for b in range(6)]
+
+
+def test_turns_read_abba_with_the_baseline_bracketing_the_others() -> None:
+    from worker.schedule import turn_order
+
+    two = [turn_order(["a", "b"], seed=3, block=b, baseline="a") for b in range(4)]
+    assert two == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+    three = [turn_order(["a", "b", "c"], seed=3, block=b, baseline="a") for b in range(4)]
+    for even, odd in (three[0:2], three[2:4]):
+        assert even[0] == "a" and odd == even[::-1]  # a pair of blocks is a palindrome
+    assert three[0][1:] != three[2][1:]  # the others' order rotates over pairs of blocks
+    assert turn_order(["b", "a"], seed=3, block=0) == ["b", "a"]  # no baseline: the first

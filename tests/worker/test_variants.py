@@ -400,3 +400,134 @@ def test_a_runner_without_the_load_gate_is_never_started_ahead(tmp_path: Path) -
     ahead = {(p.variant, p.block) for p in outcome.timeline.processes if p.prespawned}
     assert ahead == {("a", 1)}
     assert all(r["status"] == "ok" for r in outcome.records if r["round"] >= 0)
+
+
+def test_in_turns_one_process_is_resident_at_a_time_and_every_cell_pairs(
+    tmp_path: Path,
+) -> None:
+    rounds = plan_rounds(["a", "b"], [64, 128], seed=5, rounds=4, bracket_min_cells=2)
+    assert any(cell.is_control for round_ in rounds for cell in round_)
+    outcome = run_schedule(
+        [_launch("a", cell_s=0.02), _launch("b", cell_s=0.02)],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=5,
+        residency="in-turns",
+        residency_reason="in turns, one variant resident at a time: test",
+        baseline="a",
+    )
+    measured = [r for r in outcome.records if r["round"] >= 0]
+    # every round's matrix cells of both variants, once each; no bracketing controls
+    assert sorted((r["variant"], r["round"], r["context_tokens"]) for r in measured) == sorted(
+        (v, r, c) for v in "ab" for r in range(4) for c in (64, 128)
+    )
+    assert outcome.controls == [] and outcome.cells_done == outcome.cells_total == 16
+    # ABBA at block level, the baseline first in the even block and last in the odd one
+    turns = [(r["variant"], r["process"]) for r in measured]
+    runs = [turn for i, turn in enumerate(turns) if i == 0 or turns[i - 1] != turn]
+    assert runs == [("a", 1), ("b", 1), ("b", 2), ("a", 2)]
+    # one process at a time: each alone (no peers) and gone before the next one loaded
+    timeline = outcome.timeline
+    assert timeline is not None and timeline.residency == "in-turns"
+    assert [(s.block, s.variant) for s in timeline.blocks] == [
+        (0, "a"),
+        (0, "b"),
+        (1, "b"),
+        (1, "a"),
+    ]
+    processes = sorted(timeline.processes, key=lambda p: p.spawned_s)
+    for previous, current in zip(processes, processes[1:], strict=False):
+        assert previous.exited_s is not None and current.load_s is not None
+        assert current.load_s >= previous.exited_s
+    warmups = [r for r in outcome.records if r["status"] == "warmup"]
+    assert len(warmups) == 4 and {w["counters"]["peers"] for w in warmups} == {"0"}
+
+
+def test_in_turns_the_next_turns_process_imports_while_this_one_measures(tmp_path: Path) -> None:
+    rounds = plan_rounds(["a", "b"], [64], seed=6, rounds=4)
+    # a turn measures 2 cells (1.4 s): time for the next interpreter to start and import
+    launches = [_launch(name, import_s=0.3, cell_s=0.7) for name in "ab"]
+    outcome = run_schedule(
+        launches,
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=6,
+        prespawn=True,
+        residency="in-turns",
+        baseline="a",
+    )
+    assert outcome.cells_done == 8
+    timeline = outcome.timeline
+    assert timeline is not None and len(timeline.blocks) == 4
+    starts = timeline.blocks
+    # every turn's process but the first was started ahead (a runner of the same interpreter
+    # and module as one that waited at the load gate waits too), and imported before its turn
+    ahead = [p for p in timeline.processes if p.prespawned]
+    assert sorted((p.block, p.variant) for p in ahead) == [(0, "b"), (1, "a"), (1, "b")]
+    for process in ahead:
+        start = next(s for s in starts if (s.block, s.variant) == (process.block, process.variant))
+        assert process.imported_s is not None and process.imported_s < start.began_s
+        assert start.imports_s < 0.4
+
+
+def test_a_run_whose_memory_cannot_be_planned_runs_side_by_side_saying_why(
+    tmp_path: Path,
+) -> None:
+    from worker.run import RunRefused, memory_plan
+
+    plan = memory_plan(
+        [_launch("a"), _launch("b")], model=tmp_path / "nothing", contexts=[64], asked="auto"
+    )
+    assert plan.residency == "side-by-side" and plan.refused == {}
+    assert plan.reason.startswith("no memory plan (checkpoint ") and "does not exist" in plan.reason
+    forced = memory_plan(
+        [_launch("a")], model=tmp_path / "nothing", contexts=[64], asked="in-turns"
+    )
+    assert forced.residency == "in-turns"
+    with pytest.raises(RunRefused, match="residency 'both'"):
+        memory_plan([_launch("a")], model=tmp_path, contexts=[64], asked="both")
+
+
+def test_a_residency_asked_for_is_in_the_reproduce_line() -> None:
+    from evidence.schemas import JobSpec
+    from worker.provenance import reproduce_command
+
+    spec = JobSpec.model_validate(
+        {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [64], "rounds": 2}
+    )
+    assert "--residency" not in reproduce_command(spec)
+    assert reproduce_command(spec, residency="in-turns").endswith("--residency in-turns")
+
+
+def test_in_turns_a_run_measuring_until_decided_looks_once_a_blocks_rounds_are_complete(
+    tmp_path: Path,
+) -> None:
+    asked: list[tuple[int, int]] = []
+
+    def end_after_round(rounds_done: int, records: object) -> str | None:
+        measured = [r for r in records if r["round"] >= 0]  # type: ignore[attr-defined]
+        asked.append((rounds_done, len(measured)))
+        return "decided" if rounds_done == 4 else None
+
+    rounds = plan_rounds(["a", "b"], [64], seed=7, rounds=6)
+    outcome = run_schedule(
+        [_launch("a"), _launch("b")],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=7,
+        residency="in-turns",
+        baseline="a",
+        end_after_round=end_after_round,
+    )
+    # asked before the second and the third block, each time with every cell of both
+    # variants' turns in the rounds done; the third block never started
+    assert asked == [(2, 4), (4, 8)]
+    assert outcome.ended == "decided" and outcome.cells_done == 8
+    timeline = outcome.timeline
+    assert timeline is not None and {s.block for s in timeline.blocks} == {0, 1}

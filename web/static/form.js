@@ -1,5 +1,5 @@
 // Job form: warn, as the user types, when the rounds asked for cannot reach a verdict for the
-// matrix chosen. The rule lives on the server (evidence/stats.py rounds_for_verdict); it sends
+// matrix chosen. The rule lives on the server (evidence/stats.py units_for_verdict); it sends
 // the rounds needed per number of comparisons in data-rounds-needed. This script only counts
 // the comparisons: contexts x candidates (ablation: contexts x (features + 1)).
 (function () {
@@ -39,9 +39,10 @@
       return;
     }
     warning.textContent = asked + " round" + (asked === 1 ? "" : "s") +
-      " cannot reach a verdict: " + family + " comparison" + (family === 1 ? "" : "s") +
-      " corrected together (Holm) need at least " + need +
-      " rounds, more when the spread is wide. The job is still accepted.";
+      " cannot reach a verdict: the robust interval of " + family + " comparison" +
+      (family === 1 ? "" : "s") + " needs at least " + need +
+      " rounds (independent process pairs), more when the spread is wide. The job is still " +
+      "accepted.";
     warning.hidden = false;
   }
   form.addEventListener("input", update);
