@@ -22,6 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 import fastpaths
 from engine.backend import not_exercised
+from engine.canary import cold_check_blind
 from engine.fastpaths import KernelSteps
 from engine.flags import Flags
 from engine.judge import (
@@ -198,7 +199,7 @@ def run_cell(
     """Run one cell; never raises for a failure inside it (status `error` with the reason).
 
     `prompt_cache` exists to prove the guard: a cell handed a cache that already holds tokens
-    is measured but marked invalid with the count.
+    is measured but marked invalid with the count (the run's warm canary, engine/canary.py).
     """
     counters: dict[str, Any] = {
         "prefill_tokens": None,
@@ -225,10 +226,12 @@ def run_cell(
         if isinstance(forward, CompiledForward) and forward.reason:
             counters["compile.fallback"] = forward.reason
         cache = make_prompt_cache(model) if prompt_cache is None else prompt_cache
-        cached = cache_offset(cache)
+        held = cache_offset(cache)
+        # The planted fault (engine/canary.py): a cold check blind to what the cache holds.
+        cached = 0 if held is not None and cold_check_blind() else held
         result.cached_tokens = cached
         fastpaths.COUNTERS.reset()
-        widths = _measure(forward, cache, prompt_ids, flags, decode_tokens, result)
+        widths = _measure(forward, cache, prompt_ids, flags, decode_tokens, result, held)
         counters["compile.dispatched"] = forward.dispatched if flags.compile else 0
         fast_path_counters(forward, flags, counters)
         judge_cell(
@@ -254,8 +257,10 @@ def _measure(
     flags: Flags,
     decode_tokens: int,
     result: Measurement,
+    held: int | None,
 ) -> list[int]:
-    """Time the prefill and decode into `result`; returns the prefill's chunk widths."""
+    """Time the prefill and decode into `result`; returns the prefill's chunk widths. `held`
+    is what the cache held before the prefill, by its own accounting."""
     counters = result.counters
     tokens = mx.array(prompt_ids, dtype=mx.int32)[None]
     total = len(prompt_ids)
@@ -283,8 +288,8 @@ def _measure(
     mx.eval(token, margin)
     mx.synchronize()
     prefill_s = time.perf_counter() - start
-    before, after = result.cached_tokens, cache_offset(cache)
-    counters["prefill_tokens"] = None if after is None or before is None else after - before
+    after = cache_offset(cache)
+    counters["prefill_tokens"] = None if after is None or held is None else after - held
     counters["chunks"] += 1
     widths.append(total - position)
     counters["chunk_widths"] = runs_text(to_runs(widths))

@@ -7,7 +7,10 @@ runs one cell per stdin line `{"round": R, "order": O, "context_tokens": N}` unt
 `{"op": "exit"}` or EOF, appending each record to the plan's `records_path` (flush + fsync: a
 crash loses at most the cell in flight) and printing `{"event": "record", "record": {...}}`.
 With `cells` in the plan it runs those and exits (batch mode). The warm-up records are in the
-records file and in the ready event (`"warmups": [...]`, and the first as `"warmup"`).
+records file and in the ready event (`"warmups": [...]`, and the first as `"warmup"`). With
+`COLDBENCH_CANARY=1` (one process per run, engine/canary.py) the warm canary runs after the
+warm-ups (round -2) and travels in the ready event as `"canary"`; an adapter without
+`canary_cell` (openai-server) runs none.
 
 Gates, set by the orchestrator (worker/variants.py) in the environment (not plan fields, so
 that a runner of an older engine commit, whose Plan refuses unknown fields, still starts):
@@ -42,9 +45,17 @@ import time
 from typing import IO, Any
 
 from engine import lean
+from engine.canary import (
+    CANARY_ORDER,
+    CANARY_REASON,
+    CANARY_ROUND,
+    canary_context,
+    canary_requested,
+)
 from engine.memory import release_cached_buffers
 from engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, CellRequest, Plan
 from engine.record import CellRecord, Measurement, clip, now_iso, one_line
+from engine.telemetry import GpuTelemetry
 
 log = logging.getLogger("engine.runner")
 
@@ -55,23 +66,37 @@ class VariantProcess:
         self.adapter = adapter
         self.out = out
         self.records = open(plan.records_path, "a", encoding="utf-8")  # noqa: SIM115
+        # opened at the first cell: nothing touches the device before the load gate
+        self.telemetry: GpuTelemetry | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
         self.out.write(json.dumps(event, separators=(",", ":")) + "\n")
         self.out.flush()
 
-    def run(self, request: CellRequest, *, warmup: bool = False) -> dict[str, Any]:
-        round_ = -1 if warmup else request.round
-        order = -1 if warmup else request.order
+    def run(
+        self, request: CellRequest, *, warmup: bool = False, canary: bool = False
+    ) -> dict[str, Any]:
+        round_ = -1 if warmup else CANARY_ROUND if canary else request.round
+        order = -1 if warmup else CANARY_ORDER if canary else request.order
         started_at = now_iso()
+        if self.telemetry is None:
+            from engine.backend import detect_backend
+
+            self.telemetry = GpuTelemetry.open(detect_backend())
+        before = self.telemetry.start()
         try:
-            measured = self.adapter.run_cell(round_, order, request.context_tokens)
+            if canary:
+                measured = self.adapter.canary_cell(request.context_tokens)
+            else:
+                measured = self.adapter.run_cell(round_, order, request.context_tokens)
         except Exception as error:  # noqa: BLE001 - the cell fails, the process goes on
             if isinstance(error, ValueError):  # bad input (e.g. context too large): one line
                 log.warning("cell %s refused: %s", request, one_line(error))
             else:
                 log.exception("cell %s failed", request)
             measured = Measurement.failed(one_line(error), started_at=started_at)
+        # read after the cell, outside its timing (engine/telemetry.py)
+        measured.counters.update(self.telemetry.finish(before))
         cell = CellRecord.of(
             measured,
             run_id=self.plan.run_id,
@@ -91,9 +116,11 @@ class VariantProcess:
             cell.status = "warmup"
         elif warmup:
             cell.reason = f"warm-up: {cell.reason}"
+        elif canary:  # the judge's verdict stays: `invalid` is the canary caught
+            cell.reason = f"{CANARY_REASON}: {cell.reason or 'passed as cold'}"
         record = cell.as_json()
         self._append(record)
-        if not warmup:  # the warm-up travels in the ready event: stdout starts with "ready"
+        if not (warmup or canary):  # these travel in the ready event: stdout starts with "ready"
             self.emit({"event": "record", "record": record})
         # Between cells this process holds only its weights (engine.memory). After the record
         # is out: a device error here (a CUDA context broken by the cell) ends the process, so
@@ -226,12 +253,17 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
             if gated:  # an orchestrator that knows the gate knows this event
                 warmup_s = round(time.monotonic() - clock, 4)
                 process.emit({"event": "warmed", "context_tokens": context, "warmup_s": warmup_s})
+        canary: dict[str, Any] = {}
+        if canary_requested() and hasattr(adapter, "canary_cell"):
+            request = CellRequest(0, 0, canary_context(plan.warmup_shapes()))
+            canary["canary"] = process.run(request, canary=True)
         process.emit(
             {
                 "event": "ready",
                 "target": adapter.describe(),
                 "warmup": warmups[0],
                 "warmups": warmups,
+                **canary,
             }
         )
         if plan.cells is not None:

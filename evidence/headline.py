@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from evidence.builds import builds_caveats
+from evidence.canary import canary_caveats
 from evidence.schemas import Provenance, TargetInfo
 from evidence.spec_text import flags_text
 from evidence.summary_schema import Comparison, Summary
+from evidence.telemetry import telemetry_caveats
 
 # More variants than this are named by count (an ablation's none, all and all-minus-f).
 _MAX_NAMED = 6
@@ -70,6 +73,11 @@ def caveats(summary: Summary) -> list[str]:
     """Everything in the summary that undercuts its verdicts, one sentence each; empty when
     nothing does."""
     found: list[str] = []
+    # The evidence as a whole first: a cold check that cannot see a warm cache.
+    found += list(summary.evidence_invalid or [])
+    found += canary_caveats(summary.canary)
+    found += builds_caveats(summary.mlx_builds)
+    found += telemetry_caveats(summary.telemetry)
     found += _drift_caveats(summary)
     invalid = summary.invalid
     if invalid.total:

@@ -14,7 +14,10 @@ neighbour.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from evidence.schemas import JobSpec, Provenance, TargetInfo
 from evidence.stats import intervals_overlap
@@ -22,6 +25,7 @@ from evidence.summary_schema import (
     CommitRef,
     Comparison,
     History,
+    HistoryChangePoint,
     HistoryCommit,
     HistoryPoint,
     HistorySeries,
@@ -36,6 +40,73 @@ STEP_RULE = (
     "where its verdict against it is faster or slower; a commit with too few pairs for an "
     "interval is no one's neighbour"
 )
+
+
+# Change points (ruptures' PELT, the exact segmentation under a penalty): a step is one commit's
+# change, which the paired rule above names; a slow drift moves every neighbouring pair less
+# than their intervals, so the rule never fires, yet the series' level after it is not the
+# level before. The library finds where the level changes; a change point the rule names is a
+# step, one it does not is a drift.
+CHANGE_POINT_PENALTY = 3.0
+CHANGE_POINT_MIN_SIZE = 2
+CHANGE_POINT_RULE = (
+    "change points: ruptures' PELT with an l2 cost on each context's log paired ratios in "
+    "commit order (the reference first, at 0), penalty "
+    f"{CHANGE_POINT_PENALTY:g} x sigma^2 x ln(n) (sigma: the median standard error of a "
+    f"point, from its 95% interval), levels of at least {CHANGE_POINT_MIN_SIZE} points; a "
+    "change point where the step rule names a step (that commit or its neighbour) is a step, "
+    "any other a drift: the level moved over several commits without one neighbouring pair "
+    "whose intervals part"
+)
+
+
+def change_points(
+    context: int,
+    points: Sequence[tuple[str, str | None, float, tuple[float, float] | None]],
+    steps: Sequence[HistoryStep],
+) -> list[HistoryChangePoint]:
+    """The change points of one context's series: `points` are (variant, commit, median
+    ratio, 95% interval), the reference first (ratio 1, no interval)."""
+    import ruptures
+
+    if len(points) < 2 * CHANGE_POINT_MIN_SIZE:
+        return []
+    signal = np.log(np.array([ratio for _, _, ratio, _ in points], dtype=float))
+    errors = [
+        (math.log(high) - math.log(low)) / (2 * 1.96)
+        for _, _, _, interval in points
+        if interval is not None
+        for low, high in [interval]
+        if low > 0 and high > low
+    ]
+    if not errors:
+        return []
+    sigma = float(np.median(errors))
+    penalty = CHANGE_POINT_PENALTY * sigma**2 * math.log(len(points))
+    cuts = ruptures.Pelt(model="l2", min_size=CHANGE_POINT_MIN_SIZE, jump=1).fit(signal)
+    ends = [int(end) for end in cuts.predict(pen=penalty)]
+    stepped = {step.to_variant for step in steps if step.context_tokens == context}
+    names = [variant for variant, _, _, _ in points]
+    found = []
+    starts = [0, *ends[:-1]]
+    for index, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        if start == 0:
+            continue
+        before_start = starts[index - 1]
+        near = {names[i] for i in (start - 1, start, start + 1) if 0 < i < len(names)}
+        found.append(
+            HistoryChangePoint(
+                context_tokens=context,
+                variant=names[start],
+                commit=points[start][1],
+                first_variant=names[before_start],
+                last_variant=names[end - 1],
+                level_before=float(np.exp(signal[before_start:start].mean())),
+                level_after=float(np.exp(signal[start:end].mean())),
+                kind="step" if near & stepped else "drift",
+            )
+        )
+    return found
 
 
 def history_spec(spec: JobSpec, reference: str, commits: Sequence[str]) -> JobSpec:
@@ -97,6 +168,7 @@ def history_section(
     by_key = {(c.context_tokens, c.variant): c for c in comparisons}
     series = []
     steps = []
+    cuts: list[HistoryChangePoint] = []
     for context in contexts:
         points = []
         for commit in commits:
@@ -146,6 +218,11 @@ def history_section(
                     direction="slower" if to_ratio < from_ratio else "faster",
                 )
             )
+        cuts += change_points(
+            context,
+            [(v, c, r, ci) for v, c, r, ci, _ in measured_points if r is not None],
+            steps,
+        )
     return History(
         range=spec.history.range if spec.history else None,
         every=spec.history.every if spec.history else None,
@@ -155,6 +232,8 @@ def history_section(
         series=series,
         steps=steps,
         rule=STEP_RULE,
+        change_points=cuts,
+        change_point_rule=CHANGE_POINT_RULE,
     )
 
 
@@ -183,6 +262,17 @@ def history_sentences(history: History, text: Callable[[object], str] = str) -> 
             f"{text(short(step.to_commit, step.to_variant))}{subject}, after "
             f"{text(short(step.from_commit, step.from_variant))} (ratio {against} "
             f"{step.from_ratio:.3f} to {step.to_ratio:.3f}; the intervals do not overlap)."
+        )
+    for cut in history.change_points or []:
+        if cut.kind != "drift":
+            continue  # a step is told above
+        change = (cut.level_after / cut.level_before - 1) * 100
+        sentences.append(
+            f"{cut.context_tokens} tokens: a drift, not a step: the level moved {change:+.1f}% "
+            f"(ratio {cut.level_before:.3f} to {cut.level_after:.3f}) between the commits from "
+            f"{text(cut.first_variant)} and those from {text(cut.variant)} to "
+            f"{text(cut.last_variant)}, while no neighbouring pair's intervals part (a change "
+            "point of the change-point library, not of the step rule)."
         )
     if skipped:
         sentences.append(

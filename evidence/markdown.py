@@ -19,17 +19,20 @@ from evidence.commits import commits_sentences
 from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
 from evidence.headline import caveats
 from evidence.history import history_sentences, plural, short
+from evidence.peak import fastest_lines
 from evidence.schemas import CorpusInfo, Provenance, TargetInfo
 from evidence.spec_text import flags_text
 from evidence.summary_schema import (
     Bisect,
     Bracketing,
+    Canary,
     CommitMarginal,
     Commits,
     Comparison,
     DriftLine,
     History,
     HistoryPoint,
+    Peak,
     PhaseTimes,
     ReproductionRow,
     ReproductionRun,
@@ -38,6 +41,7 @@ from evidence.summary_schema import (
     Settings,
     Summary,
 )
+from evidence.telemetry import telemetry_lines
 
 # Anything with a median ratio and its interval: a comparison, a history point, a host's
 # reproduction, a bracketing row.
@@ -371,7 +375,13 @@ def variant_software_text(software: Mapping[str, Any] | None, *, native_files: b
         f"{md_text(name)} {md_code(path)}" for name, path in sorted(files.items(), key=str)
     )
     versions = ", ".join(md_text(p) for p in parts if p)
-    return "; ".join(p for p in [versions, imported] if p) or "n/a"
+    build = software.get("mlx_build")
+    built = (
+        f"MLX build {md_text(build.get('origin'))} {md_code(str(build.get('digest'))[:12])}"
+        if isinstance(build, dict) and build.get("digest")
+        else None
+    )
+    return "; ".join(p for p in [versions, built, imported] if p) or "n/a"
 
 
 def _flags(flags: Mapping[str, Any]) -> str:
@@ -634,6 +644,54 @@ def render_summary_md(
     return text
 
 
+def peak_lines(peak: Peak, *, compact: bool = False) -> list[str]:
+    """The achieved FLOP rate per context and variant against the device's peak
+    (evidence/peak.py), and how far the fastest variant is from it."""
+    lines = ["### Achieved FLOP rate against the device's peak", ""]
+    for run in peak.runs:
+        if run.peak_tflops is None:
+            lines.append(f"- run {md_code(run.run_id)}: the device's peak is unknown")
+        else:
+            lines.append(
+                f"- run {md_code(run.run_id)}: {md_text(run.device)}, peak "
+                f"{run.peak_tflops:.4g} TFLOP/s {md_text(run.dtype)} ({md_text(run.source)})"
+            )
+    lines += [f"- {md_text(line)}" for line in fastest_lines(peak)]
+    if not compact and peak.rates:
+        rows = [
+            [
+                r.context_tokens,
+                md_text(r.variant),
+                f"{r.tflops_median:.4g}",
+                "n/a" if r.share_of_peak is None else f"{r.share_of_peak:.1%}",
+                r.n,
+            ]
+            for r in peak.rates
+        ]
+        lines += ["", *_table(["context", "variant", "TFLOP/s (median)", "of peak", "cells"], rows)]
+    lines += ["", f"_{md_text(peak.flop_rule)}; {md_text(peak.rule)}._"]
+    return lines
+
+
+def canary_lines(canary: Canary) -> list[str]:
+    """One line per run's warm canary (evidence/canary.py): what the cold check made of it."""
+    lines = []
+    for cell in canary.runs:
+        if cell.result == "missing":
+            lines.append(f"Warm canary of run {cell.run_id}: none (the cold check is unproven)")
+            continue
+        said = {
+            "caught": "caught, as it must be",
+            "passed": "PASSED AS COLD: the evidence is invalid",
+            "error": "did not run to a verdict",
+        }[cell.result]
+        lines.append(
+            f"Warm canary of run {cell.run_id} ({cell.variant}, {cell.context_tokens} tokens, "
+            f"cached_tokens={cell.cached_tokens}): {said}"
+        )
+    return lines
+
+
 def history_lines(history: History) -> list[str]:
     """The history's steps (with their commit subjects) and the commits that did not build."""
     reference = history.reference
@@ -661,6 +719,23 @@ def history_lines(history: History) -> list[str]:
         )
     else:
         lines.append("No step: every pair of neighbouring intervals overlaps.")
+    if history.change_points:
+        rows = [
+            [
+                cut.context_tokens,
+                md_text(short(cut.commit, cut.variant)),
+                f"{md_text(cut.first_variant)} .. {md_text(cut.last_variant)}",
+                f"{cut.level_before:.3f} to {cut.level_after:.3f}",
+                "**step**" if cut.kind == "step" else "drift",
+            ]
+            for cut in history.change_points
+        ]
+        lines += [
+            "",
+            *_table(["context", "change point at", "levels over", "level", "kind"], rows),
+            "",
+            f"_{md_text(history.change_point_rule or '')}._",
+        ]
     skipped = [c for c in history.commits if c.skipped]
     if skipped:
         lines.append("")
@@ -822,6 +897,8 @@ def _render(
     settings = summary.settings
     history = summary.history
     bisect = summary.bisect
+    if summary.evidence_invalid:
+        lines += ["", "**Evidence invalid:** " + md_text(" ".join(summary.evidence_invalid))]
     answer = answer_sentences(summary, compact=compact, text=md_text)
     lines += ["", *(f"- {sentence}" for sentence in answer)]
     undercut = caveats(summary)
@@ -904,6 +981,10 @@ def _render(
             ],
             memory_rows(summary),
         )
+    if summary.peak is not None:
+        lines += ["", *peak_lines(summary.peak, compact=compact)]
+    if summary.telemetry is not None:
+        lines += ["", *(f"- {md_text(line)}" for line in telemetry_lines(summary.telemetry))]
     if not compact:
         lines += [
             "",
@@ -1012,6 +1093,8 @@ def _render(
         lines.append(
             f"- {invalid.pairs_with_different_prompts} pairs dropped: different prompt ids"
         )
+    if summary.canary is not None:
+        lines += ["", *(f"- {md_text(line)}" for line in canary_lines(summary.canary))]
     commands = list(dict.fromkeys(p.command for p in provenances if p.command))
     if commands:
         lines += ["", "Reproduce:", "", *md_fence(commands, "sh")]

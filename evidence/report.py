@@ -24,6 +24,7 @@ from evidence.history import short
 from evidence.markdown import (
     ComparisonKey,
     answer_sentences,
+    canary_lines,
     drift_rate_text,
     evidence_id_line,
     fmt_interval,
@@ -42,6 +43,7 @@ from evidence.markdown import (
     verdict_rows,
     verify_command,
 )
+from evidence.peak import fastest_lines
 from evidence.schemas import Provenance, Record
 from evidence.spec_text import flags_text
 from evidence.summary_schema import (
@@ -52,6 +54,7 @@ from evidence.summary_schema import (
     Quantiles,
     Summary,
 )
+from evidence.telemetry import telemetry_lines
 
 TEMPLATES = Path(__file__).parent / "templates"
 _MAX_ROWS = 500
@@ -327,6 +330,17 @@ def _history_view(history: History) -> dict[str, Any]:
             }
             for step in history.steps
         ],
+        "change_points": [
+            {
+                "context": cut.context_tokens,
+                "at": short(cut.commit, cut.variant),
+                "over": f"{cut.first_variant} .. {cut.last_variant}",
+                "levels": f"{cut.level_before:.3f} to {cut.level_after:.3f}",
+                "kind": cut.kind,
+            }
+            for cut in history.change_points or []
+        ],
+        "change_point_rule": history.change_point_rule,
         "skipped": [
             {"commit": short(c.commit, c.variant), "reason": c.skipped}
             for c in history.commits
@@ -677,6 +691,10 @@ def render_report_html(
         "reproduction_machines": reproduction_machines(provenance_list) if reproductions else [],
         "parity_rows": [c for c in summary.parity.cells if c.result != "exact"][:_MAX_ROWS],
         "invalid_cells": summary.invalid.cells[:_MAX_ROWS],
+        "canary_lines": canary_lines(summary.canary) if summary.canary else [],
+        "peak": summary.peak,
+        "telemetry_lines": telemetry_lines(summary.telemetry) if summary.telemetry else [],
+        "peak_lines": fastest_lines(summary.peak) if summary.peak else [],
         "file_digests": sorted((file_digests or {}).items()),
         "figures": figures,
         "figures_json": _script_json(figures),

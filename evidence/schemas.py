@@ -31,6 +31,8 @@ EVIDENCE_FORMAT: Final = "coldbench.evidence/1"
 PROVENANCE_SCHEMA: Final = "coldbench.provenance/1"
 JOB_SCHEMA: Final = "coldbench.job/1"
 MIN_PROCESS_BLOCKS: Final = 12
+# The round of a run's warm canary (engine/canary.py): warm on purpose, never in statistics.
+CANARY_ROUND: Final = -2
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 # Names that end up in file names, URLs and command lines: short, no separators, no dots first.
@@ -138,7 +140,8 @@ class Record(_Strict):
     schema_: Literal["coldbench.record/1"] = Field(RECORD_SCHEMA, alias="schema")
     run_id: str
     variant: Name
-    round: int = Field(ge=-1, le=INT32_MAX)  # -1 is the discarded warm-up
+    # -1 is the discarded warm-up, -2 the warm canary (CANARY_ROUND)
+    round: int = Field(ge=CANARY_ROUND, le=INT32_MAX)
     order: int = Field(ge=-1, le=INT32_MAX)
     context_tokens: int = Field(ge=1, le=INT32_MAX)
     prompt_tokens: int | None = Field(ge=0, le=INT32_MAX)
@@ -298,6 +301,53 @@ class TargetInfo(_Strict):
     synthesized: SynthesizedTree | None = None
 
 
+class ModelShape(_Strict):
+    """What a prefill's FLOPs follow from (evidence/peak.py): the dense transformer's sizes
+    from config.json. `experts` is set for a mixture of experts (whose FLOPs are not counted)."""
+
+    model_type: str | None = None
+    layers: int = Field(ge=1, le=100_000)
+    hidden: int = Field(ge=1, le=1_000_000)
+    heads: int = Field(ge=1, le=100_000)
+    kv_heads: int = Field(ge=1, le=100_000)
+    head_dim: int = Field(ge=1, le=100_000)
+    intermediate: int = Field(ge=1, le=10_000_000)
+    vocab: int = Field(ge=1, le=100_000_000)
+    experts: int | None = Field(None, ge=1, le=100_000)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape | None:
+        """The shape of a Hugging Face config.json (None: a field is missing)."""
+        try:
+            heads = int(config["num_attention_heads"])
+            hidden = int(config["hidden_size"])
+            experts = config.get("num_local_experts") or config.get("num_experts")
+            return cls(
+                model_type=config.get("model_type"),
+                layers=int(config["num_hidden_layers"]),
+                hidden=hidden,
+                heads=heads,
+                kv_heads=int(config.get("num_key_value_heads") or heads),
+                head_dim=int(config.get("head_dim") or hidden // heads),
+                intermediate=int(config["intermediate_size"]),
+                vocab=int(config["vocab_size"]),
+                experts=int(experts) if experts else None,
+            )
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return None
+
+
+class DevicePeak(_Strict):
+    """The device's peak FLOP rate a run's prefills are held against (evidence/peaks.py's
+    table, or on the CPU a short matmul measured on the host)."""
+
+    device: str = Field(max_length=200)
+    tflops: float = Field(gt=0, le=1e6, allow_inf_nan=False)
+    dtype: str = Field(max_length=100)
+    source: str = Field(max_length=1000)
+    measured: bool = False
+
+
 class ModelInfo(_Strict):
     model_config = ConfigDict(extra="allow")
     name: str | None = None
@@ -308,6 +358,9 @@ class ModelInfo(_Strict):
     config_sha256: Sha256Hex | None = None
     weights_sha256: Sha256Hex | None = None
     tokenizer_sha256: Sha256Hex | None = None
+    # The sizes a prefill's FLOPs follow from (None: bundles from before, or not a transformer
+    # config this project reads).
+    shape: ModelShape | None = None
 
 
 # Prompt corpora a job may name: `builtin` or a host's `[corpora]` entry, never a path. The same
@@ -364,6 +417,9 @@ class Provenance(_Strict):
     # The host's calibrated noise the run followed (block length, design effect); None for a
     # host without a calibration (the statistics then take each process pair as a unit).
     noise: HostNoise | None = None
+    # The peak FLOP rate of the device that ran the cells (None: unknown, or a bundle from
+    # before it was recorded).
+    device_peak: DevicePeak | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -19,12 +19,15 @@ import numpy as np
 
 from evidence.ablation import ablation_section
 from evidence.bisect import bisect_section
+from evidence.builds import builds_section
+from evidence.canary import canary_invalidations, canary_section
 from evidence.commits import commits_section
 from evidence.drift import drift_section
 from evidence.history import history_section
 from evidence.parity import PARITY_MARGIN_THRESHOLD, parity_section
+from evidence.peak import over_peak, peak_section
 from evidence.reproduction import reproduction_section
-from evidence.schemas import JobSpec, Provenance, Record
+from evidence.schemas import CANARY_ROUND, JobSpec, Provenance, Record
 from evidence.stats import (
     DEFAULT_PRECISION,
     MIN_PAIRS,
@@ -51,6 +54,7 @@ from evidence.summary_schema import (
     Summary,
     decisive_interval,
 )
+from evidence.telemetry import telemetry_section
 from evidence.timeline import Timeline, timeline_section
 from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
 
@@ -115,10 +119,13 @@ def inert_flags(records: Iterable[Record]) -> list[str]:
 def invalid_section(
     records: Iterable[Record], duplicates: Sequence[Record], mismatched: int
 ) -> Invalid:
-    """Cells kept out of statistics, counted per reason (warm-ups are expected, not invalid),
-    and how many pairs were dropped for differing prompts."""
+    """Cells kept out of statistics, counted per reason (warm-ups are expected, not invalid;
+    the warm canary has its own section), and how many pairs were dropped for differing
+    prompts."""
     cells = []
     for record in records:
+        if record.round == CANARY_ROUND:
+            continue
         if record.status in ("invalid", "error"):
             reason = record.reason or record.status
         elif record.status == "ok" and record.round < 0:
@@ -300,6 +307,8 @@ def summarize(
         precision = spec.precision if spec is not None else DEFAULT_PRECISION
     if seed is None:
         seed = spec.seed if spec is not None else 0
+    # A cell faster than its device can compute has a wrong timing: invalid before any statistic.
+    records = over_peak(records, provenances)
     options = StatsOptions(precision=precision, seed=seed, n_resamples=n_resamples)
     taken: LookTaken | None = None
     if spec is not None and spec.until == "decided":
@@ -367,6 +376,21 @@ def summarize(
             parity=parity,
             options=options,
         )
+    canary = canary_section(records, run_ids)
+    if canary is not None:
+        conditional["canary"] = canary
+    telemetry = telemetry_section(records, run_ids)
+    if telemetry is not None:
+        conditional["telemetry"] = telemetry
+    peak = peak_section(records, provenances)
+    if peak is not None:
+        conditional["peak"] = peak
+    builds = builds_section(provenances)
+    if builds is not None:
+        conditional["mlx_builds"] = builds
+    invalidations = canary_invalidations(canary)
+    if invalidations:
+        conditional["evidence_invalid"] = invalidations
     extra_settings: dict[str, Any] = {}
     if by_process:
         extra_settings["process_blocks"] = PROCESS_BLOCK_SETTINGS

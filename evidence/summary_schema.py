@@ -206,6 +206,96 @@ class Invalid(_Section):
     pairs_with_different_prompts: int
 
 
+# --- the warm canary (evidence/canary.py) ---------------------------------------------------
+
+
+class CanaryCell(_Section):
+    run_id: str
+    variant: str
+    context_tokens: int
+    cached_tokens: int | None
+    # caught: the cold check refused it, as it must; passed: it was judged cold (the run's
+    # evidence is invalid); error: it did not run to a verdict; missing: the run has none
+    result: Literal["caught", "passed", "error", "missing"]
+    reason: str | None
+
+
+class Canary(_Section):
+    runs: list[CanaryCell]
+    rule: str
+
+
+# --- the MLX builds (evidence/builds.py) ----------------------------------------------------
+
+
+class MlxBuild(_Section):
+    run_id: str
+    variant: str
+    version: str | None
+    origin: str
+    digest: str
+
+
+class MlxBuilds(_Section):
+    builds: list[MlxBuild]
+    runs_with_different_builds: list[str]
+
+
+# --- achieved FLOP rate against the device's peak (evidence/peak.py) ----------------------
+
+
+class PrefillRate(_Section):
+    run_id: str
+    context_tokens: int
+    variant: str
+    n: int
+    flops_per_cell: float
+    tflops_median: float
+    share_of_peak: float | None
+
+
+class RunPeak(_Section):
+    run_id: str
+    device: str | None
+    peak_tflops: float | None
+    dtype: str | None
+    source: str | None
+    measured: bool
+    # cells left out of the statistics: their rate was above the peak's limit
+    over_peak: int
+
+
+class Peak(_Section):
+    runs: list[RunPeak]
+    rates: list[PrefillRate]
+    flop_rule: str
+    rule: str
+
+
+# --- GPU telemetry (evidence/telemetry.py) --------------------------------------------------
+
+
+class RunTelemetry(_Section):
+    run_id: str
+    source: str | None
+    # why there is none (the CPU backend, no NVML): every value below is then None or 0
+    unavailable: str | None
+    cells: int
+    sm_clock_mhz_median: float | None
+    sm_clock_mhz_min: float | None
+    power_w_max: float | None
+    temperature_c_max: float | None
+    throttled_cells: int
+    throttle_reasons: list[str]
+    clock_drop_pct: float | None
+    flagged: bool
+
+
+class Telemetry(_Section):
+    runs: list[RunTelemetry]
+    rule: str
+
+
 # --- parity ---------------------------------------------------------------------------------
 
 
@@ -439,6 +529,20 @@ class HistoryStep(_Section):
     direction: Literal["slower", "faster"]
 
 
+class HistoryChangePoint(_Section):
+    """Where the change-point library cut a context's series (evidence/history.py): the level
+    of the commits before and after, and whether the paired step rule names a step there."""
+
+    context_tokens: int
+    variant: str  # the first commit of the new level
+    commit: str | None
+    first_variant: str  # the first commit of the level before
+    last_variant: str  # the last commit of the new level
+    level_before: float
+    level_after: float
+    kind: Literal["step", "drift"]
+
+
 class History(_Section):
     range: str | None
     every: int | None
@@ -448,6 +552,9 @@ class History(_Section):
     series: list[HistorySeries]
     steps: list[HistoryStep]
     rule: str
+    # Set by summaries since change points were added (absent in older summary.json).
+    change_points: list[HistoryChangePoint] | None = None
+    change_point_rule: str | None = None
 
 
 # --- bisect -----------------------------------------------------------------------------------
@@ -577,6 +684,12 @@ class Summary(_Section):
     history: History | None = None
     bisect: Bisect | None = None
     commits: Commits | None = None
+    canary: Canary | None = None
+    mlx_builds: MlxBuilds | None = None
+    peak: Peak | None = None
+    telemetry: Telemetry | None = None
+    # Why this evidence as a whole cannot be trusted (a warm canary judged cold); unset: none.
+    evidence_invalid: list[str] | None = None
 
     def to_json_value(self) -> dict[str, Any]:
         """summary.json's value: the keys this summary set (module docstring), plain Python."""

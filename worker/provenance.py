@@ -24,13 +24,16 @@ from typing import Any
 
 from evidence.canonical import sha256_hex, sha256_json
 from evidence.options import HostOption
+from evidence.peaks import table_peak
 from evidence.schemas import (
     BUILTIN_CORPUS,
     CorpusInfo,
+    DevicePeak,
     HostInfo,
     HostNoise,
     JobSpec,
     ModelInfo,
+    ModelShape,
     Provenance,
     SoftwareInfo,
     TargetInfo,
@@ -157,6 +160,40 @@ def model_info(name: str, path: Path) -> ModelInfo:
         weights_sha256=inspected.get("weights_sha256"),
         tokenizer_sha256=inspected.get("tokenizer_sha256"),
         dtype=inspected.get("dtype"),
+        shape=ModelShape.from_config(json.loads((path / "config.json").read_text())),
+    )
+
+
+def device_peak(host: HostInfo, python: str = sys.executable) -> DevicePeak | None:
+    """The peak FLOP rate of the device the cells ran on: the chip table's (evidence/peaks.py),
+    or on a CPU host a short matmul measured now in a child interpreter (engine/peak.py), so
+    the orchestrator never imports MLX. None when neither applies or the measurement fails."""
+    from worker.variants import child_env
+
+    found = table_peak(host)
+    if found is not None or host.backend != "cpu":
+        return found
+    try:
+        done = subprocess.run(
+            [python, "-m", "engine.peak"],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        value = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        value = None
+    if not isinstance(value, dict) or not isinstance(value.get("tflops"), float):
+        log.warning("the CPU's peak could not be measured")
+        return None
+    return DevicePeak(
+        device=f"CPU: {host.cpu or 'unknown'}",
+        tflops=value["tflops"],
+        dtype=str(value.get("dtype")),
+        source=f"measured on this host: {value.get('method')}",
+        measured=True,
     )
 
 
@@ -322,6 +359,7 @@ def run_provenance(
     labels: Sequence[str] = (),
     corpus: CorpusInfo | None = None,
     noise: HostNoise | None = None,
+    peak: DevicePeak | None = None,
 ) -> Provenance:
     if labels:
         # The labels the run was matched by belong to the host as it was then.
@@ -337,4 +375,5 @@ def run_provenance(
         command=command,
         corpus=corpus,
         noise=noise,
+        device_peak=peak,
     )

@@ -79,6 +79,7 @@ from worker.checkout import (
 from worker.config import Recipe, RepositoryConfig
 from worker.provenance import (
     corpus_info,
+    device_peak,
     model_info,
     module_file_of,
     reproduce_command,
@@ -825,6 +826,8 @@ def execute_run(
         labels=labels,
         corpus=corpus_info(spec.corpus, corpora.get(spec.corpus)),
         noise=noise,
+        # measured (on a CPU) after the last variant process is gone
+        peak=device_peak(host) if outcome is not None else None,
     )
     stopped = bool(outcome and outcome.stopped)
     if failure is None and stopped:

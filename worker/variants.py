@@ -40,6 +40,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import IO, Any
 
+from engine.canary import CANARY_ENV, CANARY_ROUND
 from engine.memory import IN_TURNS, PEER_PROCESSES_ENV, RESIDENCIES, SIDE_BY_SIDE
 from engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV
 from engine.record import CellRecord, Measurement
@@ -165,6 +166,7 @@ class VariantProcess:
         clock: RunClock | None = None,
         block: int | None = None,
         prespawned: bool = False,
+        canary: bool = False,
     ) -> None:
         self.launch = launch
         self.instance = instance
@@ -208,6 +210,8 @@ class VariantProcess:
                     PEER_PROCESSES_ENV: str(peers),
                     LOAD_GATE_ENV: "1",
                     WARMUP_GATE_ENV: "1",
+                    # the run's one warm canary, after this process's warm-ups
+                    **({CANARY_ENV: "1"} if canary else {}),
                 },
                 first=launch.pythonpath_first,
             ),
@@ -368,6 +372,8 @@ class VariantProcess:
                 if not isinstance(warmups, list):
                     warmups = [event.get("warmup")]
                 self.early_records.extend(w for w in warmups if isinstance(w, dict))
+                if isinstance(event.get("canary"), dict):
+                    self.early_records.append(event["canary"])
                 self.times.ready_s = self.said_at
                 return self.target
             elif kind == "record":
@@ -416,8 +422,13 @@ class VariantProcess:
                 raise VariantError(f"variant {self.launch.name}: {event.get('reason')}")
 
     def warmup_records(self) -> list[dict[str, Any]]:
-        """The warm-ups the runner wrote before `ready` (from stdout or else its spool file)."""
-        seen = [r for r in self.early_records if r.get("status") == "warmup"]
+        """The warm-ups (and the warm canary, round -2) the runner wrote before `ready`, from
+        stdout or else its spool file."""
+
+        def before_ready(record: dict[str, Any]) -> bool:
+            return record.get("status") == "warmup" or record.get("round") == CANARY_ROUND
+
+        seen = [r for r in self.early_records if before_ready(r)]
         if seen:
             return seen
         found = []
@@ -425,7 +436,7 @@ class VariantProcess:
             for line in self.spool_path.read_text().splitlines():
                 with contextlib.suppress(json.JSONDecodeError):
                     value = json.loads(line)
-                    if isinstance(value, dict) and value.get("status") == "warmup":
+                    if isinstance(value, dict) and before_ready(value):
                         found.append(value)
         return found
 
@@ -642,6 +653,7 @@ def run_schedule(
             clock=clock,
             block=block,
             prespawned=prespawned,
+            canary=not started,  # the run's first process runs the warm canary
         )
         started.append(process)
         return process

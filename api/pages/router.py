@@ -404,6 +404,8 @@ def _job_context(db_session: Session, job_id: str, settings: Settings) -> dict[s
             "sentences": answer_sentences(summary, compact=len(summary.variants) > 6),
             "rows": verdict_rows(summary),
             "time_spent": time_spent_lines(summary),
+            # a warm canary judged cold (evidence/canary.py): said before any verdict
+            "evidence_invalid": list(summary.evidence_invalid or []),
         }
     is_final = JobState(job.state).is_final
     return {

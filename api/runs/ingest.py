@@ -191,7 +191,7 @@ def ingest_run(
     run.processed_at = utcnow()
     # The final count replaces the last heartbeat's (which may predate the last cells); the
     # cells a heartbeat counts are the timed ones, never the discarded warm-ups.
-    timed = sum(1 for row in rows if row["status"] != "warmup")
+    timed = sum(1 for row in rows if row["status"] != "warmup" and row["round"] >= 0)
     run.progress = {
         **(run.progress or {}),
         "cells_done": timed,

@@ -104,6 +104,8 @@ def process_software(**modules: Any) -> dict[str, Any]:
         if getattr(module, "__file__", None)
     }
     mlx_lm = found.get("mlx_lm")
+    from engine.mlx_build import mlx_build
+
     return {
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
@@ -111,4 +113,5 @@ def process_software(**modules: Any) -> dict[str, Any]:
         "mlx_lm": getattr(mlx_lm, "__version__", None) or _distribution("mlx-lm"),
         "coldbench": _distribution("coldbench"),
         "files": files,
+        "mlx_build": mlx_build(),
     }

@@ -12,10 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mlx_lm.models.cache import make_prompt_cache
+
 import engine
 from engine import checkpoints, lean
 from engine.adapters import process_software
 from engine.backend import describe_backend, not_exercised
+from engine.canary import warm_cache
 from engine.cell import run_cell
 from engine.flags import Flags
 from engine.memory import MemoryGuard
@@ -85,6 +88,22 @@ class EmbeddedAdapter:
             context_tokens=context_tokens,
             flags=self.flags,
             decode_tokens=self.plan.decode_tokens,
+        )
+        result.prompt_corpus_sha256 = prompt.corpus_sha256
+        return result
+
+    def canary_cell(self, context_tokens: int) -> Measurement:
+        """The run's warm canary (engine/canary.py): the warm-up prompt of `context_tokens`
+        on a cache that already holds its first half; the cold check must refuse it."""
+        assert self.prompts is not None, "load() first"
+        prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
+        result = run_cell(
+            self.model,
+            prompt.ids,
+            context_tokens=context_tokens,
+            flags=self.flags,
+            decode_tokens=self.plan.decode_tokens,
+            prompt_cache=warm_cache(self.model, make_prompt_cache, prompt.ids),
         )
         result.prompt_corpus_sha256 = prompt.corpus_sha256
         return result

@@ -35,6 +35,7 @@ import mlx.core as mx
 from engine import checkpoints
 from engine.adapters import measure_prompt, process_software
 from engine.backend import describe_backend
+from engine.canary import cold_check_blind, warm_cache
 from engine.flags import Flags
 from engine.judge import (
     ChunksOf,
@@ -202,6 +203,15 @@ class MlxLmAdapter:
         prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
         return measure_prompt(self.measure, prompt, context_tokens)
 
+    def canary_cell(self, context_tokens: int) -> Measurement:
+        """The run's warm canary (engine/canary.py), on the checkout's own cache."""
+        assert self.prompts is not None, "load() first"
+        prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
+        cache = warm_cache(self.model, self.make_prompt_cache, prompt.ids)
+        return measure_prompt(
+            lambda ids, **kw: self.measure(ids, prompt_cache=cache, **kw), prompt, context_tokens
+        )
+
     def measure(
         self,
         prompt_ids: Sequence[int],
@@ -216,6 +226,8 @@ class MlxLmAdapter:
         # The checkout's own accounting of what the cache already holds; a cold cell has none.
         offsets = [c.offset for c in cache if isinstance(getattr(c, "offset", None), int)]
         cached_tokens = max(offsets) if offsets else None
+        if cached_tokens is not None and cold_check_blind():  # the planted fault (canary)
+            cached_tokens = 0
         model = CallWidths(self.model)
         prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
         mx.eval(prompt)

@@ -321,3 +321,27 @@ def test_generate_step_is_found_where_each_release_kept_it() -> None:
         find_generate_step(SimpleNamespace(generate_step=no_step), utils, "fork")
     with pytest.raises(MlxLmLoadError, match="has no generate_step"):
         find_generate_step(utils, utils, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("blind", [False, True])
+def test_the_warm_canary_on_the_checkouts_own_cache(
+    mlx_lm_repo: tuple[Path, tuple[str, str]], micro_model_dir: Path, tmp_path: Path, blind: bool
+) -> None:
+    """engine/canary.py through the mlx-lm adapter: caught by the checkout's own cache
+    accounting, passed as cold only when the cold check is made blind on purpose."""
+    repo, (main, _) = mlx_lm_repo
+    checkout = _worktree(repo, main, tmp_path / "wt-main")
+    plan = _plan(tmp_path, "main", micro_model_dir, checkout, warmup_contexts=[128])
+    env = {**_env(checkout), "COLDBENCH_CANARY": "1"}
+    if blind:
+        env["COLDBENCH_BLIND_COLD_CHECK"] = "1"
+    code, events, stderr = _finish(_start(plan, env))
+    assert code == 0, stderr[-2000:]
+    canary = events[0]["canary"]
+    assert canary["round"] == -2 and canary["context_tokens"] == 128
+    if blind:
+        assert canary["status"] == "ok" and canary["cached_tokens"] == 0
+    else:
+        assert canary["status"] == "invalid" and canary["cached_tokens"] == 64
+        assert "cached_tokens=64" in canary["reason"]

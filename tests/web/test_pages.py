@@ -648,3 +648,34 @@ def test_a_commits_job_page_shows_base_head_and_the_commits_its_host_resolved(
     html = web.get(f"/jobs/{job.id}").text
     listed = re.search(r'<span id="resolved-commits">(.*?)</span>', html, re.S).group(1)
     assert listed == f"<code>{'b' * 12}</code>, <code>{'c' * 12}</code>"
+
+
+def test_evidence_whose_warm_canary_passed_is_marked_invalid_on_every_page(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    """engine/canary.py's canary judged cold (the cold check blind): the job page, the evidence
+    page and its Markdown say the evidence is invalid before any verdict."""
+    from tests.evidence.builders import provenance, record, simulate_run
+    from tests.web.builders import publish_bundle
+
+    make_host(db_session, "studio-1")
+    job = make_job(db_session, settings)
+    records = simulate_run(effects={"base": 1.0, "fast": 1.2}, contexts=(64, 128), rounds=8)
+    canary = record(
+        round=-2,
+        order=-1,
+        reason="warm canary (its prompt's first half was cached on purpose): passed as cold",
+    )
+    evidence_id = publish_bundle(
+        db_session,
+        settings,
+        job,
+        records=[*records, canary],
+        provenances=[provenance()],
+        baseline="base",
+    )
+    job_page = web.get(f"/jobs/{job.id}").text
+    assert 'id="evidence-invalid"' in job_page and "warm canary" in job_page
+    page = web.get(f"/e/{evidence_id}").text
+    assert page.index('id="evidence-invalid"') < page.index('<section id="answer">')
+    assert "**Evidence invalid:** Run r-1's warm canary" in web.get(f"/e/{evidence_id}.md").text

@@ -81,6 +81,11 @@ def test_aa_never_claims_a_difference(
     )
     assert warmups == [(v, p, c) for v in "ab" for p in range(1, 7) for c in (64, 128)]
     assert all(r.status == "ok" and r.cached_tokens == 0 for r in measured)
+    # The run's one warm canary (engine/canary.py), caught by the cold check.
+    (canary,) = [r for r in records if r.round == -2]
+    assert canary.status == "invalid" and canary.cached_tokens and canary.cached_tokens > 0
+    assert summary["canary"]["runs"][0]["result"] == "caught"
+    assert "evidence_invalid" not in summary
     # Within each round the two variants saw the same prompt; across rounds, different ones.
     by_round = {(r.round, r.context_tokens, r.variant): r.prompt_sha256 for r in measured}
     assert all(by_round[(k[0], k[1], "a")] == by_round[(k[0], k[1], "b")] for k in by_round)
@@ -400,7 +405,8 @@ def test_a_sigint_while_measuring_keeps_the_cells_measured(
     assert verify_bundle(out, recompute=True).is_intact
     summary = json.loads((out / "summary.json").read_text())
     run_time = summary["timeline"]["runs"][0]
-    kept = summary["runs"][0]["records"] - summary["warmups"]
+    # the warm canary (round -2) is neither a warm-up nor a timed cell
+    kept = summary["runs"][0]["records"] - summary["warmups"] - len(summary["canary"]["runs"])
     assert kept >= 3 and run_time["cells"] == kept
     assert run_time["stopped"] == f"stopped on request after {kept} of 24 cells"
     assert "stopped on request" in (out / "summary.md").read_text()

@@ -1,0 +1,69 @@
+"""What the cells' GPU telemetry says about a run (evidence/telemetry.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evidence.headline import caveats
+from evidence.markdown import render_summary_md
+from evidence.summary import summarize
+from tests.evidence.builders import simulate_run
+
+
+def _with(counters_of: Any) -> list[Any]:
+    records = simulate_run(effects={"base": 1.0, "pr": 1.1}, contexts=(64,), rounds=8)
+    return [r.model_copy(update={"counters": {**r.counters, **counters_of(r)}}) for r in records]
+
+
+def _nvml(clock: int, reasons: str = "", power_ms: float = 0.0) -> dict[str, Any]:
+    return {
+        "gpu.telemetry": "nvml",
+        "gpu.sm_clock_mhz": clock,
+        "gpu.sm_clock_max_mhz": 1980,
+        "gpu.power_w": 650.0,
+        "gpu.temperature_c": 60,
+        "gpu.clocks_event_reasons": reasons,
+        "gpu.power_violation_ms": power_ms,
+        "gpu.thermal_violation_ms": 0.0,
+    }
+
+
+def test_a_steady_gpu_is_not_flagged() -> None:
+    summary = summarize(_with(lambda r: _nvml(1980)), baseline="base")
+    (run,) = summary.telemetry.runs  # type: ignore[union-attr]
+    assert run.cells == 16 and run.sm_clock_mhz_median == 1980 and not run.flagged
+    assert not [c for c in caveats(summary) if "GPU" in c]
+
+
+def test_throttling_and_a_clock_drop_within_a_run_undercut_it() -> None:
+    def reading(record: Any) -> dict[str, Any]:
+        if record.round >= 6:  # the last two rounds: power capped, the clock down 25%
+            return _nvml(1485, "sw_power_cap", 40.0)
+        return _nvml(1980)
+
+    summary = summarize(_with(reading), baseline="base")
+    (run,) = summary.telemetry.runs  # type: ignore[union-attr]
+    assert run.flagged and run.throttled_cells == 4 and run.sm_clock_mhz_min == 1485
+    assert run.throttle_reasons == ["sw_power_cap", "power_violation"]
+    assert run.clock_drop_pct == 25.0
+    undercut = [c for c in caveats(summary) if "GPU" in c]
+    assert len(undercut) == 2
+    assert "4 of run r-1's 16 measured cells ran while the GPU throttled" in undercut[0]
+    assert "dropped to 1485 MHz" in undercut[1]
+    assert "throttled" in render_summary_md(summary, [])
+
+
+def test_a_run_without_telemetry_says_why() -> None:
+    why = {
+        "gpu.sm_clock_mhz": None,
+        "gpu.telemetry_unavailable": "the cpu backend has no NVML device",
+    }
+    summary = summarize(_with(lambda r: why), baseline="base")
+    (run,) = summary.telemetry.runs  # type: ignore[union-attr]
+    assert run.source is None and run.unavailable == "the cpu backend has no NVML device"
+    assert not run.flagged and run.sm_clock_mhz_median is None
+    assert "GPU telemetry of run r-1: none (the cpu backend has no NVML device)" in (
+        render_summary_md(summary, [])
+    )
+    # records from before telemetry: no section at all
+    assert summarize(_with(lambda r: {}), baseline="base").telemetry is None
