@@ -11,7 +11,8 @@ round measuring until decided). A cell's log tok/s is the sum of:
 - the round's shared speed, N(0, 2%) (it cancels in a pair);
 - the cell's own noise, N(0, pair SD / sqrt 2) (`t3`: Student t with 3 degrees of freedom,
   scaled to the same SD);
-- `drift`: a linear trend of the whole host over the run, -5% to +5% by the job's seed;
+- `drift`: a linear trend of the whole host over the run, -5% to +5% by the job's seed, going
+  on between the cells of a round too;
 - `step`: the whole host 5% faster from the middle round on;
 - `outliers`: 1% of cells 5x slow (a stalled cell), on any variant;
 - `order`: the first cell of each round 1% slow (the order rotates every round).
@@ -103,11 +104,12 @@ def simulate_job(scenario: Scenario, seed: int) -> list[Record]:
     for round_index in range(spec.rounds):
         process_block = round_index // block
         round_speed = float(rng.normal(0, 0.02))
-        host = drift * round_index / max(spec.rounds - 1, 1)
-        if model == "step" and round_index >= spec.rounds // 2:
-            host += math.log(1.05)
+        step = math.log(1.05) if model == "step" and round_index >= spec.rounds // 2 else 0.0
         for position in range(len(VARIANTS)):
             variant = VARIANTS[(position + round_index) % len(VARIANTS)]
+            # the host's drift goes on between a round's cells too (their order rotates)
+            elapsed = (round_index + position / len(VARIANTS)) / max(spec.rounds - 1, 1)
+            host = drift * elapsed + step
             if (variant, process_block) not in offsets:
                 if model == "bimodal":
                     offsets[(variant, process_block)] = float(
