@@ -24,28 +24,28 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import dispatch
-from api.artifacts.router import router as artifacts_router
-from api.artifacts.service import total_artifact_bytes
-from api.artifacts.store import open_store
-from api.auth.router import router as auth_router
-from api.database import (
+from coldbench.api import dispatch
+from coldbench.api.artifacts.router import router as artifacts_router
+from coldbench.api.artifacts.service import total_artifact_bytes
+from coldbench.api.artifacts.store import open_store
+from coldbench.api.auth.router import router as auth_router
+from coldbench.api.database import (
     database_unavailable,
     make_engine,
     make_sessionmaker,
     upgrade_database,
 )
-from api.deps import DatabaseDep, SessionDep
-from api.errors import ServiceError
-from api.evidence.router import router as evidence_router
-from api.github.config import load_github_config
-from api.github.router import router as github_router
-from api.hosts.router import router as hosts_router
-from api.jobs.router import router as jobs_router
-from api.pages.router import router as pages_router
-from api.pages.templates import web_dir
-from api.rehearsal import rehearse
-from api.routing import (
+from coldbench.api.deps import DatabaseDep, SessionDep
+from coldbench.api.errors import ServiceError
+from coldbench.api.evidence.router import router as evidence_router
+from coldbench.api.github.config import load_github_config
+from coldbench.api.github.router import router as github_router
+from coldbench.api.hosts.router import router as hosts_router
+from coldbench.api.jobs.router import router as jobs_router
+from coldbench.api.pages.router import router as pages_router
+from coldbench.api.pages.templates import web_dir
+from coldbench.api.rehearsal import rehearse
+from coldbench.api.routing import (
     BodyLimitMiddleware,
     CompressionMiddleware,
     DoorMiddleware,
@@ -53,13 +53,13 @@ from api.routing import (
     StrictJSONRoute,
     finite_or_text,
 )
-from api.runs import expiry
-from api.runs.models import Run
-from api.runs.router import router as runs_router
-from api.runs.wakeup import WorkSignal, listen_for_work, register_local
-from api.settings import Settings, get_settings
-from api.transactions import AsyncDatabase, Execute, Program, make_async_engine
-from evidence.protocol import API_PREFIX, ErrorBody, FieldError, RunState
+from coldbench.api.runs import expiry
+from coldbench.api.runs.models import Run
+from coldbench.api.runs.router import router as runs_router
+from coldbench.api.runs.wakeup import WorkSignal, listen_for_work, register_local
+from coldbench.api.settings import Settings, get_settings
+from coldbench.api.transactions import AsyncDatabase, Execute, Program, make_async_engine
+from coldbench.evidence.protocol import API_PREFIX, ErrorBody, FieldError, RunState
 
 log = logging.getLogger(__name__)
 

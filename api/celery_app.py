@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from api.settings import Settings, get_settings
+from coldbench.api.settings import Settings, get_settings
 
 # Connecting to the broker and waiting for its answer: a loopback or LAN Redis answers in
 # milliseconds, and a request that sends a task after its commit waits at most this long for a
@@ -46,7 +46,7 @@ def make_celery(settings: Settings) -> Celery:
                 "schedule": settings.beat_reprocess_s,
             },
         },
-        include=["api.tasks", "api.github.tasks"],
+        include=["coldbench.api.tasks", "coldbench.api.github.tasks"],
         # A request that completes a run sends its task after the commit: with the broker
         # unreachable it must fail fast (the beat task `reprocess_unprocessed` sends the task
         # again later), not hold the request for 20 s of reconnect attempts.

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from api.errors import DatabaseUnavailable
-from evidence.schemas import JobSpec
+from coldbench.api.errors import DatabaseUnavailable
+from coldbench.evidence.schemas import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,6 @@ def upgrade_database(url: str) -> None:
     process's logging as it is."""
     from alembic import command
 
-    from api.migration import alembic_config
+    from coldbench.api.migration import alembic_config
 
     command.upgrade(alembic_config(url, configure_logger=False), "head")

@@ -12,13 +12,13 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from api.artifacts.store import ArtifactStore
-from api.auth import service as auth_service
-from api.auth.models import ApiKey
-from api.errors import NotAuthenticated
-from api.hosts.models import Host
-from api.settings import Settings
-from api.transactions import Database
+from coldbench.api.artifacts.store import ArtifactStore
+from coldbench.api.auth import service as auth_service
+from coldbench.api.auth.models import ApiKey
+from coldbench.api.errors import NotAuthenticated
+from coldbench.api.hosts.models import Host
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import Database
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:

@@ -19,7 +19,7 @@ TASK_PREFIX = "coldbench."
 
 
 def _celery_sender(name: str, args: tuple[object, ...]) -> None:
-    from api.celery_app import celery_app
+    from coldbench.api.celery_app import celery_app
 
     # No result is ever read: without ignore_result, sending also subscribes to the result
     # backend, which retries for 20 s when Redis is down.
@@ -36,7 +36,7 @@ def prepare() -> None:
     thread-pool thread, holding the interpreter's lock while the event loop serves everyone
     else's requests."""
     if _sender is _celery_sender:
-        from api.celery_app import celery_app
+        from coldbench.api.celery_app import celery_app
 
         celery_app.producer_pool  # noqa: B018 (built on first access)
 

@@ -1,9 +1,9 @@
-"""The ASGI app built from the environment's settings (`uvicorn api.main:app`, which is what
-`coldbench server` serves); tests build theirs with `create_app`."""
+"""The ASGI app built from the environment's settings (`uvicorn coldbench.api.main:app`, which is
+what `coldbench server` serves); tests build theirs with `create_app`."""
 
 import gc
 
-from api.app import create_app
+from coldbench.api.app import create_app
 
 app = create_app()
 

@@ -1,13 +1,13 @@
 """Every table, imported once so `Base.metadata` is complete (Alembic, create_all)."""
 
-from api.artifacts.models import Artifact
-from api.auth.models import ApiKey, AuditEvent, EnrollmentToken
-from api.database import Base
-from api.evidence.models import Evidence
-from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
-from api.hosts.models import Host
-from api.jobs.models import Job
-from api.runs.models import Cell, Run, RunAttempt
+from coldbench.api.artifacts.models import Artifact
+from coldbench.api.auth.models import ApiKey, AuditEvent, EnrollmentToken
+from coldbench.api.database import Base
+from coldbench.api.evidence.models import Evidence
+from coldbench.api.github.models import GitHubDelivery, PullRequest, PullRequestJob
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs.models import Cell, Run, RunAttempt
 
 __all__ = [
     "ApiKey",

@@ -29,18 +29,18 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from api.artifacts import service as artifact_service
-from api.artifacts.store import StoredBlob
-from api.auth import service as auth_service
-from api.auth.models import ApiKey
-from api.database import utcnow
-from api.hosts.models import Host
-from api.jobs import service as job_service
-from api.runs import claim as run_claim
-from api.runs import completion, heartbeat
-from api.settings import Settings
-from api.transactions import AsyncDatabase, Execute, Program
-from evidence.protocol import RunState
+from coldbench.api.artifacts import service as artifact_service
+from coldbench.api.artifacts.store import StoredBlob
+from coldbench.api.auth import service as auth_service
+from coldbench.api.auth.models import ApiKey
+from coldbench.api.database import utcnow
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs import service as job_service
+from coldbench.api.runs import claim as run_claim
+from coldbench.api.runs import completion, heartbeat
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import AsyncDatabase, Execute, Program
+from coldbench.evidence.protocol import RunState
 
 log = logging.getLogger(__name__)
 

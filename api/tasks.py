@@ -1,5 +1,5 @@
 """Celery tasks. Each is idempotent, acknowledged late, and sends follow-up tasks only after
-its own transaction has committed (through `api.dispatch`).
+its own transaction has committed (through `coldbench.api.dispatch`).
 
 A task that fails because the database or the store is briefly unreachable is retried (and
 sent again by beat); one that fails on its input (a run's files, a job's cells) fails the same
@@ -20,19 +20,19 @@ from celery.signals import worker_init
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import dispatch
-from api.artifacts.store import ArtifactStore, is_unavailable, open_store
-from api.celery_app import celery_app
-from api.database import make_engine, make_sessionmaker
-from api.evidence import service as evidence_service
-from api.github import answer as github_answer
-from api.jobs import bisect
-from api.jobs.models import Job
-from api.runs import expiry, ingest
-from api.runs.models import Run
-from api.settings import Settings, get_settings
-from evidence import report, stats
-from evidence.protocol import JobState
+from coldbench.api import dispatch
+from coldbench.api.artifacts.store import ArtifactStore, is_unavailable, open_store
+from coldbench.api.celery_app import celery_app
+from coldbench.api.database import make_engine, make_sessionmaker
+from coldbench.api.evidence import service as evidence_service
+from coldbench.api.github import answer as github_answer
+from coldbench.api.jobs import bisect
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs import expiry, ingest
+from coldbench.api.runs.models import Run
+from coldbench.api.settings import Settings, get_settings
+from coldbench.evidence import report, stats
+from coldbench.evidence.protocol import JobState
 
 log = logging.getLogger(__name__)
 

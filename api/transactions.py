@@ -67,14 +67,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.util import greenlet_spawn
 from starlette.concurrency import run_in_threadpool
 
-from api.database import (
+from coldbench.api.database import (
     SQLITE_BUSY_TIMEOUT_S,
     database_unavailable,
     postgres_timeouts,
     sqlite_pragmas,
 )
-from api.errors import ServiceError
-from api.runs import wakeup
+from coldbench.api.errors import ServiceError
+from coldbench.api.runs import wakeup
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ token) of:
   buffer-cache policy), once per cell configuration measured (`bare` for flags off,
   `bare:step=N,clear_cache=false` for the candidates of the best flags; compile is not
   repeated there, so for a compiled candidate that ratio shows what compile adds);
-- `cell`: the coldbench cell (`engine.cell`) with flags off (stock-like: clear_cache=true,
+- `cell`: the coldbench cell (`coldbench.engine.cell`) with flags off (stock-like: clear_cache=true,
   compile=false, 2,048-token chunks);
 - `cell:<flags>`: the cell with each candidate of the best flags; the fastest median is `best`.
-  `--try-fastpaths` adds each candidate with the fast paths of fastpaths/ on (`,fused`); a fast path
+  `--try-fastpaths` adds each candidate with the fast paths of kernels/ on (`,fused`); a fast path
   that falls back or is not exercised makes the cell invalid (engine/judge.py), so such a
   candidate gets no figure rather than the reference path's.
 
@@ -80,7 +80,7 @@ def build_in_memory(preset_name: str, dtype: str, seed: int) -> tuple[nn.Module,
     """The preset's architecture with random weights, built here instead of read from disk."""
     from mlx_lm.utils import _get_classes
 
-    from engine.presets import get_preset
+    from coldbench.engine.presets import get_preset
 
     preset = get_preset(preset_name)
     config = dict(preset.config)
@@ -101,11 +101,11 @@ def load_model(path: str) -> tuple[nn.Module, Any, dict[str, Any]]:
 
 
 class Prompts:
-    """The windows coldbench's cells use (engine.prompts): the same ids for every method of a
-    round, fresh per (seed, round, context), no shared prefix, any length up to the model's."""
+    """The windows coldbench's cells use (coldbench.engine.prompts): the same ids for every method
+    of a round, fresh per (seed, round, context), no shared prefix, any length up to the model's."""
 
     def __init__(self, tokenizer: Any, config: dict[str, Any], seed: int) -> None:
-        from engine.prompts import PromptSource
+        from coldbench.engine.prompts import PromptSource
 
         self.source = PromptSource.from_tokenizer(
             tokenizer, max_tokens=config.get("max_position_embeddings")
@@ -143,8 +143,8 @@ def stock_prefill_s(model: nn.Module, ids: list[int], *, step: int) -> float:
 def bare_prefill_s(model: nn.Module, ids: list[int], *, step: int, clear_cache: bool) -> float:
     """The cell's prefill work with nothing around it, written out by hand.
 
-    Same chunking as `engine.cell` (full `step`-wide chunks, the remainder last), the backbone
-    alone on intermediate chunks with only the KV cache evaluated, the lm_head on the last
+    Same chunking as `coldbench.engine.cell` (full `step`-wide chunks, the remainder last), the
+    backbone alone on intermediate chunks with only the KV cache evaluated, the lm_head on the last
     position of the last chunk, the greedy token; no counters, no margin, no record.
     """
     inner = model.model
@@ -173,8 +173,8 @@ def bare_prefill_s(model: nn.Module, ids: list[int], *, step: int, clear_cache: 
 
 def cell_prefill_s(model: nn.Module, ids: list[int], *, flags: dict[str, Any]) -> float:
     """The coldbench cell's own prefill_s for this prompt (one output token, no decode)."""
-    from engine.cell import run_cell
-    from engine.flags import Flags
+    from coldbench.engine.cell import run_cell
+    from coldbench.engine.flags import Flags
 
     record = run_cell(
         model, ids, context_tokens=len(ids), flags=Flags.parse(flags), decode_tokens=1
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--try-fastpaths",
         action="store_true",
-        help="candidates with the fast paths of fastpaths/ on (fused_swiglu, fused_add_rms_norm)",
+        help="candidates with the fast paths of kernels/ on (fused_swiglu, fused_add_rms_norm)",
     )
     parser.add_argument("--no-cell", action="store_true", help="stock and bare loop only")
     parser.add_argument(
@@ -310,8 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.in_memory:
             parser.error("--preset needs --in-memory (or write it with `coldbench model create`)")
         model, config = build_in_memory(args.preset, args.dtype, args.seed)
-        from engine.checkpoints import train_tokenizer
-        from engine.presets import get_preset
+        from coldbench.engine.checkpoints import train_tokenizer
+        from coldbench.engine.presets import get_preset
 
         # the preset's own tokenizer, as `coldbench model create` writes it
         tokenizer = train_tokenizer(get_preset(args.preset).tokenizer_vocab)
@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     methods[name] = lambda m, ids, f=flags: cell_prefill_s(m, ids, flags=f)
                     cell_methods[name] = bare_name
                     if args.try_fastpaths and not compiled:
-                        # the fast paths cannot be combined with compile (engine.flags)
+                        # the fast paths cannot be combined with compile (coldbench.engine.flags)
                         fused = {**flags, "fused_swiglu": True, "fused_add_rms_norm": True}
                         methods[name + ",fused"] = lambda m, ids, f=fused: cell_prefill_s(
                             m, ids, flags=f
@@ -403,11 +403,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def memory_estimates(
     model: nn.Module, config: dict[str, Any], dtype: str, contexts: Sequence[int], step: int
 ) -> dict[int, int]:
-    """engine.memory's estimate of one cold prefill in `step`-token chunks, per context, with
-    this model's weights as loaded: the figure a variant process refuses a context by."""
+    """coldbench.engine.memory's estimate of one cold prefill in `step`-token chunks, per context,
+    with this model's weights as loaded: the figure a variant process refuses a context by."""
     from mlx.utils import tree_flatten
 
-    from engine import memory
+    from coldbench.engine import memory
 
     weights = sum(int(a.nbytes) for _, a in tree_flatten(model.parameters()))
     shaped = {**config, "torch_dtype": config.get("torch_dtype") or dtype}
@@ -416,7 +416,7 @@ def memory_estimates(
     kv_heads = int(config.get("num_key_value_heads") or heads)
     probe = {4: "float32", 2: "bfloat16"}[memory.itemsize(shaped)]
     materialized = memory.attention_materializes_scores(probe, heads, kv_heads, head_dim)
-    from engine.backend import detect_backend
+    from coldbench.engine.backend import detect_backend
 
     gpu = detect_backend() in memory.GPU_BACKENDS
     return {

@@ -4,7 +4,7 @@ On one machine (a GPU host rented for a few minutes, or this CPU) it starts the 
 on its embedded default (SQLite and kombu's SQLAlchemy broker under `--workdir`, no PostgreSQL
 or Redis), one Celery worker and one agent whose worker.toml declares `--repo` as an
 `adapter = "embedded"` repository with the `offline` recipe (installs nothing: each ref's
-worktree runs its own engine/ and fastpaths/ on the host's packages, docs/FASTPATHS.md), enrolls
+worktree runs its own engine/ and kernels/ on the host's packages, docs/KERNELS.md), enrolls
 the agent and issues a submitter key with `coldbench admin` as `coldbench demo` does, submits
 an A/B job over the refs with `coldbench submit`, follows it, downloads the evidence zip into
 `--out`, checks it with `coldbench verify`, stops every process (also on failure, printing the
@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from coldbench.demo import demo_env, prepare_database
+from coldbench.evidence.protocol import API_PREFIX, JobState
 from coldbench.processes import Children, free_port, run_cli, wait_healthy
 from coldbench.submit import progress_line
-from evidence.protocol import API_PREFIX, JobState
 
 HOST_NAME = "e2e-host"
 HOST_LABEL = "e2e"
@@ -178,7 +178,7 @@ def cell_figures(zip_path: Path) -> dict[str, Any]:
     """Timed cells in the bundle, how many are ok, and how long the variant processes were
     measuring: the first record's start (a warm-up) to the last one's end, so the warm-ups and
     the processes replaced between rounds count, the builds and the first model load do not."""
-    from evidence.bundle import bundle_records, read_bundle
+    from coldbench.evidence.bundle import bundle_records, read_bundle
 
     records = bundle_records(read_bundle(zip_path))
     timed = [r for r in records if r.round >= 0]
@@ -195,7 +195,7 @@ def cell_figures(zip_path: Path) -> dict[str, Any]:
 
 def timeline_figures(zip_path: Path) -> dict[str, Any]:
     """The run's duty cycle, phases and blocks from the evidence's summary (evidence/timeline)."""
-    from evidence.bundle import read_bundle
+    from coldbench.evidence.bundle import read_bundle
 
     summary = json.loads(read_bundle(zip_path).get("summary.json", b"{}"))
     runs = (summary.get("timeline") or {}).get("runs") or []
@@ -221,7 +221,7 @@ def timeline_figures(zip_path: Path) -> dict[str, Any]:
 def verdict_figures(zip_path: Path) -> dict[str, Any]:
     """Each prefill comparison's verdict and interval, and where measuring until decided
     stopped (summary settings' `sequential`)."""
-    from evidence.bundle import read_bundle
+    from coldbench.evidence.bundle import read_bundle
 
     summary = json.loads(read_bundle(zip_path).get("summary.json", b"{}"))
     verdicts = [
@@ -239,7 +239,7 @@ def verdict_figures(zip_path: Path) -> dict[str, Any]:
 
 
 def variant_commits(zip_path: Path) -> dict[str, str]:
-    from evidence.bundle import read_bundle
+    from coldbench.evidence.bundle import read_bundle
 
     provenance = json.loads(read_bundle(zip_path)["provenance.json"])
     runs = provenance.get("runs", [provenance])

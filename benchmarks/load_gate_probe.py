@@ -1,7 +1,7 @@
 """Does a variant process waiting at its load gate touch the device? (not a test)
 
-Starts `python -m engine.runner` on a checkpoint with the orchestrator's gates on, and asks
-`nvidia-smi` which processes hold GPU memory while the runner waits at the load gate (after its
+Starts `python -m coldbench.engine.runner` on a checkpoint with the orchestrator's gates on, and
+asks `nvidia-smi` which processes hold GPU memory while the runner waits at the load gate (after its
 imports: the state in which a block's processes are started ahead, while the previous block
 measures), then again once it has loaded. One JSON line: the seconds to `imported` and to
 `loaded`, whether the runner imported mlx-lm without transformers (`lean`), the runner's GPU
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "COLDBENCH_LOAD_GATE": "1", "COLDBENCH_WARMUP_GATE": "1"}
     started = time.monotonic()
     runner = subprocess.Popen(
-        [sys.executable, "-m", "engine.runner", "--plan", str(scratch / "plan.json")],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(scratch / "plan.json")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -38,7 +38,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 from benchmarks.engine_prefill import build_in_memory, load_model, run_header  # noqa: E402
-from engine import memory  # noqa: E402
+from coldbench.engine import memory  # noqa: E402
 
 GIB = 1 << 30
 
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kv_heads = int(c.get("num_key_value_heads") or heads)
     materialized = memory.attention_materializes_scores(args.dtype, heads, kv_heads, head_dim)
     vocab = int(c.get("vocab_size") or 256)
-    from engine.backend import detect_backend
+    from coldbench.engine.backend import detect_backend
 
     gpu = detect_backend() in memory.GPU_BACKENDS
 

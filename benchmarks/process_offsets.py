@@ -68,11 +68,11 @@ def worker(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
     from benchmarks.engine_prefill import build_in_memory, prompt_ids
-    from engine.cell import run_cell
-    from engine.flags import Flags
+    from coldbench.engine.cell import run_cell
+    from coldbench.engine.flags import Flags
 
     if args.model:  # a checkpoint on disk, loaded as the variant process loads it
-        from engine.checkpoints import load_model
+        from coldbench.engine.checkpoints import load_model
 
         model, _tokenizer, config = load_model(args.model)
     else:

@@ -21,7 +21,7 @@ each call `mx.eval` + `mx.synchronize`. The share is of the whole layer as measu
 separately do not sum to it exactly (separate calls cannot overlap, and kernel launches count
 once per call).
 
-Then the fast paths of fastpaths/ against their references at the layer's shapes, side by side
+Then the fast paths of kernels/ against their references at the layer's shapes, side by side
 in one process (median of alternating calls): `fused_swiglu` on the MLP's (chunk, intermediate)
 (and the experts' shape for a MoE layer), `fused_add_rms_norm` on (chunk, hidden). Where a gate
 refuses (a CPU host), the reason is printed instead of a ratio.
@@ -122,7 +122,7 @@ def build_layer(preset_name: str, dtype: str, seed: int) -> tuple[Any, Any, dict
     """One decoder layer of the preset (mlx-lm's class for it), random weights in `dtype`."""
     from mlx_lm.models import llama, qwen3, qwen3_moe
 
-    from engine.presets import get_preset
+    from coldbench.engine.presets import get_preset
 
     preset = get_preset(preset_name)
     config = dict(preset.config)
@@ -154,8 +154,8 @@ def profile(
     from mlx_lm.models.cache import KVCache
     from mlx_lm.models.switch_layers import _gather_sort
 
-    from fastpaths import add_rms_norm, detect_backend
-    from fastpaths import swiglu as fused_swiglu
+    from coldbench.kernels import add_rms_norm, detect_backend
+    from coldbench.kernels import swiglu as fused_swiglu
 
     layer, args, config = build_layer(preset, dtype, seed)
     model_type = config["model_type"]
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the profiles here as JSON")
     args = parser.parse_args(argv)
-    from engine.presets import DTYPES, get_preset
+    from coldbench.engine.presets import DTYPES, get_preset
 
     if args.contexts and not args.preset:
         parser.error("--contexts needs --preset")

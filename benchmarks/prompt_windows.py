@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import checkpoints  # noqa: E402
-from engine.prompts import PromptSource  # noqa: E402
+from coldbench.engine import checkpoints  # noqa: E402
+from coldbench.engine.prompts import PromptSource  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

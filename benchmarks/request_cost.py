@@ -142,8 +142,8 @@ async def measure(
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """CPU milliseconds per request, of the first request, and database round trips per
     request, by kind."""
-    from api.auth import service as auth_service
-    from api.hosts import service as host_service
+    from coldbench.api.auth import service as auth_service
+    from coldbench.api.hosts import service as host_service
 
     n = args.requests
     sessions = app.state.sessionmaker
@@ -290,9 +290,9 @@ def main() -> None:
                 COLDBENCH_STATE_DIR=str(Path(tmp) / "state"),
                 COLDBENCH_ARTIFACT_DIR=str(Path(tmp) / "artifacts"),
             )
-            from api.app import create_app
-            from api.database import upgrade_database
-            from api.settings import get_settings
+            from coldbench.api.app import create_app
+            from coldbench.api.database import upgrade_database
+            from coldbench.api.settings import get_settings
 
             settings = get_settings()
             upgrade_database(settings.sqlalchemy_url)

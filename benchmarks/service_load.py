@@ -939,15 +939,15 @@ def render_report(service: Service, cells: int) -> dict[str, float]:
     and rendered by the code the Celery tasks run; seconds of each step."""
     from sqlalchemy.dialects import postgresql
 
-    from api.artifacts.models import Artifact
-    from api.artifacts.store import LocalArtifactStore
-    from api.database import make_engine, make_sessionmaker
-    from api.evidence import service as evidence_service
-    from api.evidence.models import Evidence
-    from api.evidence.page import PAGE_FILE
-    from api.jobs.models import Job
-    from api.runs import ingest
-    from api.runs.models import Cell, Run
+    from coldbench.api.artifacts.models import Artifact
+    from coldbench.api.artifacts.store import LocalArtifactStore
+    from coldbench.api.database import make_engine, make_sessionmaker
+    from coldbench.api.evidence import service as evidence_service
+    from coldbench.api.evidence.models import Evidence
+    from coldbench.api.evidence.page import PAGE_FILE
+    from coldbench.api.jobs.models import Job
+    from coldbench.api.runs import ingest
+    from coldbench.api.runs.models import Cell, Run
 
     hosts, contexts = 5, tuple(64 * (i + 1) for i in range(10))
     rounds = max(1, cells // (hosts * len(VARIANTS) * len(contexts)))
@@ -984,9 +984,9 @@ def render_report(service: Service, cells: int) -> dict[str, float]:
         measured = db_session.scalar(
             sa.select(sa.func.count()).where(Cell.job_id == job_id, Cell.status != "warmup")
         )
-    # A Celery worker prepares these when it starts (`api.tasks.prepare_analysis`, on
+    # A Celery worker prepares these when it starts (`coldbench.api.tasks.prepare_analysis`, on
     # `worker_init`): not part of a render.
-    from api.tasks import prepare_analysis
+    from coldbench.api.tasks import prepare_analysis
 
     prepare_analysis()
 

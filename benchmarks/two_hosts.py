@@ -13,7 +13,7 @@ agreement test (docs/EVIDENCE.md, "Reproductions"), and `coldbench compare` prin
 The job: an A/B of the embedded engine at `--contexts` (16K) on `--model` (an 8B-shaped
 checkpoint written on each machine from its preset and seed, so both hold the same digests),
 between `main` and `planted-2pct` of a repository made here from this checkout's engine/,
-fastpaths/ and evidence/, whose only change waits 2% of each prefill's own time inside the
+kernels/ and evidence/, whose only change waits 2% of each prefill's own time inside the
 timed region: a 2% effect by construction on any machine.
 
     # machine 1 (an H100): writes <out>/state.tgz (the service's state and the repository)
@@ -44,8 +44,8 @@ from typing import Any
 
 from benchmarks.host_e2e import Failed, _follow, log_tails
 from coldbench.demo import demo_env, prepare_database
+from coldbench.evidence.protocol import API_PREFIX, JobState
 from coldbench.processes import Children, free_port, run_cli, wait_healthy
-from evidence.protocol import API_PREFIX, JobState
 
 REPOSITORY = "coldbench"
 LABEL = "two-hosts"
@@ -97,10 +97,11 @@ def planted_repository(repo: Path) -> dict[str, str]:
     if repo.exists():
         shutil.rmtree(repo)
     repo.mkdir(parents=True)
-    for package in ("engine", "fastpaths", "evidence"):
-        shutil.copytree(
-            ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-        )
+    # the whole checkout at HEAD: its engine imports the coldbench namespace (coldbench/'s links)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "engine as in this checkout")

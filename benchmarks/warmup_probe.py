@@ -1,8 +1,8 @@
 """Does a same-shape warm-up make a variant process's first timed cell faster on this host?
 
 Not a test. Starts `--processes` variant processes per (flags, warm-up) setting, one after
-another and in alternating order, each in batch mode (`python -m engine.runner`, the process
-coldbench runs) with four timed cells at 128, 256, 128 and 256 tokens. One arm warms every
+another and in alternating order, each in batch mode (`python -m coldbench.engine.runner`, the
+process coldbench runs) with four timed cells at 128, 256, 128 and 256 tokens. One arm warms every
 context of the matrix as coldbench does (`warmup_contexts` 128 and 256), the other only an
 8-token prompt (imports, first allocation, nothing of the measured shapes). For each process it
 takes the first timed cell at a context over the second at the same context (prefill time):
@@ -51,7 +51,7 @@ def run_process(
     plan_path = work / "plan.json"
     plan_path.write_text(json.dumps(plan))
     subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan_path)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan_path)],
         stdout=subprocess.DEVNULL,
         check=True,
     )

@@ -28,25 +28,25 @@ COMMANDS: dict[str, Subcommand] = {
         "Run the whole loop locally: server, Celery, one agent, an A/B job and an ablation.",
     ),
     "run": Subcommand(
-        "worker.cli",
+        "coldbench.worker.cli",
         "app",
         "Run the cold-prefill matrix on this machine and write a checksummed evidence bundle.",
     ),
     "calibrate": Subcommand(
-        "worker.cli", "app", "Calibrate this host: how small an effect it resolves."
+        "coldbench.worker.cli", "app", "Calibrate this host: how small an effect it resolves."
     ),
     "verify": Subcommand(
-        "evidence.cli",
+        "coldbench.evidence.cli",
         "app",
         "Check an evidence bundle: every file's sha256, every record, the provenance.",
     ),
     "compare": Subcommand(
-        "evidence.cli",
+        "coldbench.evidence.cli",
         "app",
         "Set one job's bundles from several hosts side by side: do the hosts agree?",
     ),
     "reproduce": Subcommand(
-        "worker.cli",
+        "coldbench.worker.cli",
         "app",
         "Re-run a bundle's (or an evidence URL's) job on this machine, from the bundle alone.",
     ),
@@ -54,18 +54,20 @@ COMMANDS: dict[str, Subcommand] = {
         "coldbench.submit", "app", "Submit a job to the central API (and wait for its evidence)."
     ),
     "worker": Subcommand(
-        "worker.cli",
+        "coldbench.worker.cli",
         "app",
         "Run this host's agent: lease jobs from the server, measure them, upload the evidence.",
     ),
     "server": Subcommand(
-        "api.cli", "app", "Serve the API, the evidence pages, /healthz and /metrics."
+        "coldbench.api.cli", "app", "Serve the API, the evidence pages, /healthz and /metrics."
     ),
-    "db": Subcommand("api.cli", "app", "Database schema: Alembic migrations."),
+    "db": Subcommand("coldbench.api.cli", "app", "Database schema: Alembic migrations."),
     "admin": Subcommand(
-        "api.cli", "app", "Enrollment tokens, API keys, host labels and revocation."
+        "coldbench.api.cli", "app", "Enrollment tokens, API keys, host labels and revocation."
     ),
-    "celery": Subcommand("api.cli", "app", "Celery worker and beat of the central service."),
+    "celery": Subcommand(
+        "coldbench.api.cli", "app", "Celery worker and beat of the central service."
+    ),
     "model": Subcommand(
         "coldbench.model",
         "model_app",

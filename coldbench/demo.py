@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from coldbench.evidence.protocol import JobState
 from coldbench.processes import Children, free_port, wait_healthy
-from evidence.protocol import JobState
 
 if TYPE_CHECKING:
-    from evidence.schemas import JobSpec
+    from coldbench.evidence.schemas import JobSpec
 
 app = typer.Typer()
 
@@ -115,8 +115,8 @@ def write_worker_config(path: Path) -> None:
 def job_specs(contexts: str, rounds: int | None, decode_tokens: int, seed: int) -> list[JobSpec]:
     """The demo's A/B and ablation, built as every front end builds a job
     (evidence/job_options.py): without `rounds`, each gets enough for a verdict."""
-    from evidence.job_options import build_job_spec
-    from evidence.variant import parse_feature
+    from coldbench.evidence.job_options import build_job_spec
+    from coldbench.evidence.variant import parse_feature
 
     candidate_flags = dict(BASELINE_FLAGS)
     candidate_flags.update(parse_feature(feature) for feature in CANDIDATE_FEATURES)
@@ -187,7 +187,7 @@ def demo(
     port = port or free_port()
     base_url = f"http://127.0.0.1:{port}"
     children = Children(state_dir / "logs", env)
-    from evidence.job_options import JobOptionsError, problem_lines
+    from coldbench.evidence.job_options import JobOptionsError, problem_lines
 
     try:  # before any service starts: a bad option costs nothing
         specs = job_specs(contexts, rounds, decode_tokens, seed)
@@ -304,9 +304,9 @@ def prepare_database(*, labels: list[str], key_name: str) -> tuple[str, str]:
     """Migrate the environment's database, then issue an enrollment token for one host with
     `labels` and a submitter key: (token, key). In this process, which imports the service's
     modules once, where three `coldbench` commands each started an interpreter to do it."""
-    from api.auth import service
-    from api.database import make_engine, make_sessionmaker, upgrade_database
-    from api.settings import Settings
+    from coldbench.api.auth import service
+    from coldbench.api.database import make_engine, make_sessionmaker, upgrade_database
+    from coldbench.api.settings import Settings
 
     url = Settings().sqlalchemy_url
     upgrade_database(url)
@@ -321,7 +321,7 @@ def prepare_database(*, labels: list[str], key_name: str) -> tuple[str, str]:
 
 
 def _demo_model() -> Path:
-    from engine.checkpoints import resolve_model
+    from coldbench.engine.checkpoints import resolve_model
 
     return resolve_model(DEMO_MODEL, {})
 

@@ -34,7 +34,7 @@ def create(
     """Write a Hugging Face-layout checkpoint of a preset with seeded random weights."""
     import logging
 
-    from engine import checkpoints, presets
+    from coldbench.engine import checkpoints, presets
 
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -63,7 +63,7 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
 ) -> None:
     """Print architecture, parameter count and config/weights/tokenizer sha256 digests."""
-    from engine import checkpoints
+    from coldbench.engine import checkpoints
 
     try:
         info = checkpoints.inspect_checkpoint(path)

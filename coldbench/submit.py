@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from evidence.job_options import typer_option as spec_option
-from evidence.protocol import API_PREFIX, JobState
+from coldbench.evidence.job_options import typer_option as spec_option
+from coldbench.evidence.protocol import API_PREFIX, JobState
 
 app = typer.Typer()
 
@@ -72,7 +72,7 @@ def submit(
     timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 3600.0,
 ) -> None:
     """Submit a job to the central API and print its id (and, with --wait, its evidence URL)."""
-    from evidence.job_options import (
+    from coldbench.evidence.job_options import (
         JobOptionsError,
         build_job_spec,
         problem_lines,

@@ -11,17 +11,17 @@ from typing import Any
 
 import mlx.core as mx
 
-import fastpaths
+from coldbench import kernels
 
-# feature -> backends on which its fast path can dispatch (every fast path of fastpaths/)
+# feature -> backends on which its fast path can dispatch (every fast path of kernels/)
 FEATURE_BACKENDS: dict[str, tuple[str, ...]] = {
-    name: fastpaths.BACKENDS for name in fastpaths.FAST_PATHS
+    name: kernels.BACKENDS for name in kernels.FAST_PATHS
 }
 
 
 def detect_backend() -> str:
-    """`metal`, `cuda` or `cpu` (fastpaths/ decides the same way, so gates and cells agree)."""
-    return fastpaths.detect_backend()
+    """`metal`, `cuda` or `cpu` (kernels/ decides the same way, so gates and cells agree)."""
+    return kernels.detect_backend()
 
 
 def describe_backend() -> dict[str, Any]:

@@ -6,8 +6,8 @@ evaluated between chunks, so MLX never computes the lm_head of intermediate chun
 logits are never asked for); the last chunk asks for the logits of its last position only.
 There is no host sync inside the loop beyond that `mx.eval`.
 
-`run_cell` returns the measured part of a record (`engine.record.Measurement`); the variant
-process adds `run_id`, `variant`, `round` and `order`.
+`run_cell` returns the measured part of a record (`coldbench.engine.record.Measurement`); the
+variant process adds `run_id`, `variant`, `round` and `order`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
-import fastpaths
-from engine.backend import not_exercised
-from engine.canary import cold_check_blind
-from engine.fastpaths import KernelSteps
-from engine.flags import Flags
-from engine.judge import (
+from coldbench import kernels
+from coldbench.engine.backend import not_exercised
+from coldbench.engine.canary import cold_check_blind
+from coldbench.engine.fastpaths import KernelSteps
+from coldbench.engine.flags import Flags
+from coldbench.engine.judge import (
     AtLeast,
     ChunksOf,
     Expectation,
@@ -36,8 +36,8 @@ from engine.judge import (
     split_runs,
     to_runs,
 )
-from engine.prompts import ids_sha256
-from engine.record import Measurement, now_iso
+from coldbench.engine.prompts import ids_sha256
+from coldbench.engine.record import Measurement, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +136,8 @@ def _model_type(model: Any) -> str:
 
 class KernelForward(Forward):
     """The fast-path flags (`fused_swiglu`, `fused_add_rms_norm`): the backbone runs through
-    `engine.fastpaths.KernelSteps`, whose kernel calls count their own dispatches and
-    fallbacks (`fastpaths.COUNTERS`). A model the step cannot drive runs its own forward and
+    `coldbench.engine.fastpaths.KernelSteps`, whose kernel calls count their own dispatches and
+    fallbacks (`coldbench.kernels.COUNTERS`). A model the step cannot drive runs its own forward and
     `reason` says why (recorded as each requested fast path's fallback)."""
 
     def __init__(self, model: Any, flags: Flags) -> None:
@@ -209,7 +209,7 @@ def run_cell(
         "clear_cache.dispatched": 0,
         "cache_clears": 0,
         "compile.dispatched": 0,
-        **{f"{name}.dispatched": 0 for name in fastpaths.FAST_PATHS},
+        **{f"{name}.dispatched": 0 for name in kernels.FAST_PATHS},
     }
     result = Measurement(
         prompt_tokens=len(prompt_ids),
@@ -230,7 +230,7 @@ def run_cell(
         # The planted fault (engine/canary.py): a cold check blind to what the cache holds.
         cached = 0 if held is not None and cold_check_blind() else held
         result.cached_tokens = cached
-        fastpaths.COUNTERS.reset()
+        kernels.COUNTERS.reset()
         widths = _measure(forward, cache, prompt_ids, flags, decode_tokens, result, held)
         counters["compile.dispatched"] = forward.dispatched if flags.compile else 0
         fast_path_counters(forward, flags, counters)
@@ -333,12 +333,12 @@ def _measure(
 def fast_path_counters(forward: Forward, flags: Flags, counters: dict[str, Any]) -> None:
     """`<flag>.dispatched` (kernel launches in the cell's prefill and decode) and
     `<flag>.fallback` (the first reason a requested fast path ran its reference, with how many
-    of its calls did) for every fast path of fastpaths/."""
-    for name in fastpaths.FAST_PATHS:
-        counters[f"{name}.dispatched"] = fastpaths.COUNTERS.dispatched[name]
+    of its calls did) for every fast path of kernels/."""
+    for name in kernels.FAST_PATHS:
+        counters[f"{name}.dispatched"] = kernels.COUNTERS.dispatched[name]
         if name in flags.fast_paths():
             why = forward.reason if isinstance(forward, KernelForward) else None
-            reason = f"{name}: {why}" if why else fastpaths.COUNTERS.fallback_reason(name)
+            reason = f"{name}: {why}" if why else kernels.COUNTERS.fallback_reason(name)
             if reason is not None:
                 counters[f"{name}.fallback"] = reason
 
@@ -371,7 +371,7 @@ def execution(
         elif name == "compile":
             expectation = Expectation(name, AtLeast(1), 0)
             observed = counters["compile.dispatched"]
-        else:  # a fast path (fastpaths/): its path must dispatch at least once
+        else:  # a fast path (kernels/): its path must dispatch at least once
             expectation = Expectation(name, AtLeast(1), 0)
             observed = counters.get(f"{name}.dispatched", 0)
         fallback = counters.get(f"{name}.fallback")

@@ -2,7 +2,7 @@
 
 A checkpoint written here is loaded by `mlx_lm.utils.load` exactly like a user's: config.json,
 model.safetensors (or shards with model.safetensors.index.json), and the files of a byte-level
-BPE tokenizer trained locally on the corpus of `engine.corpus`. Weights are random but
+BPE tokenizer trained locally on the corpus of `coldbench.engine.corpus`. Weights are random but
 deterministic: each tensor is drawn from its own PCG64 stream keyed by (seed, tensor name) and
 rounded to the target dtype with numpy's IEEE arithmetic, so two hosts writing the same preset
 and seed produce the same bytes and digests (quantized checkpoints are quantized on the CPU
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from engine import corpus
-from engine.presets import DTYPES, PRESETS, Preset, get_preset
-from engine.record import one_line
+from coldbench.engine import corpus
+from coldbench.engine.presets import DTYPES, PRESETS, Preset, get_preset
+from coldbench.engine.record import one_line
 
 if TYPE_CHECKING:  # at run time numpy is imported where weights are written, not by a
     import numpy as np  # variant process that only loads them

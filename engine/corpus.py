@@ -99,7 +99,9 @@ def paragraphs() -> tuple[str, ...]:
 
 
 def _cache_file() -> Path:
-    from engine.checkpoints import models_root  # not at import: checkpoints imports this module
+    from coldbench.engine.checkpoints import (
+        models_root,  # not at import: checkpoints imports this module
+    )
 
     return models_root() / f"corpus-{BUILTIN_SHA256[:16]}.txt"
 

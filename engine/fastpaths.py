@@ -2,7 +2,7 @@
 
 `KernelForward` runs the backbone of mlx-lm's llama, qwen3 and qwen3_moe models layer by layer,
 as their own `__call__` does (embed, one causal mask, each block's attention then MLP half,
-final norm), with the requested kernels of `fastpaths/` in place of the ops they replace:
+final norm), with the requested kernels of `kernels/` in place of the ops they replace:
 
 - `fused_add_rms_norm`: the block's `h = x + attn` and `post_attention_layernorm(h)` become one
   call, and so do `out = h + mlp` and the next block's `input_layernorm(out)` (the model's final
@@ -13,7 +13,7 @@ final norm), with the requested kernels of `fastpaths/` in place of the ops they
   is put back afterwards, so the model object is left as loaded).
 
 Each call goes through the kernel's gate, which counts a dispatch or a fallback with its reason
-(`fastpaths.COUNTERS`); a model the step cannot drive (another architecture, sliding-window
+(`coldbench.kernels.COUNTERS`); a model the step cannot drive (another architecture, sliding-window
 layers, an unknown MLP or norm class) runs the model's own forward and says why in `reason`,
 which the cell records as every requested fast path's fallback.
 """
@@ -30,8 +30,8 @@ from mlx_lm.models import llama, qwen3, qwen3_moe
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.switch_layers import SwiGLU, SwitchGLU
 
-from fastpaths.add_rms_norm import add_rms_norm
-from fastpaths.swiglu import swiglu
+from coldbench.kernels.add_rms_norm import add_rms_norm
+from coldbench.kernels.swiglu import swiglu
 
 # The dense MLP classes whose __call__ is exactly down(swiglu(gate(x), up(x))).
 _DENSE_MLPS = (llama.MLP, qwen3.MLP, qwen3_moe.MLP)

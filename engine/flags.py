@@ -5,19 +5,19 @@
   chunk; `false` keeps the buffers for the next chunk.
 - `compile` (bool, default false): the per-layer MLP half runs through `mx.compile`.
 - `fused_swiglu` (bool, default false): the MLPs' `silu(gate) * up` runs through
-  `fastpaths.swiglu` (one Metal/CUDA kernel) where its gate allows, else its reference.
+  `coldbench.kernels.swiglu` (one Metal/CUDA kernel) where its gate allows, else its reference.
 - `fused_add_rms_norm` (bool, default false): each residual add and the RMSNorm after it run
-  through `fastpaths.add_rms_norm` (one kernel per row) where its gate allows.
+  through `coldbench.kernels.add_rms_norm` (one kernel per row) where its gate allows.
 
-The fast-path flags (`fastpaths.FAST_PATHS`) cannot be combined with `compile`: a compiled
+The fast-path flags (`coldbench.kernels.FAST_PATHS`) cannot be combined with `compile`: a compiled
 layer step runs its Python once per shape, so it could not count the kernels' dispatches.
 `COLDBENCH_DISABLE_KERNELS=name,name` (or `all`) sends requested fast paths to their reference
 paths, which the cell records as `<flag>.fallback` (the cell is then `fell back: <flag>`).
 
-Counters (`engine.cell`): `<flag>.dispatched` counts how often the flag's non-default path ran
-(`prefill_step_size`: chunks exactly that wide; `chunk_widths` lists them all). What each
+Counters (`coldbench.engine.cell`): `<flag>.dispatched` counts how often the flag's non-default path
+ran (`prefill_step_size`: chunks exactly that wide; `chunk_widths` lists them all). What each
 non-default value implies at a context, and whether the cell delivered it, is judged by
-`engine.judge` (`ok`, `ok` with the flag inert, `silent no-op: <flag>`).
+`coldbench.engine.judge` (`ok`, `ok` with the flag inert, `silent no-op: <flag>`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from fastpaths import FAST_PATHS
+from coldbench.kernels import FAST_PATHS
 
 MAX_PREFILL_STEP = 1 << 20
 
@@ -64,7 +64,7 @@ class Flags:
         return asdict(self)
 
     def fast_paths(self) -> list[str]:
-        """The requested fast paths of fastpaths/ (flags named like them, set to true)."""
+        """The requested fast paths of kernels/ (flags named like them, set to true)."""
         return [name for name in FAST_PATHS if getattr(self, name)]
 
     def non_default(self) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.record import Measurement
+from coldbench.engine.record import Measurement
 
 # A run of chunk widths: (width, how many consecutive chunks had it), in prefill order.
 Runs = tuple[tuple[int, int], ...]

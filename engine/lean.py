@@ -5,7 +5,8 @@ imports `mlx_lm.generate` and `mlx_lm.tokenizer_utils`, and with them transforme
 variant process's start (docs/PERFORMANCE.md, "Where a restart goes"). The embedded engine needs
 only the model classes, the KV cache and `mlx_lm.utils.load_model`; a synthetic checkpoint's
 tokenizer is a plain `tokenizer.json` that the `tokenizers` library reads by itself, with the
-same ids (the prompts call the same backend tokenizer either way: engine.prompts.batch_encoder).
+same ids (the prompts call the same backend tokenizer either way:
+coldbench.engine.prompts.batch_encoder).
 
 `install()` registers `mlx_lm` as a bare package (its real `__path__`, `__file__` and
 `__version__`, no `__init__` run) and `mlx_lm.tokenizer_utils` as a stand-in whose loader says
@@ -58,7 +59,7 @@ def is_lean_plan(adapter: str, model: str) -> bool:
     if adapter != "embedded":
         return False
     if model.startswith("preset:"):
-        from engine.checkpoints import preset_path
+        from coldbench.engine.checkpoints import preset_path
 
         try:
             return is_synthetic_checkpoint(preset_path(model.removeprefix("preset:")))
@@ -105,8 +106,8 @@ class _NoTokenizer:
 
 def _no_tokenizer(*args: Any, **kwargs: Any) -> Any:
     raise LeanImportError(
-        "mlx-lm's tokenizer is not loaded in this process (engine.lean: the embedded engine "
-        "on a synthetic checkpoint reads tokenizer.json with the tokenizers library)"
+        "mlx-lm's tokenizer is not loaded in this process (coldbench.engine.lean: the embedded "
+        "engine on a synthetic checkpoint reads tokenizer.json with the tokenizers library)"
     )
 
 

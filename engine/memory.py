@@ -34,8 +34,8 @@ test simulating a small device). Peak memory measured per cell stays in the reco
 (`peak_memory_bytes`), so every report shows the estimate's accuracy against context.
 
 Before any timing the orchestrator makes the run's memory plan (`plan_memory`, through
-`python -m engine.memory` so that the orchestrator itself never touches the device): where every
-context's estimate fits every variant's process beside the others (each within its share,
+`python -m coldbench.engine.memory` so that the orchestrator itself never touches the device): where
+every context's estimate fits every variant's process beside the others (each within its share,
 below), they are resident side by side and interleave cell by cell; where not, they run in
 turns, one resident at a time with the whole device (worker/variants.py). A context that does
 not fit even one process is refused by that process, as above.
@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.plan import Plan
+    from coldbench.engine.plan import Plan
 
 DEVICE_MEMORY_ENV = "COLDBENCH_DEVICE_MEMORY_BYTES"
 PEER_PROCESSES_ENV = "COLDBENCH_PEER_PROCESSES"
@@ -206,7 +206,7 @@ def device_memory() -> DeviceMemory:
         return DeviceMemory(value, DEVICE_MEMORY_ENV)
     import mlx.core as mx
 
-    from engine.backend import detect_backend
+    from coldbench.engine.backend import detect_backend
 
     backend = detect_backend()
     if backend != "cpu":
@@ -229,7 +229,7 @@ def attention_materializes_scores(dtype: str, heads: int, kv_heads: int, head_di
     (`probe_materializes_scores`), except on the CPU. MLX's CPU backend has no fused kernel
     (tests/engine/test_memory.py probes it), and the probe costs a CPU process about 0.2 s at
     each start: 75 starts in the demo."""
-    from engine.backend import detect_backend
+    from coldbench.engine.backend import detect_backend
 
     if detect_backend() == "cpu":
         return True
@@ -299,7 +299,7 @@ def share_of(device: int | None, *, peers: int, backend: str, weights: int) -> i
 
 def chunk_tokens_of(flags: Mapping[str, Any]) -> int:
     """The prefill chunk a variant's flags ask for (the engine's default otherwise)."""
-    from engine.flags import Flags  # fastpaths/ and mlx: not for the worker's imports
+    from coldbench.engine.flags import Flags  # kernels/ and mlx: not for the worker's imports
 
     step_flag = {k: v for k, v in flags.items() if k == "prefill_step_size"}
     try:
@@ -314,7 +314,7 @@ def weights_bytes(path: Path) -> int:
 
 class MemoryGuard:
     """Refuses contexts whose estimate exceeds the device's memory; `check` is a ContextCheck
-    of engine.prompts (run on every context before its cell)."""
+    of coldbench.engine.prompts (run on every context before its cell)."""
 
     def __init__(
         self,
@@ -339,7 +339,7 @@ class MemoryGuard:
     def for_checkpoint(cls, path: Path | str, *, chunk_tokens: int) -> MemoryGuard:
         """From config.json and the weight files' sizes: nothing is loaded."""
         path = Path(path)
-        if not path.is_dir():  # the same words as engine.checkpoints' load
+        if not path.is_dir():  # the same words as coldbench.engine.checkpoints' load
             raise ValueError(f"checkpoint {path} does not exist or is not a directory")
         if not (path / "config.json").is_file():
             raise ValueError(f"checkpoint {path} has no config.json")
@@ -357,7 +357,7 @@ class MemoryGuard:
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{path / 'config.json'} lacks the attention shape: {error}") from None
         dtype = {4: "float32", 2: "bfloat16"}[itemsize(config)]
-        from engine.backend import detect_backend
+        from coldbench.engine.backend import detect_backend
 
         return cls(
             config,
@@ -560,7 +560,7 @@ def variant_needs(
 
 
 def main() -> int:
-    """`python -m engine.memory`: reads {"model", "variants": {name: flags}, "contexts",
+    """`python -m coldbench.engine.memory`: reads {"model", "variants": {name: flags}, "contexts",
     "residency"} on stdin, prints the run's MemoryPlan as one JSON line. The orchestrator runs
     it in a process of its own so that it never touches the device itself (a CUDA context held
     by the orchestrator would sit beside every variant process of the run)."""

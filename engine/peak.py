@@ -1,4 +1,4 @@
-"""The CPU's peak FLOP rate, measured: `python -m engine.peak` prints one JSON line.
+"""The CPU's peak FLOP rate, measured: `python -m coldbench.engine.peak` prints one JSON line.
 
 No table can say what a host's CPU reaches through MLX (cores, vector units, the BLAS it
 links, what else the host runs), so the worker measures it before a CPU run's provenance is

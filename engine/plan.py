@@ -1,4 +1,4 @@
-"""The plan of one variant process (`python -m engine.runner --plan PLAN.json`).
+"""The plan of one variant process (`python -m coldbench.engine.runner --plan PLAN.json`).
 
 ```json
 {"run_id": "r-1", "variant": "base", "adapter": "embedded", "model": "/abs/checkpoint",
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.corpus import BUILTIN, check_corpus_name
+from coldbench.engine.corpus import BUILTIN, check_corpus_name
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 DEFAULT_WARMUP_TOKENS = 256
@@ -204,7 +204,7 @@ class Plan:
 
 
 _OPTION_KEYS = {"value", "argv", "env", "proof"}
-# What engine.judge needs to judge an option at each context (evidence/options.py).
+# What coldbench.engine.judge needs to judge an option at each context (evidence/options.py).
 _OPTION_JUDGED = {"stock", "prefill_step", "proof_template"}
 
 

@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine import corpus as corpora
+from coldbench.engine import corpus as corpora
 
 if TYPE_CHECKING:
-    from engine.plan import Plan
+    from coldbench.engine.plan import Plan
 
 PROMPT_VERSION = "coldbench-prompt/2"
 _CLASSES = 9
@@ -179,7 +179,8 @@ class PromptSource:
         cls, plan: Plan, tokenizer: Any, config: Mapping[str, Any], *, checks=()
     ) -> PromptSource:
         """The source a variant process uses: the plan's corpus, the model's position limit,
-        and `checks` (e.g. engine.memory's estimate) run on every context before its cell."""
+        and `checks` (e.g. coldbench.engine.memory's estimate) run on every context before its
+        cell."""
         return cls.from_tokenizer(
             tokenizer,
             max_tokens=config.get("max_position_embeddings"),

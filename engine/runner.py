@@ -1,4 +1,4 @@
-"""The variant process: `python -m engine.runner --plan PLAN.json`.
+"""The variant process: `python -m coldbench.engine.runner --plan PLAN.json`.
 
 Loads the model once, runs one discarded warm-up per context of the plan (records with status
 `warmup`, round -1, on prompts never measured: kernels compile per shape, so the first timed
@@ -44,20 +44,20 @@ import threading
 import time
 from typing import IO, Any
 
-from engine import lean
-from engine.canary import (
+from coldbench.engine import lean
+from coldbench.engine.canary import (
     CANARY_ORDER,
     CANARY_REASON,
     CANARY_ROUND,
     canary_context,
     canary_requested,
 )
-from engine.memory import release_cached_buffers
-from engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, CellRequest, Plan
-from engine.record import CellRecord, Measurement, clip, now_iso, one_line
-from engine.telemetry import GpuTelemetry
+from coldbench.engine.memory import release_cached_buffers
+from coldbench.engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, CellRequest, Plan
+from coldbench.engine.record import CellRecord, Measurement, clip, now_iso, one_line
+from coldbench.engine.telemetry import GpuTelemetry
 
-log = logging.getLogger("engine.runner")
+log = logging.getLogger("coldbench.engine.runner")
 
 
 class VariantProcess:
@@ -80,7 +80,7 @@ class VariantProcess:
         order = -1 if warmup else CANARY_ORDER if canary else request.order
         started_at = now_iso()
         if self.telemetry is None:
-            from engine.backend import detect_backend
+            from coldbench.engine.backend import detect_backend
 
             self.telemetry = GpuTelemetry.open(detect_backend())
         before = self.telemetry.start()
@@ -122,9 +122,9 @@ class VariantProcess:
         self._append(record)
         if not (warmup or canary):  # these travel in the ready event: stdout starts with "ready"
             self.emit({"event": "record", "record": record})
-        # Between cells this process holds only its weights (engine.memory). After the record
-        # is out: a device error here (a CUDA context broken by the cell) ends the process, so
-        # the orchestrator starts a fresh instance for this variant's next cells (at most the
+        # Between cells this process holds only its weights (coldbench.engine.memory). After the
+        # record is out: a device error here (a CUDA context broken by the cell) ends the process,
+        # so the orchestrator starts a fresh instance for this variant's next cells (at most the
         # next one is lost, as "process gone") instead of every later cell failing in it.
         release_cached_buffers()
         return record
@@ -191,8 +191,9 @@ def _error_line(out: IO[str], error: BaseException) -> int:
 
 def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
     """The variant process. `own_process` (the `python -m` entry): this interpreter is the
-    runner's alone, so it may import mlx-lm lean (engine.lean) and end when its parent does."""
-    parser = argparse.ArgumentParser(prog="python -m engine.runner", description=__doc__)
+    runner's alone, so it may import mlx-lm lean (coldbench.engine.lean) and end when its parent
+    does."""
+    parser = argparse.ArgumentParser(prog="python -m coldbench.engine.runner", description=__doc__)
     parser.add_argument("--plan", required=True, help="plan JSON file")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -206,10 +207,10 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
         watch_parent()
     try:
         plan = Plan.load(args.plan)
-        # Decided before anything imports mlx_lm (engine.lean): no transformers here.
+        # Decided before anything imports mlx_lm (coldbench.engine.lean): no transformers here.
         if own_process and lean.is_lean_plan(plan.adapter, plan.model):
             lean.install()
-        from engine.adapters import create_adapter
+        from coldbench.engine.adapters import create_adapter
 
         adapter = create_adapter(plan)
         prepare = getattr(adapter, "prepare", None)

@@ -24,6 +24,6 @@ lazy import to dodge a cycle.
 May import: pydantic, scipy, numpy, jinja2, plotly, typer (its `verify` and `compare`
 commands, the spec options' declarations), httpx (`compare` fetching an evidence URL's zip)
 and the standard library. Never `api/`, `worker/`, `web/`, `engine/`,
-`fastpaths/` or `coldbench/`: both sides of the worker protocol import this package, so it must
+`kernels/` or `coldbench/`: both sides of the worker protocol import this package, so it must
 stay free of either (import-linter contracts in pyproject.toml enforce it).
 """

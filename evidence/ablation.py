@@ -2,8 +2,8 @@
 
 For each feature f and context, the paired ratio of `all` over `all-minus-f` (same run, round
 and context, so the same prompt): above 1 means removing f makes the candidate slower, i.e. f
-earns speed. Verdicts follow `evidence.stats` (Bonferroni across the ablation entries as one
-family).
+earns speed. Verdicts follow `coldbench.evidence.stats` (Bonferroni across the ablation entries as
+one family).
 These contributions are measured with every other feature on; they interact and do not add up
 to the `all` over `none` ratio.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evidence.stats import CellIndex, StatsOptions, compare_variants, finish
-from evidence.summary_schema import Ablation, AblationEntry
-from evidence.variant import ABLATION_ALL, minus_variant_name
+from coldbench.evidence.stats import CellIndex, StatsOptions, compare_variants, finish
+from coldbench.evidence.summary_schema import Ablation, AblationEntry
+from coldbench.evidence.variant import ABLATION_ALL, minus_variant_name
 
 ABLATION_NOTE = (
     "Each ratio is all / all-minus-<feature>: what removing that one feature costs with every "

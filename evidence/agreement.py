@@ -1,8 +1,8 @@
 """Do hosts agree? A test of their difference, for one job measured on several hosts.
 
 Each host's result at a comparison (context, variant against the baseline) is its ratio with
-its interval, as its own run's statistics made them (evidence.stats), read through the typed
-fields of `Comparison` or `ReproductionRun`: `ratio_median`, `ci_low`, `ci_high`, the
+its interval, as its own run's statistics made them (coldbench.evidence.stats), read through the
+typed fields of `Comparison` or `ReproductionRun`: `ratio_median`, `ci_low`, `ci_high`, the
 interval's level (`interval_level`; the confidence level where a summary does not say) and the
 independent units (`blocks`, else `n`). On the log scale a host's estimate is y = ln(ratio)
 with standard error se = (ln ci_high - ln ci_low) / (2 t), t the quantile of its interval's
@@ -35,7 +35,7 @@ intervals can overlap while the hosts differ by more than either interval's widt
 difference's interval is only sqrt(2) times wider, not 2 times), and overlap grows more likely
 the noisier the hosts, so a noisy host "agreed" with everything.
 
-May import: `evidence.summary_schema`, scipy, the standard library.
+May import: `coldbench.evidence.summary_schema`, scipy, the standard library.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from evidence.summary_schema import HostAgreement, HostDifference
+from coldbench.evidence.summary_schema import HostAgreement, HostDifference
 
 CONFIDENCE_LEVEL = 0.95
 ALPHA = 0.05
-# Yuen's interval of evidence.stats trims 20% of the units at each end (h - 1 df, h kept).
+# Yuen's interval of coldbench.evidence.stats trims 20% of the units at each end (h - 1 df, h kept).
 TRIM = 0.2
 RULE = (
     "hosts disagree where Welch's test of their log ratios (Cochran's Q read as Welch's F, each "

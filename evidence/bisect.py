@@ -17,7 +17,7 @@ every round; its ratios are mid / lo and hi / lo with their 95% intervals. The s
   `lo` -> `found`; and `mid` like `hi` where `mid` is lo's child -> `found` at `mid` (the next
   step would measure that very pair again);
 - hi's or mid's interval below 95% (too few pairs or process pairs for one, `ci_level` set,
-  `evidence.stats`) decides nothing -> `too few pairs`, and the bisection stops saying how
+  `coldbench.evidence.stats`) decides nothing -> `too few pairs`, and the bisection stops saying how
   many it had and how many a decision needs.
 
 One rule in one place: a step's commits are `BisectSpec.step_commits` of its `line`, its
@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from evidence.schemas import BisectStep, JobSpec, Provenance
-from evidence.stats import MIN_PAIRS, intervals_overlap
-from evidence.summary_schema import (
+from coldbench.evidence.schemas import BisectStep, JobSpec, Provenance
+from coldbench.evidence.stats import MIN_PAIRS, intervals_overlap
+from coldbench.evidence.summary_schema import (
     Bisect,
     BisectStepEntry,
     Comparison,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evidence.schemas import Provenance
-from evidence.summary_schema import MlxBuild, MlxBuilds
+from coldbench.evidence.schemas import Provenance
+from coldbench.evidence.summary_schema import MlxBuild, MlxBuilds
 
 DIFFERENT_BUILDS = "variants ran different MLX builds"
 

@@ -28,12 +28,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from evidence.boundary import strict_json_loads
-from evidence.canonical import canonical_json, sha256_hex
-from evidence.markdown import render_summary_md
-from evidence.records import RECORDS_FILE, parse_records, records_bytes
-from evidence.report import render_report_html
-from evidence.schemas import (
+from coldbench.evidence.boundary import strict_json_loads
+from coldbench.evidence.canonical import canonical_json, sha256_hex
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.records import RECORDS_FILE, parse_records, records_bytes
+from coldbench.evidence.report import render_report_html
+from coldbench.evidence.schemas import (
     FileEntry,
     JobSpec,
     Manifest,
@@ -42,10 +42,10 @@ from evidence.schemas import (
     error_line,
     is_valid_name,
 )
-from evidence.stats import N_RESAMPLES
-from evidence.summary import summarize
-from evidence.summary_schema import Summary, first_difference, summary_json_bytes
-from evidence.timeline import Timeline, is_timeline_file, timeline_file_name
+from coldbench.evidence.stats import N_RESAMPLES
+from coldbench.evidence.summary import summarize
+from coldbench.evidence.summary_schema import Summary, first_difference, summary_json_bytes
+from coldbench.evidence.timeline import Timeline, is_timeline_file, timeline_file_name
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ job (a, b, p). Their summaries reduce to a `HostCalibration`:
 - `variance` and `noise`: one analysis of variance of every run's paired log ratios by process
   pair (`VarianceSums`), and what it gives this host's runs (`HostNoise`): the process-pair
   component with its one-sided 95% upper bound and the spread within process pairs. A runs'
-  statistics count pairs with the design effect that bound implies (evidence.stats), and its
-  blocks are as long as the bound makes cheapest (`block_length`). Each calibration job's
+  statistics count pairs with the design effect that bound implies (coldbench.evidence.stats), and
+  its blocks are as long as the bound makes cheapest (`block_length`). Each calibration job's
   verdicts use the noise of the other runs only, so no job is judged by a bound it set.
 
 The agent reports it to the server (`PUT /api/v1/workers/calibration`) and /hosts shows it.
@@ -33,10 +33,10 @@ from typing import Any, Final, Literal
 import numpy as np
 from pydantic import ConfigDict, Field
 
-from evidence.boundary import Checked, Paragraph
-from evidence.schemas import FlagValue, HostInfo, HostNoise
-from evidence.spec_text import flags_text
-from evidence.summary_schema import Summary, decisive_interval
+from coldbench.evidence.boundary import Checked, Paragraph
+from coldbench.evidence.schemas import FlagValue, HostInfo, HostNoise
+from coldbench.evidence.spec_text import flags_text
+from coldbench.evidence.summary_schema import Summary, decisive_interval
 
 CALIBRATION_SCHEMA: Final = "coldbench.calibration/1"
 CLAIMS = ("faster", "slower")
@@ -49,8 +49,8 @@ MIN_CALIBRATED_BLOCKS = 10
 
 def _f_distribution() -> Any:
     """scipy's F distribution, imported on first use: this module is part of the worker
-    protocol's types (evidence.protocol), which every API process, Celery worker and command
-    imports at start, and scipy.stats costs more than the rest of their imports together."""
+    protocol's types (coldbench.evidence.protocol), which every API process, Celery worker and
+    command imports at start, and scipy.stats costs more than the rest of their imports together."""
     from scipy import stats
 
     return stats.f
@@ -185,7 +185,7 @@ class CalibrationComparison(_Strict):
     ci_low: float | None = None
     ci_high: float | None = None
     verdict: str
-    # below the confidence level only (too few pairs for it): evidence.stats
+    # below the confidence level only (too few pairs for it): coldbench.evidence.stats
     ci_level: float | None = None
 
 
@@ -225,7 +225,7 @@ class HostCalibration(_Strict):
     resolvable: float | None = Field(None, ge=0)
     between_process_sd: float | None = Field(None, ge=0)
     # The variance components of every run's comparisons and the noise they give this host's
-    # runs (evidence.schemas.HostNoise); None in results from before they were kept.
+    # runs (coldbench.evidence.schemas.HostNoise); None in results from before they were kept.
     variance: VarianceSums | None = None
     noise: HostNoise | None = None
     jobs: list[CalibrationJob] = Field(default_factory=list, max_length=1000)

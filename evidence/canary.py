@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evidence.schemas import CANARY_ROUND, Record
-from evidence.summary_schema import Canary, CanaryCell
+from coldbench.evidence.schemas import CANARY_ROUND, Record
+from coldbench.evidence.summary_schema import Canary, CanaryCell
 
 CANARY_RULE = (
     "one cell per run is warm on purpose (the first half of its prompt already in the KV "

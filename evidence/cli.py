@@ -29,7 +29,7 @@ def verify(
     `--recompute` also checks that summary.json follows from records.jsonl; `--expect ID`
     that the bundle's evidence id is ID (a bundle swapped for another intact one fails).
     """
-    from evidence.bundle import verify_bundle
+    from coldbench.evidence.bundle import verify_bundle
 
     result = verify_bundle(path, recompute=recompute, expect=expect)
     if result.is_intact:
@@ -54,7 +54,7 @@ def compare(
     Exits 0 when the hosts agree wherever tested, 1 when they disagree somewhere, 2 when the
     sources cannot be compared (unreadable, altered, or different jobs: what differs is said).
     """
-    from evidence.compare import (
+    from coldbench.evidence.compare import (
         CompareError,
         compare_hosts,
         comparison_lines,

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from evidence.schemas import CommitTreePlan, JobSpec, Provenance, TargetInfo
-from evidence.stats import CellIndex, StatsOptions, compare_variants, finish
-from evidence.summary_schema import (
+from coldbench.evidence.schemas import CommitTreePlan, JobSpec, Provenance, TargetInfo
+from coldbench.evidence.stats import CellIndex, StatsOptions, compare_variants, finish
+from coldbench.evidence.summary_schema import (
     CommitMarginal,
     CommitRef,
     Commits,

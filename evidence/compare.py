@@ -8,7 +8,7 @@ Hosts are compared only when they measured the same job: the job spec with each 
 pinned to the commit it measured (`pinned_spec`: a branch may have moved since), the model's
 digests and the prompts' digest (`job_identity`). Otherwise the comparison is refused naming
 what differs. Per comparison (context, variant against the baseline) each host's ratio and
-interval sit side by side with the test of their difference (evidence.agreement), and each
+interval sit side by side with the test of their difference (coldbench.evidence.agreement), and each
 host's fingerprint, software and MLX build beside them.
 
 May import: the layers below (`bundle`, `markdown`, `agreement`, ...), httpx (an evidence
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evidence.agreement import HostResult, Outcome, host_agreement
-from evidence.bundle import (
+from coldbench.evidence.agreement import HostResult, Outcome, host_agreement
+from coldbench.evidence.bundle import (
     JOB_FILE,
     PROVENANCE_FILE,
     SUMMARY_JSON_FILE,
@@ -37,13 +37,13 @@ from evidence.bundle import (
     summary_of,
     verify_files,
 )
-from evidence.canonical import sha256_json
-from evidence.markdown import reproduction_machines
-from evidence.reproduction import host_result
-from evidence.schemas import JobSpec, Provenance
-from evidence.summary import host_names
-from evidence.summary_schema import Summary, Verdict, first_difference
-from evidence.variant import baseline_name
+from coldbench.evidence.canonical import sha256_json
+from coldbench.evidence.markdown import reproduction_machines
+from coldbench.evidence.reproduction import host_result
+from coldbench.evidence.schemas import JobSpec, Provenance
+from coldbench.evidence.summary import host_names
+from coldbench.evidence.summary_schema import Summary, Verdict, first_difference
+from coldbench.evidence.variant import baseline_name
 
 EVIDENCE_URL = re.compile(r"^(https?://[^\s?#]+)/e/([0-9a-f]{16,64})(?:\.(?:zip|html|md|json))?/?$")
 REPRODUCES_FILE = "reproduces.json"

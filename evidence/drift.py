@@ -27,15 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from evidence.schemas import Record
-from evidence.stats import (
+from coldbench.evidence.schemas import Record
+from coldbench.evidence.stats import (
     CellIndex,
     StatsOptions,
     comparison_seed,
     interval_level,
     median_interval,
 )
-from evidence.summary_schema import (
+from coldbench.evidence.summary_schema import (
     Bracketing,
     Comparison,
     ContextDrift,

@@ -17,8 +17,8 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from evidence.schemas import JobSpec, SpecError
-from evidence.spec_text import FlagValue, parse_feature
+from coldbench.evidence.schemas import JobSpec, SpecError
+from coldbench.evidence.spec_text import FlagValue, parse_feature
 
 FlagKind = Literal["step", "bool"]
 # The widest chunk engine/flags.py accepts (its MAX_PREFILL_STEP).
@@ -30,7 +30,7 @@ EMBEDDED_FLAGS: Final[dict[str, FlagKind]] = {
     "fused_swiglu": "bool",
     "fused_add_rms_norm": "bool",
 }
-# Flags that run the fast paths of fastpaths/: a compiled layer step would hide their dispatch
+# Flags that run the fast paths of kernels/: a compiled layer step would hide their dispatch
 # counts.
 FAST_PATH_FLAGS: Final = ("fused_swiglu", "fused_add_rms_norm")
 ADAPTER_FLAGS: Final[dict[str, dict[str, FlagKind]]] = {

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evidence.builds import builds_caveats
-from evidence.canary import canary_caveats
-from evidence.schemas import Provenance, TargetInfo
-from evidence.spec_text import flags_text
-from evidence.summary_schema import Comparison, Summary
-from evidence.telemetry import telemetry_caveats
+from coldbench.evidence.builds import builds_caveats
+from coldbench.evidence.canary import canary_caveats
+from coldbench.evidence.schemas import Provenance, TargetInfo
+from coldbench.evidence.spec_text import flags_text
+from coldbench.evidence.summary_schema import Comparison, Summary
+from coldbench.evidence.telemetry import telemetry_caveats
 
 # More variants than this are named by count (an ablation's none, all and all-minus-f).
 _MAX_NAMED = 6

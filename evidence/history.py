@@ -8,8 +8,8 @@ is the first of them, at ratio 1 exactly: the first commit measured is a step af
 its verdict against the reference is `faster` or `slower` (the A/B rule: its interval,
 corrected for the matrix, off 1), so a change at the first commit is found too. Commits that
 did not build or load are listed with the reason and skipped, and so is, for the step rule, a
-commit with too few pairs for an interval (`evidence.stats`); the next measured commit is the
-neighbour.
+commit with too few pairs for an interval (`coldbench.evidence.stats`); the next measured commit is
+the neighbour.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from evidence.schemas import JobSpec, Provenance, TargetInfo
-from evidence.stats import intervals_overlap
-from evidence.summary_schema import (
+from coldbench.evidence.schemas import JobSpec, Provenance, TargetInfo
+from coldbench.evidence.stats import intervals_overlap
+from coldbench.evidence.summary_schema import (
     CommitRef,
     Comparison,
     History,

@@ -25,15 +25,15 @@ from typing import Any, Final, get_args
 
 from pydantic import ValidationError
 
-from evidence.engine_flags import flag_problems
-from evidence.schemas import (
+from coldbench.evidence.engine_flags import flag_problems
+from coldbench.evidence.schemas import (
     REF_PATTERN,
     JobSpec,
     Mode,
     SpecError,
     SpecLimits,
 )
-from evidence.spec_text import (
+from coldbench.evidence.spec_text import (
     TARGET_KEYS,
     flag_text,
     parse_context,
@@ -759,7 +759,7 @@ def default_rounds(spec: JobSpec) -> int:
     pairs at each end disagree with the rest (evidence/stats.py, `units_for_verdict`), whatever
     the size of the family (the interval is a t interval: more comparisons widen it, none makes
     it unreachable); measuring until decided, `BUDGET_FIRST_LOOKS` first looks."""
-    from evidence.stats import units_for_verdict
+    from coldbench.evidence.stats import units_for_verdict
 
     block = 1 if spec.fresh_process else (spec.rounds_per_process or 1)
     first = spec.first_look or units_for_verdict() * block

@@ -13,16 +13,16 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from evidence.ablation import ablation_sentence
-from evidence.bisect import bisect_sentences
-from evidence.commits import commits_sentences
-from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
-from evidence.headline import caveats
-from evidence.history import history_sentences, plural, short
-from evidence.peak import fastest_lines
-from evidence.schemas import CorpusInfo, Provenance, TargetInfo
-from evidence.spec_text import flags_text
-from evidence.summary_schema import (
+from coldbench.evidence.ablation import ablation_sentence
+from coldbench.evidence.bisect import bisect_sentences
+from coldbench.evidence.commits import commits_sentences
+from coldbench.evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
+from coldbench.evidence.headline import caveats
+from coldbench.evidence.history import history_sentences, plural, short
+from coldbench.evidence.peak import fastest_lines
+from coldbench.evidence.schemas import CorpusInfo, Provenance, TargetInfo
+from coldbench.evidence.spec_text import flags_text
+from coldbench.evidence.summary_schema import (
     Bisect,
     Bracketing,
     Canary,
@@ -41,7 +41,7 @@ from evidence.summary_schema import (
     Settings,
     Summary,
 )
-from evidence.telemetry import telemetry_lines
+from coldbench.evidence.telemetry import telemetry_lines
 
 # Anything with a median ratio and its interval: a comparison, a history point, a host's
 # reproduction, a bracketing row.
@@ -96,8 +96,8 @@ def fmt_verdict(comparison: Comparison | HistoryPoint) -> str:
 
 def rounds_costs(comparison: Comparison) -> str:
     """`~9 rounds to detect, ~90 for the precision`: what more rounds would buy an
-    inconclusive comparison, the two costs told apart (evidence.stats: detecting the change
-    observed, and an interval within +-precision); empty when neither is known."""
+    inconclusive comparison, the two costs told apart (coldbench.evidence.stats: detecting the
+    change observed, and an interval within +-precision); empty when neither is known."""
     detect, needed = comparison.rounds_to_detect, comparison.rounds_needed
     if detect and needed == detect:
         return f"~{detect} rounds to detect or for the precision"
@@ -176,8 +176,8 @@ def _phases_text(phases: PhaseTimes) -> str:
 
 
 def time_spent_lines(summary: Summary) -> list[str]:
-    """Where each run's time went, one sentence per run (evidence.timeline); none for bundles
-    without a timeline."""
+    """Where each run's time went, one sentence per run (coldbench.evidence.timeline); none for
+    bundles without a timeline."""
     if summary.timeline is None:
         return []
     several = len(summary.timeline.runs) > 1
@@ -213,7 +213,8 @@ def time_spent_lines(summary: Summary) -> list[str]:
 
 
 def in_turns_text(run: RunTime) -> str:
-    """The sentences of a run whose variants were resident one at a time (engine.memory)."""
+    """The sentences of a run whose variants were resident one at a time
+    (coldbench.engine.memory)."""
     rounds = run.rounds_per_process
     blocks = f"{run.blocks} block{'s' if run.blocks != 1 else ''}" if run.blocks else "blocks"
     of = f" of {rounds} round{'s' if rounds != 1 else ''}" if rounds else ""

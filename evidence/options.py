@@ -205,7 +205,7 @@ def resolved_options(
             "argv": argv,
             "env": env,
             "proof": option.proof_pattern(typed[name]),
-            # what the engine needs to judge the option at each context (engine.judge)
+            # what the engine needs to judge the option at each context (coldbench.engine.judge)
             "stock": option.stock,
             "prefill_step": option.prefill_step,
             "proof_template": option.proof,

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from evidence.stats import CellIndex
-from evidence.summary_schema import Parity, ParityCell, ParityCounts, ParityResult
+from coldbench.evidence.stats import CellIndex
+from coldbench.evidence.summary_schema import Parity, ParityCell, ParityCounts, ParityResult
 
 # Logit units. Reduced-precision kernels reorder sums and move logits by about 1e-2; a margin
 # under 0.1 is a near tie that such rounding can flip.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from evidence.schemas import DevicePeak, HostInfo
+from coldbench.evidence.schemas import DevicePeak, HostInfo
 
 _NVIDIA_H100 = "https://www.nvidia.com/en-us/data-center/h100/ (datasheet, BF16 Tensor Core"
 _NVIDIA_H200 = "https://www.nvidia.com/en-us/data-center/h200/ (datasheet, BF16 Tensor Core"

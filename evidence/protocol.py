@@ -14,7 +14,8 @@ The messages, in the order a host sends them (all under `API_PREFIX`, bearer-aut
   -> `ArtifactReceipt`
 - `POST /runs/{run_id}/complete` `CompleteRequest` -> `CompleteResponse`
 - `PUT /workers/calibration` `CalibrationReport` -> `CalibrationAccepted` (after `coldbench
-  calibrate`; the report is the result file itself, `evidence.calibration.HostCalibration`)
+  calibrate`; the report is the result file itself,
+  `coldbench.evidence.calibration.HostCalibration`)
 
 Errors come back as `ErrorBody`: one line, and the request field it is about where there is one.
 Jobs and runs report their state as `JobState` and `RunState` (the API stores nothing else:
@@ -43,9 +44,9 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evidence.boundary import INT32_MAX, MULTILINE, Checked, Int32, Paragraph
-from evidence.calibration import HostCalibration
-from evidence.schemas import (
+from coldbench.evidence.boundary import INT32_MAX, MULTILINE, Checked, Int32, Paragraph
+from coldbench.evidence.calibration import HostCalibration
+from coldbench.evidence.schemas import (
     NAME_PATTERN,
     AdapterName,
     FlagValue,

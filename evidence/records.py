@@ -8,9 +8,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from evidence.boundary import strict_json_loads
-from evidence.canonical import canonical_json
-from evidence.schemas import Record, error_line
+from coldbench.evidence.boundary import strict_json_loads
+from coldbench.evidence.canonical import canonical_json
+from coldbench.evidence.schemas import Record, error_line
 
 RECORDS_FILE = "records.jsonl"
 

@@ -18,10 +18,10 @@ from typing import Any
 import jinja2
 from plotly import colors as plotly_colors
 
-from evidence.drift import as_utc
-from evidence.headline import caveats, compared_lines
-from evidence.history import short
-from evidence.markdown import (
+from coldbench.evidence.drift import as_utc
+from coldbench.evidence.headline import caveats, compared_lines
+from coldbench.evidence.history import short
+from coldbench.evidence.markdown import (
     ComparisonKey,
     answer_sentences,
     canary_lines,
@@ -43,10 +43,10 @@ from evidence.markdown import (
     verdict_rows,
     verify_command,
 )
-from evidence.peak import fastest_lines
-from evidence.schemas import Provenance, Record
-from evidence.spec_text import flags_text
-from evidence.summary_schema import (
+from coldbench.evidence.peak import fastest_lines
+from coldbench.evidence.schemas import Provenance, Record
+from coldbench.evidence.spec_text import flags_text
+from coldbench.evidence.summary_schema import (
     Commits,
     Comparison,
     ContextDrift,
@@ -54,7 +54,7 @@ from evidence.summary_schema import (
     Quantiles,
     Summary,
 )
-from evidence.telemetry import telemetry_lines
+from coldbench.evidence.telemetry import telemetry_lines
 
 TEMPLATES = Path(__file__).parent / "templates"
 _MAX_ROWS = 500

@@ -2,7 +2,7 @@
 
 Each run's records are analysed alone (its own pairs, corrected within the run). For each
 (context, variant) the hosts' results sit side by side with the test of their difference
-(evidence.agreement): `agree` is false where the hosts measure different effects (a host
+(coldbench.evidence.agreement): `agree` is false where the hosts measure different effects (a host
 difference, or drift) rather than noise around one effect, None where a run had too few
 pairs for a 95% interval (its `ci_level` set) and was not tested.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evidence.agreement import RULE, HostResult, host_agreement
-from evidence.stats import CellIndex, StatsOptions, compare_matrix
-from evidence.summary_schema import (
+from coldbench.evidence.agreement import RULE, HostResult, host_agreement
+from coldbench.evidence.stats import CellIndex, StatsOptions, compare_matrix
+from coldbench.evidence.summary_schema import (
     ReproductionRow,
     ReproductionRun,
     Reproductions,

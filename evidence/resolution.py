@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
-from evidence.bisect import step_spec
-from evidence.commits import commits_spec
-from evidence.history import history_spec
-from evidence.schemas import JobSpec
+from coldbench.evidence.bisect import step_spec
+from coldbench.evidence.commits import commits_spec
+from coldbench.evidence.history import history_spec
+from coldbench.evidence.schemas import JobSpec
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 

@@ -23,8 +23,16 @@ from pydantic import (
     model_validator,
 )
 
-from evidence.boundary import INT32_MAX, INT64_MAX, MULTILINE, Checked, Int32, Int64, Paragraph
-from evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, flag_text, parse_feature
+from coldbench.evidence.boundary import (
+    INT32_MAX,
+    INT64_MAX,
+    MULTILINE,
+    Checked,
+    Int32,
+    Int64,
+    Paragraph,
+)
+from coldbench.evidence.spec_text import FLAG_NAME_PATTERN, FlagValue, flag_text, parse_feature
 
 RECORD_SCHEMA: Final = "coldbench.record/1"
 EVIDENCE_FORMAT: Final = "coldbench.evidence/1"

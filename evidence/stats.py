@@ -1,8 +1,8 @@
 """Paired statistics over validated records, and the verdict rules of every comparison.
 
-The bottom layer of the statistics (above only the typed summary, `evidence.summary_schema`):
-the sections import these primitives, and `evidence.summary` assembles them; nothing here
-imports a section.
+The bottom layer of the statistics (above only the typed summary,
+`coldbench.evidence.summary_schema`): the sections import these primitives, and
+`coldbench.evidence.summary` assembles them; nothing here imports a section.
 
 Pairing. Only cells with status `ok` and round >= 0 enter statistics. A pair is the baseline's
 cell and the variant's cell of the same (run, round, context): the same prompt ids (a pair whose
@@ -46,7 +46,7 @@ Looks. A job measuring until decided (`until: decided`, `rounds` the budget) tak
 its first look's rounds (`units_for_verdict` process blocks), at each doubling and at the
 budget; look k spends alpha x (t_k^2 - t_(k-1)^2), t_k its share of the budget's rounds. The run
 stops at the first look where every prefill comparison is decided; the summary analyses the
-records of the last look reached, at that look's share (`evidence.summary.look_taken`).
+records of the last look reached, at that look's share (`coldbench.evidence.summary.look_taken`).
 
 `rounds_needed` (inconclusive only): the units at which, with the winsorized spread observed,
 the interval at this level would be about +-precision wide; `rounds_to_detect`: the units at
@@ -66,10 +66,10 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from evidence.calibration import VarianceSums
-from evidence.schemas import JobSpec, Record
-from evidence.summary_schema import Comparison, Verdict
-from evidence.variant import expand_variants
+from coldbench.evidence.calibration import VarianceSums
+from coldbench.evidence.schemas import JobSpec, Record
+from coldbench.evidence.summary_schema import Comparison, Verdict
+from coldbench.evidence.variant import expand_variants
 
 
 def _scipy_stats() -> Any:
@@ -103,7 +103,8 @@ MIN_TRIMMED_UNITS = 10
 DISSENTING_UNITS = 2
 # Looks spend alpha x t^SPENDING_POWER by information fraction t (`Looks`).
 SPENDING_POWER = 2
-# The bootstrap of the drift section's bracketing intervals (evidence.drift), not of verdicts.
+# The bootstrap of the drift section's bracketing intervals (coldbench.evidence.drift), not of
+# verdicts.
 N_RESAMPLES = 2000
 BOOTSTRAP_METHOD = "percentile"
 CORRECTION = "bonferroni"
@@ -132,7 +133,7 @@ class StatsOptions:
                 "process); the ratio shown is the interval's centre"
             ),
             "test": "the interval itself: faster above 1, slower below 1 (Yuen's trimmed t test)",
-            # The drift section's intervals (evidence.drift), not the verdicts'.
+            # The drift section's intervals (coldbench.evidence.drift), not the verdicts'.
             "bootstrap": {
                 "statistic": "median of the drift section's ratios",
                 "method": BOOTSTRAP_METHOD,

@@ -17,18 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from evidence.ablation import ablation_section
-from evidence.bisect import bisect_section
-from evidence.builds import builds_section
-from evidence.canary import canary_invalidations, canary_section
-from evidence.commits import commits_section
-from evidence.drift import drift_section
-from evidence.history import history_section
-from evidence.parity import PARITY_MARGIN_THRESHOLD, parity_section
-from evidence.peak import over_peak, peak_section
-from evidence.reproduction import reproduction_section
-from evidence.schemas import CANARY_ROUND, JobSpec, Provenance, Record
-from evidence.stats import (
+from coldbench.evidence.ablation import ablation_section
+from coldbench.evidence.bisect import bisect_section
+from coldbench.evidence.builds import builds_section
+from coldbench.evidence.canary import canary_invalidations, canary_section
+from coldbench.evidence.commits import commits_section
+from coldbench.evidence.drift import drift_section
+from coldbench.evidence.history import history_section
+from coldbench.evidence.parity import PARITY_MARGIN_THRESHOLD, parity_section
+from coldbench.evidence.peak import over_peak, peak_section
+from coldbench.evidence.reproduction import reproduction_section
+from coldbench.evidence.schemas import CANARY_ROUND, JobSpec, Provenance, Record
+from coldbench.evidence.stats import (
     DEFAULT_PRECISION,
     MIN_PAIRS,
     N_RESAMPLES,
@@ -38,7 +38,7 @@ from evidence.stats import (
     compare_matrix,
     job_looks,
 )
-from evidence.summary_schema import (
+from coldbench.evidence.summary_schema import (
     PROCESS_BLOCK_SETTINGS,
     SUMMARY_FORMAT,
     Comparison,
@@ -54,9 +54,14 @@ from evidence.summary_schema import (
     Summary,
     decisive_interval,
 )
-from evidence.telemetry import telemetry_section
-from evidence.timeline import Timeline, timeline_section
-from evidence.variant import ablation_features, baseline_name, expand_variants, parse_feature
+from coldbench.evidence.telemetry import telemetry_section
+from coldbench.evidence.timeline import Timeline, timeline_section
+from coldbench.evidence.variant import (
+    ablation_features,
+    baseline_name,
+    expand_variants,
+    parse_feature,
+)
 
 
 def _quantiles(values: Sequence[float]) -> Quantiles | None:
@@ -212,8 +217,8 @@ class LookTaken:
 
 
 def look_taken(spec: JobSpec, records: Sequence[Record], alpha: float) -> LookTaken:
-    """The look these records of `spec` reach (evidence.stats `Looks`): a run that stops early
-    is analysed at the last look it completed, with that look's share of alpha; records short
+    """The look these records of `spec` reach (coldbench.evidence.stats `Looks`): a run that stops
+    early is analysed at the last look it completed, with that look's share of alpha; records short
     of the first look are analysed with the first look's share."""
     looks = job_looks(spec)
     done = rounds_done(records)
@@ -312,8 +317,8 @@ def summarize(
     options = StatsOptions(precision=precision, seed=seed, n_resamples=n_resamples)
     taken: LookTaken | None = None
     if spec is not None and spec.until == "decided":
-        # Analysed at the look the records reach, at that look's share of alpha (evidence.stats
-        # `Looks`); rounds past it are not part of the verdicts.
+        # Analysed at the look the records reach, at that look's share of alpha
+        # (coldbench.evidence.stats `Looks`); rounds past it are not part of the verdicts.
         taken = look_taken(spec, records, options.alpha)
         options = replace(options, look_alpha=taken.alpha)
         records = [r for r in records if r.round < taken.rounds]

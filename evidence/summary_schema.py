@@ -1,6 +1,6 @@
 """summary.json's contract: one typed model per section, the bottom layer of the statistics.
 
-`evidence.summary.summarize` builds a `Summary` once; nothing changes it afterwards (every
+`coldbench.evidence.summary.summarize` builds a `Summary` once; nothing changes it afterwards (every
 model is frozen), and the renderers (summary.md, report.html, the service's pages, the CLI)
 read its attributes. `coldbench verify` validates a bundle's summary.json against `Summary`
 (unknown keys included: `extra="forbid"`), and `verify --recompute` compares two `Summary`
@@ -15,7 +15,7 @@ a run's timeline.json, `history`, `bisect` and `commits` only in their modes.
 `summary_json_bytes` writes exactly those (`exclude_unset`), so a summary read back from its file
 writes the same bytes.
 
-May import: pydantic, `evidence.schemas` and the standard library (nothing that computes).
+May import: pydantic, `coldbench.evidence.schemas` and the standard library (nothing that computes).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from evidence.schemas import Mode, SynthesizedTree
+from coldbench.evidence.schemas import Mode, SynthesizedTree
 
 SummaryFormat = Literal["coldbench.summary/1"]
 SUMMARY_FORMAT: Final[SummaryFormat] = "coldbench.summary/1"
@@ -86,7 +86,8 @@ PROCESS_BLOCK_SETTINGS = ProcessBlocks(
 
 
 class Sequential(_Section):
-    """The looks of a run measuring until its verdicts are decided (evidence.stats `Looks`)."""
+    """The looks of a run measuring until its verdicts are decided (coldbench.evidence.stats
+    `Looks`)."""
 
     looks: list[int]  # the rounds after which verdicts may be taken; the last is the budget
     taken: int  # how many of them the records reach
@@ -119,7 +120,8 @@ class PairRatio(_Section):
 
 
 class Comparison(_Section):
-    """One variant against the baseline at one context (evidence.stats' module docstring)."""
+    """One variant against the baseline at one context (coldbench.evidence.stats' module
+    docstring)."""
 
     context_tokens: int
     variant: str
@@ -131,7 +133,7 @@ class Comparison(_Section):
     p_value: float | None
     p_adjusted: float | None
     verdict: Verdict
-    # Inconclusive only (evidence.stats): rounds for a +-precision interval, and rounds to
+    # Inconclusive only (coldbench.evidence.stats): rounds for a +-precision interval, and rounds to
     # detect a change of the size observed; two different costs.
     rounds_needed: int | None
     ratios: list[PairRatio]
@@ -141,9 +143,9 @@ class Comparison(_Section):
     unit: str | None = None
     process_sd: float | None = None
     # The interval's real coverage, set only below the confidence level (too few units for it;
-    # evidence.stats): such an interval is labelled so and decides nothing.
+    # coldbench.evidence.stats): such an interval is labelled so and decides nothing.
     ci_level: float | None = None
-    # the interval's level for this comparison: 1 - alpha_look / m (evidence.stats)
+    # the interval's level for this comparison: 1 - alpha_look / m (coldbench.evidence.stats)
     interval_level: float | None = None
 
 
@@ -380,14 +382,14 @@ class ReproductionRun(_Section):
     verdict: Verdict
     ci_level: float | None = None
     # the run's interval level and independent units (its comparison's): the agreement test
-    # reads the run's standard error from them (evidence.agreement)
+    # reads the run's standard error from them (coldbench.evidence.agreement)
     interval_level: float | None = None
     blocks: int | None = None
 
 
 class HostDifference(_Section):
     """One host's ratio over the reference host's (the first run): the ratio of their ratios
-    with its interval (evidence.agreement)."""
+    with its interval (coldbench.evidence.agreement)."""
 
     host: str
     reference: str
@@ -397,7 +399,8 @@ class HostDifference(_Section):
 
 
 class HostAgreement(_Section):
-    """The test of the hosts' difference at one comparison (evidence.agreement): Cochran's Q
+    """The test of the hosts' difference at one comparison (coldbench.evidence.agreement): Cochran's
+    Q
         of the hosts' log ratios (df = hosts - 1), its p-value Holm-corrected over the section's
         comparisons, I^2, each host's ratio of ratios to the reference, and the test in one line
     (the row's `statement` says what it means)."""
@@ -418,7 +421,7 @@ class ReproductionRow(_Section):
     variant: str
     baseline: str
     runs: list[ReproductionRun]
-    # False where the hosts' difference is established (evidence.agreement); None where it
+    # False where the hosts' difference is established (coldbench.evidence.agreement); None where it
     # was not tested (a host without a 95% interval). Bundles before the test: intervals
     # overlap.
     agree: bool | None
@@ -447,7 +450,7 @@ class NoiseFloor(_Section):
 
 
 class PhaseTimes(_Section):
-    """Seconds waited at block starts, per phase (evidence.timeline)."""
+    """Seconds waited at block starts, per phase (coldbench.evidence.timeline)."""
 
     stop_s: float
     imports_s: float
@@ -456,7 +459,7 @@ class PhaseTimes(_Section):
 
 
 class RunTime(_Section):
-    """Where one run's time went (evidence.timeline's module docstring)."""
+    """Where one run's time went (coldbench.evidence.timeline's module docstring)."""
 
     run_id: str
     measuring_wall_s: float | None
@@ -473,7 +476,8 @@ class RunTime(_Section):
     first_block: PhaseTimes | None
     later_blocks: PhaseTimes | None
     stopped: str | None
-    # engine.memory's plan (evidence.timeline): side-by-side or in-turns, and why
+    # coldbench.engine.memory's plan (coldbench.evidence.timeline): side-by-side or in-turns, and
+    # why
     residency: str | None = None
     residency_reason: str | None = None
     # in turns: the starts within blocks (every turn but a block's first), what the turns
@@ -572,7 +576,7 @@ class StepResult(_Section):
 
 
 class BisectStepEntry(_Section):
-    """An earlier step as the job spec carried it (evidence.schemas.BisectStep)."""
+    """An earlier step as the job spec carried it (coldbench.evidence.schemas.BisectStep)."""
 
     lo: str
     mid: str | None

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from evidence.schemas import Record
-from evidence.summary_schema import RunTelemetry, Telemetry
+from coldbench.evidence.schemas import Record
+from coldbench.evidence.summary_schema import RunTelemetry, Telemetry
 
 CLOCK_DROP_PCT = 10.0
 TELEMETRY_RULE = (

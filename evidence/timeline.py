@@ -16,8 +16,8 @@ processes were started ahead, while the previous block measured), `load` (weight
 - `time_to_first_cell_s`: from the schedule's start to the first timed cell;
 - `first_block` and `later_blocks`: the phases of the first block's start (mostly before the
   measuring wall) and of all later ones (inside it), and the block length with its reason;
-- `residency` and its reason (engine.memory's plan); in turns, `turn_starts`: the phases of
-  every start within a block (a block's later turns), the time running in turns added.
+- `residency` and its reason (coldbench.engine.memory's plan); in turns, `turn_starts`: the phases
+  of every start within a block (a block's later turns), the time running in turns added.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Annotated, Final, Literal
 
 from pydantic import ConfigDict, Field
 
-from evidence.boundary import Checked
-from evidence.schemas import Name, Record
-from evidence.summary_schema import PhaseTimes, RunTime, TimelineSummary
+from coldbench.evidence.boundary import Checked
+from coldbench.evidence.schemas import Name, Record
+from coldbench.evidence.summary_schema import PhaseTimes, RunTime, TimelineSummary
 
 TIMELINE_SCHEMA: Final = "coldbench.timeline/1"
 TIMELINE_FILE: Final = "timeline.json"
@@ -88,8 +88,9 @@ class Timeline(_Strict):
     rounds_per_process: int | None = Field(None, ge=1, le=10_000)
     block_rule: str = Field("", max_length=500)
     prespawn: bool = False
-    # engine.memory's plan: every variant's process resident through a block (side-by-side)
-    # or one at a time (in-turns), and why; None for a process per cell or an older timeline
+    # coldbench.engine.memory's plan: every variant's process resident through a block
+    # (side-by-side) or one at a time (in-turns), and why; None for a process per cell or an older
+    # timeline
     residency: Literal["side-by-side", "in-turns"] | None = None
     residency_reason: str = Field("", max_length=2000)
     first_cell_s: Seconds | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from evidence.schemas import (
+from coldbench.evidence.schemas import (
     ABLATION_ALL,
     ABLATION_BASELINE,
     ABLATION_MINUS_PREFIX,
@@ -25,8 +25,8 @@ from evidence.schemas import (
     VariantSpec,
     error_line,
 )
-from evidence.spec_text import parse_feature, parse_flag_value
-from evidence.spec_text import parse_variant as parse_variant_fields
+from coldbench.evidence.spec_text import parse_feature, parse_flag_value
+from coldbench.evidence.spec_text import parse_variant as parse_variant_fields
 
 __all__ = [
     "ABLATION_ALL",

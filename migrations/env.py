@@ -9,9 +9,9 @@ from alembic import context
 from alembic.autogenerate.api import AutogenContext
 from sqlalchemy import Connection
 
-import api.models  # noqa: F401  (registers every table on Base.metadata)
-from api.database import Base, UTCDateTime, make_engine
-from api.settings import get_settings
+import coldbench.api.models  # noqa: F401  (registers every table on Base.metadata)
+from coldbench.api.database import Base, UTCDateTime, make_engine
+from coldbench.api.settings import get_settings
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -2,7 +2,9 @@
 
 Services: PostgreSQL and Redis are real (DESIGN.md); their URLs come from the environment with
 the local defaults .ci/run makes sure of. Child processes started by tests import this checkout:
-PYTHONPATH is set to the repository root for the whole session.
+PYTHONPATH is set for the whole session to a folder of links to its `coldbench` and `tests`
+(and `benchmarks`), not to the repository root, whose kernels/ (`coldbench.kernels`) would
+shadow Hugging Face's `kernels` in every child (setuptools builds fail through its entry point).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,8 +23,11 @@ if TYPE_CHECKING:
     from tests.stack import Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+IMPORT_PATH = Path(tempfile.mkdtemp(prefix="coldbench-import-path-"))
+for _package in ("coldbench", "tests", "benchmarks"):
+    (IMPORT_PATH / _package).symlink_to(REPO_ROOT / _package)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    [str(IMPORT_PATH), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
 )
 POSTGRES_URL = os.environ.get(
     "COLDBENCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -102,9 +108,10 @@ def coldbench_cmd() -> list[str]:
 
 @pytest.fixture(scope="session")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session's folder of synthetic checkpoints, where `engine.checkpoints.resolve_model`
-    looks for `preset:NAME`: COLDBENCH_MODEL_DIR (inherited by child processes) points at it, so
-    a preset resolves to the checkpoint a fixture wrote instead of one under the home folder."""
+    """The session's folder of synthetic checkpoints, where
+    `coldbench.engine.checkpoints.resolve_model` looks for `preset:NAME`: COLDBENCH_MODEL_DIR
+    (inherited by child processes) points at it, so a preset resolves to the checkpoint a fixture
+    wrote instead of one under the home folder."""
     root = tmp_path_factory.mktemp("models")
     os.environ["COLDBENCH_MODEL_DIR"] = str(root)
     return root
@@ -132,7 +139,7 @@ def _session_preset(preset: str, model_root: Path) -> Path:
     """The preset's checkpoint in the session's folder, resolved as `preset:NAME` is everywhere:
     written on first use, reused when a test's child process (an ablation, a demo) wrote it
     first."""
-    from engine.checkpoints import resolve_model
+    from coldbench.engine.checkpoints import resolve_model
 
     path = resolve_model(f"preset:{preset}", {})
     assert path.parent == model_root, path
@@ -279,46 +286,63 @@ ENGINE_STEP_NEW = "    prefill_step_size: int = 64  # coldbench test branch\n"
 SWIGLU_ON_BRANCH = "fused-swiglu-on"
 SWIGLU_OLD = "    fused_swiglu: bool = False\n"
 SWIGLU_NEW = "    fused_swiglu: bool = True  # coldbench test branch\n"
-# A commit as this repository was before `kernels/` became `fastpaths/`: the same code under the
-# old package name, imported as `kernels` (engine.fastpaths, a module of engine, kept its name).
+# Commits as this repository was before the move to one namespace: the same engine as the
+# top-level packages `engine` and `fastpaths` (PRE_MOVE_BRANCH), and before that package's
+# rename as `engine` and `kernels` (PRE_RENAME_BRANCH); `coldbench.engine.fastpaths`, a module
+# of the engine, kept its name throughout.
+PRE_MOVE_BRANCH = "fastpaths-name"
 PRE_RENAME_BRANCH = "kernels-name"
-_FAST_PATH_IMPORT = re.compile(r"(?<![\w./])fastpaths(?![\w/])")
+# The namespace's imports as a tree from before the move wrote them.
+_NAMESPACE_IMPORT = re.compile(r"(?<![\w.])coldbench\.(engine|kernels|evidence)\b")
+_NAMESPACE_FROM_IMPORT = re.compile(r"(?m)^(\s*)from coldbench import ")
+# `kernels` as a module reference (not the word in prose), for the `fastpaths` of PRE_MOVE_BRANCH.
+_FAST_PATH_MODULE = re.compile(r"(?<![\w./`'\"])kernels\b(?=[.,)\n]|\s+import\b)")
+_COPIED = ("engine", "kernels", "evidence")
 
 
 @pytest.fixture(scope="session")
 def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, str]]:
     """A small git copy of this repository's engine, as a branch of it would look.
 
-    `engine/`, `fastpaths/` and `evidence/` of this checkout plus a minimal pyproject.toml
-    (`pip install -e .` works) on branch `main`; branch `step-64` changes one engine flag's
-    default (`Flags.prefill_step_size` 2048 -> 64, see ENGINE_STEP_*); branch
-    `fused-swiglu-on` turns a fast path on by default; branch `kernels-name`
-    (PRE_RENAME_BRANCH) has `fastpaths/` under its old name `kernels/`. Returns (repository
-    path, (main, step-64)).
+    `engine/`, `kernels/` and `evidence/` of this checkout, `coldbench/` linking them as this
+    repository does, and a minimal pyproject.toml (`pip install -e .` works) on branch `main`;
+    branch `step-64` changes one engine flag's default (`Flags.prefill_step_size` 2048 -> 64, see
+    ENGINE_STEP_*); branch `fused-swiglu-on` turns a fast path on by default; branch
+    `fastpaths-name` (PRE_MOVE_BRANCH) is the tree before the move, top-level `engine` and
+    `fastpaths`, and branch `kernels-name` (PRE_RENAME_BRANCH) the tree before that package's
+    rename, top-level `engine` and `kernels`. Returns (repository path, (main, step-64)).
     """
     import shutil
     import subprocess
 
     repo = tmp_path_factory.mktemp("coldbench-repo")
-    for package in ("engine", "fastpaths", "evidence"):
+    for package in _COPIED:
         shutil.copytree(
             REPO_ROOT / package,
             repo / package,
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
         )
-    (repo / "pyproject.toml").write_text(
-        "[build-system]\n"
-        'requires = ["setuptools>=68"]\n'
-        'build-backend = "setuptools.build_meta"\n\n'
-        "[project]\n"
-        'name = "coldbench-engine-copy"\n'
-        'version = "0.0.1"\n'
-        'requires-python = ">=3.11"\n\n'
-        "[tool.setuptools.packages.find]\n"
-        'include = ["engine*", "fastpaths*", "evidence*"]\n\n'
-        "[tool.setuptools.package-data]\n"
-        '"*" = ["*.j2", "*.json"]\n'
-    )
+    (repo / "coldbench").mkdir()
+    (repo / "coldbench" / "__init__.py").write_text('"""A copy of coldbench\'s engine."""\n')
+    for package in _COPIED:
+        (repo / "coldbench" / package).symlink_to(f"../{package}")
+
+    def pyproject(*include: str) -> None:
+        (repo / "pyproject.toml").write_text(
+            "[build-system]\n"
+            'requires = ["setuptools>=68"]\n'
+            'build-backend = "setuptools.build_meta"\n\n'
+            "[project]\n"
+            'name = "coldbench-engine-copy"\n'
+            'version = "0.0.1"\n'
+            'requires-python = ">=3.11"\n\n'
+            "[tool.setuptools.packages.find]\n"
+            f"include = {list(include)!r}\n\n".replace("'", '"')
+            + "[tool.setuptools.package-data]\n"
+            '"*" = ["*.j2", "*.json"]\n'
+        )
+
+    pyproject("coldbench*")
 
     def git(*args: str) -> None:
         subprocess.run(
@@ -345,17 +369,32 @@ def coldbench_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tupl
     assert text.count(SWIGLU_OLD) == 1, "engine.flags default fused_swiglu not found"
     flags_py.write_text(text.replace(SWIGLU_OLD, SWIGLU_NEW))
     git("commit", "-q", "-am", "Embedded engine: fused_swiglu on by default")
+    # Before the move: no coldbench/, the packages imported by their top-level names.
     git("checkout", "-q", "-b", PRE_RENAME_BRANCH, "main")
-    git("mv", "fastpaths", "kernels")
+    git("rm", "-q", "-r", "coldbench")
     renamed = 0
-    for source in [*(repo / "engine").rglob("*.py"), *(repo / "kernels").rglob("*.py")]:
+    for package in _COPIED:
+        for source in (repo / package).rglob("*.py"):
+            text = source.read_text()
+            old_text = _NAMESPACE_FROM_IMPORT.sub(r"\1import ", _NAMESPACE_IMPORT.sub(r"\1", text))
+            renamed += old_text != text
+            source.write_text(old_text)
+    assert renamed, "no import of the coldbench namespace found to undo"
+    pyproject("engine*", "kernels*", "evidence*")
+    git("add", "-A")
+    git("commit", "-q", "-m", "The engine as it was before the move: top-level engine/, kernels/")
+    git("checkout", "-q", "-b", PRE_MOVE_BRANCH)
+    git("mv", "kernels", "fastpaths")
+    renamed = 0
+    for source in [*(repo / "engine").rglob("*.py"), *(repo / "fastpaths").rglob("*.py")]:
         text = source.read_text()
-        old_text = _FAST_PATH_IMPORT.sub("kernels", text)
+        old_text = _FAST_PATH_MODULE.sub("fastpaths", text)
+        # the name its process reported the package's file under (`software.files`)
+        old_text = old_text.replace('"kernels": fastpaths', '"fastpaths": fastpaths')
         renamed += old_text != text
         source.write_text(old_text)
-    assert renamed, "no import of fastpaths found to rename"
-    pyproject = repo / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace('"fastpaths*"', '"kernels*"'))
-    git("commit", "-q", "-am", "The fast-path package as it was named before: kernels/")
+    assert renamed, "no import of kernels found to rename"
+    pyproject("engine*", "fastpaths*", "evidence*")
+    git("commit", "-q", "-am", "The fast-path package as it was named before the move: fastpaths/")
     git("checkout", "-q", "main")
     return repo, ("main", "step-64")

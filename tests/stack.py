@@ -30,8 +30,8 @@ import httpx
 import redis
 import sqlalchemy as sa
 
+from coldbench.evidence.protocol import JobState
 from coldbench.processes import Child, Children, free_port, run_cli, stop_process, wait_healthy
-from evidence.protocol import JobState
 from tests.conftest import POSTGRES_URL, REDIS_URL
 
 __all__ = [
@@ -69,7 +69,7 @@ def fresh_postgres_database() -> Iterator[str]:
         connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
     url = sa.engine.make_url(POSTGRES_URL).set(database=name).render_as_string(False)
     try:
-        from api.database import upgrade_database
+        from coldbench.api.database import upgrade_database
 
         upgrade_database(url)
         yield url
@@ -313,7 +313,7 @@ class Stack:
 
     def artifact(self, run_id: str, name: str) -> bytes:
         """The stored bytes of a run's file (newest attempt), from the folder store."""
-        from api.artifacts.store import LocalArtifactStore
+        from coldbench.api.artifacts.store import LocalArtifactStore
 
         rows = self.rows(
             "select sha256 from artifacts where run_id = :run and name = :name "

@@ -37,8 +37,8 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from evidence.canonical import sha256_hex
-from evidence.protocol import (
+from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.protocol import (
     API_PREFIX,
     CONTENT_SHA256_HEADER,
     HEARTBEAT_S,
@@ -62,10 +62,10 @@ from evidence.protocol import (
     RepositoryOffer,
     RunStatus,
 )
-from evidence.schemas import HostInfo, JobSpec, error_line
-from worker.config import HostConfig
-from worker.fingerprint import host_fingerprint, host_labels
-from worker.variants import Progress as CellProgress
+from coldbench.evidence.schemas import HostInfo, JobSpec, error_line
+from coldbench.worker.config import HostConfig
+from coldbench.worker.fingerprint import host_fingerprint, host_labels
+from coldbench.worker.variants import Progress as CellProgress
 
 log = logging.getLogger(__name__)
 
@@ -486,7 +486,7 @@ class Agent:
         return self.config.state_dir / "outbox"
 
     def handle_lease(self, lease: Lease, host: HostInfo) -> None:
-        from worker.run import RunRefused, execute_run, refused_files
+        from coldbench.worker.run import RunRefused, execute_run, refused_files
 
         run_id, attempt = lease.run_id, lease.attempt
         self.state.start(run_id, attempt)

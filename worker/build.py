@@ -3,11 +3,12 @@
 Each build gets its own venv with `--system-site-packages` plus the host interpreter's own
 site-packages (MLX comes from the host; a host that is itself a venv needs the second). The
 recipe's argv runs in the checkout with its env (`{python}` replaced by the venv's python,
-`{fast_path_package}` by the checkout's fast-path package; no shell, no command from the job),
-its output goes to a log. Then the engine module (and for an embedded repository its fast-path
-package) is imported exactly as a variant process will import it, and the file it came from
-must lie inside the checkout: seed 002's install-path defect (code built or loaded from
-somewhere else) fails the build instead of producing numbers for the wrong code.
+`{engine_package}` and `{fast_path_package}` by the checkout's engine and fast-path packages; no
+shell, no command from the job), its output goes to a log. Then the engine module (and for an
+embedded repository its fast-path package) is imported exactly as a variant process will import
+it, and the file it came from must lie inside the checkout: seed 002's install-path defect (code
+built or loaded from somewhere else) fails the build instead of producing numbers for the wrong
+code.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from evidence.canonical import sha256_file, sha256_json
-from worker.checkout import Checkout, tree_state
-from worker.config import Recipe, RepositoryConfig
-from worker.variants import child_env
+from coldbench.evidence.canonical import sha256_file, sha256_json
+from coldbench.worker.checkout import Checkout, tree_state
+from coldbench.worker.config import Recipe, RepositoryConfig
+from coldbench.worker.variants import child_env
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,42 @@ _PRECEDENCE_PTH = (
     "import sys; sys.meta_path.sort(key=lambda f: 0 if str(getattr(f, '__module__', ''))"
     ".startswith('__editable__') else 1)\n"
 )
-# The fast-path package of a coldbench tree, by name, newest first: `kernels/` before it was
-# renamed (Hugging Face's `kernels` distribution, which transformers 5.25 requires, has that
-# top-level name), and an embedded repository's refs may be commits from before the rename.
-FAST_PATH_PACKAGES = ("fastpaths", "kernels")
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """The import names of the embedded engine and its fast-path package in a coldbench tree."""
+
+    engine: str
+    fast_paths: str
+
+    @property
+    def runner(self) -> str:
+        """The variant process's module (`python -m`)."""
+        return f"{self.engine}.runner"
+
+
+# The layouts of a coldbench tree, newest first; an embedded repository's refs may be commits of
+# any of them. Since the move to one namespace the folders engine/ and kernels/ are imported as
+# `coldbench.engine` and `coldbench.kernels` (coldbench/ links them); before it they were the
+# top-level `engine` with `fastpaths`, and before that package's rename with `kernels` (Hugging
+# Face's `kernels` distribution, which transformers 5.25 requires, has that top-level name).
+LAYOUTS = (
+    EngineLayout("coldbench.engine", "coldbench.kernels"),
+    EngineLayout("engine", "fastpaths"),
+    EngineLayout("engine", "kernels"),
+)
+# The engine module a repository declared `adapter = "embedded"` names by default, now and in a
+# worker.toml written before the move: either means the tree's own (`engine_layout`).
+EMBEDDED_ENGINE_MODULES = ("coldbench.engine", "engine")
+# The names a variant process reports its fast-path package's file under (`software.files`):
+# `kernels` since the move and before the rename, `fastpaths` between them.
+FAST_PATH_PACKAGES = ("kernels", "fastpaths")
+# The file as the variant sees it: a symlinked folder (coldbench/engine) resolved.
 _IMPORT_PROBE = (
-    "import importlib, json, sys; m = importlib.import_module(sys.argv[1]); "
-    "print(json.dumps({'file': getattr(m, '__file__', None), 'executable': sys.executable}))"
+    "import importlib, json, os, sys; m = importlib.import_module(sys.argv[1]); "
+    "f = getattr(m, '__file__', None); "
+    "print(json.dumps({'file': f and os.path.realpath(f), 'executable': sys.executable}))"
 )
 
 
@@ -131,22 +161,28 @@ def native_modules(root: Path) -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
+def engine_layout(tree: Path) -> EngineLayout:
+    """The layout of the coldbench tree at `tree`, told by its fast-path package (the newest
+    when it has none: the build's check then says that package cannot be imported)."""
+    for layout in LAYOUTS:
+        if (tree / Path(*layout.fast_paths.split(".")) / "__init__.py").is_file():
+            return layout
+    return LAYOUTS[0]
+
+
 def fast_path_package(tree: Path) -> str:
-    """The fast-path package of the coldbench tree at `tree`: `fastpaths`, or `kernels` in a
-    tree from before the rename (`fastpaths` when it has neither: the build's check then says
-    that package cannot be imported)."""
-    for name in FAST_PATH_PACKAGES:
-        if (tree / name / "__init__.py").is_file():
-            return name
-    return FAST_PATH_PACKAGES[0]
+    """The fast-path package of the coldbench tree at `tree` (`engine_layout`)."""
+    return engine_layout(tree).fast_paths
 
 
 def recipe_command(recipe: Recipe, *, python: Path, checkout: Path) -> list[str]:
-    """The recipe's argv as it runs: `{python}` is the build venv's interpreter and
-    `{fast_path_package}` the checkout's fast-path package (`fast_path_package`)."""
-    package = fast_path_package(checkout)
+    """The recipe's argv as it runs: `{python}` is the build venv's interpreter,
+    `{engine_package}` and `{fast_path_package}` the checkout's packages (`engine_layout`)."""
+    layout = engine_layout(checkout)
     return [
-        arg.replace("{python}", str(python)).replace("{fast_path_package}", package)
+        arg.replace("{python}", str(python))
+        .replace("{engine_package}", layout.engine)
+        .replace("{fast_path_package}", layout.fast_paths)
         for arg in recipe.command
     ]
 
@@ -308,9 +344,14 @@ def _check(
     first = str(checkout.path) if embedded else None
     problem: str | None = None
     module_file: str | None = None
-    modules = [repository.module]
+    engine_module = repository.module
     if embedded:
-        modules.append(fast_path_package(checkout.path))
+        layout = engine_layout(checkout.path)
+        if engine_module in EMBEDDED_ENGINE_MODULES:
+            engine_module = layout.engine
+        modules = [engine_module, layout.fast_paths]
+    else:
+        modules = [engine_module]
     for module in modules:
         found: str | None
         why: str | None
@@ -320,14 +361,14 @@ def _check(
             found, why = None, f"install-path check failed: import {module}: {error}"
         else:
             why = install_path_problem(found, module, checkout.path)
-        if module == repository.module:
+        if module == engine_module:
             module_file = found
         problem = problem or why
     result.engine_module_file = module_file
     result.native_modules = native_modules(checkout.path)
     result.dirty, result.diff_sha256 = tree_state(checkout.path)
     with open(log_path, "ab") as log_file:
-        log_file.write(f"# {repository.module} imported from {module_file}\n".encode())
+        log_file.write(f"# {engine_module} imported from {module_file}\n".encode())
         if problem:
             log_file.write(f"# {problem}\n".encode())
     result.ok = problem is None

@@ -1,19 +1,19 @@
 """`coldbench calibrate`: how small an effect this host resolves (evidence/calibration.py).
 
 Runs `jobs` runs, each of identical variants a, b, c (a and c with `variants=2`) beside p, which
-carries the planted flags (e.g. a narrower chunk width), through `worker.run.execute_run`
+carries the planted flags (e.g. a narrower chunk width), through `coldbench.worker.run.execute_run`
 exactly as `coldbench run` would (process blocks, per-context warm-up), each with its own seed
 (seed + run index), hence its own prompts and order. Each run is then read as two jobs: the
 A/A/A job (a, b, c) and the planted job (a, b, p), so N runs give N of each for the cost of N
 starts. One analysis of variance of every run's paired ratios by process pair gives the host's
-noise (`evidence.schemas.HostNoise`); each job's verdicts use the noise of the other runs
+noise (`coldbench.evidence.schemas.HostNoise`); each job's verdicts use the noise of the other runs
 only, as a run on this calibrated host would (the design effect of evidence/stats.py), so no
 job is judged by a bound it helped set. Without other runs (one job) a job is judged as on an
 uncalibrated host.
 
-Each run sizes itself as every run does (engine.memory's plan): where its variants' processes
-do not fit the device side by side they run in turns, one resident at a time, and `on_phase`
-says so.
+Each run sizes itself as every run does (coldbench.engine.memory's plan): where its variants'
+processes do not fit the device side by side they run in turns, one resident at a time, and
+`on_phase` says so.
 """
 
 from __future__ import annotations
@@ -26,20 +26,20 @@ from typing import Any
 
 import numpy as np
 
-from evidence.calibration import (
+from coldbench.evidence.calibration import (
     CalibrationJob,
     HostCalibration,
     calibrate_result,
     job_of,
     noise_of,
 )
-from evidence.job_options import build_job_spec
-from evidence.records import parse_records
-from evidence.schemas import FlagValue, HostInfo, HostNoise, JobSpec, Provenance, Record
-from evidence.stats import calibration_sums, cell_seconds_per_token
-from evidence.summary import summarize
-from evidence.timeline import TIMELINE_FILE, Timeline
-from worker.run import RunOutcome, execute_run
+from coldbench.evidence.job_options import build_job_spec
+from coldbench.evidence.records import parse_records
+from coldbench.evidence.schemas import FlagValue, HostInfo, HostNoise, JobSpec, Provenance, Record
+from coldbench.evidence.stats import calibration_sums, cell_seconds_per_token
+from coldbench.evidence.summary import summarize
+from coldbench.evidence.timeline import TIMELINE_FILE, Timeline
+from coldbench.worker.run import RunOutcome, execute_run
 
 BASELINE = "a"
 PLANTED_VARIANT = "p"
@@ -143,8 +143,8 @@ def run_calibration(
     on_phase: Callable[[str], None] | None = None,
     residency: str = "auto",
 ) -> HostCalibration:
-    """Every run, then the reduction (module docstring). Raises `worker.run.RunRefused` for a
-    run this host cannot do (unknown model, bad context); a run that fails is recorded."""
+    """Every run, then the reduction (module docstring). Raises `coldbench.worker.run.RunRefused`
+    for a run this host cannot do (unknown model, bad context); a run that fails is recorded."""
     if jobs < 1:
         raise ValueError("jobs must be >= 1")
     base_flags = dict(base_flags or {})
@@ -181,7 +181,7 @@ def run_calibration(
             residency=residency,
         )
         if bundles_dir is not None:
-            from evidence.bundle import write_folder
+            from coldbench.evidence.bundle import write_folder
 
             write_folder(bundles_dir / run_id, outcome.files)
         runs.append(_measured(spec, outcome))

@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from evidence.canonical import sha256_hex
-from evidence.schemas import MAX_HISTORY_COMMITS, REF_PATTERN
-from worker.config import RepositoryConfig
+from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.schemas import MAX_HISTORY_COMMITS, REF_PATTERN
+from coldbench.worker.config import RepositoryConfig
 
 log = logging.getLogger(__name__)
 

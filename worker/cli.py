@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from evidence.job_options import typer_option as spec_option
+from coldbench.evidence.job_options import typer_option as spec_option
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from evidence.schemas import HostNoise, JobSpec
-    from evidence.summary_schema import Comparison
-    from worker.config import RepositoryConfig
-    from worker.run import RunOutcome
+    from coldbench.evidence.schemas import HostNoise, JobSpec
+    from coldbench.evidence.summary_schema import Comparison
+    from coldbench.worker.config import RepositoryConfig
+    from coldbench.worker.run import RunOutcome
 
 app = typer.Typer(add_completion=False)
 
@@ -58,7 +58,7 @@ def _fail_all(lines: Sequence[str], code: int = 2) -> NoReturn:
 
 def local_corpus(option: str) -> tuple[str, Path]:
     """`--corpus NAME=FILE` or `--corpus FILE` -> (name, resolved file); ValueError."""
-    from evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
+    from coldbench.evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
 
     name, sep, file = option.partition("=")
     if not sep:
@@ -131,7 +131,7 @@ def _local_repository(
     problems: list[str],
 ) -> RepositoryConfig | None:
     """The repository `--repo` (or `--server-command`) names on this machine, or None."""
-    from worker.config import ConfigError, local_repository, server_repository
+    from coldbench.worker.config import ConfigError, local_repository, server_repository
 
     if adapter == "openai-server" and server.command is None:
         problems.append("--adapter openai-server needs --server-command (with {port})")
@@ -159,7 +159,7 @@ def _pinned_commits(
     repository: RepositoryConfig, commits: str, state_dir: Path, problems: list[str]
 ) -> list[str] | None:
     """`--commits REF,REF,...` as the commits they name in the repository's mirror."""
-    from worker.checkout import CheckoutError, resolve_ref, update_mirror
+    from coldbench.worker.checkout import CheckoutError, resolve_ref, update_mirror
 
     try:
         mirror = update_mirror(repository, state_dir=state_dir)
@@ -181,8 +181,8 @@ def _local_setup(
 ) -> LocalSetup:
     """Options -> spec: this machine's model, corpus and repository, then the one builder.
     Exits with every problem found, one line each."""
-    from evidence.job_options import JobOptionsError, build_job_spec, problem_lines
-    from evidence.schemas import INSTALLED_SERVER
+    from coldbench.evidence.job_options import JobOptionsError, build_job_spec, problem_lines
+    from coldbench.evidence.schemas import INSTALLED_SERVER
 
     problems: list[str] = []
     setup_models: dict[str, Path] = {}
@@ -234,12 +234,12 @@ def _bisect(
     """Halve good..bad by paired lo/mid/hi steps, each its own run and bundle under `out`
     (step-01, step-02, ...); the last step's evidence names the result. The steps, decisions
     and halving are evidence/bisect.py's, as the service's (api/jobs/bisect.py)."""
-    from evidence.bisect import bisect_sentences, next_line, step_spec
-    from evidence.bundle import write_folder, zip_bytes
-    from evidence.history import plural
-    from evidence.schemas import BisectStep
-    from worker.fingerprint import host_fingerprint, host_labels
-    from worker.run import RunRefused, execute_run
+    from coldbench.evidence.bisect import bisect_sentences, next_line, step_spec
+    from coldbench.evidence.bundle import write_folder, zip_bytes
+    from coldbench.evidence.history import plural
+    from coldbench.evidence.schemas import BisectStep
+    from coldbench.worker.fingerprint import host_fingerprint, host_labels
+    from coldbench.worker.run import RunRefused, execute_run
 
     spec = setup.spec
     started = datetime.now(UTC)
@@ -485,7 +485,7 @@ def run(
         return
     noise = None
     if calibration is not None:
-        from worker.config import ConfigError, load_noise
+        from coldbench.worker.config import ConfigError, load_noise
 
         try:
             noise = load_noise(calibration)
@@ -513,10 +513,10 @@ def _checked_on_this_host(setup: LocalSetup, state_dir: Path) -> JobSpec:
     """The spec as this machine runs it: a range resolved in the mirror, then the host's own
     checks (flags the adapter knows, options the declarations allow, the corpus), before
     anything is built or measured. Warns when a resolved range's rounds cannot conclude."""
-    from evidence.stats import too_few_rounds
-    from worker.checkout import CheckoutError
-    from worker.config import ConfigError
-    from worker.run import check_job, resolve_on_host
+    from coldbench.evidence.stats import too_few_rounds
+    from coldbench.worker.checkout import CheckoutError
+    from coldbench.worker.config import ConfigError
+    from coldbench.worker.run import check_job, resolve_on_host
 
     try:
         spec = resolve_on_host(setup.spec, setup.repositories, state_dir=state_dir)
@@ -544,9 +544,9 @@ def _measure(
     """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from worker.fingerprint import host_fingerprint, host_labels
-    from worker.run import RunRefused, execute_run
-    from worker.variants import Progress as CellProgress
+    from coldbench.worker.fingerprint import host_fingerprint, host_labels
+    from coldbench.worker.run import RunRefused, execute_run
+    from coldbench.worker.variants import Progress as CellProgress
 
     workdir = state_dir / "runs" / run_id
     host = host_fingerprint()
@@ -645,23 +645,23 @@ def _print_outcome(outcome: RunOutcome, out: Path) -> None:
     """The bundle written to `out`, its verdicts, where it is; exit 1 when the run failed."""
     from rich.console import Console
 
-    from evidence.bundle import write_folder, zip_bytes
+    from coldbench.evidence.bundle import write_folder, zip_bytes
 
     folder = write_folder(out, outcome.files)
     folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
     out_console = Console()
     if outcome.summary and outcome.summary.history:
-        from evidence.history import history_sentences
+        from coldbench.evidence.history import history_sentences
 
         for sentence in history_sentences(outcome.summary.history):
             out_console.print(sentence)
     elif outcome.summary and outcome.summary.commits:
-        from evidence.commits import commits_sentences
+        from coldbench.evidence.commits import commits_sentences
 
         for sentence in commits_sentences(outcome.summary.commits):
             out_console.print(sentence, soft_wrap=True)
     elif outcome.summary:
-        from evidence.markdown import noise_floor_text, time_spent_lines
+        from coldbench.evidence.markdown import noise_floor_text, time_spent_lines
 
         out_console.print(_verdict_table(outcome.summary.comparisons))
         floor = noise_floor_text(outcome.summary)
@@ -730,7 +730,7 @@ def reproduce(
 
     from rich.console import Console
 
-    from evidence.compare import (
+    from coldbench.evidence.compare import (
         CompareError,
         Source,
         compare_hosts,
@@ -738,7 +738,7 @@ def reproduce(
         host_runs,
         load_source,
     )
-    from worker.reproduce import ReproductionRefused, build_differences, plan_reproduction
+    from coldbench.worker.reproduce import ReproductionRefused, build_differences, plan_reproduction
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
@@ -893,10 +893,10 @@ def calibrate(
 
     from rich.console import Console
 
-    from evidence.job_options import JobOptionsError, problem_lines
-    from worker.calibrate import calibration_spec, run_calibration
-    from worker.fingerprint import host_fingerprint, host_labels
-    from worker.run import RunRefused
+    from coldbench.evidence.job_options import JobOptionsError, problem_lines
+    from coldbench.worker.calibrate import calibration_spec, run_calibration
+    from coldbench.worker.fingerprint import host_fingerprint, host_labels
+    from coldbench.worker.run import RunRefused
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
@@ -912,8 +912,8 @@ def calibrate(
         _fail(f"--api {api!r}: give an http:// or https:// URL")
     agent = None
     if api is not None:  # before hours of measuring: the secret must be there
-        from worker.agent import Agent, AgentError
-        from worker.config import ConfigError, load_host_config
+        from coldbench.worker.agent import Agent, AgentError
+        from coldbench.worker.config import ConfigError, load_host_config
 
         try:
             agent = Agent(api, load_host_config(config))
@@ -923,7 +923,7 @@ def calibrate(
     if merge:
         from pydantic import ValidationError
 
-        from evidence.calibration import HostCalibration, merge_calibrations
+        from coldbench.evidence.calibration import HostCalibration, merge_calibrations
 
         loaded = []
         for path in merge:
@@ -1021,7 +1021,7 @@ def _finish_calibration(result: Any, out: Path, agent: Any, api: str | None) -> 
         typer.echo(f"{len(failed)} jobs failed: {failed[0].reason}")
     typer.echo(f"result {out.resolve()}")
     if agent is not None:
-        from worker.agent import AgentError
+        from coldbench.worker.agent import AgentError
 
         try:
             agent.report_calibration(result)
@@ -1059,8 +1059,8 @@ def worker(
     """Run this host's agent: lease jobs from the server, measure them, upload the evidence."""
     import logging
 
-    from worker.agent import Agent, AgentError, AgentOptions
-    from worker.config import ConfigError, load_host_config
+    from coldbench.worker.agent import Agent, AgentError, AgentOptions
+    from coldbench.worker.config import ConfigError, load_host_config
 
     logging.basicConfig(
         level=getattr(logging, log_level.upper(), logging.INFO),

@@ -5,7 +5,7 @@ job can only pick among what it names.
 
 The file is read through pydantic models (`HostFile` and below): an unusable file is one line
 naming the key, e.g. `repositories.mlx-lm.options.fast.max: ...`. The option declaration type
-is `evidence.options.HostOption`, the contract the API validates against too.
+is `coldbench.evidence.options.HostOption`, the contract the API validates against too.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from evidence.options import OPTION_NAME_PATTERN, HostOption
-from evidence.schemas import (
+from coldbench.evidence.options import OPTION_NAME_PATTERN, HostOption
+from coldbench.evidence.schemas import (
     BUILTIN_CORPUS,
     CORPUS_NAME_PATTERN,
     INSTALLED_SERVER,
@@ -34,7 +34,7 @@ LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 ADAPTERS = ("embedded", "mlx-lm", "openai-server")
 # The module whose import path a build checks, by adapter (a repository may name another).
-DEFAULT_MODULES = {"embedded": "engine", "mlx-lm": "mlx_lm", "openai-server": "mlx_lm"}
+DEFAULT_MODULES = {"embedded": "coldbench.engine", "mlx-lm": "mlx_lm", "openai-server": "mlx_lm"}
 # What `coldbench run --repo PATH` builds with when no worker.toml names recipes.
 EDITABLE_COMMAND = (
     "{python}",
@@ -51,9 +51,10 @@ EDITABLE_COMMAND = (
 # PYTHONPATH, and the build's import check (worker/build.py) proves engine/ and its fast-path
 # package come from it; the command itself only proves the checkout imports. For an mlx-lm
 # repository the check fails, naming the file mlx_lm was imported from.
-# `{fast_path_package}` is `fastpaths`, or `kernels` in a tree from before that package's rename
-# (worker.build.fast_path_package).
-OFFLINE_COMMAND = ("{python}", "-c", "import engine, {fast_path_package}")
+# `{engine_package}` and `{fast_path_package}` are the tree's: `coldbench.engine` and
+# `coldbench.kernels`, or `engine` and `fastpaths` (`kernels`) in a tree from before the move
+# (coldbench.worker.build.engine_layout).
+OFFLINE_COMMAND = ("{python}", "-c", "import {engine_package}, {fast_path_package}")
 # A server that streams no token this long after the request is treated as dead (its
 # generation thread gone); hosts serving long contexts on slow machines raise it.
 DEFAULT_FIRST_TOKEN_TIMEOUT_S = 300.0
@@ -70,8 +71,8 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    # argv; `{python}` is the build venv's interpreter, `{fast_path_package}` the checkout's
-    # fast-path package (worker.build.recipe_command)
+    # argv; `{python}` is the build venv's interpreter, `{engine_package}` and
+    # `{fast_path_package}` the checkout's packages (coldbench.worker.build.recipe_command)
     command: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
 
@@ -112,7 +113,7 @@ class HostConfig:
     # checkpoint of tens of GB written on first use).
     allow_presets: tuple[str, ...] = ()
     # Start each block's variant processes while the previous block measures (None: on for
-    # GPU backends, off on the CPU backend: worker.run.default_prespawn).
+    # GPU backends, off on the CPU backend: coldbench.worker.run.default_prespawn).
     prespawn: bool | None = None
     # `calibration`: the noise of this host's `coldbench calibrate` result (block lengths and
     # the design effect of its runs follow it); None: the conservative default.
@@ -274,7 +275,7 @@ class HostFile(_Table):
     @field_validator("allow_presets")
     @classmethod
     def _known_presets(cls, presets: list[str]) -> list[str]:
-        from engine.presets import PRESETS
+        from coldbench.engine.presets import PRESETS
 
         unknown = sorted(set(presets) - set(PRESETS))
         if unknown:
@@ -356,7 +357,7 @@ def _corpora(raw: Any, base: Path) -> dict[str, Path]:
 
 def load_noise(path: Path) -> HostNoise:
     """The noise of a `coldbench calibrate` result file (ConfigError, one line, otherwise)."""
-    from evidence.calibration import HostCalibration
+    from coldbench.evidence.calibration import HostCalibration
 
     try:
         result = HostCalibration.model_validate_json(path.read_bytes())

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evidence.schemas import HostInfo
+from coldbench.evidence.schemas import HostInfo
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Probe:
 
 def detect_backend() -> str:
     """`metal`, `cuda` or `cpu`: the device MLX runs on (the engine's own answer)."""
-    from engine.backend import detect_backend as engine_backend
+    from coldbench.engine.backend import detect_backend as engine_backend
 
     return engine_backend()
 

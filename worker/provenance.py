@@ -22,10 +22,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from evidence.canonical import sha256_hex, sha256_json
-from evidence.options import HostOption
-from evidence.peaks import table_peak
-from evidence.schemas import (
+from coldbench.evidence.canonical import sha256_hex, sha256_json
+from coldbench.evidence.options import HostOption
+from coldbench.evidence.peaks import table_peak
+from coldbench.evidence.schemas import (
     BUILTIN_CORPUS,
     CorpusInfo,
     DevicePeak,
@@ -39,10 +39,10 @@ from evidence.schemas import (
     TargetInfo,
     VariantSpec,
 )
-from evidence.spec_text import flag_text
-from worker.build import Build
-from worker.checkout import Checkout
-from worker.config import RepositoryConfig
+from coldbench.evidence.spec_text import flag_text
+from coldbench.worker.build import Build
+from coldbench.worker.checkout import Checkout
+from coldbench.worker.config import RepositoryConfig
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def target_info(
 
 
 def model_info(name: str, path: Path) -> ModelInfo:
-    from engine.checkpoints import inspect_checkpoint
+    from coldbench.engine.checkpoints import inspect_checkpoint
 
     inspected = inspect_checkpoint(path)
     return ModelInfo(
@@ -168,14 +168,14 @@ def device_peak(host: HostInfo, python: str = sys.executable) -> DevicePeak | No
     """The peak FLOP rate of the device the cells ran on: the chip table's (evidence/peaks.py),
     or on a CPU host a short matmul measured now in a child interpreter (engine/peak.py), so
     the orchestrator never imports MLX. None when neither applies or the measurement fails."""
-    from worker.variants import child_env
+    from coldbench.worker.variants import child_env
 
     found = table_peak(host)
     if found is not None or host.backend != "cpu":
         return found
     try:
         done = subprocess.run(
-            [python, "-m", "engine.peak"],
+            [python, "-m", "coldbench.engine.peak"],
             env=child_env(),
             capture_output=True,
             text=True,
@@ -200,8 +200,8 @@ def device_peak(host: HostInfo, python: str = sys.executable) -> DevicePeak | No
 def corpus_info(name: str, path: Path | None) -> CorpusInfo:
     """The corpus a run's prompts come from: the built-in one's pinned digest, or the sha256 of
     the host's file as it is now (each record also carries the digest its process read)."""
-    from engine.corpus import corpus_sha256
-    from engine.prompts import PROMPT_VERSION
+    from coldbench.engine.corpus import corpus_sha256
+    from coldbench.engine.prompts import PROMPT_VERSION
 
     if name == BUILTIN_CORPUS or path is None:
         return CorpusInfo(sha256=corpus_sha256(), prompt_version=PROMPT_VERSION)

@@ -5,8 +5,8 @@ The bundle holds the job as it ran (job.json: variants, flags, recipes, seed, ro
 contexts, decode tokens) and what each variant ran (provenance.json: the commit each target
 was built from, the repository's URL, the build recipe and the diff its build left; the
 model's digests; the prompts' digest). `plan_reproduction` turns them into the job pinned to
-those commits (evidence.compare.pinned_spec) and this machine's repository, model and corpus,
-refusing with the reason where something cannot be had: a commit the repository lacks, a
+those commits (coldbench.evidence.compare.pinned_spec) and this machine's repository, model and
+corpus, refusing with the reason where something cannot be had: a commit the repository lacks, a
 model or corpus whose digest differs, a recipe this machine does not define. Only commits were
 measured (a source repository's uncommitted changes never are), so a commit is all a variant
 needs; where a build changed tracked files (`dirty`, its diff's sha256), `build_differences`
@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evidence.canonical import canonical_json, sha256_json
-from evidence.compare import REPRODUCES_FILE, Source, checked, job_identity, pinned_spec
-from evidence.schemas import BUILTIN_CORPUS, JobSpec, Provenance
-from worker.config import (
+from coldbench.evidence.canonical import canonical_json, sha256_json
+from coldbench.evidence.compare import REPRODUCES_FILE, Source, checked, job_identity, pinned_spec
+from coldbench.evidence.schemas import BUILTIN_CORPUS, JobSpec, Provenance
+from coldbench.worker.config import (
     DEFAULT_MODULES,
     ConfigError,
     RepositoryConfig,
@@ -139,7 +139,7 @@ def _with_recipes(
 
 
 def _missing_commits(repository: RepositoryConfig, spec: JobSpec, *, state_dir: Path) -> list[str]:
-    from worker.checkout import CheckoutError, resolve_ref, update_mirror
+    from coldbench.worker.checkout import CheckoutError, resolve_ref, update_mirror
 
     try:
         mirror = update_mirror(repository, state_dir=state_dir)
@@ -165,7 +165,7 @@ def _model(
     spec: JobSpec, provenance: Provenance, model: Path | None, problems: list[str]
 ) -> dict[str, Path]:
     """The job's model on this machine, checked against the digests the bundle recorded."""
-    from engine.checkpoints import inspect_checkpoint, resolve_model
+    from coldbench.engine.checkpoints import inspect_checkpoint, resolve_model
 
     models: dict[str, Path] = {}
     if model is not None:
@@ -196,7 +196,7 @@ def _corpus(
     spec: JobSpec, provenance: Provenance, corpus: Path | None, problems: list[str]
 ) -> dict[str, Path]:
     """The job's prompts on this machine, checked against the bundle's digest."""
-    from engine.corpus import corpus_sha256
+    from coldbench.engine.corpus import corpus_sha256
 
     recorded = provenance.corpus.sha256 if provenance.corpus is not None else None
     if spec.corpus == BUILTIN_CORPUS:
@@ -226,7 +226,7 @@ def plan_reproduction(
     corpus: Path | None = None,
 ) -> ReproductionPlan:
     """The bundle's job as this machine re-runs it; ReproductionRefused with every reason."""
-    from evidence.compare import CompareError
+    from coldbench.evidence.compare import CompareError
 
     try:
         evidence_id, _summary, provenances, spec = checked(source)

@@ -15,8 +15,8 @@ and a server run's bundle each server's log (its last `SERVER_LOG_BYTES`), so a 
 why without the host.
 
 Server variants (adapter `openai-server`) name host-declared options like flags; they are
-validated here against the repository's declarations (`evidence.options`) and handed to the
-variant process resolved (argv pieces, env, proof), with the repository's wipe paths and
+validated here against the repository's declarations (`coldbench.evidence.options`) and handed to
+the variant process resolved (argv pieces, env, proof), with the repository's wipe paths and
 first-token bound. A repository without a URL is the one of `coldbench run --adapter
 openai-server` without `--repo`: its server runs from this interpreter, nothing is built.
 """
@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.memory import IN_TURNS, RESIDENCIES, SIDE_BY_SIDE, MemoryPlan
-from evidence.bisect import step_spec
-from evidence.calibration import block_length
-from evidence.commits import commits_spec
-from evidence.history import history_spec
-from evidence.options import OptionError, resolved_options, validate_option_values
-from evidence.schemas import (
+from coldbench.engine.memory import IN_TURNS, RESIDENCIES, SIDE_BY_SIDE, MemoryPlan
+from coldbench.evidence.bisect import step_spec
+from coldbench.evidence.calibration import block_length
+from coldbench.evidence.commits import commits_spec
+from coldbench.evidence.history import history_spec
+from coldbench.evidence.options import OptionError, resolved_options, validate_option_values
+from coldbench.evidence.schemas import (
     BUILTIN_CORPUS,
     MAX_BISECT_LINE,
     MAX_HISTORY_COMMITS,
@@ -57,12 +57,18 @@ from evidence.schemas import (
     VariantSpec,
     effective_rounds_per_process,
 )
-from evidence.stats import job_looks
-from evidence.summary import all_decided, prefill_verdicts_at_look
-from evidence.summary_schema import Summary
-from evidence.variant import baseline_name, expand_variants
-from worker.build import FAST_PATH_PACKAGES, Build, build, install_path_problem
-from worker.checkout import (
+from coldbench.evidence.stats import job_looks
+from coldbench.evidence.summary import all_decided, prefill_verdicts_at_look
+from coldbench.evidence.summary_schema import Summary
+from coldbench.evidence.variant import baseline_name, expand_variants
+from coldbench.worker.build import (
+    FAST_PATH_PACKAGES,
+    Build,
+    build,
+    engine_layout,
+    install_path_problem,
+)
+from coldbench.worker.checkout import (
     Checkout,
     CheckoutError,
     NotSeparable,
@@ -76,8 +82,8 @@ from worker.checkout import (
     synthesize,
     uncommitted_work_refusal,
 )
-from worker.config import Recipe, RepositoryConfig
-from worker.provenance import (
+from coldbench.worker.config import Recipe, RepositoryConfig
+from coldbench.worker.provenance import (
     corpus_info,
     device_peak,
     model_info,
@@ -87,10 +93,11 @@ from worker.provenance import (
     software_info,
     target_info,
 )
-from worker.schedule import plan_rounds
-from worker.variants import (
+from coldbench.worker.schedule import plan_rounds
+from coldbench.worker.variants import (
     CONTROLS_FILE,
     RECORDS_FILE,
+    RUNNER,
     Progress,
     ScheduleOutcome,
     VariantError,
@@ -397,12 +404,15 @@ def prepare_variants(
         plan["checkout"] = str(checkout.path)
         if repository.adapter == "openai-server":
             _server_plan(plan, repository, variant)
+        embedded = repository.adapter == "embedded"
         launch = VariantLaunch(
             name=variant.name,
             python=result.python,
             plan=plan,
-            # an embedded repository's variant runs its worktree's engine/, not ours
-            pythonpath_first=str(checkout.path) if repository.adapter == "embedded" else None,
+            # an embedded repository's variant runs its worktree's engine/, not ours, under the
+            # name of the tree's layout (`engine.runner` in a tree from before the move)
+            pythonpath_first=str(checkout.path) if embedded else None,
+            module=engine_layout(checkout.path).runner if embedded else RUNNER,
         )
         if not result.ok and may_skip(spec, variant.name):
             skipped = f"did not build: {result.reason}"
@@ -525,8 +535,9 @@ def _stderr_tail(workdir: Path, variant: str, fallback: str) -> str:
 def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | None) -> str | None:
     """The variant process's own report of what it imported, checked against its checkout:
     the engine module (an embedded one must report it), and the fast-path package where
-    reported (`fastpaths`, or `kernels` from a tree before its rename; commits older than that
-    report were checked by the build, in the same environment)."""
+    reported (`kernels`; `fastpaths` from a tree before the move, `kernels` again before that
+    package's rename; commits older than that report were checked by the build, in the same
+    environment)."""
     assert variant.checkout is not None
     embedded = variant.adapter == "embedded"
     software = (target or {}).get("software") or {}
@@ -545,8 +556,8 @@ def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | No
 
 def until_decided(spec: JobSpec) -> Callable[[int, Sequence[dict[str, Any]]], str | None]:
     """The check a run measuring until decided makes after each complete round: at a look
-    (evidence.stats `Looks`), the prefill verdicts by the rule summary.json states; it ends the
-    run when every one is decided, or when the job's time budget is spent."""
+    (coldbench.evidence.stats `Looks`), the prefill verdicts by the rule summary.json states; it
+    ends the run when every one is decided, or when the job's time budget is spent."""
     looks = job_looks(spec)
     began = time.monotonic()
 
@@ -581,8 +592,8 @@ def process_blocks(
     spec: JobSpec, *, variants: int, noise: HostNoise | None
 ) -> tuple[int | None, str]:
     """The run's rounds per process (None: a process per cell) and why: the job's own, else
-    what this host's calibration makes cheapest (evidence.calibration.block_length), else the
-    conservative default for a host without one."""
+    what this host's calibration makes cheapest (coldbench.evidence.calibration.block_length), else
+    the conservative default for a host without one."""
     if spec.fresh_process:
         return None, "a fresh process for every cell (fresh_process)"
     if spec.rounds_per_process is not None:
@@ -611,8 +622,8 @@ PLAN_TIMEOUT_S = 120.0
 def memory_plan(
     launches: Sequence[VariantLaunch], *, model: Path, contexts: Sequence[int], asked: str
 ) -> MemoryPlan:
-    """engine.memory's plan for these variants, from the guard's estimates, computed in a
-    process of its own (`python -m engine.memory`: this process never touches the device).
+    """coldbench.engine.memory's plan for these variants, from the guard's estimates, computed in a
+    process of its own (`python -m coldbench.engine.memory`: this process never touches the device).
     A plan that cannot be made (an unreadable checkpoint) is side by side, as before plans:
     the variant processes then refuse what they cannot load, with their own reasons."""
     if asked not in ("auto", *RESIDENCIES):
@@ -626,7 +637,7 @@ def memory_plan(
     fallback = SIDE_BY_SIDE if asked == "auto" else asked
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "engine.memory"],
+            [sys.executable, "-m", "coldbench.engine.memory"],
             input=json.dumps(request),
             capture_output=True,
             text=True,
@@ -694,8 +705,8 @@ def execute_run(
     together or in turns; auto follows the memory plan made before any timing (`memory_plan`).
     A run stopped by `should_stop` or failed by a variant still returns the bundle of what was
     measured. `extra_files` join the bundle (`coldbench reproduce`: reproduces.json)."""
-    from engine.checkpoints import resolve_model
-    from evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
+    from coldbench.engine.checkpoints import resolve_model
+    from coldbench.evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
 
     repositories = dict(repositories or {})
     corpora = dict(corpora or {})
@@ -866,8 +877,8 @@ def execute_run(
 def refused_files(raw_spec: Any, *, run_id: str, host: HostInfo, reason: str) -> dict[str, bytes]:
     """The bundle of a run that never measured (refused or crashed): no records, provenance
     saying who refused what and why, so the server and the submitter can see it."""
-    from evidence.bundle import bundle_files
-    from evidence.schemas import ModelInfo, TargetInfo
+    from coldbench.evidence.bundle import bundle_files
+    from coldbench.evidence.schemas import ModelInfo, TargetInfo
 
     targets: list[TargetInfo] = []
     model = ModelInfo()

@@ -18,8 +18,8 @@ consecutive rounds and every variant runs each block in a fresh process: the off
 independent block-to-block noise that the statistics cluster by (evidence/stats.py) instead of
 a constant bias. Which variant's process starts first rotates over blocks from a seeded order.
 
-Turns. Where the variants' processes cannot be resident side by side (engine.memory's plan),
-each block runs its variants one after another, one process at a time (`turn_order`); each
+Turns. Where the variants' processes cannot be resident side by side (coldbench.engine.memory's
+plan), each block runs its variants one after another, one process at a time (`turn_order`); each
 round's cells keep their (round, context) and prompts, so they pair as before, and each
 process is still the unit the statistics cluster by.
 """

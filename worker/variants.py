@@ -1,8 +1,8 @@
 """Drive the engine's variant processes through a run's balanced schedule.
 
 The rounds are cut into process blocks (worker/schedule.py): for each block every variant gets
-a fresh `python -m engine.runner` (the model loads, every context of the matrix is warmed once
-and discarded), and cells are sent in the schedule's order so variants interleave. At a block
+a fresh `python -m coldbench.engine.runner` (the model loads, every context of the matrix is warmed
+once and discarded), and cells are sent in the schedule's order so variants interleave. At a block
 boundary every variant's process is stopped and the new ones let in, in a seeded order rotated
 per block, before the next timed cell: loads never overlap a timed cell. With `prespawn` the
 next block's processes start while the current block measures: their interpreters and imports
@@ -40,12 +40,12 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import IO, Any
 
-from engine.canary import CANARY_ENV, CANARY_ROUND
-from engine.memory import IN_TURNS, PEER_PROCESSES_ENV, RESIDENCIES, SIDE_BY_SIDE
-from engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV
-from engine.record import CellRecord, Measurement
-from evidence.timeline import BlockStart, ProcessTimes, Timeline
-from worker.schedule import Cell, start_order, turn_order
+from coldbench.engine.canary import CANARY_ENV, CANARY_ROUND
+from coldbench.engine.memory import IN_TURNS, PEER_PROCESSES_ENV, RESIDENCIES, SIDE_BY_SIDE
+from coldbench.engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV
+from coldbench.engine.record import CellRecord, Measurement
+from coldbench.evidence.timeline import BlockStart, ProcessTimes, Timeline
+from coldbench.worker.schedule import Cell, start_order, turn_order
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,11 @@ class Stopped(Exception):
     """A stop was requested while the schedule waited on a process."""
 
 
+# The variant process of this install's engine (an embedded repository's tree may name its own:
+# coldbench.worker.build.EngineLayout.runner).
+RUNNER = "coldbench.engine.runner"
+
+
 @dataclass(frozen=True)
 class VariantLaunch:
     """How to start one variant's process: its interpreter and the plan it reads."""
@@ -79,7 +84,7 @@ class VariantLaunch:
     python: str
     plan: dict[str, Any]  # engine/runner.py's PLAN.json, without records_path and cells
     env: dict[str, str] = field(default_factory=dict)
-    module: str = "engine.runner"  # tests swap in a misbehaving runner to drive the faults
+    module: str = RUNNER  # tests swap in a misbehaving runner to drive the faults
     # A worktree whose engine/ must win over the orchestrator's (embedded repositories)
     pythonpath_first: str | None = None
 
@@ -121,17 +126,36 @@ class RunClock:
 
 
 def engine_root() -> Path:
-    """The folder holding `engine/`, put on children's PYTHONPATH so any interpreter finds it."""
-    spec = find_spec("engine")
+    """A folder holding the `coldbench` package and nothing else of a checkout, put on
+    children's PYTHONPATH so any interpreter finds it.
+
+    An installed wheel's folder is site-packages. A checkout's is its root, which also holds the
+    card's folders under their own names: its kernels/ (`coldbench.kernels`) would shadow
+    Hugging Face's `kernels` in the child (setuptools then fails to build anything, through that
+    distribution's entry point). There the folder is `.coldbench/import-path/`, one link to
+    coldbench/."""
+    spec = find_spec("coldbench")
     if spec is None or not spec.submodule_search_locations:
-        raise VariantError("the engine package is not importable from this interpreter")
-    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+        raise VariantError("the coldbench package is not importable from this interpreter")
+    package = Path(next(iter(spec.submodule_search_locations))).resolve()
+    if not (package.parent / "pyproject.toml").is_file():
+        return package.parent
+    folder = package.parent / ".coldbench" / "import-path"
+    link = folder / "coldbench"
+    if not link.is_symlink():
+        folder.mkdir(parents=True, exist_ok=True)
+        # made aside and renamed: processes starting at once see the link whole or not at all
+        staged = folder / f".coldbench-{os.getpid()}-{threading.get_ident()}"
+        staged.unlink(missing_ok=True)
+        staged.symlink_to(Path("..", "..", package.name))
+        os.replace(staged, link)
+    return folder
 
 
 def child_env(extra: dict[str, str] | None = None, *, first: str | None = None) -> dict[str, str]:
     """The environment of a child that runs engine code: the orchestrator's engine root first
     on PYTHONPATH, or instead `first` (a worktree of an embedded repository, whose engine/
-    and fastpaths/ must be the ones imported), then the inherited PYTHONPATH."""
+    and kernels/ must be the ones imported), then the inherited PYTHONPATH."""
     env = dict(os.environ)
     head = [first] if first else [str(engine_root())]
     paths = [*head, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
@@ -154,7 +178,8 @@ def append_line(handle: IO[bytes], value: dict[str, Any]) -> None:
 
 
 class VariantProcess:
-    """One running `engine.runner`: its stdout lines arrive on a queue read by a thread."""
+    """One running `coldbench.engine.runner`: its stdout lines arrive on a queue read by a
+    thread."""
 
     def __init__(
         self,
@@ -202,8 +227,8 @@ class VariantProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            # peers: the other variants' processes resident beside it (engine.memory's guard);
-            # the gates: it imports, waits, loads, waits, warms up (engine/runner.py)
+            # peers: the other variants' processes resident beside it (coldbench.engine.memory's
+            # guard); the gates: it imports, waits, loads, waits, warms up (engine/runner.py)
             env=child_env(
                 {
                     **launch.env,
@@ -592,7 +617,7 @@ def run_schedule(
     (in turns: after each block, the first moment its rounds are complete); a reason it returns
     ends the schedule there (`outcome.ended`): a run measuring until its verdicts are decided.
 
-    `residency` (engine.memory's plan, `residency_reason` its why): `side-by-side`, every
+    `residency` (coldbench.engine.memory's plan, `residency_reason` its why): `side-by-side`, every
     variant's process resident through the block, cells in the schedule's order; `in-turns`,
     one process at a time: each block runs each variant's cells of its rounds in a turn of
     their own, in `turn_order` (`baseline` first in even blocks, last in odd ones), every
@@ -677,8 +702,8 @@ def run_schedule(
         """Imports, then every load at once, then the warm-ups one after another, because
         warm-ups at every context of the matrix at once would need every process's largest
         peak on the device together (on the H200, two 8B processes warming 64K and 128K ran out
-        of memory; engine.memory). A variant that cannot start fails the run, or is dropped
-        when it is `droppable`; returns the processes that started."""
+        of memory; coldbench.engine.memory). A variant that cannot start fails the run, or is
+        dropped when it is `droppable`; returns the processes that started."""
         alive = list(spawned)
 
         def failed(process: VariantProcess, error: VariantError) -> None:

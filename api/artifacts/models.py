@@ -7,7 +7,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.database import Base, UTCDateTime, utcnow
+from coldbench.api.database import Base, UTCDateTime, utcnow
 
 
 class Artifact(Base):

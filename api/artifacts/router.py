@@ -8,12 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy.exc import IntegrityError
 
-from api.artifacts import service
-from api.deps import DatabaseDep, SettingsDep, StoreDep, WorkerClaim
-from api.errors import TooLarge
-from api.routing import StrictJSONRoute
-from evidence.boundary import Utf8Lines
-from evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
+from coldbench.api.artifacts import service
+from coldbench.api.deps import DatabaseDep, SettingsDep, StoreDep, WorkerClaim
+from coldbench.api.errors import TooLarge
+from coldbench.api.routing import StrictJSONRoute
+from coldbench.evidence.boundary import Utf8Lines
+from coldbench.evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["artifacts"])
 

@@ -9,14 +9,14 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from api.artifacts.models import Artifact
-from api.artifacts.store import SHA256_PATTERN, StoredBlob
-from api.auth import service as auth_service
-from api.database import utcnow
-from api.errors import Conflict, Invalid
-from api.runs import service as run_service
-from api.runs.models import Run, RunAttempt
-from api.transactions import Execute, Program
+from coldbench.api.artifacts.models import Artifact
+from coldbench.api.artifacts.store import SHA256_PATTERN, StoredBlob
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import utcnow
+from coldbench.api.errors import Conflict, Invalid
+from coldbench.api.runs import service as run_service
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.transactions import Execute, Program
 
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 

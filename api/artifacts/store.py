@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from api.errors import Invalid, StoreFull, TooLarge
-from evidence.boundary import TextRefused, Utf8Lines
-from evidence.canonical import sha256_file, sha256_hex
+from coldbench.api.errors import Invalid, StoreFull, TooLarge
+from coldbench.evidence.boundary import TextRefused, Utf8Lines
+from coldbench.evidence.canonical import sha256_file, sha256_hex
 
 if TYPE_CHECKING:
-    from api.settings import Settings
+    from coldbench.api.settings import Settings
 
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK_BYTES = 1 << 20

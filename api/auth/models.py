@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.database import Base, UTCDateTime, utcnow
+from coldbench.api.database import Base, UTCDateTime, utcnow
 
 
 class EnrollmentToken(Base):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from api.auth import service
-from api.auth.schemas import (
+from coldbench.api.auth import service
+from coldbench.api.auth.schemas import (
     ApiKeyRequest,
     ApiKeyResponse,
     ApiKeyRevokedResponse,
@@ -15,10 +15,10 @@ from api.auth.schemas import (
     HostRevokedResponse,
     LabelsRequest,
 )
-from api.deps import AdminKey, SessionDep, SettingsDep
-from api.hosts import service as host_service
-from api.routing import StrictJSONRoute
-from api.runs import expiry
+from coldbench.api.deps import AdminKey, SessionDep, SettingsDep
+from coldbench.api.hosts import service as host_service
+from coldbench.api.routing import StrictJSONRoute
+from coldbench.api.runs import expiry
 
 router = APIRouter(route_class=StrictJSONRoute, prefix="/admin", tags=["admin"])
 

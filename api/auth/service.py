@@ -16,11 +16,11 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from api.auth.models import ApiKey, AuditEvent, EnrollmentToken, WebSession
-from api.database import utcnow
-from api.errors import NotAuthenticated, NotFound
-from api.hosts.models import Host
-from api.transactions import Execute, Program, among_ids
+from coldbench.api.auth.models import ApiKey, AuditEvent, EnrollmentToken, WebSession
+from coldbench.api.database import utcnow
+from coldbench.api.errors import NotAuthenticated, NotFound
+from coldbench.api.hosts.models import Host
+from coldbench.api.transactions import Execute, Program, among_ids
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import functools
 import html
 from dataclasses import dataclass
 
-from api.evidence.service import BundleView
-from api.pages.templates import templates
-from evidence.canonical import sha256_hex
-from evidence.markdown import render_summary_md
-from evidence.report import render_report_html
+from coldbench.api.evidence.service import BundleView
+from coldbench.api.pages.templates import templates
+from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.report import render_report_html
 
 PAGE_FILE = "page.html"
 PLOTLY_SRC = "/static/plotly.min.js"

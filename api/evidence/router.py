@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from api.deps import SessionDep, StoreDep
-from api.errors import ServiceError
-from api.evidence import service
-from api.pages.router import error_page, evidence_page, wants_html
-from api.routing import StrictJSONRoute
+from coldbench.api.deps import SessionDep, StoreDep
+from coldbench.api.errors import ServiceError
+from coldbench.api.evidence import service
+from coldbench.api.pages.router import error_page, evidence_page, wants_html
+from coldbench.api.routing import StrictJSONRoute
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["evidence"])
 

@@ -15,23 +15,23 @@ import sqlalchemy as sa
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
-from api.artifacts import service as artifact_service
-from api.artifacts.store import ArtifactStore
-from api.auth import service as auth_service
-from api.database import utcnow
-from api.errors import Conflict, NotFound, validation_message
-from api.evidence.models import Evidence
-from api.hosts.models import Host
-from api.jobs import service as job_service
-from api.jobs.models import Job, spec_as_run
-from api.runs.models import Cell, Run
-from evidence.bundle import BundleError, bundle_records, provenances_of, read_zip
-from evidence.canonical import sha256_hex
-from evidence.markdown import render_summary_md
-from evidence.protocol import JobState, RunState
-from evidence.schemas import Provenance, Record
-from evidence.summary_schema import Summary
-from evidence.timeline import TIMELINE_FILE, Timeline
+from coldbench.api.artifacts import service as artifact_service
+from coldbench.api.artifacts.store import ArtifactStore
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import utcnow
+from coldbench.api.errors import Conflict, NotFound, validation_message
+from coldbench.api.evidence.models import Evidence
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs import service as job_service
+from coldbench.api.jobs.models import Job, spec_as_run
+from coldbench.api.runs.models import Cell, Run
+from coldbench.evidence.bundle import BundleError, bundle_records, provenances_of, read_zip
+from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.protocol import JobState, RunState
+from coldbench.evidence.schemas import Provenance, Record
+from coldbench.evidence.summary_schema import Summary
+from coldbench.evidence.timeline import TIMELINE_FILE, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def _run_files(
 def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bool:
     """Recompute the job's statistics from its raw cells and render its bundle files into the
     store; True when render_evidence should follow. Idempotent (deterministic output)."""
-    from evidence.bundle import build_bundle
+    from coldbench.evidence.bundle import build_bundle
 
     job = db_session.get(Job, job_id)
     if job is None or job.state != JobState.ANALYZING:
@@ -328,8 +328,8 @@ def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -
 def publish(*, db_session: Session, store: ArtifactStore, job: Job, files: dict[str, bytes]) -> str:
     """Store the bundle's zip and its evidence page, add the Evidence row and mark the job
     done; the evidence id. `files` are the bundle's files, already in the store."""
-    from api.evidence.page import PAGE_FILE, render_stored_page
-    from evidence.bundle import MANIFEST_FILE, evidence_id_of, zip_bytes
+    from coldbench.api.evidence.page import PAGE_FILE, render_stored_page
+    from coldbench.evidence.bundle import MANIFEST_FILE, evidence_id_of, zip_bytes
 
     evidence_id = evidence_id_of(files[MANIFEST_FILE])
     manifest_sha256 = sha256_hex(files[MANIFEST_FILE])

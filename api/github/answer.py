@@ -12,26 +12,26 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from api.artifacts.store import ArtifactStore
-from api.database import utcnow
-from api.evidence import service as evidence_service
-from api.github import client
-from api.github.comment import (
+from coldbench.api.artifacts.store import ArtifactStore
+from coldbench.api.database import utcnow
+from coldbench.api.evidence import service as evidence_service
+from coldbench.api.github import client
+from coldbench.api.github.comment import (
     MARKER,
     JobView,
     render_comment,
     without_host_paths,
     without_mentions,
 )
-from api.github.config import GitHubConfig, RepositoryConfig, StatusPolicy
-from api.github.events import check_run_external_id
-from api.github.models import PullRequest, PullRequestJob
-from api.hosts.models import Host
-from api.jobs.models import Job
-from api.runs.models import Run
-from evidence.canonical import sha256_hex
-from evidence.protocol import JobState
-from evidence.summary_schema import Summary
+from coldbench.api.github.config import GitHubConfig, RepositoryConfig, StatusPolicy
+from coldbench.api.github.events import check_run_external_id
+from coldbench.api.github.models import PullRequest, PullRequestJob
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs.models import Run
+from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.protocol import JobState
+from coldbench.evidence.summary_schema import Summary
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from gidgethub import BadRequest, GitHubBroken, HTTPException, RateLimitExceeded
 from gidgethub.apps import get_installation_access_token, get_jwt
 from gidgethub.httpx import GitHubAPI
 
-from api.github.config import RepositoryConfig
+from coldbench.api.github.config import RepositoryConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from evidence.escaping import escape_html, md_code, md_text
-from evidence.protocol import JobState
+from coldbench.evidence.escaping import escape_html, md_code, md_text
+from coldbench.evidence.protocol import JobState
 
 MARKER = "<!-- coldbench:pull-request -->"
 # GitHub refuses comment bodies above 65,536 characters; the evidence Markdown stays below

@@ -18,9 +18,9 @@ from gidgethub import BadRequest, ValidationFailure
 from gidgethub.sansio import Event, validate_event
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from api.errors import Forbidden, Invalid
-from api.github.commands import MAX_LINE_CHARS, find_command
-from api.github.config import ACTOR_PATTERN, GitHubConfig
+from coldbench.api.errors import Forbidden, Invalid
+from coldbench.api.github.commands import MAX_LINE_CHARS, find_command
+from coldbench.api.github.config import ACTOR_PATTERN, GitHubConfig
 
 SIGNATURE_HEADER = "x-hub-signature-256"
 _DELIVERY_ID = re.compile(r"^[0-9A-Za-z-]{1,64}$")

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 
-from api import dispatch
-from api.deps import CurrentSubmitter, DatabaseDep, SessionDep, SettingsDep
-from api.errors import NotFound
-from api.github import service
-from api.github.config import GitHubConfig
-from api.github.events import verify_delivery
-from api.github.schemas import PullRequestAsk
-from api.jobs import service as jobs_service
-from api.jobs.schemas import JobOut
+from coldbench.api import dispatch
+from coldbench.api.deps import CurrentSubmitter, DatabaseDep, SessionDep, SettingsDep
+from coldbench.api.errors import NotFound
+from coldbench.api.github import service
+from coldbench.api.github.config import GitHubConfig
+from coldbench.api.github.events import verify_delivery
+from coldbench.api.github.schemas import PullRequestAsk
+from coldbench.api.jobs import service as jobs_service
+from coldbench.api.jobs.schemas import JobOut
 
 router = APIRouter(tags=["github"])
 

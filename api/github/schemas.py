@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.github.config import FULL_NAME_PATTERN
+from coldbench.api.github.config import FULL_NAME_PATTERN
 
 # OWNER/REPO#N, optionally @SHA: the head commit its asker reviewed (the form's way to name it).
 _PULL_REQUEST = re.compile(

@@ -20,19 +20,19 @@ from gidgethub import BadRequest
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.database import utcnow
-from api.errors import Conflict, Invalid, NotFound, ServiceError, TooManyRequests
-from api.github import client
-from api.github.commands import PREFIX, Ask, CommandError, ask_of, parse_command
-from api.github.config import GitHubConfig, RepositoryConfig
-from api.github.events import Delivery, Facts, event_facts
-from api.github.models import GitHubDelivery, PullRequest, PullRequestHead, PullRequestJob
-from api.github.schemas import PullRequestAsk
-from api.jobs import service as jobs_service
-from api.jobs.models import Job
-from api.settings import Settings
-from api.transactions import Database
-from evidence.job_options import JobOptionsError, build_job_spec, service_payload
+from coldbench.api.database import utcnow
+from coldbench.api.errors import Conflict, Invalid, NotFound, ServiceError, TooManyRequests
+from coldbench.api.github import client
+from coldbench.api.github.commands import PREFIX, Ask, CommandError, ask_of, parse_command
+from coldbench.api.github.config import GitHubConfig, RepositoryConfig
+from coldbench.api.github.events import Delivery, Facts, event_facts
+from coldbench.api.github.models import GitHubDelivery, PullRequest, PullRequestHead, PullRequestJob
+from coldbench.api.github.schemas import PullRequestAsk
+from coldbench.api.jobs import service as jobs_service
+from coldbench.api.jobs.models import Job
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import Database
+from coldbench.evidence.job_options import JobOptionsError, build_job_spec, service_payload
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from api import dispatch
-from api.celery_app import celery_app
-from api.github import answer, service
-from api.github.config import GitHubConfig, load_github_config
-from api.tasks import TASK_OPTIONS, _session, _settings, _store
+from coldbench.api import dispatch
+from coldbench.api.celery_app import celery_app
+from coldbench.api.github import answer, service
+from coldbench.api.github.config import GitHubConfig, load_github_config
+from coldbench.api.tasks import TASK_OPTIONS, _session, _settings, _store
 
 log = logging.getLogger(__name__)
 

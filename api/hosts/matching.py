@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from evidence.protocol import LABEL_PATTERN, RepositoryOffer
-from evidence.schemas import BUILTIN_CORPUS, JobSpec
-from evidence.variant import parse_feature
+from coldbench.evidence.protocol import LABEL_PATTERN, RepositoryOffer
+from coldbench.evidence.schemas import BUILTIN_CORPUS, JobSpec
+from coldbench.evidence.variant import parse_feature
 
 
 class HostTraits(Protocol):

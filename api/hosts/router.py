@@ -6,7 +6,7 @@ from functools import partial
 
 from fastapi import APIRouter, status
 
-from api.deps import (
+from coldbench.api.deps import (
     BearerDep,
     CurrentSubmitter,
     CurrentWorker,
@@ -15,12 +15,12 @@ from api.deps import (
     SettingsDep,
     WorkerClaim,
 )
-from api.deps import bearer_token as _bearer_token
-from api.hosts import matching, service
-from api.hosts.schemas import HostOut
-from api.routing import StrictJSONRoute
-from api.runs import heartbeat as run_heartbeat
-from evidence.protocol import (
+from coldbench.api.deps import bearer_token as _bearer_token
+from coldbench.api.hosts import matching, service
+from coldbench.api.hosts.schemas import HostOut
+from coldbench.api.routing import StrictJSONRoute
+from coldbench.api.runs import heartbeat as run_heartbeat
+from coldbench.evidence.protocol import (
     CalibrationAccepted,
     CalibrationReport,
     HeartbeatRequest,

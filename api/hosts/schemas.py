@@ -25,4 +25,4 @@ class HostOut(BaseModel):
     fingerprint: dict[str, Any]
     last_heartbeat_at: datetime | None
     health: str
-    calibration: dict[str, Any] | None = None  # evidence.calibration.HostCalibration
+    calibration: dict[str, Any] | None = None  # coldbench.evidence.calibration.HostCalibration

@@ -14,17 +14,17 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.auth import service as auth_service
-from api.database import utcnow
-from api.errors import Conflict, Invalid, NotAuthenticated, NotFound
-from api.hosts import matching
-from api.hosts.matching import HostView, is_automatic_label
-from api.hosts.models import Host
-from api.runs.models import Run
-from api.settings import Settings
-from api.transactions import Execute, Program
-from evidence.calibration import HostCalibration
-from evidence.protocol import RepositoryOffer, RunState
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import utcnow
+from coldbench.api.errors import Conflict, Invalid, NotAuthenticated, NotFound
+from coldbench.api.hosts import matching
+from coldbench.api.hosts.matching import HostView, is_automatic_label
+from coldbench.api.hosts.models import Host
+from coldbench.api.runs.models import Run
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import Execute, Program
+from coldbench.evidence.calibration import HostCalibration
+from coldbench.evidence.protocol import RepositoryOffer, RunState
 
 log = logging.getLogger(__name__)
 

@@ -20,15 +20,15 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.auth import service as auth_service
-from api.database import utcnow
-from api.jobs.models import Job, spec_as_run
-from api.runs.models import Run
-from api.runs.wakeup import announce_work
-from evidence.bisect import next_line, step_spec
-from evidence.canonical import sha256_json
-from evidence.protocol import JobState, RunState
-from evidence.schemas import BisectStep, JobSpec
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import utcnow
+from coldbench.api.jobs.models import Job, spec_as_run
+from coldbench.api.runs.models import Run
+from coldbench.api.runs.wakeup import announce_work
+from coldbench.evidence.bisect import next_line, step_spec
+from coldbench.evidence.canonical import sha256_json
+from coldbench.evidence.protocol import JobState, RunState
+from coldbench.evidence.schemas import BisectStep, JobSpec
 
 log = logging.getLogger(__name__)
 

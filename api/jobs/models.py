@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.database import Base, SpecColumn, UTCDateTime, one_of, utcnow
-from evidence.protocol import JobState
-from evidence.schemas import JobSpec
+from coldbench.api.database import Base, SpecColumn, UTCDateTime, one_of, utcnow
+from coldbench.evidence.protocol import JobState
+from coldbench.evidence.schemas import JobSpec
 
 if TYPE_CHECKING:
-    from api.runs.models import Run
+    from coldbench.api.runs.models import Run
 
 
 class Job(Base):

@@ -6,16 +6,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, status
 
-from api.deps import (
+from coldbench.api.deps import (
     CurrentSubmitter,
     DatabaseDep,
     SessionDep,
     SettingsDep,
     SubmitterClaim,
 )
-from api.jobs import service
-from api.jobs.schemas import JobListItem, JobOut
-from api.routing import StrictJSONRoute
+from coldbench.api.jobs import service
+from coldbench.api.jobs.schemas import JobListItem, JobOut
+from coldbench.api.routing import StrictJSONRoute
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
 

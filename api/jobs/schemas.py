@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from api.runs.schemas import RunOut
+from coldbench.api.runs.schemas import RunOut
 
 
 class StepOut(BaseModel):

@@ -12,39 +12,39 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
-from api.auth import service as auth_service
-from api.auth.models import AuditEvent
-from api.database import utcnow
-from api.errors import Forbidden, Invalid, NotAuthenticated, NotFound, ServiceError
-from api.hosts import service as host_service
-from api.hosts.matching import (
+from coldbench.api.auth import service as auth_service
+from coldbench.api.auth.models import AuditEvent
+from coldbench.api.database import utcnow
+from coldbench.api.errors import Forbidden, Invalid, NotAuthenticated, NotFound, ServiceError
+from coldbench.api.hosts import service as host_service
+from coldbench.api.hosts.matching import (
     HostView,
     Refusal,
     describe_allow_lists,
     offline_notice,
     why_host_cannot_run,
 )
-from api.jobs import bisect
-from api.jobs.models import Job, spec_as_run
-from api.jobs.schemas import JobListItem, JobOut, StepOut
-from api.runs.models import Run, RunAttempt
-from api.runs.schemas import AttemptOut, RunOut
-from api.runs.wakeup import announce_work
-from api.settings import Settings, get_settings
-from api.transactions import ANNOUNCE_WORK, Execute, Program, run_one_in_session
-from evidence.canonical import sha256_json
-from evidence.engine_flags import flag_problems
-from evidence.job_options import (
+from coldbench.api.jobs import bisect
+from coldbench.api.jobs.models import Job, spec_as_run
+from coldbench.api.jobs.schemas import JobListItem, JobOut, StepOut
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.runs.schemas import AttemptOut, RunOut
+from coldbench.api.runs.wakeup import announce_work
+from coldbench.api.settings import Settings, get_settings
+from coldbench.api.transactions import ANNOUNCE_WORK, Execute, Program, run_one_in_session
+from coldbench.evidence.canonical import sha256_json
+from coldbench.evidence.engine_flags import flag_problems
+from coldbench.evidence.job_options import (
     DefaultRoundsError,
     validation_problems,
     with_default_rounds,
     with_rounds_to_come,
 )
-from evidence.protocol import JobState, RunState
-from evidence.schemas import MAX_HISTORY_COMMITS, MAX_PR_COMMITS, JobSpec
-from evidence.stats import too_few_rounds
-from evidence.summary_schema import Summary
-from evidence.variant import expand_variants
+from coldbench.evidence.protocol import JobState, RunState
+from coldbench.evidence.schemas import MAX_HISTORY_COMMITS, MAX_PR_COMMITS, JobSpec
+from coldbench.evidence.stats import too_few_rounds
+from coldbench.evidence.summary_schema import Summary
+from coldbench.evidence.variant import expand_variants
 
 log = logging.getLogger(__name__)
 
@@ -578,7 +578,7 @@ def job_detail(*, db_session: Session, job_id: str, settings: Settings | None = 
     """The job with its runs, their attempts and progress (JSON API and pages); a queued job
     that only offline hosts can run says so (`settings`: the lease life that decides offline,
     the service's by default)."""
-    from api.hosts.models import Host
+    from coldbench.api.hosts.models import Host
 
     job = get_job(db_session=db_session, job_id=job_id)
     runs = job_runs(db_session=db_session, job_id=job_id)
@@ -614,8 +614,8 @@ def job_detail(*, db_session: Session, job_id: str, settings: Settings | None = 
 
 
 def rounds_warning(job: Job, runs: list[Run]) -> str | None:
-    """Why the job's rounds cannot reach a verdict, or None (evidence.stats `too_few_rounds`:
-    the same whatever the number of commits a host resolves a range to)."""
+    """Why the job's rounds cannot reach a verdict, or None (coldbench.evidence.stats
+    `too_few_rounds`: the same whatever the number of commits a host resolves a range to)."""
     return too_few_rounds(spec_as_run(job, runs))
 
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from evidence.job_options import JOB_OPTIONS, MODE_HELP, JobOptionsError, build_job_spec
-from evidence.schemas import JobSpec, SpecLimits
-from evidence.stats import too_few_rounds, units_for_verdict
+from coldbench.evidence.job_options import JOB_OPTIONS, MODE_HELP, JobOptionsError, build_job_spec
+from coldbench.evidence.schemas import JobSpec, SpecLimits
+from coldbench.evidence.stats import too_few_rounds, units_for_verdict
 
 VARIANT_ROWS = 4
 DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
@@ -92,8 +92,8 @@ def read_form(fields: Mapping[str, Any], preset_contexts: list[str]) -> JobForm:
 
 
 def pull_request_options(form: JobForm) -> dict[str, str]:
-    """The form's options for a pull request's job (`api.github`): the PR's commits and its
-    repository are the service's, so the target and variant rows are not read."""
+    """The form's options for a pull request's job (`coldbench.api.github`): the PR's commits and
+    its repository are the service's, so the target and variant rows are not read."""
     values = form.values
     contexts = ", ".join([*(str(c) for c in form.contexts), values["custom_contexts"]])
     given = {

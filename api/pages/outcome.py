@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from evidence.protocol import JobState
+from coldbench.evidence.protocol import JobState
 
 # The verdicts that answer the question; the others ask for more rounds or found no pairs.
 ANSWERED = ("faster", "slower", "no established change")

@@ -22,32 +22,32 @@ from fastapi.responses import (
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from api import dispatch
-from api.auth import service as auth_service
-from api.auth.models import ApiKey
-from api.database import utcnow
-from api.deps import DatabaseDep, SessionDep, SettingsDep
-from api.errors import Invalid, NotFound, ServiceError
-from api.evidence import page as evidence_pages
-from api.evidence import service as evidence_service
-from api.github import service as github_service
-from api.github.schemas import PullRequestAsk
-from api.hosts import matching
-from api.hosts import service as host_service
-from api.jobs import service as job_service
-from api.pages import form as job_form
-from api.pages import signing
-from api.pages.outcome import job_outcome
-from api.pages.templates import templates
-from api.pages.timing import job_timing
-from api.routing import StrictJSONRoute
-from api.settings import Settings
-from api.transactions import Database
-from evidence.bundle import BundleError
-from evidence.engine_flags import ADAPTER_FLAGS
-from evidence.job_options import service_payload
-from evidence.markdown import answer_sentences, time_spent_lines, verdict_rows
-from evidence.protocol import JobState
+from coldbench.api import dispatch
+from coldbench.api.auth import service as auth_service
+from coldbench.api.auth.models import ApiKey
+from coldbench.api.database import utcnow
+from coldbench.api.deps import DatabaseDep, SessionDep, SettingsDep
+from coldbench.api.errors import Invalid, NotFound, ServiceError
+from coldbench.api.evidence import page as evidence_pages
+from coldbench.api.evidence import service as evidence_service
+from coldbench.api.github import service as github_service
+from coldbench.api.github.schemas import PullRequestAsk
+from coldbench.api.hosts import matching
+from coldbench.api.hosts import service as host_service
+from coldbench.api.jobs import service as job_service
+from coldbench.api.pages import form as job_form
+from coldbench.api.pages import signing
+from coldbench.api.pages.outcome import job_outcome
+from coldbench.api.pages.templates import templates
+from coldbench.api.pages.timing import job_timing
+from coldbench.api.routing import StrictJSONRoute
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import Database
+from coldbench.evidence.bundle import BundleError
+from coldbench.evidence.engine_flags import ADAPTER_FLAGS
+from coldbench.evidence.job_options import service_payload
+from coldbench.evidence.markdown import answer_sentences, time_spent_lines, verdict_rows
+from coldbench.evidence.protocol import JobState
 
 log = logging.getLogger(__name__)
 
@@ -537,7 +537,7 @@ _plotly_cache: dict[str, bytes] = {}
 @router.get("/static/plotly.min.js")
 def plotly_js(request: Request):
     """plotly.js from the installed plotly package (gzip when the browser takes it)."""
-    from evidence.report import plotly_js as plotly_source
+    from coldbench.evidence.report import plotly_js as plotly_source
 
     if "raw" not in _plotly_cache:
         _plotly_cache["raw"] = plotly_source().encode("utf-8")

@@ -2,8 +2,8 @@
 
 Both are `<fields>.<hmac-sha256>` with the web secret, compared with `hmac.compare_digest`.
 The session cookie never holds the API key itself, only the id of its session row
-(`api.auth.models.WebSession`): logging out ends the session on the server, and revoking the
-key ends every browser session of it (both are checked on each request).
+(`coldbench.api.auth.models.WebSession`): logging out ends the session on the server, and revoking
+the key ends every browser session of it (both are checked on each request).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import secrets
 import time
 from pathlib import Path
 
-from api.settings import Settings
+from coldbench.api.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from starlette.templating import Jinja2Templates
 
-from evidence.protocol import RunState
-from evidence.spec_text import flags_text
+from coldbench.evidence.protocol import RunState
+from coldbench.evidence.spec_text import flags_text
 
 
 def web_dir() -> Path:
     """The installed `web` package folder (templates/ and static/ live in it)."""
-    return Path(str(resources.files("web")))
+    return Path(str(resources.files("coldbench.web")))
 
 
 def fmt_time(value: datetime | None) -> str:
@@ -50,7 +50,7 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def run_label(state: str) -> str:
-    """A run's state in the jobs' words (evidence.protocol.RunState.label)."""
+    """A run's state in the jobs' words (coldbench.evidence.protocol.RunState.label)."""
     try:
         return RunState(state).label
     except ValueError:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
-from api.jobs.schemas import JobOut
-from api.pages.templates import fmt_duration
-from evidence.protocol import HEARTBEAT_S, JobState, RunState
+from coldbench.api.jobs.schemas import JobOut
+from coldbench.api.pages.templates import fmt_duration
+from coldbench.evidence.protocol import HEARTBEAT_S, JobState, RunState
 
 # Silent for longer than this, a host has missed two heartbeats.
 OVERDUE_AFTER_S: Final = 2 * HEARTBEAT_S

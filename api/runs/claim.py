@@ -21,22 +21,22 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from api.auth import service as auth_service
-from api.auth.models import AuditEvent
-from api.database import utcnow
-from api.errors import Invalid, NotAuthenticated
-from api.hosts import service as host_service
-from api.hosts.matching import LeasingHost, why_host_cannot_run
-from api.hosts.models import Host
-from api.jobs.models import Job
-from api.runs.models import Run, RunAttempt
-from api.runs.service import AUDIT_COLUMNS
-from api.runs.wakeup import WorkSignal
-from api.settings import Settings
-from api.transactions import Database, Execute, Program, among_ids
-from evidence.boundary import value_problem
-from evidence.protocol import JobState, Lease, RepositoryOffer, RunState
-from evidence.schemas import JobSpec
+from coldbench.api.auth import service as auth_service
+from coldbench.api.auth.models import AuditEvent
+from coldbench.api.database import utcnow
+from coldbench.api.errors import Invalid, NotAuthenticated
+from coldbench.api.hosts import service as host_service
+from coldbench.api.hosts.matching import LeasingHost, why_host_cannot_run
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.runs.service import AUDIT_COLUMNS
+from coldbench.api.runs.wakeup import WorkSignal
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import Database, Execute, Program, among_ids
+from coldbench.evidence.boundary import value_problem
+from coldbench.evidence.protocol import JobState, Lease, RepositoryOffer, RunState
+from coldbench.evidence.schemas import JobSpec
 
 log = logging.getLogger(__name__)
 

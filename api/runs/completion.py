@@ -15,17 +15,17 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from api import dispatch
-from api.artifacts.models import Artifact
-from api.auth import service as auth_service
-from api.auth.models import AuditEvent
-from api.database import utcnow
-from api.errors import Conflict, Invalid, validation_message
-from api.hosts.models import Host
-from api.jobs import service as job_service
-from api.jobs.models import Job
-from api.runs.models import Run, RunAttempt
-from api.runs.service import (
+from coldbench.api import dispatch
+from coldbench.api.artifacts.models import Artifact
+from coldbench.api.auth import service as auth_service
+from coldbench.api.auth.models import AuditEvent
+from coldbench.api.database import utcnow
+from coldbench.api.errors import Conflict, Invalid, validation_message
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs import service as job_service
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.runs.service import (
     AUDIT_COLUMNS,
     RUN_AND_ATTEMPT,
     RUN_AND_ATTEMPT_AS_WORKER,
@@ -36,9 +36,9 @@ from api.runs.service import (
     require_holder,
     row_is_current,
 )
-from api.transactions import Execute, Program
-from evidence.protocol import JobState, RunState
-from evidence.schemas import Manifest
+from coldbench.api.transactions import Execute, Program
+from coldbench.evidence.protocol import JobState, RunState
+from coldbench.evidence.schemas import Manifest
 
 REQUIRED_FILES = ("records.jsonl", "provenance.json")
 

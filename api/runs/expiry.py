@@ -16,17 +16,17 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import dispatch
-from api.auth import service as auth_service
-from api.database import utcnow
-from api.hosts import service as host_service
-from api.hosts.models import Host
-from api.jobs import service as job_service
-from api.runs.models import Run
-from api.runs.service import get_attempt
-from api.runs.wakeup import announce_work
-from api.settings import Settings
-from evidence.protocol import RunState
+from coldbench.api import dispatch
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import utcnow
+from coldbench.api.hosts import service as host_service
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs import service as job_service
+from coldbench.api.runs.models import Run
+from coldbench.api.runs.service import get_attempt
+from coldbench.api.runs.wakeup import announce_work
+from coldbench.api.settings import Settings
+from coldbench.evidence.protocol import RunState
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,14 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 
-from api.auth import service as auth_service
-from api.database import utcnow
-from api.errors import Invalid, NotAuthenticated
-from api.hosts.models import Host
-from api.runs.models import Run, RunAttempt
-from api.runs.service import RUN_AND_ATTEMPT, held_by, require_holder
-from api.settings import Settings
-from api.transactions import Execute, Program
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import utcnow
+from coldbench.api.errors import Invalid, NotAuthenticated
+from coldbench.api.hosts.models import Host
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.runs.service import RUN_AND_ATTEMPT, held_by, require_holder
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import Execute, Program
 
 _runs = cast(sa.Table, Run.__table__)
 _hosts = cast(sa.Table, Host.__table__)

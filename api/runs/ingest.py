@@ -17,21 +17,21 @@ from pydantic import ValidationError
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from api.artifacts import service as artifact_service
-from api.artifacts.models import Artifact
-from api.artifacts.store import ArtifactStore
-from api.auth import service as auth_service
-from api.database import utcnow
-from api.errors import validation_message
-from api.jobs import service as job_service
-from api.jobs.models import Job
-from api.runs.models import Cell, Run
-from api.settings import Settings
-from evidence.boundary import strict_json_loads
-from evidence.bundle import JOB_FILE
-from evidence.protocol import RunState
-from evidence.resolution import resolution_problem
-from evidence.schemas import JobSpec, Record
+from coldbench.api.artifacts import service as artifact_service
+from coldbench.api.artifacts.models import Artifact
+from coldbench.api.artifacts.store import ArtifactStore
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import utcnow
+from coldbench.api.errors import validation_message
+from coldbench.api.jobs import service as job_service
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs.models import Cell, Run
+from coldbench.api.settings import Settings
+from coldbench.evidence.boundary import strict_json_loads
+from coldbench.evidence.bundle import JOB_FILE
+from coldbench.evidence.protocol import RunState
+from coldbench.evidence.resolution import resolution_problem
+from coldbench.evidence.schemas import JobSpec, Record
 
 log = logging.getLogger(__name__)
 

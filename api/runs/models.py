@@ -8,9 +8,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.database import Base, SpecColumn, UTCDateTime, one_of, utcnow
-from evidence.protocol import ATTEMPT_STATES, RunState
-from evidence.schemas import JobSpec
+from coldbench.api.database import Base, SpecColumn, UTCDateTime, one_of, utcnow
+from coldbench.evidence.protocol import ATTEMPT_STATES, RunState
+from coldbench.evidence.schemas import JobSpec
 
 
 class Run(Base):

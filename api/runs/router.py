@@ -7,10 +7,10 @@ from functools import partial
 from fastapi import APIRouter, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import DatabaseDep, SettingsDep, WorkerClaim
-from api.routing import StrictJSONRoute
-from api.runs import claim, completion
-from evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
+from coldbench.api.deps import DatabaseDep, SettingsDep, WorkerClaim
+from coldbench.api.routing import StrictJSONRoute
+from coldbench.api.runs import claim, completion
+from coldbench.evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["runs"])
 

@@ -37,11 +37,11 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from api.auth import service as auth_service
-from api.errors import Forbidden, NotFound
-from api.hosts.models import Host
-from api.runs.models import Run, RunAttempt
-from evidence.protocol import RunState
+from coldbench.api.auth import service as auth_service
+from coldbench.api.errors import Forbidden, NotFound
+from coldbench.api.hosts.models import Host
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.evidence.protocol import RunState
 
 _runs = cast(sa.Table, Run.__table__)
 _attempts = cast(sa.Table, RunAttempt.__table__)

@@ -5,7 +5,7 @@ registry below maps the adapter names of a plan (DESIGN.md: `embedded`, `mlx-lm`
 `openai-server`) to those modules and imports only the one a plan asks for.
 
 Contract of `Adapter.run_cell(round, order, context_tokens)`: return the measured part of a
-record (`engine.record.Measurement`, judged by `engine.judge`);
+record (`coldbench.engine.record.Measurement`, judged by `coldbench.engine.judge`);
 `round == -1` means the discarded warm-up, which must use a prompt no measured cell uses
 (`PromptSource.warmup_prompt`). The runner adds `schema`, `run_id`, `variant`, `round`,
 `order`, `context_tokens`, `adapter`, `flags`, and turns an exception into an error record.
@@ -17,8 +17,9 @@ the engine module was really imported from), `flags`, `mlx`, `mlx_lm`, `backend`
 the cells, which provenance keeps per variant. Its shape, shared with the openai-server adapter
 (which reports what the server's interpreter imports): `python`, `python_executable`, `mlx`,
 `mlx_lm`, `coldbench` (versions, None when unknown) and `files` (name -> absolute path of the
-file the module was imported from: `engine`, `fastpaths`, `mlx`, `mlx_lm`; a tree from before
-the package was renamed reports `kernels` in place of `fastpaths`).
+file the module was imported from: `engine` and `kernels` (`coldbench.engine`,
+`coldbench.kernels`), `mlx`, `mlx_lm`; a tree from before the move reports its top-level
+`fastpaths` in place of `kernels`, and one from before that package's rename `kernels`).
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.plan import Plan
-from engine.prompts import Prompt
-from engine.record import Measurement, now_iso
+from coldbench.engine.plan import Plan
+from coldbench.engine.prompts import Prompt
+from coldbench.engine.record import Measurement, now_iso
 
 ADAPTERS: dict[str, str] = {
-    "embedded": "engine.adapters.embedded",
-    "mlx-lm": "engine.adapters.mlx_lm",
-    "openai-server": "engine.adapters.openai_server",
+    "embedded": "coldbench.engine.adapters.embedded",
+    "mlx-lm": "coldbench.engine.adapters.mlx_lm",
+    "openai-server": "coldbench.engine.adapters.openai_server",
 }
 
 
@@ -87,14 +88,13 @@ def process_software(**modules: Any) -> dict[str, Any]:
     """Versions and imported files in this process (`describe()["software"]`).
 
     `modules` adds named modules to the files (e.g. the checkout's `mlx_lm`); `engine`,
-    `fastpaths` and `mlx` (mlx.core's extension) are always listed, `mlx_lm` when imported.
+    `kernels` and `mlx` (mlx.core's extension) are always listed, `mlx_lm` when imported.
     """
     import mlx.core as mx
 
-    import engine
-    import fastpaths
+    from coldbench import engine, kernels
 
-    found: dict[str, Any] = {"engine": engine, "fastpaths": fastpaths, "mlx": mx}
+    found: dict[str, Any] = {"engine": engine, "kernels": kernels, "mlx": mx}
     if "mlx_lm" in sys.modules:
         found["mlx_lm"] = sys.modules["mlx_lm"]
     found.update(modules)
@@ -104,7 +104,7 @@ def process_software(**modules: Any) -> dict[str, Any]:
         if getattr(module, "__file__", None)
     }
     mlx_lm = found.get("mlx_lm")
-    from engine.mlx_build import mlx_build
+    from coldbench.engine.mlx_build import mlx_build
 
     return {
         "python": sys.version.split()[0],

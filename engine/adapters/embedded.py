@@ -1,7 +1,7 @@
-"""The `embedded` adapter: this project's engine (`engine.cell`) in the variant process.
+"""The `embedded` adapter: this project's engine (`coldbench.engine.cell`) in the variant process.
 
 With the plan's `checkout` (a worktree of a repository declared `adapter = "embedded"`), the
-variant must run that worktree's `engine/` and `fastpaths/`: the files this process imported for
+variant must run that worktree's `engine/` and `kernels/`: the files this process imported for
 both must lie inside it, or the adapter refuses to run (a load error, exit 2), as the mlx-lm
 adapter does for its checkout.
 """
@@ -14,17 +14,17 @@ from typing import Any
 
 from mlx_lm.models.cache import make_prompt_cache
 
-import engine
-from engine import checkpoints, lean
-from engine.adapters import process_software
-from engine.backend import describe_backend, not_exercised
-from engine.canary import warm_cache
-from engine.cell import run_cell
-from engine.flags import Flags
-from engine.memory import MemoryGuard
-from engine.plan import Plan
-from engine.prompts import PromptSource
-from engine.record import Measurement
+from coldbench import engine
+from coldbench.engine import checkpoints, lean
+from coldbench.engine.adapters import process_software
+from coldbench.engine.backend import describe_backend, not_exercised
+from coldbench.engine.canary import warm_cache
+from coldbench.engine.cell import run_cell
+from coldbench.engine.flags import Flags
+from coldbench.engine.memory import MemoryGuard
+from coldbench.engine.plan import Plan
+from coldbench.engine.prompts import PromptSource
+from coldbench.engine.record import Measurement
 
 
 class EmbeddedLoadError(ValueError):
@@ -32,11 +32,11 @@ class EmbeddedLoadError(ValueError):
 
 
 def check_imported_from(checkout: str | Path) -> None:
-    """Raise EmbeddedLoadError unless `engine` and `fastpaths` came from inside `checkout`."""
-    import fastpaths
+    """Raise EmbeddedLoadError unless `engine` and `kernels` came from inside `checkout`."""
+    from coldbench import kernels
 
     root = Path(checkout).resolve()
-    for module in (engine, fastpaths):
+    for module in (engine, kernels):
         imported = Path(module.__file__ or "").resolve()
         if not imported.is_relative_to(root):
             raise EmbeddedLoadError(
@@ -62,7 +62,7 @@ class EmbeddedAdapter:
             path = checkpoints.resolve_model(self.plan.model, {})
         else:
             path = Path(self.plan.model)
-        # refused before loading when even the warm-up cannot fit (engine.memory)
+        # refused before loading when even the warm-up cannot fit (coldbench.engine.memory)
         memory = MemoryGuard.for_plan(self.plan, path)
         memory.check(min(self.plan.warmup_shapes()))
         memory.share_device()

@@ -11,7 +11,7 @@ variant's `prefill_step_size`. Prefill time is the time to the first token (its 
 materialised, so every prefill chunk has run); decode time is measured separately, from the
 first token to the last. Chunk widths are the token counts of the model's forward calls that
 took the prompt (`CallWidths`), i.e. from the loop that actually ran in the checkout, not from
-what stock mlx-lm would do. `engine.judge`
+what stock mlx-lm would do. `coldbench.engine.judge`
 judges them by what the requested step implies (`ChunksOf`: chunks of that step, whatever the
 checkout's remainder policy), and calls the cell a no-op only when the widths are stock's.
 """
@@ -32,12 +32,12 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine import checkpoints
-from engine.adapters import measure_prompt, process_software
-from engine.backend import describe_backend
-from engine.canary import cold_check_blind, warm_cache
-from engine.flags import Flags
-from engine.judge import (
+from coldbench.engine import checkpoints
+from coldbench.engine.adapters import measure_prompt, process_software
+from coldbench.engine.backend import describe_backend
+from coldbench.engine.canary import cold_check_blind, warm_cache
+from coldbench.engine.flags import Flags
+from coldbench.engine.judge import (
     ChunksOf,
     Expectation,
     Observation,
@@ -46,10 +46,10 @@ from engine.judge import (
     runs_text,
     to_runs,
 )
-from engine.memory import MemoryGuard
-from engine.plan import Plan
-from engine.prompts import PromptSource, ids_sha256
-from engine.record import Measurement
+from coldbench.engine.memory import MemoryGuard
+from coldbench.engine.plan import Plan
+from coldbench.engine.prompts import PromptSource, ids_sha256
+from coldbench.engine.record import Measurement
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,8 @@ class MlxLmLoadError(ValueError):
 
 def parse_flags(flags: Mapping[str, Any] | None) -> Flags:
     """Accept only what generate_step can honour; anything else is refused, never ignored.
-    Values are checked by `engine.flags.Flags` (the one rule for every adapter); the default
-    of `prefill_step_size` is generate_step's own, which this engine shares."""
+    Values are checked by `coldbench.engine.flags.Flags` (the one rule for every adapter); the
+    default of `prefill_step_size` is generate_step's own, which this engine shares."""
     unknown = sorted(set(flags or {}) - set(SUPPORTED_FLAGS))
     if unknown:
         raise MlxLmLoadError(
@@ -164,7 +164,7 @@ class MlxLmAdapter:
             model_path = Path(self.plan.model)
         if not (model_path / "config.json").is_file():
             raise MlxLmLoadError(f"model checkpoint not found (no config.json): {model_path}")
-        # refused before loading when even the warm-up cannot fit (engine.memory)
+        # refused before loading when even the warm-up cannot fit (coldbench.engine.memory)
         memory = MemoryGuard.for_plan(self.plan, model_path)
         memory.check(min(self.plan.warmup_shapes()))
         memory.share_device()

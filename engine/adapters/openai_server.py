@@ -23,8 +23,8 @@ What mlx_lm.server reports: with `stream_options.include_usage` its last event c
 `usage.prompt_tokens_details.cached_tokens`, the length of the prefix it reused from its LRU
 prompt cache (keyed by prompt + generated ids). A repeated prompt reuses all but its last token
 (N-1); two different prompts that merely start with the same token reuse 1, which is why
-`engine.prompts` gives every round a different first token. A checkpoint whose tokenizer adds
-BOS starts every prompt with the same token, so every cell after the first reuses 1 token:
+`coldbench.engine.prompts` gives every round a different first token. A checkpoint whose tokenizer
+adds BOS starts every prompt with the same token, so every cell after the first reuses 1 token:
 such servers are started with their prompt cache off (`--prompt-cache-size 0` for
 mlx_lm.server), which the reason of such a cell says.
 
@@ -32,8 +32,8 @@ Host-owned options (plan `server_options`, resolved by the worker from worker.to
 pieces are appended to the command and their env set for the server; nothing else of a variant
 reaches the command line. An option's `proof` is a regular expression over the server's own
 output lines (stdout and stderr, unbuffered, in `<records>.server.log`) written during a cell:
-its matches are the counter `<option>.dispatched`, and `engine.judge` calls a requested option
-whose proof never matched a `silent no-op`. `wipe` paths (the server's on-disk caches) are
+its matches are the counter `<option>.dispatched`, and `coldbench.engine.judge` calls a requested
+option whose proof never matched a `silent no-op`. `wipe` paths (the server's on-disk caches) are
 deleted before the server starts, and the describe() target says what was removed.
 
 Fail fast: while a cell streams, a watchdog ends it when the server process exits or when no
@@ -67,14 +67,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import checkpoints
-from engine.adapters import measure_prompt
-from engine.backend import describe_backend
-from engine.judge import AtLeast, Expectation, Observation, generate_step_widths, judge_cell
-from engine.memory import MemoryGuard
-from engine.plan import Plan
-from engine.prompts import PromptSource, ids_sha256
-from engine.record import Measurement
+from coldbench.engine import checkpoints
+from coldbench.engine.adapters import measure_prompt
+from coldbench.engine.backend import describe_backend
+from coldbench.engine.judge import (
+    AtLeast,
+    Expectation,
+    Observation,
+    generate_step_widths,
+    judge_cell,
+)
+from coldbench.engine.memory import MemoryGuard
+from coldbench.engine.plan import Plan
+from coldbench.engine.prompts import PromptSource, ids_sha256
+from coldbench.engine.record import Measurement
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +102,7 @@ PROMPT_CACHE_REUSE = (
     "(mlx_lm.server: --prompt-cache-size 0)"
 )
 # Run by the server's own interpreter, with the server's environment: what it imports.
-# Same shape as engine.adapters.process_software (provenance reads both alike).
+# Same shape as coldbench.engine.adapters.process_software (provenance reads both alike).
 SOFTWARE_PROBE = """
 import importlib, importlib.util, json, os, sys
 from importlib import metadata
@@ -413,7 +419,7 @@ class OpenAIServerAdapter:
         self, name: str, lines: Sequence[str], context_tokens: int
     ) -> tuple[Expectation, Observation] | None:
         """What a requested option implies at this context and what the server's own lines
-        of the cell show (engine.judge), or None for an option with nothing to judge.
+        of the cell show (coldbench.engine.judge), or None for an option with nothing to judge.
 
         A proof line is the option's own word that it ran, at least one per cell, counted only
         where stock could not have printed it: with the option's `stock` value, a line its
@@ -552,7 +558,7 @@ class OpenAIServerAdapter:
 
 
 def _render_proof(template: str, value: Any) -> str:
-    """The proof with `{value}` filled, as evidence.options renders it (escaped)."""
+    """The proof with `{value}` filled, as coldbench.evidence.options renders it (escaped)."""
     text = ("1" if value else "0") if isinstance(value, bool) else str(int(value))
     return template.replace(VALUE_PLACEHOLDER, re.escape(text))
 

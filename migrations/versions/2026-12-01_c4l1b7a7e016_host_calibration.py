@@ -1,4 +1,4 @@
-"""Hosts keep their latest calibration (`coldbench calibrate`, evidence.calibration).
+"""Hosts keep their latest calibration (`coldbench calibrate`, coldbench.evidence.calibration).
 
 Revision ID: c4l1b7a7e016
 Revises: 7693a6ba4526
@@ -12,18 +12,17 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-
-revision: str = 'c4l1b7a7e016'
-down_revision: str | Sequence[str] | None = '7693a6ba4526'
+revision: str = "c4l1b7a7e016"
+down_revision: str | Sequence[str] | None = "7693a6ba4526"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('hosts', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('calibration', sa.JSON(), nullable=True))
+    with op.batch_alter_table("hosts", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("calibration", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('hosts', schema=None) as batch_op:
-        batch_op.drop_column('calibration')
+    with op.batch_alter_table("hosts", schema=None) as batch_op:
+        batch_op.drop_column("calibration")

@@ -10,14 +10,14 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
-from api.hosts.models import Host
-from api.jobs.models import Job
-from api.runs import claim, completion
-from api.runs import heartbeat as run_heartbeat
-from api.runs.models import Run
-from api.settings import Settings
-from api.transactions import run_in_session, run_one_in_session
-from evidence.protocol import Lease
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs import claim, completion
+from coldbench.api.runs import heartbeat as run_heartbeat
+from coldbench.api.runs.models import Run
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import run_in_session, run_one_in_session
+from coldbench.evidence.protocol import Lease
 
 
 def expire_loaded(db_session: Session, *keys: tuple[type, str | None]) -> None:

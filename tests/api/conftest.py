@@ -22,12 +22,12 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api import dispatch
-from api.app import create_app
-from api.database import Base, make_engine, make_sessionmaker, upgrade_database
-from api.deps import get_database, get_db
-from api.settings import Settings
-from api.transactions import SessionDatabase
+from coldbench.api import dispatch
+from coldbench.api.app import create_app
+from coldbench.api.database import Base, make_engine, make_sessionmaker, upgrade_database
+from coldbench.api.deps import get_database, get_db
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import SessionDatabase
 from tests.conftest import POSTGRES_URL
 
 

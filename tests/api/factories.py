@@ -8,14 +8,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.auth import service as auth_service
-from api.hosts import service as host_service
-from api.hosts.models import Host
-from api.jobs import service as job_service
-from api.jobs.models import Job
-from api.settings import Settings
-from evidence.canonical import canonical_json, sha256_hex
-from evidence.protocol import RepositoryOffer
+from coldbench.api.auth import service as auth_service
+from coldbench.api.hosts import service as host_service
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs import service as job_service
+from coldbench.api.jobs.models import Job
+from coldbench.api.settings import Settings
+from coldbench.evidence.canonical import canonical_json, sha256_hex
+from coldbench.evidence.protocol import RepositoryOffer
 
 
 def fingerprint(**overrides: Any) -> dict[str, Any]:

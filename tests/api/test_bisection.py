@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from api.errors import Invalid
-from api.jobs import bisect
-from api.jobs import service as job_service
-from api.jobs.models import Job
-from api.settings import Settings
-from evidence.bisect import step_spec
-from evidence.protocol import JobState
-from evidence.schemas import JobSpec
+from coldbench.api.errors import Invalid
+from coldbench.api.jobs import bisect
+from coldbench.api.jobs import service as job_service
+from coldbench.api.jobs.models import Job
+from coldbench.api.settings import Settings
+from coldbench.evidence.bisect import step_spec
+from coldbench.evidence.protocol import JobState
+from coldbench.evidence.schemas import JobSpec
 from tests.api.factories import job_payload, make_host
 
 LINE = [c * 40 for c in "abcde"]  # a good ... e bad

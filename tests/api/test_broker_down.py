@@ -18,13 +18,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api import dispatch
-from api.artifacts.store import SPILL_BYTES, LocalArtifactStore
-from api.celery_app import make_celery
-from api.runs import ingest
-from api.runs.models import Run
-from api.settings import Settings
-from evidence.canonical import sha256_hex
+from coldbench.api import dispatch
+from coldbench.api.artifacts.store import SPILL_BYTES, LocalArtifactStore
+from coldbench.api.celery_app import make_celery
+from coldbench.api.runs import ingest
+from coldbench.api.runs.models import Run
+from coldbench.api.settings import Settings
+from coldbench.evidence.canonical import sha256_hex
 from tests.api.conftest import bearer
 from tests.api.factories import (
     fingerprint,
@@ -48,10 +48,10 @@ def test_completion_does_not_wait_for_an_unreachable_broker(
     settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import api.celery_app
+    import coldbench.api.celery_app
 
     down = make_celery(Settings(redis_url=f"redis://127.0.0.1:{_closed_port()}/0"))
-    monkeypatch.setattr(api.celery_app, "celery_app", down)
+    monkeypatch.setattr(coldbench.api.celery_app, "celery_app", down)
     _, secret = make_host(db_session, "studio-1")
     make_job(db_session, settings)
     run_id = client.post(
@@ -113,12 +113,12 @@ def test_completion_waits_about_a_second_for_a_broker_that_never_answers(
 ) -> None:
     """Redis accepting connections but not answering costs a completion its socket timeout
     (1 s, BROKER_TIMEOUT_S), not 5 s; the run is committed and reprocessed later."""
-    import api.celery_app
+    import coldbench.api.celery_app
 
     broker = _SilentBroker()
     try:
         hung = make_celery(Settings(redis_url=f"redis://127.0.0.1:{broker.port}/0"))
-        monkeypatch.setattr(api.celery_app, "celery_app", hung)
+        monkeypatch.setattr(coldbench.api.celery_app, "celery_app", hung)
         _, secret = make_host(db_session, "studio-1")
         make_job(db_session, settings)
         run_id = client.post(
@@ -154,7 +154,7 @@ def test_upload_cut_by_a_killed_server_is_swept(tmp_path: Path) -> None:
     # A real process streams an upload into the store and is killed mid-body.
     script = (
         "import sys, time\n"
-        "from api.artifacts.store import SPILL_BYTES, LocalArtifactStore\n"
+        "from coldbench.api.artifacts.store import SPILL_BYTES, LocalArtifactStore\n"
         "def chunks():\n"
         "    yield b'x' * SPILL_BYTES\n"
         "    print('streaming', flush=True)\n"
@@ -197,8 +197,8 @@ def test_server_start_and_the_beat_task_sweep_abandoned_uploads(
 ) -> None:
     from contextlib import contextmanager
 
-    from api import tasks
-    from api.app import create_app
+    from coldbench.api import tasks
+    from coldbench.api.app import create_app
 
     store = LocalArtifactStore(settings.artifact_dir)
     path = _abandoned(store)

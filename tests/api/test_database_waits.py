@@ -25,10 +25,10 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.database import make_engine, make_sessionmaker, upgrade_database
-from api.settings import Settings
-from evidence.canonical import sha256_hex
+from coldbench.api.app import create_app
+from coldbench.api.database import make_engine, make_sessionmaker, upgrade_database
+from coldbench.api.settings import Settings
+from coldbench.evidence.canonical import sha256_hex
 from tests.api.conftest import SentTasks, bearer
 from tests.api.factories import (
     fingerprint,

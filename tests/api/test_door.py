@@ -25,19 +25,19 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
-from api import dispatch
-from api.app import create_app
-from api.auth import service as auth_service
-from api.database import make_engine, make_sessionmaker
-from api.hosts.models import Host
-from api.settings import Settings
-from evidence.boundary import (
+from coldbench.api import dispatch
+from coldbench.api.app import create_app
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import make_engine, make_sessionmaker
+from coldbench.api.hosts.models import Host
+from coldbench.api.settings import Settings
+from coldbench.evidence.boundary import (
     MAX_DOOR_TEXT_CHARS,
     TextRefused,
     door_json_loads,
     door_text_problem,
 )
-from evidence.canonical import sha256_hex
+from coldbench.evidence.canonical import sha256_hex
 from tests.api.conftest import SentTasks, bearer
 from tests.api.factories import (
     fingerprint,
@@ -325,7 +325,7 @@ def test_json_stored_before_the_door_is_cleaned_by_the_migration(
     and the list reads back."""
     from alembic import command
 
-    from api.migration import alembic_config
+    from coldbench.api.migration import alembic_config
 
     databases = _database_before_the_door(dialect, postgres_url, tmp_path)
     url = next(databases)
@@ -422,7 +422,7 @@ def test_every_admin_argument_passes_the_door(text: str, position: int) -> None:
     lone surrogates); refused with exit 2 naming the argument, before any database."""
     from typer.testing import CliRunner
 
-    from api.cli import app
+    from coldbench.api.cli import app
 
     cases = [
         (["admin", "apikey", text], "argument 2"),

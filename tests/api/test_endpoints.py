@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.artifacts.models import Artifact
-from api.database import utcnow
-from api.runs import expiry
-from api.runs.models import Run, RunAttempt
-from api.settings import Settings
-from evidence.canonical import sha256_hex
+from coldbench.api.artifacts.models import Artifact
+from coldbench.api.database import utcnow
+from coldbench.api.runs import expiry
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.settings import Settings
+from coldbench.evidence.canonical import sha256_hex
 from tests.api.conftest import bearer
 from tests.api.factories import (
     fingerprint,
@@ -165,7 +165,7 @@ def test_the_right_credential_is_accepted(
 
 
 def test_registration_token_is_single_use(client: TestClient, db_session: Session) -> None:
-    from api.auth import service as auth_service
+    from coldbench.api.auth import service as auth_service
 
     token = auth_service.create_enrollment_token(db_session=db_session, labels=["lab:home"])
     body = {
@@ -188,7 +188,7 @@ def test_registration_token_is_single_use(client: TestClient, db_session: Sessio
     assert mac["labels"] == ["gpu:m3", "lab:home"]
     assert "backend:metal" in mac["auto_labels"] and mac["health"] == "ready"
     # Only the digest is stored.
-    from api.hosts.models import Host
+    from coldbench.api.hosts.models import Host
 
     assert db_session.get(Host, mac["id"]).secret_sha256 == sha256_hex(secret.encode())
 
@@ -202,7 +202,7 @@ def test_silent_host_is_listed_offline(client: TestClient, db_session: Session) 
 
 
 def test_register_refuses_unsafe_names(client: TestClient, db_session: Session) -> None:
-    from api.auth import service as auth_service
+    from coldbench.api.auth import service as auth_service
 
     token = auth_service.create_enrollment_token(db_session=db_session)
     body = {"name": "../etc", "fingerprint": {}, "labels": [], "repositories": {}, "models": []}
@@ -631,7 +631,7 @@ def test_healthz_and_metrics(client: TestClient, world: World) -> None:
 def test_evidence_routes_serve_stored_files(
     client: TestClient, db_session: Session, world: World
 ) -> None:
-    from api.evidence.models import Evidence
+    from coldbench.api.evidence.models import Evidence
 
     store = client.app.state.store
     files = {}
@@ -719,12 +719,13 @@ def test_a_host_reports_its_calibration_and_the_host_list_carries_it(
 def test_the_agent_reports_a_calibration_with_its_own_secret(
     client: TestClient, world: World, tmp_path: Any
 ) -> None:
-    """worker.agent.Agent.report_calibration against this app (requests forwarded to it)."""
+    """coldbench.worker.agent.Agent.report_calibration against this app (requests forwarded to
+    it)."""
     import httpx
 
-    from evidence.calibration import HostCalibration
-    from worker.agent import Agent, AgentError
-    from worker.config import HostConfig
+    from coldbench.evidence.calibration import HostCalibration
+    from coldbench.worker.agent import Agent, AgentError
+    from coldbench.worker.config import HostConfig
 
     config = HostConfig(name="studio-1", labels=(), models={}, repositories={}, state_dir=tmp_path)
 

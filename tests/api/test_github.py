@@ -18,13 +18,13 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.github import answer, service
-from api.github.comment import MARKER
-from api.github.config import GitHubConfig, GitHubConfigError, load_github_config
-from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
-from api.jobs.models import Job
-from api.settings import Settings
-from evidence.protocol import JobState
+from coldbench.api.github import answer, service
+from coldbench.api.github.comment import MARKER
+from coldbench.api.github.config import GitHubConfig, GitHubConfigError, load_github_config
+from coldbench.api.github.models import GitHubDelivery, PullRequest, PullRequestJob
+from coldbench.api.jobs.models import Job
+from coldbench.api.settings import Settings
+from coldbench.evidence.protocol import JobState
 from tests.api.factories import make_host
 from tests.api.fake_github import (
     TOKEN,
@@ -457,8 +457,8 @@ def test_a_label_and_an_allowed_push_start_the_default_request(
 
 
 def test_conclusions_follow_the_policy() -> None:
-    from api.github.config import StatusPolicy
-    from evidence.summary_schema import Comparison, Summary
+    from coldbench.api.github.config import StatusPolicy
+    from coldbench.evidence.summary_schema import Comparison, Summary
 
     def summary(*verdicts: tuple[str, float]) -> Summary:
         comparisons = [
@@ -651,7 +651,7 @@ def test_requests_go_only_to_the_configured_api_base(
 ) -> None:
     import asyncio
 
-    from api.github.client import OutboundRefused, github_api
+    from coldbench.api.github.client import OutboundRefused, github_api
 
     repository = config.repositories[REPO]
 
@@ -710,7 +710,7 @@ def test_mode_commits_measures_the_pull_requests_line_from_its_merge_base(
     github: FakeGitHub,
     host: None,
 ) -> None:
-    from api.github.commands import CommandError, available_modes, parse_command
+    from coldbench.api.github.commands import CommandError, available_modes, parse_command
 
     if "commits" not in available_modes():
         # Until the service's job spec has the mode, a request for it is refused in one line.

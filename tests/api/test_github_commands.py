@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.github.commands import (
+from coldbench.api.github.commands import (
     Ask,
     CommandError,
     available_modes,
@@ -75,23 +75,23 @@ def test_mistakes_are_answered_in_one_line(text: str, message: str):
 def test_commits_is_offered_only_where_the_job_spec_has_the_mode():
     from typing import get_args
 
-    from evidence.schemas import Mode
+    from coldbench.evidence.schemas import Mode
 
     assert ("commits" in available_modes()) == ("commits" in get_args(Mode))
     assert available_modes()[:3] == ("ab", "ablation", "sweep")
 
 
 def test_a_request_becomes_a_job_spec_through_the_one_builder():
-    from api.github.client import PullRequestHeads
-    from api.github.config import RepositoryConfig
-    from api.github.service import request_payload
-    from evidence.job_options import (
+    from coldbench.api.github.client import PullRequestHeads
+    from coldbench.api.github.config import RepositoryConfig
+    from coldbench.api.github.service import request_payload
+    from coldbench.evidence.job_options import (
         JobOptionsError,
         default_rounds,
         with_default_rounds,
         with_rounds_to_come,
     )
-    from evidence.schemas import JobSpec
+    from coldbench.evidence.schemas import JobSpec
 
     repository = RepositoryConfig.model_validate(
         {

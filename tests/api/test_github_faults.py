@@ -24,15 +24,15 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.artifacts.store import LocalArtifactStore
-from api.database import utcnow
-from api.github import answer, client, service
-from api.github.comment import MARKER
-from api.github.config import GitHubConfig, load_github_config
-from api.github.models import GitHubDelivery, PullRequest, PullRequestJob
-from api.jobs.models import Job
-from api.settings import Settings
-from evidence.protocol import JobState
+from coldbench.api.artifacts.store import LocalArtifactStore
+from coldbench.api.database import utcnow
+from coldbench.api.github import answer, client, service
+from coldbench.api.github.comment import MARKER
+from coldbench.api.github.config import GitHubConfig, load_github_config
+from coldbench.api.github.models import GitHubDelivery, PullRequest, PullRequestJob
+from coldbench.api.jobs.models import Job
+from coldbench.api.settings import Settings
+from coldbench.evidence.protocol import JobState
 from tests.api.fake_github import FakeGitHub, signed
 from tests.api.test_github import (  # noqa: F401 (fixtures)
     BASE,
@@ -279,7 +279,7 @@ def test_quoted_text_notifies_nobody_and_links_nowhere(
 
 
 def test_the_evidence_quoted_on_the_pull_request_notifies_nobody() -> None:
-    from api.github.comment import without_mentions
+    from coldbench.api.github.comment import without_mentions
 
     markdown = (
         "- pr-7: `abc` fix for @octo-org/admins, cc @alice\n"
@@ -293,7 +293,7 @@ def test_the_evidence_quoted_on_the_pull_request_notifies_nobody() -> None:
 
 
 def test_the_pull_request_shows_no_host_path() -> None:
-    from api.github.comment import without_host_paths
+    from coldbench.api.github.comment import without_host_paths
 
     markdown = (
         "Evidence id: [`ab12`](https://bench.example.org/e/ab12)\n\n```sh\n"
@@ -316,8 +316,8 @@ def test_the_comment_says_where_it_ran_on_its_first_lines(
     github: FakeGitHub,
     host: None,
 ) -> None:
-    from api.hosts.models import Host
-    from api.runs.models import Run
+    from coldbench.api.hosts.models import Host
+    from coldbench.api.runs.models import Run
 
     deliver(client, pr_comment("maintainer", "/coldbench", at=time.time()), "issue_comment")
     [pull_id] = handle(db_session, settings, config)

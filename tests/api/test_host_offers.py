@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.hosts.models import Host
+from coldbench.api.hosts.models import Host
 from tests.api.conftest import bearer
 from tests.api.factories import fingerprint, job_payload, make_api_key, make_host
 
@@ -171,7 +171,7 @@ def test_a_lease_request_updates_what_the_host_offers(
 def test_registration_refuses_a_malformed_option_naming_it(
     client: TestClient, db_session: Session
 ) -> None:
-    from api.auth import service as auth_service
+    from coldbench.api.auth import service as auth_service
 
     token = auth_service.create_enrollment_token(db_session=db_session, labels=[])
     body = {

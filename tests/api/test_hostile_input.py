@@ -18,14 +18,14 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api import dispatch
-from api.app import create_app
-from api.auth import service as auth_service
-from api.database import make_engine, make_sessionmaker
-from api.hosts.models import Host
-from api.jobs.models import Job
-from api.runs.models import Run
-from api.settings import Settings
+from coldbench.api import dispatch
+from coldbench.api.app import create_app
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import make_engine, make_sessionmaker
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs.models import Run
+from coldbench.api.settings import Settings
 from tests.api.conftest import SentTasks, bearer
 from tests.api.factories import (
     fingerprint,
@@ -112,8 +112,8 @@ def test_non_finite_numbers_are_refused_in_every_body(
 def test_a_non_finite_flag_from_the_form_parser_is_refused_with_its_field(
     client: TestClient, db_session: Session, settings: Settings
 ) -> None:
-    from api.errors import Invalid
-    from api.jobs import service as job_service
+    from coldbench.api.errors import Invalid
+    from coldbench.api.jobs import service as job_service
 
     make_host(db_session, "studio-1")
     payload = job_payload()

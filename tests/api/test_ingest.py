@@ -9,11 +9,11 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api import tasks
-from api.auth.models import AuditEvent
-from api.runs import ingest
-from api.runs.models import Cell, Run
-from api.settings import Settings
+from coldbench.api import tasks
+from coldbench.api.auth.models import AuditEvent
+from coldbench.api.runs import ingest
+from coldbench.api.runs.models import Cell, Run
+from coldbench.api.settings import Settings
 from tests.api.conftest import SentTasks
 from tests.api.factories import make_api_key, make_host, make_job, record
 from tests.api.test_endpoints import complete, lease, upload, upload_run
@@ -113,7 +113,7 @@ def test_invalid_lines_are_reported_and_the_rest_ingested(
 def test_altered_store_fails_the_run(
     client: TestClient, db_session: Session, settings: Settings, completed_run: Run
 ) -> None:
-    from api.artifacts.models import Artifact
+    from coldbench.api.artifacts.models import Artifact
 
     records = db_session.scalars(
         sa.select(Artifact).where(
@@ -155,9 +155,9 @@ class _borrowed:
 def test_analysis_and_rendering_publish_evidence(
     client: TestClient, db_session: Session, settings: Settings, completed_run: Run
 ) -> None:
-    from api.evidence import service as evidence_service
-    from api.jobs.models import Job
-    from evidence.bundle import read_zip, verify_files
+    from coldbench.api.evidence import service as evidence_service
+    from coldbench.api.jobs.models import Job
+    from coldbench.evidence.bundle import read_zip, verify_files
 
     store = client.app.state.store
     job_id = _ingest(db_session, settings, client, completed_run.id)
@@ -196,13 +196,13 @@ def test_analysis_failure_is_final_with_its_reason(
     completed_run: Run,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from api.evidence import service as evidence_service
-    from api.jobs.models import Job
+    from coldbench.api.evidence import service as evidence_service
+    from coldbench.api.jobs.models import Job
 
     def refuse(**_kwargs: object) -> None:
         raise ValueError("summary needs at least one ok cell")
 
-    monkeypatch.setattr("evidence.bundle.build_bundle", refuse)
+    monkeypatch.setattr("coldbench.evidence.bundle.build_bundle", refuse)
     job_id = _ingest(db_session, settings, client, completed_run.id)
     store = client.app.state.store
     assert not evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
@@ -257,7 +257,7 @@ def test_an_ingest_the_database_refuses_fails_the_run_once_with_its_reason(
 ) -> None:
     """Rows the database refuses (here a value past every integer column, past validation):
     the task fails the run with the database's reason, once; nothing sends it again."""
-    from api.jobs.models import Job
+    from coldbench.api.jobs.models import Job
 
     parse = ingest.parse_cells
 
@@ -294,12 +294,12 @@ def test_an_analysis_that_raises_fails_the_job_once_with_its_reason(
     sent_tasks: SentTasks,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from api.jobs.models import Job
+    from coldbench.api.jobs.models import Job
 
     def broken(**_kwargs: object) -> None:
         raise KeyError("records.jsonl")
 
-    monkeypatch.setattr("evidence.bundle.build_bundle", broken)
+    monkeypatch.setattr("coldbench.evidence.bundle.build_bundle", broken)
     monkeypatch.setattr(tasks, "_session", lambda: _borrowed(db_session))
     monkeypatch.setattr(tasks, "_store", lambda: client.app.state.store)
     job_id = _ingest(db_session, settings, client, completed_run.id)

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from api.auth.models import AuditEvent
-from api.database import utcnow
-from api.hosts.matching import LeasingHost
-from api.hosts.models import Host
-from api.runs import claim as run_claim
-from api.runs import completion, expiry
-from api.runs.models import Run, RunAttempt
-from api.runs.wakeup import WorkSignal, listen_for_work
-from api.settings import Settings
-from api.transactions import AsyncDatabase, Program, SessionDatabase, make_async_engine
+from coldbench.api.auth.models import AuditEvent
+from coldbench.api.database import utcnow
+from coldbench.api.hosts.matching import LeasingHost
+from coldbench.api.hosts.models import Host
+from coldbench.api.runs import claim as run_claim
+from coldbench.api.runs import completion, expiry
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.runs.wakeup import WorkSignal, listen_for_work
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import AsyncDatabase, Program, SessionDatabase, make_async_engine
 from tests.api import agent_calls
 from tests.api.factories import fingerprint, make_host, make_job
 
@@ -219,8 +219,8 @@ def test_hosts_claiming_in_rounds_take_every_run_once_with_one_attempt_and_audit
     round (each finishes its run between rounds), until 30 runs of jobs for 1 and 3 hosts are
     taken. No run twice, no host on two slots of one job, one attempt and one audit row per
     claim, jobs running, and each host's row and object say what was written."""
-    from api.auth.models import AuditEvent
-    from api.jobs.models import Job
+    from coldbench.api.auth.models import AuditEvent
+    from coldbench.api.jobs.models import Job
 
     settings = _settings(live_db)
     with live_sessionmaker() as db_session:

@@ -11,7 +11,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.settings import Settings
+from coldbench.api.settings import Settings
 from tests.api.conftest import bearer
 from tests.api.factories import fingerprint, job_payload, make_api_key, make_host, make_job
 
@@ -84,10 +84,10 @@ def test_long_lists_are_refused_by_their_length_first(
 
 def test_duplicate_checks_are_linear() -> None:
     """The per-item checks count once (a Counter), not once per item (list.count)."""
-    import evidence.schemas
-    import evidence.variant
+    import coldbench.evidence.schemas
+    import coldbench.evidence.variant
 
-    for module in (evidence.schemas, evidence.variant):
+    for module in (coldbench.evidence.schemas, coldbench.evidence.variant):
         source = open(module.__file__, encoding="utf-8").read()  # noqa: SIM115
         assert ".count(" not in source, module.__name__
 
@@ -148,10 +148,10 @@ def test_non_finite_numbers_in_json_are_422(
 # Routers whose routes are not StrictJSONRoute yet, by their module: their JSON is still held
 # to the door's text rule (api/routing.py: DoorMiddleware, before every route), not yet to the
 # strict parser's refusal of NaN and 1e999. api/github is another engineer's to change.
-NOT_YET_STRICT = {"api.github.router"}
+NOT_YET_STRICT = {"coldbench.api.github.router"}
 
 
-def _api_routes(routes: list[Any], module: str = "api.app") -> list[tuple[APIRoute, str]]:
+def _api_routes(routes: list[Any], module: str = "coldbench.api.app") -> list[tuple[APIRoute, str]]:
     """Every APIRoute of the app with the module of the router holding it, included routers'
     too (FastAPI keeps an included router's routes in that router)."""
     found: list[tuple[APIRoute, str]] = []
@@ -164,7 +164,8 @@ def _api_routes(routes: list[Any], module: str = "api.app") -> list[tuple[APIRou
                 (
                     name
                     for name, loaded in sys.modules.items()
-                    if name.startswith("api.") and getattr(loaded, "router", None) is router
+                    if name.startswith("coldbench.api.")
+                    and getattr(loaded, "router", None) is router
                 ),
                 "?",
             )
@@ -173,7 +174,7 @@ def _api_routes(routes: list[Any], module: str = "api.app") -> list[tuple[APIRou
 
 
 def test_every_route_parses_json_strictly(client: TestClient) -> None:
-    from api.routing import StrictJSONRoute
+    from coldbench.api.routing import StrictJSONRoute
 
     routes = _api_routes(client.app.routes)  # type: ignore[attr-defined]
     assert len(routes) >= 20

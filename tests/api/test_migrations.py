@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from api.migration import alembic_config
-from evidence.protocol import ATTEMPT_STATES, JobState, RepositoryOffer, RunState
+from coldbench.api.migration import alembic_config
+from coldbench.evidence.protocol import ATTEMPT_STATES, JobState, RepositoryOffer, RunState
 from tests.api.conftest import POSTGRES_URL, _server_url
 
 

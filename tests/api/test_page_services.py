@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from api.auth import service as auth_service
-from api.database import utcnow
-from api.hosts import service as host_service
-from api.runs import claim as run_claim
-from api.settings import Settings
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import utcnow
+from coldbench.api.hosts import service as host_service
+from coldbench.api.runs import claim as run_claim
+from coldbench.api.settings import Settings
 from tests.api import agent_calls
 from tests.api.factories import fingerprint, make_api_key, make_host, make_job
 
@@ -44,8 +44,8 @@ def test_active_api_key_refuses_unknown_and_revoked(db_session: Session) -> None
 def test_job_summary_is_the_typed_summary_or_none_for_one_that_no_longer_matches(
     db_session: Session, settings: Settings, caplog
 ) -> None:
-    from api.jobs import service as job_service
-    from evidence.summary import summarize
+    from coldbench.api.jobs import service as job_service
+    from coldbench.evidence.summary import summarize
     from tests.evidence.builders import simulate_run
 
     make_host(db_session, "studio")

@@ -16,18 +16,18 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.engine.default import DefaultExecutionContext
 
-from api import rehearsal
-from api.artifacts import service as artifact_service
-from api.artifacts.store import LocalArtifactStore
-from api.auth import service as auth_service
-from api.database import Base, make_engine, make_sessionmaker, upgrade_database
-from api.jobs import service as job_service
-from api.runs import claim as run_claim
-from api.runs import completion
-from api.runs import heartbeat as run_heartbeat
-from api.runs.wakeup import CHANNEL, WorkSignal, register_local
-from api.settings import Settings
-from api.transactions import AsyncDatabase, Execute, Program, make_async_engine
+from coldbench.api import rehearsal
+from coldbench.api.artifacts import service as artifact_service
+from coldbench.api.artifacts.store import LocalArtifactStore
+from coldbench.api.auth import service as auth_service
+from coldbench.api.database import Base, make_engine, make_sessionmaker, upgrade_database
+from coldbench.api.jobs import service as job_service
+from coldbench.api.runs import claim as run_claim
+from coldbench.api.runs import completion
+from coldbench.api.runs import heartbeat as run_heartbeat
+from coldbench.api.runs.wakeup import CHANNEL, WorkSignal, register_local
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import AsyncDatabase, Execute, Program, make_async_engine
 from tests.api.factories import (
     fingerprint,
     job_payload,
@@ -224,8 +224,8 @@ def test_after_the_rehearsal_an_agent_cycle_compiles_nothing_and_nothing_of_it_r
 def test_a_failed_rehearsal_is_logged_leaves_nothing_and_the_server_still_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from api.app import create_app
-    from api.hosts.models import Host
+    from coldbench.api.app import create_app
+    from coldbench.api.hosts.models import Host
 
     url = f"sqlite:///{tmp_path / 'coldbench.db'}"
     upgrade_database(url)
@@ -239,7 +239,7 @@ def test_a_failed_rehearsal_is_logged_leaves_nothing_and_the_server_still_starts
     monkeypatch.setattr(rehearsal, "agent_cycle_program", broken)
     settings = Settings(database_url=url, state_dir=tmp_path / "state")
     with (
-        caplog.at_level(logging.WARNING, logger="api.rehearsal"),
+        caplog.at_level(logging.WARNING, logger="coldbench.api.rehearsal"),
         TestClient(create_app(settings)) as client,
     ):
         assert client.get("/healthz").status_code == 200
@@ -250,7 +250,7 @@ def test_a_failed_rehearsal_is_logged_leaves_nothing_and_the_server_still_starts
 def test_the_server_rehearses_at_start_unless_told_not_to(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from api.app import create_app
+    from coldbench.api.app import create_app
 
     url = f"sqlite:///{tmp_path / 'coldbench.db'}"
     upgrade_database(url)
@@ -260,7 +260,7 @@ def test_the_server_rehearses_at_start_unless_told_not_to(
             database_url=url, state_dir=tmp_path / "state", rehearse_at_start=rehearse
         )
         with (
-            caplog.at_level(logging.INFO, logger="api.rehearsal"),
+            caplog.at_level(logging.INFO, logger="coldbench.api.rehearsal"),
             TestClient(create_app(settings)),
         ):
             pass

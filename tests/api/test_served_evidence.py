@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.evidence import page as evidence_pages
-from api.evidence.models import Evidence
-from api.settings import Settings
-from evidence.bundle import build_bundle, verify_bundle, write_bundle, zip_bytes
-from evidence.canonical import sha256_hex
+from coldbench.api.evidence import page as evidence_pages
+from coldbench.api.evidence.models import Evidence
+from coldbench.api.settings import Settings
+from coldbench.evidence.bundle import build_bundle, verify_bundle, write_bundle, zip_bytes
+from coldbench.evidence.canonical import sha256_hex
 from tests.api.factories import make_host, make_job
 from tests.evidence.builders import provenance, simulate_run
 from tests.web.builders import publish_evidence
@@ -196,7 +196,7 @@ def test_verify_expect_refuses_a_swapped_bundle(tmp_path: Path) -> None:
 
 
 def test_summary_md_escapes_host_supplied_html() -> None:
-    from evidence.markdown import render_summary_md
+    from coldbench.evidence.markdown import render_summary_md
 
     hostile = '<img src=x onerror="alert(1)">'
     records = simulate_run(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from api.artifacts.store import (
+from coldbench.api.artifacts.store import (
     SPILL_BYTES,
     ArtifactStore,
     LocalArtifactStore,
@@ -20,9 +20,9 @@ from api.artifacts.store import (
     is_unavailable,
     open_store,
 )
-from api.errors import Invalid, StoreFull, TooLarge
-from api.settings import Settings
-from evidence.canonical import sha256_hex
+from coldbench.api.errors import Invalid, StoreFull, TooLarge
+from coldbench.api.settings import Settings
+from coldbench.evidence.canonical import sha256_hex
 from tests.api.conftest import S3Server
 
 
@@ -202,7 +202,7 @@ def test_the_local_store_counts_an_upload_once_against_its_free_space(
         used = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         return shutil._ntuple_diskusage(capacity, used, capacity - used)  # type: ignore[attr-defined]
 
-    monkeypatch.setattr("api.artifacts.store.shutil.disk_usage", disk_usage)
+    monkeypatch.setattr("coldbench.api.artifacts.store.shutil.disk_usage", disk_usage)
     blobs = LocalArtifactStore(root, min_free_bytes=5 * mib)
     # 10 MiB free, 4 MiB stored: 6 MiB stay free, above the 5 MiB kept free.
     fits = b"a" * (4 * mib)

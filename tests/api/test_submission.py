@@ -9,13 +9,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from api.errors import Invalid
-from api.jobs import service as job_service
-from api.jobs.models import Job
-from api.jobs.schemas import JobOut
-from api.runs.models import Run
-from api.settings import Settings
-from api.transactions import run_one_in_session
+from coldbench.api.errors import Invalid
+from coldbench.api.jobs import service as job_service
+from coldbench.api.jobs.models import Job
+from coldbench.api.jobs.schemas import JobOut
+from coldbench.api.runs.models import Run
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import run_one_in_session
 from tests.api.factories import job_payload, make_host
 
 # Submission's Core inserts and the key look-up differ by dialect.
@@ -93,7 +93,7 @@ def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
     """The rounds a verdict needs do not grow with the comparisons (a t interval widens, never
     becomes unreachable), so a range warns at submission when its rounds are too few, and says
     again what its host resolved it to."""
-    from evidence.history import history_spec
+    from coldbench.evidence.history import history_spec
 
     make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
     payload = {
@@ -115,10 +115,14 @@ def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
     run.resolved_spec = history_spec(job.spec, f"{0:040x}", commits)
     db_session.commit()
     detail = job_service.job_detail(db_session=db_session, job_id=job.id)
-    assert detail.rounds_warning == answer.rounds_warning == (
-        "6 rounds cannot reach a verdict: the robust interval needs at least 10 rounds (10 "
-        "independent process pairs, so that 2 stalled at each end cannot decide it), more when "
-        "the spread is wide"
+    assert (
+        detail.rounds_warning
+        == answer.rounds_warning
+        == (
+            "6 rounds cannot reach a verdict: the robust interval needs at least 10 rounds (10 "
+            "independent process pairs, so that 2 stalled at each end cannot decide it), more when "
+            "the spread is wide"
+        )
     )
     assert detail.resolved_spec is not None and len(detail.resolved_spec["variants"]) == 41
 
@@ -127,8 +131,8 @@ def test_a_job_only_offline_hosts_can_run_says_so(db_session: Session, settings:
     """Accepted (the host may come back), and its answer, job page and JSON say it waits."""
     from datetime import timedelta
 
-    from api.database import utcnow
-    from api.hosts.models import Host
+    from coldbench.api.database import utcnow
+    from coldbench.api.hosts.models import Host
 
     host, _ = make_host(db_session, "studio-1", labels=["gpu"])
     make_host(db_session, "box")
@@ -152,8 +156,8 @@ def test_a_job_only_offline_hosts_can_run_says_so(db_session: Session, settings:
 def test_a_commits_job_names_base_and_head_and_leaves_its_commits_to_its_host(
     settings: Settings,
 ) -> None:
-    from evidence.commits import commits_spec
-    from evidence.schemas import JobSpec
+    from coldbench.evidence.commits import commits_spec
+    from coldbench.evidence.schemas import JobSpec
 
     payload = job_payload(
         mode="commits",
@@ -181,7 +185,7 @@ def test_a_commits_job_names_base_and_head_and_leaves_its_commits_to_its_host(
 def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Settings) -> None:
     """`POST /jobs` with no rounds (or null) takes the builder's default, the rounds that reach a
     verdict (evidence/job_options.py), sized after the service bounds what a host may resolve."""
-    from evidence.job_options import build_job_spec, default_rounds
+    from coldbench.evidence.job_options import build_job_spec, default_rounds
 
     payload = job_payload()
     del payload["rounds"]
@@ -218,7 +222,7 @@ def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Se
 def test_a_range_from_any_door_gets_the_default_the_service_sizes(settings: Settings) -> None:
     """The form, submit and a pull request send rounds left to the default as left out
     (service_payload), so the service sizes them as it does for the JSON API."""
-    from evidence.job_options import build_job_spec, default_rounds, service_payload
+    from coldbench.evidence.job_options import build_job_spec, default_rounds, service_payload
 
     given = {
         "mode": "history",

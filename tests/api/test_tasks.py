@@ -18,12 +18,12 @@ import redis
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from api import dispatch
-from api.app import create_app
-from api.celery_app import make_celery
-from api.jobs.models import Job
-from api.runs.models import Cell, Run
-from api.settings import Settings
+from coldbench.api import dispatch
+from coldbench.api.app import create_app
+from coldbench.api.celery_app import make_celery
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs.models import Cell, Run
+from coldbench.api.settings import Settings
 from tests.api.factories import make_host, make_job
 from tests.api.test_endpoints import complete, lease, upload_run
 from tests.conftest import REDIS_URL
@@ -207,8 +207,8 @@ def test_a_starting_worker_builds_what_every_report_reuses(
     does not pay them."""
     from celery.signals import worker_init
 
-    import api.tasks  # noqa: F401 (connects the signal's receivers)
-    from evidence import report, stats
+    import coldbench.api.tasks  # noqa: F401 (connects the signal's receivers)
+    from coldbench.evidence import report, stats
 
     imported: list[object] = []
     scipy_stats = stats._scipy_stats

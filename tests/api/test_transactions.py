@@ -22,23 +22,23 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.artifacts import service as artifact_service
-from api.artifacts.store import LocalArtifactStore
-from api.auth import service as auth_service
-from api.auth.models import AuditEvent
-from api.database import make_engine, make_sessionmaker, upgrade_database
-from api.errors import Conflict, Forbidden, Invalid, NotAuthenticated
-from api.hosts.models import Host
-from api.jobs import service as job_service
-from api.jobs.models import Job
-from api.runs import claim as run_claim
-from api.runs import completion
-from api.runs import heartbeat as run_heartbeat
-from api.runs.models import Run, RunAttempt
-from api.runs.wakeup import WorkSignal, register_local
-from api.settings import Settings
-from api.transactions import AsyncDatabase, Execute, Program, make_async_engine
-from evidence.protocol import JobState, RunState
+from coldbench.api.artifacts import service as artifact_service
+from coldbench.api.artifacts.store import LocalArtifactStore
+from coldbench.api.auth import service as auth_service
+from coldbench.api.auth.models import AuditEvent
+from coldbench.api.database import make_engine, make_sessionmaker, upgrade_database
+from coldbench.api.errors import Conflict, Forbidden, Invalid, NotAuthenticated
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs import service as job_service
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs import claim as run_claim
+from coldbench.api.runs import completion
+from coldbench.api.runs import heartbeat as run_heartbeat
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.runs.wakeup import WorkSignal, register_local
+from coldbench.api.settings import Settings
+from coldbench.api.transactions import AsyncDatabase, Execute, Program, make_async_engine
+from coldbench.evidence.protocol import JobState, RunState
 from tests.api import agent_calls
 from tests.api.factories import (
     fingerprint,
@@ -587,7 +587,7 @@ def test_requests_beyond_the_pool_wait_for_a_connection_and_open_no_more(
 ) -> None:
     """The app's engines keep the configured connections and open none beyond them: more
     transactions at once than connections all complete, on that many database sessions."""
-    from api.app import create_app
+    from coldbench.api.app import create_app
 
     settings = Settings(
         database_url=live_db,

@@ -9,13 +9,13 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.auth import service as auth_service
-from api.hosts import service as host_service
-from api.hosts.models import Host
-from api.runs import expiry
-from api.runs.models import Run, RunAttempt
-from api.settings import Settings
-from evidence.canonical import sha256_hex
+from coldbench.api.auth import service as auth_service
+from coldbench.api.hosts import service as host_service
+from coldbench.api.hosts.models import Host
+from coldbench.api.runs import expiry
+from coldbench.api.runs.models import Run, RunAttempt
+from coldbench.api.settings import Settings
+from coldbench.evidence.canonical import sha256_hex
 from tests.api.conftest import bearer
 from tests.api.factories import (
     fingerprint,
@@ -313,8 +313,8 @@ def test_admin_revoke_cli(tmp_path: Any, coldbench_cmd: list[str], what: str) ->
         key = admin("apikey", "someone").stdout.strip()
         subject = key.split("_")[1]
     else:
-        from api.database import make_engine, make_sessionmaker
-        from api.settings import Settings as ServiceSettings
+        from coldbench.api.database import make_engine, make_sessionmaker
+        from coldbench.api.settings import Settings as ServiceSettings
 
         admin("enroll")  # creates and migrates the embedded database
         settings = ServiceSettings(state_dir=tmp_path / "state")

@@ -22,15 +22,20 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from tests.conftest import IMPORT_PATH
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# The project's packages a host runs; api/, web/ and migrations/ are the server's.
-WORKER_PACKAGES = {"coldbench", "evidence", "engine", "fastpaths", "worker"}
+# The project's one top-level package; of its subpackages api, web and migrations are the
+# server's (a host runs evidence, engine, kernels and worker).
+WORKER_PACKAGES = {"coldbench"}
+SERVER_PACKAGES = ("coldbench.api", "coldbench.web", "coldbench.migrations")
 GUARD = """
 import importlib.machinery
 import os
 import sys
 
 _ALLOWED = set(os.environ["COLDBENCH_TEST_ALLOWED_MODULES"].split(","))
+_SERVER = tuple(os.environ["COLDBENCH_TEST_SERVER_PACKAGES"].split(","))
 _find_spec = importlib.machinery.PathFinder.find_spec.__func__
 
 
@@ -52,7 +57,7 @@ class _NotTheServer:
     # finder): refused outright.
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name.partition(".")[0] in ("api", "web", "migrations"):
+        if name in _SERVER or name.startswith(tuple(s + "." for s in _SERVER)):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
@@ -99,7 +104,7 @@ def _worker_modules() -> set[str]:
         if any(_canonical(dist) in wanted for dist in dists)
     }
     # The project's own packages other than the worker's are refused like any other module.
-    return (modules - {"api", "web", "migrations"}) | WORKER_PACKAGES
+    return modules | WORKER_PACKAGES
 
 
 def _guarded_env(tmp_path: Path) -> dict[str, str]:
@@ -108,8 +113,9 @@ def _guarded_env(tmp_path: Path) -> dict[str, str]:
     (guard / "sitecustomize.py").write_text(GUARD)
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(guard), str(REPO_ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(guard), str(IMPORT_PATH)]),
         "COLDBENCH_TEST_ALLOWED_MODULES": ",".join(sorted(_worker_modules())),
+        "COLDBENCH_TEST_SERVER_PACKAGES": ",".join(SERVER_PACKAGES),
     }
 
 
@@ -118,13 +124,19 @@ def test_the_guard_refuses_what_the_worker_extra_lacks(tmp_path: Path) -> None:
     allowed = set(env["COLDBENCH_TEST_ALLOWED_MODULES"].split(","))
     assert {"mlx", "mlx_lm", "numpy", "httpx", "pydantic"} <= allowed
     assert not {"sqlalchemy", "fastapi", "celery", "api", "boto3"} & allowed
-    for module in ("sqlalchemy", "api", "fastapi"):
+    # an old top-level name, and the server's subpackages
+    for module, missing in (
+        ("sqlalchemy", "sqlalchemy"),
+        ("api", "api"),
+        ("fastapi", "fastapi"),
+        ("coldbench.api.app", "coldbench.api"),
+        ("coldbench.web", "coldbench.web"),
+    ):
         done = subprocess.run(
             [sys.executable, "-c", f"import {module}"], env=env, capture_output=True, text=True
         )
-        top = module.partition(".")[0]
         assert done.returncode == 1, done.stderr
-        assert f"ModuleNotFoundError: No module named '{top}'" in done.stderr, done.stderr
+        assert f"ModuleNotFoundError: No module named '{missing}'" in done.stderr, done.stderr
 
 
 @pytest.mark.slow
@@ -138,8 +150,9 @@ def test_a_worker_install_measures_without_the_server_packages(
         [
             sys.executable,
             "-c",
-            "import pkgutil, importlib, worker, engine, fastpaths\n"
-            "for package in (worker, engine, fastpaths):\n"
+            "import pkgutil, importlib\n"
+            "from coldbench import worker, engine, kernels\n"
+            "for package in (worker, engine, kernels):\n"
             "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
             "        importlib.import_module(info.name)\n",
         ],

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from engine import checkpoints
-from engine.prompts import PromptSource
+from coldbench.engine import checkpoints
+from coldbench.engine.prompts import PromptSource
 
 
 @pytest.fixture(scope="session")

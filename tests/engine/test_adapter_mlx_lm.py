@@ -18,15 +18,17 @@ from typing import Any
 
 import pytest
 
-from engine.adapters.mlx_lm import MlxLmLoadError, parse_flags
+from coldbench.engine.adapters.mlx_lm import MlxLmLoadError, parse_flags
+from tests.conftest import IMPORT_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(*first: Path) -> dict[str, str]:
-    """PYTHONPATH with the checkout first, then this repository (for engine/) and the rest."""
+    """PYTHONPATH with the checkout first, then this repository's `coldbench` and the rest."""
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, first), str(REPO_ROOT), *rest])}
+    paths = [*map(str, first), str(IMPORT_PATH), *rest]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def _plan(tmp_path: Path, name: str, model: Path, checkout: Path, **extra: Any) -> Path:
@@ -54,7 +56,7 @@ def _plan(tmp_path: Path, name: str, model: Path, checkout: Path, **extra: Any) 
 
 def _start(plan: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -84,7 +86,7 @@ def test_only_prefill_step_size_is_accepted() -> None:
     assert parse_flags(None).non_default() == {}
     with pytest.raises(MlxLmLoadError, match="does not support flag.*compile.*prefill_step_size"):
         parse_flags({"compile": True})
-    # values are checked by the one rule of engine.flags, with its words
+    # values are checked by the one rule of coldbench.engine.flags, with its words
     for bad in (0, -4, "x64", True, 1.5):
         with pytest.raises(MlxLmLoadError, match=r"^flag prefill_step_size=.*: expected a"):
             parse_flags({"prefill_step_size": bad})
@@ -156,7 +158,7 @@ def test_a_checkout_whose_module_is_not_imported_is_refused(
     (checkout / "src" / "mlx_lm").mkdir(parents=True)
     (checkout / "src" / "mlx_lm" / "__init__.py").write_text("")
     plan = _plan(tmp_path, "fork", micro_model_dir, checkout)
-    code, events, _stderr = _finish(_start(plan, _env(REPO_ROOT)))
+    code, events, _stderr = _finish(_start(plan, _env(IMPORT_PATH)))
     assert code == 2
     assert events[-1]["event"] == "error"
     reason = events[-1]["reason"]
@@ -173,8 +175,8 @@ def test_a_reused_prompt_cache_is_invalid(
         f"""
         import json
         from dataclasses import asdict
-        from engine.adapters.mlx_lm import create
-        from engine.plan import Plan
+        from coldbench.engine.adapters.mlx_lm import create
+        from coldbench.engine.plan import Plan
         plan = Plan.from_json({{
             "run_id": "r", "variant": "v", "adapter": "mlx-lm", "decode_tokens": 2,
             "model": {str(micro_model_dir)!r}, "checkout": {str(repo)!r}, "records_path": "-",
@@ -248,8 +250,8 @@ def test_prefill_step_size_is_judged_by_the_chunk_widths_delivered(
             f"""
             import json
             from dataclasses import asdict
-            from engine.adapters.mlx_lm import create
-            from engine.plan import Plan
+            from coldbench.engine.adapters.mlx_lm import create
+            from coldbench.engine.plan import Plan
             out = []
             for step, n in {cases!r}:
                 adapter = create(Plan.from_json({{
@@ -305,7 +307,7 @@ def test_a_checkout_whose_loader_predates_return_config_runs(
 def test_generate_step_is_found_where_each_release_kept_it() -> None:
     from types import SimpleNamespace
 
-    from engine.adapters.mlx_lm import find_generate_step
+    from coldbench.engine.adapters.mlx_lm import find_generate_step
 
     def current(prompt, model, *, max_tokens=256, prompt_cache=None, prefill_step_size=2048):
         yield from ()

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.adapters.openai_server import (
+from coldbench.engine.adapters.openai_server import (
     OpenAIServerAdapter,
     ServerLoadError,
     fit_prompt_text,
     server_argv,
     wipe_path,
 )
-from engine.judge import judge_cell
-from engine.plan import Plan
-from engine.record import Measurement
+from coldbench.engine.judge import judge_cell
+from coldbench.engine.plan import Plan
+from coldbench.engine.record import Measurement
 
 MLX_LM_SERVER = ["{python}", "-m", "mlx_lm", "server", "--model", "{model}", "--port", "{port}"]
 
@@ -246,7 +246,7 @@ def test_mlx_lm_server_cells_are_cold_and_a_repeat_is_caught(
     ]
     stdin = "".join(json.dumps(c) + "\n" for c in cells) + json.dumps({"op": "exit"}) + "\n"
     done = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan_path)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan_path)],
         input=stdin,
         capture_output=True,
         text=True,
@@ -292,7 +292,7 @@ def test_a_context_the_model_cannot_serve_stops_the_server_too(
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(plan))
     done = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan_path)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -636,7 +636,7 @@ def test_a_server_refusing_its_arguments_says_so_at_the_end_of_its_reason(
     }
     plan_path.write_text(json.dumps(plan))
     done = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan_path)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan_path)],
         capture_output=True,
         text=True,
         timeout=180,

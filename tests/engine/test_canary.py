@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from evidence.markdown import render_summary_md
-from evidence.report import render_report_html
-from evidence.schemas import CANARY_ROUND, Record
-from evidence.summary import summarize
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.report import render_report_html
+from coldbench.evidence.schemas import CANARY_ROUND, Record
+from coldbench.evidence.summary import summarize
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def _run_batch(tmp_path: Path, model: Path, **env: str) -> list[Record]:
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     done = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(path)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(path)],
         capture_output=True,
         text=True,
         cwd=REPO,

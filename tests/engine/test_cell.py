@@ -8,12 +8,12 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine import checkpoints
-from engine.cell import run_cell
-from engine.flags import Flags
-from engine.prompts import PromptSource, ids_sha256
-from engine.record import CellRecord, Measurement
-from evidence.schemas import Record
+from coldbench.engine import checkpoints
+from coldbench.engine.cell import run_cell
+from coldbench.engine.flags import Flags
+from coldbench.engine.prompts import PromptSource, ids_sha256
+from coldbench.engine.record import CellRecord, Measurement
+from coldbench.evidence.schemas import Record
 
 CONTEXT = 256
 DECODE = 6
@@ -154,7 +154,7 @@ def test_a_planted_no_op_step_is_invalid(
     monkeypatch: pytest.MonkeyPatch,
     step: int,
 ) -> None:
-    from engine import cell
+    from coldbench.engine import cell
 
     measure = cell._measure
 
@@ -175,7 +175,7 @@ def test_clear_cache_kept_where_stock_would_clear_is_judged_by_the_clears(
     prompt: list[int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from engine import cell
+    from coldbench.engine import cell
 
     honest = _cell(tiny_model[0], prompt, prefill_step_size=64, clear_cache=False)
     assert honest.status == "ok" and "inert" not in honest.counters
@@ -274,7 +274,7 @@ def test_feature_needing_another_backend_is_recorded_not_exercised(
     prompt: list[int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from engine import backend
+    from coldbench.engine import backend
 
     assert backend.detect_backend() == "cpu"
     monkeypatch.setitem(backend.FEATURE_BACKENDS, "compile", ("metal",))

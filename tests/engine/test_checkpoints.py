@@ -9,8 +9,8 @@ import mlx.core as mx
 import pytest
 from typer.testing import CliRunner
 
+from coldbench.engine import checkpoints, corpus
 from coldbench.model import model_app as app
-from engine import checkpoints, corpus
 
 # Pinned: the corpus must be the same bytes on every host (a changed generator changes every
 # prompt and every tokenizer digest, so it must be a deliberate, versioned change).
@@ -233,7 +233,7 @@ def _config_sha256(config: dict) -> str:
 
 
 def test_base_presets_are_unchanged() -> None:
-    from engine.presets import PRESETS
+    from coldbench.engine.presets import PRESETS
 
     for name, digest in BASE_CONFIG_SHA256.items():
         assert _config_sha256(PRESETS[name].config) == digest, name
@@ -242,7 +242,7 @@ def test_base_presets_are_unchanged() -> None:
 def test_long_context_preset_runs_at_positions_past_the_base_window(tmp_path: Path) -> None:
     from mlx_lm.models.rope_utils import Llama3RoPE
 
-    from engine.presets import LONG_CONTEXT, PRESETS
+    from coldbench.engine.presets import LONG_CONTEXT, PRESETS
 
     long_8b = PRESETS["llama-8b-shape-long"].config
     assert long_8b["max_position_embeddings"] == LONG_CONTEXT == 262_144
@@ -276,7 +276,7 @@ def test_tensors_made_on_threads_come_out_in_order_few_at_a_time() -> None:
     import threading
     import time
 
-    from engine.checkpoints import _in_order
+    from coldbench.engine.checkpoints import _in_order
 
     lock = threading.Lock()
     alive = peak = 0

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from engine import checkpoints
-from engine.cell import run_cell
-from engine.flags import Flags
-from engine.prompts import PromptSource
-from engine.record import Measurement
-from fastpaths import DISABLE_ENV, add_rms_norm, swiglu
+from coldbench.engine import checkpoints
+from coldbench.engine.cell import run_cell
+from coldbench.engine.flags import Flags
+from coldbench.engine.prompts import PromptSource
+from coldbench.engine.record import Measurement
+from coldbench.kernels import DISABLE_ENV, add_rms_norm, swiglu
 
 CONTEXT = 96
 DECODE = 4
@@ -57,7 +57,7 @@ def gpu_gates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         add_rms_norm, "fused", lambda x, r, w, eps, backend: add_rms_norm.reference(x, r, w, eps)
     )
-    from engine import backend
+    from coldbench.engine import backend
 
     monkeypatch.setattr(backend, "detect_backend", lambda: "cuda")
 
@@ -155,7 +155,7 @@ def test_disabled_fast_path_falls_back_and_is_never_the_fast_paths_time(
 def test_a_model_the_step_cannot_drive_falls_back_with_the_reason(
     tiny_model: tuple[Any, Any, dict[str, Any]], prompt: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine import cell
+    from coldbench.engine import cell
 
     model = tiny_model[0]
     forward = cell.KernelForward(model, Flags(fused_add_rms_norm=True))

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from engine.adapters.mlx_lm import SUPPORTED_FLAGS
-from engine.flags import MAX_PREFILL_STEP, Flags
-from evidence import engine_flags
-from fastpaths import FAST_PATHS
+from coldbench.engine.adapters.mlx_lm import SUPPORTED_FLAGS
+from coldbench.engine.flags import MAX_PREFILL_STEP, Flags
+from coldbench.evidence import engine_flags
+from coldbench.kernels import FAST_PATHS
 
 
 def test_the_declared_flags_are_the_engines() -> None:

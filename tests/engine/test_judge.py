@@ -1,4 +1,4 @@
-"""The one cell rule (engine.judge), checked on its own: every branch of the verdict."""
+"""The one cell rule (coldbench.engine.judge), checked on its own: every branch of the verdict."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from engine.judge import (
+from coldbench.engine.judge import (
     AtLeast,
     ChunksOf,
     Expectation,
@@ -19,7 +19,7 @@ from engine.judge import (
     split_runs,
     to_runs,
 )
-from engine.record import Measurement
+from coldbench.engine.record import Measurement
 
 N = 128
 

@@ -12,12 +12,12 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine import memory
-from engine.cell import run_cell
-from engine.flags import Flags
-from engine.memory import DEVICE_MEMORY_ENV, ContextTooLarge, MemoryGuard
-from engine.presets import get_preset
-from engine.prompts import PromptSource
+from coldbench.engine import memory
+from coldbench.engine.cell import run_cell
+from coldbench.engine.flags import Flags
+from coldbench.engine.memory import DEVICE_MEMORY_ENV, ContextTooLarge, MemoryGuard
+from coldbench.engine.presets import get_preset
+from coldbench.engine.prompts import PromptSource
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -207,9 +207,9 @@ def test_with_peers_mlx_reclaims_its_cache_within_the_share(
 
 
 def test_a_cell_leaves_no_cached_buffers_behind(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from engine.adapters import create_adapter
-    from engine.plan import CellRequest, Plan
-    from engine.runner import VariantProcess
+    from coldbench.engine.adapters import create_adapter
+    from coldbench.engine.plan import CellRequest, Plan
+    from coldbench.engine.runner import VariantProcess
 
     plan = Plan.load(_plan(tmp_path, tiny_model_dir))
     adapter = create_adapter(plan)
@@ -251,7 +251,13 @@ def test_the_variant_process_refuses_the_cell_and_keeps_serving(
         {"round": 0, "order": 1, "context_tokens": 256},
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(_plan(tmp_path, tiny_model_dir))],
+        [
+            sys.executable,
+            "-m",
+            "coldbench.engine.runner",
+            "--plan",
+            str(_plan(tmp_path, tiny_model_dir)),
+        ],
         input="".join(json.dumps(c) + "\n" for c in cells),
         capture_output=True,
         text=True,
@@ -269,7 +275,13 @@ def test_the_variant_process_refuses_the_cell_and_keeps_serving(
 
     # a device smaller than the weights: refused before the model loads, one line, exit 2
     too_small = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(_plan(tmp_path, tiny_model_dir))],
+        [
+            sys.executable,
+            "-m",
+            "coldbench.engine.runner",
+            "--plan",
+            str(_plan(tmp_path, tiny_model_dir)),
+        ],
         input="",
         capture_output=True,
         text=True,
@@ -360,7 +372,7 @@ def test_the_plan_is_made_in_a_process_of_its_own_from_the_checkpoint(
     need = guard.estimate(256).total_bytes
     env = {**os.environ, DEVICE_MEMORY_ENV: str(need + (1 << 30))}
     done = subprocess.run(
-        [sys.executable, "-m", "engine.memory"],
+        [sys.executable, "-m", "coldbench.engine.memory"],
         input=json.dumps(request),
         capture_output=True,
         text=True,
@@ -372,7 +384,7 @@ def test_the_plan_is_made_in_a_process_of_its_own_from_the_checkpoint(
     assert plan.residency == memory.IN_TURNS and plan.refused == {}
     env[DEVICE_MEMORY_ENV] = str(4 * need + (8 << 30))
     done = subprocess.run(
-        [sys.executable, "-m", "engine.memory"],
+        [sys.executable, "-m", "coldbench.engine.memory"],
         input=json.dumps(request),
         capture_output=True,
         text=True,
@@ -390,7 +402,7 @@ def test_the_plan_is_made_in_a_process_of_its_own_from_the_checkpoint(
 def test_the_estimate_bounds_the_measured_peak_of_a_mixture_of_experts(
     preset: str, tmp_path: Path
 ) -> None:
-    from engine import checkpoints
+    from coldbench.engine import checkpoints
 
     path = checkpoints.create_checkpoint(preset, tmp_path / preset)
     model, tokenizer, config = checkpoints.load_model(path)

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import checkpoints, corpus
-from engine.plan import Plan
-from engine.prompts import PROMPT_VERSION, PromptSource, batch_encoder, ids_sha256
+from coldbench.engine import checkpoints, corpus
+from coldbench.engine.plan import Plan
+from coldbench.engine.prompts import PROMPT_VERSION, PromptSource, batch_encoder, ids_sha256
 
 CONTEXTS = (64, 128, 256, 512, 1024)
 LONG = 262_144
@@ -93,7 +93,7 @@ def test_bad_context_is_one_clear_error(
 _DIGESTS = """
 import json, sys
 from engine import checkpoints
-from engine.prompts import PromptSource
+from coldbench.engine.prompts import PromptSource
 source = PromptSource.from_tokenizer(checkpoints.train_tokenizer(int(sys.argv[1])))
 keys = [(r, c) for r in range(3) for c in (131072, 262144)]
 print(json.dumps({f"{r}:{c}": source.prompt(0, r, c).sha256 for r, c in keys}))

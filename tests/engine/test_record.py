@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from engine.record import REASON_MAX_CHARS, CellRecord, Measurement, clip, one_line
-from evidence.schemas import Record
+from coldbench.engine.record import REASON_MAX_CHARS, CellRecord, Measurement, clip, one_line
+from coldbench.evidence.schemas import Record
 
 IDENTITY = {"run_id": "r", "variant": "base", "round": 0, "order": 1, "context_tokens": 64}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from evidence.schemas import Record
+from coldbench.evidence.schemas import Record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def _plan(tmp_path: Path, model: Path | str, **overrides: Any) -> Path:
 
 def _start(plan: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -114,7 +114,7 @@ def test_batch_mode_runs_the_cells_and_exits(tiny_model_dir: Path, tmp_path: Pat
     ]
     plan = _plan(tmp_path, "preset:tiny", cells=cells, warmup_tokens=None, flags={})
     done = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -172,7 +172,7 @@ def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path
 def test_load_failure_in_a_child_process_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "/nonexistent/ckpt")
     done = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -212,7 +212,7 @@ def test_bad_plan_is_one_error_event_and_exit_2(
     overrides: dict[str, Any],
     reason: str,
 ) -> None:
-    from engine import runner
+    from coldbench.engine import runner
 
     overrides = dict(overrides)
     plan = _plan(tmp_path, overrides.pop("model", str(tmp_path)), **overrides)
@@ -228,7 +228,7 @@ def test_bad_plan_is_one_error_event_and_exit_2(
 def _start_gated(plan: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "COLDBENCH_LOAD_GATE": "1", "COLDBENCH_WARMUP_GATE": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "engine.runner", "--plan", str(plan)],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -288,8 +288,8 @@ def test_exit_at_the_load_gate_ends_the_runner_without_loading(
 def test_the_lean_runner_cuts_the_same_prompts_as_mlx_lms_tokenizer(
     tiny_model_dir: Path, tmp_path: Path, tiny_prompts: Any
 ) -> None:
-    """engine.lean reads tokenizer.json without transformers: the prompt ids must be the ones
-    mlx-lm's own tokenizer gives (pairing across commits depends on it)."""
+    """coldbench.engine.lean reads tokenizer.json without transformers: the prompt ids must be the
+    ones mlx-lm's own tokenizer gives (pairing across commits depends on it)."""
     process = _start_gated(_plan(tmp_path, tiny_model_dir, warmup_contexts=[128], flags={}))
     try:
         assert _read(process)["lean"] is True
@@ -313,8 +313,8 @@ _LEAN_CELL = """
 import json, sys
 from engine import lean
 assert lean.install()
-from engine.adapters.embedded import EmbeddedAdapter
-from engine.plan import Plan
+from coldbench.engine.adapters.embedded import EmbeddedAdapter
+from coldbench.engine.plan import Plan
 adapter = EmbeddedAdapter(Plan(**json.loads(sys.argv[1])))
 adapter.load()
 measured = adapter.run_cell(0, 0, 64)
@@ -346,7 +346,7 @@ def test_a_lean_variant_process_imports_no_hub_client_transformers_or_numpy(
 _ORPHANING_PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen(
-    [sys.executable, "-m", "engine.runner", "--plan", sys.argv[1]],
+    [sys.executable, "-m", "coldbench.engine.runner", "--plan", sys.argv[1]],
     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
 )
 print(child.pid, flush=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from engine.telemetry import GpuTelemetry
+from coldbench.engine.telemetry import GpuTelemetry
 
 
 def test_the_cpu_backend_records_none_and_says_why() -> None:

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from evidence.ablation import ABLATION_NOTE
-from evidence.schemas import JobSpec
-from evidence.summary import summarize
+from coldbench.evidence.ablation import ABLATION_NOTE
+from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.summary import summarize
 from tests.evidence.builders import simulate_run
 
 

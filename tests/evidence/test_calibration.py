@@ -3,14 +3,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from evidence.calibration import (
+from coldbench.evidence.calibration import (
     HostCalibration,
     calibrate_result,
     job_of,
     merge_calibrations,
 )
-from evidence.schemas import HostInfo
-from evidence.summary import summarize
+from coldbench.evidence.schemas import HostInfo
+from coldbench.evidence.summary import summarize
 from tests.evidence.builders import START, calibration_sample, simulate_run
 
 

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from evidence.bundle import first_difference
-from evidence.commits import commits_sentences, commits_spec
-from evidence.markdown import render_summary_md
-from evidence.report import render_report_html
-from evidence.resolution import resolution_problem
-from evidence.schemas import JobSpec, error_field
-from evidence.summary import summarize
-from evidence.summary_schema import Summary
+from coldbench.evidence.bundle import first_difference
+from coldbench.evidence.commits import commits_sentences, commits_spec
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.report import render_report_html
+from coldbench.evidence.resolution import resolution_problem
+from coldbench.evidence.schemas import JobSpec, error_field
+from coldbench.evidence.summary import summarize
+from coldbench.evidence.summary_schema import Summary
 from tests.evidence.builders import provenance, simulate_run
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -18,11 +18,11 @@ import pytest
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
-from evidence.markdown import render_summary_md
-from evidence.report import render_report_html
-from evidence.schemas import CorpusInfo, JobSpec, Provenance
-from evidence.summary import summarize
+from coldbench.evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.report import render_report_html
+from coldbench.evidence.schemas import CorpusInfo, JobSpec, Provenance
+from coldbench.evidence.summary import summarize
 from tests.evidence.builders import provenance, record, simulate_run
 
 HOSTILE = (

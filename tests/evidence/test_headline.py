@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from evidence.headline import caveats, compared_lines
-from evidence.summary import summarize
-from evidence.summary_schema import NoiseFloor
+from coldbench.evidence.headline import caveats, compared_lines
+from coldbench.evidence.summary import summarize
+from coldbench.evidence.summary_schema import NoiseFloor
 from tests.evidence.builders import provenance, simulate_run
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from evidence.history import history_sentences
-from evidence.markdown import render_summary_md
-from evidence.report import render_report_html
-from evidence.schemas import JobSpec
-from evidence.summary import summarize
+from coldbench.evidence.history import history_sentences
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.report import render_report_html
+from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.summary import summarize
 from tests.evidence.builders import provenance, simulate_run
 
 # Flat for three commits, then 1% slower at each of c04..c09 (a drift: every neighbouring

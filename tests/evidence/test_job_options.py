@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from evidence.job_options import (
+from coldbench.evidence.job_options import (
     JOB_OPTIONS,
     MODES,
     JobOptionsError,
@@ -16,15 +16,15 @@ from evidence.job_options import (
     option_of_field,
     problem_lines,
 )
-from evidence.schemas import JobSpec, SpecLimits
-from evidence.stats import (
+from coldbench.evidence.schemas import JobSpec, SpecLimits
+from coldbench.evidence.stats import (
     Pair,
     StatsOptions,
     compare_pairs,
     finish,
     units_for_verdict,
 )
-from evidence.summary_schema import Comparison
+from coldbench.evidence.summary_schema import Comparison
 
 
 def _problems(given: dict[str, Any]) -> list[str]:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from evidence.options import HostOption, OptionError, resolved_options, validate_option_values
+from coldbench.evidence.options import (
+    HostOption,
+    OptionError,
+    resolved_options,
+    validate_option_values,
+)
 
 STEP = HostOption(
     type="int",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from evidence.records import (
+from coldbench.evidence.records import (
     RecordsError,
     parse_records,
     read_records,

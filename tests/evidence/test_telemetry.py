@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from evidence.headline import caveats
-from evidence.markdown import render_summary_md
-from evidence.summary import summarize
+from coldbench.evidence.headline import caveats
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.summary import summarize
 from tests.evidence.builders import simulate_run
 
 

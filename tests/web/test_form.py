@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.jobs.models import Job
-from api.pages import form as job_form
+from coldbench.api.jobs.models import Job
+from coldbench.api.pages import form as job_form
 from tests.api.factories import make_host
 from tests.web.builders import csrf_of
 
@@ -321,8 +321,8 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
     import html as html_lib
     import json
 
-    from evidence.job_options import default_rounds
-    from evidence.stats import units_for_verdict
+    from coldbench.evidence.job_options import default_rounds
+    from coldbench.evidence.stats import units_for_verdict
 
     make_host(db_session, "studio-1")
     page = web.get("/").text
@@ -432,7 +432,7 @@ def test_a_history_range_and_a_bisection_are_submitted_from_the_form(
 
 
 def test_the_form_names_every_flag_each_adapter_takes(web: TestClient, db_session: Session) -> None:
-    from evidence.engine_flags import ADAPTER_FLAGS
+    from coldbench.evidence.engine_flags import ADAPTER_FLAGS
 
     make_host(db_session, "studio-1")
     page = web.get("/").text

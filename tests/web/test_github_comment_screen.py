@@ -21,13 +21,13 @@ import sqlalchemy as sa
 from markdown_it import MarkdownIt
 from playwright.sync_api import Browser
 
-from api.github import answer
-from api.github.comment import JobView, render_comment
-from api.github.config import GitHubConfig
-from api.hosts.models import Host
-from api.jobs.models import Job
-from api.runs.models import Run
-from evidence.protocol import JobState
+from coldbench.api.github import answer
+from coldbench.api.github.comment import JobView, render_comment
+from coldbench.api.github.config import GitHubConfig
+from coldbench.api.hosts.models import Host
+from coldbench.api.jobs.models import Job
+from coldbench.api.runs.models import Run
+from coldbench.evidence.protocol import JobState
 from tests.web.test_evidence_screens import (  # noqa: F401 (fixtures)
     ARTIFACTS,
     Served,

@@ -10,12 +10,12 @@ from html import unescape
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.auth.models import ApiKey
-from api.database import utcnow
-from api.runs import claim as run_claim
-from api.settings import Settings
-from evidence.bundle import verify_files
-from evidence.calibration import HostCalibration
+from coldbench.api.auth.models import ApiKey
+from coldbench.api.database import utcnow
+from coldbench.api.runs import claim as run_claim
+from coldbench.api.settings import Settings
+from coldbench.evidence.bundle import verify_files
+from coldbench.evidence.calibration import HostCalibration
 from tests.api import agent_calls
 from tests.api.factories import fingerprint, make_host, make_job
 from tests.evidence.builders import calibration_sample
@@ -283,7 +283,7 @@ def test_job_page_leads_with_the_answer_once_evidence_exists(
 def test_a_finished_run_shows_its_final_count_not_its_last_heartbeat(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
-    from api.runs.models import Run
+    from coldbench.api.runs.models import Run
 
     host, _secret = make_host(db_session, "studio-1")
     job = make_job(db_session, settings)
@@ -366,7 +366,7 @@ def test_text_from_hosts_is_escaped_in_the_page_and_its_live_updates(
 def test_hosts_page_shows_the_calibration_of_calibrated_hosts(
     web: TestClient, db_session: Session
 ) -> None:
-    from api.hosts import service as host_service
+    from coldbench.api.hosts import service as host_service
 
     host, _secret = make_host(db_session, "h200")
     make_host(db_session, "fresh-box")
@@ -388,9 +388,9 @@ def test_hosts_page_shows_the_calibration_of_calibrated_hosts(
 def test_a_bisection_page_shows_its_steps_as_they_complete(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
-    from api.jobs import bisect
-    from api.jobs import service as job_service
-    from evidence.bisect import step_spec
+    from coldbench.api.jobs import bisect
+    from coldbench.api.jobs import service as job_service
+    from coldbench.evidence.bisect import step_spec
     from tests.api.factories import job_payload
 
     make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
@@ -435,7 +435,7 @@ def test_a_bisection_page_shows_its_steps_as_they_complete(
 def test_pages_are_gzipped_for_clients_that_accept_it_but_not_the_agents_loop(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
-    from api.app import WORKER_PROTOCOL_PATH
+    from coldbench.api.app import WORKER_PROTOCOL_PATH
 
     make_host(db_session, "studio-1")
     job = make_job(db_session, settings)
@@ -490,7 +490,7 @@ def test_evidence_answers_head_and_a_bad_id_reads_as_a_page_in_a_browser(
 def test_one_pr_markdown_linked_on_the_page_the_md_url_and_for_a_comment(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
-    from api.evidence import service as evidence_service
+    from coldbench.api.evidence import service as evidence_service
 
     make_host(db_session, "studio-1")
     job = make_job(db_session, settings)
@@ -616,8 +616,8 @@ def test_cancel_asks_first_and_a_cancelled_run_says_so(
 def test_a_commits_job_page_shows_base_head_and_the_commits_its_host_resolved(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
-    from api.jobs import service as job_service
-    from evidence.commits import commits_spec
+    from coldbench.api.jobs import service as job_service
+    from coldbench.evidence.commits import commits_spec
     from tests.api.factories import job_payload
 
     make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})

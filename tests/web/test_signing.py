@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from api.pages import signing
-from api.settings import Settings
+from coldbench.api.pages import signing
+from coldbench.api.settings import Settings
 
 SECRET = b"s" * 32
 

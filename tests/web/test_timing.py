@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from api.jobs.schemas import JobOut
-from api.pages.timing import job_timing
-from api.runs.schemas import RunOut
+from coldbench.api.jobs.schemas import JobOut
+from coldbench.api.pages.timing import job_timing
+from coldbench.api.runs.schemas import RunOut
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 TTL_S = 60.0

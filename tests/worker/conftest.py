@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import RepositoryConfig, default_recipes
+from coldbench.worker.config import RepositoryConfig, default_recipes
 
 # A build recipe that puts the checkout on the build venv's path with one .pth file, sorted
 # before the host-site .pth the build adds (worker/build.py), so the checkout's package wins;

@@ -141,9 +141,9 @@ def test_enrollment_and_refusals(service: Stack, tmp_path: Path) -> None:
 def test_the_host_refuses_a_recipe_it_does_not_define(tmp_path: Path) -> None:
     """Defense in depth: a job the server let through by mistake is still refused on the host,
     before anything is cloned."""
-    from evidence.schemas import JobSpec
-    from worker.config import load_host_config
-    from worker.run import RunRefused, check_job
+    from coldbench.evidence.schemas import JobSpec
+    from coldbench.worker.config import load_host_config
+    from coldbench.worker.run import RunRefused, check_job
 
     config = load_host_config(
         write_config(
@@ -166,8 +166,8 @@ def test_the_host_refuses_a_recipe_it_does_not_define(tmp_path: Path) -> None:
 
 
 def test_registration_reports_adapters_and_recipes(tmp_path: Path) -> None:
-    from worker.agent import repository_offers
-    from worker.config import load_host_config
+    from coldbench.worker.agent import repository_offers
+    from coldbench.worker.config import load_host_config
 
     config = load_host_config(
         write_config(
@@ -416,10 +416,10 @@ def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
 ) -> None:
     """Uploads back off while nothing answers; the outbox survives the agent and is delivered
     by the next one."""
-    from worker.agent import Agent, AgentOptions
-    from worker.config import load_host_config
-    from worker.fingerprint import host_fingerprint
-    from worker.run import refused_files
+    from coldbench.worker.agent import Agent, AgentOptions
+    from coldbench.worker.config import load_host_config
+    from coldbench.worker.fingerprint import host_fingerprint
+    from coldbench.worker.run import refused_files
 
     config = load_host_config(write_config(tmp_path / "host-o" / "worker.toml", name="host-o"))
     options = AgentOptions(backoff_max_s=0.2)
@@ -454,8 +454,8 @@ def test_results_wait_in_the_outbox_while_the_api_is_unreachable(
 
 def test_registration_reports_server_options_without_their_argv(tmp_path: Path) -> None:
     """What a submitter may pick (type, bounds, whether it is proven), never what it runs."""
-    from worker.agent import repository_offers
-    from worker.config import load_host_config
+    from coldbench.worker.agent import repository_offers
+    from coldbench.worker.config import load_host_config
 
     config_path = tmp_path / "worker.toml"
     config_path.write_text(
@@ -490,13 +490,13 @@ def test_registration_reports_server_options_without_their_argv(tmp_path: Path) 
 
 
 def test_an_upload_receipt_for_other_bytes_is_retried(tmp_path: Path) -> None:
-    """The agent reads the API's ArtifactReceipt (evidence.protocol): a receipt whose digest
-    or size is not what was sent means the server does not hold this file, so it is sent
+    """The agent reads the API's ArtifactReceipt (coldbench.evidence.protocol): a receipt whose
+    digest or size is not what was sent means the server does not hold this file, so it is sent
     again, never counted as delivered."""
     import httpx
 
-    from worker.agent import Agent, _Retry
-    from worker.config import HostConfig
+    from coldbench.worker.agent import Agent, _Retry
+    from coldbench.worker.config import HostConfig
 
     content = b"records\n"
     digest = hashlib.sha256(content).hexdigest()

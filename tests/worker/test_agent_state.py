@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from evidence.protocol import Progress
-from worker.agent import RunState
+from coldbench.evidence.protocol import Progress
+from coldbench.worker.agent import RunState
 
 
 def test_a_heartbeat_counts_the_estimate_down_from_its_report() -> None:

@@ -6,11 +6,17 @@ from pathlib import Path
 
 import mlx_lm
 
-from evidence.canonical import sha256_file
-from tests.conftest import PRE_RENAME_BRANCH
-from worker.build import build, fast_path_package, recipe_command
-from worker.checkout import prepare
-from worker.config import Recipe, RepositoryConfig, default_recipes
+from coldbench.evidence.canonical import sha256_file
+from coldbench.worker.build import (
+    EngineLayout,
+    build,
+    engine_layout,
+    fast_path_package,
+    recipe_command,
+)
+from coldbench.worker.checkout import prepare
+from coldbench.worker.config import Recipe, RepositoryConfig, default_recipes
+from tests.conftest import PRE_MOVE_BRANCH, PRE_RENAME_BRANCH
 
 
 def test_editable_build_imports_the_checkout_and_is_cached(
@@ -109,18 +115,19 @@ def test_recipe_env_is_passed_and_native_modules_are_digested(
     assert result.native_modules == {"mlx_lm/_ext.so": digest}
 
 
-def test_the_fast_path_package_is_fastpaths_or_its_pre_rename_name(tmp_path: Path) -> None:
+def test_the_layout_of_a_tree_is_told_by_its_fast_path_package(tmp_path: Path) -> None:
     cases = (
+        (["engine", "kernels", "coldbench/engine", "coldbench/kernels"], "coldbench.kernels"),
         (["fastpaths"], "fastpaths"),
         (["kernels"], "kernels"),
         (["fastpaths", "kernels"], "fastpaths"),
-        ([], "fastpaths"),  # neither: the build's import check says fastpaths is missing
+        ([], "coldbench.kernels"),  # none: the build's import check says it is missing
     )
     for number, (packages, expected) in enumerate(cases):
         tree = tmp_path / f"tree-{number}"
         tree.mkdir()
         for package in packages:
-            (tree / package).mkdir()
+            (tree / package).mkdir(parents=True)
             (tree / package / "__init__.py").write_text("")
         assert fast_path_package(tree) == expected, packages
     # A folder without __init__.py (a leftover __pycache__) is not the package.
@@ -130,37 +137,48 @@ def test_the_fast_path_package_is_fastpaths_or_its_pre_rename_name(tmp_path: Pat
     assert fast_path_package(tmp_path / "stale") == "kernels"
     offline = default_recipes("embedded")["offline"]
     python = tmp_path / "venv" / "bin" / "python"
-    # tree-1 holds kernels/ only: a tree from before the rename
-    assert recipe_command(offline, python=python, checkout=tmp_path / "tree-1") == [
+    # tree-2 holds kernels/ only: a tree from before the fastpaths rename
+    assert recipe_command(offline, python=python, checkout=tmp_path / "tree-2") == [
         str(python),
         "-c",
         "import engine, kernels",
     ]
+    assert engine_layout(tmp_path / "tree-1").runner == "engine.runner"
+    assert engine_layout(tmp_path / "tree-0").runner == "coldbench.engine.runner"
 
 
-def test_embedded_builds_check_either_name_of_the_fast_path_package(
+def test_embedded_builds_check_the_packages_of_each_layout(
     coldbench_repo: tuple[Path, tuple[str, str]], tmp_path: Path
 ) -> None:
-    """A ref from before `kernels/` became `fastpaths/` builds and is checked under its own
-    name; a current ref under the new one."""
+    """A ref from before the move (its packages top-level, the fast-path one named `fastpaths`
+    or before its rename `kernels`) builds and is checked under its own names; a current ref
+    under `coldbench.engine` and `coldbench.kernels`. A worker.toml from before the move names
+    the module `engine`: it means the tree's own."""
     repo, (main, _) = coldbench_repo
-    repository = RepositoryConfig(
-        name="engine",
-        url=str(repo),
-        module="engine",
-        adapter="embedded",
-        recipes=default_recipes("embedded"),
-    )
     state = tmp_path / "state"
-    recipe = repository.recipes["offline"]
-    for ref, package in ((main, "fastpaths"), (PRE_RENAME_BRANCH, "kernels")):
-        checkout = prepare(repository, ref, state_dir=state)
-        assert fast_path_package(checkout.path) == package
-        log_path = tmp_path / f"{package}.log"
-        result = build(repository, checkout, recipe, state_dir=state, log_path=log_path)
-        assert result.ok, (ref, result.reason, log_path.read_text()[-2000:])
-        assert result.command[1:] == ["-c", f"import engine, {package}"]
-        assert result.engine_module_file == str(checkout.path / "engine" / "__init__.py")
+    cases = (
+        (main, "coldbench.engine", "coldbench.kernels"),
+        (PRE_MOVE_BRANCH, "engine", "fastpaths"),
+        (PRE_RENAME_BRANCH, "engine", "kernels"),
+    )
+    for module in ("coldbench.engine", "engine"):
+        repository = RepositoryConfig(
+            name="engine",
+            url=str(repo),
+            module=module,
+            adapter="embedded",
+            recipes=default_recipes("embedded"),
+        )
+        recipe = repository.recipes["offline"]
+        for ref, engine, package in cases:
+            checkout = prepare(repository, ref, state_dir=state)
+            assert engine_layout(checkout.path) == EngineLayout(engine, package)
+            log_path = tmp_path / f"{module}-{package}.log"
+            result = build(repository, checkout, recipe, state_dir=state, log_path=log_path)
+            assert result.ok, (ref, result.reason, log_path.read_text()[-2000:])
+            assert result.command[1:] == ["-c", f"import {engine}, {package}"]
+            assert result.engine_module_file == str(checkout.path / "engine" / "__init__.py")
+            assert f"# {engine} imported from " in log_path.read_text()
     # The check imports the tree's own package: in the pre-rename tree a `kernels` that cannot
     # be imported fails the build under that name (this recipe imports nothing itself).
     (checkout.path / "kernels" / "__init__.py").write_text("raise ImportError('planted')\n")

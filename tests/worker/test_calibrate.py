@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from evidence.bundle import verify_bundle
-from evidence.calibration import HostCalibration
+from coldbench.evidence.bundle import verify_bundle
+from coldbench.evidence.calibration import HostCalibration
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
 def test_calibrate_refuses_bad_input_in_one_line(tmp_path: Path, monkeypatch: Any) -> None:
     from typer.testing import CliRunner
 
-    from worker.cli import app
+    from coldbench.worker.cli import app
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "full").mkdir()
@@ -146,7 +146,7 @@ def test_a_calibration_whose_every_job_failed_exits_non_zero_and_writes_no_resul
     command must not look like a calibration to a recipe's `&&` chain or to a merge."""
     import os
 
-    from engine.memory import DEVICE_MEMORY_ENV
+    from coldbench.engine.memory import DEVICE_MEMORY_ENV
 
     out = tmp_path / "calibration.json"
     done = subprocess.run(
@@ -173,7 +173,7 @@ def test_a_calibration_whose_every_job_failed_exits_non_zero_and_writes_no_resul
 def test_calibrate_replaces_its_bundles_with_force(tmp_path: Path, monkeypatch: Any) -> None:
     from typer.testing import CliRunner
 
-    from worker.cli import app
+    from coldbench.worker.cli import app
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "full").mkdir()

@@ -4,8 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker.conftest import git
-from worker.checkout import (
+from coldbench.worker.checkout import (
     CheckoutError,
     check_ref,
     history_commits,
@@ -14,7 +13,8 @@ from worker.checkout import (
     tree_state,
     update_mirror,
 )
-from worker.config import RepositoryConfig
+from coldbench.worker.config import RepositoryConfig
+from tests.worker.conftest import git
 
 
 def test_refs_resolve_to_commits_in_a_bare_mirror(
@@ -96,9 +96,9 @@ def test_uncommitted_edits_to_the_commit_measured_refuse_the_run(
 ) -> None:
     """Only commits are measured: `ref=HEAD` on a dirty checkout would time the commit without
     the edits its author is looking at, so the run refuses and says what to do."""
-    from evidence.schemas import HostInfo, JobSpec
-    from worker.checkout import uncommitted_work_refusal
-    from worker.run import RunRefused, execute_run
+    from coldbench.evidence.schemas import HostInfo, JobSpec
+    from coldbench.worker.checkout import uncommitted_work_refusal
+    from coldbench.worker.run import RunRefused, execute_run
 
     url = str(stub_repo)
     head = git(stub_repo, "rev-parse", "HEAD")

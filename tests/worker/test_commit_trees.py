@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from evidence.schemas import JobSpec
-from evidence.variant import expand_variants
+from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.variant import expand_variants
+from coldbench.worker.checkout import CheckoutError, NotSeparable, commit_line, synthesize
+from coldbench.worker.config import Recipe, RepositoryConfig, default_recipes
+from coldbench.worker.run import prepare_variants, resolve_on_host
 from tests.worker.conftest import PATH_RECIPE_COMMAND, git
-from worker.checkout import CheckoutError, NotSeparable, commit_line, synthesize
-from worker.config import Recipe, RepositoryConfig, default_recipes
-from worker.run import prepare_variants, resolve_on_host
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evidence.bundle import verify_bundle
+from coldbench.evidence.bundle import verify_bundle
 from tests.conftest import SLOW_PREFILL_SYNC_OLD
 from tests.worker.conftest import git
 
@@ -152,7 +152,7 @@ def test_commits_input_errors_are_one_line(
     on this machine), and the first one through the real command as well."""
     from typer.testing import CliRunner
 
-    from worker.cli import app
+    from coldbench.worker.cli import app
 
     repo, shas = pr_repo
     cases = (

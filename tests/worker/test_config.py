@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.agent import AgentError, host_lock, read_secret, write_secret
-from worker.config import ConfigError, load_host_config
+from coldbench.worker.agent import AgentError, host_lock, read_secret, write_secret
+from coldbench.worker.config import ConfigError, load_host_config
 
 GOOD = """
 name = "studio-1"
@@ -129,7 +129,7 @@ def test_worker_command_bad_input(
 ) -> None:
     from typer.testing import CliRunner
 
-    from worker.cli import app
+    from coldbench.worker.cli import app
 
     # One refusal through `python -m coldbench` (the dispatcher passes the exit code on); the
     # others in this process, where they cost no interpreter start.
@@ -244,7 +244,7 @@ def test_bad_server_declarations_name_the_key(
 
 
 def test_allow_presets_names_known_presets_only(tmp_path: Path) -> None:
-    from worker.config import ConfigError, parse_host_config
+    from coldbench.worker.config import ConfigError, parse_host_config
 
     none = parse_host_config({"name": "h"}, base=tmp_path)
     assert none.allow_presets == () and none.model_names() == []
@@ -257,10 +257,10 @@ def test_allow_presets_names_known_presets_only(tmp_path: Path) -> None:
 
 
 def test_a_hosts_calibration_gives_its_runs_their_noise_and_block_length(tmp_path: Path) -> None:
-    from evidence.calibration import HostCalibration, VarianceSums, noise_of
-    from evidence.job_options import build_job_spec
+    from coldbench.evidence.calibration import HostCalibration, VarianceSums, noise_of
+    from coldbench.evidence.job_options import build_job_spec
+    from coldbench.worker.run import process_blocks
     from tests.evidence.builders import calibration_sample
-    from worker.run import process_blocks
 
     sums = VarianceSums(ss_between=0.0009, df_between=9, ss_within=0.011, df_within=110, m0=12.0)
     noise = noise_of(sums, load_s=8.0, cell_s_per_token=0.75 / 16384, contexts=[16384])

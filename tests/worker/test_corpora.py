@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import corpus as engine_corpus
-from evidence import schemas
-from evidence.records import read_records
-from evidence.schemas import JobSpec
-from worker.config import ConfigError, parse_host_config
-from worker.run import RunRefused, check_job
+from coldbench.engine import corpus as engine_corpus
+from coldbench.evidence import schemas
+from coldbench.evidence.records import read_records
+from coldbench.evidence.schemas import JobSpec
+from coldbench.worker.config import ConfigError, parse_host_config
+from coldbench.worker.run import RunRefused, check_job
 
 
 def _code(path: Path) -> Path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evidence.peak import prefill_flops
-from evidence.schemas import HostInfo
-from worker.provenance import device_peak, model_info
+from coldbench.evidence.peak import prefill_flops
+from coldbench.evidence.schemas import HostInfo
+from coldbench.worker.provenance import device_peak, model_info
 
 
 def test_a_cpu_host_measures_its_peak_and_a_gpu_host_reads_the_table() -> None:

@@ -1,8 +1,9 @@
 """Branches of coldbench's own engine: a repository declared `adapter = "embedded"`.
 
 `coldbench_repo` (tests/conftest.py) is a small git copy of this repository's engine/,
-fastpaths/ and evidence/ whose `step-64` commit changes one engine flag's default (and whose
-`kernels-name` commit is a tree from before fastpaths/ was renamed from kernels/). Each
+kernels/ and evidence/ whose `step-64` commit changes one engine flag's default (and whose
+`fastpaths-name` and `kernels-name` commits are trees from before the move, whose packages
+are top-level `engine` with `fastpaths`, or with `kernels` before that package's rename). Each
 variant's ref is checked out in its own worktree and installed into its own venv, and its
 process must run that worktree's engine/ and fast-path package, not the orchestrator's.
 """
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from evidence.bundle import verify_bundle
-from evidence.records import read_records
-from tests.conftest import PRE_RENAME_BRANCH, SWIGLU_ON_BRANCH
+from coldbench.evidence.bundle import verify_bundle
+from coldbench.evidence.records import read_records
+from coldbench.worker.config import ConfigError, local_repository, parse_host_config
+from tests.conftest import PRE_MOVE_BRANCH, PRE_RENAME_BRANCH, SWIGLU_ON_BRANCH
 from tests.stack import Stack, stop_process
-from worker.config import ConfigError, local_repository, parse_host_config
 
 pytestmark = pytest.mark.slow
 
@@ -78,11 +79,11 @@ def test_two_commits_run_as_variants_each_attributed_to_its_commit_and_files(
         checkout = Path(target["checkout"]).resolve()
         checkouts.add(checkout)
         assert not checkout.is_relative_to(Path(__file__).resolve().parents[2])
-        # the variant's own process imported the worktree's engine/ and fastpaths/
+        # the variant's own process imported the worktree's engine/ and kernels/
         assert target["engine_module_file"] == str(checkout / "engine" / "__init__.py")
         files = target["software"]["files"]
         assert files["engine"] == str(checkout / "engine" / "__init__.py")
-        assert files["fastpaths"] == str(checkout / "fastpaths" / "__init__.py")
+        assert files["kernels"] == str(checkout / "kernels" / "__init__.py")
         assert target["ready"]["checkout"] == str(checkout)
         assert target["build_module_file"] == target["engine_module_file"]
     assert len(checkouts) == 2
@@ -96,16 +97,17 @@ def test_two_commits_run_as_variants_each_attributed_to_its_commit_and_files(
     assert commits["step"][:12] in summary_md and "step-64" in summary_md
 
 
-def test_a_ref_from_before_the_fast_path_rename_runs_its_own_kernels_package(
+def test_refs_from_before_the_move_run_their_own_top_level_packages(
     coldbench_cmd: list[str],
     coldbench_repo: tuple[Path, tuple[str, str]],
     micro_model_dir: Path,
     tmp_path: Path,
 ) -> None:
-    """A commit whose fast-path package is still `kernels/` builds with the default editable
-    recipe beside a current one (also where Hugging Face's `kernels`, which transformers 5.25
-    requires, is installed), and each variant's process runs and reports its own worktree's
-    package under its own name."""
+    """Commits from before the move to one namespace (top-level `engine` with `fastpaths`, and
+    before that package's rename with `kernels`) build with the default editable recipe beside
+    a current one (`coldbench.engine`, `coldbench.kernels`; also where Hugging Face's `kernels`,
+    which transformers 5.25 requires, is installed), and each variant's process runs and
+    reports its own worktree's packages under its own names."""
     repo, (main, _) = coldbench_repo
     out = tmp_path / "renamed"
     done = subprocess.run(
@@ -113,7 +115,8 @@ def test_a_ref_from_before_the_fast_path_rename_runs_its_own_kernels_package(
             *coldbench_cmd,
             "run",
             *("--repo", str(repo), "--adapter", "embedded"),
-            *("--variant", f"main:ref={main}", "--variant", f"old:ref={PRE_RENAME_BRANCH}"),
+            *("--variant", f"main:ref={main}", "--variant", f"moved:ref={PRE_MOVE_BRANCH}"),
+            *("--variant", f"old:ref={PRE_RENAME_BRANCH}"),
             *("--model", "preset:micro", "--contexts", "128", "--rounds", "1"),
             *("--decode-tokens", "2"),
             *("--out", str(out), "--state-dir", str(tmp_path / "state")),
@@ -128,21 +131,24 @@ def test_a_ref_from_before_the_fast_path_rename_runs_its_own_kernels_package(
     assert verify_bundle(out).is_intact
     provenance = json.loads((out / "provenance.json").read_text())
     targets = {t["variant"]: t for t in provenance.get("runs", [provenance])[0]["targets"]}
-    for name, ref, package, other in (
-        ("main", main, "fastpaths", "kernels"),
-        ("old", PRE_RENAME_BRANCH, "kernels", "fastpaths"),
+    for name, ref, package, other, namespace in (
+        ("main", main, "kernels", "fastpaths", True),
+        ("moved", PRE_MOVE_BRANCH, "fastpaths", "kernels", False),
+        ("old", PRE_RENAME_BRANCH, "kernels", "fastpaths", False),
     ):
         target = targets[name]
         assert target["commit"] == _commit(repo, ref)
         checkout = Path(target["checkout"]).resolve()
         assert (checkout / package / "__init__.py").is_file()
         assert not (checkout / other).exists()
+        assert (checkout / "coldbench" / "engine").is_symlink() == namespace
         files = target["software"]["files"]
         assert files[package] == str(checkout / package / "__init__.py")
         assert other not in files
         assert target["build_module_file"] == str(checkout / "engine" / "__init__.py")
+        assert target["engine_module_file"] == str(checkout / "engine" / "__init__.py")
     records = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
-    assert {r.variant for r in records} == {"main", "old"}
+    assert {r.variant for r in records} == {"main", "moved", "old"}
     assert all(r.status == "ok" for r in records), records
 
 
@@ -164,7 +170,7 @@ def test_a_variant_whose_engine_is_not_the_checkouts_refuses_to_run(
     }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     done = subprocess.run(
-        [sys.executable, "-m", "engine.runner", "--plan", str(tmp_path / "plan.json")],
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(tmp_path / "plan.json")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -174,7 +180,7 @@ def test_a_variant_whose_engine_is_not_the_checkouts_refuses_to_run(
     assert done.returncode == 2
     event = json.loads(done.stdout.splitlines()[-1])
     assert event["event"] == "error"
-    assert event["reason"].startswith("refusing to run: engine was imported from")
+    assert event["reason"].startswith("refusing to run: coldbench.engine was imported from")
     assert f"not from inside the checkout {checkout.resolve()}" in event["reason"]
 
 
@@ -190,9 +196,9 @@ def test_embedded_repositories_in_worker_toml(tmp_path: Path) -> None:
         },
     }
     repository = parse_host_config(raw, base=tmp_path).repositories["coldbench"]
-    assert (repository.adapter, repository.module) == ("embedded", "engine")
+    assert (repository.adapter, repository.module) == ("embedded", "coldbench.engine")
     (tmp_path / ".git").mkdir()
-    assert local_repository(tmp_path, adapter="embedded").module == "engine"
+    assert local_repository(tmp_path, adapter="embedded").module == "coldbench.engine"
     assert local_repository(tmp_path).module == "mlx_lm"
     with pytest.raises(ConfigError, match="--adapter 'vllm': choose one of embedded"):
         local_repository(tmp_path, adapter="vllm")
@@ -245,7 +251,7 @@ def test_a_host_runs_a_submitted_job_on_two_commits_of_its_embedded_repository(
             checkout = root / "state" / "worktrees" / "engine" / target["commit"]
             assert target["engine_module_file"] == str(checkout / "engine" / "__init__.py")
             files = target["software"]["files"]
-            assert files["fastpaths"] == str(checkout / "fastpaths" / "__init__.py")
+            assert files["kernels"] == str(checkout / "kernels" / "__init__.py")
         lines = service.artifact(run["id"], "records.jsonl").decode().splitlines()
         measured = [r for r in map(json.loads, lines) if r["round"] >= 0]
         widths = {r["variant"]: r["counters"]["chunk_widths"] for r in measured}
@@ -308,8 +314,8 @@ def test_offline_recipe_runs_branches_without_a_package_index(
         assert target["commit"] == _commit(repo, ref)
         assert target["recipe"] == "offline"
         checkout = Path(target["checkout"]).resolve()
-        fast_paths_file = target["software"]["files"]["fastpaths"]
-        assert fast_paths_file == str(checkout / "fastpaths" / "__init__.py")
+        fast_paths_file = target["software"]["files"]["kernels"]
+        assert fast_paths_file == str(checkout / "kernels" / "__init__.py")
         assert target["build_module_file"] == str(checkout / "engine" / "__init__.py")
     records = [r for r in read_records(out / "records.jsonl") if r.round >= 0]
     assert {r.status for r in records if r.variant == "main"} == {"ok"}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from evidence.schemas import HostInfo
-from worker.fingerprint import (
+from coldbench.evidence.schemas import HostInfo
+from coldbench.worker.fingerprint import (
     Probe,
     automatic_labels,
     host_fingerprint,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evidence.bundle import verify_bundle
+from coldbench.evidence.bundle import verify_bundle
 from tests.conftest import SLOW_PREFILL_SYNC_OLD
 from tests.worker.conftest import git
 
@@ -188,7 +188,7 @@ def test_history_input_errors_are_one_line(
 ) -> None:
     from typer.testing import CliRunner
 
-    from worker.cli import app
+    from coldbench.worker.cli import app
 
     repo, shas = series_repo
     for args, message in (

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evidence.bundle import bundle_records, read_bundle, verify_bundle
+from coldbench.evidence.bundle import bundle_records, read_bundle, verify_bundle
+from tests.conftest import IMPORT_PATH
 from tests.worker.conftest import git
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def test_two_refs_from_a_bundle_through_service_celery_and_agent_give_a_verified
             *("--out", str(out), "--workdir", str(tmp_path / "work"), "--timeout-s", "400"),
         ],
         cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(IMPORT_PATH)},
         capture_output=True,
         text=True,
         timeout=540,
@@ -73,18 +74,19 @@ from pathlib import Path
 from coldbench.demo import demo_env
 os.environ.update(demo_env(Path(tempfile.mkdtemp())))
 from typer.testing import CliRunner
-from api.cli import app
+from coldbench.api.cli import app
 assert CliRunner().invoke(app, ["db", "upgrade"]).exit_code == 0
 from fastapi.testclient import TestClient
-from api.app import create_app
+from coldbench.api.app import create_app
 with TestClient(create_app()) as client:  # the embedded default: SQLite through asyncio
     assert client.get("/healthz").status_code == 200
     client.get("/api/v1/hosts")
-from api.celery_app import celery_app
+from coldbench.api.celery_app import celery_app
 with celery_app.connection_for_write() as connection:  # kombu's SQLAlchemy transport
     connection.ensure_connection(max_retries=1)
 import celery.bin.celery, uvicorn  # `coldbench celery worker`, `coldbench server`
-import coldbench.submit, evidence.report, worker.agent, worker.cli, worker.run
+import coldbench.submit, coldbench.evidence.report, coldbench.worker.agent
+import coldbench.worker.cli, coldbench.worker.run
 print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
 """
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from evidence.headline import caveats
-from evidence.markdown import render_summary_md
-from evidence.records import parse_records
-from evidence.schemas import HostInfo, ModelInfo, SoftwareInfo, VariantSpec
-from evidence.summary import summarize
-from worker.provenance import run_provenance, target_info
-from worker.schedule import plan_rounds
-from worker.variants import VariantLaunch, engine_root, run_schedule
+from coldbench.evidence.headline import caveats
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.records import parse_records
+from coldbench.evidence.schemas import HostInfo, ModelInfo, SoftwareInfo, VariantSpec
+from coldbench.evidence.summary import summarize
+from coldbench.worker.provenance import run_provenance, target_info
+from coldbench.worker.schedule import plan_rounds
+from coldbench.worker.variants import VariantLaunch, engine_root, run_schedule
 
 
 def _patched_mlx(where: Path) -> Path:

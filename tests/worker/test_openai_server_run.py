@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from evidence.records import parse_records
-from evidence.schemas import HostInfo, JobSpec
-from worker.config import ConfigError, parse_host_config
-from worker.run import RunRefused, check_job, execute_run
+from coldbench.evidence.records import parse_records
+from coldbench.evidence.schemas import HostInfo, JobSpec
+from coldbench.worker.config import ConfigError, parse_host_config
+from coldbench.worker.run import RunRefused, check_job, execute_run
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from evidence.bisect import step_spec
-from evidence.compare import Source
-from evidence.history import history_spec
-from evidence.schemas import JobSpec
+from coldbench.evidence.bisect import step_spec
+from coldbench.evidence.compare import Source
+from coldbench.evidence.history import history_spec
+from coldbench.evidence.schemas import JobSpec
+from coldbench.worker.provenance import reproduce_command
 from tests.worker.conftest import git
-from worker.provenance import reproduce_command
 
 BASE = {"adapter": "mlx-lm", "repository": "r", "contexts": [64], "rounds": 6}
 FLAGS = {"prefill_step_size": 64}
@@ -83,7 +83,7 @@ def test_an_ab_repeats_at_the_commits_it_measured_into_a_new_folder() -> None:
 
 
 def _bundle_of(spec: JobSpec, targets: list[dict], tmp_path: Path) -> Source:
-    from evidence.bundle import build_bundle
+    from coldbench.evidence.bundle import build_bundle
     from tests.evidence.builders import provenance, simulate_run
 
     records = simulate_run(effects={"main": 1.0, "pr": 1.0}, contexts=(64,), rounds=6)
@@ -103,7 +103,7 @@ def test_a_bundle_naming_a_url_reproduces_from_it_and_a_missing_commit_is_named(
 ) -> None:
     """A repository the bundle names by a URL git fetches is mirrored from it; each variant's
     ref is pinned to the commit its target measured, and one the repository lacks refuses."""
-    from worker.reproduce import ReproductionRefused, plan_reproduction
+    from coldbench.worker.reproduce import ReproductionRefused, plan_reproduction
 
     spec = JobSpec.model_validate(
         {

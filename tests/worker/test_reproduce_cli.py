@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from evidence.bundle import read_bundle, verify_bundle
-from evidence.compare import job_identity, pinned_spec
-from evidence.schemas import JobSpec, Provenance
+from coldbench.evidence.bundle import read_bundle, verify_bundle
+from coldbench.evidence.compare import job_identity, pinned_spec
+from coldbench.evidence.schemas import JobSpec, Provenance
 from tests.worker.conftest import git
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def planted_repo(
     git(repo, "checkout", "-q", "-b", "host-slow")
     cell = repo / "engine" / "cell.py"
     text = cell.read_text()
-    assert text.count(PREFILL_END) == 1, "engine.cell's prefill end not found"
+    assert text.count(PREFILL_END) == 1, "coldbench.engine.cell's prefill end not found"
     cell.write_text(text.replace(PREFILL_END, PLANTED))
     git(repo, "commit", "-q", "-am", "a wait in the prefill where the host asks for one")
     git(repo, "checkout", "-q", main)

@@ -5,7 +5,7 @@ from itertools import pairwise
 
 import pytest
 
-from worker.schedule import plan_rounds, round_cells, williams_rows
+from coldbench.worker.schedule import plan_rounds, round_cells, williams_rows
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
@@ -104,7 +104,7 @@ def test_bad_input_is_refused(kwargs: dict[str, object], message: str) -> None:
 
 
 def test_process_blocks_cover_every_round_once() -> None:
-    from worker.schedule import process_blocks
+    from coldbench.worker.schedule import process_blocks
 
     assert process_blocks(7, 3) == [range(0, 3), range(3, 6), range(6, 7)]
     assert process_blocks(24, 1) == [range(i, i + 1) for i in range(24)]
@@ -115,7 +115,7 @@ def test_process_blocks_cover_every_round_once() -> None:
 
 @pytest.mark.parametrize("seed", [0, 5, 41])
 def test_process_start_order_rotates_so_each_variant_starts_first_equally(seed: int) -> None:
-    from worker.schedule import start_order
+    from coldbench.worker.schedule import start_order
 
     variants = ["a", "b", "c"]
     orders = [start_order(variants, seed=seed, block=b) for b in range(6)]
@@ -126,7 +126,7 @@ def test_process_start_order_rotates_so_each_variant_starts_first_equally(seed: 
 
 
 def test_turns_read_abba_with_the_baseline_bracketing_the_others() -> None:
-    from worker.schedule import turn_order
+    from coldbench.worker.schedule import turn_order
 
     two = [turn_order(["a", "b"], seed=3, block=b, baseline="a") for b in range(4)]
     assert two == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from evidence.bundle import verify_bundle
-from evidence.records import read_records
+from coldbench.evidence.bundle import verify_bundle
+from coldbench.evidence.records import read_records
 
 # mlx_lm.server behind a wrapper with two flags of its own: `--fast` really changes what runs
 # (each request goes through a patched path that says so on stderr); `--fake-fast` is accepted
@@ -170,7 +170,7 @@ def test_server_run_bad_input_is_one_clear_line(
 ) -> None:
     from typer.testing import CliRunner
 
-    from worker.cli import app
+    from coldbench.worker.cli import app
 
     monkeypatch.chdir(tmp_path)  # where `coldbench run` keeps its state by default
     done = CliRunner().invoke(app, ["run", *args, "--out", str(tmp_path / "out")])
@@ -183,9 +183,9 @@ def test_server_run_bad_input_is_one_clear_line(
 def test_a_server_that_cannot_start_fails_the_run_with_its_reason_and_log(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
-    from evidence.schemas import HostInfo, JobSpec
-    from worker.config import RepositoryConfig
-    from worker.run import execute_run
+    from coldbench.evidence.schemas import HostInfo, JobSpec
+    from coldbench.worker.config import RepositoryConfig
+    from coldbench.worker.run import execute_run
 
     repository = RepositoryConfig(
         name="installed-server",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from evidence.records import parse_records
-from worker.schedule import plan_rounds
-from worker.variants import Progress, VariantError, VariantLaunch, child_env, run_schedule
+from coldbench.evidence.records import parse_records
+from coldbench.worker.schedule import plan_rounds
+from coldbench.worker.variants import Progress, VariantError, VariantLaunch, child_env, run_schedule
 
 RUNNER = "tests.worker.misbehaving_runner"
 
@@ -477,7 +477,7 @@ def test_in_turns_the_next_turns_process_imports_while_this_one_measures(tmp_pat
 def test_a_run_whose_memory_cannot_be_planned_runs_side_by_side_saying_why(
     tmp_path: Path,
 ) -> None:
-    from worker.run import RunRefused, memory_plan
+    from coldbench.worker.run import RunRefused, memory_plan
 
     plan = memory_plan(
         [_launch("a"), _launch("b")], model=tmp_path / "nothing", contexts=[64], asked="auto"
@@ -493,8 +493,8 @@ def test_a_run_whose_memory_cannot_be_planned_runs_side_by_side_saying_why(
 
 
 def test_a_residency_asked_for_is_in_the_reproduce_line() -> None:
-    from evidence.schemas import JobSpec
-    from worker.provenance import reproduce_command
+    from coldbench.evidence.schemas import JobSpec
+    from coldbench.worker.provenance import reproduce_command
 
     spec = JobSpec.model_validate(
         {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [64], "rounds": 2}

@@ -6,7 +6,7 @@ graph rounds to the input dtype (sigmoid, then the product with the gate, then w
 fused kernel reads both inputs once, computes in float32, and rounds once; each thread handles
 `VECTOR` consecutive elements, so the gate asks for a total size that is a multiple of it.
 
-Tolerance against a float32 reference (tests/fastpaths): float32 inputs within 1e-5 relative;
+Tolerance against a float32 reference (tests/kernels): float32 inputs within 1e-5 relative;
 float16/bfloat16 within one unit in the last place of the output dtype, where the unfused
 reference is allowed the three roundings it does (measured, not assumed, by the GPU test).
 """
@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from fastpaths.gate import COUNTERS, Decision, detect_backend, dtype_problem
+from coldbench.kernels.gate import COUNTERS, Decision, detect_backend, dtype_problem
 
 NAME = "fused_swiglu"
 VECTOR = 4  # elements per thread

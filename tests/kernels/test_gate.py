@@ -7,8 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from fastpaths import COUNTERS, DISABLE_ENV, detect_backend, swiglu
-from fastpaths import add_rms_norm as norm
+from coldbench.kernels import COUNTERS, DISABLE_ENV, detect_backend, swiglu
+from coldbench.kernels import add_rms_norm as norm
 
 
 def _normal(shape: tuple[int, ...], dtype: mx.Dtype = mx.float32, seed: int = 0) -> mx.array:

@@ -1,8 +1,8 @@
 """Fast-path test fixtures: the `gpu` marker's skip, and counters reset around every test.
 
 Tests marked `gpu` need a Metal or CUDA backend: they are skipped with the reason
-"needs Metal or CUDA" only where `fastpaths.detect_backend()` says `cpu`, and run everywhere
-else (`pytest -m gpu tests/fastpaths` on the H200 or a Mac).
+"needs Metal or CUDA" only where `coldbench.kernels.detect_backend()` says `cpu`, and run everywhere
+else (`pytest -m gpu tests/kernels` on the H200 or a Mac).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fastpaths import COUNTERS, detect_backend
+from coldbench.kernels import COUNTERS, detect_backend
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

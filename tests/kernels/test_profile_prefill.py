@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import profile_prefill
-from fastpaths import detect_backend
+from coldbench.kernels import detect_backend
 
 
 def test_profile_tiny_llama_and_moe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

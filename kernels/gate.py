@@ -23,7 +23,8 @@ DISABLE_ENV = "COLDBENCH_DISABLE_KERNELS"
 
 
 def detect_backend() -> str:
-    """`metal`, `cuda` or `cpu`: which MLX backend this host has (engine.backend asks here)."""
+    """`metal`, `cuda` or `cpu`: which MLX backend this host has (coldbench.engine.backend asks
+    here)."""
     if mx.metal.is_available():
         return "metal"
     cuda = getattr(mx, "cuda", None)

@@ -18,7 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from fastpaths.gate import COUNTERS, Decision, detect_backend, dtype_problem
+from coldbench.kernels.gate import COUNTERS, Decision, detect_backend, dtype_problem
 
 NAME = "fused_add_rms_norm"
 THREADS = 256  # threads per row (a multiple of 32: one simdgroup / warp sum per 32)

@@ -1,6 +1,6 @@
-"""The kernels against float32 references, on the GPU (`pytest -m gpu tests/fastpaths`).
+"""The kernels against float32 references, on the GPU (`pytest -m gpu tests/kernels`).
 
-Tolerances, and why (fastpaths/swiglu.py and fastpaths/add_rms_norm.py say the same):
+Tolerances, and why (kernels/swiglu.py and kernels/add_rms_norm.py say the same):
 - `fused_swiglu` computes in float32 and rounds once: within one unit in the last place (ulp)
   of the output dtype of the float32 formula, and never further from it than the unfused
   reference (which rounds after each of its three ops).
@@ -18,8 +18,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from fastpaths import COUNTERS, detect_backend, swiglu
-from fastpaths import add_rms_norm as norm
+from coldbench.kernels import COUNTERS, detect_backend, swiglu
+from coldbench.kernels import add_rms_norm as norm
 
 pytestmark = pytest.mark.gpu
 
