@@ -111,10 +111,11 @@ def test_a_cell_faster_than_the_device_can_compute_is_invalid() -> None:
     assert all(c.n == 0 for c in summary.comparisons)
 
 
-def test_a_measured_cpu_peak_allows_three_times_it_and_no_peak_gives_no_share() -> None:
+def test_a_measured_cpu_peak_invalidates_nothing_and_no_peak_gives_no_share() -> None:
     cpu = DevicePeak(device="CPU", tflops=100.0, dtype="float32", source="measured", measured=True)
-    summary, _ = _summary(0.25 / 4.1, peak=cpu)  # ~240 TFLOP/s: under 3 x 100
+    summary, _ = _summary(0.25 / 4.1 / 20, peak=cpu)  # ~4,800 TFLOP/s: 48 x the measured 100
     assert summary.invalid.total == 0 and summary.peak is not None
+    assert all(r.share_of_peak is not None for r in summary.peak.rates)
     summary, _ = _summary(0.25 / 4.1, peak=None)
     assert summary.peak is not None and summary.invalid.total == 0
     assert all(r.share_of_peak is None for r in summary.peak.rates)
