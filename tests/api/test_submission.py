@@ -115,10 +115,14 @@ def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
     run.resolved_spec = history_spec(job.spec, f"{0:040x}", commits)
     db_session.commit()
     detail = job_service.job_detail(db_session=db_session, job_id=job.id)
-    assert detail.rounds_warning == answer.rounds_warning == (
-        "6 rounds cannot reach a verdict: the robust interval needs at least 10 rounds (10 "
-        "independent process pairs, so that 2 stalled at each end cannot decide it), more when "
-        "the spread is wide"
+    assert (
+        detail.rounds_warning
+        == answer.rounds_warning
+        == (
+            "6 rounds cannot reach a verdict: the robust interval needs at least 10 rounds (10 "
+            "independent process pairs, so that 2 stalled at each end cannot decide it), more when "
+            "the spread is wide"
+        )
     )
     assert detail.resolved_spec is not None and len(detail.resolved_spec["variants"]) == 41
 
