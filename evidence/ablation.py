@@ -42,7 +42,6 @@ def ablation_section(
                 variant=ABLATION_ALL,
                 baseline=without,
                 context_tokens=context,
-                seed_parts=("ablation", context, feature),
                 options=options,
             )
             entries.append({"feature": feature, **entry})

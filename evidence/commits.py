@@ -174,7 +174,6 @@ def commits_section(
                 variant=head_plan.name,
                 baseline=entry.without,
                 context_tokens=context,
-                seed_parts=("commits", context, entry.without),
                 options=options,
             )
             drafts.append({"position": entry.position, "commit": entry.commit, **draft})

@@ -59,7 +59,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal, TypeVar
@@ -69,7 +69,6 @@ import numpy as np
 from coldbench.evidence.calibration import VarianceSums
 from coldbench.evidence.schemas import JobSpec, Record
 from coldbench.evidence.summary_schema import Comparison, Verdict
-from coldbench.evidence.variant import expand_variants
 
 
 def _scipy_stats() -> Any:
@@ -386,10 +385,10 @@ def log_spread(ratios: Sequence[float]) -> float | None:
 # --- the units and their robust estimate -------------------------------------------------------
 
 
-def unit_logs(pairs: Sequence[Pair]) -> list[float]:
-    """The log ratios of a comparison's independent units: one per process pair (the median of
-    its pairs' log ratios), or one per pair where records carry no process instances."""
-    blocks = blocks_of(pairs)
+def unit_logs(pairs: Sequence[Pair], blocks: Sequence[Sequence[float]] | None) -> list[float]:
+    """The log ratios of a comparison's independent units: one per process pair of `blocks`
+    (`blocks_of(pairs)`: the median of its pairs' log ratios), or one per pair where records
+    carry no process instances."""
     if blocks is None:
         return [math.log(pair.ratio) for pair in pairs]
     return [float(np.median(np.log(np.asarray(block, dtype=float)))) for block in blocks]
@@ -421,6 +420,13 @@ class Estimate:
         return float(2 * _scipy_stats().t.sf(abs(self.centre) / self.se, self.df))
 
 
+def trimmed_df(units: int) -> int:
+    """Degrees of freedom of the trimmed mean of `units` units: h - 1 for h units kept, one
+    fewer where any are trimmed (`trimmed_estimate`)."""
+    trimmed = trimmed_count(units)
+    return units - 2 * trimmed - 1 - (1 if trimmed else 0)
+
+
 def trimmed_count(units: int) -> int:
     """Units set aside at each end of the sorted units: floor(TRIM x n) from MIN_TRIMMED_UNITS
     on, none below (where Yuen's interval of a trimmed mean under-covers most: 93.8% of 20,000
@@ -444,7 +450,7 @@ def trimmed_estimate(logs: Sequence[float]) -> Estimate | None:
         # One degree of freedom fewer than Yuen's h - 1 where units are trimmed: his interval
         # under-covers with few units (94.4% and 94.2% of 20,000 normal samples of 10 and 12
         # units), this one covers 95.3% and 94.7% (benchmarks/interval_coverage.py).
-        df=kept - 1 - (1 if g else 0),
+        df=trimmed_df(n),
         units=n,
         trimmed=g,
         winsorized_sd=sd,
@@ -499,11 +505,6 @@ def look_rounds(first: int, budget: int, *, block: int = 1) -> Looks:
     return Looks(tuple(rounds))
 
 
-def comparison_family_size(spec: JobSpec) -> int:
-    """How many prefill comparisons a job's verdicts are corrected over (Bonferroni's m)."""
-    return len(spec.contexts) * max(len(expand_variants(spec)) - 1, 1)
-
-
 def too_few_rounds(spec: JobSpec) -> str | None:
     """Why a job's rounds cannot reach a verdict, or None when they can (given little spread):
     the first look needs `units_for_verdict` process pairs."""
@@ -536,8 +537,7 @@ def _units_for_width(sd: float, target: float, level: float) -> int:
     n = units_for_verdict()
     while n < 100_000:
         kept = n - 2 * trimmed_count(n)
-        df = kept - 1 - (1 if trimmed_count(n) else 0)
-        q = float(_scipy_stats().t.ppf(1 - (1 - level) / 2, df))
+        q = float(_scipy_stats().t.ppf(1 - (1 - level) / 2, trimmed_df(n)))
         if q * sd * math.sqrt((n - 1) / (kept * (kept - 1))) <= target:
             return n
         n = max(n + 1, math.ceil(n * 1.05))
@@ -591,16 +591,14 @@ def compare_pairs(
     context_tokens: int,
     variant: str,
     baseline: str,
-    seed: int,
     options: StatsOptions,
 ) -> dict[str, Any]:
     """One comparison before its family is known (`finish` sets the interval, the p-values and
     the verdict). Records with process instances add `blocks` (independent process pairs),
-    `unit` and `process_sd`. `seed` is kept for sections that resample (none of the verdict)."""
-    del seed
+    `unit` and `process_sd`."""
     ratios = [pair.ratio for pair in pairs]
     blocks = blocks_of(pairs)
-    logs = unit_logs(pairs)
+    logs = unit_logs(pairs, blocks)
     comparison: dict[str, Any] = {
         "context_tokens": context_tokens,
         "variant": variant,
@@ -631,18 +629,6 @@ def compare_pairs(
         comparison["unit"] = "process pair"
         comparison["process_sd"] = log_spread([math.exp(v) for v in logs])
     return comparison
-
-
-def unit_ratios(comparison: Mapping[str, Any]) -> list[float]:
-    """The units of a comparison's interval as ratios: its pairs, or the medians of its
-    process pairs when records carry process instances."""
-    ratios = comparison["ratios"]
-    if not ratios or "block" not in ratios[0]:
-        return [r["ratio"] for r in ratios]
-    grouped: dict[int, list[float]] = defaultdict(list)
-    for r in ratios:
-        grouped[r["block"]].append(r["ratio"])
-    return [float(np.median(values)) for values in grouped.values()]
 
 
 def finish(
@@ -698,20 +684,17 @@ def compare_variants(
     variant: str,
     baseline: str,
     context_tokens: int,
-    seed_parts: Sequence[object],
     options: StatsOptions,
     metric: Metric = "prefill_tps",
 ) -> tuple[dict[str, Any], int]:
     """`variant` against `baseline` at one context before correction (`compare_pairs` over
-    their pairs), and how many pairs had differing prompts. `seed_parts` name the comparison's
-    bootstrap draws (`comparison_seed`), so adding a comparison leaves the others' alone."""
+    their pairs), and how many pairs had differing prompts."""
     pairs, mismatched = pairs_for(index, variant, baseline, metric, context_tokens)
     comparison = compare_pairs(
         pairs,
         context_tokens=context_tokens,
         variant=variant,
         baseline=baseline,
-        seed=comparison_seed(options.seed, *seed_parts),
         options=options,
     )
     return comparison, mismatched
@@ -738,7 +721,6 @@ def compare_matrix(
                 variant=variant,
                 baseline=baseline,
                 context_tokens=context,
-                seed_parts=(metric, context, variant, baseline),
                 options=options,
                 metric=metric,
             )

@@ -290,7 +290,7 @@ def test_units_for_verdict_outvote_two_stalled_units_at_each_end(family: int) ->
             cand = record(variant="cand", round=i, prefill_tps=1000.0 * ratio)
             pairs.append(Pair(base.run_id, i, base.context_tokens, ratio, cand, base))
         draft = compare_pairs(
-            pairs, context_tokens=256, variant="cand", baseline="base", seed=0, options=options
+            pairs, context_tokens=256, variant="cand", baseline="base", options=options
         )
         others = [dict(draft) for _ in range(family - 1)]
         return finish([draft, *others], options, Comparison)[0].verdict
