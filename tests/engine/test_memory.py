@@ -370,29 +370,23 @@ def test_the_plan_is_made_in_a_process_of_its_own_from_the_checkpoint(
     }
     guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=2048)
     need = guard.estimate(256).total_bytes
-    env = {**os.environ, DEVICE_MEMORY_ENV: str(need + (1 << 30))}
-    done = subprocess.run(
-        [sys.executable, "-m", "coldbench.engine.memory"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=True,
-    )
-    plan = memory.MemoryPlan.from_json(json.loads(done.stdout))
+
+    def plan_with(device_bytes: int) -> dict:
+        """The plan `python -m coldbench.engine.memory` answers on a device of this size."""
+        done = subprocess.run(
+            [sys.executable, "-m", "coldbench.engine.memory"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            env={**os.environ, DEVICE_MEMORY_ENV: str(device_bytes)},
+            timeout=120,
+            check=True,
+        )
+        return json.loads(done.stdout)
+
+    plan = memory.MemoryPlan.from_json(plan_with(need + (1 << 30)))
     assert plan.residency == memory.IN_TURNS and plan.refused == {}
-    env[DEVICE_MEMORY_ENV] = str(4 * need + (8 << 30))
-    done = subprocess.run(
-        [sys.executable, "-m", "coldbench.engine.memory"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=True,
-    )
-    assert json.loads(done.stdout)["residency"] == memory.SIDE_BY_SIDE
+    assert plan_with(4 * need + (8 << 30))["residency"] == memory.SIDE_BY_SIDE
 
 
 # Measured on this CPU (2026-12-06), the estimate over the cell's peak above what was active

@@ -27,9 +27,9 @@ def _sha(name: str) -> str:
     return (name.encode().hex() * 20)[:40]
 
 
-@pytest.fixture(scope="module")
-def history():
-    spec = JobSpec.model_validate(
+def _history_spec() -> JobSpec:
+    """A history of NAMES' commits at 64 tokens, 12 rounds."""
+    return JobSpec.model_validate(
         {
             "mode": "history",
             "adapter": "mlx-lm",
@@ -40,6 +40,11 @@ def history():
             "history": {"range": "v1..main"},
         }
     )
+
+
+@pytest.fixture(scope="module")
+def history():
+    spec = _history_spec()
     effects = {"ref": 1.0, **dict(zip(NAMES[1:], LEVELS, strict=True))}
     records = simulate_run(effects=effects, contexts=(64,), rounds=12, noise=0.02, seed=11)
     measured = provenance()
@@ -76,17 +81,7 @@ def test_the_answer_tells_the_drift_from_the_step(history) -> None:
 
 
 def test_a_flat_history_has_no_change_point() -> None:
-    spec = JobSpec.model_validate(
-        {
-            "mode": "history",
-            "adapter": "mlx-lm",
-            "repository": "mlx-lm",
-            "variants": [{"name": n, "ref": _sha(n)} for n in NAMES],
-            "contexts": [64],
-            "rounds": 12,
-            "history": {"range": "v1..main"},
-        }
-    )
+    spec = _history_spec()
     records = simulate_run(
         effects=dict.fromkeys(NAMES, 1.0), contexts=(64,), rounds=12, noise=0.01, seed=3
     )
