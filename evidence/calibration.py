@@ -144,27 +144,68 @@ def noise_of(
     )
 
 
+def _cell_s(contexts: Sequence[int], noise: HostNoise) -> float:
+    """Seconds of one cell at each context, summed (one variant's share of a round)."""
+    return sum(noise.cell_s_per_token * c for c in contexts) if noise.cell_s_per_token else 0.0
+
+
+def block_start_s(
+    *, contexts: Sequence[int], variants: int, noise: HostNoise, in_turns: bool = False
+) -> float:
+    """Seconds a block start costs on this host: side by side, the variants' processes load
+    together (one load, the calibration's `load_s`) and warm up one after another; in turns,
+    each variant's turn is a start of its own, so a block pays a load per variant."""
+    load_s = noise.load_s or 0.0
+    warmups_s = variants * _cell_s(contexts, noise)
+    return (variants if in_turns else 1) * load_s + warmups_s
+
+
+def run_cost_s(
+    rounds: int,
+    rounds_per_process: int | None,
+    *,
+    contexts: Sequence[int],
+    variants: int,
+    noise: HostNoise,
+    in_turns: bool = False,
+) -> float:
+    """Seconds a run of `rounds` in blocks of `rounds_per_process` (None: one block) costs
+    on this host: every block's start (`block_start_s`) and every round's cells."""
+    if rounds < 1:
+        return 0.0
+    length = rounds_per_process or rounds
+    blocks = math.ceil(rounds / length)
+    start_s = block_start_s(contexts=contexts, variants=variants, noise=noise, in_turns=in_turns)
+    return blocks * start_s + rounds * variants * _cell_s(contexts, noise)
+
+
 def block_length(
-    rounds: int, *, contexts: Sequence[int], variants: int, noise: HostNoise
+    rounds: int,
+    *,
+    contexts: Sequence[int],
+    variants: int,
+    noise: HostNoise,
+    in_turns: bool = False,
 ) -> tuple[int, str]:
     """Rounds per process for a job on a calibrated host, and why.
 
-    A block start costs S (the load, and a warm-up per variant and context), a round costs c (a
-    cell per variant and context), and the pairs of one process pair share its offset, so the
-    variance of their ratios grows by the design effect 1 + (L - 1) rho. For a given precision
-    the time (1 + (L - 1) rho)(c + S / L) is least at L = sqrt(S (1 - rho) / (rho c)), the
-    classic optimal cluster size; rho uses the calibration's upper bound. At least
+    A block start costs S (`block_start_s`: the load, once side by side and once per variant in
+    turns, and a warm-up per variant and context), a round costs c (a cell per variant and
+    context), and the pairs of one process pair share its offset, so the variance of their
+    ratios grows by the design effect 1 + (L - 1) rho. For a given precision the time
+    (1 + (L - 1) rho)(c + S / L) is least at L = sqrt(S (1 - rho) / (rho c)), the classic
+    optimal cluster size; rho uses the calibration's upper bound. At least
     MIN_CALIBRATED_BLOCKS blocks, so the run's own process pairs check the calibration."""
     tau2 = noise.process_pair_sd_upper**2
     rho = tau2 / (tau2 + noise.pair_sd**2)
-    cell_s = sum(noise.cell_s_per_token * c for c in contexts) if noise.cell_s_per_token else 0.0
-    start_s = (noise.load_s or 0.0) + variants * cell_s
-    round_s = variants * cell_s
+    start_s = block_start_s(contexts=contexts, variants=variants, noise=noise, in_turns=in_turns)
+    round_s = variants * _cell_s(contexts, noise)
     share = f"a process pair adds at most {100 * rho:.1f}% of a paired ratio's variance"
     if rho > 0 and round_s > 0:
         best = math.sqrt(start_s * (1 - rho) / (rho * round_s))
         why = (
-            f"{share}; a block start costs about {start_s:.0f} s against {round_s:.1f} s a "
+            f"{share}; a block start costs about {start_s:.0f} s"
+            f"{f' ({variants} turn starts)' if in_turns else ''} against {round_s:.1f} s a "
             f"round, and sqrt(S (1 - rho) / (rho c)) = {best:.1f} rounds a block cost least"
         )
     else:

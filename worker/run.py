@@ -589,10 +589,11 @@ def default_prespawn(host: HostInfo) -> bool:
 
 
 def process_blocks(
-    spec: JobSpec, *, variants: int, noise: HostNoise | None
+    spec: JobSpec, *, variants: int, noise: HostNoise | None, in_turns: bool = False
 ) -> tuple[int | None, str]:
     """The run's rounds per process (None: a process per cell) and why: the job's own, else
-    what this host's calibration makes cheapest (coldbench.evidence.calibration.block_length), else
+    what this host's calibration makes cheapest (coldbench.evidence.calibration.block_length,
+    with a block start priced at a load per variant where the variants run `in_turns`), else
     the conservative default for a host without one."""
     if spec.fresh_process:
         return None, "a fresh process for every cell (fresh_process)"
@@ -606,7 +607,9 @@ def process_blocks(
             "each look a whole number of process blocks"
         )
     if noise is not None:
-        return block_length(spec.rounds, contexts=spec.contexts, variants=variants, noise=noise)
+        return block_length(
+            spec.rounds, contexts=spec.contexts, variants=variants, noise=noise, in_turns=in_turns
+        )
     length = effective_rounds_per_process(spec)
     return length, (
         f"{length} round{'s' if length != 1 else ''} per process: rounds // "
@@ -753,9 +756,15 @@ def execute_run(
         )
         if on_phase:
             on_phase("rounds")
-        rounds_per_process, rule = process_blocks(spec, variants=len(measured), noise=noise)
         launches = [p.launch for p in prepared if not p.skipped]
         plan = memory_plan(launches, model=model, contexts=spec.contexts, asked=residency)
+        # the blocks' length prices the starts this run will pay: in turns, one per variant
+        rounds_per_process, rule = process_blocks(
+            spec,
+            variants=len(measured),
+            noise=noise,
+            in_turns=plan.residency == IN_TURNS and not spec.fresh_process,
+        )
         if on_phase and plan.residency == IN_TURNS and not spec.fresh_process:
             on_phase(f"variants run {plan.reason}")
         try:

@@ -777,6 +777,19 @@ def run_schedule(
         started_now = bring_up([spawn(name, None)], None)
         return started_now[0] if started_now else None
 
+    process_starts = sum(1 for s in starts if s.block is not None)
+
+    def starts_left_s() -> float:
+        """The process starts still to come, each priced at the later ones measured so far (the
+        first also waits for the imports that later ones, started ahead, do not): in turns a
+        block pays one per variant, and the estimate says so."""
+        begun = timeline.blocks
+        measured = begun[1:] or begun
+        if not measured:
+            return 0.0
+        each = sum(b.stop_s + b.imports_s + b.load_s + b.warmups_s for b in measured)
+        return max(process_starts - len(begun), 0) * each / len(measured)
+
     def report(cell: Cell | None) -> None:
         if on_progress is None:
             return
@@ -788,7 +801,7 @@ def run_schedule(
                 cells_total=outcome.cells_total,
                 variant=cell.variant if cell else None,
                 context_tokens=cell.context_tokens if cell else None,
-                eta_s=None if mean is None else mean * left,
+                eta_s=None if mean is None else mean * left + starts_left_s(),
                 invalid=list(invalid),
             )
         )

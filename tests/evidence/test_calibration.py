@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import functools
+
 import pytest
 from pydantic import ValidationError
 
@@ -75,3 +77,24 @@ def test_calibrations_run_side_by_side_merge_into_one() -> None:
         merge_calibrations([one, one])
     with pytest.raises(ValueError, match="different rounds"):
         merge_calibrations([one, two.model_copy(update={"rounds": 12})])
+
+
+def test_a_run_in_turns_is_priced_a_load_per_variant_per_block_above_side_by_side() -> None:
+    """Side by side a block's processes load together (one load); in turns each variant's turn
+    is a start of its own. The same run is priced above side by side by (variants - 1) loads a
+    block, and its blocks come out no shorter (the start they amortise costs more)."""
+    from coldbench.evidence.calibration import VarianceSums, block_length, noise_of, run_cost_s
+
+    sums = VarianceSums(ss_between=0.0009, df_between=9, ss_within=0.011, df_within=110, m0=12.0)
+    noise = noise_of(sums, load_s=8.0, cell_s_per_token=0.75 / 16384, contexts=[16384])
+    assert noise is not None
+    shape = functools.partial(run_cost_s, contexts=[16384], variants=2, noise=noise)
+    length = functools.partial(block_length, contexts=[16384], variants=2, noise=noise)
+    side, turns = shape(24, 4), shape(24, 4, in_turns=True)
+    # 6 blocks of 4 rounds: a load of 8 s more per block for the second variant's turn
+    assert turns - side == pytest.approx(6 * 8.0)
+    # the cells and warm-ups are the same either way: 24 rounds x 2 cells + 6 x 2 warm-ups
+    assert side == pytest.approx(6 * (8.0 + 2 * 0.75) + 24 * 2 * 0.75)
+    (length_side, _), (length_turns, why) = length(48), length(48, in_turns=True)
+    assert length_turns >= length_side and "(2 turn starts)" in why
+    assert shape(0, 4, in_turns=True) == 0.0

@@ -445,6 +445,31 @@ def test_in_turns_one_process_is_resident_at_a_time_and_every_cell_pairs(
     assert len(warmups) == 4 and {w["counters"]["peers"] for w in warmups} == {"0"}
 
 
+def test_in_turns_the_progress_estimate_prices_the_turn_starts_still_to_come(
+    tmp_path: Path,
+) -> None:
+    """Each turn's start loads for 0.3 s, a cell takes 0.02 s: the estimate after the first
+    turn's cells counts the three turn starts to come, not only the cells left."""
+    rounds = plan_rounds(["a", "b"], [64], seed=5, rounds=4)
+    seen: list[Progress] = []
+    run_schedule(
+        [_launch("a", cell_s=0.02, load_s=0.3), _launch("b", cell_s=0.02, load_s=0.3)],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        rounds_per_process=2,
+        seed=5,
+        on_progress=seen.append,
+        residency="in-turns",
+        baseline="a",
+    )
+    after_first_turn = next(p for p in seen if p.cells_done == 2)
+    assert after_first_turn.eta_s is not None
+    # 6 cells left (about 0.15 s) and 3 starts of at least 0.3 s each
+    assert after_first_turn.eta_s >= 3 * 0.3
+    assert seen[-1].eta_s == 0
+
+
 def test_in_turns_the_next_turns_process_imports_while_this_one_measures(tmp_path: Path) -> None:
     rounds = plan_rounds(["a", "b"], [64], seed=6, rounds=4)
     # a turn measures 2 cells (1.4 s): time for the next interpreter to start and import

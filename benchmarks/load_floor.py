@@ -1,0 +1,169 @@
+"""How near its floor is a variant process's weight load? (not a test)
+
+Writes a llama checkpoint of a few hundred MB (synthetic config, seeded weights, one shard per
+file) to a scratch folder, reads it once so the page cache holds it, then in a fresh interpreter
+per method (its imports done before the clock starts) times, with the page cache warm:
+- `read_chunks`: every weight file read through one 16 MiB buffer (benchmarks/load_gate_probe.py's
+  floor: the bytes copied out of the page cache, into memory that stays hot);
+- `read_fresh`: every file read into a fresh buffer of its size (the page cache's copy into new
+  anonymous memory, not zero-filled, page faults included: the floor of any load that copies);
+- `mmap_touch`: every file mapped and one byte of each page read (no copy at all);
+- `mx_load`: `mlx.core.load` of every file and `mx.eval` of its arrays (MLX's own read);
+- `engine_load`: the embedded engine's model load on a synthetic checkpoint
+  (coldbench.engine.lean.load: mlx-lm's `load_model`, model built, sanitized, weights set and
+  evaluated);
+- `runner_load`: the whole of what a variant process's `load_s` times (the embedded adapter's
+  `load`: the memory guard, the model load, the prompt source, the checkpoint's digests).
+One JSON line: each method's median seconds over `--repeats` and its ratio to `read_chunks`
+(the page cache's read, the floor docs/PERFORMANCE.md states a block boundary against).
+
+    PYTHONPATH=. python benchmarks/load_floor.py --hidden 1024 --layers 8 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+METHODS = ("read_chunks", "read_fresh", "mmap_touch", "mx_load", "engine_load", "runner_load")
+
+# Run in a fresh interpreter: imports first, then the clock; prints the seconds.
+_CHILD = r"""
+import mmap, sys, time
+from pathlib import Path
+folder, method = Path(sys.argv[1]), sys.argv[2]
+files = sorted(folder.glob("model*.safetensors"))
+import numpy
+if method in ("mx_load", "engine_load", "runner_load"):
+    import mlx.core as mx
+    from coldbench.engine import lean
+    lean.install()
+    with lean._no_hub():
+        import mlx_lm.utils  # noqa: F401
+if method == "runner_load":
+    from coldbench.engine.adapters.embedded import EmbeddedAdapter
+    from coldbench.engine.plan import Plan
+    plan = Plan.from_json({"run_id": "load-floor", "variant": "a", "adapter": "embedded",
+                           "model": str(folder), "records_path": str(folder / "records.jsonl")})
+    adapter = EmbeddedAdapter(plan)
+started = time.perf_counter()
+if method == "read_chunks":
+    for path in files:
+        with open(path, "rb", buffering=0) as handle:
+            while handle.read(1 << 24):
+                pass
+elif method == "read_fresh":
+    kept = []
+    for path in files:
+        with open(path, "rb", buffering=0) as handle:
+            buffer = numpy.empty(path.stat().st_size, dtype=numpy.uint8)  # not zero-filled
+            handle.readinto(memoryview(buffer))
+            kept.append(buffer)
+elif method == "mmap_touch":
+    total = 0
+    for path in files:
+        with open(path, "rb") as handle:
+            view = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            total += sum(view[i] for i in range(0, len(view), mmap.PAGESIZE))
+elif method == "mx_load":
+    arrays = {}
+    for path in files:
+        arrays.update(mx.load(str(path)))
+    mx.eval(list(arrays.values()))
+elif method == "engine_load":
+    model, _tokenizer, _config = lean.load(folder)
+elif method == "runner_load":
+    adapter.load()  # what the runner's `load_s` times: the guard, the load, prompts, digests
+print(time.perf_counter() - started)
+"""
+
+
+def write_checkpoint(folder: Path, *, hidden: int, layers: int) -> int:
+    """A llama checkpoint (config.json, model.safetensors, the tiny preset's tokenizer.json) of
+    `layers` layers of width `hidden`, float32; returns the weight bytes."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from coldbench.engine.checkpoints import create_checkpoint
+    from coldbench.engine.lean import install
+
+    install()
+    from mlx_lm.models import llama
+
+    tiny = create_checkpoint("tiny", folder.parent / "tiny")  # for its tokenizer.json
+    config = {
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": hidden * 11 // 4,
+        "num_attention_heads": max(hidden // 64, 1),
+        "num_key_value_heads": max(hidden // 256, 1),
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 2048,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "coldbench": {"benchmark": "load_floor"},
+    }
+    mx.random.seed(0)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.eval(list(weights.values()))
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_bytes((tiny / "tokenizer.json").read_bytes())
+    return (folder / "model.safetensors").stat().st_size
+
+
+def timed(folder: Path, method: str) -> float:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(folder), method],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    args = parser.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown methods {', '.join(unknown)}: give {', '.join(METHODS)}")
+    with tempfile.TemporaryDirectory(prefix="load-floor-") as scratch:
+        folder = Path(scratch) / "checkpoint"
+        size = write_checkpoint(folder, hidden=args.hidden, layers=args.layers)
+        timed(folder, "read_chunks")  # the page cache holds the files from here on
+        # interleaved, so a drift in the machine's load falls on every method alike
+        seconds: dict[str, list[float]] = {m: [] for m in methods}
+        for _ in range(args.repeats):
+            for method in methods:
+                seconds[method].append(timed(folder, method))
+    medians = {m: round(statistics.median(s), 4) for m, s in seconds.items()}
+    floor = medians.get("read_chunks")
+    result = {
+        "weights_bytes": size,
+        "repeats": args.repeats,
+        "median_s": medians,
+        "ratio_to_read_chunks": {m: round(v / floor, 2) for m, v in medians.items()}
+        if floor
+        else None,
+    }
+    print(json.dumps(result, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
