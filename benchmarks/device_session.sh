@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26's GPU session, one step per device call (docs/PERFORMANCE.md, "Time to evidence").
+# The GPU session of the time-to-evidence targets, one step per device call (docs/PERFORMANCE.md, "Time to evidence").
 # Run from the repository root with MLX installed (PYTHONPATH holding it); each step's figures
 # and files go to $OUT. The defaults are docs/PERFORMANCE.md's (written for the H200, meant to
 # run as they are on an 80 GB H100 too, not yet run there: the memory plan runs in turns what
@@ -14,8 +14,8 @@
 # e2e (the whole service: A/B of two refs of $BUNDLE), decided and decided-aa (JOBS jobs measuring
 # until decided: the two refs, or the first against itself), duty (the duty cycle of an A/B in
 # turns beside one side by side, benchmarks/time_to_evidence.py --compare residency), moe-model
-# and moe (issue 47: write $MOE_PRESET and probe its load beside the page cache's read of its
-# weights, then an A/B of it, one process more than half of the device, which runs in turns; on
+# and moe (variants in turns: write $MOE_PRESET and probe its load beside the page cache's read of
+# its weights, then an A/B of it, one process more than half of the device, which runs in turns; on
 # a machine of its own, its checkpoint is about 46 GB), summaries (the bundles' summaries,
 # tarred). Every step can be run again in place: it replaces its own output.
 set -euo pipefail

@@ -2,10 +2,10 @@
 
 `import mlx_lm` (and so `import mlx_lm.models.llama`) runs the package's `__init__`, which
 imports `mlx_lm.generate` and `mlx_lm.tokenizer_utils`, and with them transformers: most of a
-variant process's start (docs/PERFORMANCE.md, "Where a restart goes"). The embedded engine needs
-only the model classes, the KV cache and `mlx_lm.utils.load_model`; a synthetic checkpoint's
-tokenizer is a plain `tokenizer.json` that the `tokenizers` library reads by itself, with the
-same ids (the prompts call the same backend tokenizer either way:
+variant process's start (docs/PERFORMANCE.md, "`coldbench demo` on a 2-core CPU"). The embedded
+engine needs only the model classes, the KV cache and `mlx_lm.utils.load_model`; a synthetic
+checkpoint's tokenizer is a plain `tokenizer.json` that the `tokenizers` library reads by itself,
+with the same ids (the prompts call the same backend tokenizer either way:
 coldbench.engine.prompts.batch_encoder).
 
 `install()` registers `mlx_lm` as a bare package (its real `__path__`, `__file__` and

@@ -58,8 +58,8 @@ PRESETS: dict[str, Preset] = {
         vocab_from_tokenizer=True,
     ),
     # The demo's model: on a 2-core CPU a 256-token prefill takes a twentieth of `tiny`'s (about
-    # 0.1 s against 2 s; docs/PERFORMANCE.md, "coldbench demo on this CPU"), so the demo's 150
-    # cells and 75 process starts fit in about a minute.
+    # 0.1 s against 2 s; docs/PERFORMANCE.md, "`coldbench demo` on a 2-core CPU"), so the demo's
+    # 150 cells and 75 process starts fit in about a minute.
     "micro": Preset(
         name="micro",
         description="llama, 2 layers, width 64: the demo and end-to-end tests",
