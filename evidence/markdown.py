@@ -23,6 +23,7 @@ from coldbench.evidence.peak import fastest_lines
 from coldbench.evidence.schemas import CorpusInfo, Provenance, TargetInfo
 from coldbench.evidence.spec_text import flags_text
 from coldbench.evidence.summary_schema import (
+    CLAIMS,
     Bisect,
     Bracketing,
     Canary,
@@ -40,6 +41,7 @@ from coldbench.evidence.summary_schema import (
     RunTime,
     Settings,
     Summary,
+    Verdict,
 )
 from coldbench.evidence.telemetry import telemetry_lines
 
@@ -86,9 +88,9 @@ def fmt_verdict(comparison: Comparison | HistoryPoint) -> str:
     verdict = str(comparison.verdict)
     if not isinstance(comparison, Comparison):
         return verdict
-    if verdict == "no valid pairs" and comparison.why:
+    if verdict == Verdict.NO_VALID_PAIRS and comparison.why:
         return f"no valid pairs: {comparison.why}"
-    if verdict == "inconclusive":
+    if verdict == Verdict.INCONCLUSIVE:
         costs = rounds_costs(comparison)
         return f"inconclusive ({costs})" if costs else verdict
     return verdict
@@ -408,14 +410,14 @@ def verdict_clause(comparison: Comparison, settings: Settings) -> str:
     low, high, median = comparison.ci_low, comparison.ci_high, comparison.ratio_median
     level = f"{100 * settings.confidence_level:g}%"
     where = f"at {context} tokens"
-    if verdict in ("faster", "slower") and None not in (low, high, median):
+    if verdict in CLAIMS and None not in (low, high, median):
         assert low is not None and high is not None and median is not None  # for mypy
-        near, far = (low - 1, high - 1) if verdict == "faster" else (1 - high, 1 - low)
+        near, far = (low - 1, high - 1) if verdict == Verdict.FASTER else (1 - high, 1 - low)
         return (
             f"{variant} is {_pct(median - 1)} {verdict} {where}, "
             f"{level} interval {_pct(near)} to {_pct(far)}"
         )
-    if verdict == "no established change" and low is not None and high is not None:
+    if verdict == Verdict.NO_CHANGE and low is not None and high is not None:
         return (
             f"{variant}: no established change {where} ({level} interval {_change(low)} to "
             f"{_change(high)}, inside +-{100 * settings.precision:g}%)"

@@ -53,6 +53,7 @@ from coldbench.evidence.summary_schema import (
     History,
     Quantiles,
     Summary,
+    Verdict,
 )
 from coldbench.evidence.telemetry import telemetry_lines
 
@@ -103,10 +104,10 @@ def _script_json(value: Any) -> str:
 
 def _css(verdict: str) -> str:
     return {
-        "faster": "faster",
-        "slower": "slower",
-        "inconclusive": "inconclusive",
-        "no valid pairs": "flag",
+        Verdict.FASTER: "faster",
+        Verdict.SLOWER: "slower",
+        Verdict.INCONCLUSIVE: "inconclusive",
+        Verdict.NO_VALID_PAIRS: "flag",
     }.get(verdict, "")
 
 

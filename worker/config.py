@@ -28,9 +28,9 @@ from coldbench.evidence.schemas import (
     NAME_PATTERN,
     HostNoise,
     error_line,
+    is_label,
 )
 
-LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 ADAPTERS = ("embedded", "mlx-lm", "openai-server")
 # The module whose import path a build checks, by adapter (a repository may name another).
@@ -267,7 +267,7 @@ class HostFile(_Table):
     @field_validator("labels")
     @classmethod
     def _labels(cls, labels: list[str]) -> list[str]:
-        bad = [label for label in labels if not LABEL_PATTERN.fullmatch(label)]
+        bad = [label for label in labels if not is_label(label)]
         if bad:
             raise ValueError(f"not a valid label: {', '.join(bad)}")
         return labels
