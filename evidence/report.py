@@ -102,13 +102,16 @@ def _script_json(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+_CSS: dict[str, str] = {
+    Verdict.FASTER: "faster",
+    Verdict.SLOWER: "slower",
+    Verdict.INCONCLUSIVE: "inconclusive",
+    Verdict.NO_VALID_PAIRS: "flag",
+}
+
+
 def _css(verdict: str) -> str:
-    return {
-        Verdict.FASTER: "faster",
-        Verdict.SLOWER: "slower",
-        Verdict.INCONCLUSIVE: "inconclusive",
-        Verdict.NO_VALID_PAIRS: "flag",
-    }.get(verdict, "")
+    return _CSS.get(verdict, "")
 
 
 def _comparison_rows(summary: Summary, key: ComparisonKey) -> list[dict[str, Any]]:

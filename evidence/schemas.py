@@ -64,6 +64,16 @@ REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
 Mode = Literal["ab", "ablation", "sweep", "history", "bisect", "commits"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
+# The adapters that measure a server they start: their variants' flags are the options the
+# host declares (engine/adapter_traits.py is the engine's side of this table).
+SERVER_ADAPTERS: Final[frozenset[AdapterName]] = frozenset({"openai-server"})
+
+
+def default_adapter(repository: str | None) -> AdapterName:
+    """The adapter a job or a run without one names: mlx-lm for a repository, else embedded."""
+    return "mlx-lm" if repository else "embedded"
+
+
 Until = Literal["rounds", "decided"]
 # The repository name of `coldbench run --adapter openai-server` without `--repo`: the server the
 # orchestrating interpreter already has installed, one build for every variant, so no refs. A

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from coldbench.evidence.protocol import RepositoryOffer
-from coldbench.evidence.schemas import BUILTIN_CORPUS, JobSpec, is_label
+from coldbench.evidence.schemas import BUILTIN_CORPUS, SERVER_ADAPTERS, JobSpec, is_label
 from coldbench.evidence.variant import parse_feature
 
 
@@ -188,7 +188,7 @@ def _why_offer_cannot_run(offer: RepositoryOffer, spec: JobSpec) -> Refusal | No
             return Refusal(
                 f"variants.{index}.recipe", f"defines no recipe {variant.recipe} for {name}", 3
             )
-    if offer.adapter != "openai-server":
+    if offer.adapter not in SERVER_ADAPTERS:
         return None  # mlx-lm flags are the engine's own, judged on the host (engine/flags.py)
     # A server's variant flags are the options its host declared, with values within bounds.
     for index, variant in enumerate(spec.variants):
