@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from coldbench.evidence.boundary import door_text_problem
+from coldbench.evidence.schemas import is_label
 
 
 def argument_refusal(args: list[str]) -> str | None:
@@ -56,7 +56,6 @@ admin_app = typer.Typer(
 celery_app = typer.Typer(
     help="Celery worker and beat of the central service.", no_args_is_help=True
 )
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}")
 app.add_typer(db_app, name="db")
 app.add_typer(admin_app, name="admin")
 app.add_typer(celery_app, name="celery")
@@ -159,7 +158,7 @@ def admin_enroll(
     from coldbench.api.auth import service
 
     wanted = [label.strip() for label in labels.split(",") if label.strip()]
-    bad = [label for label in wanted if not _LABEL.fullmatch(label)]
+    bad = [label for label in wanted if not is_label(label)]
     if bad:
         typer.echo(f"invalid label(s): {', '.join(bad)} (letters, digits, _ . : = -)", err=True)
         raise typer.Exit(2)
@@ -208,7 +207,7 @@ def admin_labels(
     from coldbench.api.hosts import service
 
     wanted = [label.strip() for label in set_.split(",") if label.strip()]
-    bad = [label for label in wanted if not _LABEL.fullmatch(label)]
+    bad = [label for label in wanted if not is_label(label)]
     if bad:
         typer.echo(f"invalid label(s): {', '.join(bad)} (letters, digits, _ . : = -)", err=True)
         raise typer.Exit(2)

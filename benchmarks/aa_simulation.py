@@ -52,6 +52,7 @@ from scipy import stats as scipy_stats
 
 from coldbench.evidence.schemas import JobSpec, Record, default_rounds_per_process
 from coldbench.evidence.summary import all_decided, prefill_verdicts_at_look
+from coldbench.evidence.summary_schema import CLAIMS, Verdict
 
 VARIANTS = ("a", "b", "c", "d")
 PLANTED = "d"
@@ -217,8 +218,8 @@ class Rates:
 
 
 def _rates_of_jobs(scenario: Scenario, first: int, count: int, seed: int) -> Rates:
-    expected = "faster" if scenario.effect > 1 else "slower"
-    other = "slower" if expected == "faster" else "faster"
+    expected = Verdict.FASTER if scenario.effect > 1 else Verdict.SLOWER
+    (other,) = CLAIMS - {expected}
     planted_effect = scenario.effect != 1.0
     claimed = found = wrong = planted = covered = compared = rounds = 0
     verdicts: Counter[str] = Counter()
@@ -227,7 +228,7 @@ def _rates_of_jobs(scenario: Scenario, first: int, count: int, seed: int) -> Rat
         identical = [
             v for (name, _), v in result.verdicts.items() if name != PLANTED or not planted_effect
         ]
-        claimed += any(v in ("faster", "slower") for v in identical)
+        claimed += any(v in CLAIMS for v in identical)
         if planted_effect:
             for (name, _), verdict in result.verdicts.items():
                 if name == PLANTED:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coldbench.evidence.stats import CellIndex, StatsOptions, compare_variants, finish
-from coldbench.evidence.summary_schema import Ablation, AblationEntry
+from coldbench.evidence.summary_schema import Ablation, AblationEntry, Verdict
 from coldbench.evidence.variant import ABLATION_ALL, minus_variant_name
 
 ABLATION_NOTE = (
@@ -59,7 +59,7 @@ def ablation_sentence(ablation: Ablation) -> str:
     parts = []
     for feature, entries in by_feature.items():
         found = []
-        for verdict, word in (("faster", "pays"), ("slower", "costs")):
+        for verdict, word in ((Verdict.FASTER, "pays"), (Verdict.SLOWER, "costs")):
             held = [e for e in entries if e.verdict == verdict and e.ratio_median is not None]
             if held:
                 contexts = ", ".join(str(e.context_tokens) for e in held)

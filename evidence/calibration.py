@@ -36,10 +36,9 @@ from pydantic import ConfigDict, Field
 from coldbench.evidence.boundary import Checked, Paragraph
 from coldbench.evidence.schemas import FlagValue, HostInfo, HostNoise
 from coldbench.evidence.spec_text import flags_text
-from coldbench.evidence.summary_schema import Summary, decisive_interval
+from coldbench.evidence.summary_schema import CLAIMS, Summary, decisive_interval
 
 CALIBRATION_SCHEMA: Final = "coldbench.calibration/1"
-CLAIMS = ("faster", "slower")
 # One-sided confidence of the process-pair bound a calibration gives its host's runs.
 NOISE_CONFIDENCE = 0.95
 # A calibrated host's runs keep at least this many blocks: their own process pairs check the

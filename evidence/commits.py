@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from coldbench.evidence.schemas import CommitTreePlan, JobSpec, Provenance, TargetInfo
 from coldbench.evidence.stats import CellIndex, StatsOptions, compare_variants, finish
 from coldbench.evidence.summary_schema import (
+    CLAIMS,
     CommitMarginal,
     CommitRef,
     Commits,
@@ -33,6 +34,7 @@ from coldbench.evidence.summary_schema import (
     Parity,
     ParityCounts,
     PrCommit,
+    Verdict,
 )
 
 COMMITS_NOTE = (
@@ -249,9 +251,9 @@ def _total_clause(total: Comparison | None, commits: Commits, where: str) -> str
     if total is None or total.ratio_median is None:
         return f"{where}{span} has no valid pairs against base"
     interval = _interval(total.ci_low, total.ci_high)
-    if total.verdict == "faster":
+    if total.verdict == Verdict.FASTER:
         return f"{where}{span} is {_signed(total.ratio_median)}{interval} against base"
-    if total.verdict == "slower":
+    if total.verdict == Verdict.SLOWER:
         cost = _interval(total.ci_low, total.ci_high, cost=True)
         return f"{where}{span} is {(1 - total.ratio_median) * 100:.1f}% slower{cost} than base"
     return f"{where}{span}: {total.verdict} against base ({_signed(total.ratio_median)}{interval})"
@@ -305,11 +307,11 @@ def _marginal_clauses(
     """Gains largest first (`carries most of the gain`), then costs largest first, then the
     commits with no established contribution."""
     gains = sorted(
-        (m for m in marginals if m.verdict == "faster" and m.ratio_median is not None),
+        (m for m in marginals if m.verdict == Verdict.FASTER and m.ratio_median is not None),
         key=lambda m: -(m.ratio_median or 0),
     )
     costs = sorted(
-        (m for m in marginals if m.verdict == "slower" and m.ratio_median is not None),
+        (m for m in marginals if m.verdict == Verdict.SLOWER and m.ratio_median is not None),
         key=lambda m: m.ratio_median or 0,
     )
     clauses = []
@@ -327,7 +329,7 @@ def _marginal_clauses(
         cost = f"{(1 - m.ratio_median) * 100:.1f}%{_interval(m.ci_low, m.ci_high, cost=True)}"
         clauses.append(f"{_label(by_position[m.position])} costs {cost}")
     for m in marginals:
-        if m.verdict in ("faster", "slower"):
+        if m.verdict in CLAIMS:
             continue
         label = _label(by_position[m.position])
         if m.ratio_median is None:

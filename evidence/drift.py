@@ -36,6 +36,7 @@ from coldbench.evidence.stats import (
     median_interval,
 )
 from coldbench.evidence.summary_schema import (
+    CLAIMS,
     Bracketing,
     Comparison,
     ContextDrift,
@@ -178,7 +179,7 @@ def drift_section(
     claimed = [
         abs(c.ratio_median - 1)
         for c in comparisons
-        if c.verdict in ("faster", "slower") and c.ratio_median is not None
+        if c.verdict in CLAIMS and c.ratio_median is not None
     ]
     threshold_pct = 100 * (min(claimed) if claimed else options.precision)
     runs: list[RunDrift] = []

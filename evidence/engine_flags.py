@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from coldbench.evidence.schemas import JobSpec, SpecError
+from coldbench.evidence.schemas import JobSpec, SpecError, default_adapter
 from coldbench.evidence.spec_text import FlagValue, parse_feature
 
 FlagKind = Literal["step", "bool"]
@@ -66,7 +66,7 @@ def flag_problems(spec: JobSpec | Mapping[str, Any]) -> list[SpecError]:
     or whose value it refuses, each located at its field. A payload not yet valid as a JobSpec
     is checked as far as its shape allows (so its other problems are reported with these)."""
     raw = spec.model_dump() if isinstance(spec, JobSpec) else spec
-    adapter = raw.get("adapter") or ("mlx-lm" if raw.get("repository") else "embedded")
+    adapter = raw.get("adapter") or default_adapter(raw.get("repository"))
     if (adapter == "embedded" and raw.get("repository")) or adapter not in ADAPTER_FLAGS:
         return []  # a checkout's own engine, or a server: see the module docstring
     known = ADAPTER_FLAGS[adapter]

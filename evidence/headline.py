@@ -14,7 +14,7 @@ from coldbench.evidence.builds import builds_caveats
 from coldbench.evidence.canary import canary_caveats
 from coldbench.evidence.schemas import Provenance, TargetInfo
 from coldbench.evidence.spec_text import flags_text
-from coldbench.evidence.summary_schema import Comparison, Summary
+from coldbench.evidence.summary_schema import CLAIMS, Comparison, Summary
 from coldbench.evidence.telemetry import telemetry_caveats
 
 # More variants than this are named by count (an ablation's none, all and all-minus-f).
@@ -117,7 +117,7 @@ def caveats(summary: Summary) -> list[str]:
 
 
 def _effect_pct(comparison: Comparison) -> float | None:
-    if comparison.verdict not in ("faster", "slower") or comparison.ratio_median is None:
+    if comparison.verdict not in CLAIMS or comparison.ratio_median is None:
         return None
     return abs(comparison.ratio_median - 1) * 100
 

@@ -22,6 +22,7 @@ import numpy as np
 from coldbench.evidence.schemas import JobSpec, Provenance, TargetInfo
 from coldbench.evidence.stats import intervals_overlap
 from coldbench.evidence.summary_schema import (
+    CLAIMS,
     CommitRef,
     Comparison,
     History,
@@ -199,7 +200,7 @@ def history_section(
         for before, after in zip(measured_points, measured_points[1:], strict=False):
             (from_variant, from_commit, from_ratio, before_ci, _) = before
             (to_variant, to_commit, to_ratio, after_ci, verdict) = after
-            if before_ci is None and verdict not in ("faster", "slower"):
+            if before_ci is None and verdict not in CLAIMS:
                 continue
             if before_ci is not None and after_ci and intervals_overlap(before_ci, after_ci):
                 continue

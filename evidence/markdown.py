@@ -23,6 +23,7 @@ from coldbench.evidence.peak import fastest_lines
 from coldbench.evidence.schemas import CorpusInfo, Provenance, TargetInfo
 from coldbench.evidence.spec_text import flags_text
 from coldbench.evidence.summary_schema import (
+    CLAIMS,
     Bisect,
     Bracketing,
     Canary,
@@ -40,6 +41,7 @@ from coldbench.evidence.summary_schema import (
     RunTime,
     Settings,
     Summary,
+    Verdict,
 )
 from coldbench.evidence.telemetry import telemetry_lines
 
@@ -86,9 +88,9 @@ def fmt_verdict(comparison: Comparison | HistoryPoint) -> str:
     verdict = str(comparison.verdict)
     if not isinstance(comparison, Comparison):
         return verdict
-    if verdict == "no valid pairs" and comparison.why:
+    if verdict == Verdict.NO_VALID_PAIRS and comparison.why:
         return f"no valid pairs: {comparison.why}"
-    if verdict == "inconclusive":
+    if verdict == Verdict.INCONCLUSIVE:
         costs = rounds_costs(comparison)
         return f"inconclusive ({costs})" if costs else verdict
     return verdict
@@ -408,14 +410,14 @@ def verdict_clause(comparison: Comparison, settings: Settings) -> str:
     low, high, median = comparison.ci_low, comparison.ci_high, comparison.ratio_median
     level = f"{100 * settings.confidence_level:g}%"
     where = f"at {context} tokens"
-    if verdict in ("faster", "slower") and None not in (low, high, median):
+    if verdict in CLAIMS and None not in (low, high, median):
         assert low is not None and high is not None and median is not None  # for mypy
-        near, far = (low - 1, high - 1) if verdict == "faster" else (1 - high, 1 - low)
+        near, far = (low - 1, high - 1) if verdict == Verdict.FASTER else (1 - high, 1 - low)
         return (
             f"{variant} is {_pct(median - 1)} {verdict} {where}, "
             f"{level} interval {_pct(near)} to {_pct(far)}"
         )
-    if verdict == "no established change" and low is not None and high is not None:
+    if verdict == Verdict.NO_CHANGE and low is not None and high is not None:
         return (
             f"{variant}: no established change {where} ({level} interval {_change(low)} to "
             f"{_change(high)}, inside +-{100 * settings.precision:g}%)"
@@ -889,13 +891,34 @@ def _render(
     *,
     compact: bool,
 ) -> str:
+    """summary.md: the answer, the prefill table with the evidence id, the hosts, the
+    measurements, each section in summary.json's order, then the folded details."""
+    lines = [
+        *_answer_lines(summary, compact=compact),
+        *_prefill_lines(summary, evidence_id, page_url),
+        *_provenance_lines(provenances),
+        *_measurement_lines(summary, compact=compact),
+        *_ablation_lines(summary),
+        *_parity_lines(summary),
+        *_drift_lines(summary),
+        *_reproduction_lines(summary, provenances, compact=compact),
+        *_invalid_lines(summary),
+        *_reproduce_lines(provenances),
+    ]
+    # Hosts supply names, reasons, versions and commands: no HTML of theirs reaches a page
+    # that renders this Markdown (evidence/escaping.py).
+    body = escape_html("\n".join(lines))
+    return body + "\n" + "\n".join(_details(_variants_built(provenances), summary.settings))
+
+
+def _answer_lines(summary: Summary, *, compact: bool) -> list[str]:
+    """The title, the answer, what undercuts it and the mode's own section."""
     lines: list[str] = []
     variants = [v for v in summary.variants if v != summary.baseline]
     lines.append(
         f"## coldbench: {', '.join(variants) or 'no variant'} vs `{summary.baseline}` "
         f"({summary.mode})"
     )
-    settings = summary.settings
     history = summary.history
     bisect = summary.bisect
     if summary.evidence_invalid:
@@ -912,6 +935,12 @@ def _render(
         lines += ["", *bisect_lines(bisect)]
     if summary.commits:
         lines += ["", *commits_lines(summary.commits)]
+    return lines
+
+
+def _prefill_lines(summary: Summary, evidence_id: str | None, page_url: str | None) -> list[str]:
+    """The cold-prefill table, its noise floor, time and inert flags, and the evidence id."""
+    lines: list[str] = []
     lines += [
         "",
         "### Cold prefill",
@@ -929,6 +958,12 @@ def _render(
     lines += ["", evidence_id_line(evidence_id, page_url), ""]
     if evidence_id:
         lines += [f"Check the downloaded bundle: `{verify_command(evidence_id)}`", ""]
+    return lines
+
+
+def _provenance_lines(provenances: Sequence[Provenance]) -> list[str]:
+    """Each host's machine, software, model and prompts."""
+    lines: list[str] = []
     for provenance in provenances:
         lines.append(f"- Host: {host_line(provenance)}")
         lines.append(f"- Software (orchestrator): {software_line(provenance)}")
@@ -943,32 +978,42 @@ def _render(
                 f"- Uncommitted changes in {', '.join(md_code(url) for url in dirty)} were not "
                 "measured: only commits are"
             )
+    return lines
+
+
+def _variants_built(provenances: Sequence[Provenance]) -> list[str]:
+    """The refs, commits, flags and software of every variant, for the folded details."""
     # Folded away at the end: refs, commits and flags of every variant (what the page's
     # first screen states), with the software each process imported.
-    variant_lines: list[str] = []
-    if provenances:
-        rows: list[list[object]] = []
-        seen = set()
-        for provenance in provenances:
-            for target in provenance.targets:
-                if target.variant in seen:
-                    continue
-                seen.add(target.variant)
-                commit = (target.commit or "n/a")[:12] + (" (dirty)" if target.dirty else "")
-                rows.append(
-                    [
-                        md_text(target.variant),
-                        md_text(target.repository or "embedded"),
-                        md_text(target.ref or "n/a"),
-                        md_text(commit),
-                        _flags(target.flags),
-                        variant_software_text(target.software, native_files=False),
-                    ]
-                )
-        variant_lines = _table(
-            ["variant", "repository", "ref", "commit", "flags", "software (its own process)"],
-            rows,
-        )
+    if not provenances:
+        return []
+    rows: list[list[object]] = []
+    seen = set()
+    for provenance in provenances:
+        for target in provenance.targets:
+            if target.variant in seen:
+                continue
+            seen.add(target.variant)
+            commit = (target.commit or "n/a")[:12] + (" (dirty)" if target.dirty else "")
+            rows.append(
+                [
+                    md_text(target.variant),
+                    md_text(target.repository or "embedded"),
+                    md_text(target.ref or "n/a"),
+                    md_text(commit),
+                    _flags(target.flags),
+                    variant_software_text(target.software, native_files=False),
+                ]
+            )
+    return _table(
+        ["variant", "repository", "ref", "commit", "flags", "software (its own process)"],
+        rows,
+    )
+
+
+def _measurement_lines(summary: Summary, *, compact: bool) -> list[str]:
+    """Prefill time and memory by context, the peak, telemetry and the decode table."""
+    lines: list[str] = []
     if not compact:
         lines += ["", "### Prefill time and peak memory by context", ""]
         lines += _table(
@@ -993,6 +1038,12 @@ def _render(
             "",
             *_table(_COMPARISON_HEADER, _comparison_rows(summary, "decode_comparisons")),
         ]
+    return lines
+
+
+def _ablation_lines(summary: Summary) -> list[str]:
+    """The leave-one-out table, where the job is an ablation."""
+    lines: list[str] = []
     ablation = summary.ablation
     if ablation:
         rows = [
@@ -1024,6 +1075,12 @@ def _render(
             "",
             f"_{ablation.note}_",
         ]
+    return lines
+
+
+def _parity_lines(summary: Summary) -> list[str]:
+    """Output parity's counts and its diverged cells."""
+    lines: list[str] = []
     parity = summary.parity
     counts = parity.counts
     lines += [
@@ -1051,6 +1108,12 @@ def _render(
         )
         if len(diverged) > _MAX_LISTED:
             lines.append(f"\n...and {len(diverged) - _MAX_LISTED} more in summary.json.")
+    return lines
+
+
+def _drift_lines(summary: Summary) -> list[str]:
+    """The baseline's drift per run."""
+    lines: list[str] = []
     drift = summary.drift
     lines += ["", "### Drift of the baseline", ""]
     for run in drift.runs:
@@ -1063,6 +1126,14 @@ def _render(
         lines += [f"  - {text}" for text in drift_context_text(run)]
     if not drift.runs:
         lines.append("- no baseline cells to measure drift")
+    return lines
+
+
+def _reproduction_lines(
+    summary: Summary, provenances: Sequence[Provenance], *, compact: bool
+) -> list[str]:
+    """The hosts' verdicts side by side, where several hosts ran the job."""
+    lines: list[str] = []
     reproductions = summary.reproductions
     if reproductions and not compact:
         hosts = [md_text(r.host or r.run_id) for r in reproductions.comparisons[0].runs]
@@ -1081,6 +1152,12 @@ def _render(
             "",
             *(f"- {text}" for text in reproduction_machines(provenances)),
         ]
+    return lines
+
+
+def _invalid_lines(summary: Summary) -> list[str]:
+    """The cells set aside and the canary."""
+    lines: list[str] = []
     invalid = summary.invalid
     lines += ["", "### Invalid cells", ""]
     if invalid.total == 0:
@@ -1096,13 +1173,21 @@ def _render(
         )
     if summary.canary is not None:
         lines += ["", *(f"- {md_text(line)}" for line in canary_lines(summary.canary))]
+    return lines
+
+
+def _reproduce_lines(provenances: Sequence[Provenance]) -> list[str]:
+    """The commands that reproduce the runs."""
+    lines: list[str] = []
     commands = list(dict.fromkeys(p.command for p in provenances if p.command))
     if commands:
         lines += ["", "Reproduce:", "", *md_fence(commands, "sh")]
-    # Hosts supply names, reasons, versions and commands: no HTML of theirs reaches a page
-    # that renders this Markdown (evidence/escaping.py).
-    body = escape_html("\n".join(lines))
-    details = []
+    return lines
+
+
+def _details(variant_lines: list[str], settings: Settings) -> list[str]:
+    """The folded sections: the variants as built and how to read this."""
+    details: list[str] = []
     if variant_lines:
         details += ["", "<details><summary>Variants as built</summary>", ""]
         details += [escape_html(line) for line in variant_lines]
@@ -1110,4 +1195,4 @@ def _render(
     details += ["", "<details><summary>How to read this</summary>", ""]
     details += [f"- {escape_html(sentence)}" for sentence in how_to_read(settings)]
     details += ["", "</details>", ""]
-    return body + "\n" + "\n".join(details)
+    return details

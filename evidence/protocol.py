@@ -51,6 +51,7 @@ from coldbench.evidence.schemas import (
     AdapterName,
     FlagValue,
     HostInfo,
+    Label,
     Name,
 )
 
@@ -65,8 +66,6 @@ HEARTBEAT_S: Final = 15.0
 MAX_INVALID_IN_HEARTBEAT: Final = 50
 MAX_REASON_CHARS: Final = 4000
 
-LABEL_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$"
-Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
 ModelName = Annotated[str, Field(pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")]
 # run_attempts.attempt and artifacts.attempt are 32-bit integer columns on PostgreSQL.
 ATTEMPT_MAX: Final = 2**31 - 1

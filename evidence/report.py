@@ -53,6 +53,7 @@ from coldbench.evidence.summary_schema import (
     History,
     Quantiles,
     Summary,
+    Verdict,
 )
 from coldbench.evidence.telemetry import telemetry_lines
 
@@ -101,13 +102,16 @@ def _script_json(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+_CSS: dict[str, str] = {
+    Verdict.FASTER: "faster",
+    Verdict.SLOWER: "slower",
+    Verdict.INCONCLUSIVE: "inconclusive",
+    Verdict.NO_VALID_PAIRS: "flag",
+}
+
+
 def _css(verdict: str) -> str:
-    return {
-        "faster": "faster",
-        "slower": "slower",
-        "inconclusive": "inconclusive",
-        "no valid pairs": "flag",
-    }.get(verdict, "")
+    return _CSS.get(verdict, "")
 
 
 def _comparison_rows(summary: Summary, key: ComparisonKey) -> list[dict[str, Any]]:

@@ -47,11 +47,33 @@ Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 # A git ref as a submitter may name it: no option-like leading dash, no `..`, no control chars.
+# A host label (worker.toml `labels`, an admin's `--set`, the system labels, a job's
+# `host_labels`): the one type every side checks them with.
+LABEL_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$"
+Label = Annotated[str, Field(pattern=LABEL_PATTERN)]
+_LABEL = re.compile(LABEL_PATTERN)
+
+
+def is_label(text: str) -> bool:
+    """Whether `text` is a valid host label (`Label`)."""
+    return _LABEL.fullmatch(text) is not None
+
+
 REF_PATTERN = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9_./+@-]{1,200}$")
 
 CellStatus = Literal["ok", "invalid", "error", "warmup"]
 Mode = Literal["ab", "ablation", "sweep", "history", "bisect", "commits"]
 AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
+# The adapters that measure a server they start: their variants' flags are the options the
+# host declares (engine/adapter_traits.py is the engine's side of this table).
+SERVER_ADAPTERS: Final[frozenset[AdapterName]] = frozenset({"openai-server"})
+
+
+def default_adapter(repository: str | None) -> AdapterName:
+    """The adapter a job or a run without one names: mlx-lm for a repository, else embedded."""
+    return "mlx-lm" if repository else "embedded"
+
+
 Until = Literal["rounds", "decided"]
 # The repository name of `coldbench run --adapter openai-server` without `--repo`: the server the
 # orchestrating interpreter already has installed, one build for every variant, so no refs. A
@@ -635,9 +657,7 @@ class JobSpec(_Strict):
     # The prompt corpus: the built-in one, or a corpus a host names in its worker.toml (a host
     # without it does not take the job).
     corpus: CorpusName = BUILTIN_CORPUS
-    host_labels: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")]] = (
-        Field(default_factory=list)
-    )
+    host_labels: list[Label] = Field(default_factory=list)
     hosts: int = Field(1, ge=1, le=INT32_MAX)
     fresh_process: bool = False
     # Rounds measured by one process per variant before every variant's process is replaced

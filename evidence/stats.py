@@ -575,14 +575,14 @@ def decide(
     """The verdict the interval states (module docstring): above 1 `faster`, below 1 `slower`,
     inside 1 +- precision `no established change`, else `inconclusive`."""
     if n < options.min_pairs or ci_low is None or ci_high is None:
-        return "inconclusive"
+        return Verdict.INCONCLUSIVE
     if ci_low > 1:
-        return "faster"
+        return Verdict.FASTER
     if ci_high < 1:
-        return "slower"
+        return Verdict.SLOWER
     if ci_low >= 1 - options.precision and ci_high <= 1 + options.precision:
-        return "no established change"
-    return "inconclusive"
+        return Verdict.NO_CHANGE
+    return Verdict.INCONCLUSIVE
 
 
 def compare_pairs(
@@ -609,7 +609,7 @@ def compare_pairs(
         "ci_high": None,
         "p_value": None,
         "p_adjusted": None,
-        "verdict": "inconclusive",
+        "verdict": Verdict.INCONCLUSIVE,
         "rounds_needed": None,
         "ratios": [{"run_id": p.run_id, "round": p.round, "ratio": p.ratio} for p in pairs],
         "_logs": logs,
@@ -663,9 +663,9 @@ def finish(
             options,
         )
         if comparison["n"] == 0:
-            comparison["verdict"] = "no valid pairs"
+            comparison["verdict"] = Verdict.NO_VALID_PAIRS
             comparison.setdefault("why", "no pair of valid cells")
-        elif comparison["verdict"] == "inconclusive":
+        elif comparison["verdict"] == Verdict.INCONCLUSIVE:
             units = len(draft["_logs"])
             per_unit = max(1, round(comparison["n"] / units)) if units else 1
             needed = rounds_needed(estimate, options, level)

@@ -39,6 +39,7 @@ from coldbench.evidence.stats import (
     job_looks,
 )
 from coldbench.evidence.summary_schema import (
+    DECIDED,
     PROCESS_BLOCK_SETTINGS,
     SUMMARY_FORMAT,
     Comparison,
@@ -251,9 +252,7 @@ def prefill_verdicts_at_look(
 
 
 def all_decided(comparisons: Sequence[Comparison]) -> bool:
-    return bool(comparisons) and all(
-        c.verdict in ("faster", "slower", "no established change") for c in comparisons
-    )
+    return bool(comparisons) and all(c.verdict in DECIDED for c in comparisons)
 
 
 def _sequential(taken: LookTaken, comparisons: Sequence[Comparison]) -> Sequential:

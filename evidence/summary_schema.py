@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from enum import StrEnum
 from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -30,7 +31,28 @@ from coldbench.evidence.schemas import Mode, SynthesizedTree
 
 SummaryFormat = Literal["coldbench.summary/1"]
 SUMMARY_FORMAT: Final[SummaryFormat] = "coldbench.summary/1"
-Verdict = Literal["faster", "slower", "no established change", "inconclusive", "no valid pairs"]
+
+
+class Verdict(StrEnum):
+    """What a comparison's interval states (`coldbench.evidence.stats.decide` is the rule). A
+    StrEnum: summary.json, the pages and templates keep the words."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    NO_CHANGE = "no established change"
+    INCONCLUSIVE = "inconclusive"
+    NO_VALID_PAIRS = "no valid pairs"
+
+    @property
+    def is_claim(self) -> bool:
+        """A claim of a change (faster or slower), as against no change or no decision."""
+        return self in CLAIMS
+
+
+# The verdicts that claim a change, and those that answer the question (a claim, or no change
+# larger than the precision); a plain verdict string tests the same (`v in CLAIMS`).
+CLAIMS: Final[frozenset[Verdict]] = frozenset({Verdict.FASTER, Verdict.SLOWER})
+DECIDED: Final[frozenset[Verdict]] = CLAIMS | {Verdict.NO_CHANGE}
 ParityResult = Literal["exact", "accepted", "diverged", "unknown"]
 
 

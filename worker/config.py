@@ -16,25 +16,24 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from coldbench.engine.adapter_traits import ADAPTERS, starts_server
 from coldbench.evidence.options import OPTION_NAME_PATTERN, HostOption
 from coldbench.evidence.schemas import (
     BUILTIN_CORPUS,
     CORPUS_NAME_PATTERN,
     INSTALLED_SERVER,
     NAME_PATTERN,
+    AdapterName,
     HostNoise,
     error_line,
+    is_label,
 )
 
-LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,63}$")
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-ADAPTERS = ("embedded", "mlx-lm", "openai-server")
-# The module whose import path a build checks, by adapter (a repository may name another).
-DEFAULT_MODULES = {"embedded": "coldbench.engine", "mlx-lm": "mlx_lm", "openai-server": "mlx_lm"}
 # What `coldbench run --repo PATH` builds with when no worker.toml names recipes.
 EDITABLE_COMMAND = (
     "{python}",
@@ -153,7 +152,7 @@ def local_repository(
     return RepositoryConfig(
         name=name,
         url=str(resolved),
-        module=module or DEFAULT_MODULES[adapter],
+        module=module or ADAPTERS[adapter].target_module,
         adapter=adapter,
         recipes=default_recipes(adapter),
         default_recipe="editable",
@@ -189,8 +188,8 @@ def check_wipe_path(raw: str) -> str:
 
 class RepositoryFile(_Table):
     url: str = Field(min_length=1)
-    module: str | None = None  # default: the adapter's (DEFAULT_MODULES)
-    adapter: Literal["embedded", "mlx-lm", "openai-server"] = "mlx-lm"
+    module: str | None = None  # default: the adapter's target_module (engine/adapter_traits.py)
+    adapter: AdapterName = "mlx-lm"
     recipes: dict[PlainName, RecipeFile] = Field(default_factory=dict, validate_default=True)
     server_command: Argv | None = None
     options: dict[OptionName, HostOption] = Field(default_factory=dict)
@@ -234,7 +233,7 @@ class RepositoryFile(_Table):
 
     @model_validator(mode="after")
     def _server_keys_need_a_server(self) -> RepositoryFile:
-        if self.adapter == "openai-server":
+        if starts_server(self.adapter):
             if self.server_command is None:
                 raise ValueError(
                     "server_command is required for the openai-server adapter "
@@ -267,7 +266,7 @@ class HostFile(_Table):
     @field_validator("labels")
     @classmethod
     def _labels(cls, labels: list[str]) -> list[str]:
-        bad = [label for label in labels if not LABEL_PATTERN.fullmatch(label)]
+        bad = [label for label in labels if not is_label(label)]
         if bad:
             raise ValueError(f"not a valid label: {', '.join(bad)}")
         return labels
@@ -410,7 +409,7 @@ def _repository(name: str, repo: RepositoryFile, base: Path) -> RepositoryConfig
     return RepositoryConfig(
         name=name,
         url=url,
-        module=repo.module or DEFAULT_MODULES[repo.adapter],
+        module=repo.module or ADAPTERS[repo.adapter].target_module,
         adapter=repo.adapter,
         recipes={
             rname: Recipe(name=rname, command=tuple(recipe.command), env=dict(recipe.env))

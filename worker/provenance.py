@@ -22,6 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from coldbench.engine.adapter_traits import starts_server
 from coldbench.evidence.canonical import sha256_hex, sha256_json
 from coldbench.evidence.options import HostOption
 from coldbench.evidence.peaks import table_peak
@@ -38,6 +39,7 @@ from coldbench.evidence.schemas import (
     SoftwareInfo,
     TargetInfo,
     VariantSpec,
+    default_adapter,
 )
 from coldbench.evidence.spec_text import flag_text
 from coldbench.worker.build import Build
@@ -331,9 +333,9 @@ def reproduce_command(
     if repository_url:
         argv += ["--repo", repository_url]
     # `--repo` alone means an mlx-lm checkout, no `--repo` the embedded engine.
-    if spec.adapter != ("mlx-lm" if repository_url else "embedded"):
+    if spec.adapter != default_adapter(repository_url):
         argv += ["--adapter", spec.adapter]
-    if repository is not None and repository.adapter == "openai-server":
+    if repository is not None and starts_server(repository.adapter):
         argv += server_arguments(repository)
     argv += _variant_arguments(spec)
     if spec.fresh_process:

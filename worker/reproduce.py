@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coldbench.engine.adapter_traits import ADAPTERS, starts_server
 from coldbench.evidence.canonical import canonical_json, sha256_json
 from coldbench.evidence.compare import REPRODUCES_FILE, Source, checked, job_identity, pinned_spec
 from coldbench.evidence.schemas import BUILTIN_CORPUS, JobSpec, Provenance
 from coldbench.worker.config import (
-    DEFAULT_MODULES,
     ConfigError,
     RepositoryConfig,
     default_recipes,
@@ -80,7 +80,7 @@ def _repository(
     """This machine's copy of the job's repository: `--repo`, else the URL the bundle names."""
     if spec.repository is None:
         return None  # the embedded engine installed beside this worker
-    if spec.adapter == "openai-server":
+    if starts_server(spec.adapter):
         problems.append(
             "an openai-server job's server command is its host's own: run the provenance's "
             "`coldbench run` line with this machine's --server-command"
@@ -100,7 +100,7 @@ def _repository(
             remote = RepositoryConfig(
                 name=spec.repository,
                 url=urls[0],
-                module=module or DEFAULT_MODULES[spec.adapter],
+                module=module or ADAPTERS[spec.adapter].target_module,
                 adapter=spec.adapter,
                 recipes=default_recipes(spec.adapter),
                 default_recipe="editable",

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coldbench.engine.adapter_traits import starts_server
 from coldbench.engine.memory import IN_TURNS, RESIDENCIES, SIDE_BY_SIDE, MemoryPlan
 from coldbench.evidence.bisect import step_spec
 from coldbench.evidence.calibration import block_length
@@ -222,7 +223,7 @@ def check_job(
             f"on this host, not {spec.adapter}"
         )
     for variant in expand_variants(spec) if variants is None else variants:
-        if repository.adapter == "openai-server":
+        if starts_server(repository.adapter):
             try:
                 validate_option_values(repository.options, variant.flags)
             except OptionError as error:
@@ -402,7 +403,7 @@ def prepare_variants(
             spec, variant, run_id=run_id, model=model, adapter=repository.adapter, corpora=corpora
         )
         plan["checkout"] = str(checkout.path)
-        if repository.adapter == "openai-server":
+        if starts_server(repository.adapter):
             _server_plan(plan, repository, variant)
         embedded = repository.adapter == "embedded"
         launch = VariantLaunch(

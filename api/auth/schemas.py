@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coldbench.evidence.protocol import Label
+from coldbench.evidence.schemas import Label
 
 
 class EnrollmentRequest(BaseModel):

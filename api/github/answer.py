@@ -31,7 +31,7 @@ from coldbench.api.jobs.models import Job
 from coldbench.api.runs.models import Run
 from coldbench.evidence.canonical import sha256_hex
 from coldbench.evidence.protocol import JobState
-from coldbench.evidence.summary_schema import Summary
+from coldbench.evidence.summary_schema import Summary, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +69,11 @@ def conclusion(policy: StatusPolicy, summary: Summary) -> Conclusion:
     limit = 1 - policy.failure_slower_pct / 100
     comparisons = summary.comparisons
     if any(
-        c.verdict == "slower" and c.ratio_median is not None and c.ratio_median < limit
+        c.verdict == Verdict.SLOWER and c.ratio_median is not None and c.ratio_median < limit
         for c in comparisons
     ):
         return "failure"
-    if any(c.verdict == "faster" for c in comparisons):
+    if any(c.verdict == Verdict.FASTER for c in comparisons):
         return "success"
     return "neutral"
 

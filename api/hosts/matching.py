@@ -7,14 +7,13 @@ on the host's columns as each reads them (`HostTraits`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from coldbench.evidence.protocol import LABEL_PATTERN, RepositoryOffer
-from coldbench.evidence.schemas import BUILTIN_CORPUS, JobSpec
+from coldbench.evidence.protocol import RepositoryOffer
+from coldbench.evidence.schemas import BUILTIN_CORPUS, SERVER_ADAPTERS, JobSpec, is_label
 from coldbench.evidence.variant import parse_feature
 
 
@@ -70,7 +69,7 @@ def system_labels(fingerprint: Mapping[str, Any]) -> list[str]:
     os_name = str(fingerprint.get("os") or "").split()
     if os_name:
         labels.append(f"os:{os_name[0].lower()}")
-    return [label for label in labels if re.fullmatch(LABEL_PATTERN, label)]
+    return [label for label in labels if is_label(label)]
 
 
 def auto_labels(host: HostTraits) -> list[str]:
@@ -189,7 +188,7 @@ def _why_offer_cannot_run(offer: RepositoryOffer, spec: JobSpec) -> Refusal | No
             return Refusal(
                 f"variants.{index}.recipe", f"defines no recipe {variant.recipe} for {name}", 3
             )
-    if offer.adapter != "openai-server":
+    if offer.adapter not in SERVER_ADAPTERS:
         return None  # mlx-lm flags are the engine's own, judged on the host (engine/flags.py)
     # A server's variant flags are the options its host declared, with values within bounds.
     for index, variant in enumerate(spec.variants):

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coldbench.evidence.protocol import JobState
-
-# The verdicts that answer the question; the others ask for more rounds or found no pairs.
-ANSWERED = ("faster", "slower", "no established change")
+from coldbench.evidence.summary_schema import DECIDED
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ def job_outcome(state: str, reason: str | None, summary: dict[str, Any] | None) 
     if not verdicts:
         return Outcome("done, with no comparison", "warn")
     text = ", ".join(f"{count} {verdict}" for verdict, count in verdicts.most_common())
-    answered = any(verdict in ANSWERED for verdict in verdicts)
+    answered = any(verdict in DECIDED for verdict in verdicts)
     return Outcome(text, "ok" if answered else "warn")
 
 

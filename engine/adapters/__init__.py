@@ -1,8 +1,8 @@
 """Adapters: how the variant process drives a target.
 
 An adapter module `engine/adapters/<module>.py` exposes `create(plan: Plan) -> Adapter`; the
-registry below maps the adapter names of a plan (DESIGN.md: `embedded`, `mlx-lm`,
-`openai-server`) to those modules and imports only the one a plan asks for.
+table of coldbench.engine.adapter_traits maps the adapter names of a plan (DESIGN.md:
+`embedded`, `mlx-lm`, `openai-server`) to those modules and imports only the one a plan asks for.
 
 Contract of `Adapter.run_cell(round, order, context_tokens)`: return the measured part of a
 record (`coldbench.engine.record.Measurement`, judged by `coldbench.engine.judge`);
@@ -31,15 +31,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
 
+from coldbench.engine.adapter_traits import ADAPTERS
 from coldbench.engine.plan import Plan
 from coldbench.engine.prompts import Prompt
 from coldbench.engine.record import Measurement, now_iso
-
-ADAPTERS: dict[str, str] = {
-    "embedded": "coldbench.engine.adapters.embedded",
-    "mlx-lm": "coldbench.engine.adapters.mlx_lm",
-    "openai-server": "coldbench.engine.adapters.openai_server",
-}
 
 
 class Adapter(Protocol):
@@ -53,9 +48,10 @@ class Adapter(Protocol):
 
 
 def create_adapter(plan: Plan) -> Adapter:
-    module_name = ADAPTERS.get(plan.adapter)
-    if module_name is None:
+    traits = ADAPTERS.get(plan.adapter)
+    if traits is None:
         raise ValueError(f"unknown adapter {plan.adapter!r}; known: {', '.join(sorted(ADAPTERS))}")
+    module_name = traits.module
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:

@@ -33,6 +33,7 @@ from typing import Any
 import mlx.core as mx
 
 from coldbench.engine import checkpoints
+from coldbench.engine.adapter_traits import ADAPTERS
 from coldbench.engine.adapters import measure_prompt, process_software
 from coldbench.engine.backend import describe_backend
 from coldbench.engine.canary import cold_check_blind, warm_cache
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "mlx-lm"
 MODULE = "mlx_lm"
-SUPPORTED_FLAGS = ("prefill_step_size",)
+SUPPORTED_FLAGS = ADAPTERS[NAME].flags
 OUTPUT_HEAD = 16
 
 

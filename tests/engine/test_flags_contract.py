@@ -3,14 +3,17 @@ same names, kinds, bounds and fast paths, and the same values refused."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import fields
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
+from coldbench.engine.adapter_traits import ADAPTERS
 from coldbench.engine.adapters.mlx_lm import SUPPORTED_FLAGS
 from coldbench.engine.flags import MAX_PREFILL_STEP, Flags
 from coldbench.evidence import engine_flags
+from coldbench.evidence.schemas import SERVER_ADAPTERS, AdapterName
 from coldbench.kernels import FAST_PATHS
 
 
@@ -20,6 +23,20 @@ def test_the_declared_flags_are_the_engines() -> None:
     assert tuple(engine_flags.ADAPTER_FLAGS["mlx-lm"]) == SUPPORTED_FLAGS
     assert engine_flags.MAX_PREFILL_STEP == MAX_PREFILL_STEP
     assert tuple(FAST_PATHS) == engine_flags.FAST_PATH_FLAGS
+    assert ADAPTERS["embedded"].flags == tuple(kinds)
+
+
+def test_the_engines_adapter_table_is_the_contracts() -> None:
+    """engine/adapter_traits.py and evidence's declarations name the same adapters, the same
+    server adapters and the same flags; each adapter's module exists and offers `create`."""
+    assert tuple(ADAPTERS) == get_args(AdapterName)
+    assert {name for name, t in ADAPTERS.items() if t.starts_server} == SERVER_ADAPTERS
+    assert {name: t.flags for name, t in ADAPTERS.items() if not t.starts_server} == {
+        name: tuple(flags) for name, flags in engine_flags.ADAPTER_FLAGS.items()
+    }
+    assert all(not t.flags for t in ADAPTERS.values() if t.starts_server)
+    for traits in ADAPTERS.values():
+        assert callable(importlib.import_module(traits.module).create), traits
 
 
 @pytest.mark.parametrize(
