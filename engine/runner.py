@@ -9,8 +9,9 @@ crash loses at most the cell in flight) and printing `{"event": "record", "recor
 With `cells` in the plan it runs those and exits (batch mode). The warm-up records are in the
 records file and in the ready event (`"warmups": [...]`, and the first as `"warmup"`). With
 `COLDBENCH_CANARY=1` (one process per run, engine/canary.py) the warm canary runs after the
-warm-ups (round -2) and travels in the ready event as `"canary"`; an adapter without
-`canary_cell` (openai-server) runs none.
+warm-ups (round -2) and travels in the ready event as `"canary"` (the openai-server adapter's canary is a
+repeat of a prompt the server was sent, timed against cold twins); an adapter without
+`canary_cell` runs none.
 
 Gates, set by the orchestrator (worker/variants.py) in the environment (not plan fields, so
 that a runner of an older engine commit, whose Plan refuses unknown fields, still starts):
@@ -117,7 +118,8 @@ class VariantProcess:
         elif warmup:
             cell.reason = f"warm-up: {cell.reason}"
         elif canary:  # the judge's verdict stays: `invalid` is the canary caught
-            cell.reason = f"{CANARY_REASON}: {cell.reason or 'passed as cold'}"
+            what = getattr(self.adapter, "canary_reason", CANARY_REASON)  # a server's: a repeat
+            cell.reason = f"{what}: {cell.reason or 'passed as cold'}"
         record = cell.as_json()
         self._append(record)
         if not (warmup or canary):  # these travel in the ready event: stdout starts with "ready"

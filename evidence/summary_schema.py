@@ -217,8 +217,9 @@ class CanaryCell(_Section):
     context_tokens: int
     cached_tokens: int | None
     # caught: the cold check refused it, as it must; passed: it was judged cold (the run's
-    # evidence is invalid); error: it did not run to a verdict; missing: the run has none
-    result: Literal["caught", "passed", "error", "missing"]
+    # evidence is invalid); unwarmed: a server that keeps no prompt cache could not be made
+    # warm (a caveat); error: it did not run to a verdict; missing: the run has none
+    result: Literal["caught", "passed", "unwarmed", "error", "missing"]
     reason: str | None
 
 
