@@ -56,7 +56,7 @@ from coldbench.engine.canary import (
 from coldbench.engine.memory import release_cached_buffers
 from coldbench.engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, CellRequest, Plan
 from coldbench.engine.record import CellRecord, Measurement, clip, now_iso, one_line
-from coldbench.engine.telemetry import GpuTelemetry
+from coldbench.engine.telemetry import GpuTelemetry, MacTelemetry, open_telemetry
 
 log = logging.getLogger("coldbench.engine.runner")
 
@@ -68,7 +68,7 @@ class VariantProcess:
         self.out = out
         self.records = open(plan.records_path, "a", encoding="utf-8")  # noqa: SIM115
         # opened at the first cell: nothing touches the device before the load gate
-        self.telemetry: GpuTelemetry | None = None
+        self.telemetry: GpuTelemetry | MacTelemetry | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
         self.out.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -83,7 +83,7 @@ class VariantProcess:
         if self.telemetry is None:
             from coldbench.engine.backend import detect_backend
 
-            self.telemetry = GpuTelemetry.open(detect_backend())
+            self.telemetry = open_telemetry(detect_backend())  # pmset on macOS
         before = self.telemetry.start()
         try:
             if canary:

@@ -292,6 +292,11 @@ class RunTelemetry(_Section):
     throttle_reasons: list[str]
     clock_drop_pct: float | None
     flagged: bool
+    # macOS (`pmset -g therm`, engine/telemetry.py), set only where a Mac's cells carry it:
+    # cells read, the lowest CPU_Speed_Limit (None: never limited) and the highest warning level
+    mac_cells: int = 0
+    cpu_speed_limit_min_pct: int | None = None
+    mac_warning_level_max: int | None = None
 
 
 class Telemetry(_Section):
