@@ -9,9 +9,9 @@ crash loses at most the cell in flight) and printing `{"event": "record", "recor
 With `cells` in the plan it runs those and exits (batch mode). The warm-up records are in the
 records file and in the ready event (`"warmups": [...]`, and the first as `"warmup"`). With
 `COLDBENCH_CANARY=1` (one process per run, engine/canary.py) the warm canary runs after the
-warm-ups (round -2) and travels in the ready event as `"canary"` (the openai-server adapter's canary is a
-repeat of a prompt the server was sent, timed against cold twins); an adapter without
-`canary_cell` runs none.
+warm-ups (round -2) and travels in the ready event as `"canary"` (the openai-server
+adapter's canary is a repeat of a prompt the server was sent, timed against cold twins); an
+adapter without `canary_cell` runs none.
 
 Gates, set by the orchestrator (worker/variants.py) in the environment (not plan fields, so
 that a runner of an older engine commit, whose Plan refuses unknown fields, still starts):

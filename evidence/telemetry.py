@@ -18,6 +18,7 @@ published outputs of the command only, not on a Mac.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,7 @@ def telemetry_section(records: Sequence[Record], run_ids: Sequence[str]) -> Tele
     return Telemetry(runs=runs, rule=TELEMETRY_RULE)
 
 
-def _mac_fields(read: Sequence[Record]) -> dict[str, int | None]:
+def _mac_fields(read: Sequence[Record]) -> dict[str, Any]:
     """RunTelemetry's macOS fields from the cells that read `pmset` (none: left unset)."""
     if not read:
         return {}
@@ -121,7 +122,7 @@ def _mac_fields(read: Sequence[Record]) -> dict[str, int | None]:
     }
 
 
-def _mac_slowed(mac: dict[str, int | None]) -> bool:
+def _mac_slowed(mac: dict[str, Any]) -> bool:
     limit, level = mac.get("cpu_speed_limit_min_pct"), mac.get("mac_warning_level_max")
     return (limit is not None and limit < 100) or (level is not None and level > 0)
 

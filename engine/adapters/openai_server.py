@@ -502,9 +502,7 @@ class OpenAIServerAdapter:
         assert self.prompts is not None, "load() first"
         prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
         ids = [int(i) for i in prompt.ids]
-        twins = [
-            [ids[0], *ids[1 + k :], *ids[1 : 1 + k]] for k in range(1, CANARY_REPEATS + 1)
-        ]
+        twins = [[ids[0], *ids[1 + k :], *ids[1 : 1 + k]] for k in range(1, CANARY_REPEATS + 1)]
         self.measure(ids, context_tokens=context_tokens)  # held now if the cache is on
         twin_s, repeats = [], []
         for twin in twins:  # interleaved: a load that comes and goes slows both alike
