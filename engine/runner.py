@@ -9,8 +9,9 @@ crash loses at most the cell in flight) and printing `{"event": "record", "recor
 With `cells` in the plan it runs those and exits (batch mode). The warm-up records are in the
 records file and in the ready event (`"warmups": [...]`, and the first as `"warmup"`). With
 `COLDBENCH_CANARY=1` (one process per run, engine/canary.py) the warm canary runs after the
-warm-ups (round -2) and travels in the ready event as `"canary"`; an adapter without
-`canary_cell` (openai-server) runs none.
+warm-ups (round -2) and travels in the ready event as `"canary"` (the openai-server
+adapter's canary is a repeat of a prompt the server was sent, timed against cold twins); an
+adapter without `canary_cell` runs none.
 
 Gates, set by the orchestrator (worker/variants.py) in the environment (not plan fields, so
 that a runner of an older engine commit, whose Plan refuses unknown fields, still starts):
@@ -55,7 +56,7 @@ from coldbench.engine.canary import (
 from coldbench.engine.memory import release_cached_buffers
 from coldbench.engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, CellRequest, Plan
 from coldbench.engine.record import CellRecord, Measurement, clip, now_iso, one_line
-from coldbench.engine.telemetry import GpuTelemetry
+from coldbench.engine.telemetry import GpuTelemetry, MacTelemetry, open_telemetry
 
 log = logging.getLogger("coldbench.engine.runner")
 
@@ -67,7 +68,7 @@ class VariantProcess:
         self.out = out
         self.records = open(plan.records_path, "a", encoding="utf-8")  # noqa: SIM115
         # opened at the first cell: nothing touches the device before the load gate
-        self.telemetry: GpuTelemetry | None = None
+        self.telemetry: GpuTelemetry | MacTelemetry | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
         self.out.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -82,7 +83,7 @@ class VariantProcess:
         if self.telemetry is None:
             from coldbench.engine.backend import detect_backend
 
-            self.telemetry = GpuTelemetry.open(detect_backend())
+            self.telemetry = open_telemetry(detect_backend())  # pmset on macOS
         before = self.telemetry.start()
         try:
             if canary:
@@ -117,7 +118,8 @@ class VariantProcess:
         elif warmup:
             cell.reason = f"warm-up: {cell.reason}"
         elif canary:  # the judge's verdict stays: `invalid` is the canary caught
-            cell.reason = f"{CANARY_REASON}: {cell.reason or 'passed as cold'}"
+            what = getattr(self.adapter, "canary_reason", CANARY_REASON)  # a server's: a repeat
+            cell.reason = f"{what}: {cell.reason or 'passed as cold'}"
         record = cell.as_json()
         self._append(record)
         if not (warmup or canary):  # these travel in the ready event: stdout starts with "ready"

@@ -9,8 +9,16 @@ accrued during the cell). A cell that ran throttled, or a run whose clock drops,
 
 Where there is nothing to read (the CPU or Metal backend, no `pynvml` module, no NVML library,
 a MIG slice), every value is None and `gpu.telemetry_unavailable` says why; the evidence says so
-instead of guessing. macOS: `powermetrics` needs root, which a worker does not have; the host
-fingerprint's `pmset` thermal state is what a Mac reports (worker/fingerprint.py).
+instead of guessing.
+
+macOS (`sys.platform == "darwin"`, `open_telemetry`): `powermetrics` needs root, which a worker
+does not have, and `pmset -g` lists settings, not state; what a Mac tells any user is
+`pmset -g therm`: the thermal and performance warning levels and, once the OS has limited the
+CPU, `CPU_Speed_Limit` (percent). It is read right after each cell, outside the timed region,
+into `mac.telemetry` (`pmset`), `mac.cpu_speed_limit_pct` (None while no CPU power status has
+been recorded), `mac.thermal_warning_level`, `mac.performance_warning_level` (0: none
+recorded), or `mac.telemetry_unavailable`. The parser is tested against published outputs of
+the command only: this path has not run on a Mac.
 
 Counters written into each record (engine/judge.py's record keeps unknown values None):
 `gpu.telemetry` (`nvml`), `gpu.sm_clock_mhz`, `gpu.sm_clock_max_mhz`, `gpu.power_w`,
@@ -22,6 +30,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import shutil
+import subprocess
+import sys
 from typing import Any
 
 # NVML's clocks-event reasons that mean the GPU was slowed (idle and application settings are
@@ -121,3 +133,70 @@ class GpuTelemetry:
                 None if now is None or then is None else round((now - then) / 1e6, 3)
             )
         return counters
+
+
+PMSET_TIMEOUT_S = 5.0
+
+
+def parse_pmset_therm(text: str) -> dict[str, int | None]:
+    """`pmset -g therm`'s state: the warning levels (0 where "No ... has been recorded") and
+    `CPU_Speed_Limit` (None where no CPU power status has been recorded). Unparseable text
+    gives None everywhere."""
+    found: dict[str, int | None] = {
+        "mac.cpu_speed_limit_pct": None,
+        "mac.thermal_warning_level": None,
+        "mac.performance_warning_level": None,
+    }
+    for kind in ("thermal", "performance"):
+        key = f"mac.{kind}_warning_level"
+        level = re.search(rf"{kind} warning level\s*[:=]?\s*(\d+)", text, re.I)
+        if level:
+            found[key] = int(level.group(1))
+        elif re.search(rf"No {kind} warning level has been recorded", text, re.I):
+            found[key] = 0
+    limit = re.search(r"CPU_Speed_Limit\s*=\s*(\d+)", text)
+    if limit:
+        found["mac.cpu_speed_limit_pct"] = int(limit.group(1))
+    return found
+
+
+class MacTelemetry:
+    """One variant process's `pmset -g therm` reader (macOS); `gpu` keeps the NVML counters'
+    reason for having none."""
+
+    def __init__(self, gpu: GpuTelemetry, pmset: str | None) -> None:
+        self.gpu = gpu
+        self.pmset = pmset
+
+    def start(self) -> dict[str, int | None]:
+        return {}
+
+    def read(self) -> dict[str, Any]:
+        if self.pmset is None:
+            return {"mac.telemetry_unavailable": "no pmset on this host's PATH"}
+        try:
+            done = subprocess.run(
+                [self.pmset, "-g", "therm"],
+                capture_output=True,
+                text=True,
+                timeout=PMSET_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return {"mac.telemetry_unavailable": f"pmset -g therm: {error}"}
+        if done.returncode != 0:
+            return {"mac.telemetry_unavailable": f"pmset -g therm exited {done.returncode}"}
+        return {"mac.telemetry": "pmset", **parse_pmset_therm(done.stdout)}
+
+    def finish(self, before: dict[str, int | None]) -> dict[str, Any]:
+        return {**self.gpu.finish(before), **self.read()}
+
+
+def open_telemetry(
+    backend: str, *, platform: str = sys.platform, nvml: Any = None
+) -> GpuTelemetry | MacTelemetry:
+    """This process's per-cell reader, chosen by platform: `pmset` on macOS, NVML elsewhere."""
+    gpu = GpuTelemetry.open(backend, nvml)
+    if platform == "darwin":
+        return MacTelemetry(gpu, shutil.which("pmset"))
+    return gpu

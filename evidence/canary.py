@@ -6,7 +6,13 @@ about cached tokens is the canary caught; `ok` is the canary judged cold, so the
 check could not see a warm cache and none of its cells is shown cold: the evidence is invalid.
 A canary with status `error` proved nothing either way (a caveat). A run without a canary
 beside runs that have one is listed as `missing`; evidence whose runs have none at all (bundles
-from before the canary, the openai-server adapter) gets no section.
+from before the canary) gets no section.
+
+The openai-server adapter's canary is a repeat of a prompt the server was sent, timed against
+cold twins (engine/adapters/openai_server.py): its record says `canary.warm_by_timing`. Judged
+cold while warm by its timing is `passed` (the server's count is blind, its reason says so);
+judged cold and not warm by timing is `unwarmed`: the server keeps no prompt cache, so its
+cells are cold by its setting, but the count's sight of a cache is unproven (a caveat).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ def canary_section(records: Sequence[Record], run_ids: Sequence[str]) -> Canary 
             continue
         for record in mine:
             result = {"ok": "passed", "invalid": "caught"}.get(record.status, "error")
+            if result == "passed" and record.counters.get("canary.warm_by_timing") is False:
+                result = "unwarmed"
             cells.append(
                 CanaryCell(
                     run_id=run_id,
@@ -66,6 +74,7 @@ def canary_invalidations(canary: Canary | None) -> list[str]:
         f"Run {cell.run_id}'s warm canary ({cell.variant} at {cell.context_tokens} tokens, its "
         "prompt's first half cached on purpose) was judged cold: the cold check on this host "
         "cannot see a warm KV cache, so no cell of the run is shown cold."
+        + (f" The canary's record: {cell.reason}" if cell.reason else "")
         for cell in canary.runs
         if cell.result == "passed"
     ]
@@ -81,6 +90,12 @@ def canary_caveats(canary: Canary | None) -> list[str]:
             found.append(
                 f"Run {cell.run_id}'s warm canary did not run to a verdict ({cell.reason}): "
                 "its cold check is unproven."
+            )
+        elif cell.result == "unwarmed":
+            found.append(
+                f"Run {cell.run_id}'s warm canary could not be made warm ({cell.reason}): its "
+                "cells are cold by the server's setting, but its count of cached tokens is "
+                "unproven."
             )
         elif cell.result == "missing":
             found.append(f"Run {cell.run_id} has no warm canary: its cold check is unproven.")

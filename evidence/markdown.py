@@ -686,6 +686,7 @@ def canary_lines(canary: Canary) -> list[str]:
         said = {
             "caught": "caught, as it must be",
             "passed": "PASSED AS COLD: the evidence is invalid",
+            "unwarmed": "not warm (the server keeps no prompt cache; the count is unproven)",
             "error": "did not run to a verdict",
         }[cell.result]
         lines.append(

@@ -239,8 +239,9 @@ class CanaryCell(_Section):
     context_tokens: int
     cached_tokens: int | None
     # caught: the cold check refused it, as it must; passed: it was judged cold (the run's
-    # evidence is invalid); error: it did not run to a verdict; missing: the run has none
-    result: Literal["caught", "passed", "error", "missing"]
+    # evidence is invalid); unwarmed: a server that keeps no prompt cache could not be made
+    # warm (a caveat); error: it did not run to a verdict; missing: the run has none
+    result: Literal["caught", "passed", "unwarmed", "error", "missing"]
     reason: str | None
 
 
@@ -313,6 +314,11 @@ class RunTelemetry(_Section):
     throttle_reasons: list[str]
     clock_drop_pct: float | None
     flagged: bool
+    # macOS (`pmset -g therm`, engine/telemetry.py), set only where a Mac's cells carry it:
+    # cells read, the lowest CPU_Speed_Limit (None: never limited) and the highest warning level
+    mac_cells: int = 0
+    cpu_speed_limit_min_pct: int | None = None
+    mac_warning_level_max: int | None = None
 
 
 class Telemetry(_Section):

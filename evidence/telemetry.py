@@ -8,11 +8,17 @@ flagged when any cell ran throttled or its SM clock dropped `CLOCK_DROP_PCT` or 
 run's median: the cells of one run were not measured on the same machine state, and a pair
 whose two cells straddle the drop compares clocks, not code. A run without telemetry (the CPU,
 no NVML) says why and is not flagged.
+
+On macOS the cells carry `pmset -g therm`'s state instead (engine/telemetry.py): a run is
+flagged when a measured cell saw a CPU_Speed_Limit below 100 or a thermal or performance
+warning level above 0, since the OS slowed the chip for some of its cells. Tested against
+published outputs of the command only, not on a Mac.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +42,9 @@ def telemetry_section(records: Sequence[Record], run_ids: Sequence[str]) -> Tele
     keyed = [
         r
         for r in records
-        if "gpu.telemetry" in r.counters or "gpu.telemetry_unavailable" in r.counters
+        if "gpu.telemetry" in r.counters
+        or "gpu.telemetry_unavailable" in r.counters
+        or "mac.telemetry" in r.counters
     ]
     if not keyed:
         return None
@@ -71,6 +79,7 @@ def telemetry_section(records: Sequence[Record], run_ids: Sequence[str]) -> Tele
             if named or violated:
                 throttled += 1
                 reasons.update(dict.fromkeys([*named, *violated]))
+        mac = _mac_fields([r for r in mine if r.counters.get("mac.telemetry") == "pmset"])
         median = float(np.median(clocks)) if clocks else None
         drop = (median - min(clocks)) / median * 100 if clocks and median else None
         runs.append(
@@ -86,15 +95,52 @@ def telemetry_section(records: Sequence[Record], run_ids: Sequence[str]) -> Tele
                 throttled_cells=throttled,
                 throttle_reasons=list(reasons),
                 clock_drop_pct=drop,
-                flagged=throttled > 0 or (drop is not None and drop >= CLOCK_DROP_PCT),
+                flagged=throttled > 0
+                or (drop is not None and drop >= CLOCK_DROP_PCT)
+                or _mac_slowed(mac),
+                **mac,
             )
         )
     return Telemetry(runs=runs, rule=TELEMETRY_RULE)
 
 
+def _mac_fields(read: Sequence[Record]) -> dict[str, Any]:
+    """RunTelemetry's macOS fields from the cells that read `pmset` (none: left unset)."""
+    if not read:
+        return {}
+    limits = [int(v) for r in read if (v := _number(r.counters.get("mac.cpu_speed_limit_pct")))]
+    levels = [
+        int(v)
+        for r in read
+        for key in ("mac.thermal_warning_level", "mac.performance_warning_level")
+        if (v := _number(r.counters.get(key))) is not None
+    ]
+    return {
+        "mac_cells": len(read),
+        "cpu_speed_limit_min_pct": min(limits) if limits else None,
+        "mac_warning_level_max": max(levels) if levels else None,
+    }
+
+
+def _mac_slowed(mac: dict[str, Any]) -> bool:
+    limit, level = mac.get("cpu_speed_limit_min_pct"), mac.get("mac_warning_level_max")
+    return (limit is not None and limit < 100) or (level is not None and level > 0)
+
+
 def telemetry_caveats(telemetry: Telemetry | None) -> list[str]:
     found = []
     for run in telemetry.runs if telemetry else []:
+        limit, level = run.cpu_speed_limit_min_pct, run.mac_warning_level_max
+        if limit is not None and limit < 100:
+            found.append(
+                f"macOS limited the CPU to {limit}% of its speed (pmset CPU_Speed_Limit) during "
+                f"run {run.run_id}'s measured cells: their times are the limited chip's."
+            )
+        if level is not None and level > 0:
+            found.append(
+                f"macOS recorded a thermal or performance warning level of {level} (pmset -g "
+                f"therm) during run {run.run_id}'s measured cells: the chip may have slowed."
+            )
         if run.throttled_cells:
             found.append(
                 f"{run.throttled_cells} of run {run.run_id}'s {run.cells} measured cells ran "
@@ -114,6 +160,15 @@ def telemetry_lines(telemetry: Telemetry) -> list[str]:
     """One line per run: what the GPU did, or why nothing is known."""
     lines = []
     for run in telemetry.runs:
+        if run.mac_cells:
+            limit = run.cpu_speed_limit_min_pct
+            lines.append(
+                f"macOS thermal state of run {run.run_id} ({run.mac_cells} cells, pmset -g "
+                f"therm): lowest CPU speed limit {'none recorded' if limit is None else limit}"
+                f"{'' if limit is None else '%'}, highest warning level "
+                f"{run.mac_warning_level_max}" + (" **flagged**" if run.flagged else "")
+            )
+            continue
         if run.source is None:
             lines.append(
                 f"GPU telemetry of run {run.run_id}: none ({run.unavailable or 'not read'})"

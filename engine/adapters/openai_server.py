@@ -70,6 +70,7 @@ from typing import Any
 from coldbench.engine import checkpoints
 from coldbench.engine.adapters import measure_prompt
 from coldbench.engine.backend import describe_backend
+from coldbench.engine.canary import cold_check_blind
 from coldbench.engine.judge import (
     AtLeast,
     Expectation,
@@ -101,6 +102,13 @@ PROMPT_CACHE_REUSE = (
     "the server reused its prompt cache; start it with its prompt cache off "
     "(mlx_lm.server: --prompt-cache-size 0)"
 )
+# The warm canary (engine/canary.py) on a server: cold twins and repeats, the fastest of each.
+CANARY_REPEATS = 3
+# A server with its prompt cache on prefills a repeat of a prompt it holds in about one token's
+# time, one with it off in a whole prefill's: a repeat faster than this share of the fastest
+# cold twin was warm, whatever the server's count says.
+WARM_BY_TIMING_RATIO = 0.5
+CANARY_REASON = "warm canary (its prompt sent again: a prompt cache left on holds it)"
 # Run by the server's own interpreter, with the server's environment: what it imports.
 # Same shape as coldbench.engine.adapters.process_software (provenance reads both alike).
 SOFTWARE_PROBE = """
@@ -474,6 +482,59 @@ class OpenAIServerAdapter:
         prompt = self.prompts.cell_prompt(self.plan.seed, round, context_tokens)
         return measure_prompt(self.measure, prompt, context_tokens)
 
+    canary_reason = CANARY_REASON
+
+    def canary_cell(self, context_tokens: int) -> Measurement:
+        """The run's warm canary on the server (engine/canary.py): the warm-up prompt of
+        `context_tokens`, which the warm-up sent already, sent again `CANARY_REPEATS` times.
+
+        A server cannot be handed a warm cache, and its count is the cold check; so the canary
+        is also timed against cold twins (the warm-up prompt's first token, then its other
+        tokens rotated: new to the server but for that one token, in the warm-up's own token
+        class, so no measured prompt shares their start). The record is the last repeat, judged
+        by the same rule as every cell, with `canary.*` counters: the fastest twin's and
+        repeat's prefill, their ratio and `canary.warm_by_timing` (ratio below
+        `WARM_BY_TIMING_RATIO`). Caught: the server counted cached tokens. Counted none but
+        warm by timing: the count is blind, the record stays `ok` (the evidence is invalid)
+        and its reason says so. Neither: the server kept no prompt cache (e.g.
+        `--prompt-cache-size 0`), so the canary could not be warm (evidence/canary.py:
+        `unwarmed`)."""
+        assert self.prompts is not None, "load() first"
+        prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
+        ids = [int(i) for i in prompt.ids]
+        twins = [[ids[0], *ids[1 + k :], *ids[1 : 1 + k]] for k in range(1, CANARY_REPEATS + 1)]
+        self.measure(ids, context_tokens=context_tokens)  # held now if the cache is on
+        twin_s, repeats = [], []
+        for twin in twins:  # interleaved: a load that comes and goes slows both alike
+            twin_s.append(self.measure(twin, context_tokens=context_tokens).prefill_s)
+            repeats.append(measure_prompt(self.measure, prompt, context_tokens))
+        result = repeats[-1]
+        cold = [t for t in twin_s if t]
+        warm = [r.prefill_s for r in repeats if r.prefill_s]
+        if not cold or not warm:
+            return result  # an error record: the canary proved nothing (a caveat)
+        ratio = min(warm) / min(cold)
+        is_warm = ratio < WARM_BY_TIMING_RATIO
+        result.counters.update(
+            {
+                "canary.cold_twin_prefill_s": round(min(cold), 6),
+                "canary.repeat_prefill_s": round(min(warm), 6),
+                "canary.prefill_ratio": round(ratio, 4),
+                "canary.warm_by_timing": is_warm,
+            }
+        )
+        if result.status == "ok" and is_warm:
+            result.reason = (
+                f"the server counted 0 cached tokens but prefilled the repeat in {ratio:.2f} "
+                "of a cold twin's time: it reused its prompt cache without saying so"
+            )
+        elif result.status == "ok":
+            result.reason = (
+                f"not warm: the repeat prefilled in {ratio:.2f} of a cold twin's time, so the "
+                "server keeps no prompt cache"
+            )
+        return result
+
     def measure(self, prompt_ids: Sequence[int], *, context_tokens: int) -> Measurement:
         if self.process is None or self.process.poll() is not None:
             code = None if self.process is None else self.process.poll()
@@ -510,6 +571,8 @@ class OpenAIServerAdapter:
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens")
         cached_tokens = cached if isinstance(cached, int) and not isinstance(cached, bool) else None
+        if cached_tokens is not None and cold_check_blind():  # the planted fault (canary)
+            cached_tokens = 0
         reported = usage.get("prompt_tokens")
         prompt_tokens = reported if isinstance(reported, int) else None
         completion = usage.get("completion_tokens")

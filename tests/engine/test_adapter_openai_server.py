@@ -9,6 +9,7 @@ reason). A small stdlib server stands in for a server that does not report cache
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -24,9 +25,15 @@ from coldbench.engine.adapters.openai_server import (
     server_argv,
     wipe_path,
 )
+from coldbench.engine.canary import CANARY_ENV
 from coldbench.engine.judge import judge_cell
 from coldbench.engine.plan import Plan
 from coldbench.engine.record import Measurement
+from coldbench.evidence.headline import caveats
+from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.report import render_report_html
+from coldbench.evidence.schemas import CANARY_ROUND, Record
+from coldbench.evidence.summary import summarize
 
 MLX_LM_SERVER = ["{python}", "-m", "mlx_lm", "server", "--model", "{model}", "--port", "{port}"]
 
@@ -646,3 +653,86 @@ def test_a_server_refusing_its_arguments_says_so_at_the_end_of_its_reason(
     assert event["event"] == "error"
     assert event["reason"].startswith("server exited with code 2 before ready: usage:")
     assert event["reason"].endswith("unrecognized arguments: --no-such-option")
+
+
+def _server_canary_run(
+    model: Path, tmp_path: Path, command: list[str], name: str, **env: str
+) -> list[Record]:
+    """One batch run of a real mlx_lm.server with the run's warm canary (engine/canary.py) at
+    512 tokens: large enough on the micro checkpoint (a 60-130 ms prefill here) that a repeat
+    the server holds is timed well apart from a cold twin above the HTTP round trip."""
+    records_path = tmp_path / f"{name}.jsonl"
+    plan = {
+        "run_id": f"r-{name}",
+        "variant": "server",
+        "adapter": "openai-server",
+        "model": str(model),
+        "flags": {},
+        "decode_tokens": 2,
+        "seed": 5,
+        "records_path": str(records_path),
+        "server_command": command,
+        "cells": [{"round": r, "order": 0, "context_tokens": 512} for r in range(2)],
+        "warmup_contexts": [512],
+    }
+    plan_path = tmp_path / f"{name}.plan.json"
+    plan_path.write_text(json.dumps(plan))
+    done = subprocess.run(
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, CANARY_ENV: "1", **env},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    ready = json.loads(done.stdout.splitlines()[0])
+    assert ready["event"] == "ready" and ready["canary"]["round"] == CANARY_ROUND
+    lines = records_path.read_text().splitlines()
+    return [Record.model_validate(json.loads(line)) for line in lines]
+
+
+@pytest.mark.slow
+def test_the_warm_canary_on_a_real_server_caught_passed_and_unwarmed(
+    micro_model_dir: Path, tmp_path: Path
+) -> None:
+    """The server's canary (a repeat of the warm-up prompt, timed against cold twins):
+    caught by the server's count with its prompt cache on; with the cache left on and the
+    count read blind (the planted fault), it passes as cold, its timing says why, and the
+    run's evidence is invalid in summary.json, summary.md and the report; with the cache off
+    the canary cannot be warm, which is a caveat and not an invalid run."""
+    caught = _server_canary_run(micro_model_dir, tmp_path, MLX_LM_SERVER, "on")
+    (canary,) = [r for r in caught if r.round == CANARY_ROUND]
+    assert canary.status == "invalid" and canary.cached_tokens == 511
+    assert canary.reason is not None and canary.reason.startswith("warm canary (its prompt sent")
+    assert canary.counters["canary.prefill_ratio"] is not None
+    summary = summarize(caught, baseline="server")
+    assert summary.canary is not None and summary.canary.runs[0].result == "caught"
+    assert summary.evidence_invalid is None
+    assert [r.status for r in caught if r.round >= 0] == ["ok", "ok"]  # cells stay cold
+
+    blind = _server_canary_run(
+        micro_model_dir, tmp_path, MLX_LM_SERVER, "blind", COLDBENCH_BLIND_COLD_CHECK="1"
+    )
+    (canary,) = [r for r in blind if r.round == CANARY_ROUND]
+    assert canary.status == "ok" and canary.cached_tokens == 0
+    assert canary.counters["canary.warm_by_timing"] is True, canary.counters
+    assert canary.reason is not None and "without saying so" in canary.reason
+    summary = summarize(blind, baseline="server")
+    assert summary.canary is not None and summary.canary.runs[0].result == "passed"
+    assert summary.evidence_invalid and "without saying so" in summary.evidence_invalid[0]
+    markdown = render_summary_md(summary, [], evidence_id="cd" * 8, page_url="/e/cdcd")
+    assert "**Evidence invalid:** Run r-blind's warm canary" in markdown
+    assert "PASSED AS COLD" in markdown and "without saying so" in markdown
+    html = render_report_html(summary, blind, [], None, plotly_js_src="plotly.js")
+    assert 'id="evidence-invalid"' in html and "without saying so" in html
+
+    cache_off = [*MLX_LM_SERVER, "--prompt-cache-size", "0"]
+    unwarmed = _server_canary_run(micro_model_dir, tmp_path, cache_off, "off")
+    (canary,) = [r for r in unwarmed if r.round == CANARY_ROUND]
+    assert canary.status == "ok" and canary.cached_tokens == 0
+    assert canary.counters["canary.warm_by_timing"] is False, canary.counters
+    summary = summarize(unwarmed, baseline="server")
+    assert summary.canary is not None and summary.canary.runs[0].result == "unwarmed"
+    assert summary.evidence_invalid is None
+    assert any("could not be made warm" in c for c in caveats(summary))

@@ -6,13 +6,20 @@ NVML's functions substituted with the readings of a throttling GPU."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 import pytest
 
-from coldbench.engine.telemetry import GpuTelemetry
+from coldbench.engine.telemetry import (
+    GpuTelemetry,
+    MacTelemetry,
+    open_telemetry,
+    parse_pmset_therm,
+)
 
 
 def test_the_cpu_backend_records_none_and_says_why() -> None:
@@ -97,3 +104,76 @@ def test_the_device_follows_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch
     assert GpuTelemetry.open("cuda", nvml=_throttling_gpu()).handle == ("gpu", "GPU-1234")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-abc")
     assert "MIG" in (GpuTelemetry.open("cuda", nvml=_throttling_gpu()).why or "")
+
+
+# `pmset -g therm` as published, not recorded here (this machine is Linux; the macOS path has
+# not run on a Mac): the speed-limited output is the question's at
+# https://apple.stackexchange.com/questions/407192 (mirrored at
+# https://newbetuts.com/407192-where-does-the-pmset-cpu-speed-limit-variable-come-from-and-how-to-modify-it),
+# a MacBook Pro on macOS 10.13.6; the nominal and warning ones are the worker fingerprint's
+# recordings (tests/worker/recordings/darwin_pmset_therm_*.txt).
+RECORDINGS = Path(__file__).parent / "recordings"
+WORKER_RECORDINGS = Path(__file__).parents[1] / "worker" / "recordings"
+
+
+@pytest.mark.parametrize(
+    ("sample", "expected"),
+    [
+        (
+            RECORDINGS / "pmset_therm_speed_limited.txt",
+            {
+                "mac.cpu_speed_limit_pct": 35,
+                "mac.thermal_warning_level": 0,
+                "mac.performance_warning_level": 0,
+            },
+        ),
+        (
+            WORKER_RECORDINGS / "darwin_pmset_therm_nominal.txt",
+            {
+                "mac.cpu_speed_limit_pct": None,
+                "mac.thermal_warning_level": 0,
+                "mac.performance_warning_level": 0,
+            },
+        ),
+        (
+            WORKER_RECORDINGS / "darwin_pmset_therm_hot.txt",
+            {
+                "mac.cpu_speed_limit_pct": 78,
+                "mac.thermal_warning_level": 0,
+                "mac.performance_warning_level": 2,
+            },
+        ),
+    ],
+)
+def test_pmset_therm_is_parsed(sample: Path, expected: dict[str, int | None]) -> None:
+    assert parse_pmset_therm(sample.read_text()) == expected
+
+
+def test_text_that_is_not_pmset_says_nothing() -> None:
+    assert set(parse_pmset_therm("pmset: unknown option").values()) == {None}
+
+
+def _pmset_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample: Path) -> None:
+    """A `pmset` that prints a published sample, first on PATH (no Mac here)."""
+    script = tmp_path / "pmset"
+    script.write_text(f'#!/bin/sh\n[ "$1 $2" = "-g therm" ] && exec cat {sample}\nexit 1\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_the_platform_chooses_the_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _pmset_on_path(tmp_path, monkeypatch, RECORDINGS / "pmset_therm_speed_limited.txt")
+    assert isinstance(open_telemetry("cpu", platform="linux"), GpuTelemetry)
+    reader = open_telemetry("metal", platform="darwin")
+    assert isinstance(reader, MacTelemetry)
+    counters = reader.finish(reader.start())
+    assert counters["mac.telemetry"] == "pmset" and counters["mac.cpu_speed_limit_pct"] == 35
+    assert counters["gpu.telemetry_unavailable"] == "the metal backend has no NVML device"
+
+
+def test_a_mac_without_pmset_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    reader = open_telemetry("metal", platform="darwin")
+    counters = reader.finish(reader.start())
+    assert counters["mac.telemetry_unavailable"] == "no pmset on this host's PATH"
+    assert "mac.telemetry" not in counters

@@ -6,6 +6,7 @@ from typing import Any
 
 from coldbench.evidence.headline import caveats
 from coldbench.evidence.markdown import render_summary_md
+from coldbench.evidence.report import render_report_html
 from coldbench.evidence.summary import summarize
 from tests.evidence.builders import simulate_run
 
@@ -67,3 +68,39 @@ def test_a_run_without_telemetry_says_why() -> None:
     )
     # records from before telemetry: no section at all
     assert summarize(_with(lambda r: {}), baseline="base").telemetry is None
+
+
+def _pmset(limit: int | None, warning: int = 0) -> dict[str, Any]:
+    """A Mac cell's counters (engine/telemetry.py's parse of `pmset -g therm`)."""
+    return {
+        "gpu.sm_clock_mhz": None,
+        "gpu.telemetry_unavailable": "the metal backend has no NVML device",
+        "mac.telemetry": "pmset",
+        "mac.cpu_speed_limit_pct": limit,
+        "mac.thermal_warning_level": 0,
+        "mac.performance_warning_level": warning,
+    }
+
+
+def test_a_mac_that_never_limited_its_cpu_is_not_flagged() -> None:
+    summary = summarize(_with(lambda r: _pmset(None)), baseline="base")
+    (run,) = summary.telemetry.runs  # type: ignore[union-attr]
+    assert run.mac_cells == 16 and run.cpu_speed_limit_min_pct is None and not run.flagged
+    assert not [c for c in caveats(summary) if "macOS" in c]
+
+
+def test_a_speed_limit_drop_inside_a_run_undercuts_it() -> None:
+    # the last two rounds: macOS limits the CPU to 78% and records performance warning 2
+    summary = summarize(
+        _with(lambda r: _pmset(78, 2) if r.round >= 6 else _pmset(100)), baseline="base"
+    )
+    (run,) = summary.telemetry.runs  # type: ignore[union-attr]
+    assert run.flagged and run.cpu_speed_limit_min_pct == 78 and run.mac_warning_level_max == 2
+    undercut = [c for c in caveats(summary) if "macOS" in c]
+    assert len(undercut) == 2
+    assert "limited the CPU to 78% of its speed" in undercut[0]
+    assert "warning level of 2" in undercut[1]
+    what_undercuts = render_summary_md(summary, []).split("**What undercuts", 1)[1]
+    assert "limited the CPU to 78% of its speed" in what_undercuts.split("\n\n")[1]
+    html = render_report_html(summary, [], [], None, plotly_js_src="plotly.js")
+    assert "lowest CPU speed limit 78%" in html and "flagged" in html
