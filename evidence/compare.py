@@ -280,7 +280,7 @@ def _relabelled(found: tuple[HostResult, Verdict], label: str) -> tuple[HostResu
     return dataclasses.replace(result, host=label), verdict
 
 
-def _interval(result: HostResult) -> str:
+def interval_text(result: HostResult) -> str:
     if result.ratio_median is None:
         return "-"
     if result.ci_low is None or result.ci_high is None:
@@ -304,7 +304,7 @@ def comparison_lines(comparison: HostComparison) -> list[str]:
     for row in comparison.rows:
         lines += ["", f"{row.variant} / {row.baseline} at {row.context_tokens} tokens:"]
         for label, result, verdict in row.hosts:
-            lines.append(f"  {label.ljust(width)}  {_interval(result)}  {verdict}")
+            lines.append(f"  {label.ljust(width)}  {interval_text(result)}  {verdict}")
         lines.append(f"  {row.outcome.statement}")
         if row.outcome.test is not None:
             lines.append(f"  ({row.outcome.test.detail})")
@@ -367,7 +367,6 @@ def comparison_markdown(comparison: HostComparison) -> list[str]:
     verdict, the agreement statement and its test, the rule, and each host's machine."""
     from coldbench.evidence.agreement import RULE
     from coldbench.evidence.escaping import escape_html, md_text
-    from coldbench.evidence.markdown import fmt_interval
 
     hosts = comparison.hosts
     header = ["context", "variant", *(md_text(h.label) for h in hosts), "hosts", "test"]
@@ -381,7 +380,7 @@ def comparison_markdown(comparison: HostComparison) -> list[str]:
         "|" + "---|" * len(header),
     ]
     for row in comparison.rows:
-        cells = [f"{fmt_interval(result)} {verdict}" for _, result, verdict in row.hosts]
+        cells = [f"{interval_text(result)} {verdict}" for _, result, verdict in row.hosts]
         statement = md_text(row.outcome.statement)
         if row.outcome.agree is False:
             statement = f"**{statement}**"

@@ -191,7 +191,8 @@ def section_html(comparison: HostComparison) -> str:
     """The evidence page's hosts section (escaped by the template)."""
     from coldbench.api.pages.templates import templates
     from coldbench.evidence.agreement import RULE
-    from coldbench.evidence.markdown import fmt_interval, reproduction_machines
+    from coldbench.evidence.compare import interval_text
+    from coldbench.evidence.markdown import reproduction_machines
 
     machines = reproduction_machines([h.provenance for h in comparison.hosts])
     return (
@@ -204,7 +205,7 @@ def section_html(comparison: HostComparison) -> str:
                 {
                     "context": row.context_tokens,
                     "variant": row.variant,
-                    "cells": [f"{fmt_interval(r)} {verdict}" for _, r, verdict in row.hosts],
+                    "cells": [f"{interval_text(r)} {verdict}" for _, r, verdict in row.hosts],
                     "agree": row.outcome.agree,
                     "statement": row.outcome.statement,
                     "detail": row.outcome.test.detail if row.outcome.test else "-",
