@@ -4,7 +4,6 @@ beside the original's hosts (coldbench.evidence.compare)."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable
 
@@ -172,7 +171,7 @@ def add_reproduction(
         bundle_sha256=blob.sha256,
         bundle_bytes=blob.bytes,
         identity_sha256=sha256_json(reference),
-        hosts=[json.loads(json.dumps(host_run_document(run))) for run in hosts],
+        hosts=[host_run_document(run) for run in hosts],
     )
     db_session.add(row)
     auth_service.record_audit(

@@ -41,6 +41,7 @@ def test_a_second_host_uploads_its_reproduction_and_the_page_shows_it(
         hosts[name] = config
     log = hosts["repro-a"].parent / "agent.log"
     agent = service.start_agent(hosts["repro-a"], token=service.enrollment_token(), log=log)
+    celery = service.start_celery("reproduce-celery")  # ingest, analysis, the evidence
     try:
         service.wait_hosts({"repro-a"}, [(agent, log)])
         created = service.submit(
@@ -61,6 +62,7 @@ def test_a_second_host_uploads_its_reproduction_and_the_page_shows_it(
         evidence_id = _evidence(service, created.json()["id"], timeout_s=400)
     finally:
         stop_process(agent)
+        stop_process(celery)
     # Host B enrolls (its agent exits once idle), then reproduces from the evidence URL alone.
     b_log = hosts["repro-b"].parent / "agent.log"
     enrolling = service.start_agent(
@@ -70,18 +72,23 @@ def test_a_second_host_uploads_its_reproduction_and_the_page_shows_it(
     url = f"{service.url}/e/{evidence_id}"
     before = httpx.get(url)
     where = hosts["repro-b"].parent
-    done = subprocess.run(
-        [
-            *coldbench_cmd,
-            *("reproduce", url, "--out", "again", "--state-dir", "state"),
-            *("--api", service.url, "--config", str(hosts["repro-b"])),
-        ],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+
+    def reproduce(*args: str) -> subprocess.CompletedProcess[str]:
+        """`coldbench reproduce ARGS` as host B, uploading to the service."""
+        return subprocess.run(
+            [
+                *coldbench_cmd,
+                *("reproduce", *args),
+                *("--api", service.url, "--config", str(hosts["repro-b"])),
+            ],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=400,
+            check=False,
+        )
+
+    done = reproduce(url, "--out", "again", "--state-dir", "state")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert f"uploaded to {service.url}/e/{evidence_id} as host repro-b's" in done.stdout
     page = httpx.get(url, headers={"If-None-Match": before.headers["etag"]})
@@ -93,32 +100,10 @@ def test_a_second_host_uploads_its_reproduction_and_the_page_shows_it(
     # A bundle that reproduces nothing is refused, kept, and the way to resend it said.
     original = where / "original.zip"
     original.write_bytes(httpx.get(f"{url}.zip").content)
-    refused = subprocess.run(
-        [
-            *coldbench_cmd,
-            *("reproduce", str(original), "--upload-only"),
-            *("--api", service.url, "--config", str(hosts["repro-b"])),
-        ],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    refused = reproduce(str(original), "--upload-only")
     assert refused.returncode == 1, refused.stderr
     assert "error: not uploaded: " in refused.stderr and "no reproduces.json" in refused.stderr
     assert f"--api {service.url} --upload-only" in refused.stderr and original.exists()
-    again = subprocess.run(
-        [
-            *coldbench_cmd,
-            *("reproduce", "again", "--upload-only"),
-            *("--api", service.url, "--config", str(hosts["repro-b"])),
-        ],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    again = reproduce("again", "--upload-only")
     assert again.returncode == 0, again.stderr  # the same bundle again: the same row
     assert httpx.get(url).text.count('<section id="cb-hosts">') == 1
