@@ -45,6 +45,7 @@ from coldbench.api.jobs.router import router as jobs_router
 from coldbench.api.pages.router import router as pages_router
 from coldbench.api.pages.templates import web_dir
 from coldbench.api.rehearsal import rehearse
+from coldbench.api.reproductions.router import router as reproductions_router
 from coldbench.api.routing import (
     BodyLimitMiddleware,
     CompressionMiddleware,
@@ -64,6 +65,8 @@ from coldbench.evidence.protocol import API_PREFIX, ErrorBody, FieldError, RunSt
 log = logging.getLogger(__name__)
 
 ARTIFACT_PATH = re.compile(rf"{API_PREFIX}/runs/[^/]+/artifacts/[^/]+")
+# A reproduction's bundle zip: read under the artifacts' limit too.
+REPRODUCTION_PATH = re.compile(rf"{API_PREFIX}/evidence/[^/]+/reproductions")
 # What agents call in their loop: answered uncompressed (CompressionMiddleware).
 WORKER_PROTOCOL_PATH = re.compile(
     rf"{API_PREFIX}/(leases|workers/(register|heartbeat)|runs/[^/]+/(artifacts/[^/]+|complete))$"
@@ -259,6 +262,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs_router,
         auth_router,
         github_router,
+        reproductions_router,
     ):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(evidence_router)
@@ -284,6 +288,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def body_limit(scope: Scope) -> int:
         # Artifact uploads stream to the store under their own, larger limit.
         if scope["method"] == "PUT" and ARTIFACT_PATH.fullmatch(scope["path"]):
+            return settings.max_artifact_bytes
+        if scope["method"] == "POST" and REPRODUCTION_PATH.fullmatch(scope["path"]):
             return settings.max_artifact_bytes
         return settings.max_request_body_bytes
 

@@ -7,6 +7,7 @@ from coldbench.api.evidence.models import Evidence
 from coldbench.api.github.models import GitHubDelivery, PullRequest, PullRequestJob
 from coldbench.api.hosts.models import Host
 from coldbench.api.jobs.models import Job
+from coldbench.api.reproductions.models import EvidenceReproduction
 from coldbench.api.runs.models import Cell, Run, RunAttempt
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "Cell",
     "EnrollmentToken",
     "Evidence",
+    "EvidenceReproduction",
     "GitHubDelivery",
     "Host",
     "Job",

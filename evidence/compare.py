@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from coldbench.evidence.agreement import HostResult, Outcome, host_agreement
 from coldbench.evidence.bundle import (
@@ -280,7 +280,7 @@ def _relabelled(found: tuple[HostResult, Verdict], label: str) -> tuple[HostResu
     return dataclasses.replace(result, host=label), verdict
 
 
-def _interval(result: HostResult) -> str:
+def interval_text(result: HostResult) -> str:
     if result.ratio_median is None:
         return "-"
     if result.ci_low is None or result.ci_high is None:
@@ -304,7 +304,7 @@ def comparison_lines(comparison: HostComparison) -> list[str]:
     for row in comparison.rows:
         lines += ["", f"{row.variant} / {row.baseline} at {row.context_tokens} tokens:"]
         for label, result, verdict in row.hosts:
-            lines.append(f"  {label.ljust(width)}  {_interval(result)}  {verdict}")
+            lines.append(f"  {label.ljust(width)}  {interval_text(result)}  {verdict}")
         lines.append(f"  {row.outcome.statement}")
         if row.outcome.test is not None:
             lines.append(f"  ({row.outcome.test.detail})")
@@ -321,3 +321,77 @@ def comparison_lines(comparison: HostComparison) -> list[str]:
     else:
         lines.append("nothing tested: no comparison has a 95% interval on every host")
     return lines
+
+
+def host_run_document(host: HostRun) -> dict[str, Any]:
+    """A host's run as a service keeps it (canonical JSON values): enough to set it beside
+    other hosts again without its bundle."""
+    return {
+        "label": host.label,
+        "evidence_id": host.evidence_id,
+        "provenance": host.provenance.model_dump(mode="json", by_alias=True),
+        "spec": host.spec.model_dump(mode="json", by_alias=True),
+        "results": [
+            {
+                "context_tokens": context,
+                "variant": variant,
+                "verdict": str(verdict),
+                **dataclasses.asdict(result),
+            }
+            for (context, variant), (result, verdict) in host.results.items()
+        ],
+    }
+
+
+def host_run_of(document: Mapping[str, Any]) -> HostRun:
+    """Inverse of `host_run_document`."""
+    host = HostRun(
+        label=document["label"],
+        source=f"evidence {document['evidence_id']}",
+        evidence_id=document["evidence_id"],
+        provenance=Provenance.model_validate(document["provenance"]),
+        spec=JobSpec.model_validate(document["spec"]),
+    )
+    fields = {f.name for f in dataclasses.fields(HostResult)}
+    for entry in document["results"]:
+        result = HostResult(**{k: v for k, v in entry.items() if k in fields})
+        host.results[(entry["context_tokens"], entry["variant"])] = (
+            result,
+            cast(Verdict, entry["verdict"]),
+        )
+    return host
+
+
+def comparison_markdown(comparison: HostComparison) -> list[str]:
+    """The hosts' section of a page or PR Markdown: per comparison each host's ratio and
+    verdict, the agreement statement and its test, the rule, and each host's machine."""
+    from coldbench.evidence.agreement import RULE
+    from coldbench.evidence.escaping import escape_html, md_text
+
+    hosts = comparison.hosts
+    header = ["context", "variant", *(md_text(h.label) for h in hosts), "hosts", "test"]
+    lines = [
+        "### Reproduced on other hosts",
+        "",
+        f"The same job (spec digest `{comparison.identity_sha256[:12]}`: spec, commits, model "
+        f"and prompts) on {len(hosts)} hosts.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for row in comparison.rows:
+        cells = [f"{interval_text(result)} {verdict}" for _, result, verdict in row.hosts]
+        statement = md_text(row.outcome.statement)
+        if row.outcome.agree is False:
+            statement = f"**{statement}**"
+        detail = md_text(row.outcome.test.detail) if row.outcome.test else "-"
+        lines.append(
+            "| "
+            + " | ".join([str(row.context_tokens), md_text(row.variant), *cells, statement, detail])
+            + " |"
+        )
+    lines += ["", f"Agreement: {md_text(RULE)}.", ""]
+    machines = reproduction_machines([h.provenance for h in hosts])
+    for host, machine in zip(hosts, machines, strict=True):
+        lines.append(f"- evidence `{host.evidence_id}`: {machine}")
+    return [escape_html(line) for line in lines]

@@ -319,6 +319,18 @@ class ErrorBody(BaseModel):
 CalibrationReport: TypeAlias = HostCalibration
 
 
+class ReproductionAccepted(BaseModel):
+    """The API kept an uploaded reproduction of `evidence_id` (`created` False: the same bundle
+    was already kept for this host): the host it is shown as, and the hosts' agreement as the
+    evidence page now states it (`coldbench compare`'s lines)."""
+
+    evidence_id: str
+    reproduction_id: str
+    host: str
+    created: bool
+    lines: list[str]
+
+
 class CalibrationAccepted(BaseModel):
     """The API kept the report as the host's latest calibration: the host it is stored for
     and the lines /hosts shows for it."""

@@ -60,6 +60,7 @@ from coldbench.evidence.protocol import (
     RegisterRequest,
     RegisterResponse,
     RepositoryOffer,
+    ReproductionAccepted,
     RunStatus,
 )
 from coldbench.evidence.schemas import HostInfo, JobSpec, error_line
@@ -330,6 +331,27 @@ class Agent:
             return CalibrationAccepted.model_validate_json(response.content)
         except ValidationError as error:
             raise AgentError(f"calibration answer not understood: {error_line(error)}") from None
+
+    def upload_reproduction(self, evidence_id: str, bundle_zip: bytes) -> ReproductionAccepted:
+        """Send this host's reproduction (`coldbench reproduce --api`) of `evidence_id`; the
+        API's answer names the host it is shown as and the hosts' agreement."""
+        try:
+            response = self.client().post(
+                f"/evidence/{evidence_id}/reproductions",
+                content=bundle_zip,
+                headers={
+                    CONTENT_SHA256_HEADER: sha256_hex(bundle_zip),
+                    "Content-Type": "application/zip",
+                },
+            )
+        except httpx.HTTPError as error:
+            raise AgentError(f"cannot reach {self.api_url}: {error}") from None
+        if response.status_code not in (200, 201):
+            raise AgentError(f"reproduction refused ({response.status_code}): {_detail(response)}")
+        try:
+            return ReproductionAccepted.model_validate_json(response.content)
+        except ValidationError as error:
+            raise AgentError(f"reproduction answer not understood: {error_line(error)}") from None
 
     # -- heartbeat thread --
 

@@ -720,6 +720,19 @@ def reproduce(
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
     ] = Path(".coldbench"),
+    api: Annotated[
+        str | None,
+        typer.Option(help="Upload the reproduction to this coldbench server, as this host."),
+    ] = None,
+    config: Annotated[
+        Path, typer.Option(help="This host's worker.toml (with --api: whose secret to use).")
+    ] = Path("worker.toml"),
+    upload_only: Annotated[
+        bool,
+        typer.Option(
+            "--upload-only", help="Measure nothing: upload SOURCE, a reproduction bundle, to --api."
+        ),
+    ] = False,
 ) -> None:
     """Re-run a bundle's job on this machine from the bundle alone: the commits it measured,
     its flags, recipes, seed, rounds and contexts, its model and prompts (digests checked).
@@ -743,6 +756,10 @@ def reproduce(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
     state_dir = state_dir.resolve()
+    agent = _reproduction_agent(api, config, upload_only)  # before measuring: the secret
+    if upload_only:
+        _upload_reproduction(agent, Path(source), api)
+        return
     try:
         original = load_source(source)
         plan = plan_reproduction(
@@ -789,6 +806,50 @@ def reproduce(
     finally:
         for line in lines:
             typer.echo(line)
+    if agent is not None:
+        _upload_reproduction(agent, out, api)
+
+
+def _reproduction_agent(api: str | None, config: Path, upload_only: bool) -> Any:
+    """The host's agent for `reproduce --api` (its secret loaded), or None without --api."""
+    if api is None:
+        if upload_only:
+            _fail("--upload-only: give --api URL, the server to upload to")
+        return None
+    if not re.fullmatch(r"https?://[^\s]+", api):
+        _fail(f"--api {api!r}: give an http:// or https:// URL")
+    from coldbench.worker.agent import Agent, AgentError
+    from coldbench.worker.config import ConfigError, load_host_config
+
+    try:
+        agent = Agent(api, load_host_config(config))
+        agent.load_secret()
+    except (ConfigError, AgentError) as error:
+        _fail(str(error))
+    return agent
+
+
+def _upload_reproduction(agent: Any, bundle: Path, api: str | None) -> None:
+    """Upload a reproduction bundle; on failure it stays where it is, with the command that
+    sends it again."""
+    from coldbench.worker.agent import AgentError
+    from coldbench.worker.reproduce import ReproductionRefused, upload_bundle
+
+    try:
+        accepted = upload_bundle(agent, bundle)
+    except (AgentError, ReproductionRefused) as error:
+        _fail_all(
+            [
+                f"not uploaded: {error}",
+                f"the bundle is kept: send it again with `coldbench reproduce {bundle} "
+                f"--api {api} --upload-only`",
+            ],
+            code=1,
+        )
+    typer.echo(
+        f"uploaded to {api}/e/{accepted.evidence_id} as host {accepted.host}'s reproduction "
+        f"{accepted.reproduction_id}"
+    )
 
 
 class StopRequest:

@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from coldbench.engine.adapter_traits import ADAPTERS, starts_server
 from coldbench.evidence.canonical import canonical_json, sha256_json
@@ -277,3 +278,20 @@ def build_differences(original: Provenance, reproduction: Provenance) -> list[st
                 f"{target.diff_sha256 or 'none'}, the original's {before[target.variant] or 'none'}"
             )
     return lines
+
+
+def upload_bundle(agent: Any, bundle: Path) -> Any:
+    """Upload a reproduction bundle (folder or zip, with reproduces.json) through `agent` as a
+    reproduction of the evidence it names: the server's `ReproductionAccepted`."""
+    from coldbench.evidence.bundle import BundleError, read_bundle, zip_bytes
+
+    try:
+        files = read_bundle(bundle)
+    except BundleError as error:
+        raise ReproductionRefused(f"{bundle}: {error}") from None
+    named = reproduces_of(files)
+    if named is None:
+        raise ReproductionRefused(
+            f"{bundle}: no {REPRODUCES_FILE}, not a bundle `coldbench reproduce` wrote"
+        )
+    return agent.upload_reproduction(named["evidence_id"], zip_bytes(files))

@@ -13,7 +13,10 @@ from coldbench.api.deps import SessionDep, StoreDep
 from coldbench.api.errors import ServiceError
 from coldbench.api.evidence import service
 from coldbench.api.pages.router import error_page, evidence_page, wants_html
+from coldbench.api.reproductions import service as reproduction_service
 from coldbench.api.routing import StrictJSONRoute
+from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.compare import comparison_markdown
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["evidence"])
 
@@ -43,11 +46,21 @@ def _evidence_file(path: str, request: Request, db_session: SessionDep, store: S
             evidence_id=evidence_id,
             base_url=str(request.base_url),
         )
-        return Response(
-            markdown,
-            media_type=service.EVIDENCE_FILES[suffix][1],
-            headers={"Cache-Control": "public, max-age=31536000", **service.served_headers(suffix)},
+        # Reproductions uploaded since add their hosts' section: revalidated, never immutable.
+        comparison = reproduction_service.host_comparison(
+            db_session=db_session, store=store, evidence_id=evidence_id
         )
+        if comparison is not None:
+            markdown += "\n" + "\n".join(comparison_markdown(comparison)) + "\n"
+        etag = f'"{sha256_hex(markdown.encode())[:32]}"'
+        headers = {
+            "ETag": etag,
+            "Cache-Control": "public, no-cache",
+            **service.served_headers(suffix),
+        }
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers=headers)
+        return Response(markdown, media_type=service.EVIDENCE_FILES[suffix][1], headers=headers)
     row = service.get_evidence(db_session=db_session, evidence_id=evidence_id)
     file_name, media_type = service.EVIDENCE_FILES[suffix]
     # Checked on every request: bytes altered in the store answer 409, never a cached copy.

@@ -40,6 +40,7 @@ from coldbench.api.pages import signing
 from coldbench.api.pages.outcome import job_outcome
 from coldbench.api.pages.templates import templates
 from coldbench.api.pages.timing import job_timing
+from coldbench.api.reproductions import service as reproduction_service
 from coldbench.api.routing import StrictJSONRoute
 from coldbench.api.settings import Settings
 from coldbench.api.transactions import Database
@@ -520,9 +521,20 @@ def evidence_page(request: Request, db_session: Session, store: Any, evidence_id
             media_type="text/html; charset=utf-8",
             headers={"Cache-Control": "no-cache", **evidence_service.served_headers("")},
         )
+    comparison = reproduction_service.host_comparison(
+        db_session=db_session, store=store, evidence_id=evidence_id
+    )
+    if comparison is not None:
+        # Hosts that reproduced the evidence since: their section, and an ETag naming them.
+        rows = reproduction_service.reproductions_of(db_session=db_session, evidence_id=evidence_id)
+        page = evidence_pages.EvidencePage(
+            html=reproduction_service.with_reproductions(page.html, comparison),
+            etag=f'{page.etag[:-1]}-{reproduction_service.reproductions_digest(rows)}"',
+        )
     headers = {
         "ETag": page.etag,
-        "Cache-Control": "public, max-age=31536000, immutable",
+        # Reproductions may add hosts to the page: a cache revalidates (the ETag answers 304).
+        "Cache-Control": "public, no-cache",
         "Content-Security-Policy": CONTENT_SECURITY_POLICY,
         "X-Content-Type-Options": "nosniff",
     }

@@ -58,6 +58,10 @@ def test_postgres_upgrade_check_downgrade(empty_postgres: str, coldbench_cmd: li
         assert done.returncode == 0, done.stderr
     assert "models and migrations agree" in done.stderr
     assert {"hosts", "jobs", "runs", "cells", "artifacts", "evidence"} <= _tables(empty_postgres)
+    assert "host_id" in _columns(empty_postgres, "evidence_reproductions")
+    command.downgrade(alembic_config(empty_postgres), "9d4e2b7f1c03")  # before reproductions
+    assert "evidence_reproductions" not in _tables(empty_postgres)
+    command.upgrade(alembic_config(empty_postgres), "head")
     assert "bundle_files" in _columns(empty_postgres, "jobs")
     assert {"calibration", "revoked_at"} <= _columns(empty_postgres, "hosts")
     config = alembic_config(empty_postgres)

@@ -1,0 +1,237 @@
+"""Reproductions: an uploaded bundle checked against the evidence it names, kept, and set
+beside the original's hosts (coldbench.evidence.compare)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from coldbench.api.artifacts.store import ArtifactStore
+from coldbench.api.auth import service as auth_service
+from coldbench.api.errors import Conflict, Invalid
+from coldbench.api.evidence import service as evidence_service
+from coldbench.api.hosts.models import Host
+from coldbench.api.reproductions.models import EvidenceReproduction
+from coldbench.evidence.boundary import TextRefused, Utf8Lines, door_check_json, door_json_loads
+from coldbench.evidence.bundle import BundleError, read_zip, verify_files
+from coldbench.evidence.canonical import sha256_hex, sha256_json
+from coldbench.evidence.compare import (
+    REPRODUCES_FILE,
+    CompareError,
+    HostComparison,
+    HostRun,
+    Source,
+    compare_hosts,
+    host_run_document,
+    host_run_of,
+    host_runs,
+    identity_difference,
+    job_identity,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _door(files: dict[str, bytes]) -> None:
+    """The door's rule on every JSON file of the bundle (what the service parses and keeps)."""
+    try:
+        for name, content in sorted(files.items()):
+            if name.endswith(".json"):
+                door_check_json(content, what=name)
+            elif name.endswith(".jsonl"):
+                lines = Utf8Lines(name)
+                lines.feed(content)
+                lines.close()
+    except TextRefused as refused:
+        raise Invalid(f"{refused.field}: {refused.problem}; nothing stored") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _original_hosts(bundle_sha256: str, read: Callable[[str], bytes]) -> tuple[HostRun, ...]:
+    """The published evidence's hosts, from its zip (cached by the zip's digest)."""
+    return tuple(host_runs(Source(name="the evidence", files=read_zip(read(bundle_sha256)))))
+
+
+def original_hosts(*, db_session: Session, store: ArtifactStore, evidence_id: str) -> list[HostRun]:
+    """The hosts of published evidence, its zip's digest checked again first."""
+    row = evidence_service.get_evidence(db_session=db_session, evidence_id=evidence_id)
+    entry = row.files.get("bundle.zip")
+    evidence_service.checked_bytes(
+        store=store, evidence_id=evidence_id, file_name="bundle.zip", entry=entry
+    )
+    return list(_original_hosts(entry["sha256"], store.read_bytes))
+
+
+def reproductions_of(*, db_session: Session, evidence_id: str) -> list[EvidenceReproduction]:
+    return list(
+        db_session.scalars(
+            sa.select(EvidenceReproduction)
+            .where(EvidenceReproduction.evidence_id == evidence_id)
+            .order_by(EvidenceReproduction.created_at, EvidenceReproduction.id)
+        )
+    )
+
+
+def reproductions_digest(rows: list[EvidenceReproduction]) -> str:
+    """What names the set of reproductions a page shows (part of its ETag); "" for none."""
+    return sha256_hex(",".join(row.id for row in rows).encode())[:12] if rows else ""
+
+
+def host_comparison(
+    *, db_session: Session, store: ArtifactStore, evidence_id: str
+) -> HostComparison | None:
+    """The evidence's hosts beside every uploaded reproduction's; None where there is none."""
+    rows = reproductions_of(db_session=db_session, evidence_id=evidence_id)
+    if not rows:
+        return None
+    hosts = original_hosts(db_session=db_session, store=store, evidence_id=evidence_id)
+    hosts += [host_run_of(document) for row in rows for document in row.hosts]
+    return compare_hosts(hosts)
+
+
+def _checked_upload(files: dict[str, bytes], evidence_id: str) -> tuple[str, list[HostRun]]:
+    """(the upload's evidence id, its hosts) of a bundle that reproduces `evidence_id`."""
+    _door(files)
+    verification = verify_files(files)
+    if not verification.is_intact:
+        raise Invalid(
+            "the bundle is not intact: " + "; ".join(verification.problems[:3]) + "; nothing stored"
+        )
+    assert verification.evidence_id is not None
+    if verification.evidence_id == evidence_id:
+        raise Conflict(f"the upload is evidence {evidence_id} itself, not a reproduction of it")
+    raw = files.get(REPRODUCES_FILE)
+    if raw is None:
+        raise Invalid(
+            f"the bundle has no {REPRODUCES_FILE}: upload the bundle `coldbench reproduce` "
+            "wrote; nothing stored"
+        )
+    try:
+        named = door_json_loads(raw, what=REPRODUCES_FILE).get("evidence_id")
+    except (ValueError, AttributeError, TextRefused):
+        raise Invalid(f"{REPRODUCES_FILE} is not a JSON object; nothing stored") from None
+    if named != evidence_id:
+        raise Conflict(
+            f"the bundle reproduces evidence {named}, not {evidence_id}: upload it to "
+            f"/api/v1/evidence/{named}/reproductions"
+        )
+    try:
+        return verification.evidence_id, host_runs(Source(name="the upload", files=files))
+    except CompareError as error:
+        raise Invalid(f"{error}; nothing stored") from None
+
+
+def add_reproduction(
+    *,
+    db_session: Session,
+    store: ArtifactStore,
+    host: Host,
+    evidence_id: str,
+    bundle: bytes,
+) -> tuple[EvidenceReproduction, bool]:
+    """Keep `bundle` (a zip) as `host`'s reproduction of `evidence_id`; (row, created). The
+    same bundle sent again by the same host answers its row. Nothing is stored unless the zip
+    is readable, intact, names this evidence in reproduces.json and is the same job (Invalid,
+    Conflict saying what differs)."""
+    evidence_service.get_evidence(db_session=db_session, evidence_id=evidence_id)
+    try:
+        files = read_zip(bundle)
+    except BundleError as error:
+        raise Invalid(f"the upload is not a readable bundle zip: {error}; nothing stored") from None
+    reproduction_id, hosts = _checked_upload(files, evidence_id)
+    existing = db_session.get(EvidenceReproduction, reproduction_id)
+    if existing is not None:
+        if existing.evidence_id == evidence_id and existing.host_id == host.id:
+            return existing, False
+        raise Conflict(f"reproduction {reproduction_id} was already uploaded by another host")
+    originals = original_hosts(db_session=db_session, store=store, evidence_id=evidence_id)
+    reference = job_identity(originals[0].spec, originals[0].provenance)
+    for run in hosts:
+        identity = job_identity(run.spec, run.provenance)
+        difference = identity_difference(reference, identity)
+        if difference is not None:
+            raise Conflict(
+                f"the upload is another job than evidence {evidence_id} (spec digests "
+                f"{sha256_json(identity)[:12]} and {sha256_json(reference)[:12]}): "
+                f"{difference}; nothing stored"
+            )
+        # The registry's name, as a job's own runs are shown (api/evidence/service.py).
+        run.provenance.host.registered_name = host.name
+        run.label = host.name
+    blob = store.put_bytes(bundle)
+    row = EvidenceReproduction(
+        id=reproduction_id,
+        evidence_id=evidence_id,
+        host_id=host.id,
+        manifest_sha256=sha256_hex(files["manifest.json"]),
+        bundle_sha256=blob.sha256,
+        bundle_bytes=blob.bytes,
+        identity_sha256=sha256_json(reference),
+        hosts=[host_run_document(run) for run in hosts],
+    )
+    db_session.add(row)
+    auth_service.record_audit(
+        db_session=db_session,
+        actor=f"host:{host.id}",
+        kind="evidence.reproduced",
+        subject_id=evidence_id,
+        reproduction_id=reproduction_id,
+    )
+    db_session.commit()
+    log.info("evidence %s reproduced by host %s: %s", evidence_id, host.name, reproduction_id)
+    return row, True
+
+
+def section_html(comparison: HostComparison) -> str:
+    """The evidence page's hosts section (escaped by the template)."""
+    from coldbench.api.pages.templates import templates
+    from coldbench.evidence.agreement import RULE
+    from coldbench.evidence.compare import interval_text
+    from coldbench.evidence.markdown import reproduction_machines
+
+    machines = reproduction_machines([h.provenance for h in comparison.hosts])
+    return (
+        templates()
+        .get_template("_evidence_reproductions.html")
+        .render(
+            identity=comparison.identity_sha256,
+            hosts=[h.label for h in comparison.hosts],
+            rows=[
+                {
+                    "context": row.context_tokens,
+                    "variant": row.variant,
+                    "cells": [f"{interval_text(r)} {verdict}" for _, r, verdict in row.hosts],
+                    "agree": row.outcome.agree,
+                    "statement": row.outcome.statement,
+                    "detail": row.outcome.test.detail if row.outcome.test else "-",
+                }
+                for row in comparison.rows
+            ],
+            rule=RULE,
+            machines=[
+                f"evidence {h.evidence_id}: {text}"
+                for h, text in zip(comparison.hosts, machines, strict=True)
+            ],
+        )
+    )
+
+
+def with_reproductions(page: bytes, comparison: HostComparison) -> bytes:
+    """The evidence page with the hosts section after its Markdown box and the section's
+    Markdown at the end of the box's text (the page's own header marks both places)."""
+    import html
+
+    from coldbench.evidence.compare import comparison_markdown
+
+    markdown = "\n\n" + "\n".join(comparison_markdown(comparison)) + "\n"
+    page = page.replace(b"</textarea>", html.escape(markdown).encode() + b"</textarea>", 1)
+    box = page.find(b'<details id="cb-markdown-box">')
+    end = page.find(b"</details>", box)
+    if box < 0 or end < 0:
+        return page
+    end += len(b"</details>")
+    return page[:end] + b"\n" + section_html(comparison).encode() + page[end:]
