@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from coldbench.evidence.job_options import typer_option as spec_option
+from coldbench.evidence.job_options import local_options, with_job_options
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -31,17 +31,6 @@ if TYPE_CHECKING:
     from coldbench.worker.run import RunOutcome
 
 app = typer.Typer(add_completion=False)
-
-RESIDENCY_OPTION = typer.Option(
-    help="auto (default): the variants' processes are resident side by side where every "
-    "context fits them together (the memory guard's estimates), else in turns, one resident "
-    "at a time; side-by-side or in-turns to choose."
-)
-
-
-def _check_residency(residency: str) -> None:
-    if residency not in ("auto", "side-by-side", "in-turns"):
-        _fail(f"--residency {residency!r}: give auto, side-by-side or in-turns")
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -172,19 +161,20 @@ def _pinned_commits(
 def _local_setup(
     given: dict[str, Any],
     *,
-    model: str | None,
-    corpus: str | None,
     repo: Path | None,
     module: str | None,
     server: ServerOptions,
     state_dir: Path,
 ) -> LocalSetup:
     """Options -> spec: this machine's model, corpus and repository, then the one builder.
+    `given`'s model and corpus are this machine's (a folder, a file) or names.
     Exits with every problem found, one line each."""
     from coldbench.evidence.job_options import JobOptionsError, build_job_spec, problem_lines
     from coldbench.evidence.schemas import INSTALLED_SERVER
 
     problems: list[str] = []
+    # What the builder gets for them is named below, where they are this machine's.
+    model, corpus = given.pop("model", None), given.pop("corpus", None)
     setup_models: dict[str, Path] = {}
     model_argument = None
     if model is not None:
@@ -324,46 +314,37 @@ def _verdict_table(
     return table
 
 
+# `coldbench run`'s job options: the table's, but for a service's own (labels, hosts) and
+# `--repo`, a folder of this machine here (`_local_repository`).
+RUN_OPTIONS = [name for name in local_options() if name != "repository"]
+
+
 @app.command("run")
+@with_job_options(
+    RUN_OPTIONS,
+    help={
+        "model": "A checkpoint folder or preset:NAME. Default: preset:tiny.",
+        "corpus": "Prompts from this UTF-8 text file instead of the built-in corpus: "
+        "NAME=FILE or FILE (named after the file).",
+        "recipe": "Build recipe for --repo variants: editable (default) or, for --adapter "
+        "embedded, offline (installs nothing: no package index needed).",
+        "adapter": "mlx-lm (--repo, the default with it), embedded (without --repo: this "
+        "engine; with it: a checkout of coldbench whose engine/ each variant runs) or "
+        "openai-server (--server-command, with or without --repo).",
+    },
+)
 def run(
-    model: Annotated[
-        str | None,
-        spec_option("model", help="A checkpoint folder or preset:NAME. Default: preset:tiny."),
-    ] = None,
-    contexts: Annotated[str | None, spec_option("contexts")] = None,
-    rounds: Annotated[str | None, spec_option("rounds")] = None,
-    decode_tokens: Annotated[str | None, spec_option("decode_tokens")] = None,
-    variant: Annotated[list[str] | None, spec_option("variants")] = None,
-    seed: Annotated[str | None, spec_option("seed")] = None,
+    given: dict[str, Any],
     out: Annotated[
         Path | None,
         typer.Option(help="Bundle folder to write (new; default: evidence-local-<time>)."),
     ] = None,
-    mode: Annotated[str | None, spec_option("mode")] = None,
-    features: Annotated[str | None, spec_option("features")] = None,
     repo: Annotated[
         Path | None, typer.Option(help="A git repository of the engine (mlx-lm or a fork).")
-    ] = None,
-    recipe: Annotated[
-        str | None,
-        spec_option(
-            "recipe",
-            help="Build recipe for --repo variants: editable (default) or, for --adapter "
-            "embedded, offline (installs nothing: no package index needed).",
-        ),
     ] = None,
     module: Annotated[
         str | None,
         typer.Option(help="Engine module of --repo (default: mlx_lm, or engine for embedded)."),
-    ] = None,
-    adapter: Annotated[
-        str | None,
-        spec_option(
-            "adapter",
-            help="mlx-lm (--repo, the default with it), embedded (without --repo: this "
-            "engine; with it: a checkout of coldbench whose engine/ each variant runs) or "
-            "openai-server (--server-command, with or without --repo).",
-        ),
     ] = None,
     server_command: Annotated[
         str | None,
@@ -388,32 +369,10 @@ def run(
         float | None,
         typer.Option(min=0.001, help="openai-server: seconds to the first token (default 300)."),
     ] = None,
-    fresh_process: Annotated[bool, spec_option("fresh_process")] = False,
-    rounds_per_process: Annotated[str | None, spec_option("rounds_per_process")] = None,
-    precision: Annotated[str | None, spec_option("precision")] = None,
-    until: Annotated[str | None, spec_option("until")] = None,
-    budget_minutes: Annotated[str | None, spec_option("budget_minutes")] = None,
-    commit_range: Annotated[str | None, spec_option("range")] = None,
-    every: Annotated[str | None, spec_option("every")] = None,
-    last: Annotated[str | None, spec_option("last")] = None,
-    commits: Annotated[str | None, spec_option("commits")] = None,
-    good: Annotated[str | None, spec_option("good")] = None,
-    bad: Annotated[str | None, spec_option("bad")] = None,
-    direction: Annotated[str | None, spec_option("direction")] = None,
-    base: Annotated[str | None, spec_option("base")] = None,
-    head: Annotated[str | None, spec_option("head")] = None,
-    alone: Annotated[bool, spec_option("alone")] = False,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
     ] = Path(".coldbench"),
-    corpus: Annotated[
-        str | None,
-        typer.Option(
-            help="Prompts from this UTF-8 text file instead of the built-in corpus: "
-            "NAME=FILE or FILE (named after the file)."
-        ),
-    ] = None,
     prespawn: Annotated[
         bool | None,
         typer.Option(
@@ -429,7 +388,6 @@ def run(
             "statistics follow its noise (default: rounds // 12 and a unit per process pair).",
         ),
     ] = None,
-    residency: Annotated[str, RESIDENCY_OPTION] = "auto",
 ) -> None:
     """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle.
 
@@ -442,37 +400,8 @@ def run(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
     state_dir = state_dir.resolve()
-    given: dict[str, Any] = {
-        "mode": mode,
-        "adapter": adapter,
-        "variants": variant,
-        "recipe": recipe,
-        "features": features,
-        "contexts": contexts,
-        "rounds": rounds,
-        "decode_tokens": decode_tokens,
-        "seed": seed,
-        "fresh_process": fresh_process,
-        "rounds_per_process": rounds_per_process,
-        "precision": precision,
-        "until": until,
-        "budget_minutes": budget_minutes,
-        "range": commit_range,
-        "every": every,
-        "last": last,
-        "commits": commits,
-        "good": good,
-        "bad": bad,
-        "direction": direction,
-        "base": base,
-        "head": head,
-        "alone": alone,
-    }
-    _check_residency(residency)
     setup = _local_setup(
         given,
-        model=model,
-        corpus=corpus,
         repo=repo,
         module=module,
         server=ServerOptions(
@@ -504,7 +433,6 @@ def run(
         console=console,
         prespawn=prespawn,
         noise=noise,
-        residency=residency,
     )
     _print_outcome(outcome, out)
 
@@ -538,7 +466,6 @@ def _measure(
     console: Any,
     prespawn: bool | None = None,
     noise: HostNoise | None = None,
-    residency: str = "auto",
     extra_files: dict[str, bytes] | None = None,
 ) -> RunOutcome:
     """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
@@ -617,7 +544,6 @@ def _measure(
                     should_stop=stop.is_set,
                     prespawn=prespawn,
                     noise=noise,
-                    residency=residency,
                     extra_files=extra_files,
                 )
         except RunRefused as error:
@@ -825,7 +751,17 @@ class StopRequest:
 
 
 @app.command("calibrate")
+@with_job_options(
+    ["model", "contexts", "rounds", "rounds_per_process", "decode_tokens", "seed", "residency"],
+    help={
+        "model": "A checkpoint folder or preset:NAME. Default: preset:tiny.",
+        "rounds": "Rounds of every job. Default: 24.",
+        "seed": "Seed of the first job (then +1 per job). Default: 0.",
+    },
+    defaults={"model": "preset:tiny", "contexts": "256", "rounds": "24", "decode_tokens": "2"},
+)
 def calibrate(
+    given: dict[str, Any],
     planted_step: Annotated[
         int | None,
         typer.Option(
@@ -834,11 +770,6 @@ def calibrate(
             "percent against --base-step at these contexts (required unless --merge).",
         ),
     ] = None,
-    model: Annotated[
-        str, spec_option("model", help="A checkpoint folder or preset:NAME. Default: preset:tiny.")
-    ] = "preset:tiny",
-    contexts: Annotated[str, spec_option("contexts", default_text="256")] = "256",
-    rounds: Annotated[int, spec_option("rounds", help="Rounds of every job. Default: 24.")] = 24,
     jobs: Annotated[
         int, typer.Option(min=1, max=100, help="A/A jobs, and as many planted-effect jobs.")
     ] = 10,
@@ -846,17 +777,12 @@ def calibrate(
         int | None,
         typer.Option(min=1, help="prefill_step_size of every other variant (default: stock)."),
     ] = None,
-    rounds_per_process: Annotated[int | None, spec_option("rounds_per_process")] = None,
-    decode_tokens: Annotated[int, spec_option("decode_tokens", default_text="2")] = 2,
     variants: Annotated[
         int,
         typer.Option(
             min=2, max=3, help="Variants per job: 3 (a, b, c) as the targets are set, or 2."
         ),
     ] = 3,
-    seed: Annotated[
-        int, spec_option("seed", help="Seed of the first job (then +1 per job). Default: 0.")
-    ] = 0,
     out: Annotated[Path, typer.Option(help="The result file (JSON).")] = Path("calibration.json"),
     bundles: Annotated[
         Path | None, typer.Option(help="Keep every job's evidence bundle in this folder.")
@@ -876,7 +802,6 @@ def calibrate(
     ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[Path, typer.Option(help="Spools of the jobs' runs.")] = Path(".coldbench"),
-    residency: Annotated[str, RESIDENCY_OPTION] = "auto",
     force: Annotated[
         bool,
         typer.Option(
@@ -902,7 +827,6 @@ def calibrate(
     console = Console(stderr=True)
     if out.exists() and out.is_dir():
         _fail(f"--out {out}: is a folder; give a file name")
-    _check_residency(residency)
     if bundles is not None and bundles.exists() and any(bundles.iterdir()) and not force:
         _fail(
             f"--bundles {bundles}: folder exists and is not empty; choose a new one (or "
@@ -941,20 +865,15 @@ def calibrate(
     if planted_step is None:
         _fail("--planted-step: give the planted variant's chunk width (or --merge FILES)")
     try:
-        model_name, models = local_model(model)
+        model_name, models = local_model(given["model"])
     except ValueError as error:
         _fail(str(error))
     base_flags = {} if base_step is None else {"prefill_step_size": base_step}
     try:  # every job's spec is this one's but for its seed: its problems, all at once
         first = calibration_spec(
-            model=model_name,
-            contexts=contexts,
-            rounds=rounds,
-            decode_tokens=decode_tokens,
-            seed=seed,
+            **{**given, "model": model_name},
             base_flags=base_flags,
             planted_flags={"prefill_step_size": planted_step},
-            rounds_per_process=rounds_per_process,
             variants=variants,
         )
     except JobOptionsError as error:
@@ -978,13 +897,13 @@ def calibrate(
             model=model_name,
             models=models,
             contexts=first.contexts,
-            rounds=rounds,
+            rounds=first.rounds,
             jobs=jobs,
             planted_flags={"prefill_step_size": planted_step},
             base_flags=base_flags,
-            decode_tokens=decode_tokens,
-            seed=seed,
-            rounds_per_process=rounds_per_process,
+            decode_tokens=first.decode_tokens,
+            seed=first.seed,
+            rounds_per_process=first.rounds_per_process,
             variants=variants,
             state_dir=state_dir.resolve(),
             host=host,
@@ -993,7 +912,7 @@ def calibrate(
             cell_timeout_s=cell_timeout_s,
             on_job=on_job,
             on_phase=on_phase,
-            residency=residency,
+            residency=first.residency,
         )
     except (RunRefused, ValueError) as error:
         _fail(str(error).splitlines()[0])

@@ -191,7 +191,11 @@ def test_until_decided_stops_at_the_first_look_that_decides(
         (["--adapter", "openai-server"], "--adapter openai-server needs --server-command"),
         (["--wipe", "/tmp/x"], "--wipe: only with --adapter openai-server"),
         (["--corpus", "/nonexistent/corpus.txt"], "is not a file"),
-        (["--residency", "both"], "--residency 'both': give auto, side-by-side or in-turns"),
+        (["--residency", "both"], "--residency: 'both': give auto, side-by-side or in-turns"),
+        (
+            ["--fresh-process", "--residency", "in-turns"],
+            "--residency: fresh_process (a process per cell) keeps no process resident",
+        ),
         (
             ["--adapter", "embedded", "--repo", str(REPO_ROOT), "--variant", "a"],
             "--variant: variant a names no ref of",
@@ -472,3 +476,43 @@ def test_variants_that_fit_once_but_not_twice_run_in_turns(
     provenance = json.loads((out / "provenance.json").read_text())
     assert "--residency" not in provenance["command"]  # auto: the plan decides again
     assert verify_bundle(out).is_intact
+
+
+def test_a_job_that_asks_for_turns_runs_in_turns_and_says_so(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    """`--residency in-turns` is a job option: the job file holds it, the worker runs one
+    variant resident at a time though both would fit, the evidence says it was asked, and the
+    reproduce command asks it again."""
+    out = tmp_path / "asked"
+    done = subprocess.run(
+        [
+            *coldbench_cmd,
+            "run",
+            *("--model", "preset:tiny", "--contexts", "128", "--rounds", "4"),
+            *("--rounds-per-process", "2", "--decode-tokens", "1", "--residency", "in-turns"),
+            *("--variant", "a", "--variant", "b:prefill_step_size=64"),
+            *("--out", str(out), "--state-dir", str(tmp_path / "state")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "job.json").read_text())["residency"] == "in-turns"
+    timeline = json.loads((out / "timeline.json").read_text())
+    assert timeline["residency"] == "in-turns"
+    assert timeline["residency_reason"].startswith("in-turns as asked")
+    spans = sorted(
+        (p["load_s"], p["exited_s"]) for p in timeline["processes"] if p["load_s"] is not None
+    )
+    for (_, exited), (loaded, _) in zip(spans, spans[1:], strict=False):
+        assert loaded >= exited, "two variant processes were resident together"
+    assert "Variants ran in turns: one resident at a time, 2 blocks of 2 rounds" in (
+        out / "summary.md"
+    ).read_text()
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert "--residency in-turns" in provenance["command"]
+    assert verify_bundle(out, recompute=True).is_intact
