@@ -12,7 +12,12 @@ from typing import Annotated, Any
 
 import typer
 
-from coldbench.evidence.job_options import JOB_OPTIONS, service_options, with_job_options
+from coldbench.evidence.job_options import (
+    JOB_OPTIONS,
+    SET_BY_THE_PULL_REQUEST,
+    service_options,
+    with_job_options,
+)
 from coldbench.evidence.protocol import API_PREFIX, JobState
 
 app = typer.Typer()
@@ -68,21 +73,6 @@ def submit(
         _wait_for_evidence(api, key or "", job_id, timeout_s)
 
 
-# What the service sets for a pull request: its configured repository and the PR's commits.
-_SET_BY_THE_PULL_REQUEST = (
-    "repository",
-    "adapter",
-    "variants",
-    "range",
-    "every",
-    "last",
-    "good",
-    "bad",
-    "direction",
-    "fresh_process",
-)
-
-
 def _exit_on(problems: list[str]) -> None:
     if problems:
         for line in problems:
@@ -98,7 +88,7 @@ def _ask_for_pull_request(
     problems += [
         f"{JOB_OPTIONS[name].flag}: the service sets it from the pull request; leave it out "
         "with --pr"
-        for name in _SET_BY_THE_PULL_REQUEST
+        for name in SET_BY_THE_PULL_REQUEST
         if given.get(name)
     ]
     _exit_on(problems)
@@ -107,7 +97,7 @@ def _ask_for_pull_request(
     options = {
         name: "true" if value is True else str(value)
         for name, value in given.items()
-        if value is not None and value is not False and name not in _SET_BY_THE_PULL_REQUEST
+        if value is not None and value is not False and name not in SET_BY_THE_PULL_REQUEST
     }
     body = {"pull_request": pull_request, "options": options}
     return _post_json(api, key or "", f"{API_PREFIX}/github/pulls", body)

@@ -821,6 +821,22 @@ def typer_option(name: str, *, help: str | None = None, default_text: str | None
     return typer.Option(option.flag, help=text, metavar=option.metavar, show_default=False)
 
 
+# What a service sets for a pull request's job: its configured repository and adapter, and the
+# variants from the pull request's commits.
+SET_BY_THE_PULL_REQUEST: Final = (
+    "repository",
+    "adapter",
+    "variants",
+    "range",
+    "every",
+    "last",
+    "good",
+    "bad",
+    "direction",
+    "fresh_process",
+)
+
+
 def service_options() -> list[str]:
     """The options a service's front ends offer (`coldbench submit`, the form)."""
     return [name for name, option in JOB_OPTIONS.items() if option.service]

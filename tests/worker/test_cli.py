@@ -510,9 +510,10 @@ def test_a_job_that_asks_for_turns_runs_in_turns_and_says_so(
     )
     for (_, exited), (loaded, _) in zip(spans, spans[1:], strict=False):
         assert loaded >= exited, "two variant processes were resident together"
-    assert "Variants ran in turns: one resident at a time, 2 blocks of 2 rounds" in (
-        out / "summary.md"
-    ).read_text()
+    assert (
+        "Variants ran in turns: one resident at a time, 2 blocks of 2 rounds"
+        in (out / "summary.md").read_text()
+    )
     provenance = json.loads((out / "provenance.json").read_text())
     assert "--residency in-turns" in provenance["command"]
     assert verify_bundle(out, recompute=True).is_intact
