@@ -12,50 +12,27 @@ from typing import Annotated, Any
 
 import typer
 
-from coldbench.evidence.job_options import typer_option as spec_option
+from coldbench.evidence.job_options import (
+    JOB_OPTIONS,
+    SET_BY_THE_PULL_REQUEST,
+    service_options,
+    with_job_options,
+)
 from coldbench.evidence.protocol import API_PREFIX, JobState
 
 app = typer.Typer()
 
 
 @app.command()
+@with_job_options(service_options(), help={"repository": "Allow-listed repository name."})
 def submit(
-    variant: Annotated[list[str] | None, spec_option("variants")] = None,
-    contexts: Annotated[str | None, spec_option("contexts")] = None,
+    given: dict[str, Any],
     api: Annotated[str, typer.Option(envvar="COLDBENCH_API", help="Base URL of the server.")] = (
         "http://127.0.0.1:8000"
     ),
     key: Annotated[
         str | None, typer.Option(envvar="COLDBENCH_API_KEY", help="Submitter API key (cbk_...).")
     ] = None,
-    repo: Annotated[
-        str | None, spec_option("repository", help="Allow-listed repository name.")
-    ] = None,
-    adapter: Annotated[str | None, spec_option("adapter")] = None,
-    recipe: Annotated[str | None, spec_option("recipe")] = None,
-    rounds: Annotated[str | None, spec_option("rounds")] = None,
-    decode_tokens: Annotated[str | None, spec_option("decode_tokens")] = None,
-    model: Annotated[str | None, spec_option("model")] = None,
-    mode: Annotated[str | None, spec_option("mode")] = None,
-    commit_range: Annotated[str | None, spec_option("range")] = None,
-    every: Annotated[str | None, spec_option("every")] = None,
-    last: Annotated[str | None, spec_option("last")] = None,
-    good: Annotated[str | None, spec_option("good")] = None,
-    bad: Annotated[str | None, spec_option("bad")] = None,
-    direction: Annotated[str | None, spec_option("direction")] = None,
-    base: Annotated[str | None, spec_option("base")] = None,
-    head: Annotated[str | None, spec_option("head")] = None,
-    alone: Annotated[bool, spec_option("alone")] = False,
-    features: Annotated[str | None, spec_option("features")] = None,
-    labels: Annotated[str | None, spec_option("labels")] = None,
-    hosts: Annotated[str | None, spec_option("hosts")] = None,
-    rounds_per_process: Annotated[str | None, spec_option("rounds_per_process")] = None,
-    fresh_process: Annotated[bool, spec_option("fresh_process")] = False,
-    precision: Annotated[str | None, spec_option("precision")] = None,
-    until: Annotated[str | None, spec_option("until")] = None,
-    budget_minutes: Annotated[str | None, spec_option("budget_minutes")] = None,
-    seed: Annotated[str | None, spec_option("seed")] = None,
-    corpus: Annotated[str | None, spec_option("corpus")] = None,
     pull_request: Annotated[
         str | None,
         typer.Option(
@@ -80,65 +57,20 @@ def submit(
     )
 
     problems = [] if key else ["no API key: pass --key or set COLDBENCH_API_KEY"]
-    given = {
-        "mode": mode,
-        "repository": repo,
-        "adapter": adapter,
-        "recipe": recipe,
-        "variants": variant,
-        "features": features,
-        "contexts": contexts,
-        "rounds": rounds,
-        "decode_tokens": decode_tokens,
-        "model": model,
-        "seed": seed,
-        "corpus": corpus,
-        "labels": labels,
-        "hosts": hosts,
-        "rounds_per_process": rounds_per_process,
-        "fresh_process": fresh_process,
-        "precision": precision,
-        "until": until,
-        "budget_minutes": budget_minutes,
-        "range": commit_range,
-        "every": every,
-        "last": last,
-        "good": good,
-        "bad": bad,
-        "direction": direction,
-        "base": base,
-        "head": head,
-        "alone": alone,
-    }
     if pull_request is not None:
         job_id = _ask_for_pull_request(api, key, pull_request, given, problems)
     else:
         try:
             spec = build_job_spec(given)
         except JobOptionsError as error:
-            problems += problem_lines(error, {"repository": "--repo"})
+            problems += problem_lines(error)
         _exit_on(problems)
         job_id = _post_json(
-            api, key or "", f"{API_PREFIX}/jobs", service_payload(spec, rounds=rounds)
+            api, key or "", f"{API_PREFIX}/jobs", service_payload(spec, rounds=given["rounds"])
         )
     typer.echo(f"job {job_id} submitted: {api.rstrip('/')}/jobs/{job_id}")
     if wait:
         _wait_for_evidence(api, key or "", job_id, timeout_s)
-
-
-# What the service sets for a pull request: its configured repository and the PR's commits.
-_SET_BY_THE_PULL_REQUEST = {
-    "repository": "--repo",
-    "adapter": "--adapter",
-    "variants": "--variant",
-    "range": "--range",
-    "every": "--every",
-    "last": "--last",
-    "good": "--good",
-    "bad": "--bad",
-    "direction": "--direction",
-    "fresh_process": "--fresh-process",
-}
 
 
 def _exit_on(problems: list[str]) -> None:
@@ -154,8 +86,9 @@ def _ask_for_pull_request(
     """Ask the service for a pull request's job (it reads the PR's commits from GitHub and
     builds the spec with the same builder); the job's id, or exit with the refusals."""
     problems += [
-        f"{flag}: the service sets it from the pull request; leave it out with --pr"
-        for name, flag in _SET_BY_THE_PULL_REQUEST.items()
+        f"{JOB_OPTIONS[name].flag}: the service sets it from the pull request; leave it out "
+        "with --pr"
+        for name in SET_BY_THE_PULL_REQUEST
         if given.get(name)
     ]
     _exit_on(problems)
@@ -164,7 +97,7 @@ def _ask_for_pull_request(
     options = {
         name: "true" if value is True else str(value)
         for name, value in given.items()
-        if value is not None and value is not False and name not in _SET_BY_THE_PULL_REQUEST
+        if value is not None and value is not False and name not in SET_BY_THE_PULL_REQUEST
     }
     body = {"pull_request": pull_request, "options": options}
     return _post_json(api, key or "", f"{API_PREFIX}/github/pulls", body)

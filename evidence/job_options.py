@@ -17,11 +17,12 @@ that is the budget.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, get_args
+from typing import Annotated, Any, Final, TypeVar, get_args
 
 from pydantic import ValidationError
 
@@ -30,8 +31,10 @@ from coldbench.evidence.schemas import (
     REF_PATTERN,
     JobSpec,
     Mode,
+    Residency,
     SpecError,
     SpecLimits,
+    Until,
 )
 from coldbench.evidence.spec_text import (
     TARGET_KEYS,
@@ -70,6 +73,20 @@ class JobOption:
     modes: tuple[str, ...] = MODES
     # What the help says the default is (None: no default worth saying).
     default_text: str | None = None
+    # Offered where a service runs the job (`coldbench submit`, the form, a pull request) and
+    # where this machine runs it (`coldbench run`).
+    service: bool = True
+    local: bool = True
+
+    @property
+    def switch(self) -> bool:
+        """An on/off flag: given by its presence, no value."""
+        return self.name in ("fresh_process", "alone")
+
+    @property
+    def repeated(self) -> bool:
+        """Given once per item (`--variant a --variant b`)."""
+        return self.name == "variants"
 
     def belongs_to(self, mode: str) -> bool:
         return mode in self.modes
@@ -178,9 +195,15 @@ JOB_OPTIONS: Final = _options(
         "--labels",
         "Host labels the job needs, comma-separated.",
         metavar="LABEL,...",
+        local=False,
     ),
     JobOption(
-        "hosts", "--hosts", "Reproductions on this many distinct hosts.", "N", default_text="1"
+        "hosts",
+        "--hosts",
+        "Reproductions on this many distinct hosts.",
+        "N",
+        default_text="1",
+        local=False,
     ),
     JobOption(
         "fresh_process",
@@ -200,6 +223,15 @@ JOB_OPTIONS: Final = _options(
         "Verdict precision: 'no established change' needs the interval inside 1 +- this.",
         "FRACTION",
         default_text="0.02",
+    ),
+    JobOption(
+        "residency",
+        "--residency",
+        "auto: the variants' processes are resident side by side where every context fits them "
+        "together (the memory guard's estimates), else in turns, one resident at a time; "
+        "side-by-side or in-turns to choose.",
+        "|".join(get_args(Residency)),
+        default_text="auto",
     ),
     JobOption(
         "range",
@@ -222,6 +254,9 @@ JOB_OPTIONS: Final = _options(
         "An explicit list of commits REF,REF,...; the first is the reference.",
         "REF,REF,...",
         modes=HISTORY_MODES,
+        # `coldbench run` pins them in its mirror first; a service job names them as variants
+        # (NAME:ref=COMMIT), which its host checks out as they are.
+        service=False,
     ),
     JobOption("good", "--good", "A ref that is not yet changed.", "REF", modes=BISECT_MODES),
     JobOption("bad", "--bad", "A ref that is changed.", "REF", modes=BISECT_MODES),
@@ -337,6 +372,13 @@ def _bool(build: _Build, name: str, value: Any) -> bool | None:
         return False
     build.add(name, f"{value!r}: give true or false")
     return None
+
+
+def _choice(build: _Build, name: str, value: Any, choices: Sequence[str]) -> str:
+    text = str(value).strip()
+    if text not in choices:
+        build.add(name, f"{text!r}: give {', '.join(choices[:-1])} or {choices[-1]}", name)
+    return text
 
 
 def _texts(value: Any) -> list[str]:
@@ -518,8 +560,9 @@ def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
             number_value = _float(build, name, given[name])
             if number_value is not None:
                 raw[name] = number_value
-    if _given(given.get("until")):
-        raw["until"] = str(given["until"]).strip()
+    for name, choices in (("until", get_args(Until)), ("residency", get_args(Residency))):
+        if _given(given.get(name)):
+            raw[name] = _choice(build, name, given[name], choices)
     if _given(given.get("fresh_process")):
         raw["fresh_process"] = _bool(build, "fresh_process", given["fresh_process"]) or False
     for name in ("model", "corpus"):
@@ -773,9 +816,91 @@ def typer_option(name: str, *, help: str | None = None, default_text: str | None
 
     option = JOB_OPTIONS[name]
     text = option.help_text(default_text) if help is None else help
-    if name in ("fresh_process", "alone"):  # on/off flags, no value
+    if option.switch:
         return typer.Option(option.flag, help=text)
     return typer.Option(option.flag, help=text, metavar=option.metavar, show_default=False)
+
+
+# What a service sets for a pull request's job: its configured repository and adapter, and the
+# variants from the pull request's commits.
+SET_BY_THE_PULL_REQUEST: Final = (
+    "repository",
+    "adapter",
+    "variants",
+    "range",
+    "every",
+    "last",
+    "good",
+    "bad",
+    "direction",
+    "fresh_process",
+)
+
+
+def service_options() -> list[str]:
+    """The options a service's front ends offer (`coldbench submit`, the form)."""
+    return [name for name, option in JOB_OPTIONS.items() if option.service]
+
+
+def local_options() -> list[str]:
+    """The options `coldbench run` offers."""
+    return [name for name, option in JOB_OPTIONS.items() if option.local]
+
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def with_job_options(
+    names: Sequence[str],
+    *,
+    help: Mapping[str, str] | None = None,
+    defaults: Mapping[str, str] | None = None,
+) -> Callable[[_Command], _Command]:
+    """A Typer command's decorator: each job option of `names` becomes an option of the
+    command, made from `JOB_OPTIONS` (flag, help, metavar), and the command is called with
+    what was given as `given` (option name -> the text typed, a list for `--variant`, a bool
+    for an on/off flag; None: not given), ready for `build_job_spec`. `help` replaces an
+    option's help where the command takes it its own way; `defaults` are the command's own
+    defaults, said in the help."""
+    import inspect
+
+    help, defaults = dict(help or {}), dict(defaults or {})
+    parameters = []
+    for name in names:
+        option = JOB_OPTIONS[name]
+        declared = typer_option(name, help=help.get(name), default_text=defaults.get(name))
+        kind: Any = bool if option.switch else (list[str] | None if option.repeated else str | None)
+        default: Any = False if option.switch else defaults.get(name)
+        parameters.append(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=default,
+                annotation=Annotated[kind, declared],
+            )
+        )
+
+    def decorate(command: _Command) -> _Command:
+        own = inspect.signature(command, eval_str=True)
+        if "given" not in own.parameters:
+            raise TypeError(f"{command.__name__} takes no `given` for its job options")
+        clash = sorted(set(names) & set(own.parameters))
+        if clash:
+            raise TypeError(f"{command.__name__}: {', '.join(clash)} are job options already")
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name, None) for name in names}
+            return command(*args, given=given, **kwargs)
+
+        kept = [p for p in own.parameters.values() if p.name != "given"]
+        signature = own.replace(parameters=[*kept, *parameters])
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+        del wrapper.__wrapped__  # typer reads the signature above, not the command's own
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def problem_lines(error: JobOptionsError, flags: Mapping[str, str] | None = None) -> list[str]:

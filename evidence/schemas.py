@@ -75,6 +75,9 @@ def default_adapter(repository: str | None) -> AdapterName:
 
 
 Until = Literal["rounds", "decided"]
+# Whether a run's variant processes are resident side by side or in turns (one at a time);
+# auto: the memory plan made before any timing decides (engine/memory.py).
+Residency = Literal["auto", "side-by-side", "in-turns"]
 # The repository name of `coldbench run --adapter openai-server` without `--repo`: the server the
 # orchestrating interpreter already has installed, one build for every variant, so no refs. A
 # host's agent still refuses a ref-less variant of any repository it builds (worker/run.py).
@@ -674,6 +677,8 @@ class JobSpec(_Strict):
     first_look: int | None = Field(None, ge=1, le=INT32_MAX)
     # With `until: decided`, a time budget too: the run stops at the first look after it.
     budget_minutes: float | None = Field(None, gt=0, le=10_080, allow_inf_nan=False)
+    # The variant processes side by side, in turns, or as the memory plan finds they fit.
+    residency: Residency = "auto"
     # Mode history: the first variant is the reference commit, the others the commits measured
     # against it, oldest first (evidence/history.py).
     history: HistorySpec | None = None
@@ -761,6 +766,12 @@ class JobSpec(_Strict):
             raise SpecError(
                 "rounds_per_process",
                 "fresh_process (a process per cell) and rounds_per_process exclude each other",
+            )
+        if self.fresh_process and self.residency != "auto":
+            raise SpecError(
+                "residency",
+                "fresh_process (a process per cell) keeps no process resident: leave residency "
+                "auto",
             )
 
     def _until_rules(self, names: list[str]) -> None:

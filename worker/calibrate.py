@@ -57,11 +57,12 @@ def calibration_spec(
     contexts: Sequence[int] | str,
     rounds: int | str,
     decode_tokens: int | str,
-    seed: int,
+    seed: int | str | None,
     base_flags: Mapping[str, FlagValue],
     planted_flags: Mapping[str, FlagValue],
     rounds_per_process: int | str | None,
     variants: int = 3,
+    residency: str | None = None,
 ) -> JobSpec:
     """One calibration run: `variants` identical variants and p with the planted flags. Built
     by the one builder (evidence/job_options.py): JobOptionsError names every bad option."""
@@ -76,6 +77,7 @@ def calibration_spec(
             "model": model,
             "seed": seed,
             "rounds_per_process": rounds_per_process,
+            "residency": residency,
         }
     )
 
@@ -141,7 +143,7 @@ def run_calibration(
     on_job: Callable[[str, int, int], None] | None = None,
     on_progress: Callable[[Any], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
-    residency: str = "auto",
+    residency: str | None = None,
 ) -> HostCalibration:
     """Every run, then the reduction (module docstring). Raises `coldbench.worker.run.RunRefused`
     for a run this host cannot do (unknown model, bad context); a run that fails is recorded."""
@@ -162,6 +164,7 @@ def run_calibration(
             planted_flags=planted_flags,
             rounds_per_process=rounds_per_process,
             variants=variants,
+            residency=residency,
         )
         if on_job is not None:
             on_job("run", index + 1, jobs)
@@ -178,7 +181,6 @@ def run_calibration(
             cell_timeout_s=cell_timeout_s,
             on_progress=on_progress,
             on_phase=on_phase,
-            residency=residency,
         )
         if bundles_dir is not None:
             from coldbench.evidence.bundle import write_folder

@@ -1,369 +1,64 @@
 """`coldbench run` (the whole matrix on this machine, no server), `coldbench reproduce` (a
-bundle's job again, from the bundle alone), `coldbench calibrate` and `coldbench worker`.
-
-`run` goes options -> spec (`_local_setup`: this machine's repository, model and corpus, then
-the one builder, evidence/job_options.py) -> measuring (`_measure`, or `_bisect` for its steps)
--> output (`_print_outcome`).
+bundle's job again, from the bundle alone), `coldbench calibrate` and `coldbench worker`: their
+command lines parsed here, the local runs' orchestration called in worker/local_run.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
-from coldbench.evidence.job_options import typer_option as spec_option
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from coldbench.evidence.schemas import HostNoise, JobSpec
-    from coldbench.evidence.summary_schema import Comparison
-    from coldbench.worker.config import RepositoryConfig
-    from coldbench.worker.run import RunOutcome
+from coldbench.evidence.job_options import local_options, with_job_options
+from coldbench.worker.local_run import (
+    LocalSetup,
+    ServerOptions,
+    fail,
+    fail_all,
+    local_model,
+    local_setup,
+    measure,
+    print_outcome,
+    run_locally,
+)
 
 app = typer.Typer(add_completion=False)
 
-RESIDENCY_OPTION = typer.Option(
-    help="auto (default): the variants' processes are resident side by side where every "
-    "context fits them together (the memory guard's estimates), else in turns, one resident "
-    "at a time; side-by-side or in-turns to choose."
-)
 
-
-def _check_residency(residency: str) -> None:
-    if residency not in ("auto", "side-by-side", "in-turns"):
-        _fail(f"--residency {residency!r}: give auto, side-by-side or in-turns")
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _fail_all(lines: Sequence[str], code: int = 2) -> NoReturn:
-    """Every problem found, one line each; the last line says how many."""
-    for line in lines:
-        typer.echo(f"error: {line}", err=True)
-    raise typer.Exit(code)
-
-
-def local_corpus(option: str) -> tuple[str, Path]:
-    """`--corpus NAME=FILE` or `--corpus FILE` -> (name, resolved file); ValueError."""
-    from coldbench.evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
-
-    name, sep, file = option.partition("=")
-    if not sep:
-        file = option
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(option).stem).strip("-.")[:56] or "corpus"
-    path = Path(file).expanduser().resolve()
-    if not re.fullmatch(CORPUS_NAME_PATTERN, name) or name == BUILTIN_CORPUS:
-        raise ValueError(
-            f"--corpus {option}: {name!r} is not a corpus name (letters, digits, _ . -)"
-        )
-    if not path.is_file():
-        raise ValueError(f"--corpus {option}: {path} is not a file")
-    return name, path
-
-
-def local_model(model: str) -> tuple[str, dict[str, Path]]:
-    """(the job's model name, this run's model table) for `--model DIR` or `preset:NAME`;
-    ValueError for a folder that is no checkpoint."""
-    if model.startswith("preset:"):
-        return model, {}
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"--model {model}: not a checkpoint folder (no config.json) and not preset:NAME"
-        )
-    # Jobs name models; a folder becomes a name of this run's own model table.
-    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.resolve().name).strip("-.") or "model"
-    return name, {name: path.resolve()}
-
-
-@dataclass
-class LocalSetup:
-    """What `coldbench run` measures: the spec and this machine's side of it."""
-
-    spec: JobSpec
-    repositories: dict[str, RepositoryConfig] = field(default_factory=dict)
-    models: dict[str, Path] = field(default_factory=dict)
-    corpora: dict[str, Path] = field(default_factory=dict)
-    model_argument: str | None = None  # `--model` as given, where it is a folder
-    corpus_argument: str | None = None
-
-
-@dataclass
-class ServerOptions:
-    """`coldbench run --adapter openai-server`: the server as worker.toml would declare it."""
-
-    command: str | None = None
-    options: list[str] = field(default_factory=list)
-    wipe: list[str] = field(default_factory=list)
-    first_token_timeout_s: float | None = None
-
-    def given(self) -> list[str]:
-        return [
-            flag
-            for flag, value in (
-                ("--server-command", self.command),
-                ("--option", self.options),
-                ("--wipe", self.wipe),
-                ("--first-token-timeout-s", self.first_token_timeout_s),
-            )
-            if value
-        ]
-
-
-def _local_repository(
-    adapter: str | None,
-    repo: Path | None,
-    module: str | None,
-    server: ServerOptions,
-    problems: list[str],
-) -> RepositoryConfig | None:
-    """The repository `--repo` (or `--server-command`) names on this machine, or None."""
-    from coldbench.worker.config import ConfigError, local_repository, server_repository
-
-    if adapter == "openai-server" and server.command is None:
-        problems.append("--adapter openai-server needs --server-command (with {port})")
-        return None
-    if adapter != "openai-server" and server.given():
-        problems.append(f"{', '.join(server.given())}: only with --adapter openai-server")
-    try:
-        if adapter == "openai-server":
-            return server_repository(
-                server_command=server.command or "",
-                options=server.options,
-                wipe=server.wipe,
-                first_token_timeout_s=server.first_token_timeout_s,
-                repo=repo,
-                module=module,
-            )
-        if repo is not None and adapter in (None, "embedded", "mlx-lm"):
-            return local_repository(repo, module=module, adapter=adapter or "mlx-lm")
-    except ConfigError as error:
-        problems.append(str(error))
-    return None
-
-
-def _pinned_commits(
-    repository: RepositoryConfig, commits: str, state_dir: Path, problems: list[str]
-) -> list[str] | None:
-    """`--commits REF,REF,...` as the commits they name in the repository's mirror."""
-    from coldbench.worker.checkout import CheckoutError, resolve_ref, update_mirror
-
-    try:
-        mirror = update_mirror(repository, state_dir=state_dir)
-        return [resolve_ref(mirror, ref) for ref in commits.split(",") if ref.strip()]
-    except CheckoutError as error:
-        problems.append(f"--commits: {error}")
-        return None
-
-
-def _local_setup(
-    given: dict[str, Any],
-    *,
-    model: str | None,
-    corpus: str | None,
-    repo: Path | None,
-    module: str | None,
-    server: ServerOptions,
-    state_dir: Path,
-) -> LocalSetup:
-    """Options -> spec: this machine's model, corpus and repository, then the one builder.
-    Exits with every problem found, one line each."""
-    from coldbench.evidence.job_options import JobOptionsError, build_job_spec, problem_lines
-    from coldbench.evidence.schemas import INSTALLED_SERVER
-
-    problems: list[str] = []
-    setup_models: dict[str, Path] = {}
-    model_argument = None
-    if model is not None:
-        try:
-            given["model"], setup_models = local_model(model)
-            model_argument = model if setup_models else None
-        except ValueError as error:
-            problems.append(str(error))
-    corpora: dict[str, Path] = {}
-    if corpus is not None:
-        try:
-            given["corpus"], corpus_file = local_corpus(corpus)
-            corpora[given["corpus"]] = corpus_file
-        except ValueError as error:
-            problems.append(str(error))
-    adapter = given.get("adapter")
-    repository = _local_repository(adapter, repo, module, server, problems)
-    repositories = {repository.name: repository} if repository is not None else {}
-    if repository is not None:
-        given["repository"] = repository.name
-    elif adapter == "openai-server":
-        given["repository"] = INSTALLED_SERVER  # what is missing is said above
-    elif repo is not None:
-        given["repository"] = repo.name  # the problem with it is said above
-    if given.get("commits") and given.get("mode") == "history" and repository is not None:
-        pinned = _pinned_commits(repository, given["commits"], state_dir, problems)
-        given["commits"] = ",".join(pinned) if pinned is not None else None
-    try:
-        spec = build_job_spec(given)
-    except JobOptionsError as error:
-        problems += problem_lines(error)
-    if problems:
-        _fail_all(problems)
-    return LocalSetup(
-        spec=spec,
-        repositories=repositories,
-        models=setup_models,
-        corpora=corpora,
-        model_argument=model_argument,
-        corpus_argument=corpus,
-    )
-
-
-def _bisect(
-    setup: LocalSetup, *, out: Path | None, state_dir: Path, cell_timeout_s: float, console: Any
-) -> None:
-    """Halve good..bad by paired lo/mid/hi steps, each its own run and bundle under `out`
-    (step-01, step-02, ...); the last step's evidence names the result. The steps, decisions
-    and halving are evidence/bisect.py's, as the service's (api/jobs/bisect.py)."""
-    from coldbench.evidence.bisect import bisect_sentences, next_line, step_spec
-    from coldbench.evidence.bundle import write_folder, zip_bytes
-    from coldbench.evidence.history import plural
-    from coldbench.evidence.schemas import BisectStep
-    from coldbench.worker.fingerprint import host_fingerprint, host_labels
-    from coldbench.worker.run import RunRefused, execute_run
-
-    spec = setup.spec
-    started = datetime.now(UTC)
-    out = out or Path(f"bisect-{started:%Y%m%dT%H%M%S}")
-    if out.exists() and any(out.iterdir()):
-        _fail(f"--out {out}: folder exists and is not empty; choose a new one")
-    host = host_fingerprint()
-    steps: list[BisectStep] = []
-    while True:
-        name = f"step-{len(steps) + 1:02d}"
-        run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}-{name}"
-        try:
-            outcome = execute_run(
-                spec,
-                run_id=run_id,
-                workdir=state_dir / "runs" / run_id,
-                state_dir=state_dir,
-                host=host,
-                labels=host_labels(host, []),
-                repositories=setup.repositories,
-                models=setup.models,
-                corpora=setup.corpora,
-                command=None,
-                cell_timeout_s=cell_timeout_s,
-            )
-        except RunRefused as error:
-            _fail(str(error))
-        folder = write_folder(out / name, outcome.files)
-        folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
-        if outcome.status != "succeeded" or not outcome.summary or outcome.spec is None:
-            _fail(f"{name} failed: {outcome.reason} (bundle {folder})", code=1)
-        ran = outcome.spec.bisect
-        assert ran is not None and ran.line is not None  # resolved by execute_run
-        lo, mid, hi = ran.step_commits()
-        console.print(
-            f"{name}: {lo[:10]} .. {mid[:10] + ' .. ' if mid else ''}{hi[:10]} "
-            f"({plural(len(ran.line) - 1, 'commit')} apart)"
-        )
-        section = outcome.summary.bisect
-        if section is None:
-            _fail(f"{name}'s summary has no bisect section (bundle {folder})", code=1)
-        console.print(f"  {section.decision}: {section.why}")
-        steps.append(
-            BisectStep(
-                lo=lo,
-                mid=mid,
-                hi=hi,
-                decision=section.decision,
-                evidence_id=outcome.evidence_id or "0" * 24,
-                location=f"../{name}/report.html",
-            )
-        )
-        line = next_line(ran.line, section.decision)
-        if line is None:
-            break
-        spec = step_spec(outcome.spec, line, steps)
-    for sentence in bisect_sentences(section):
-        typer.echo(sentence)
-    typer.echo(f"evidence {outcome.evidence_id}")
-    typer.echo(f"bundle {folder.resolve()}")
-
-
-def _verdict_table(
-    rows: Sequence[Comparison],
-    title: str = "prefill: variant vs baseline (paired, same prompts)",
-) -> Any:
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in ("context", "variant", "n", "ratio", "95% joint interval", "verdict"):
-        table.add_column(column)
-    for row in rows:
-        ratio, low, high = row.ratio_median, row.ci_low, row.ci_high
-        table.add_row(
-            str(row.context_tokens),
-            f"{row.variant} / {row.baseline}",
-            str(row.n),
-            "-" if ratio is None else f"{ratio:.3f}",
-            "-" if low is None or high is None else f"[{low:.3f}, {high:.3f}]",
-            str(row.verdict),
-        )
-    return table
+# `coldbench run`'s job options: the table's, but for a service's own (labels, hosts) and
+# `--repo`, a folder of this machine here (worker/local_run.py).
+RUN_OPTIONS = [name for name in local_options() if name != "repository"]
 
 
 @app.command("run")
+@with_job_options(
+    RUN_OPTIONS,
+    help={
+        "model": "A checkpoint folder or preset:NAME. Default: preset:tiny.",
+        "corpus": "Prompts from this UTF-8 text file instead of the built-in corpus: "
+        "NAME=FILE or FILE (named after the file).",
+        "recipe": "Build recipe for --repo variants: editable (default) or, for --adapter "
+        "embedded, offline (installs nothing: no package index needed).",
+        "adapter": "mlx-lm (--repo, the default with it), embedded (without --repo: this "
+        "engine; with it: a checkout of coldbench whose engine/ each variant runs) or "
+        "openai-server (--server-command, with or without --repo).",
+    },
+)
 def run(
-    model: Annotated[
-        str | None,
-        spec_option("model", help="A checkpoint folder or preset:NAME. Default: preset:tiny."),
-    ] = None,
-    contexts: Annotated[str | None, spec_option("contexts")] = None,
-    rounds: Annotated[str | None, spec_option("rounds")] = None,
-    decode_tokens: Annotated[str | None, spec_option("decode_tokens")] = None,
-    variant: Annotated[list[str] | None, spec_option("variants")] = None,
-    seed: Annotated[str | None, spec_option("seed")] = None,
+    given: dict[str, Any],
     out: Annotated[
         Path | None,
         typer.Option(help="Bundle folder to write (new; default: evidence-local-<time>)."),
     ] = None,
-    mode: Annotated[str | None, spec_option("mode")] = None,
-    features: Annotated[str | None, spec_option("features")] = None,
     repo: Annotated[
         Path | None, typer.Option(help="A git repository of the engine (mlx-lm or a fork).")
-    ] = None,
-    recipe: Annotated[
-        str | None,
-        spec_option(
-            "recipe",
-            help="Build recipe for --repo variants: editable (default) or, for --adapter "
-            "embedded, offline (installs nothing: no package index needed).",
-        ),
     ] = None,
     module: Annotated[
         str | None,
         typer.Option(help="Engine module of --repo (default: mlx_lm, or engine for embedded)."),
-    ] = None,
-    adapter: Annotated[
-        str | None,
-        spec_option(
-            "adapter",
-            help="mlx-lm (--repo, the default with it), embedded (without --repo: this "
-            "engine; with it: a checkout of coldbench whose engine/ each variant runs) or "
-            "openai-server (--server-command, with or without --repo).",
-        ),
     ] = None,
     server_command: Annotated[
         str | None,
@@ -388,32 +83,10 @@ def run(
         float | None,
         typer.Option(min=0.001, help="openai-server: seconds to the first token (default 300)."),
     ] = None,
-    fresh_process: Annotated[bool, spec_option("fresh_process")] = False,
-    rounds_per_process: Annotated[str | None, spec_option("rounds_per_process")] = None,
-    precision: Annotated[str | None, spec_option("precision")] = None,
-    until: Annotated[str | None, spec_option("until")] = None,
-    budget_minutes: Annotated[str | None, spec_option("budget_minutes")] = None,
-    commit_range: Annotated[str | None, spec_option("range")] = None,
-    every: Annotated[str | None, spec_option("every")] = None,
-    last: Annotated[str | None, spec_option("last")] = None,
-    commits: Annotated[str | None, spec_option("commits")] = None,
-    good: Annotated[str | None, spec_option("good")] = None,
-    bad: Annotated[str | None, spec_option("bad")] = None,
-    direction: Annotated[str | None, spec_option("direction")] = None,
-    base: Annotated[str | None, spec_option("base")] = None,
-    head: Annotated[str | None, spec_option("head")] = None,
-    alone: Annotated[bool, spec_option("alone")] = False,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[
         Path, typer.Option(help="Mirrors, worktrees, build venvs and spools.")
     ] = Path(".coldbench"),
-    corpus: Annotated[
-        str | None,
-        typer.Option(
-            help="Prompts from this UTF-8 text file instead of the built-in corpus: "
-            "NAME=FILE or FILE (named after the file)."
-        ),
-    ] = None,
     prespawn: Annotated[
         bool | None,
         typer.Option(
@@ -429,7 +102,6 @@ def run(
             "statistics follow its noise (default: rounds // 12 and a unit per process pair).",
         ),
     ] = None,
-    residency: Annotated[str, RESIDENCY_OPTION] = "auto",
 ) -> None:
     """Run the cold-prefill matrix on this machine and write a checksummed evidence bundle.
 
@@ -442,37 +114,8 @@ def run(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
     state_dir = state_dir.resolve()
-    given: dict[str, Any] = {
-        "mode": mode,
-        "adapter": adapter,
-        "variants": variant,
-        "recipe": recipe,
-        "features": features,
-        "contexts": contexts,
-        "rounds": rounds,
-        "decode_tokens": decode_tokens,
-        "seed": seed,
-        "fresh_process": fresh_process,
-        "rounds_per_process": rounds_per_process,
-        "precision": precision,
-        "until": until,
-        "budget_minutes": budget_minutes,
-        "range": commit_range,
-        "every": every,
-        "last": last,
-        "commits": commits,
-        "good": good,
-        "bad": bad,
-        "direction": direction,
-        "base": base,
-        "head": head,
-        "alone": alone,
-    }
-    _check_residency(residency)
-    setup = _local_setup(
+    setup = local_setup(
         given,
-        model=model,
-        corpus=corpus,
         repo=repo,
         module=module,
         server=ServerOptions(
@@ -480,210 +123,15 @@ def run(
         ),
         state_dir=state_dir,
     )
-    if setup.spec.mode == "bisect":
-        _bisect(setup, out=out, state_dir=state_dir, cell_timeout_s=cell_timeout_s, console=console)
-        return
-    noise = None
-    if calibration is not None:
-        from coldbench.worker.config import ConfigError, load_noise
-
-        try:
-            noise = load_noise(calibration)
-        except ConfigError as error:
-            _fail(f"--calibration: {error}")
-    setup.spec = _checked_on_this_host(setup, state_dir)
-    run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}"
-    out = out or Path(f"evidence-{run_id}")
-    if out.exists() and any(out.iterdir()):
-        _fail(f"--out {out}: folder exists and is not empty; choose a new one")
-    outcome = _measure(
+    run_locally(
         setup,
-        run_id=run_id,
+        out=out,
         state_dir=state_dir,
         cell_timeout_s=cell_timeout_s,
         console=console,
         prespawn=prespawn,
-        noise=noise,
-        residency=residency,
+        calibration=calibration,
     )
-    _print_outcome(outcome, out)
-
-
-def _checked_on_this_host(setup: LocalSetup, state_dir: Path) -> JobSpec:
-    """The spec as this machine runs it: a range resolved in the mirror, then the host's own
-    checks (flags the adapter knows, options the declarations allow, the corpus), before
-    anything is built or measured. Warns when a resolved range's rounds cannot conclude."""
-    from coldbench.evidence.stats import too_few_rounds
-    from coldbench.worker.checkout import CheckoutError
-    from coldbench.worker.config import ConfigError
-    from coldbench.worker.run import check_job, resolve_on_host
-
-    try:
-        spec = resolve_on_host(setup.spec, setup.repositories, state_dir=state_dir)
-        check_job(spec, setup.repositories, setup.corpora)
-    except (ValueError, ConfigError, CheckoutError) as error:
-        _fail(str(error))
-    warning = too_few_rounds(spec)
-    if warning:
-        typer.echo(f"warning: {warning}", err=True)
-    return spec
-
-
-def _measure(
-    setup: LocalSetup,
-    *,
-    run_id: str,
-    state_dir: Path,
-    cell_timeout_s: float,
-    console: Any,
-    prespawn: bool | None = None,
-    noise: HostNoise | None = None,
-    residency: str = "auto",
-    extra_files: dict[str, bytes] | None = None,
-) -> RunOutcome:
-    """The run itself, with a live bar on a terminal or a line per cell elsewhere."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    from coldbench.worker.fingerprint import host_fingerprint, host_labels
-    from coldbench.worker.run import RunRefused, execute_run
-    from coldbench.worker.variants import Progress as CellProgress
-
-    workdir = state_dir / "runs" / run_id
-    host = host_fingerprint()
-    # A live bar only where someone watches a terminal; redirected to a file (nohup, CI, an ssh
-    # log) a bar is drawn once at the end, so a run of hours would show nothing until then:
-    # there each phase and each finished cell is one plain line instead.
-    live = console.is_terminal
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[left]}"),
-        console=console,
-        transient=False,
-        disable=not live,
-    ) as bar:
-        task = bar.add_task("preparing", total=None, left="")
-        cells_printed = 0
-
-        def on_phase(text: str) -> None:
-            bar.update(task, description=text)
-            if not live:
-                console.print(text, highlight=False)
-
-        def on_progress(progress: CellProgress) -> None:
-            nonlocal cells_printed
-            where = (
-                f"{progress.variant} @ {progress.context_tokens} tokens"
-                if progress.variant
-                else "done"
-            )
-            left = "" if progress.eta_s is None else f"~{progress.eta_s:.0f} s left"
-            if progress.invalid:
-                left += f"  ({len(progress.invalid)} not ok)"
-            bar.update(
-                task,
-                description=where,
-                total=progress.cells_total,
-                completed=progress.cells_done,
-                left=left,
-            )
-            # A cell reports as it starts and as it ends: a line for each one ended.
-            if not live and progress.cells_done not in (0, cells_printed):
-                cells_printed = progress.cells_done
-                console.print(
-                    f"{progress.cells_done}/{progress.cells_total} cells done, last {where}"
-                    + (f" ({left.strip()})" if left else ""),
-                    highlight=False,
-                )
-
-        stop = StopRequest(on_first=lambda: on_phase("stopping: writing what was measured"))
-        try:
-            with stop.installed():
-                return execute_run(
-                    setup.spec,
-                    run_id=run_id,
-                    workdir=workdir,
-                    state_dir=state_dir,
-                    host=host,
-                    labels=host_labels(host, []),
-                    repositories=setup.repositories,
-                    models=setup.models,
-                    corpora=setup.corpora,
-                    local_arguments=_local_arguments(setup),
-                    cell_timeout_s=cell_timeout_s,
-                    on_progress=on_progress,
-                    on_phase=on_phase,
-                    should_stop=stop.is_set,
-                    prespawn=prespawn,
-                    noise=noise,
-                    residency=residency,
-                    extra_files=extra_files,
-                )
-        except RunRefused as error:
-            bar.stop()
-            _fail(str(error))
-        except KeyboardInterrupt:
-            bar.stop()
-            console.print(f"interrupted; records so far are in {workdir}")
-            raise typer.Exit(130) from None
-
-
-def _local_arguments(setup: LocalSetup) -> dict[str, str]:
-    """The reproduce command's arguments for what only this machine names: a model folder and
-    a corpus file (a host's names would mean nothing to `coldbench run`)."""
-    arguments = {}
-    if setup.model_argument is not None:
-        arguments["--model"] = str(Path(setup.model_argument).expanduser().resolve())
-    if setup.corpus_argument is not None:
-        name, path = local_corpus(setup.corpus_argument)
-        arguments["--corpus"] = f"{name}={path}"
-    return arguments
-
-
-def _print_outcome(outcome: RunOutcome, out: Path) -> None:
-    """The bundle written to `out`, its verdicts, where it is; exit 1 when the run failed."""
-    from rich.console import Console
-
-    from coldbench.evidence.bundle import write_folder, zip_bytes
-
-    folder = write_folder(out, outcome.files)
-    folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
-    out_console = Console()
-    if outcome.summary and outcome.summary.history:
-        from coldbench.evidence.history import history_sentences
-
-        for sentence in history_sentences(outcome.summary.history):
-            out_console.print(sentence)
-    elif outcome.summary and outcome.summary.commits:
-        from coldbench.evidence.commits import commits_sentences
-
-        for sentence in commits_sentences(outcome.summary.commits):
-            out_console.print(sentence, soft_wrap=True)
-    elif outcome.summary:
-        from coldbench.evidence.markdown import noise_floor_text, time_spent_lines
-
-        out_console.print(_verdict_table(outcome.summary.comparisons))
-        floor = noise_floor_text(outcome.summary)
-        if floor:
-            out_console.print(floor, soft_wrap=True)
-        for line in time_spent_lines(outcome.summary):
-            out_console.print(line, soft_wrap=True, highlight=False)
-        entries = outcome.summary.ablation.entries if outcome.summary.ablation else []
-        if entries:
-            title = "ablation: all vs all-minus-<feature> (contributions are not additive)"
-            out_console.print(_verdict_table(entries, title))
-        invalid = outcome.summary.invalid.total
-        if invalid:
-            out_console.print(f"{invalid} cells not ok (see summary.md)")
-    # Whole lines, never wrapped at the terminal's width: scripts and people copy them.
-    out_console.print(f"evidence {outcome.evidence_id}", soft_wrap=True)
-    out_console.print(f"bundle {folder.resolve()}", soft_wrap=True)
-    if outcome.stopped:
-        typer.echo(f"stopped: {outcome.reason}; the bundle holds what was measured", err=True)
-        raise typer.Exit(130)
-    if outcome.status != "succeeded":
-        _fail(f"run failed: {outcome.reason}", code=1)
 
 
 @app.command("reproduce")
@@ -766,11 +214,11 @@ def reproduce(
             original, state_dir=state_dir, repo=repo, model=model, corpus=corpus
         )
     except (CompareError, ReproductionRefused) as error:
-        _fail_all([f"cannot reproduce: {line}" for line in str(error).splitlines()])
+        fail_all([f"cannot reproduce: {line}" for line in str(error).splitlines()])
     run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     out = out or Path(f"reproduction-{plan.evidence_id[:12]}-{run_id.removeprefix('local-')}")
     if out.exists() and any(out.iterdir()):
-        _fail(f"--out {out}: folder exists and is not empty; choose a new one")
+        fail(f"--out {out}: folder exists and is not empty; choose a new one")
     console.print(
         f"reproducing evidence {plan.evidence_id} ({plan.spec.mode}, job pinned to "
         "the commits it measured)",
@@ -784,7 +232,7 @@ def reproduce(
         model_argument=str(model) if model is not None else None,
         corpus_argument=f"{plan.spec.corpus}={corpus}" if corpus is not None else None,
     )
-    outcome = _measure(
+    outcome = measure(
         setup,
         run_id=run_id,
         state_dir=state_dir,
@@ -802,7 +250,7 @@ def reproduce(
         except CompareError as error:
             lines = [f"not compared: {error}"]
     try:
-        _print_outcome(outcome, out)
+        print_outcome(outcome, out)
     finally:
         for line in lines:
             typer.echo(line)
@@ -852,41 +300,18 @@ def _upload_reproduction(agent: Any, bundle: Path, api: str | None) -> None:
     )
 
 
-class StopRequest:
-    """SIGINT and SIGTERM as a stop request: the first one asks the run to stop (its processes
-    are killed, what was measured becomes the bundle), a second one interrupts at once."""
-
-    def __init__(self, on_first: Callable[[], None] | None = None) -> None:
-        self._event = threading.Event()
-        self._on_first = on_first
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def _handle(self, _signum: int, _frame: object) -> None:
-        if self._event.is_set():
-            raise KeyboardInterrupt
-        self._event.set()
-        if self._on_first is not None:
-            self._on_first()
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in previous:
-            signal.signal(sig, self._handle)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
 @app.command("calibrate")
+@with_job_options(
+    ["model", "contexts", "rounds", "rounds_per_process", "decode_tokens", "seed", "residency"],
+    help={
+        "model": "A checkpoint folder or preset:NAME. Default: preset:tiny.",
+        "rounds": "Rounds of every job. Default: 24.",
+        "seed": "Seed of the first job (then +1 per job). Default: 0.",
+    },
+    defaults={"model": "preset:tiny", "contexts": "256", "rounds": "24", "decode_tokens": "2"},
+)
 def calibrate(
+    given: dict[str, Any],
     planted_step: Annotated[
         int | None,
         typer.Option(
@@ -895,11 +320,6 @@ def calibrate(
             "percent against --base-step at these contexts (required unless --merge).",
         ),
     ] = None,
-    model: Annotated[
-        str, spec_option("model", help="A checkpoint folder or preset:NAME. Default: preset:tiny.")
-    ] = "preset:tiny",
-    contexts: Annotated[str, spec_option("contexts", default_text="256")] = "256",
-    rounds: Annotated[int, spec_option("rounds", help="Rounds of every job. Default: 24.")] = 24,
     jobs: Annotated[
         int, typer.Option(min=1, max=100, help="A/A jobs, and as many planted-effect jobs.")
     ] = 10,
@@ -907,17 +327,12 @@ def calibrate(
         int | None,
         typer.Option(min=1, help="prefill_step_size of every other variant (default: stock)."),
     ] = None,
-    rounds_per_process: Annotated[int | None, spec_option("rounds_per_process")] = None,
-    decode_tokens: Annotated[int, spec_option("decode_tokens", default_text="2")] = 2,
     variants: Annotated[
         int,
         typer.Option(
             min=2, max=3, help="Variants per job: 3 (a, b, c) as the targets are set, or 2."
         ),
     ] = 3,
-    seed: Annotated[
-        int, spec_option("seed", help="Seed of the first job (then +1 per job). Default: 0.")
-    ] = 0,
     out: Annotated[Path, typer.Option(help="The result file (JSON).")] = Path("calibration.json"),
     bundles: Annotated[
         Path | None, typer.Option(help="Keep every job's evidence bundle in this folder.")
@@ -937,7 +352,6 @@ def calibrate(
     ] = None,
     cell_timeout_s: Annotated[float, typer.Option(min=1.0, help="Seconds per cell.")] = 600.0,
     state_dir: Annotated[Path, typer.Option(help="Spools of the jobs' runs.")] = Path(".coldbench"),
-    residency: Annotated[str, RESIDENCY_OPTION] = "auto",
     force: Annotated[
         bool,
         typer.Option(
@@ -962,15 +376,14 @@ def calibrate(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
     if out.exists() and out.is_dir():
-        _fail(f"--out {out}: is a folder; give a file name")
-    _check_residency(residency)
+        fail(f"--out {out}: is a folder; give a file name")
     if bundles is not None and bundles.exists() and any(bundles.iterdir()) and not force:
-        _fail(
+        fail(
             f"--bundles {bundles}: folder exists and is not empty; choose a new one (or "
             "--force to replace it)"
         )
     if api is not None and not re.fullmatch(r"https?://[^\s]+", api):
-        _fail(f"--api {api!r}: give an http:// or https:// URL")
+        fail(f"--api {api!r}: give an http:// or https:// URL")
     agent = None
     if api is not None:  # before hours of measuring: the secret must be there
         from coldbench.worker.agent import Agent, AgentError
@@ -980,7 +393,7 @@ def calibrate(
             agent = Agent(api, load_host_config(config))
             agent.load_secret()
         except (ConfigError, AgentError) as error:
-            _fail(str(error))
+            fail(str(error))
     if merge:
         from pydantic import ValidationError
 
@@ -992,34 +405,29 @@ def calibrate(
                 loaded.append(HostCalibration.model_validate_json(path.read_bytes()))
             except (OSError, ValidationError) as error:
                 detail = " ".join(str(error).split())[:200]
-                _fail(f"--merge {path}: not a calibration result ({detail})")
+                fail(f"--merge {path}: not a calibration result ({detail})")
         try:
             result = merge_calibrations(loaded)
         except ValueError as error:
-            _fail(str(error))
+            fail(str(error))
         _finish_calibration(result, out, agent, api)
         return
     if planted_step is None:
-        _fail("--planted-step: give the planted variant's chunk width (or --merge FILES)")
+        fail("--planted-step: give the planted variant's chunk width (or --merge FILES)")
     try:
-        model_name, models = local_model(model)
+        model_name, models = local_model(given["model"])
     except ValueError as error:
-        _fail(str(error))
+        fail(str(error))
     base_flags = {} if base_step is None else {"prefill_step_size": base_step}
     try:  # every job's spec is this one's but for its seed: its problems, all at once
         first = calibration_spec(
-            model=model_name,
-            contexts=contexts,
-            rounds=rounds,
-            decode_tokens=decode_tokens,
-            seed=seed,
+            **{**given, "model": model_name},
             base_flags=base_flags,
             planted_flags={"prefill_step_size": planted_step},
-            rounds_per_process=rounds_per_process,
             variants=variants,
         )
     except JobOptionsError as error:
-        _fail_all(problem_lines(error))
+        fail_all(problem_lines(error))
     host = host_fingerprint()
 
     def on_job(_kind: str, index: int, total: int) -> None:
@@ -1039,13 +447,13 @@ def calibrate(
             model=model_name,
             models=models,
             contexts=first.contexts,
-            rounds=rounds,
+            rounds=first.rounds,
             jobs=jobs,
             planted_flags={"prefill_step_size": planted_step},
             base_flags=base_flags,
-            decode_tokens=decode_tokens,
-            seed=seed,
-            rounds_per_process=rounds_per_process,
+            decode_tokens=first.decode_tokens,
+            seed=first.seed,
+            rounds_per_process=first.rounds_per_process,
             variants=variants,
             state_dir=state_dir.resolve(),
             host=host,
@@ -1054,15 +462,15 @@ def calibrate(
             cell_timeout_s=cell_timeout_s,
             on_job=on_job,
             on_phase=on_phase,
-            residency=residency,
+            residency=first.residency,
         )
     except (RunRefused, ValueError) as error:
-        _fail(str(error).splitlines()[0])
+        fail(str(error).splitlines()[0])
     if not any(c.n for job in result.jobs for c in job.comparisons):
         # nothing a merge or `coldbench run --calibration` could take for this host's noise
         failed = [job for job in result.jobs if job.status != "succeeded"]
         why = f": {failed[0].reason}" if failed and failed[0].reason else ""
-        _fail(
+        fail(
             f"no calibration job produced statistics ({len(failed)} of {len(result.jobs)} "
             f"jobs failed{why}); no result written to {out}",
             code=1,
@@ -1087,7 +495,7 @@ def _finish_calibration(result: Any, out: Path, agent: Any, api: str | None) -> 
         try:
             agent.report_calibration(result)
         except AgentError as error:
-            _fail(f"result written, but not reported: {error}", code=1)
+            fail(f"result written, but not reported: {error}", code=1)
         typer.echo(f"reported to {api}")
 
 
@@ -1128,11 +536,11 @@ def worker(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not re.fullmatch(r"https?://[^\s]+", api):
-        _fail(f"--api {api!r}: give an http:// or https:// URL")
+        fail(f"--api {api!r}: give an http:// or https:// URL")
     try:
         host_config = load_host_config(config)
     except ConfigError as error:
-        _fail(str(error))
+        fail(str(error))
     options = AgentOptions(
         heartbeat_s=heartbeat_s,
         lease_wait_s=lease_wait_s,
@@ -1145,7 +553,7 @@ def worker(
     try:
         if enroll is not None:
             if not _valid_token(enroll):
-                _fail("--enroll: not an enrollment token (they look like cbe_...)")
+                fail("--enroll: not an enrollment token (they look like cbe_...)")
             secret = agent.enroll(enroll)
             typer.echo(
                 f"enrolled as {secret['worker_id']}; secret kept in {host_config.secret_path}",
@@ -1155,5 +563,5 @@ def worker(
             agent.load_secret()
         code = agent.run_forever()
     except AgentError as error:
-        _fail(str(error), code=1)
+        fail(str(error), code=1)
     raise typer.Exit(code)

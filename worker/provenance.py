@@ -288,14 +288,13 @@ def reproduce_command(
     repository: RepositoryConfig | None = None,
     commits: Mapping[str, str] | None = None,
     local_arguments: Mapping[str, str] | None = None,
-    residency: str = "auto",
 ) -> str:
     """The `coldbench run` line that repeats this run's plan on one machine: each variant at
     the commit it measured (`commits`: variant name -> commit, where the ref was a branch or a
     tag that may have moved since), and no `--out`, so every repetition writes a new folder
     (`coldbench run`'s default is named after the time). `local_arguments` replace `--model`
-    and `--corpus` where the run named a folder or a file of this machine; a `residency` the
-    run was told (not `auto`) is repeated."""
+    and `--corpus` where the run named a folder or a file of this machine; a residency the job
+    asked for (not `auto`) is repeated."""
     if repository is not None:
         repository_url = repository.url
     local = dict(local_arguments or {})
@@ -344,8 +343,8 @@ def reproduce_command(
         argv += ["--rounds-per-process", str(spec.rounds_per_process)]
     if spec.precision != 0.05:
         argv += ["--precision", str(spec.precision)]
-    if residency != "auto":
-        argv += ["--residency", residency]
+    if spec.residency != "auto":
+        argv += ["--residency", spec.residency]
     return shlex.join(argv)
 
 

@@ -695,7 +695,6 @@ def execute_run(
     should_stop: Callable[[], bool] | None = None,
     prespawn: bool | None = None,
     noise: HostNoise | None = None,
-    residency: str = "auto",
     extra_files: Mapping[str, bytes] | None = None,
 ) -> RunOutcome:
     """Run a job's plan on this host and return the bundle's files. Raises `RunRefused`.
@@ -705,8 +704,9 @@ def execute_run(
     starts each block's processes while the previous block measures (None: this host's backend
     decides, `default_prespawn`). `noise` is this host's calibration: the block length follows
     it when the job does not set one, and the provenance carries it to the statistics.
-    `residency` (auto, side-by-side, in-turns): whether the variants' processes are resident
-    together or in turns; auto follows the memory plan made before any timing (`memory_plan`).
+    The spec's `residency` (auto, side-by-side, in-turns): whether the variants' processes are
+    resident together or in turns; auto follows the memory plan made before any timing
+    (`memory_plan`).
     A run stopped by `should_stop` or failed by a variant still returns the bundle of what was
     measured. `extra_files` join the bundle (`coldbench reproduce`: reproduces.json)."""
     from coldbench.engine.checkpoints import resolve_model
@@ -758,7 +758,7 @@ def execute_run(
         if on_phase:
             on_phase("rounds")
         launches = [p.launch for p in prepared if not p.skipped]
-        plan = memory_plan(launches, model=model, contexts=spec.contexts, asked=residency)
+        plan = memory_plan(launches, model=model, contexts=spec.contexts, asked=spec.residency)
         # the blocks' length prices the starts this run will pay: in turns, one per variant
         rounds_per_process, rule = process_blocks(
             spec,
@@ -842,7 +842,6 @@ def execute_run(
             repository=repository,
             commits={t.variant: t.commit for t in targets if t.commit},
             local_arguments=local_arguments,
-            residency=residency,
         ),
         labels=labels,
         corpus=corpus_info(spec.corpus, corpora.get(spec.corpus)),

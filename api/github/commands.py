@@ -11,36 +11,27 @@ import re
 from dataclasses import dataclass, field
 from typing import get_args
 
-from coldbench.evidence.job_options import JOB_OPTIONS
+from coldbench.evidence.job_options import SET_BY_THE_PULL_REQUEST, service_options
 from coldbench.evidence.schemas import Mode
 
 PREFIX = "/coldbench"
 # The modes a pull request can ask for (each must also be a mode of this service's JobSpec:
 # `commits` is accepted once it is).
 PULL_REQUEST_MODES = ("ab", "ablation", "sweep", "commits")
-# The builder's options a request may give; the service sets the repository, adapter and
-# variants (the pull request's commits), and the modes offered need no range or refs.
+# The builder's options a request may give: a service's, but for what the service sets (the
+# repository, adapter and variants: the pull request's commits) and the refs of modes that
+# need them (the modes offered need no range; commits' base and head are the PR's).
 OPTIONS = tuple(
-    name
-    for name in (
-        "contexts",
-        "rounds",
-        "model",
-        "labels",
-        "features",
-        "decode_tokens",
-        "recipe",
-        "hosts",
-        "precision",
-        "until",
-        "budget_minutes",
-        "seed",
-        "corpus",
-        "rounds_per_process",
-        "alone",
-        "mode",
+    sorted(
+        (
+            name
+            for name in service_options()
+            if name not in (*SET_BY_THE_PULL_REQUEST, "base", "head")
+        ),
+        # the answer to a mistake lists the options asked most first, the mode (the command's
+        # first word) last
+        key=lambda name: {"contexts": 0, "rounds": 1, "mode": 3}.get(name, 2),
     )
-    if name in JOB_OPTIONS
 )
 MAX_LINE_CHARS = 500
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")

@@ -12,21 +12,43 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
-from coldbench.evidence.job_options import JOB_OPTIONS, MODE_HELP, JobOptionsError, build_job_spec
-from coldbench.evidence.schemas import JobSpec, SpecLimits
+from coldbench.evidence.job_options import (
+    JOB_OPTIONS,
+    MODE_HELP,
+    JobOptionsError,
+    build_job_spec,
+    option_of_field,
+    service_options,
+)
+from coldbench.evidence.schemas import JobSpec, Residency, SpecLimits
 from coldbench.evidence.stats import too_few_rounds, units_for_verdict
 
 VARIANT_ROWS = 4
 DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
 CONTEXT_PRESETS = (4096, 8192, 16384, 32768, 65536, 131072)
 MODES = tuple((mode, f"{mode}: {text}") for mode, text in MODE_HELP.items())
+RESIDENCIES = get_args(Residency)
 HISTORY_FIELDS = ("range", "every", "last")
 BISECT_FIELDS = ("good", "bad", "direction")
 COMMITS_FIELDS = ("base", "head", "alone")
 # The form's inputs of job options named otherwise (the rest are named as the option).
 _INPUT_OF_OPTION = {"labels": "host_labels", "variants": "variant-0-name"}
+# Job options the form reads its own way: the target (repository, adapter and recipe, the
+# adapter chosen from what hosts allow), the variant rows, the context checkboxes beside the
+# custom contexts, and the model and labels, which a pull request's job takes too.
+_OWN_INPUTS = ("mode", "repository", "adapter", "recipe", "variants", "contexts", "model", "labels")
+# Every other option the service offers is one input named as the option.
+PLAIN_OPTIONS = tuple(
+    name
+    for name in service_options()
+    if name not in _OWN_INPUTS and name != "fresh_process"  # not offered on the form
+)
+# What a pull request's job takes of the form: its commits and repository are the service's.
+_PULL_REQUEST_OPTIONS = tuple(
+    name for name in PLAIN_OPTIONS if name not in (*HISTORY_FIELDS, *BISECT_FIELDS, *COMMITS_FIELDS)
+)
 FORM_ERROR = "_form"
 
 
@@ -46,6 +68,7 @@ class JobForm:
 
 def blank_form() -> JobForm:
     values = {
+        **dict.fromkeys(PLAIN_OPTIONS, ""),
         "repository": "",
         "adapter": "",
         "recipe": "",
@@ -61,6 +84,7 @@ def blank_form() -> JobForm:
         "precision": "0.02",
         "until": "rounds",
         "budget_minutes": "",
+        "residency": "auto",
         "seed": "0",
         **dict.fromkeys(HISTORY_FIELDS, ""),
         "good": "",
@@ -100,20 +124,8 @@ def pull_request_options(form: JobForm) -> dict[str, str]:
         "mode": values["mode"],
         "contexts": contexts.strip(", "),
         "labels": values["host_labels"],
-        **{
-            name: values[name]
-            for name in (
-                "features",
-                "rounds",
-                "decode_tokens",
-                "model",
-                "hosts",
-                "precision",
-                "until",
-                "budget_minutes",
-            )
-        },
-        "seed": values["seed"],
+        "model": values["model"],
+        **{name: values[name] for name in _PULL_REQUEST_OPTIONS},
     }
     mode = values["mode"] or "ab"
     return {
@@ -191,22 +203,7 @@ def build_spec(
         "contexts": [*form.contexts, values["custom_contexts"]],
         "model": values["model"],
         "labels": values["host_labels"],
-        **{
-            name: values[name]
-            for name in (
-                "features",
-                "rounds",
-                "decode_tokens",
-                "hosts",
-                "seed",
-                "precision",
-                "until",
-                "budget_minutes",
-                *HISTORY_FIELDS,
-                *BISECT_FIELDS,
-                *COMMITS_FIELDS,
-            )
-        },
+        **{name: values[name] for name in PLAIN_OPTIONS},
     }
     chosen = {
         name: value
@@ -231,26 +228,6 @@ def build_spec(
     return spec, rows
 
 
-# JobSpec field (first element of a pydantic error location) -> form field.
-_SPEC_FIELDS = {
-    "contexts": "contexts",
-    "rounds": "rounds",
-    "decode_tokens": "decode_tokens",
-    "model": "model",
-    "host_labels": "host_labels",
-    "hosts": "hosts",
-    "features": "features",
-    "mode": "mode",
-    "repository": "repository",
-    "adapter": "adapter",
-    "precision": "precision",
-    "until": "until",
-    "budget_minutes": "budget_minutes",
-    "seed": "seed",
-    "baseline": "variant-0-name",
-}
-
-
 def _field_of_location(location: tuple[Any, ...], rows: dict[int, int]) -> str:
     if not location:
         return FORM_ERROR
@@ -266,7 +243,9 @@ def _field_of_location(location: tuple[Any, ...], rows: dict[int, int]) -> str:
         if part == "recipe":
             return "recipe"
         return f"variant-{row}-{part if part in ('name', 'ref', 'flags') else 'name'}"
-    return _SPEC_FIELDS.get(head, FORM_ERROR)
+    # Every other field: the input of the option that sets it (the builder's mapping).
+    option = option_of_field(head)
+    return FORM_ERROR if option == "job" else _INPUT_OF_OPTION.get(option, option)
 
 
 def form_field(path: str | None, rows: dict[int, int]) -> str:

@@ -271,6 +271,7 @@ def _form_context(request: Request, db_session: Session, form: job_form.JobForm)
         "labels": sorted(labels),
         "presets": job_form.CONTEXT_PRESETS,
         "modes": job_form.MODES,
+        "residencies": job_form.RESIDENCIES,
         "variant_rows": range(job_form.VARIANT_ROWS),
         "form_error": job_form.FORM_ERROR,
         "rounds_by_family": job_form.rounds_by_family(),

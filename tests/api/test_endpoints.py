@@ -517,6 +517,11 @@ def test_reported_failure_is_final(
             "40 variants; at most 32 allowed",
         ),
         ({"variants": [{"name": "a", "flags": {"x": "y"}, "command": "rm -rf /"}]}, "command"),
+        ({"residency": "both"}, "'both': choose 'auto', 'side-by-side' or 'in-turns'"),
+        (
+            {"residency": "in-turns", "fresh_process": True},
+            "fresh_process (a process per cell) keeps no process resident",
+        ),
     ],
 )
 def test_job_validation_messages(
@@ -527,6 +532,24 @@ def test_job_validation_messages(
     response = client.post("/api/v1/jobs", json=job_payload(**overrides), headers=bearer(key))
     assert response.status_code == 422, response.text
     assert message in response.json()["detail"]
+
+
+def test_a_job_asks_for_its_residency_through_the_api(
+    client: TestClient, db_session: Session
+) -> None:
+    """The residency is part of the job spec: the API stores what was asked, auto when left out."""
+    make_host(db_session, "studio-1")
+    key = make_api_key(db_session)
+    for asked, stored in (
+        (None, "auto"),
+        ("in-turns", "in-turns"),
+        ("side-by-side", "side-by-side"),
+    ):
+        payload = job_payload() if asked is None else job_payload(residency=asked)
+        response = client.post("/api/v1/jobs", json=payload, headers=bearer(key))
+        assert response.status_code == 201, response.text
+        job = client.get(f"/api/v1/jobs/{response.json()['id']}", headers=bearer(key)).json()
+        assert job["spec"]["residency"] == stored, job
 
 
 def test_every_problem_of_a_job_is_refused_in_one_answer(

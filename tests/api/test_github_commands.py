@@ -116,6 +116,11 @@ def test_a_request_becomes_a_job_spec_through_the_one_builder():
     ]
     assert (spec["contexts"], spec["rounds"], spec["model"]) == ([4096, 16384], 12, "llama-3b")
     assert spec["host_labels"] == ["lab:studio"] and spec["features"] == []
+    assert spec["residency"] == "auto"
+    turns = request_payload(repository, parse_command("ab residency=in-turns"), heads)
+    assert turns["residency"] == "in-turns"
+    with pytest.raises(JobOptionsError, match="'both': give auto, side-by-side or in-turns"):
+        request_payload(repository, parse_command("ab residency=both"), heads)
     ablation = request_payload(repository, parse_command("ablation"), heads)
     assert [v["name"] for v in ablation["variants"]] == ["pr-7"]
     assert ablation["features"] == ["prefill_step_size=512"]

@@ -95,9 +95,28 @@ def test_submit_creates_the_job_and_redirects_to_its_page(
         "flags": {"prefill_step_size": 64, "clear_cache": False},
     }
     assert job.spec.adapter == "embedded" and job.spec.repository is None
+    assert job.spec.residency == "auto"  # the form's default
     assert job.submitted_by == api_key.split("_")[1]
     page = web.get(response.headers["location"])
     assert page.status_code == 200 and job_id in page.text
+
+
+def test_the_form_asks_for_a_residency_and_shows_a_bad_one_beside_it(
+    web: TestClient, db_session: Session
+) -> None:
+    make_host(db_session, "studio-1")
+    page = web.get("/").text
+    assert all(f'<option value="{choice}"' in page for choice in job_form.RESIDENCIES)
+    response = web.post("/", data=_fields(page, residency="in-turns"), follow_redirects=False)
+    assert response.status_code == 303, _errors(response.text)
+    job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
+    assert job is not None and job.spec.residency == "in-turns"
+    count = _job_count(db_session)
+    response = web.post("/", data=_fields(web.get("/").text, residency="both"))
+    assert _errors(response.text) == {
+        "residency": "&#39;both&#39;: give auto, side-by-side or in-turns"
+    }, _errors(response.text)
+    assert _job_count(db_session) == count
 
 
 def test_bad_context_list_is_shown_beside_contexts_and_nothing_is_created(

@@ -191,7 +191,11 @@ def test_until_decided_stops_at_the_first_look_that_decides(
         (["--adapter", "openai-server"], "--adapter openai-server needs --server-command"),
         (["--wipe", "/tmp/x"], "--wipe: only with --adapter openai-server"),
         (["--corpus", "/nonexistent/corpus.txt"], "is not a file"),
-        (["--residency", "both"], "--residency 'both': give auto, side-by-side or in-turns"),
+        (["--residency", "both"], "--residency: 'both': give auto, side-by-side or in-turns"),
+        (
+            ["--fresh-process", "--residency", "in-turns"],
+            "--residency: fresh_process (a process per cell) keeps no process resident",
+        ),
         (
             ["--adapter", "embedded", "--repo", str(REPO_ROOT), "--variant", "a"],
             "--variant: variant a names no ref of",
@@ -414,25 +418,21 @@ def test_a_sigint_while_measuring_keeps_the_cells_measured(
     assert "stopped on request" in (out / "summary.md").read_text()
 
 
-def test_variants_that_fit_once_but_not_twice_run_in_turns(
-    coldbench_cmd: list[str], tmp_path: Path, tiny_model_dir: Path
-) -> None:
-    """The device set so the tiny checkpoint fits one process but not two: the plan runs the
-    A/B in turns, one resident at a time; every cell is valid, pairs by round and process pair,
-    and the evidence says how it ran and what the turns cost."""
+def _tiny_ab(
+    coldbench_cmd: list[str],
+    tmp_path: Path,
+    out: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """An A/B of the tiny preset at 128 tokens in blocks of 2 rounds, one decode token."""
     import os
 
-    from coldbench.engine.memory import DEVICE_MEMORY_ENV, PEER_OVERHEAD_BYTES, MemoryGuard
-
-    guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=2048)
-    need = guard.estimate(128).total_bytes
-    device = need + PEER_OVERHEAD_BYTES // 2  # alone it fits; beside a peer (2 GiB more) not
-    out = tmp_path / "turns"
-    done = subprocess.run(
+    return subprocess.run(
         [
             *coldbench_cmd,
             "run",
-            *("--model", "preset:tiny", "--contexts", "128", "--rounds", "6"),
+            *("--model", "preset:tiny", "--contexts", "128", *args),
             *("--rounds-per-process", "2", "--decode-tokens", "1"),
             *("--variant", "a", "--variant", "b:prefill_step_size=64"),
             *("--out", str(out), "--state-dir", str(tmp_path / "state")),
@@ -442,7 +442,25 @@ def test_variants_that_fit_once_but_not_twice_run_in_turns(
         text=True,
         timeout=300,
         check=False,
-        env={**os.environ, DEVICE_MEMORY_ENV: str(device)},
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_variants_that_fit_once_but_not_twice_run_in_turns(
+    coldbench_cmd: list[str], tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The device set so the tiny checkpoint fits one process but not two: the plan runs the
+    A/B in turns, one resident at a time; every cell is valid, pairs by round and process pair,
+    and the evidence says how it ran and what the turns cost."""
+
+    from coldbench.engine.memory import DEVICE_MEMORY_ENV, PEER_OVERHEAD_BYTES, MemoryGuard
+
+    guard = MemoryGuard.for_checkpoint(tiny_model_dir, chunk_tokens=2048)
+    need = guard.estimate(128).total_bytes
+    device = need + PEER_OVERHEAD_BYTES // 2  # alone it fits; beside a peer (2 GiB more) not
+    out = tmp_path / "turns"
+    done = _tiny_ab(
+        coldbench_cmd, tmp_path, out, "--rounds", "6", env={DEVICE_MEMORY_ENV: str(device)}
     )
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_records(out / "records.jsonl")
@@ -472,3 +490,30 @@ def test_variants_that_fit_once_but_not_twice_run_in_turns(
     provenance = json.loads((out / "provenance.json").read_text())
     assert "--residency" not in provenance["command"]  # auto: the plan decides again
     assert verify_bundle(out).is_intact
+
+
+def test_a_job_that_asks_for_turns_runs_in_turns_and_says_so(
+    coldbench_cmd: list[str], tmp_path: Path
+) -> None:
+    """`--residency in-turns` is a job option: the job file holds it, the worker runs one
+    variant resident at a time though both would fit, the evidence says it was asked, and the
+    reproduce command asks it again."""
+    out = tmp_path / "asked"
+    done = _tiny_ab(coldbench_cmd, tmp_path, out, "--rounds", "4", "--residency", "in-turns")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "job.json").read_text())["residency"] == "in-turns"
+    timeline = json.loads((out / "timeline.json").read_text())
+    assert timeline["residency"] == "in-turns"
+    assert timeline["residency_reason"].startswith("in-turns as asked")
+    spans = sorted(
+        (p["load_s"], p["exited_s"]) for p in timeline["processes"] if p["load_s"] is not None
+    )
+    for (_, exited), (loaded, _) in zip(spans, spans[1:], strict=False):
+        assert loaded >= exited, "two variant processes were resident together"
+    assert (
+        "Variants ran in turns: one resident at a time, 2 blocks of 2 rounds"
+        in (out / "summary.md").read_text()
+    )
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert "--residency in-turns" in provenance["command"]
+    assert verify_bundle(out, recompute=True).is_intact
