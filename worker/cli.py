@@ -262,10 +262,10 @@ def _reproduction_agent(api: str | None, config: Path, upload_only: bool) -> Any
     """The host's agent for `reproduce --api` (its secret loaded), or None without --api."""
     if api is None:
         if upload_only:
-            _fail("--upload-only: give --api URL, the server to upload to")
+            fail("--upload-only: give --api URL, the server to upload to")
         return None
     if not re.fullmatch(r"https?://[^\s]+", api):
-        _fail(f"--api {api!r}: give an http:// or https:// URL")
+        fail(f"--api {api!r}: give an http:// or https:// URL")
     from coldbench.worker.agent import Agent, AgentError
     from coldbench.worker.config import ConfigError, load_host_config
 
@@ -273,7 +273,7 @@ def _reproduction_agent(api: str | None, config: Path, upload_only: bool) -> Any
         agent = Agent(api, load_host_config(config))
         agent.load_secret()
     except (ConfigError, AgentError) as error:
-        _fail(str(error))
+        fail(str(error))
     return agent
 
 
@@ -286,7 +286,7 @@ def _upload_reproduction(agent: Any, bundle: Path, api: str | None) -> None:
     try:
         accepted = upload_bundle(agent, bundle)
     except (AgentError, ReproductionRefused) as error:
-        _fail_all(
+        fail_all(
             [
                 f"not uploaded: {error}",
                 f"the bundle is kept: send it again with `coldbench reproduce {bundle} "
