@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from coldbench.engine import corpus
+from coldbench.engine.cache import models_root
 from coldbench.engine.presets import DTYPES, PRESETS, Preset, get_preset
 from coldbench.engine.record import one_line
 
@@ -83,14 +84,6 @@ class TensorSpec:
 
 # ---------------------------------------------------------------------------------------------
 # model cache and name resolution
-
-
-def models_root() -> Path:
-    """Where presets are written once and cached: $COLDBENCH_MODEL_DIR or ~/.cache/..."""
-    configured = os.environ.get("COLDBENCH_MODEL_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "coldbench" / "models"
 
 
 def preset_path(preset: str, *, seed: int = 0, dtype: str | None = None) -> Path:

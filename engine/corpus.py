@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from coldbench.engine.cache import models_root
+
 CORPUS_VERSION = "coldbench-corpus/1"
 BUILTIN = "builtin"
 # Corpus names become labels (`corpus:NAME`) and travel in job specs: plain, short, no `+`.
@@ -99,10 +101,6 @@ def paragraphs() -> tuple[str, ...]:
 
 
 def _cache_file() -> Path:
-    from coldbench.engine.checkpoints import (
-        models_root,  # not at import: checkpoints imports this module
-    )
-
     return models_root() / f"corpus-{BUILTIN_SHA256[:16]}.txt"
 
 

@@ -15,7 +15,7 @@ import functools
 import html
 from dataclasses import dataclass
 
-from coldbench.api.evidence.service import BundleView
+from coldbench.api.evidence.view import BundleView
 from coldbench.api.pages.templates import templates
 from coldbench.evidence.canonical import sha256_hex
 from coldbench.evidence.markdown import render_summary_md

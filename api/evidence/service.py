@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import functools
 import hmac
-import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,16 +19,24 @@ from coldbench.api.auth import service as auth_service
 from coldbench.api.database import utcnow
 from coldbench.api.errors import Conflict, NotFound, validation_message
 from coldbench.api.evidence.models import Evidence
+from coldbench.api.evidence.page import PAGE_FILE, render_stored_page
+from coldbench.api.evidence.view import BundleView, view_of_files
 from coldbench.api.hosts.models import Host
 from coldbench.api.jobs import service as job_service
 from coldbench.api.jobs.models import Job, spec_as_run
 from coldbench.api.runs.models import Cell, Run
-from coldbench.evidence.bundle import BundleError, bundle_records, provenances_of, read_zip
+from coldbench.evidence.bundle import (
+    MANIFEST_FILE,
+    BundleError,
+    build_bundle,
+    evidence_id_of,
+    read_zip,
+    zip_bytes,
+)
 from coldbench.evidence.canonical import sha256_hex
 from coldbench.evidence.markdown import render_summary_md
 from coldbench.evidence.protocol import JobState, RunState
 from coldbench.evidence.schemas import Provenance, Record
-from coldbench.evidence.summary_schema import Summary
 from coldbench.evidence.timeline import TIMELINE_FILE, Timeline
 
 log = logging.getLogger(__name__)
@@ -92,35 +98,10 @@ def get_evidence(*, db_session: Session, evidence_id: str) -> Evidence:
     return row
 
 
-@dataclass(frozen=True, eq=False)
-class BundleView:
-    """What the pages and the PR Markdown read of a published bundle, parsed once (hashed
-    by identity: one object per cached bundle, so renderings can be cached by it)."""
-
-    summary: Summary
-    provenances: list[Provenance]
-    records: list[Record]
-    file_digests: dict[str, str]
-
-
 @functools.lru_cache(maxsize=8)
 def _bundle_view(bundle_sha256: str, read: Callable[[str], bytes]) -> BundleView:
     """Cached by the zip's digest (and the store's `read`): a digest names one content."""
     return view_of_files(read_zip(read(bundle_sha256)))
-
-
-def view_of_files(files: dict[str, bytes]) -> BundleView:
-    """The view of a bundle's files (name -> bytes, as the zip holds them)."""
-    manifest = json.loads(files["manifest.json"])
-    return BundleView(
-        # A summary that does not match the contract raises pydantic's ValidationError (a
-        # ValueError), as a bundle that is no zip raises BundleError: callers fall back to
-        # the bundle's own files.
-        summary=Summary.model_validate_json(files["summary.json"]),
-        provenances=provenances_of(json.loads(files["provenance.json"])),
-        records=bundle_records(files),
-        file_digests={name: entry["sha256"] for name, entry in manifest["files"].items()},
-    )
 
 
 def bundle_view(*, store: ArtifactStore, evidence_id: str, entry: Any) -> BundleView:
@@ -207,8 +188,6 @@ def _run_files(
 def analyze_job(*, db_session: Session, store: ArtifactStore, job_id: str) -> bool:
     """Recompute the job's statistics from its raw cells and render its bundle files into the
     store; True when render_evidence should follow. Idempotent (deterministic output)."""
-    from coldbench.evidence.bundle import build_bundle
-
     job = db_session.get(Job, job_id)
     if job is None or job.state != JobState.ANALYZING:
         return False
@@ -328,9 +307,6 @@ def render_evidence(*, db_session: Session, store: ArtifactStore, job_id: str) -
 def publish(*, db_session: Session, store: ArtifactStore, job: Job, files: dict[str, bytes]) -> str:
     """Store the bundle's zip and its evidence page, add the Evidence row and mark the job
     done; the evidence id. `files` are the bundle's files, already in the store."""
-    from coldbench.api.evidence.page import PAGE_FILE, render_stored_page
-    from coldbench.evidence.bundle import MANIFEST_FILE, evidence_id_of, zip_bytes
-
     evidence_id = evidence_id_of(files[MANIFEST_FILE])
     manifest_sha256 = sha256_hex(files[MANIFEST_FILE])
     published = {}

@@ -202,7 +202,7 @@ def test_analysis_failure_is_final_with_its_reason(
     def refuse(**_kwargs: object) -> None:
         raise ValueError("summary needs at least one ok cell")
 
-    monkeypatch.setattr("coldbench.evidence.bundle.build_bundle", refuse)
+    monkeypatch.setattr("coldbench.api.evidence.service.build_bundle", refuse)
     job_id = _ingest(db_session, settings, client, completed_run.id)
     store = client.app.state.store
     assert not evidence_service.analyze_job(db_session=db_session, store=store, job_id=job_id)
@@ -299,7 +299,7 @@ def test_an_analysis_that_raises_fails_the_job_once_with_its_reason(
     def broken(**_kwargs: object) -> None:
         raise KeyError("records.jsonl")
 
-    monkeypatch.setattr("coldbench.evidence.bundle.build_bundle", broken)
+    monkeypatch.setattr("coldbench.api.evidence.service.build_bundle", broken)
     monkeypatch.setattr(tasks, "_session", lambda: _borrowed(db_session))
     monkeypatch.setattr(tasks, "_store", lambda: client.app.state.store)
     job_id = _ingest(db_session, settings, client, completed_run.id)
