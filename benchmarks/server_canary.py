@@ -45,9 +45,7 @@ EXPECTED = {"on": "caught", "off": "unwarmed", "blind": "passed"}
 RUN_TIMEOUT_S = 300
 
 
-def run_canary(
-    model: str, setting: str, context: int, seed: int, work: Path
-) -> dict[str, Any]:
+def run_canary(model: str, setting: str, context: int, seed: int, work: Path) -> dict[str, Any]:
     """One variant process with the canary; its canary record as evidence/canary.py reads it."""
     command, env = SETTINGS[setting]
     records_path = work / f"{setting}-{seed}.jsonl"
@@ -122,7 +120,7 @@ def summary(setting: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="preset:micro", help="a checkpoint folder or preset:NAME")
+    parser.add_argument("--model", default="preset:micro", help="checkpoint folder or preset:NAME")
     parser.add_argument("--context", type=int, default=512, help="the canary's prompt tokens")
     parser.add_argument("--runs", type=int, default=3, help="variant processes per setting")
     parser.add_argument("--settings", default="on,off", help=f"of {','.join(SETTINGS)}")
