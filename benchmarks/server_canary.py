@@ -49,8 +49,9 @@ def run_canary(model: str, setting: str, context: int, seed: int, work: Path) ->
     """One variant process with the canary; its canary record as evidence/canary.py reads it."""
     command, env = SETTINGS[setting]
     records_path = work / f"{setting}-{seed}.jsonl"
+    run_id = f"canary-{setting}-{seed}"
     plan = {
-        "run_id": f"canary-{setting}-{seed}",
+        "run_id": run_id,
         "variant": "server",
         "adapter": "openai-server",
         "model": model,
@@ -78,7 +79,7 @@ def run_canary(model: str, setting: str, context: int, seed: int, work: Path) ->
         Record.model_validate(json.loads(line)) for line in records_path.read_text().splitlines()
     ]
     (record,) = [r for r in records if r.round == CANARY_ROUND]
-    section = canary_section(records, [plan["run_id"]])
+    section = canary_section(records, [run_id])
     assert section is not None
     counters = record.counters
     return {
