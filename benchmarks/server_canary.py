@@ -8,7 +8,7 @@ warm-up prompt sent again, timed against cold twins) and one timed cell. Setting
 server's prompt cache on, its count read), `off` (`--prompt-cache-size 0`) and, with
 `--settings on,off,blind`, `blind` (cache on, the count read as 0: only the timing can tell).
 
-It prints one JSON line per run (the canary's outcome as evidence/canary.py names it, its
+It prints one JSON line per run (the canary's outcome as evidence/analysis/canary.py names it, its
 prefill ratio, the fastest twin's and repeat's prefill) and one per setting (the ratios' range
 and median, and how far the nearest run came to the adapter's threshold,
 `WARM_BY_TIMING_RATIO`). A ratio under the threshold is warm by timing: a cache-on run must be
@@ -31,8 +31,8 @@ from typing import Any
 
 from coldbench.engine.adapters.openai_server import WARM_BY_TIMING_RATIO
 from coldbench.engine.canary import CANARY_ENV
-from coldbench.evidence.canary import canary_section
-from coldbench.evidence.schemas import CANARY_ROUND, Record
+from coldbench.evidence.analysis.canary import canary_section
+from coldbench.evidence.contract.schemas import CANARY_ROUND, Record
 
 MLX_LM_SERVER = ["{python}", "-m", "mlx_lm", "server", "--model", "{model}", "--port", "{port}"]
 SETTINGS: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -46,7 +46,8 @@ RUN_TIMEOUT_S = 300
 
 
 def run_canary(model: str, setting: str, context: int, seed: int, work: Path) -> dict[str, Any]:
-    """One variant process with the canary; its canary record as evidence/canary.py reads it."""
+    """One variant process with the canary; its canary record as evidence/analysis/canary.py reads
+    it."""
     command, env = SETTINGS[setting]
     records_path = work / f"{setting}-{seed}.jsonl"
     run_id = f"canary-{setting}-{seed}"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coldbench.engine.telemetry import parse_pmset_therm
-from coldbench.evidence.schemas import HostInfo
+from coldbench.evidence.contract.schemas import HostInfo
 
 log = logging.getLogger(__name__)
 
