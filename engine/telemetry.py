@@ -17,8 +17,9 @@ does not have, and `pmset -g` lists settings, not state; what a Mac tells any us
 CPU, `CPU_Speed_Limit` (percent). It is read right after each cell, outside the timed region,
 into `mac.telemetry` (`pmset`), `mac.cpu_speed_limit_pct` (None while no CPU power status has
 been recorded), `mac.thermal_warning_level`, `mac.performance_warning_level` (0: none
-recorded), or `mac.telemetry_unavailable`. The parser is tested against published outputs of
-the command only: this path has not run on a Mac.
+recorded), or `mac.telemetry_unavailable`. `parse_pmset_therm` is the one parser of the
+command: the host fingerprint's `thermal_state` (worker/fingerprint.py) is read through it.
+It is tested against published outputs of the command only: this path has not run on a Mac.
 
 Counters written into each record (engine/judge.py's record keeps unknown values None):
 `gpu.telemetry` (`nvml`), `gpu.sm_clock_mhz`, `gpu.sm_clock_max_mhz`, `gpu.power_w`,

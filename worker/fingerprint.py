@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coldbench.engine.telemetry import parse_pmset_therm
 from coldbench.evidence.contract.schemas import HostInfo
 
 log = logging.getLogger(__name__)
@@ -187,19 +188,22 @@ def parse_low_power_mode(text: str) -> bool | None:
 
 
 def parse_thermal_state(text: str) -> str | None:
-    """From `pmset -g therm`: `nominal` when no warning is recorded, else the warning levels."""
-    if not text.strip():
-        return None
-    warnings = re.findall(r"(thermal|performance) warning level\s*(?:=|:)?\s*(\d+)", text, re.I)
-    limit = re.search(r"CPU_Speed_Limit\s*=\s*(\d+)", text)
-    parts = [f"{kind.lower()}-warning-{level}" for kind, level in warnings if level != "0"]
-    if limit and int(limit.group(1)) < 100:
-        parts.append(f"cpu-speed-limit-{limit.group(1)}")
+    """From `pmset -g therm` (read by the one parser, `coldbench.engine.telemetry`, which the
+    variant process also reads after each cell): `nominal` when no warning is recorded and the
+    CPU is not limited, else the warning levels and the CPU speed limit; None when the text
+    says none of these."""
+    state = parse_pmset_therm(text)
+    parts = [
+        f"{kind}-warning-{state[f'mac.{kind}_warning_level']}"
+        for kind in ("thermal", "performance")
+        if state[f"mac.{kind}_warning_level"]
+    ]
+    limit = state["mac.cpu_speed_limit_pct"]
+    if limit is not None and limit < 100:
+        parts.append(f"cpu-speed-limit-{limit}")
     if parts:
         return ",".join(parts)
-    if "No thermal warning level has been recorded" in text or warnings or limit:
-        return "nominal"
-    return None
+    return "nominal" if any(value is not None for value in state.values()) else None
 
 
 def parse_apple_memory(text: str) -> int | None:

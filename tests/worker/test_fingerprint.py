@@ -138,6 +138,17 @@ def test_small_parsers() -> None:
     assert parse_low_power_mode(" powermode 1\n") is True
     assert parse_low_power_mode("nothing") is None
     assert parse_thermal_state("") is None
+    assert parse_thermal_state("pmset: unknown option") is None
     assert parse_nvidia_smi("A100\nH100\n") == "A100, H100"
     assert memory_class(None) is None
     assert memory_class(24683652 * 1024) == "mem:24g"
+
+
+def test_thermal_state_reads_what_the_variant_process_reads() -> None:
+    """One parser of `pmset -g therm` (coldbench.engine.telemetry): the published output of a
+    Mac whose CPU the OS limited to 35 % is that label here, with no warning level recorded."""
+    sample = Path(__file__).parents[1] / "engine" / "recordings" / "pmset_therm_speed_limited.txt"
+    assert parse_thermal_state(sample.read_text()) == "cpu-speed-limit-35"
+    assert parse_thermal_state("Performance warning level: 0\nCPU_Speed_Limit = 100\n") == (
+        "nominal"
+    )
