@@ -986,7 +986,10 @@ class _Schedule:
         self.outcome.cells_done += 1
         self.left[cell.variant] -= 1
         if self.fresh_process:
-            self.processes.pop(cell.variant).stop()
+            # a cell that timed out or crashed has already killed and forgotten its process
+            finished = self.processes.pop(cell.variant, None)
+            if finished is not None:
+                finished.stop()
         self.report(cell)
 
     def run_cell(self, process: VariantProcess, cell: Cell) -> dict[str, Any]:
