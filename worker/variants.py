@@ -646,16 +646,6 @@ def run_schedule(
         residency=None if fresh_process else residency,  # type: ignore[arg-type]
         residency_reason="" if fresh_process else residency_reason,
     )
-    outcome = ScheduleOutcome([], [], {}, 0, len(cells), False, timeline)
-    processes: dict[str, VariantProcess] = {}  # the current block's, by variant
-    ahead: dict[str, VariantProcess] = {}  # the next block's, started early (prespawn)
-    started: list[VariantProcess] = []
-    instances: dict[str, int] = {}
-    invalid: list[dict[str, Any]] = []
-    cell_seconds: list[float] = []
-    left = Counter(cell.variant for cell in cells)  # each variant's cells not yet run
-    stop = should_stop or (lambda: False)
-    gated: dict[str, bool] = {}  # variant -> whether its last process waited at the load gate
     starts = _starts(
         list(by_name),
         cells,
@@ -665,39 +655,215 @@ def run_schedule(
         seed=seed,
         baseline=baseline,
     )
-
-    def spawn(name: str, block: int | None, *, prespawned: bool = False) -> VariantProcess:
-        instances[name] = instances.get(name, 0) + 1
-        # in turns a process is alone on the device: the guard gives it the whole of it
-        peers = 0 if fresh_process or in_turns else len(by_name) - 1
-        process = VariantProcess(
-            by_name[name],
+    with (
+        open(workdir / RECORDS_FILE, "ab") as records_out,
+        open(workdir / CONTROLS_FILE, "ab") as controls_out,
+    ):
+        schedule = _Schedule(
+            by_name=by_name,
+            cells=cells,
+            starts=starts,
             workdir=workdir,
-            instance=instances[name],
-            peers=peers,
+            records_out=records_out,
+            controls_out=controls_out,
             clock=clock,
+            outcome=ScheduleOutcome([], [], {}, 0, len(cells), False, timeline),
+            cell_timeout_s=cell_timeout_s,
+            ready_timeout_s=ready_timeout_s,
+            fresh_process=fresh_process,
+            in_turns=in_turns,
+            prespawn=prespawn,
+            droppable=droppable,
+            end_after_round=end_after_round,
+            on_progress=on_progress,
+            stop=should_stop or (lambda: False),
+        )
+        schedule.run()
+    return schedule.outcome
+
+
+@dataclass
+class _Schedule:
+    """One run of `run_schedule`: its settings, the processes it holds and what it measured.
+    `run` walks the starts in order; every other method is one step of a start."""
+
+    by_name: dict[str, VariantLaunch]  # the variants still in the run (a dropped one leaves)
+    cells: list[Cell]
+    starts: list[_Start]
+    workdir: Path
+    records_out: IO[bytes]  # matrix cells and warm-ups
+    controls_out: IO[bytes]  # bracketing controls
+    clock: RunClock
+    outcome: ScheduleOutcome
+    cell_timeout_s: float
+    ready_timeout_s: float
+    fresh_process: bool
+    in_turns: bool
+    prespawn: bool
+    droppable: Collection[str]
+    end_after_round: Callable[[int, Sequence[dict[str, Any]]], str | None] | None
+    on_progress: Callable[[Progress], None] | None
+    stop: Callable[[], bool]
+    processes: dict[str, VariantProcess] = field(default_factory=dict)  # this block's, by variant
+    ahead: dict[str, VariantProcess] = field(default_factory=dict)  # the next block's (prespawn)
+    started: list[VariantProcess] = field(default_factory=list)  # every process, in start order
+    instances: dict[str, int] = field(default_factory=dict)  # variant -> processes started
+    invalid: list[dict[str, Any]] = field(default_factory=list)  # matrix cells not ok
+    cell_seconds: list[float] = field(default_factory=list)
+    # variant -> whether its last process waited at the load gate
+    gated: dict[str, bool] = field(default_factory=dict)
+    checked: int = 0  # the rounds done when `end_after_round` was last asked
+    left: Counter[str] = field(init=False)  # each variant's cells not yet run
+
+    def __post_init__(self) -> None:
+        self.left = Counter(cell.variant for cell in self.cells)
+
+    @property
+    def timeline(self) -> Timeline:
+        assert self.outcome.timeline is not None
+        return self.outcome.timeline
+
+    def run(self) -> None:
+        """Every start in order until the last, a stop request or `end_after_round`; then
+        every process is stopped and the timeline closed, whatever happened."""
+        try:
+            self.report(self.cells[0] if self.cells else None)
+            for index in range(len(self.starts)):
+                if not self.run_start(index):
+                    break
+            self.report(None)
+        except Stopped:
+            self.outcome.stopped = True
+        except VariantError as error:
+            error.outcome = self.outcome
+            raise
+        finally:
+            self.finish()
+
+    def run_start(self, index: int) -> bool:
+        """Bring up the processes of the start at `index` and measure its cells; False when
+        the schedule ends here (a stop request, or decided before or during the start)."""
+        current = self.starts[index]
+        if self.stop():
+            self.outcome.stopped = True
+            return False
+        # Side by side (and a process per cell) the rounds complete one by one; in turns only
+        # at the end of a block, before the next block's first turn.
+        opens_block = index == 0 or self.starts[index - 1].ends_block
+        if current.cells and opens_block and self.ends_after(current.cells[0].round):
+            return False
+        if current.block is not None and any(n in self.by_name for n in current.names):
+            following = self.starts[index + 1] if index + 1 < len(self.starts) else None
+            self.start_processes(current, following)
+        self.measure_cells(current.cells)
+        if self.outcome.stopped or self.outcome.ended:
+            return False
+        if current.ends_block:
+            # A block has ended, in either residency: every variant has measured every cell
+            # of the block's rounds, each in its own process.
+            log.debug("block %s ended", current.block)
+        return True
+
+    def measure_cells(self, cells: Sequence[Cell]) -> None:
+        """A start's cells in order, until a stop request or (side by side) `end_after_round`;
+        a dropped variant's cells are skipped."""
+        for cell in cells:
+            if self.stop():
+                self.outcome.stopped = True
+                return
+            if not self.in_turns and self.ends_after(cell.round):
+                return
+            if cell.variant not in self.outcome.dropped:
+                self.measure(cell)
+
+    def ends_after(self, rounds_done: int) -> bool:
+        """Ask `end_after_round` once the first `rounds_done` rounds are complete (once for
+        each number of rounds); True when the run ends there."""
+        if self.end_after_round is None or rounds_done <= self.checked:
+            return False
+        self.checked = rounds_done
+        ended = self.end_after_round(rounds_done, self.outcome.records)
+        if ended:
+            self.outcome.ended = ended
+        return bool(ended)
+
+    def spawn(self, name: str, block: int | None, *, prespawned: bool = False) -> VariantProcess:
+        self.instances[name] = self.instances.get(name, 0) + 1
+        # in turns a process is alone on the device: the guard gives it the whole of it
+        peers = 0 if self.fresh_process or self.in_turns else len(self.by_name) - 1
+        process = VariantProcess(
+            self.by_name[name],
+            workdir=self.workdir,
+            instance=self.instances[name],
+            peers=peers,
+            clock=self.clock,
             block=block,
             prespawned=prespawned,
-            canary=not started,  # the run's first process runs the warm canary
+            canary=not self.started,  # the run's first process runs the warm canary
         )
-        started.append(process)
+        self.started.append(process)
         return process
 
-    def drop(name: str, why: str) -> None:
-        """A droppable variant that cannot start: none of its processes runs again, none of
-        its remaining cells is run or counted."""
-        outcome.dropped[name] = why
-        by_name.pop(name, None)
-        outcome.cells_total -= left[name]
-        left[name] = 0
-        for table in (processes, ahead):
-            gone = table.pop(name, None)
-            if gone is not None:
-                gone.kill()
-        log.warning("dropped %s: %s", name, why)
+    def start_processes(self, start: _Start, following: _Start | None) -> None:
+        """Stop the processes of the previous start, then bring up this start's (every variant
+        side by side, or one variant's in turns): started ahead (prespawn) or now, in the
+        start's order. With `prespawn`, the processes of the start that follows start as soon
+        as these are ready and wait at the load gate."""
+        assert start.block is not None
+        names = [name for name in start.names if name in self.by_name]
+        phases = BlockStart(
+            block=start.block, began_s=self.clock.now(), variant=names[0] if self.in_turns else None
+        )
+        self.timeline.blocks.append(phases)
+        mark = time.monotonic()
+        self.stop_block()
+        phases.stop_s = round(time.monotonic() - mark, 4)
+        spawned = [self.ahead.pop(name, None) or self.spawn(name, start.block) for name in names]
+        for process in self.ahead.values():  # nothing left over is expected; never kept
+            process.kill()
+        self.ahead.clear()
+        spawned = self.bring_up(spawned, phases)
+        self.processes.update((process.launch.name, process) for process in spawned)
+        for process in spawned:
+            self.gated[process.launch.name] = bool(process.load_gated)
+        if self.prespawn and following is not None and following.block is not None:
+            self.prespawn_next(following)
+
+    def stop_block(self) -> None:
+        """The previous start's processes asked to exit together, then each reaped."""
+        old = list(self.processes.values())
+        self.processes.clear()
+        for process in old:
+            process.request_exit()
+        for process in old:
+            process.reap()
+
+    def prespawn_next(self, following: _Start) -> None:
+        """Start the following start's processes now, to wait at the load gate."""
+        for name in following.names:
+            # only a runner known to wait at the load gate may start early: an older one
+            # would load (and touch the device) while this start measures
+            if name in self.by_name and self.waits_at_gate(name):
+                self.ahead[name] = self.spawn(name, following.block, prespawned=True)
+
+    def waits_at_gate(self, name: str) -> bool:
+        """Whether `name`'s runner waits at the load gate: as its last process did, or, before
+        it has run (a run in turns' first block), as one of the same interpreter, module and
+        import path did."""
+        if name in self.gated:
+            return self.gated[name]
+        launch = self.by_name[name]
+        same = [
+            self.gated[other.name]
+            for other in self.by_name.values()
+            if other.name in self.gated
+            and (other.python, other.module, other.pythonpath_first)
+            == (launch.python, launch.module, launch.pythonpath_first)
+        ]
+        return bool(same) and all(same)
 
     def bring_up(
-        spawned: Sequence[VariantProcess], phases: BlockStart | None
+        self, spawned: Sequence[VariantProcess], phases: BlockStart | None
     ) -> list[VariantProcess]:
         """Imports, then every load at once, then the warm-ups one after another, because
         warm-ups at every context of the matrix at once would need every process's largest
@@ -705,62 +871,15 @@ def run_schedule(
         of memory; coldbench.engine.memory). A variant that cannot start fails the run, or is
         dropped when it is `droppable`; returns the processes that started."""
         alive = list(spawned)
-
-        def failed(process: VariantProcess, error: VariantError) -> None:
-            if process.launch.name not in droppable:
-                raise error
-            process.kill()
-            alive.remove(process)
-            drop(process.launch.name, str(error))
-
         try:
             mark = time.monotonic()
-            deadline = mark + ready_timeout_s
-            waiting = list(alive)
-            while waiting:  # each one loads as soon as its imports are done
-                for process in list(waiting):
-                    try:
-                        if not process.imported_yet():
-                            continue
-                        process.release_load()
-                    except VariantError as error:
-                        failed(process, error)
-                    waiting.remove(process)
-                if not waiting:
-                    break
-                if stop():
-                    raise Stopped
-                if time.monotonic() > deadline:
-                    late = waiting.pop(0)
-                    failed(
-                        late,
-                        VariantError(
-                            f"variant {late.launch.name}: not imported after "
-                            f"{ready_timeout_s:.0f} s"
-                        ),
-                    )
-                    continue
-                time.sleep(0.01)
+            self.release_loads(alive, deadline=mark + self.ready_timeout_s)
             imports_s = time.monotonic() - mark
             mark = time.monotonic()
-            for process in list(alive):
-                try:
-                    process.wait_loaded(ready_timeout_s, stop)
-                except VariantError as error:
-                    failed(process, error)
+            self.wait_loaded(alive)
             load_s = time.monotonic() - mark
             mark = time.monotonic()
-            for process in list(alive):
-                try:
-                    target = process.wait_ready(cell_timeout_s, stop)
-                except VariantError as error:
-                    failed(process, error)
-                    continue
-                outcome.targets.setdefault(process.launch.name, target)
-                for warmup in process.warmup_records():
-                    warmup["process"] = process.instance
-                    append_line(records_out, warmup)
-                    outcome.records.append(warmup)
+            self.warm_up(alive)
             warmups_s = time.monotonic() - mark
         except BaseException:
             for process in spawned:
@@ -772,214 +891,191 @@ def run_schedule(
             phases.warmups_s = round(phases.warmups_s + warmups_s, 4)
         return alive
 
-    def start(name: str) -> VariantProcess | None:
+    def release_loads(self, alive: list[VariantProcess], *, deadline: float) -> None:
+        """Each process loads as soon as its imports are done; one not imported by `deadline`
+        has failed to start."""
+        waiting = list(alive)
+        while waiting:
+            for process in list(waiting):
+                try:
+                    if not process.imported_yet():
+                        continue
+                    process.release_load()
+                except VariantError as error:
+                    self.failed(alive, process, error)
+                waiting.remove(process)
+            if not waiting:
+                break
+            if self.stop():
+                raise Stopped
+            if time.monotonic() > deadline:
+                late = waiting.pop(0)
+                self.failed(
+                    alive,
+                    late,
+                    VariantError(
+                        f"variant {late.launch.name}: not imported after "
+                        f"{self.ready_timeout_s:.0f} s"
+                    ),
+                )
+                continue
+            time.sleep(0.01)
+
+    def wait_loaded(self, alive: list[VariantProcess]) -> None:
+        for process in list(alive):
+            try:
+                process.wait_loaded(self.ready_timeout_s, self.stop)
+            except VariantError as error:
+                self.failed(alive, process, error)
+
+    def warm_up(self, alive: list[VariantProcess]) -> None:
+        """The warm-ups one process after another; their records go to the records spool."""
+        for process in list(alive):
+            try:
+                target = process.wait_ready(self.cell_timeout_s, self.stop)
+            except VariantError as error:
+                self.failed(alive, process, error)
+                continue
+            self.outcome.targets.setdefault(process.launch.name, target)
+            for warmup in process.warmup_records():
+                warmup["process"] = process.instance
+                append_line(self.records_out, warmup)
+                self.outcome.records.append(warmup)
+
+    def failed(
+        self, alive: list[VariantProcess], process: VariantProcess, error: VariantError
+    ) -> None:
+        """A process that could not start: the run fails, or its variant is dropped."""
+        if process.launch.name not in self.droppable:
+            raise error
+        process.kill()
+        alive.remove(process)
+        self.drop(process.launch.name, str(error))
+
+    def drop(self, name: str, why: str) -> None:
+        """A droppable variant that cannot start: none of its processes runs again, none of its
+        remaining cells is run or counted."""
+        self.outcome.dropped[name] = why
+        self.by_name.pop(name, None)
+        self.outcome.cells_total -= self.left[name]
+        self.left[name] = 0
+        for table in (self.processes, self.ahead):
+            gone = table.pop(name, None)
+            if gone is not None:
+                gone.kill()
+        log.warning("dropped %s: %s", name, why)
+
+    def restart(self, name: str) -> VariantProcess | None:
         """A fresh process for `name` (None: it could not start and was dropped)."""
-        started_now = bring_up([spawn(name, None)], None)
+        started_now = self.bring_up([self.spawn(name, None)], None)
         return started_now[0] if started_now else None
 
-    process_starts = sum(1 for s in starts if s.block is not None)
+    def measure(self, cell: Cell) -> None:
+        """One cell on its variant's process (restarted first when it is gone)."""
+        self.report(cell)
+        process = self.processes.get(cell.variant)
+        if process is None or process.proc.poll() is not None:
+            restarted = self.restart(cell.variant)
+            if restarted is None:
+                return
+            process = self.processes[cell.variant] = restarted
+        mark = time.monotonic()
+        record = self.run_cell(process, cell)
+        self.cell_seconds.append(time.monotonic() - mark)
+        self.keep(cell, record)
+        self.outcome.cells_done += 1
+        self.left[cell.variant] -= 1
+        if self.fresh_process:
+            # a cell that timed out or crashed has already killed and forgotten its process
+            finished = self.processes.pop(cell.variant, None)
+            if finished is not None:
+                finished.stop()
+        self.report(cell)
 
-    def starts_left_s() -> float:
+    def run_cell(self, process: VariantProcess, cell: Cell) -> dict[str, Any]:
+        """The cell's record; a cell that times out or whose process dies is an error record,
+        and the process is killed so the variant restarts for its next cell."""
+        began = datetime.now(UTC)
+        if self.timeline.first_cell_s is None:
+            self.timeline.first_cell_s = self.clock.now()
+        blocks = self.timeline.blocks
+        if blocks and blocks[-1].first_cell_s is None:
+            blocks[-1].first_cell_s = self.clock.now()
+        try:
+            record = process.run_cell(cell, self.cell_timeout_s, self.stop)
+            record["process"] = process.instance
+        except TimeoutError:
+            why = f"cell timeout: no record after {self.cell_timeout_s:.0f} s"
+        except VariantError as error:
+            why = str(error)  # the process died mid-cell
+        else:
+            return record
+        process.kill()
+        del self.processes[cell.variant]
+        return _timeout_record(self.by_name[cell.variant], cell, began, why, process.instance)
+
+    def keep(self, cell: Cell, record: dict[str, Any]) -> None:
+        """The record to its spool and the outcome; a matrix cell that is not ok is listed as
+        invalid for the progress report."""
+        if cell.is_control:
+            append_line(self.controls_out, record)
+            self.outcome.controls.append(record)
+            return
+        append_line(self.records_out, record)
+        self.outcome.records.append(record)
+        if record.get("status") not in ("ok", "warmup"):
+            self.invalid.append(
+                {
+                    "variant": cell.variant,
+                    "round": cell.round,
+                    "context_tokens": cell.context_tokens,
+                    "reason": record.get("reason") or record.get("status"),
+                }
+            )
+
+    def report(self, cell: Cell | None) -> None:
+        if self.on_progress is None:
+            return
+        left = self.outcome.cells_total - self.outcome.cells_done
+        mean = sum(self.cell_seconds) / len(self.cell_seconds) if self.cell_seconds else None
+        self.on_progress(
+            Progress(
+                cells_done=self.outcome.cells_done,
+                cells_total=self.outcome.cells_total,
+                variant=cell.variant if cell else None,
+                context_tokens=cell.context_tokens if cell else None,
+                eta_s=None if mean is None else mean * left + self.starts_left_s(),
+                invalid=list(self.invalid),
+            )
+        )
+
+    def starts_left_s(self) -> float:
         """The process starts still to come, each priced at the later ones measured so far (the
         first also waits for the imports that later ones, started ahead, do not): in turns a
         block pays one per variant, and the estimate says so."""
-        begun = timeline.blocks
+        process_starts = sum(1 for s in self.starts if s.block is not None)
+        begun = self.timeline.blocks
         measured = begun[1:] or begun
         if not measured:
             return 0.0
         each = sum(b.stop_s + b.imports_s + b.load_s + b.warmups_s for b in measured)
         return max(process_starts - len(begun), 0) * each / len(measured)
 
-    def report(cell: Cell | None) -> None:
-        if on_progress is None:
-            return
-        left = outcome.cells_total - outcome.cells_done
-        mean = sum(cell_seconds) / len(cell_seconds) if cell_seconds else None
-        on_progress(
-            Progress(
-                cells_done=outcome.cells_done,
-                cells_total=outcome.cells_total,
-                variant=cell.variant if cell else None,
-                context_tokens=cell.context_tokens if cell else None,
-                eta_s=None if mean is None else mean * left + starts_left_s(),
-                invalid=list(invalid),
-            )
-        )
-
-    with (
-        open(workdir / RECORDS_FILE, "ab") as records_out,
-        open(workdir / CONTROLS_FILE, "ab") as controls_out,
-    ):
-
-        def start_processes(start: _Start, following: _Start | None) -> None:
-            """Stop the processes of the previous start, then bring up this start's (every
-            variant side by side, or one variant's in turns): started ahead (prespawn) or
-            now, in the start's order. With `prespawn`, the processes of the start that
-            follows start as soon as these are ready and wait at the load gate."""
-            assert start.block is not None
-            names = [name for name in start.names if name in by_name]
-            phases = BlockStart(
-                block=start.block, began_s=clock.now(), variant=names[0] if in_turns else None
-            )
-            outcome_blocks.append(phases)
-            mark = time.monotonic()
-            old = list(processes.values())
-            processes.clear()
-            for process in old:
-                process.request_exit()
-            for process in old:
-                process.reap()
-            phases.stop_s = round(time.monotonic() - mark, 4)
-            spawned = [ahead.pop(name, None) or spawn(name, start.block) for name in names]
-            for process in ahead.values():  # nothing left over is expected; never kept
+    def finish(self) -> None:
+        """Every process stopped (killed after a stop request, else asked to exit and reaped,
+        then killed should any be left) and the timeline closed."""
+        remaining = [*self.processes.values(), *self.ahead.values()]
+        for process in remaining:
+            if self.outcome.stopped:
                 process.kill()
-            ahead.clear()
-            spawned = bring_up(spawned, phases)
-            processes.update((process.launch.name, process) for process in spawned)
-            for process in spawned:
-                gated[process.launch.name] = bool(process.load_gated)
-            if prespawn and following is not None and following.block is not None:
-                for name in following.names:
-                    # only a runner known to wait at the load gate may start early: an older
-                    # one would load (and touch the device) while this start measures
-                    if name in by_name and waits_at_gate(name):
-                        ahead[name] = spawn(name, following.block, prespawned=True)
-
-        def waits_at_gate(name: str) -> bool:
-            """Whether `name`'s runner waits at the load gate: as its last process did, or,
-            before it has run (a run in turns' first block), as one of the same interpreter,
-            module and import path did."""
-            if name in gated:
-                return gated[name]
-            launch = by_name[name]
-            same = [
-                gated[other.name]
-                for other in by_name.values()
-                if other.name in gated
-                and (other.python, other.module, other.pythonpath_first)
-                == (launch.python, launch.module, launch.pythonpath_first)
-            ]
-            return bool(same) and all(same)
-
-        def measure(cell: Cell) -> None:
-            """One cell on its variant's process (restarted first when it is gone)."""
-            report(cell)
-            process = processes.get(cell.variant)
-            if process is None or process.proc.poll() is not None:
-                restarted = start(cell.variant)
-                if restarted is None:
-                    return
-                process = processes[cell.variant] = restarted
-            began = datetime.now(UTC)
-            mark = time.monotonic()
-            if timeline.first_cell_s is None:
-                timeline.first_cell_s = clock.now()
-            if outcome_blocks and outcome_blocks[-1].first_cell_s is None:
-                outcome_blocks[-1].first_cell_s = clock.now()
-            try:
-                record = process.run_cell(cell, cell_timeout_s, stop)
-                record["process"] = process.instance
-            except TimeoutError:
-                process.kill()
-                del processes[cell.variant]
-                record = _timeout_record(
-                    by_name[cell.variant],
-                    cell,
-                    began,
-                    f"cell timeout: no record after {cell_timeout_s:.0f} s",
-                    process.instance,
-                )
-            except VariantError as error:
-                # The process died mid-cell: the cell is an error, the variant restarts.
-                process.kill()
-                del processes[cell.variant]
-                record = _timeout_record(
-                    by_name[cell.variant], cell, began, str(error), process.instance
-                )
-            cell_seconds.append(time.monotonic() - mark)
-            if cell.is_control:
-                append_line(controls_out, record)
-                outcome.controls.append(record)
             else:
-                append_line(records_out, record)
-                outcome.records.append(record)
-                if record.get("status") not in ("ok", "warmup"):
-                    invalid.append(
-                        {
-                            "variant": cell.variant,
-                            "round": cell.round,
-                            "context_tokens": cell.context_tokens,
-                            "reason": record.get("reason") or record.get("status"),
-                        }
-                    )
-            outcome.cells_done += 1
-            left[cell.variant] -= 1
-            if fresh_process:
-                processes.pop(cell.variant).stop()
-            report(cell)
-
-        outcome_blocks = timeline.blocks
-        checked = 0  # the rounds done when `end_after_round` was last asked
-
-        def ends_after(rounds_done: int) -> bool:
-            """Ask `end_after_round` once the first `rounds_done` rounds are complete (once
-            for each number of rounds); True when the run ends there."""
-            nonlocal checked
-            if end_after_round is None or rounds_done <= checked:
-                return False
-            checked = rounds_done
-            ended = end_after_round(rounds_done, outcome.records)
-            if ended:
-                outcome.ended = ended
-            return bool(ended)
-
-        try:
-            report(cells[0] if cells else None)
-            for index, current in enumerate(starts):
-                if stop():
-                    outcome.stopped = True
-                    break
-                # Side by side (and a process per cell) the rounds complete one by one; in
-                # turns only at the end of a block, before the next block's first turn.
-                opens_block = index == 0 or starts[index - 1].ends_block
-                if current.cells and opens_block and ends_after(current.cells[0].round):
-                    break
-                if current.block is not None and any(n in by_name for n in current.names):
-                    following = starts[index + 1] if index + 1 < len(starts) else None
-                    start_processes(current, following)
-                for cell in current.cells:
-                    if stop():
-                        outcome.stopped = True
-                        break
-                    if not in_turns and ends_after(cell.round):
-                        break
-                    if cell.variant not in outcome.dropped:
-                        measure(cell)
-                if outcome.stopped or outcome.ended:
-                    break
-                if current.ends_block:
-                    # A block has ended, in either residency: every variant has measured
-                    # every cell of the block's rounds, each in its own process.
-                    log.debug("block %s ended", current.block)
-            report(None)
-        except Stopped:
-            outcome.stopped = True
-        except VariantError as error:
-            error.outcome = outcome
-            raise
-        finally:
-            for process in [*processes.values(), *ahead.values()]:
-                if outcome.stopped:
-                    process.kill()
-                else:
-                    process.request_exit()
-            for process in [*processes.values(), *ahead.values()]:
-                process.reap()
-            for process in started:
-                process.kill()  # a no-op for those already gone
-            if outcome.stopped:
-                done = f"{outcome.cells_done} of {outcome.cells_total} cells"
-                timeline.stopped = f"stopped on request after {done}"
-            timeline.processes = [process.times for process in started]
-            timeline.ended_s = clock.now()
-    return outcome
+                process.request_exit()
+        for process in remaining:
+            process.reap()
+        for process in self.started:
+            process.kill()  # a no-op for those already gone
+        if self.outcome.stopped:
+            done = f"{self.outcome.cells_done} of {self.outcome.cells_total} cells"
+            self.timeline.stopped = f"stopped on request after {done}"
+        self.timeline.processes = [process.times for process in self.started]
+        self.timeline.ended_s = self.clock.now()

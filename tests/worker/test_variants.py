@@ -149,6 +149,22 @@ def test_fresh_process_runs_every_cell_in_a_new_process(tmp_path: Path) -> None:
     assert sum(r["status"] == "warmup" for r in outcome.records) == 4
 
 
+def test_with_a_process_per_cell_a_crashed_cell_is_an_error_and_the_next_cell_runs(
+    tmp_path: Path,
+) -> None:
+    rounds = plan_rounds(["a"], [64], seed=0, rounds=2)
+    outcome = run_schedule(
+        [_launch("a", crash_round=0)],
+        rounds,
+        workdir=tmp_path,
+        cell_timeout_s=30,
+        fresh_process=True,
+    )
+    by_round = {r["round"]: r for r in outcome.records if r["round"] >= 0}
+    assert by_round[0]["status"] == "error" and "exited with code 3" in by_round[0]["reason"]
+    assert by_round[1]["status"] == "ok" and outcome.cells_done == outcome.cells_total == 2
+
+
 def test_bracketing_controls_go_to_their_own_file(tmp_path: Path) -> None:
     rounds = plan_rounds(["a", "b", "c", "d"], [64, 128], seed=0, rounds=1, baseline="a")
     outcome = run_schedule(
