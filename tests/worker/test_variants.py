@@ -541,7 +541,8 @@ def test_a_residency_asked_for_is_in_the_reproduce_line() -> None:
         {"variants": [{"name": "a"}, {"name": "b"}], "contexts": [64], "rounds": 2}
     )
     assert "--residency" not in reproduce_command(spec)
-    assert reproduce_command(spec, residency="in-turns").endswith("--residency in-turns")
+    in_turns = spec.model_copy(update={"residency": "in-turns"})
+    assert reproduce_command(in_turns).endswith("--residency in-turns")
 
 
 def test_in_turns_a_run_measuring_until_decided_looks_once_a_blocks_rounds_are_complete(
