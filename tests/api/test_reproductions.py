@@ -30,8 +30,8 @@ from coldbench.api.reproductions.models import EvidenceReproduction
 from coldbench.api.settings import Settings
 from coldbench.evidence.bundle import build_bundle, zip_bytes
 from coldbench.evidence.canonical import canonical_json, sha256_hex
-from coldbench.evidence.schemas import JobSpec
 from coldbench.evidence.protocol import JobState
+from coldbench.evidence.schemas import JobSpec
 from tests.api.conftest import SentTasks, bearer
 from tests.api.factories import job_payload, make_host, make_job
 from tests.api.fake_github import FakeGitHub, serve
@@ -201,9 +201,10 @@ def test_two_identical_uploads_at_once_answer_the_row_or_a_conflict(
 
     monkeypatch.setattr(service, "original_hosts", both_checked)
     app = create_app(settings)
-    with dispatch.use_sender(lambda _name, _args: None), TestClient(
-        app, raise_server_exceptions=False
-    ) as client:
+    with (
+        dispatch.use_sender(lambda _name, _args: None),
+        TestClient(app, raise_server_exceptions=False) as client,
+    ):
 
         def race(body: bytes, tokens: tuple[str, str]) -> list[Any]:
             state.update(calls=itertools.count(), barrier=threading.Barrier(2, timeout=30))
