@@ -60,7 +60,7 @@ from coldbench.api.runs.router import router as runs_router
 from coldbench.api.runs.wakeup import WorkSignal, listen_for_work, register_local
 from coldbench.api.settings import Settings, get_settings
 from coldbench.api.transactions import AsyncDatabase, Execute, Program, make_async_engine
-from coldbench.evidence.protocol import API_PREFIX, ErrorBody, FieldError, RunState
+from coldbench.evidence.contract.protocol import API_PREFIX, ErrorBody, FieldError, RunState
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from coldbench.evidence.boundary import door_text_problem
-from coldbench.evidence.schemas import is_label
+from coldbench.evidence.contract.boundary import door_text_problem
+from coldbench.evidence.contract.schemas import is_label
 
 
 def argument_refusal(args: list[str]) -> str | None:
-    """The door's rule (evidence/boundary.py) on command-line arguments: what is wrong with
+    """The door's rule (evidence/contract/boundary.py) on command-line arguments: what is wrong with
     the first one it refuses, naming it (`--set`, `argument 2`), else None. An argument that
     is not UTF-8 reaches Python as lone surrogates (surrogateescape) and is refused as such."""
     for index, arg in enumerate(args):

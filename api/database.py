@@ -14,7 +14,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from coldbench.api.errors import DatabaseUnavailable
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.contract.schemas import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Self
 
 from pydantic import ValidationError
 
-from coldbench.evidence.schemas import error_field, error_line
+from coldbench.evidence.contract.schemas import error_field, error_line
 
 
 class ServiceError(Exception):

@@ -40,7 +40,7 @@ from coldbench.api.runs import claim as run_claim
 from coldbench.api.runs import completion, heartbeat
 from coldbench.api.settings import Settings
 from coldbench.api.transactions import AsyncDatabase, Execute, Program
-from coldbench.evidence.protocol import RunState
+from coldbench.evidence.contract.protocol import RunState
 
 log = logging.getLogger(__name__)
 

@@ -5,13 +5,14 @@ request-body limit.
   class: the request's path, query and headers (cookies are a header) hold no NUL, no query
   value is longer than `MAX_DOOR_TEXT_CHARS`, and a JSON body (`application/json`, `+json`)
   is strict UTF-8 whose strings hold no NUL, no lone surrogate and no more than
-  `MAX_DOOR_TEXT_CHARS` characters (`coldbench.evidence.boundary.door_check_json`). A refusal is 422
-  naming the field (`{"detail": "fingerprint.chip: holds the lone surrogate U+D800 (not
-  UTF-8)", "field": "fingerprint.chip"}`); no schema, service or statement sees the text, so
+  `MAX_DOOR_TEXT_CHARS` characters (`coldbench.evidence.contract.boundary.door_check_json`). A
+  refusal is 422 naming the field (`{"detail": "fingerprint.chip: holds the lone surrogate U+D800
+  (not UTF-8)", "field": "fingerprint.chip"}`); no schema, service or statement sees the text, so
   no route can forget the rule and nothing stored can fail a later read. Forms are held to the
   same rule field by field where they are parsed (`form_refusal`, on the routes'
   `StrictJSONRoute`); an upload's bytes are its route's (`api/artifacts/router.py`).
-- `StrictJSONRoute` parses JSON bodies with `coldbench.evidence.boundary.strict_json_loads`:
+- `StrictJSONRoute` parses JSON bodies with
+`coldbench.evidence.contract.boundary.strict_json_loads`:
   `Infinity`, `-Infinity`, `NaN` and numbers that overflow a float (`1e999`, which Python's json
   module reads as infinity) are refused (PostgreSQL's JSON type, canonical JSON and the error
   encoder cannot hold them), so such a body is a 422 like any malformed JSON. Every router of the
@@ -37,7 +38,7 @@ from starlette.datastructures import FormData
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from coldbench.evidence.boundary import (
+from coldbench.evidence.contract.boundary import (
     MAX_DOOR_TEXT_CHARS,
     TextRefused,
     door_check_json,
@@ -47,9 +48,9 @@ from coldbench.evidence.boundary import (
 
 
 class DoorRefused(HTTPException):
-    """Text the door refuses (coldbench.evidence.boundary's rule): answered 422 with the field it
-    names (api/app.py maps it). An HTTPException, so FastAPI's body parsing passes it on as it
-    is."""
+    """Text the door refuses (coldbench.evidence.contract.boundary's rule): answered 422 with the
+    field it names (api/app.py maps it). An HTTPException, so FastAPI's body parsing passes it on as
+    it is."""
 
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(status_code=422, detail=f"{field}: {problem}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from coldbench.evidence.schemas import SpecLimits
+from coldbench.evidence.contract.schemas import SpecLimits
 
 STATE_DIR = Path(".coldbench")
 

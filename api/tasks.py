@@ -31,8 +31,9 @@ from coldbench.api.jobs.models import Job
 from coldbench.api.runs import expiry, ingest
 from coldbench.api.runs.models import Run
 from coldbench.api.settings import Settings, get_settings
-from coldbench.evidence import report, stats
-from coldbench.evidence.protocol import JobState
+from coldbench.evidence.analysis import stats
+from coldbench.evidence.contract.protocol import JobState
+from coldbench.evidence.rendering import report
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ round measuring until decided). A cell's log tok/s is the sum of:
 - `outliers`: 1% of cells 5x slow (a stalled cell), on any variant;
 - `order`: the first cell of each round 1% slow (the order rotates every round).
 
-Every job is analysed by the real statistics: `coldbench.evidence.summary.prefill_verdicts_at_look`,
-the check a run measuring until decided makes after each look, and the summary's own rule. A fixed
-job is analysed once at its rounds; a job measuring until decided is analysed at each look
-(first look 10 rounds, doubling, budget 40) and stops at the first where every comparison is
-decided. Per row, with exact binomial 95% intervals (how far Monte Carlo noise alone could put
-the rate from the design's true one):
+Every job is analysed by the real statistics:
+`coldbench.evidence.analysis.summary.prefill_verdicts_at_look`, the check a run measuring until
+decided makes after each look, and the summary's own rule. A fixed job is analysed once at its
+rounds; a job measuring until decided is analysed at each look (first look 10 rounds, doubling,
+budget 40) and stops at the first where every comparison is decided. Per row, with exact binomial
+95% intervals (how far Monte Carlo noise alone could put the rate from the design's true one):
 
 - A/A jobs with any `faster`/`slower` claim (the target: 5% or less per job);
 - planted comparisons found (the verdict of the planted direction) and of the wrong sign;
@@ -50,9 +50,9 @@ from datetime import UTC, datetime
 import numpy as np
 from scipy import stats as scipy_stats
 
-from coldbench.evidence.schemas import JobSpec, Record, default_rounds_per_process
-from coldbench.evidence.summary import all_decided, prefill_verdicts_at_look
-from coldbench.evidence.summary_schema import CLAIMS, Verdict
+from coldbench.evidence.analysis.summary import all_decided, prefill_verdicts_at_look
+from coldbench.evidence.contract.schemas import JobSpec, Record, default_rounds_per_process
+from coldbench.evidence.contract.summary_schema import CLAIMS, Verdict
 
 VARIANTS = ("a", "b", "c", "d")
 PLANTED = "d"
@@ -167,7 +167,7 @@ def run_job(scenario: Scenario, seed: int) -> JobResult:
     records = simulate_job(scenario, seed)
     looks = [scenario.rounds]
     if scenario.until_decided:
-        from coldbench.evidence.stats import job_looks
+        from coldbench.evidence.analysis.stats import job_looks
 
         looks = list(job_looks(spec).rounds)
     for look in looks:

@@ -16,7 +16,7 @@ end of each log) and prints one JSON line with what it took:
   last end: warm-ups and process replacements included, builds and the first model load not)
   and `cells_per_minute` over it; `cells_per_minute_end_to_end` over the submission-to-upload
   time (everything included);
-- from the evidence's timeline (evidence/timeline.py): `duty_cycle` (timed cells over the
+- from the evidence's timeline (evidence/contract/timeline.py): `duty_cycle` (timed cells over the
   measuring wall), `phases` (seconds waited at the first block's start and at the later ones:
   stop, imports, load, warm-ups), `blocks`, `rounds_per_process` and `block_rule`;
 - `startup_s` (until the agent registered), `wall_s`, the job and evidence ids, the zip, the
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from coldbench.demo import demo_env, prepare_database
-from coldbench.evidence.protocol import API_PREFIX, JobState
+from coldbench.evidence.contract.protocol import API_PREFIX, JobState
 from coldbench.processes import Children, free_port, run_cli, wait_healthy
 from coldbench.submit import progress_line
 
@@ -178,7 +178,7 @@ def cell_figures(zip_path: Path) -> dict[str, Any]:
     """Timed cells in the bundle, how many are ok, and how long the variant processes were
     measuring: the first record's start (a warm-up) to the last one's end, so the warm-ups and
     the processes replaced between rounds count, the builds and the first model load do not."""
-    from coldbench.evidence.bundle import bundle_records, read_bundle
+    from coldbench.evidence.bundles.bundle import bundle_records, read_bundle
 
     records = bundle_records(read_bundle(zip_path))
     timed = [r for r in records if r.round >= 0]
@@ -194,8 +194,9 @@ def cell_figures(zip_path: Path) -> dict[str, Any]:
 
 
 def timeline_figures(zip_path: Path) -> dict[str, Any]:
-    """The run's duty cycle, phases and blocks from the evidence's summary (evidence/timeline)."""
-    from coldbench.evidence.bundle import read_bundle
+    """The run's duty cycle, phases and blocks from the evidence's summary
+    (evidence/contract/timeline)."""
+    from coldbench.evidence.bundles.bundle import read_bundle
 
     summary = json.loads(read_bundle(zip_path).get("summary.json", b"{}"))
     runs = (summary.get("timeline") or {}).get("runs") or []
@@ -221,7 +222,7 @@ def timeline_figures(zip_path: Path) -> dict[str, Any]:
 def verdict_figures(zip_path: Path) -> dict[str, Any]:
     """Each prefill comparison's verdict and interval, and where measuring until decided
     stopped (summary settings' `sequential`)."""
-    from coldbench.evidence.bundle import read_bundle
+    from coldbench.evidence.bundles.bundle import read_bundle
 
     summary = json.loads(read_bundle(zip_path).get("summary.json", b"{}"))
     verdicts = [
@@ -239,7 +240,7 @@ def verdict_figures(zip_path: Path) -> dict[str, Any]:
 
 
 def variant_commits(zip_path: Path) -> dict[str, str]:
-    from coldbench.evidence.bundle import read_bundle
+    from coldbench.evidence.bundles.bundle import read_bundle
 
     provenance = json.loads(read_bundle(zip_path)["provenance.json"])
     runs = provenance.get("runs", [provenance])

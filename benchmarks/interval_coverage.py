@@ -1,9 +1,9 @@
 """How often the verdicts' interval covers its ratio, by number of units (not a test).
 
 Draws `--samples` normal samples of n log ratios centred on 0 for each n and counts how often
-`coldbench.evidence.stats.trimmed_estimate`'s interval at `--level` holds 0, beside the same trimmed
-mean with Yuen's own h - 1 degrees of freedom (the interval's degrees of freedom are one fewer where
-units are trimmed, docs/EVIDENCE.md "Verdicts"). Seeded: the same numbers every run.
+`coldbench.evidence.analysis.stats.trimmed_estimate`'s interval at `--level` holds 0, beside the
+same trimmed mean with Yuen's own h - 1 degrees of freedom (the interval's degrees of freedom are
+one fewer where units are trimmed, docs/EVIDENCE.md "Verdicts"). Seeded: the same numbers every run.
 
     PYTHONPATH=. python benchmarks/interval_coverage.py
 """
@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 from scipy import stats as scipy_stats
 
-from coldbench.evidence.stats import trimmed_estimate
+from coldbench.evidence.analysis.stats import trimmed_estimate
 
 
 def coverage(units: int, samples: int, level: float, seed: int) -> tuple[float, float]:

@@ -9,7 +9,7 @@ fresh process each time, and prints one JSON line per run:
 - `measuring_wall_s`, `timed_cells_s`, `duty_cycle` (timed cells over the measuring wall) and
   `phases` (seconds waited at the first block's start and at all later ones: stop, imports,
   load, warm-ups), `blocks`, `rounds_per_process` and `block_rule`, from the bundle's
-  summary.json (evidence/timeline.py);
+  summary.json (evidence/contract/timeline.py);
 - `verdicts`, `cells`, `exit_code`, `label`, `python` and the load average when the run began.
 
 `--compare prespawn` alternates `--prespawn` and `--no-prespawn` run by run (A B A B...),
@@ -120,7 +120,7 @@ def run_command(
 
 
 def timeline_figures(summary: dict[str, Any]) -> dict[str, Any]:
-    """The run's figures from its summary.json (evidence/timeline.py)."""
+    """The run's figures from its summary.json (evidence/contract/timeline.py)."""
     runs = (summary.get("timeline") or {}).get("runs") or []
     if not runs:
         return {}

@@ -44,7 +44,7 @@ from typing import Any
 
 from benchmarks.host_e2e import Failed, _follow, log_tails
 from coldbench.demo import demo_env, prepare_database
-from coldbench.evidence.protocol import API_PREFIX, JobState
+from coldbench.evidence.contract.protocol import API_PREFIX, JobState
 from coldbench.processes import Children, free_port, run_cli, wait_healthy
 
 REPOSITORY = "coldbench"

@@ -1,7 +1,7 @@
 """The `coldbench` command: dispatches each subcommand to the package that owns it.
 
 Each package keeps its commands in its own typer app (`worker/cli.py`, `api/cli.py`,
-`evidence/cli.py`, `coldbench/submit.py`, ...). This module imports none of them until a
+`evidence/bundles/cli.py`, `coldbench/submit.py`, ...). This module imports none of them until a
 subcommand is named, and then only that one's module (as mlx-lm's command line does), so
 `coldbench --help` loads neither numpy nor the server stack, and a host with only
 `coldbench[worker]` installed runs `coldbench run` and `coldbench worker` without the server's
@@ -36,12 +36,12 @@ COMMANDS: dict[str, Subcommand] = {
         "coldbench.worker.cli", "app", "Calibrate this host: how small an effect it resolves."
     ),
     "verify": Subcommand(
-        "coldbench.evidence.cli",
+        "coldbench.evidence.bundles.cli",
         "app",
         "Check an evidence bundle: every file's sha256, every record, the provenance.",
     ),
     "compare": Subcommand(
-        "coldbench.evidence.cli",
+        "coldbench.evidence.bundles.cli",
         "app",
         "Set one job's bundles from several hosts side by side: do the hosts agree?",
     ),

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from coldbench.evidence.protocol import JobState
+from coldbench.evidence.contract.protocol import JobState
 from coldbench.processes import Children, free_port, wait_healthy
 
 if TYPE_CHECKING:
-    from coldbench.evidence.schemas import JobSpec
+    from coldbench.evidence.contract.schemas import JobSpec
 
 app = typer.Typer()
 
@@ -114,9 +114,9 @@ def write_worker_config(path: Path) -> None:
 
 def job_specs(contexts: str, rounds: int | None, decode_tokens: int, seed: int) -> list[JobSpec]:
     """The demo's A/B and ablation, built as every front end builds a job
-    (evidence/job_options.py): without `rounds`, each gets enough for a verdict."""
-    from coldbench.evidence.job_options import build_job_spec
-    from coldbench.evidence.variant import parse_feature
+    (evidence/spec/job_options.py): without `rounds`, each gets enough for a verdict."""
+    from coldbench.evidence.contract.variant import parse_feature
+    from coldbench.evidence.spec.job_options import build_job_spec
 
     candidate_flags = dict(BASELINE_FLAGS)
     candidate_flags.update(parse_feature(feature) for feature in CANDIDATE_FEATURES)
@@ -159,7 +159,7 @@ def demo(
         int | None,
         typer.Option(
             min=1,
-            help="Rounds of each job (default: enough for a verdict, evidence/job_options.py: "
+            help="Rounds of each job (default: enough for a verdict, evidence/spec/job_options.py: "
             "10 process blocks for each job).",
         ),
     ] = None,
@@ -187,7 +187,7 @@ def demo(
     port = port or free_port()
     base_url = f"http://127.0.0.1:{port}"
     children = Children(state_dir / "logs", env)
-    from coldbench.evidence.job_options import JobOptionsError, problem_lines
+    from coldbench.evidence.spec.job_options import JobOptionsError, problem_lines
 
     try:  # before any service starts: a bad option costs nothing
         specs = job_specs(contexts, rounds, decode_tokens, seed)

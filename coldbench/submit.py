@@ -1,6 +1,6 @@
 """`coldbench submit`: a submitter's client of the central API.
 
-Options -> spec through the one builder (evidence/job_options.py: every problem it finds is
+Options -> spec through the one builder (evidence/spec/job_options.py: every problem it finds is
 reported at once, before anything is sent) -> post -> optionally wait for the evidence,
 printing progress and the shareable URL.
 """
@@ -12,13 +12,13 @@ from typing import Annotated, Any
 
 import typer
 
-from coldbench.evidence.job_options import (
+from coldbench.evidence.contract.protocol import API_PREFIX, JobState
+from coldbench.evidence.spec.job_options import (
     JOB_OPTIONS,
     SET_BY_THE_PULL_REQUEST,
     service_options,
     with_job_options,
 )
-from coldbench.evidence.protocol import API_PREFIX, JobState
 
 app = typer.Typer()
 
@@ -49,7 +49,7 @@ def submit(
     timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 3600.0,
 ) -> None:
     """Submit a job to the central API and print its id (and, with --wait, its evidence URL)."""
-    from coldbench.evidence.job_options import (
+    from coldbench.evidence.spec.job_options import (
         JobOptionsError,
         build_job_spec,
         problem_lines,

@@ -2,10 +2,10 @@
 worker read (the registry of engine/adapters/, the mlx-lm adapter's flags, worker.toml's
 adapters and their default modules, which adapters start a server).
 
-The service's side of the contract (evidence/schemas.py `AdapterName` and `SERVER_ADAPTERS`,
-evidence/engine_flags.py `ADAPTER_FLAGS`) is declared there, since evidence/ imports nothing of
-engine/ and engine/ nothing of evidence/; tests/engine/test_flags_contract.py holds the two
-equal.
+The service's side of the contract (evidence/contract/schemas.py `AdapterName` and
+`SERVER_ADAPTERS`, evidence/spec/engine_flags.py `ADAPTER_FLAGS`) is declared there, since evidence/
+imports nothing of engine/ and engine/ nothing of evidence/; tests/engine/test_flags_contract.py
+holds the two equal.
 
 May import: the standard library only (the worker reads it without importing an adapter).
 """

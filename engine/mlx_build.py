@@ -21,7 +21,7 @@ fingerprints what it loaded itself:
   module's bytes equal its distribution's RECORD entry;
 - `kernel_count`: None with the reason (MLX exposes no count of the kernels it registers);
 - `digest`: one sha256 over the names and digests above, what provenance compares between
-  variants (evidence/builds.py: "variants ran different MLX builds").
+  variants (evidence/analysis/builds.py: "variants ran different MLX builds").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ No table can say what a host's CPU reaches through MLX (cores, vector units, the
 links, what else the host runs), so the worker measures it before a CPU run's provenance is
 written: square matmuls of `SIZE` on MLX's CPU device in float32 and bfloat16, the best of
 `REPEATS` each after one untimed call, as TFLOP/s (2 N^3 per matmul). A prefill on the CPU can
-reach at most about this rate; the evidence holds each cell against it (evidence/peak.py).
+reach at most about this rate; the evidence holds each cell against it (evidence/analysis/peak.py).
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ class Plan:
 
 
 _OPTION_KEYS = {"value", "argv", "env", "proof"}
-# What coldbench.engine.judge needs to judge an option at each context (evidence/options.py).
+# What coldbench.engine.judge needs to judge an option at each context (evidence/spec/options.py).
 _OPTION_JUDGED = {"stock", "prefill_step", "proof_template"}
 
 

@@ -4,8 +4,9 @@ process writes (`CellRecord`: the measurement with the cell's identity).
 Made here and nowhere else: adapters return a `Measurement`, the runner adds the identity,
 the orchestrator (worker/variants.py) writes `CellRecord.failed` for a cell whose process never
 answered. `as_json()` is the JSON object of DESIGN.md's record (`coldbench.record/1`), which
-`coldbench.evidence.schemas.Record` validates on the other side; tests/engine/test_record.py holds
-the two field lists together. Standard library only: engine/ may not import pydantic.
+`coldbench.evidence.contract.schemas.Record` validates on the other side;
+tests/engine/test_record.py holds the two field lists together. Standard library only: engine/ may
+not import pydantic.
 """
 
 from __future__ import annotations

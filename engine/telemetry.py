@@ -5,7 +5,7 @@ The variant process reads the device twice per cell, outside the timed region: b
 cumulative power and thermal violation times) and right after the cell (the SM clock still at
 its loaded value, power, temperature, the current clocks-event reasons, and the violation time
 accrued during the cell). A cell that ran throttled, or a run whose clock drops, is named under
-"what undercuts it" (evidence/telemetry.py).
+"what undercuts it" (evidence/analysis/telemetry.py).
 
 Where there is nothing to read (the CPU or Metal backend, no `pynvml` module, no NVML library,
 a MIG slice), every value is None and `gpu.telemetry_unavailable` says why; the evidence says so

@@ -30,7 +30,7 @@ import httpx
 import redis
 import sqlalchemy as sa
 
-from coldbench.evidence.protocol import JobState
+from coldbench.evidence.contract.protocol import JobState
 from coldbench.processes import Child, Children, free_port, run_cli, stop_process, wait_healthy
 from tests.conftest import POSTGRES_URL, REDIS_URL
 

@@ -37,8 +37,8 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from coldbench.evidence.canonical import sha256_hex
-from coldbench.evidence.protocol import (
+from coldbench.evidence.contract.canonical import sha256_hex
+from coldbench.evidence.contract.protocol import (
     API_PREFIX,
     CONTENT_SHA256_HEADER,
     HEARTBEAT_S,
@@ -63,7 +63,7 @@ from coldbench.evidence.protocol import (
     ReproductionAccepted,
     RunStatus,
 )
-from coldbench.evidence.schemas import HostInfo, JobSpec, error_line
+from coldbench.evidence.contract.schemas import HostInfo, JobSpec, error_line
 from coldbench.worker.config import HostConfig
 from coldbench.worker.fingerprint import host_fingerprint, host_labels
 from coldbench.worker.variants import Progress as CellProgress

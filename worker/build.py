@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from coldbench.evidence.canonical import sha256_file, sha256_json
+from coldbench.evidence.contract.canonical import sha256_file, sha256_json
 from coldbench.worker.checkout import Checkout, tree_state
 from coldbench.worker.config import Recipe, RepositoryConfig
 from coldbench.worker.variants import child_env

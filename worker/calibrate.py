@@ -1,4 +1,4 @@
-"""`coldbench calibrate`: how small an effect this host resolves (evidence/calibration.py).
+"""`coldbench calibrate`: how small an effect this host resolves (evidence/contract/calibration.py).
 
 Runs `jobs` runs, each of identical variants a, b, c (a and c with `variants=2`) beside p, which
 carries the planted flags (e.g. a narrower chunk width), through `coldbench.worker.run.execute_run`
@@ -6,10 +6,10 @@ exactly as `coldbench run` would (process blocks, per-context warm-up), each wit
 (seed + run index), hence its own prompts and order. Each run is then read as two jobs: the
 A/A/A job (a, b, c) and the planted job (a, b, p), so N runs give N of each for the cost of N
 starts. One analysis of variance of every run's paired ratios by process pair gives the host's
-noise (`coldbench.evidence.schemas.HostNoise`); each job's verdicts use the noise of the other runs
-only, as a run on this calibrated host would (the design effect of evidence/stats.py), so no
-job is judged by a bound it helped set. Without other runs (one job) a job is judged as on an
-uncalibrated host.
+noise (`coldbench.evidence.contract.schemas.HostNoise`); each job's verdicts use the noise of the
+other runs only, as a run on this calibrated host would (the design effect of
+evidence/analysis/stats.py), so no job is judged by a bound it helped set. Without other runs (one
+job) a job is judged as on an uncalibrated host.
 
 Each run sizes itself as every run does (coldbench.engine.memory's plan): where its variants'
 processes do not fit the device side by side they run in turns, one resident at a time, and
@@ -26,19 +26,26 @@ from typing import Any
 
 import numpy as np
 
-from coldbench.evidence.calibration import (
+from coldbench.evidence.analysis.stats import calibration_sums, cell_seconds_per_token
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.calibration import (
     CalibrationJob,
     HostCalibration,
     calibrate_result,
     job_of,
     noise_of,
 )
-from coldbench.evidence.job_options import build_job_spec
-from coldbench.evidence.records import parse_records
-from coldbench.evidence.schemas import FlagValue, HostInfo, HostNoise, JobSpec, Provenance, Record
-from coldbench.evidence.stats import calibration_sums, cell_seconds_per_token
-from coldbench.evidence.summary import summarize
-from coldbench.evidence.timeline import TIMELINE_FILE, Timeline
+from coldbench.evidence.contract.records import parse_records
+from coldbench.evidence.contract.schemas import (
+    FlagValue,
+    HostInfo,
+    HostNoise,
+    JobSpec,
+    Provenance,
+    Record,
+)
+from coldbench.evidence.contract.timeline import TIMELINE_FILE, Timeline
+from coldbench.evidence.spec.job_options import build_job_spec
 from coldbench.worker.run import RunOutcome, execute_run
 
 BASELINE = "a"
@@ -65,7 +72,7 @@ def calibration_spec(
     residency: str | None = None,
 ) -> JobSpec:
     """One calibration run: `variants` identical variants and p with the planted flags. Built
-    by the one builder (evidence/job_options.py): JobOptionsError names every bad option."""
+    by the one builder (evidence/spec/job_options.py): JobOptionsError names every bad option."""
     rows = [{"name": name, "flags": dict(base_flags)} for name in identical_variants(variants)]
     rows.append({"name": PLANTED_VARIANT, "flags": {**base_flags, **planted_flags}})
     return build_job_spec(
@@ -183,7 +190,7 @@ def run_calibration(
             on_phase=on_phase,
         )
         if bundles_dir is not None:
-            from coldbench.evidence.bundle import write_folder
+            from coldbench.evidence.bundles.bundle import write_folder
 
             write_folder(bundles_dir / run_id, outcome.files)
         runs.append(_measured(spec, outcome))

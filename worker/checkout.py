@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from coldbench.evidence.canonical import sha256_hex
-from coldbench.evidence.schemas import MAX_HISTORY_COMMITS, REF_PATTERN
+from coldbench.evidence.contract.canonical import sha256_hex
+from coldbench.evidence.contract.schemas import MAX_HISTORY_COMMITS, REF_PATTERN
 from coldbench.worker.config import RepositoryConfig
 
 log = logging.getLogger(__name__)

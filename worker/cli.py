@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from coldbench.evidence.job_options import local_options, with_job_options
+from coldbench.evidence.spec.job_options import local_options, with_job_options
 from coldbench.worker.local_run import (
     LocalSetup,
     ServerOptions,
@@ -191,7 +191,7 @@ def reproduce(
 
     from rich.console import Console
 
-    from coldbench.evidence.compare import (
+    from coldbench.evidence.bundles.compare import (
         CompareError,
         Source,
         compare_hosts,
@@ -368,7 +368,7 @@ def calibrate(
 
     from rich.console import Console
 
-    from coldbench.evidence.job_options import JobOptionsError, problem_lines
+    from coldbench.evidence.spec.job_options import JobOptionsError, problem_lines
     from coldbench.worker.calibrate import calibration_spec, run_calibration
     from coldbench.worker.fingerprint import host_fingerprint, host_labels
     from coldbench.worker.run import RunRefused
@@ -397,7 +397,7 @@ def calibrate(
     if merge:
         from pydantic import ValidationError
 
-        from coldbench.evidence.calibration import HostCalibration, merge_calibrations
+        from coldbench.evidence.contract.calibration import HostCalibration, merge_calibrations
 
         loaded = []
         for path in merge:

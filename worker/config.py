@@ -5,7 +5,7 @@ job can only pick among what it names.
 
 The file is read through pydantic models (`HostFile` and below): an unusable file is one line
 naming the key, e.g. `repositories.mlx-lm.options.fast.max: ...`. The option declaration type
-is `coldbench.evidence.options.HostOption`, the contract the API validates against too.
+is `coldbench.evidence.spec.options.HostOption`, the contract the API validates against too.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from coldbench.engine.adapter_traits import ADAPTERS, starts_server
-from coldbench.evidence.options import OPTION_NAME_PATTERN, HostOption
-from coldbench.evidence.schemas import (
+from coldbench.evidence.contract.schemas import (
     BUILTIN_CORPUS,
     CORPUS_NAME_PATTERN,
     INSTALLED_SERVER,
@@ -32,6 +31,7 @@ from coldbench.evidence.schemas import (
     error_line,
     is_label,
 )
+from coldbench.evidence.spec.options import OPTION_NAME_PATTERN, HostOption
 
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # What `coldbench run --repo PATH` builds with when no worker.toml names recipes.
@@ -356,7 +356,7 @@ def _corpora(raw: Any, base: Path) -> dict[str, Path]:
 
 def load_noise(path: Path) -> HostNoise:
     """The noise of a `coldbench calibrate` result file (ConfigError, one line, otherwise)."""
-    from coldbench.evidence.calibration import HostCalibration
+    from coldbench.evidence.contract.calibration import HostCalibration
 
     try:
         result = HostCalibration.model_validate_json(path.read_bytes())

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coldbench.evidence.schemas import HostInfo
+from coldbench.evidence.contract.schemas import HostInfo
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """`coldbench run`'s orchestration on this machine, no server: options -> spec (`local_setup`:
-this machine's repository, model and corpus, then the one builder, evidence/job_options.py),
+this machine's repository, model and corpus, then the one builder, evidence/spec/job_options.py),
 the host's checks (`checked_on_this_host`), measuring (`measure`, or `bisect_locally` for its
 steps) and output (`print_outcome`). worker/cli.py parses the command lines and calls these;
 `coldbench reproduce` and `coldbench calibrate` share them.
@@ -24,8 +24,8 @@ import typer
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from coldbench.evidence.schemas import HostNoise, JobSpec
-    from coldbench.evidence.summary_schema import Comparison
+    from coldbench.evidence.contract.schemas import HostNoise, JobSpec
+    from coldbench.evidence.contract.summary_schema import Comparison
     from coldbench.worker.config import RepositoryConfig
     from coldbench.worker.run import RunOutcome
 
@@ -44,7 +44,7 @@ def fail_all(lines: Sequence[str], code: int = 2) -> NoReturn:
 
 def local_corpus(option: str) -> tuple[str, Path]:
     """`--corpus NAME=FILE` or `--corpus FILE` -> (name, resolved file); ValueError."""
-    from coldbench.evidence.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
+    from coldbench.evidence.contract.schemas import BUILTIN_CORPUS, CORPUS_NAME_PATTERN
 
     name, sep, file = option.partition("=")
     if not sep:
@@ -166,8 +166,8 @@ def local_setup(
     """Options -> spec: this machine's model, corpus and repository, then the one builder.
     `given`'s model and corpus are this machine's (a folder, a file) or names.
     Exits with every problem found, one line each."""
-    from coldbench.evidence.job_options import JobOptionsError, build_job_spec, problem_lines
-    from coldbench.evidence.schemas import INSTALLED_SERVER
+    from coldbench.evidence.contract.schemas import INSTALLED_SERVER
+    from coldbench.evidence.spec.job_options import JobOptionsError, build_job_spec, problem_lines
 
     problems: list[str] = []
     # What the builder gets for them is named below, where they are this machine's.
@@ -220,11 +220,11 @@ def bisect_locally(
 ) -> None:
     """Halve good..bad by paired lo/mid/hi steps, each its own run and bundle under `out`
     (step-01, step-02, ...); the last step's evidence names the result. The steps, decisions
-    and halving are evidence/bisect.py's, as the service's (api/jobs/bisect.py)."""
-    from coldbench.evidence.bisect import bisect_sentences, next_line, step_spec
-    from coldbench.evidence.bundle import write_folder, zip_bytes
-    from coldbench.evidence.history import plural
-    from coldbench.evidence.schemas import BisectStep
+    and halving are evidence/analysis/bisect.py's, as the service's (api/jobs/bisect.py)."""
+    from coldbench.evidence.analysis.bisect import bisect_sentences, next_line, step_spec
+    from coldbench.evidence.analysis.history import plural
+    from coldbench.evidence.bundles.bundle import write_folder, zip_bytes
+    from coldbench.evidence.contract.schemas import BisectStep
     from coldbench.worker.fingerprint import host_fingerprint, host_labels
     from coldbench.worker.run import RunRefused, execute_run
 
@@ -315,7 +315,7 @@ def checked_on_this_host(setup: LocalSetup, state_dir: Path) -> JobSpec:
     """The spec as this machine runs it: a range resolved in the mirror, then the host's own
     checks (flags the adapter knows, options the declarations allow, the corpus), before
     anything is built or measured. Warns when a resolved range's rounds cannot conclude."""
-    from coldbench.evidence.stats import too_few_rounds
+    from coldbench.evidence.analysis.stats import too_few_rounds
     from coldbench.worker.checkout import CheckoutError
     from coldbench.worker.config import ConfigError
     from coldbench.worker.run import check_job, resolve_on_host
@@ -445,23 +445,23 @@ def print_outcome(outcome: RunOutcome, out: Path) -> None:
     """The bundle written to `out`, its verdicts, where it is; exit 1 when the run failed."""
     from rich.console import Console
 
-    from coldbench.evidence.bundle import write_folder, zip_bytes
+    from coldbench.evidence.bundles.bundle import write_folder, zip_bytes
 
     folder = write_folder(out, outcome.files)
     folder.with_name(folder.name + ".zip").write_bytes(zip_bytes(outcome.files))
     out_console = Console()
     if outcome.summary and outcome.summary.history:
-        from coldbench.evidence.history import history_sentences
+        from coldbench.evidence.analysis.history import history_sentences
 
         for sentence in history_sentences(outcome.summary.history):
             out_console.print(sentence)
     elif outcome.summary and outcome.summary.commits:
-        from coldbench.evidence.commits import commits_sentences
+        from coldbench.evidence.analysis.commits import commits_sentences
 
         for sentence in commits_sentences(outcome.summary.commits):
             out_console.print(sentence, soft_wrap=True)
     elif outcome.summary:
-        from coldbench.evidence.markdown import noise_floor_text, time_spent_lines
+        from coldbench.evidence.rendering.markdown import noise_floor_text, time_spent_lines
 
         out_console.print(_verdict_table(outcome.summary.comparisons))
         floor = noise_floor_text(outcome.summary)

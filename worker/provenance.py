@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from coldbench.engine.adapter_traits import starts_server
-from coldbench.evidence.canonical import sha256_hex, sha256_json
-from coldbench.evidence.options import HostOption
-from coldbench.evidence.peaks import table_peak
-from coldbench.evidence.schemas import (
+from coldbench.evidence.analysis.peaks import table_peak
+from coldbench.evidence.contract.canonical import sha256_hex, sha256_json
+from coldbench.evidence.contract.schemas import (
     BUILTIN_CORPUS,
     CorpusInfo,
     DevicePeak,
@@ -41,7 +40,8 @@ from coldbench.evidence.schemas import (
     VariantSpec,
     default_adapter,
 )
-from coldbench.evidence.spec_text import flag_text
+from coldbench.evidence.contract.spec_text import flag_text
+from coldbench.evidence.spec.options import HostOption
 from coldbench.worker.build import Build
 from coldbench.worker.checkout import Checkout
 from coldbench.worker.config import RepositoryConfig
@@ -167,9 +167,10 @@ def model_info(name: str, path: Path) -> ModelInfo:
 
 
 def device_peak(host: HostInfo, python: str = sys.executable) -> DevicePeak | None:
-    """The peak FLOP rate of the device the cells ran on: the chip table's (evidence/peaks.py),
-    or on a CPU host a short matmul measured now in a child interpreter (engine/peak.py), so
-    the orchestrator never imports MLX. None when neither applies or the measurement fails."""
+    """The peak FLOP rate of the device the cells ran on: the chip table's
+    (evidence/analysis/peaks.py), or on a CPU host a short matmul measured now in a child
+    interpreter (engine/peak.py), so the orchestrator never imports MLX. None when neither applies
+    or the measurement fails."""
     from coldbench.worker.variants import child_env
 
     found = table_peak(host)

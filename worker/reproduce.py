@@ -5,8 +5,8 @@ The bundle holds the job as it ran (job.json: variants, flags, recipes, seed, ro
 contexts, decode tokens) and what each variant ran (provenance.json: the commit each target
 was built from, the repository's URL, the build recipe and the diff its build left; the
 model's digests; the prompts' digest). `plan_reproduction` turns them into the job pinned to
-those commits (coldbench.evidence.compare.pinned_spec) and this machine's repository, model and
-corpus, refusing with the reason where something cannot be had: a commit the repository lacks, a
+those commits (coldbench.evidence.bundles.compare.pinned_spec) and this machine's repository, model
+and corpus, refusing with the reason where something cannot be had: a commit the repository lacks, a
 model or corpus whose digest differs, a recipe this machine does not define. Only commits were
 measured (a source repository's uncommitted changes never are), so a commit is all a variant
 needs; where a build changed tracked files (`dirty`, its diff's sha256), `build_differences`
@@ -27,9 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from coldbench.engine.adapter_traits import ADAPTERS, starts_server
-from coldbench.evidence.canonical import canonical_json, sha256_json
-from coldbench.evidence.compare import REPRODUCES_FILE, Source, checked, job_identity, pinned_spec
-from coldbench.evidence.schemas import BUILTIN_CORPUS, JobSpec, Provenance
+from coldbench.evidence.bundles.compare import (
+    REPRODUCES_FILE,
+    Source,
+    checked,
+    job_identity,
+    pinned_spec,
+)
+from coldbench.evidence.contract.canonical import canonical_json, sha256_json
+from coldbench.evidence.contract.schemas import BUILTIN_CORPUS, JobSpec, Provenance
 from coldbench.worker.config import (
     ConfigError,
     RepositoryConfig,
@@ -227,7 +233,7 @@ def plan_reproduction(
     corpus: Path | None = None,
 ) -> ReproductionPlan:
     """The bundle's job as this machine re-runs it; ReproductionRefused with every reason."""
-    from coldbench.evidence.compare import CompareError
+    from coldbench.evidence.bundles.compare import CompareError
 
     try:
         evidence_id, _summary, provenances, spec = checked(source)
@@ -283,7 +289,7 @@ def build_differences(original: Provenance, reproduction: Provenance) -> list[st
 def upload_bundle(agent: Any, bundle: Path) -> Any:
     """Upload a reproduction bundle (folder or zip, with reproduces.json) through `agent` as a
     reproduction of the evidence it names: the server's `ReproductionAccepted`."""
-    from coldbench.evidence.bundle import BundleError, read_bundle, zip_bytes
+    from coldbench.evidence.bundles.bundle import BundleError, read_bundle, zip_bytes
 
     try:
         files = read_bundle(bundle)

@@ -15,8 +15,8 @@ and a server run's bundle each server's log (its last `SERVER_LOG_BYTES`), so a 
 why without the host.
 
 Server variants (adapter `openai-server`) name host-declared options like flags; they are
-validated here against the repository's declarations (`coldbench.evidence.options`) and handed to
-the variant process resolved (argv pieces, env, proof), with the repository's wipe paths and
+validated here against the repository's declarations (`coldbench.evidence.spec.options`) and handed
+to the variant process resolved (argv pieces, env, proof), with the repository's wipe paths and
 first-token bound. A repository without a URL is the one of `coldbench run --adapter
 openai-server` without `--repo`: its server runs from this interpreter, nothing is built.
 """
@@ -38,12 +38,13 @@ from typing import Any
 
 from coldbench.engine.adapter_traits import starts_server
 from coldbench.engine.memory import IN_TURNS, RESIDENCIES, SIDE_BY_SIDE, MemoryPlan
-from coldbench.evidence.bisect import step_spec
-from coldbench.evidence.calibration import block_length
-from coldbench.evidence.commits import commits_spec
-from coldbench.evidence.history import history_spec
-from coldbench.evidence.options import OptionError, resolved_options, validate_option_values
-from coldbench.evidence.schemas import (
+from coldbench.evidence.analysis.bisect import step_spec
+from coldbench.evidence.analysis.commits import commits_spec
+from coldbench.evidence.analysis.history import history_spec
+from coldbench.evidence.analysis.stats import job_looks
+from coldbench.evidence.analysis.summary import all_decided, prefill_verdicts_at_look
+from coldbench.evidence.contract.calibration import block_length
+from coldbench.evidence.contract.schemas import (
     BUILTIN_CORPUS,
     MAX_BISECT_LINE,
     MAX_HISTORY_COMMITS,
@@ -58,10 +59,9 @@ from coldbench.evidence.schemas import (
     VariantSpec,
     effective_rounds_per_process,
 )
-from coldbench.evidence.stats import job_looks
-from coldbench.evidence.summary import all_decided, prefill_verdicts_at_look
-from coldbench.evidence.summary_schema import Summary
-from coldbench.evidence.variant import baseline_name, expand_variants
+from coldbench.evidence.contract.summary_schema import Summary
+from coldbench.evidence.contract.variant import baseline_name, expand_variants
+from coldbench.evidence.spec.options import OptionError, resolved_options, validate_option_values
 from coldbench.worker.build import (
     FAST_PATH_PACKAGES,
     Build,
@@ -156,7 +156,7 @@ def resolve_on_host(
     spec: JobSpec, repositories: Mapping[str, RepositoryConfig], *, state_dir: Path
 ) -> JobSpec:
     """The spec with a history's range or a bisection's good..bad resolved to commits in this
-    host's mirror (evidence/resolution.py), or the spec itself when it names its commits.
+    host's mirror (evidence/spec/resolution.py), or the spec itself when it names its commits.
     The refs were validated by JobSpec and go to git after `--end-of-options`."""
     if not spec.needs_host_resolution:
         return spec
@@ -204,7 +204,7 @@ def check_job(
     variants: Sequence[VariantSpec] | None = None,
 ) -> None:
     """Refuse what this host must never run, before anything is cloned or built. `variants`:
-    the spec's expansion (evidence/variant.py), where the caller has made it already."""
+    the spec's expansion (evidence/contract/variant.py), where the caller has made it already."""
     if spec.corpus != BUILTIN_CORPUS and spec.corpus not in (corpora or {}):
         raise RunRefused(
             f"corpus {spec.corpus!r} is not on this host (worker.toml [corpora] names: "
@@ -557,8 +557,8 @@ def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | No
 
 def until_decided(spec: JobSpec) -> Callable[[int, Sequence[dict[str, Any]]], str | None]:
     """The check a run measuring until decided makes after each complete round: at a look
-    (coldbench.evidence.stats `Looks`), the prefill verdicts by the rule summary.json states; it
-    ends the run when every one is decided, or when the job's time budget is spent."""
+    (coldbench.evidence.analysis.stats `Looks`), the prefill verdicts by the rule summary.json
+    states; it ends the run when every one is decided, or when the job's time budget is spent."""
     looks = job_looks(spec)
     began = time.monotonic()
 
@@ -593,9 +593,10 @@ def process_blocks(
     spec: JobSpec, *, variants: int, noise: HostNoise | None, in_turns: bool = False
 ) -> tuple[int | None, str]:
     """The run's rounds per process (None: a process per cell) and why: the job's own, else
-    what this host's calibration makes cheapest (coldbench.evidence.calibration.block_length,
-    with a block start priced at a load per variant where the variants run `in_turns`), else
-    the conservative default for a host without one."""
+    what this host's calibration makes cheapest
+    (coldbench.evidence.contract.calibration.block_length, with a block start priced at a load per
+    variant where the variants run `in_turns`), else the conservative default for a host without
+    one."""
     if spec.fresh_process:
         return None, "a fresh process for every cell (fresh_process)"
     if spec.rounds_per_process is not None:
@@ -710,7 +711,7 @@ def execute_run(
     A run stopped by `should_stop` or failed by a variant still returns the bundle of what was
     measured. `extra_files` join the bundle (`coldbench reproduce`: reproduces.json)."""
     from coldbench.engine.checkpoints import resolve_model
-    from coldbench.evidence.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
+    from coldbench.evidence.bundles.bundle import MANIFEST_FILE, build_run_bundle, evidence_id_of
 
     repositories = dict(repositories or {})
     corpora = dict(corpora or {})
@@ -886,8 +887,8 @@ def execute_run(
 def refused_files(raw_spec: Any, *, run_id: str, host: HostInfo, reason: str) -> dict[str, bytes]:
     """The bundle of a run that never measured (refused or crashed): no records, provenance
     saying who refused what and why, so the server and the submitter can see it."""
-    from coldbench.evidence.bundle import bundle_files
-    from coldbench.evidence.schemas import ModelInfo, TargetInfo
+    from coldbench.evidence.bundles.bundle import bundle_files
+    from coldbench.evidence.contract.schemas import ModelInfo, TargetInfo
 
     targets: list[TargetInfo] = []
     model = ModelInfo()

@@ -15,8 +15,8 @@ measurements, never part of the matrix (records of the matrix stay one per cell 
 Process blocks. A variant's process carries a speed offset of its own (1-2% between identical
 variants on the H200 and on a CPU), so the rounds are cut into blocks of `rounds_per_process`
 consecutive rounds and every variant runs each block in a fresh process: the offsets become
-independent block-to-block noise that the statistics cluster by (evidence/stats.py) instead of
-a constant bias. Which variant's process starts first rotates over blocks from a seeded order.
+independent block-to-block noise that the statistics cluster by (evidence/analysis/stats.py) instead
+of a constant bias. Which variant's process starts first rotates over blocks from a seeded order.
 
 Turns. Where the variants' processes cannot be resident side by side (coldbench.engine.memory's
 plan), each block runs its variants one after another, one process at a time (`turn_order`); each

@@ -17,7 +17,7 @@ the cell timeout kills its process; the variant restarts (a new instance) for it
 Every wait also asks `should_stop`: a stop request (a signal, a cancel, the run's deadline)
 ends a load or a warm-up at once and the cell in flight after at most `STOP_GRACE_S`; every
 process started is killed with its process group, and what was measured is kept. The run's
-`Timeline` (evidence/timeline.py) records when each process reached each milestone and how
+`Timeline` (evidence/contract/timeline.py) records when each process reached each milestone and how
 long each block start waited in each phase.
 """
 
@@ -44,7 +44,7 @@ from coldbench.engine.canary import CANARY_ENV, CANARY_ROUND
 from coldbench.engine.memory import IN_TURNS, PEER_PROCESSES_ENV, RESIDENCIES, SIDE_BY_SIDE
 from coldbench.engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV
 from coldbench.engine.record import CellRecord, Measurement
-from coldbench.evidence.timeline import BlockStart, ProcessTimes, Timeline
+from coldbench.evidence.contract.timeline import BlockStart, ProcessTimes, Timeline
 from coldbench.worker.schedule import Cell, start_order, turn_order
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from coldbench.api.artifacts import service
 from coldbench.api.deps import DatabaseDep, SettingsDep, StoreDep, WorkerClaim
 from coldbench.api.errors import TooLarge
 from coldbench.api.routing import StrictJSONRoute
-from coldbench.evidence.boundary import Utf8Lines
-from coldbench.evidence.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
+from coldbench.evidence.contract.boundary import Utf8Lines
+from coldbench.evidence.contract.protocol import ATTEMPT_MAX, CONTENT_SHA256_HEADER, ArtifactReceipt
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["artifacts"])
 

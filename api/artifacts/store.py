@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from coldbench.api.errors import Invalid, StoreFull, TooLarge
-from coldbench.evidence.boundary import TextRefused, Utf8Lines
-from coldbench.evidence.canonical import sha256_file, sha256_hex
+from coldbench.evidence.contract.boundary import TextRefused, Utf8Lines
+from coldbench.evidence.contract.canonical import sha256_file, sha256_hex
 
 if TYPE_CHECKING:
     from coldbench.api.settings import Settings

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coldbench.evidence.schemas import Label
+from coldbench.evidence.contract.schemas import Label
 
 
 class EnrollmentRequest(BaseModel):

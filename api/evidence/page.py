@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from coldbench.api.evidence.view import BundleView
 from coldbench.api.pages.templates import templates
-from coldbench.evidence.canonical import sha256_hex
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.report import render_report_html
+from coldbench.evidence.contract.canonical import sha256_hex
+from coldbench.evidence.rendering.markdown import render_summary_md
+from coldbench.evidence.rendering.report import render_report_html
 
 PAGE_FILE = "page.html"
 PLOTLY_SRC = "/static/plotly.min.js"

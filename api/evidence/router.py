@@ -15,7 +15,7 @@ from coldbench.api.evidence import service
 from coldbench.api.pages.router import error_page, evidence_page, wants_html
 from coldbench.api.reproductions import service as reproduction_service
 from coldbench.api.routing import StrictJSONRoute
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["evidence"])
 

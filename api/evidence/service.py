@@ -25,7 +25,7 @@ from coldbench.api.hosts.models import Host
 from coldbench.api.jobs import service as job_service
 from coldbench.api.jobs.models import Job, spec_as_run
 from coldbench.api.runs.models import Cell, Run
-from coldbench.evidence.bundle import (
+from coldbench.evidence.bundles.bundle import (
     MANIFEST_FILE,
     BundleError,
     build_bundle,
@@ -33,11 +33,11 @@ from coldbench.evidence.bundle import (
     read_zip,
     zip_bytes,
 )
-from coldbench.evidence.canonical import sha256_hex
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.protocol import JobState, RunState
-from coldbench.evidence.schemas import Provenance, Record
-from coldbench.evidence.timeline import TIMELINE_FILE, Timeline
+from coldbench.evidence.contract.canonical import sha256_hex
+from coldbench.evidence.contract.protocol import JobState, RunState
+from coldbench.evidence.contract.schemas import Provenance, Record
+from coldbench.evidence.contract.timeline import TIMELINE_FILE, Timeline
+from coldbench.evidence.rendering.markdown import render_summary_md
 
 log = logging.getLogger(__name__)
 

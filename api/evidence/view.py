@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from coldbench.evidence.bundle import bundle_records, provenances_of
-from coldbench.evidence.schemas import Provenance, Record
-from coldbench.evidence.summary_schema import Summary
+from coldbench.evidence.bundles.bundle import bundle_records, provenances_of
+from coldbench.evidence.contract.schemas import Provenance, Record
+from coldbench.evidence.contract.summary_schema import Summary
 
 
 @dataclass(frozen=True, eq=False)

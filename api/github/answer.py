@@ -30,9 +30,9 @@ from coldbench.api.hosts.models import Host
 from coldbench.api.jobs.models import Job
 from coldbench.api.reproductions import service as reproduction_service
 from coldbench.api.runs.models import Run
-from coldbench.evidence.canonical import sha256_hex
-from coldbench.evidence.protocol import JobState
-from coldbench.evidence.summary_schema import Summary, Verdict
+from coldbench.evidence.contract.canonical import sha256_hex
+from coldbench.evidence.contract.protocol import JobState
+from coldbench.evidence.contract.summary_schema import Summary, Verdict
 
 log = logging.getLogger(__name__)
 

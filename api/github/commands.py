@@ -1,8 +1,8 @@
 """What a pull-request comment asks for: `/coldbench [MODE] [key=value ...]`, one line.
 
 The line's words are split here into a mode and `name=text` options; the options are those
-of the one job-spec builder (`coldbench.evidence.job_options`, shared with `coldbench run`, `submit`
-and the form), which reads every value, and the job is checked like any submission.
+of the one job-spec builder (`coldbench.evidence.spec.job_options`, shared with `coldbench run`,
+`submit` and the form), which reads every value, and the job is checked like any submission.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import get_args
 
-from coldbench.evidence.job_options import SET_BY_THE_PULL_REQUEST, service_options
-from coldbench.evidence.schemas import Mode
+from coldbench.evidence.contract.schemas import Mode
+from coldbench.evidence.spec.job_options import SET_BY_THE_PULL_REQUEST, service_options
 
 PREFIX = "/coldbench"
 # The modes a pull request can ask for (each must also be a mode of this service's JobSpec:

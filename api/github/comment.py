@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from coldbench.evidence.escaping import escape_html, md_code, md_text
-from coldbench.evidence.protocol import JobState
+from coldbench.evidence.contract.protocol import JobState
+from coldbench.evidence.rendering.escaping import escape_html, md_code, md_text
 
 MARKER = "<!-- coldbench:pull-request -->"
 # GitHub refuses comment bodies above 65,536 characters; the evidence Markdown stays below
-# 60,000 (evidence/markdown.py) and the rest of the comment is short.
+# 60,000 (evidence/rendering/markdown.py) and the rest of the comment is short.
 MAX_COMMENT_CHARS = 65_000
 # U+2060 WORD JOINER: invisible, and no mention (`@login`, `@org/team`), email or autolink
 # (`https://`, `www.`) survives one after its `@`, `:` or `www`.

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from coldbench.evidence.schemas import NAME_PATTERN, AdapterName, error_line
+from coldbench.evidence.contract.schemas import NAME_PATTERN, AdapterName, error_line
 
 # OWNER/NAME as GitHub spells them.
 FULL_NAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$"

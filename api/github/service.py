@@ -32,7 +32,7 @@ from coldbench.api.jobs import service as jobs_service
 from coldbench.api.jobs.models import Job
 from coldbench.api.settings import Settings
 from coldbench.api.transactions import Database
-from coldbench.evidence.job_options import JobOptionsError, build_job_spec, service_payload
+from coldbench.evidence.spec.job_options import JobOptionsError, build_job_spec, service_payload
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +462,7 @@ def _command_text(ask: Ask, repository: RepositoryConfig) -> str:
 def request_payload(
     repository: RepositoryConfig, ask: Ask, heads: client.PullRequestHeads
 ) -> dict[str, Any]:
-    """The job spec of a request, through the one builder (evidence/job_options.py): the pull
+    """The job spec of a request, through the one builder (evidence/spec/job_options.py): the pull
     request's base commit against its head commit, both pinned by sha (an ablation: its
     features on the head commit), with the repository's defaults for every option the request
     does not give. JobOptionsError names each option that is wrong."""

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from coldbench.evidence.protocol import RepositoryOffer
-from coldbench.evidence.schemas import BUILTIN_CORPUS, SERVER_ADAPTERS, JobSpec, is_label
-from coldbench.evidence.variant import parse_feature
+from coldbench.evidence.contract.protocol import RepositoryOffer
+from coldbench.evidence.contract.schemas import BUILTIN_CORPUS, SERVER_ADAPTERS, JobSpec, is_label
+from coldbench.evidence.contract.variant import parse_feature
 
 
 class HostTraits(Protocol):

@@ -51,5 +51,6 @@ class Host(Base):
     health: Mapped[str] = mapped_column(sa.String(16), default="ready")
     # Set by `coldbench admin revoke host`: its secret is refused from then on.
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # The host's last `coldbench calibrate` result (coldbench.evidence.calibration.HostCalibration).
+    # The host's last `coldbench calibrate` result
+    # (coldbench.evidence.contract.calibration.HostCalibration).
     calibration: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)

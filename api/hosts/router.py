@@ -20,7 +20,7 @@ from coldbench.api.hosts import matching, service
 from coldbench.api.hosts.schemas import HostOut
 from coldbench.api.routing import StrictJSONRoute
 from coldbench.api.runs import heartbeat as run_heartbeat
-from coldbench.evidence.protocol import (
+from coldbench.evidence.contract.protocol import (
     CalibrationAccepted,
     CalibrationReport,
     HeartbeatRequest,

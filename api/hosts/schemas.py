@@ -1,5 +1,5 @@
 """API shapes of the host list. What a host sends (registration, heartbeat) is the worker
-protocol, `evidence/protocol.py`, shared with the agent."""
+protocol, `evidence/contract/protocol.py`, shared with the agent."""
 
 from __future__ import annotations
 
@@ -25,4 +25,6 @@ class HostOut(BaseModel):
     fingerprint: dict[str, Any]
     last_heartbeat_at: datetime | None
     health: str
-    calibration: dict[str, Any] | None = None  # coldbench.evidence.calibration.HostCalibration
+    calibration: dict[str, Any] | None = (
+        None  # coldbench.evidence.contract.calibration.HostCalibration
+    )

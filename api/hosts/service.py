@@ -23,8 +23,8 @@ from coldbench.api.hosts.models import Host
 from coldbench.api.runs.models import Run
 from coldbench.api.settings import Settings
 from coldbench.api.transactions import Execute, Program
-from coldbench.evidence.calibration import HostCalibration
-from coldbench.evidence.protocol import RepositoryOffer, RunState
+from coldbench.evidence.contract.calibration import HostCalibration
+from coldbench.evidence.contract.protocol import RepositoryOffer, RunState
 
 log = logging.getLogger(__name__)
 

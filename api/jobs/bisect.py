@@ -4,7 +4,7 @@ one variant without a ref) holds no runs itself; each step is a job of its own u
 a complete, verifiable bundle. The host of step 1 resolves good..bad in its mirror (the run's
 `resolved_spec`); each later step is built by the server from the previous one.
 
-When a step ends, `advance` follows evidence/bisect.py's rule, the same the local runner
+When a step ends, `advance` follows evidence/analysis/bisect.py's rule, the same the local runner
 follows: the step's decision (from the server's own analysis of its cells) halves its line
 into the next step's (`next_line`, `step_spec`), or ends the bisection; the bisection's job then
 takes the last step's summary and evidence, which names the commit, its parent, the ratio and
@@ -25,10 +25,10 @@ from coldbench.api.database import utcnow
 from coldbench.api.jobs.models import Job, spec_as_run
 from coldbench.api.runs.models import Run
 from coldbench.api.runs.wakeup import announce_work
-from coldbench.evidence.bisect import next_line, step_spec
-from coldbench.evidence.canonical import sha256_json
-from coldbench.evidence.protocol import JobState, RunState
-from coldbench.evidence.schemas import BisectStep, JobSpec
+from coldbench.evidence.analysis.bisect import next_line, step_spec
+from coldbench.evidence.contract.canonical import sha256_json
+from coldbench.evidence.contract.protocol import JobState, RunState
+from coldbench.evidence.contract.schemas import BisectStep, JobSpec
 
 log = logging.getLogger(__name__)
 

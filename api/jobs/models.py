@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from coldbench.api.database import Base, SpecColumn, UTCDateTime, one_of, utcnow
-from coldbench.evidence.protocol import JobState
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.contract.protocol import JobState
+from coldbench.evidence.contract.schemas import JobSpec
 
 if TYPE_CHECKING:
     from coldbench.api.runs.models import Run

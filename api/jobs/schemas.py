@@ -45,7 +45,7 @@ class JobOut(BaseModel):
     steps: list[StepOut] = []
     # The spec the host ran, where it resolved the job's commits (a range, good..bad).
     resolved_spec: dict[str, Any] | None = None
-    # Why the rounds cannot reach a verdict (evidence/stats.py too_few_rounds), over the
+    # Why the rounds cannot reach a verdict (evidence/analysis/stats.py too_few_rounds), over the
     # commits the host resolved once it has; None when they can.
     rounds_warning: str | None = None
     # Why a queued job will wait: only offline hosts can run it (api/hosts/matching.py).

@@ -32,19 +32,19 @@ from coldbench.api.runs.schemas import AttemptOut, RunOut
 from coldbench.api.runs.wakeup import announce_work
 from coldbench.api.settings import Settings, get_settings
 from coldbench.api.transactions import ANNOUNCE_WORK, Execute, Program, run_one_in_session
-from coldbench.evidence.canonical import sha256_json
-from coldbench.evidence.engine_flags import flag_problems
-from coldbench.evidence.job_options import (
+from coldbench.evidence.analysis.stats import too_few_rounds
+from coldbench.evidence.contract.canonical import sha256_json
+from coldbench.evidence.contract.protocol import JobState, RunState
+from coldbench.evidence.contract.schemas import MAX_HISTORY_COMMITS, MAX_PR_COMMITS, JobSpec
+from coldbench.evidence.contract.summary_schema import Summary
+from coldbench.evidence.contract.variant import expand_variants
+from coldbench.evidence.spec.engine_flags import flag_problems
+from coldbench.evidence.spec.job_options import (
     DefaultRoundsError,
     validation_problems,
     with_default_rounds,
     with_rounds_to_come,
 )
-from coldbench.evidence.protocol import JobState, RunState
-from coldbench.evidence.schemas import MAX_HISTORY_COMMITS, MAX_PR_COMMITS, JobSpec
-from coldbench.evidence.stats import too_few_rounds
-from coldbench.evidence.summary_schema import Summary
-from coldbench.evidence.variant import expand_variants
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
     """The spec's own checks with this service's limits (JobSpec's validation context), the
     flags its adapter takes (no database): the spec as JobSpec, or Invalid carrying every
-    problem found, each at its field and said as a person reads it (evidence/job_options.py)."""
+    problem found, each at its field and said as a person reads it
+    (evidence/spec/job_options.py)."""
     check_list_lengths(settings=settings, payload=payload)
     found: list[tuple[str | None, str]] = [(p.field, str(p)) for p in flag_problems(payload)]
     rounds_left_out = payload.get("rounds") is None
@@ -614,7 +615,7 @@ def job_detail(*, db_session: Session, job_id: str, settings: Settings | None = 
 
 
 def rounds_warning(job: Job, runs: list[Run]) -> str | None:
-    """Why the job's rounds cannot reach a verdict, or None (coldbench.evidence.stats
+    """Why the job's rounds cannot reach a verdict, or None (coldbench.evidence.analysis.stats
     `too_few_rounds`: the same whatever the number of commits a host resolves a range to)."""
     return too_few_rounds(spec_as_run(job, runs))
 

@@ -1,6 +1,6 @@
 """The job form: its fields to the one builder of job specs, and every problem to its field.
 
-What the form's fields mean is evidence/job_options.py's (the builder `coldbench run` and
+What the form's fields mean is evidence/spec/job_options.py's (the builder `coldbench run` and
 `coldbench submit` use too): the form passes the fields of the chosen mode only (a bisection
 has no candidate rows, an A/B no range), the builder parses and validates them in one pass and
 names each problem's option and JobSpec field; `form_field` puts it beside its input. The same
@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from coldbench.evidence.job_options import (
+from coldbench.evidence.analysis.stats import too_few_rounds, units_for_verdict
+from coldbench.evidence.contract.schemas import JobSpec, Residency, SpecLimits
+from coldbench.evidence.spec.job_options import (
     JOB_OPTIONS,
     MODE_HELP,
     JobOptionsError,
@@ -22,8 +24,6 @@ from coldbench.evidence.job_options import (
     option_of_field,
     service_options,
 )
-from coldbench.evidence.schemas import JobSpec, Residency, SpecLimits
-from coldbench.evidence.stats import too_few_rounds, units_for_verdict
 
 VARIANT_ROWS = 4
 DEFAULT_NAMES = ("base", "cand", "cand2", "cand3")
@@ -257,7 +257,7 @@ def form_field(path: str | None, rows: dict[int, int]) -> str:
 
 
 # The form's script looks the rounds up here for the comparisons a job would have (the rule
-# stays in evidence/stats.py); larger families fall back to the server's warning.
+# stays in evidence/analysis/stats.py); larger families fall back to the server's warning.
 MAX_FAMILY_LOOKUP = 256
 
 

@@ -11,8 +11,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from coldbench.evidence.protocol import JobState
-from coldbench.evidence.summary_schema import DECIDED
+from coldbench.evidence.contract.protocol import JobState
+from coldbench.evidence.contract.summary_schema import DECIDED
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,11 @@ from coldbench.api.reproductions import service as reproduction_service
 from coldbench.api.routing import StrictJSONRoute
 from coldbench.api.settings import Settings
 from coldbench.api.transactions import Database
-from coldbench.evidence.bundle import BundleError
-from coldbench.evidence.engine_flags import ADAPTER_FLAGS
-from coldbench.evidence.job_options import service_payload
-from coldbench.evidence.markdown import answer_sentences, time_spent_lines, verdict_rows
-from coldbench.evidence.protocol import JobState
+from coldbench.evidence.bundles.bundle import BundleError
+from coldbench.evidence.contract.protocol import JobState
+from coldbench.evidence.rendering.markdown import answer_sentences, time_spent_lines, verdict_rows
+from coldbench.evidence.spec.engine_flags import ADAPTER_FLAGS
+from coldbench.evidence.spec.job_options import service_payload
 
 log = logging.getLogger(__name__)
 
@@ -406,7 +406,7 @@ def _job_context(db_session: Session, job_id: str, settings: Settings) -> dict[s
             "sentences": answer_sentences(summary, compact=len(summary.variants) > 6),
             "rows": verdict_rows(summary),
             "time_spent": time_spent_lines(summary),
-            # a warm canary judged cold (evidence/canary.py): said before any verdict
+            # a warm canary judged cold (evidence/analysis/canary.py): said before any verdict
             "evidence_invalid": list(summary.evidence_invalid or []),
         }
     is_final = JobState(job.state).is_final
@@ -550,7 +550,7 @@ _plotly_cache: dict[str, bytes] = {}
 @router.get("/static/plotly.min.js")
 def plotly_js(request: Request):
     """plotly.js from the installed plotly package (gzip when the browser takes it)."""
-    from coldbench.evidence.report import plotly_js as plotly_source
+    from coldbench.evidence.rendering.report import plotly_js as plotly_source
 
     if "raw" not in _plotly_cache:
         _plotly_cache["raw"] = plotly_source().encode("utf-8")

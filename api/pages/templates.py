@@ -9,8 +9,8 @@ from pathlib import Path
 
 from starlette.templating import Jinja2Templates
 
-from coldbench.evidence.protocol import RunState
-from coldbench.evidence.spec_text import flags_text
+from coldbench.evidence.contract.protocol import RunState
+from coldbench.evidence.contract.spec_text import flags_text
 
 
 def web_dir() -> Path:
@@ -50,7 +50,7 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def run_label(state: str) -> str:
-    """A run's state in the jobs' words (coldbench.evidence.protocol.RunState.label)."""
+    """A run's state in the jobs' words (coldbench.evidence.contract.protocol.RunState.label)."""
     try:
         return RunState(state).label
     except ValueError:
@@ -77,7 +77,7 @@ def templates() -> Jinja2Templates:
     env.filters["bytes"] = fmt_bytes
     env.filters["duration"] = fmt_duration
     env.filters["run_label"] = run_label
-    # `clear_cache=false`, as the submitter writes it (evidence/spec_text.py)
+    # `clear_cache=false`, as the submitter writes it (evidence/contract/spec_text.py)
     env.filters["flags"] = flags_text
     env.trim_blocks = True
     env.lstrip_blocks = True

@@ -14,7 +14,7 @@ from typing import Final
 
 from coldbench.api.jobs.schemas import JobOut
 from coldbench.api.pages.templates import fmt_duration
-from coldbench.evidence.protocol import HEARTBEAT_S, JobState, RunState
+from coldbench.evidence.contract.protocol import HEARTBEAT_S, JobState, RunState
 
 # Silent for longer than this, a host has missed two heartbeats.
 OVERDUE_AFTER_S: Final = 2 * HEARTBEAT_S

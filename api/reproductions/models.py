@@ -21,8 +21,8 @@ class EvidenceReproduction(Base):
     manifest_sha256: Mapped[str] = mapped_column(sa.String(64))
     bundle_sha256: Mapped[str] = mapped_column(sa.String(64))
     bundle_bytes: Mapped[int] = mapped_column(sa.BigInteger)
-    # sha256 of the job identity (coldbench.evidence.compare.job_identity), the original's.
+    # sha256 of the job identity (coldbench.evidence.bundles.compare.job_identity), the original's.
     identity_sha256: Mapped[str] = mapped_column(sa.String(64))
-    # Each run of the bundle as coldbench.evidence.compare.host_run_document keeps it.
+    # Each run of the bundle as coldbench.evidence.bundles.compare.host_run_document keeps it.
     hosts: Mapped[list[dict[str, Any]]] = mapped_column(sa.JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -13,7 +13,7 @@ from coldbench.api.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
 from coldbench.api.evidence import service as evidence_service
 from coldbench.api.reproductions import service
 from coldbench.api.routing import StrictJSONRoute
-from coldbench.evidence.protocol import CONTENT_SHA256_HEADER, ReproductionAccepted
+from coldbench.evidence.contract.protocol import CONTENT_SHA256_HEADER, ReproductionAccepted
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["evidence"])
 
@@ -63,7 +63,7 @@ async def upload_reproduction(
     )
     if not created:
         response.status_code = status.HTTP_200_OK
-    from coldbench.evidence.compare import comparison_lines
+    from coldbench.evidence.bundles.compare import comparison_lines
 
     return ReproductionAccepted(
         evidence_id=evidence_id,

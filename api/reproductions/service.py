@@ -1,5 +1,5 @@
 """Reproductions: an uploaded bundle checked against the evidence it names, kept, and set
-beside the original's hosts (coldbench.evidence.compare)."""
+beside the original's hosts (coldbench.evidence.bundles.compare)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,8 @@ from coldbench.api.github.models import PullRequest, PullRequestJob
 from coldbench.api.hosts.models import Host
 from coldbench.api.jobs.models import Job
 from coldbench.api.reproductions.models import EvidenceReproduction
-from coldbench.evidence.boundary import TextRefused, Utf8Lines, door_check_json, door_json_loads
-from coldbench.evidence.bundle import BundleError, read_zip, verify_files
-from coldbench.evidence.canonical import sha256_hex, sha256_json
-from coldbench.evidence.compare import (
+from coldbench.evidence.bundles.bundle import BundleError, read_zip, verify_files
+from coldbench.evidence.bundles.compare import (
     REPRODUCES_FILE,
     CompareError,
     HostComparison,
@@ -37,6 +35,13 @@ from coldbench.evidence.compare import (
     identity_difference,
     job_identity,
 )
+from coldbench.evidence.contract.boundary import (
+    TextRefused,
+    Utf8Lines,
+    door_check_json,
+    door_json_loads,
+)
+from coldbench.evidence.contract.canonical import sha256_hex, sha256_json
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +108,7 @@ def with_hosts_markdown(
 ) -> str:
     """The evidence's PR Markdown with the reproducing hosts' section at its end (as
     `/e/{id}.md` and a pull request's comment show it); unchanged where none was uploaded."""
-    from coldbench.evidence.compare import comparison_markdown
+    from coldbench.evidence.bundles.compare import comparison_markdown
 
     comparison = host_comparison(db_session=db_session, store=store, evidence_id=evidence_id)
     if comparison is None:
@@ -255,9 +260,9 @@ def add_reproduction(
 def section_html(comparison: HostComparison) -> str:
     """The evidence page's hosts section (escaped by the template)."""
     from coldbench.api.pages.templates import templates
-    from coldbench.evidence.agreement import RULE
-    from coldbench.evidence.compare import interval_text
-    from coldbench.evidence.markdown import reproduction_machines
+    from coldbench.evidence.analysis.agreement import RULE
+    from coldbench.evidence.bundles.compare import interval_text
+    from coldbench.evidence.rendering.markdown import reproduction_machines
 
     machines = reproduction_machines([h.provenance for h in comparison.hosts])
     return (
@@ -291,7 +296,7 @@ def with_reproductions(page: bytes, comparison: HostComparison) -> bytes:
     Markdown at the end of the box's text (the page's own header marks both places)."""
     import html
 
-    from coldbench.evidence.compare import comparison_markdown
+    from coldbench.evidence.bundles.compare import comparison_markdown
 
     markdown = "\n\n" + "\n".join(comparison_markdown(comparison)) + "\n"
     page = page.replace(b"</textarea>", html.escape(markdown).encode() + b"</textarea>", 1)

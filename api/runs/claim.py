@@ -34,9 +34,9 @@ from coldbench.api.runs.service import AUDIT_COLUMNS
 from coldbench.api.runs.wakeup import WorkSignal
 from coldbench.api.settings import Settings
 from coldbench.api.transactions import Database, Execute, Program, among_ids
-from coldbench.evidence.boundary import value_problem
-from coldbench.evidence.protocol import JobState, Lease, RepositoryOffer, RunState
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.contract.boundary import value_problem
+from coldbench.evidence.contract.protocol import JobState, Lease, RepositoryOffer, RunState
+from coldbench.evidence.contract.schemas import JobSpec
 
 log = logging.getLogger(__name__)
 

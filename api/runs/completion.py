@@ -37,8 +37,8 @@ from coldbench.api.runs.service import (
     row_is_current,
 )
 from coldbench.api.transactions import Execute, Program
-from coldbench.evidence.protocol import JobState, RunState
-from coldbench.evidence.schemas import Manifest
+from coldbench.evidence.contract.protocol import JobState, RunState
+from coldbench.evidence.contract.schemas import Manifest
 
 REQUIRED_FILES = ("records.jsonl", "provenance.json")
 

@@ -26,7 +26,7 @@ from coldbench.api.runs.models import Run
 from coldbench.api.runs.service import get_attempt
 from coldbench.api.runs.wakeup import announce_work
 from coldbench.api.settings import Settings
-from coldbench.evidence.protocol import RunState
+from coldbench.evidence.contract.protocol import RunState
 
 log = logging.getLogger(__name__)
 

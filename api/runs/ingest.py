@@ -27,11 +27,11 @@ from coldbench.api.jobs import service as job_service
 from coldbench.api.jobs.models import Job
 from coldbench.api.runs.models import Cell, Run
 from coldbench.api.settings import Settings
-from coldbench.evidence.boundary import strict_json_loads
-from coldbench.evidence.bundle import JOB_FILE
-from coldbench.evidence.protocol import RunState
-from coldbench.evidence.resolution import resolution_problem
-from coldbench.evidence.schemas import JobSpec, Record
+from coldbench.evidence.bundles.bundle import JOB_FILE
+from coldbench.evidence.contract.boundary import strict_json_loads
+from coldbench.evidence.contract.protocol import RunState
+from coldbench.evidence.contract.schemas import JobSpec, Record
+from coldbench.evidence.spec.resolution import resolution_problem
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ def parse_cells(raw: bytes, run: Run) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         try:
             # pydantic's parser and validation in one call; a line it refuses is read again
-            # strictly, for the message that says why (evidence/records.py parse_record_line).
+            # strictly, for the message that says why (evidence/contract/records.py
+            # parse_record_line).
             record = Record.model_validate_json(line)
         except ValidationError:
             try:

@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from coldbench.api.database import Base, SpecColumn, UTCDateTime, one_of, utcnow
-from coldbench.evidence.protocol import ATTEMPT_STATES, RunState
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.contract.protocol import ATTEMPT_STATES, RunState
+from coldbench.evidence.contract.schemas import JobSpec
 
 
 class Run(Base):
@@ -40,7 +40,7 @@ class Run(Base):
     # Records that failed validation at ingest ("line N: why"); the raw file stays stored.
     ingest_errors: Mapped[list[str] | None] = mapped_column(sa.JSON)
     # The spec this run's host ran when the job left refs for it to resolve (a history's range,
-    # a bisection's good..bad; evidence/resolution.py), checked at ingest; analysis uses it.
+    # a bisection's good..bad; evidence/spec/resolution.py), checked at ingest; analysis uses it.
     resolved_spec: Mapped[JobSpec | None] = mapped_column(SpecColumn)
 
 

@@ -10,7 +10,12 @@ from starlette.concurrency import run_in_threadpool
 from coldbench.api.deps import DatabaseDep, SettingsDep, WorkerClaim
 from coldbench.api.routing import StrictJSONRoute
 from coldbench.api.runs import claim, completion
-from coldbench.evidence.protocol import CompleteRequest, CompleteResponse, Lease, LeaseRequest
+from coldbench.evidence.contract.protocol import (
+    CompleteRequest,
+    CompleteResponse,
+    Lease,
+    LeaseRequest,
+)
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["runs"])
 

@@ -1,4 +1,5 @@
-"""API shapes of run views (leases and completion: the worker protocol, evidence/protocol.py)."""
+"""API shapes of run views (leases and completion: the worker protocol,
+evidence/contract/protocol.py)."""
 
 from __future__ import annotations
 

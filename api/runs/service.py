@@ -41,7 +41,7 @@ from coldbench.api.auth import service as auth_service
 from coldbench.api.errors import Forbidden, NotFound
 from coldbench.api.hosts.models import Host
 from coldbench.api.runs.models import Run, RunAttempt
-from coldbench.evidence.protocol import RunState
+from coldbench.evidence.contract.protocol import RunState
 
 _runs = cast(sa.Table, Run.__table__)
 _attempts = cast(sa.Table, RunAttempt.__table__)

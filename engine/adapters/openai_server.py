@@ -497,7 +497,7 @@ class OpenAIServerAdapter:
         `WARM_BY_TIMING_RATIO`). Caught: the server counted cached tokens. Counted none but
         warm by timing: the count is blind, the record stays `ok` (the evidence is invalid)
         and its reason says so. Neither: the server kept no prompt cache (e.g.
-        `--prompt-cache-size 0`), so the canary could not be warm (evidence/canary.py:
+        `--prompt-cache-size 0`), so the canary could not be warm (evidence/analysis/canary.py:
         `unwarmed`)."""
         assert self.prompts is not None, "load() first"
         prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
@@ -621,7 +621,7 @@ class OpenAIServerAdapter:
 
 
 def _render_proof(template: str, value: Any) -> str:
-    """The proof with `{value}` filled, as coldbench.evidence.options renders it (escaped)."""
+    """The proof with `{value}` filled, as coldbench.evidence.spec.options renders it (escaped)."""
     text = ("1" if value else "0") if isinstance(value, bool) else str(int(value))
     return template.replace(VALUE_PLACEHOLDER, re.escape(text))
 

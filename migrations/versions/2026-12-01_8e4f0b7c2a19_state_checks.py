@@ -1,7 +1,8 @@
 """Jobs, runs and run attempts may only hold the states of their StrEnums (CHECK constraints).
 
 The values are written out here, as they were when this migration was made: a migration must
-not change when the enums in evidence/protocol.py later do (a new state needs a new migration).
+not change when the enums in evidence/contract/protocol.py later do (a new state needs a new
+migration).
 
 Revision ID: 8e4f0b7c2a19
 Revises: 3c1d2e9a7b45

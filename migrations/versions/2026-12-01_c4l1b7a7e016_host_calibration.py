@@ -1,4 +1,5 @@
-"""Hosts keep their latest calibration (`coldbench calibrate`, coldbench.evidence.calibration).
+"""Hosts keep their latest calibration (`coldbench calibrate`,
+coldbench.evidence.contract.calibration).
 
 Revision ID: c4l1b7a7e016
 Revises: 7693a6ba4526

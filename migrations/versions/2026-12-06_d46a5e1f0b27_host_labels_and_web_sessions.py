@@ -25,11 +25,10 @@ depends_on: str | Sequence[str] | None = None
 
 def _storable(value: Any) -> Any:
     """`value` with NUL and lone surrogates replaced, nested (the door's rule when this
-    migration was written: evidence/boundary.py door_text_problem)."""
+    migration was written: evidence/contract/boundary.py door_text_problem)."""
     if isinstance(value, str):
         return "".join(
-            "\ufffd" if char == "\x00" or 0xD800 <= ord(char) <= 0xDFFF else char
-            for char in value
+            "\ufffd" if char == "\x00" or 0xD800 <= ord(char) <= 0xDFFF else char for char in value
         )
     if isinstance(value, dict):
         return {_storable(key): _storable(item) for key, item in value.items()}
@@ -66,7 +65,9 @@ def _clean_json_columns(connection: sa.Connection) -> None:
             for *key_values, value in connection.execute(query).all():
                 cleaned = _storable(value)
                 if cleaned != value:
-                    match = sa.and_(*(table.c[k] == v for k, v in zip(keys, key_values, strict=True)))
+                    match = sa.and_(
+                        *(table.c[k] == v for k, v in zip(keys, key_values, strict=True))
+                    )
                     connection.execute(table.update().where(match).values({name: cleaned}))
 
 

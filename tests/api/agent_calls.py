@@ -17,7 +17,7 @@ from coldbench.api.runs import heartbeat as run_heartbeat
 from coldbench.api.runs.models import Run
 from coldbench.api.settings import Settings
 from coldbench.api.transactions import run_in_session, run_one_in_session
-from coldbench.evidence.protocol import Lease
+from coldbench.evidence.contract.protocol import Lease
 
 
 def expire_loaded(db_session: Session, *keys: tuple[type, str | None]) -> None:

@@ -14,8 +14,8 @@ from coldbench.api.hosts.models import Host
 from coldbench.api.jobs import service as job_service
 from coldbench.api.jobs.models import Job
 from coldbench.api.settings import Settings
-from coldbench.evidence.canonical import canonical_json, sha256_hex
-from coldbench.evidence.protocol import RepositoryOffer
+from coldbench.evidence.contract.canonical import canonical_json, sha256_hex
+from coldbench.evidence.contract.protocol import RepositoryOffer
 
 
 def fingerprint(**overrides: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """A bisection's job and its steps in the service (api/jobs/bisect.py), step ends simulated on
-the database: the next step's commits follow evidence/bisect.py's rule, a failed step fails the
-bisection, cancelling the bisection cancels its running step. The real thing, with processes
+the database: the next step's commits follow evidence/analysis/bisect.py's rule, a failed step fails
+the bisection, cancelling the bisection cancels its running step. The real thing, with processes
 and a planted slowdown, is tests/worker/test_bisect_service.py."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from coldbench.api.jobs import bisect
 from coldbench.api.jobs import service as job_service
 from coldbench.api.jobs.models import Job
 from coldbench.api.settings import Settings
-from coldbench.evidence.bisect import step_spec
-from coldbench.evidence.protocol import JobState
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.analysis.bisect import step_spec
+from coldbench.evidence.contract.protocol import JobState
+from coldbench.evidence.contract.schemas import JobSpec
 from tests.api.factories import job_payload, make_host
 
 LINE = [c * 40 for c in "abcde"]  # a good ... e bad

@@ -24,7 +24,7 @@ from coldbench.api.celery_app import make_celery
 from coldbench.api.runs import ingest
 from coldbench.api.runs.models import Run
 from coldbench.api.settings import Settings
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.conftest import bearer
 from tests.api.factories import (
     fingerprint,

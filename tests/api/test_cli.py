@@ -8,7 +8,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,7 @@ from fastapi.testclient import TestClient
 from coldbench.api.app import create_app
 from coldbench.api.database import make_engine, make_sessionmaker, upgrade_database
 from coldbench.api.settings import Settings
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.conftest import SentTasks, bearer
 from tests.api.factories import (
     fingerprint,

@@ -1,7 +1,7 @@
 """The door (issue 46): every text that enters the service is UTF-8 that PostgreSQL's `text`
 and `jsonb` accept (no NUL, no lone surrogate, no string past `MAX_DOOR_TEXT_CHARS`), checked
-once before any route reads it (`api/routing.py`, `evidence/boundary.py`), with a 4xx naming
-the field; nothing stored can fail a later read of the API or the pages.
+once before any route reads it (`api/routing.py`, `evidence/contract/boundary.py`), with a 4xx
+naming the field; nothing stored can fail a later read of the API or the pages.
 
 Hypothesis draws hostile text (lone surrogates, NUL, invalid UTF-8, oversized strings) into
 bodies, headers, query strings, paths, forms and uploads, bounded and derandomized; on
@@ -31,13 +31,13 @@ from coldbench.api.auth import service as auth_service
 from coldbench.api.database import make_engine, make_sessionmaker
 from coldbench.api.hosts.models import Host
 from coldbench.api.settings import Settings
-from coldbench.evidence.boundary import (
+from coldbench.evidence.contract.boundary import (
     MAX_DOOR_TEXT_CHARS,
     TextRefused,
     door_json_loads,
     door_text_problem,
 )
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.conftest import SentTasks, bearer
 from tests.api.factories import (
     fingerprint,

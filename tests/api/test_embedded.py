@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.factories import (
     fingerprint,
     job_payload,

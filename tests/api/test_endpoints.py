@@ -18,7 +18,7 @@ from coldbench.api.database import utcnow
 from coldbench.api.runs import expiry
 from coldbench.api.runs.models import Run, RunAttempt
 from coldbench.api.settings import Settings
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.conftest import bearer
 from tests.api.factories import (
     fingerprint,
@@ -746,7 +746,7 @@ def test_the_agent_reports_a_calibration_with_its_own_secret(
     it)."""
     import httpx
 
-    from coldbench.evidence.calibration import HostCalibration
+    from coldbench.evidence.contract.calibration import HostCalibration
     from coldbench.worker.agent import Agent, AgentError
     from coldbench.worker.config import HostConfig
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from coldbench.api.artifacts.store import LocalArtifactStore
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.factories import fingerprint, job_payload, manifest_for, provenance_json, record
 from tests.api.test_endpoints import complete, upload
 from tests.stack import Server, Stack, running_stack, stop_process, wait_until

@@ -19,7 +19,7 @@ from schemathesis import GenerationMode
 from sqlalchemy.orm import Session
 
 from coldbench.api.settings import Settings
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.conftest import bearer
 from tests.api.factories import fingerprint, job_payload, make_api_key, make_host, make_job
 

@@ -24,7 +24,7 @@ from coldbench.api.github.config import GitHubConfig, GitHubConfigError, load_gi
 from coldbench.api.github.models import GitHubDelivery, PullRequest, PullRequestJob
 from coldbench.api.jobs.models import Job
 from coldbench.api.settings import Settings
-from coldbench.evidence.protocol import JobState
+from coldbench.evidence.contract.protocol import JobState
 from tests.api.factories import make_host
 from tests.api.fake_github import (
     TOKEN,
@@ -458,7 +458,7 @@ def test_a_label_and_an_allowed_push_start_the_default_request(
 
 def test_conclusions_follow_the_policy() -> None:
     from coldbench.api.github.config import StatusPolicy
-    from coldbench.evidence.summary_schema import Comparison, Summary
+    from coldbench.evidence.contract.summary_schema import Comparison, Summary
 
     def summary(*verdicts: tuple[str, float]) -> Summary:
         comparisons = [

@@ -75,7 +75,7 @@ def test_mistakes_are_answered_in_one_line(text: str, message: str):
 def test_commits_is_offered_only_where_the_job_spec_has_the_mode():
     from typing import get_args
 
-    from coldbench.evidence.schemas import Mode
+    from coldbench.evidence.contract.schemas import Mode
 
     assert ("commits" in available_modes()) == ("commits" in get_args(Mode))
     assert available_modes()[:3] == ("ab", "ablation", "sweep")
@@ -85,13 +85,13 @@ def test_a_request_becomes_a_job_spec_through_the_one_builder():
     from coldbench.api.github.client import PullRequestHeads
     from coldbench.api.github.config import RepositoryConfig
     from coldbench.api.github.service import request_payload
-    from coldbench.evidence.job_options import (
+    from coldbench.evidence.contract.schemas import JobSpec
+    from coldbench.evidence.spec.job_options import (
         JobOptionsError,
         default_rounds,
         with_default_rounds,
         with_rounds_to_come,
     )
-    from coldbench.evidence.schemas import JobSpec
 
     repository = RepositoryConfig.model_validate(
         {

@@ -32,7 +32,7 @@ from coldbench.api.github.config import GitHubConfig, load_github_config
 from coldbench.api.github.models import GitHubDelivery, PullRequest, PullRequestJob
 from coldbench.api.jobs.models import Job
 from coldbench.api.settings import Settings
-from coldbench.evidence.protocol import JobState
+from coldbench.evidence.contract.protocol import JobState
 from tests.api.fake_github import FakeGitHub, signed
 from tests.api.test_github import (  # noqa: F401 (fixtures)
     BASE,

@@ -1,8 +1,8 @@
 """Hostile bytes from an enrolled host or a submitter: each request that carries them is
 refused with one line (422), nothing is stored, and every other host and submitter carries on.
 
-The boundary types are `evidence/boundary.py`'s: no control characters in text, finite floats,
-integers within their columns, bounded extra fields, strict JSON.
+The boundary types are `evidence/contract/boundary.py`'s: no control characters in text, finite
+floats, integers within their columns, bounded extra fields, strict JSON.
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def test_analysis_and_rendering_publish_evidence(
 ) -> None:
     from coldbench.api.evidence import service as evidence_service
     from coldbench.api.jobs.models import Job
-    from coldbench.evidence.bundle import read_zip, verify_files
+    from coldbench.evidence.bundles.bundle import read_zip, verify_files
 
     store = client.app.state.store
     job_id = _ingest(db_session, settings, client, completed_run.id)

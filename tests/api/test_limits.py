@@ -84,10 +84,10 @@ def test_long_lists_are_refused_by_their_length_first(
 
 def test_duplicate_checks_are_linear() -> None:
     """The per-item checks count once (a Counter), not once per item (list.count)."""
-    import coldbench.evidence.schemas
-    import coldbench.evidence.variant
+    import coldbench.evidence.contract.schemas
+    import coldbench.evidence.contract.variant
 
-    for module in (coldbench.evidence.schemas, coldbench.evidence.variant):
+    for module in (coldbench.evidence.contract.schemas, coldbench.evidence.contract.variant):
         source = open(module.__file__, encoding="utf-8").read()  # noqa: SIM115
         assert ".count(" not in source, module.__name__
 

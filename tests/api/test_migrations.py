@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from coldbench.api.migration import alembic_config
-from coldbench.evidence.protocol import ATTEMPT_STATES, JobState, RepositoryOffer, RunState
+from coldbench.evidence.contract.protocol import ATTEMPT_STATES, JobState, RepositoryOffer, RunState
 from tests.api.conftest import POSTGRES_URL, _server_url
 
 

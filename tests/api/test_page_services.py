@@ -45,7 +45,7 @@ def test_job_summary_is_the_typed_summary_or_none_for_one_that_no_longer_matches
     db_session: Session, settings: Settings, caplog
 ) -> None:
     from coldbench.api.jobs import service as job_service
-    from coldbench.evidence.summary import summarize
+    from coldbench.evidence.analysis.summary import summarize
     from tests.evidence.builders import simulate_run
 
     make_host(db_session, "studio")

@@ -28,10 +28,10 @@ from coldbench.api.jobs.models import Job
 from coldbench.api.reproductions import service
 from coldbench.api.reproductions.models import EvidenceReproduction
 from coldbench.api.settings import Settings
-from coldbench.evidence.bundle import build_bundle, zip_bytes
-from coldbench.evidence.canonical import canonical_json, sha256_hex
-from coldbench.evidence.protocol import JobState
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.bundles.bundle import build_bundle, zip_bytes
+from coldbench.evidence.contract.canonical import canonical_json, sha256_hex
+from coldbench.evidence.contract.protocol import JobState
+from coldbench.evidence.contract.schemas import JobSpec
 from tests.api.conftest import SentTasks, bearer
 from tests.api.factories import job_payload, make_host, make_job
 from tests.api.fake_github import FakeGitHub, serve

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from coldbench.api.evidence import page as evidence_pages
 from coldbench.api.evidence.models import Evidence
 from coldbench.api.settings import Settings
-from coldbench.evidence.bundle import build_bundle, verify_bundle, write_bundle, zip_bytes
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.bundles.bundle import build_bundle, verify_bundle, write_bundle, zip_bytes
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.factories import make_host, make_job
 from tests.evidence.builders import provenance, simulate_run
 from tests.web.builders import publish_evidence
@@ -196,7 +196,7 @@ def test_verify_expect_refuses_a_swapped_bundle(tmp_path: Path) -> None:
 
 
 def test_summary_md_escapes_host_supplied_html() -> None:
-    from coldbench.evidence.markdown import render_summary_md
+    from coldbench.evidence.rendering.markdown import render_summary_md
 
     hostile = '<img src=x onerror="alert(1)">'
     records = simulate_run(
@@ -207,7 +207,7 @@ def test_summary_md_escapes_host_supplied_html() -> None:
         r.model_copy(update={"status": "invalid", "reason": reason}) if i < 2 else r
         for i, r in enumerate(records)
     ]
-    # A command is one line (evidence/boundary.py); a reason, a paragraph, may break lines.
+    # A command is one line (evidence/contract/boundary.py); a reason, a paragraph, may break lines.
     prov = provenance(run_id="r-1", hostname=hostile, command=f"``` {hostile} ```")
     files, summary = build_bundle(records=records, provenances=[prov], baseline="base")
     for text in (files["summary.md"].decode(), render_summary_md(summary, [prov])):

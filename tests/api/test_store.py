@@ -22,7 +22,7 @@ from coldbench.api.artifacts.store import (
 )
 from coldbench.api.errors import Invalid, StoreFull, TooLarge
 from coldbench.api.settings import Settings
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.conftest import S3Server
 
 

@@ -93,7 +93,7 @@ def test_a_range_warns_about_its_rounds_once_its_host_resolved_its_size(
     """The rounds a verdict needs do not grow with the comparisons (a t interval widens, never
     becomes unreachable), so a range warns at submission when its rounds are too few, and says
     again what its host resolved it to."""
-    from coldbench.evidence.history import history_spec
+    from coldbench.evidence.analysis.history import history_spec
 
     make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
     payload = {
@@ -156,8 +156,8 @@ def test_a_job_only_offline_hosts_can_run_says_so(db_session: Session, settings:
 def test_a_commits_job_names_base_and_head_and_leaves_its_commits_to_its_host(
     settings: Settings,
 ) -> None:
-    from coldbench.evidence.commits import commits_spec
-    from coldbench.evidence.schemas import JobSpec
+    from coldbench.evidence.analysis.commits import commits_spec
+    from coldbench.evidence.contract.schemas import JobSpec
 
     payload = job_payload(
         mode="commits",
@@ -184,8 +184,9 @@ def test_a_commits_job_names_base_and_head_and_leaves_its_commits_to_its_host(
 
 def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Settings) -> None:
     """`POST /jobs` with no rounds (or null) takes the builder's default, the rounds that reach a
-    verdict (evidence/job_options.py), sized after the service bounds what a host may resolve."""
-    from coldbench.evidence.job_options import build_job_spec, default_rounds
+    verdict (evidence/spec/job_options.py), sized after the service bounds what a host may
+    resolve."""
+    from coldbench.evidence.spec.job_options import build_job_spec, default_rounds
 
     payload = job_payload()
     del payload["rounds"]
@@ -222,7 +223,7 @@ def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Se
 def test_a_range_from_any_door_gets_the_default_the_service_sizes(settings: Settings) -> None:
     """The form, submit and a pull request send rounds left to the default as left out
     (service_payload), so the service sizes them as it does for the JSON API."""
-    from coldbench.evidence.job_options import build_job_spec, default_rounds, service_payload
+    from coldbench.evidence.spec.job_options import build_job_spec, default_rounds, service_payload
 
     given = {
         "mode": "history",

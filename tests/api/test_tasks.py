@@ -208,7 +208,8 @@ def test_a_starting_worker_builds_what_every_report_reuses(
     from celery.signals import worker_init
 
     import coldbench.api.tasks  # noqa: F401 (connects the signal's receivers)
-    from coldbench.evidence import report, stats
+    from coldbench.evidence.analysis import stats
+    from coldbench.evidence.rendering import report
 
     imported: list[object] = []
     scipy_stats = stats._scipy_stats

@@ -38,7 +38,7 @@ from coldbench.api.runs.models import Run, RunAttempt
 from coldbench.api.runs.wakeup import WorkSignal, register_local
 from coldbench.api.settings import Settings
 from coldbench.api.transactions import AsyncDatabase, Execute, Program, make_async_engine
-from coldbench.evidence.protocol import JobState, RunState
+from coldbench.evidence.contract.protocol import JobState, RunState
 from tests.api import agent_calls
 from tests.api.factories import (
     fingerprint,

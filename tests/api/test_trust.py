@@ -15,7 +15,7 @@ from coldbench.api.hosts.models import Host
 from coldbench.api.runs import expiry
 from coldbench.api.runs.models import Run, RunAttempt
 from coldbench.api.settings import Settings
-from coldbench.evidence.canonical import sha256_hex
+from coldbench.evidence.contract.canonical import sha256_hex
 from tests.api.conftest import bearer
 from tests.api.factories import (
     fingerprint,

@@ -46,7 +46,7 @@ def test_the_wheel_installs_only_coldbench_beside_hugging_faces_kernels(
         "coldbench/api/main.py",
         "coldbench/migrations/env.py",
         "coldbench/web/templates/_field_error.html",
-        "coldbench/evidence/templates/report.html.j2",
+        "coldbench/evidence/rendering/templates/report.html.j2",
     ):
         assert path in names, path
 

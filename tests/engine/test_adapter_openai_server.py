@@ -29,11 +29,11 @@ from coldbench.engine.canary import CANARY_ENV
 from coldbench.engine.judge import judge_cell
 from coldbench.engine.plan import Plan
 from coldbench.engine.record import Measurement
-from coldbench.evidence.headline import caveats
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.report import render_report_html
-from coldbench.evidence.schemas import CANARY_ROUND, Record
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import CANARY_ROUND, Record
+from coldbench.evidence.rendering.headline import caveats
+from coldbench.evidence.rendering.markdown import render_summary_md
+from coldbench.evidence.rendering.report import render_report_html
 
 MLX_LM_SERVER = ["{python}", "-m", "mlx_lm", "server", "--model", "{model}", "--port", "{port}"]
 

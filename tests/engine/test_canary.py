@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.report import render_report_html
-from coldbench.evidence.schemas import CANARY_ROUND, Record
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import CANARY_ROUND, Record
+from coldbench.evidence.rendering.markdown import render_summary_md
+from coldbench.evidence.rendering.report import render_report_html
 
 REPO = Path(__file__).resolve().parents[2]
 

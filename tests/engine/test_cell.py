@@ -13,7 +13,7 @@ from coldbench.engine.cell import run_cell
 from coldbench.engine.flags import Flags
 from coldbench.engine.prompts import PromptSource, ids_sha256
 from coldbench.engine.record import CellRecord, Measurement
-from coldbench.evidence.schemas import Record
+from coldbench.evidence.contract.schemas import Record
 
 CONTEXT = 256
 DECODE = 6

@@ -1,4 +1,4 @@
-"""The flags the service checks at submit (evidence/engine_flags.py) are the engine's own: the
+"""The flags the service checks at submit (evidence/spec/engine_flags.py) are the engine's own: the
 same names, kinds, bounds and fast paths, and the same values refused."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from coldbench.engine.adapter_traits import ADAPTERS
 from coldbench.engine.adapters.mlx_lm import SUPPORTED_FLAGS
 from coldbench.engine.flags import MAX_PREFILL_STEP, Flags
-from coldbench.evidence import engine_flags
-from coldbench.evidence.schemas import SERVER_ADAPTERS, AdapterName
+from coldbench.evidence.contract.schemas import SERVER_ADAPTERS, AdapterName
+from coldbench.evidence.spec import engine_flags
 from coldbench.kernels import FAST_PATHS
 
 

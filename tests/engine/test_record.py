@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from coldbench.engine.record import REASON_MAX_CHARS, CellRecord, Measurement, clip, one_line
-from coldbench.evidence.schemas import Record
+from coldbench.evidence.contract.schemas import Record
 
 IDENTITY = {"run_id": "r", "variant": "base", "round": 0, "order": 1, "context_tokens": 64}
 

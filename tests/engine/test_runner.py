@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coldbench.evidence.schemas import Record
+from coldbench.evidence.contract.schemas import Record
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from coldbench.evidence.schemas import Provenance, Record
+from coldbench.evidence.contract.schemas import Provenance, Record
 
 START = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
 
@@ -152,7 +152,8 @@ def provenance(run_id: str = "r-1", hostname: str = "studio-1", **overrides: Any
 
 
 def calibration_sample(hostname: str = "studio-1") -> dict[str, Any]:
-    """A `coldbench calibrate` result (coldbench.evidence.calibration.HostCalibration) as JSON."""
+    """A `coldbench calibrate` result (coldbench.evidence.contract.calibration.HostCalibration) as
+    JSON."""
     comparison = {"context_tokens": 16384, "n": 24, "blocks": 12, "ratio_median": 0.998}
     aa = [
         {

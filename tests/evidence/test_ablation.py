@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from coldbench.evidence.ablation import ABLATION_NOTE
-from coldbench.evidence.schemas import JobSpec
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.ablation import ABLATION_NOTE
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import JobSpec
 from tests.evidence.builders import simulate_run
 
 

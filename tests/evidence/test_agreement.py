@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import stats
 
-from coldbench.evidence.agreement import HostResult, host_agreement, log_standard_error
+from coldbench.evidence.analysis.agreement import HostResult, host_agreement, log_standard_error
 
 
 def _host(name: str, ratio: float, low: float, high: float, level: float | None = None):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from coldbench.evidence.bisect import bisect_sentences, decide_step, next_line, step_spec
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.report import render_report_html
-from coldbench.evidence.resolution import resolution_problem
-from coldbench.evidence.schemas import JobSpec
-from coldbench.evidence.summary import summarize
-from coldbench.evidence.summary_schema import StepResult
+from coldbench.evidence.analysis.bisect import bisect_sentences, decide_step, next_line, step_spec
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import JobSpec
+from coldbench.evidence.contract.summary_schema import StepResult
+from coldbench.evidence.rendering.markdown import render_summary_md
+from coldbench.evidence.rendering.report import render_report_html
+from coldbench.evidence.spec.resolution import resolution_problem
 from tests.evidence.builders import provenance, simulate_run
 
 

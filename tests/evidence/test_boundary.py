@@ -1,5 +1,5 @@
-"""The boundary types (evidence/boundary.py): whatever a host or a submitter sends, a message
-or a file either is refused with a ValidationError (or a JSONDecodeError), or what validated
+"""The boundary types (evidence/contract/boundary.py): whatever a host or a submitter sends, a
+message or a file either is refused with a ValidationError (or a JSONDecodeError), or what validated
 is storable: canonical JSON, no NUL or other control character outside multi-line text,
 finite floats, integers within 64 bits.
 
@@ -19,16 +19,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from coldbench.evidence.boundary import MAX_EXTRA_FIELDS, strict_json_loads, value_problem
-from coldbench.evidence.canonical import canonical_json
-from coldbench.evidence.protocol import (
+from coldbench.evidence.contract.boundary import MAX_EXTRA_FIELDS, strict_json_loads, value_problem
+from coldbench.evidence.contract.canonical import canonical_json
+from coldbench.evidence.contract.protocol import (
     CompleteRequest,
     HeartbeatRequest,
     InvalidCell,
     LeaseRequest,
     RegisterRequest,
 )
-from coldbench.evidence.schemas import HostInfo, JobSpec, Manifest, Provenance, Record
+from coldbench.evidence.contract.schemas import HostInfo, JobSpec, Manifest, Provenance, Record
 from tests.evidence.strategies import (
     HOSTILE_JSON,
     VALID_MESSAGES,
@@ -195,7 +195,7 @@ def test_job_spec_numbers_fit_their_columns_and_json() -> None:
     # A field's own lower bound holds beside its column's range.
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         JobSpec.model_validate({**base, "rounds": 0})
-    # round -2 is a run's warm canary (evidence.schemas.CANARY_ROUND), -1 a warm-up
+    # round -2 is a run's warm canary (evidence.contract.schemas.CANARY_ROUND), -1 a warm-up
     with pytest.raises(ValidationError, match="greater than or equal to -2"):
         Record.model_validate({**VALID_RECORD, "round": -3})
     with pytest.raises(ValidationError, match="greater than or equal to -2147483648"):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.bundle import (
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.bundles.bundle import (
     MANIFEST_FILE,
     MAX_BUNDLE_BYTES,
     BundleError,
@@ -25,8 +26,7 @@ from coldbench.evidence.bundle import (
     write_folder,
     zip_bytes,
 )
-from coldbench.evidence.canonical import canonical_json, sha256_hex
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.contract.canonical import canonical_json, sha256_hex
 from tests.evidence.builders import provenance, simulate_run
 
 
@@ -259,8 +259,8 @@ def test_cli_verify_exit_codes_and_lines(folder: Path, coldbench_cmd: list[str])
 
 
 def test_write_bundle_end_to_end(tmp_path: Path, coldbench_cmd: list[str]) -> None:
-    from coldbench.evidence.bundle import write_bundle
-    from coldbench.evidence.schemas import JobSpec
+    from coldbench.evidence.bundles.bundle import write_bundle
+    from coldbench.evidence.contract.schemas import JobSpec
 
     spec = JobSpec.model_validate(
         {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64, 256], "rounds": 8}
@@ -308,7 +308,7 @@ def test_write_bundle_end_to_end(tmp_path: Path, coldbench_cmd: list[str]) -> No
 
 def _reseal(files: dict[str, bytes]) -> dict[str, bytes]:
     """Rewrite the manifest over edited files: what a careful forger would do."""
-    from coldbench.evidence.bundle import build_manifest
+    from coldbench.evidence.bundles.bundle import build_manifest
 
     resealed = dict(files)
     provenance_value = json.loads(files["provenance.json"])
@@ -317,7 +317,7 @@ def _reseal(files: dict[str, bytes]) -> dict[str, bytes]:
 
 
 def test_recompute_catches_a_resealed_summary_whose_numbers_were_edited(tmp_path: Path) -> None:
-    from coldbench.evidence.bundle import build_bundle, recompute_problems
+    from coldbench.evidence.bundles.bundle import build_bundle, recompute_problems
 
     records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
     files, summary = build_bundle(
@@ -338,7 +338,7 @@ def test_recompute_catches_a_resealed_summary_whose_numbers_were_edited(tmp_path
 
 
 def test_recompute_names_a_field_the_forger_added_or_removed() -> None:
-    from coldbench.evidence.bundle import build_bundle, recompute_problems
+    from coldbench.evidence.bundles.bundle import build_bundle, recompute_problems
 
     records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
     files, _ = build_bundle(
@@ -371,7 +371,7 @@ def test_recompute_names_a_field_the_forger_added_or_removed() -> None:
 def test_verify_refuses_a_resealed_summary_that_breaks_the_contract(
     tmp_path: Path, coldbench_cmd: list[str], edit, reason: str
 ) -> None:
-    from coldbench.evidence.bundle import build_bundle
+    from coldbench.evidence.bundles.bundle import build_bundle
 
     records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
     files, _ = build_bundle(records=records, provenances=[provenance()], baseline="base")
@@ -388,9 +388,9 @@ def test_verify_refuses_a_resealed_summary_that_breaks_the_contract(
 
 def test_every_bundle_summary_reads_back_to_the_same_bytes() -> None:
     """summary.json is written from the typed summary and, parsed back, writes the same bytes:
-    which keys a file holds is part of the contract (evidence/summary_schema.py)."""
-    from coldbench.evidence.bundle import build_bundle, summary_of
-    from coldbench.evidence.summary_schema import summary_json_bytes
+    which keys a file holds is part of the contract (evidence/contract/summary_schema.py)."""
+    from coldbench.evidence.bundles.bundle import build_bundle, summary_of
+    from coldbench.evidence.contract.summary_schema import summary_json_bytes
 
     records = simulate_run(effects={"base": 1.0, "fast": 1.05}, rounds=6)
     files, summary = build_bundle(records=records, provenances=[provenance()], baseline="base")
@@ -418,7 +418,7 @@ def test_records_of_a_run_without_provenance_and_bad_job_json_are_named(
 
 
 def _run_spec():
-    from coldbench.evidence.schemas import JobSpec
+    from coldbench.evidence.contract.schemas import JobSpec
 
     return JobSpec.model_validate(
         {"variants": [{"name": "base"}, {"name": "fast"}], "contexts": [64], "rounds": 6}
@@ -428,8 +428,8 @@ def _run_spec():
 def test_a_hosts_bundle_is_build_bundles_own() -> None:
     """`coldbench run` and the agent bundle through build_run_bundle: the same files as the
     service's build_bundle for the same records, spec and provenance."""
-    from coldbench.evidence.bundle import build_bundle, build_run_bundle
-    from coldbench.evidence.records import records_bytes
+    from coldbench.evidence.bundles.bundle import build_bundle, build_run_bundle
+    from coldbench.evidence.contract.records import records_bytes
 
     records = records_bytes(simulate_run(effects={"base": 1.0, "fast": 1.05}, contexts=(64,)))
     common = {"records": records, "provenances": [provenance()], "spec": _run_spec()}
@@ -443,7 +443,7 @@ def test_a_hosts_bundle_is_build_bundles_own() -> None:
 
 
 def test_a_run_without_measured_cells_bundles_its_data_and_logs_only() -> None:
-    from coldbench.evidence.bundle import build_run_bundle
+    from coldbench.evidence.bundles.bundle import build_run_bundle
 
     files, summary = build_run_bundle(
         records=b"",
@@ -465,14 +465,14 @@ def test_a_run_without_measured_cells_bundles_its_data_and_logs_only() -> None:
 
 
 def test_a_rendering_failure_keeps_the_measurements(monkeypatch, caplog) -> None:
-    import coldbench.evidence.bundle
-    from coldbench.evidence.bundle import build_run_bundle
-    from coldbench.evidence.records import records_bytes
+    import coldbench.evidence.bundles.bundle
+    from coldbench.evidence.bundles.bundle import build_run_bundle
+    from coldbench.evidence.contract.records import records_bytes
 
     def broken(*args, **kwargs):
         raise RuntimeError("template bug")
 
-    monkeypatch.setattr(coldbench.evidence.bundle, "render_report_html", broken)
+    monkeypatch.setattr(coldbench.evidence.bundles.bundle, "render_report_html", broken)
     records = records_bytes(simulate_run(effects={"base": 1.0, "fast": 1.05}, contexts=(64,)))
     files, summary = build_run_bundle(records=records, provenances=[provenance()], spec=_run_spec())
     assert summary is None and files["records.jsonl"] == records

@@ -5,14 +5,14 @@ import functools
 import pytest
 from pydantic import ValidationError
 
-from coldbench.evidence.calibration import (
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.calibration import (
     HostCalibration,
     calibrate_result,
     job_of,
     merge_calibrations,
 )
-from coldbench.evidence.schemas import HostInfo
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.contract.schemas import HostInfo
 from tests.evidence.builders import START, calibration_sample, simulate_run
 
 
@@ -83,7 +83,12 @@ def test_a_run_in_turns_is_priced_a_load_per_variant_per_block_above_side_by_sid
     """Side by side a block's processes load together (one load); in turns each variant's turn
     is a start of its own. The same run is priced above side by side by (variants - 1) loads a
     block, and its blocks come out no shorter (the start they amortise costs more)."""
-    from coldbench.evidence.calibration import VarianceSums, block_length, noise_of, run_cost_s
+    from coldbench.evidence.contract.calibration import (
+        VarianceSums,
+        block_length,
+        noise_of,
+        run_cost_s,
+    )
 
     sums = VarianceSums(ss_between=0.0009, df_between=9, ss_within=0.011, df_within=110, m0=12.0)
     noise = noise_of(sums, load_s=8.0, cell_s_per_token=0.75 / 16384, contexts=[16384])

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from coldbench.evidence.bundle import first_difference
-from coldbench.evidence.commits import commits_sentences, commits_spec
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.report import render_report_html
-from coldbench.evidence.resolution import resolution_problem
-from coldbench.evidence.schemas import JobSpec, error_field
-from coldbench.evidence.summary import summarize
-from coldbench.evidence.summary_schema import Summary
+from coldbench.evidence.analysis.commits import commits_sentences, commits_spec
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.bundles.bundle import first_difference
+from coldbench.evidence.contract.schemas import JobSpec, error_field
+from coldbench.evidence.contract.summary_schema import Summary
+from coldbench.evidence.rendering.markdown import render_summary_md
+from coldbench.evidence.rendering.report import render_report_html
+from coldbench.evidence.spec.resolution import resolution_problem
 from tests.evidence.builders import provenance, simulate_run
 
 GOLDEN = Path(__file__).parent / "golden"

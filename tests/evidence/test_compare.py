@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from coldbench.evidence.bundle import build_bundle, evidence_id_of, write_folder, zip_bytes
-from coldbench.evidence.compare import (
+from coldbench.evidence.bundles.bundle import build_bundle, evidence_id_of, write_folder, zip_bytes
+from coldbench.evidence.bundles.compare import (
     CompareError,
     compare_hosts,
     comparison_lines,
     host_runs,
     load_source,
 )
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.contract.schemas import JobSpec
 from tests.evidence.builders import provenance, simulate_run
 
 SPEC = {
@@ -136,7 +136,7 @@ def test_an_evidence_url_is_fetched_and_must_be_that_evidence(
     base, served = evidence_server
     a, a_id = _bundle(tmp_path / "a", hostname="h100", effect=1.06, seed=1)
     b, b_id = _bundle(tmp_path / "b", hostname="h200", effect=1.06, seed=2)
-    from coldbench.evidence.bundle import read_bundle
+    from coldbench.evidence.bundles.bundle import read_bundle
 
     (served / f"{a_id}.zip").write_bytes(zip_bytes(read_bundle(a)))
     # another bundle served under b's id: intact, but not the evidence the URL names

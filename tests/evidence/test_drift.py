@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
 from tests.evidence.builders import simulate_run
 
 
@@ -37,7 +37,7 @@ def test_drift_larger_than_the_claimed_effect_is_flagged_and_bracketing_holds() 
 
 
 def test_a_run_of_seconds_gets_no_hourly_rate_and_no_overflow() -> None:
-    from coldbench.evidence.markdown import drift_rate_text
+    from coldbench.evidence.rendering.markdown import drift_rate_text
 
     # Eight seconds in which the machine doubles its speed: an hourly rate would be absurd.
     records = simulate_run(

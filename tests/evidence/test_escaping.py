@@ -18,11 +18,11 @@ import pytest
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from coldbench.evidence.escaping import escape_html, md_code, md_fence, md_text, one_line
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.report import render_report_html
-from coldbench.evidence.schemas import CorpusInfo, JobSpec, Provenance
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import CorpusInfo, JobSpec, Provenance
+from coldbench.evidence.rendering.escaping import escape_html, md_code, md_fence, md_text, one_line
+from coldbench.evidence.rendering.markdown import render_summary_md
+from coldbench.evidence.rendering.report import render_report_html
 from tests.evidence.builders import provenance, record, simulate_run
 
 HOSTILE = (

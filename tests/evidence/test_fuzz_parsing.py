@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from coldbench.evidence.bundle import BundleError, read_zip, verify_files
-from coldbench.evidence.records import parse_records
-from coldbench.evidence.schemas import JobSpec, Manifest, Record
-from coldbench.evidence.variant import expand_variants
+from coldbench.evidence.bundles.bundle import BundleError, read_zip, verify_files
+from coldbench.evidence.contract.records import parse_records
+from coldbench.evidence.contract.schemas import JobSpec, Manifest, Record
+from coldbench.evidence.contract.variant import expand_variants
 from tests.evidence.builders import record
 
 BOUNDED = settings(

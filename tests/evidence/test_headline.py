@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from coldbench.evidence.headline import caveats, compared_lines
-from coldbench.evidence.summary import summarize
-from coldbench.evidence.summary_schema import NoiseFloor
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.summary_schema import NoiseFloor
+from coldbench.evidence.rendering.headline import caveats, compared_lines
 from tests.evidence.builders import provenance, simulate_run
 
 

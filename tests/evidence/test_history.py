@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from coldbench.evidence.history import history_sentences
-from coldbench.evidence.report import render_report_html
-from coldbench.evidence.schemas import JobSpec
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.history import history_sentences
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import JobSpec
+from coldbench.evidence.rendering.report import render_report_html
 from tests.evidence.builders import provenance, simulate_run
 
 # c1 and c2 harmless, c3 the planted 8% slowdown, c4 does not build, c5 harmless after it.
@@ -115,7 +115,7 @@ def test_history_spec_rules() -> None:
 
 
 def test_summary_md_opens_with_the_steps(history_job) -> None:
-    from coldbench.evidence.markdown import render_summary_md
+    from coldbench.evidence.rendering.markdown import render_summary_md
 
     summary, _records, measured = history_job
     text = render_summary_md(summary, [measured])

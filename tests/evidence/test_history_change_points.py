@@ -1,5 +1,5 @@
-"""A history of 14 commits with a slow drift and one step (evidence/history.py): the paired step
-rule names the step and only it; the change-point library finds the drift as well, and the
+"""A history of 14 commits with a slow drift and one step (evidence/analysis/history.py): the paired
+step rule names the step and only it; the change-point library finds the drift as well, and the
 drift is told apart from the step.
 
 Per-cell noise 2% (the builders' default): each point's interval is then about +-1.3%, so
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from coldbench.evidence.history import history_sentences
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.report import render_report_html
-from coldbench.evidence.schemas import JobSpec
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.history import history_sentences
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import JobSpec
+from coldbench.evidence.rendering.markdown import render_summary_md
+from coldbench.evidence.rendering.report import render_report_html
 from tests.evidence.builders import provenance, simulate_run
 
 # Flat for three commits, then 1% slower at each of c04..c09 (a drift: every neighbouring

@@ -7,7 +7,16 @@ from typing import Any
 
 import pytest
 
-from coldbench.evidence.job_options import (
+from coldbench.evidence.analysis.stats import (
+    Pair,
+    StatsOptions,
+    compare_pairs,
+    finish,
+    units_for_verdict,
+)
+from coldbench.evidence.contract.schemas import JobSpec, SpecLimits
+from coldbench.evidence.contract.summary_schema import Comparison
+from coldbench.evidence.spec.job_options import (
     JOB_OPTIONS,
     MODES,
     JobOptionsError,
@@ -16,15 +25,6 @@ from coldbench.evidence.job_options import (
     option_of_field,
     problem_lines,
 )
-from coldbench.evidence.schemas import JobSpec, SpecLimits
-from coldbench.evidence.stats import (
-    Pair,
-    StatsOptions,
-    compare_pairs,
-    finish,
-    units_for_verdict,
-)
-from coldbench.evidence.summary_schema import Comparison
 
 
 def _problems(given: dict[str, Any]) -> list[str]:

@@ -3,11 +3,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from coldbench.evidence.markdown import MAX_CHARS, _render, render_summary_md
-from coldbench.evidence.schemas import JobSpec
-from coldbench.evidence.stats import StatsOptions
-from coldbench.evidence.summary import summarize
-from coldbench.evidence.summary_schema import Comparison, Settings, Summary
+from coldbench.evidence.analysis.stats import StatsOptions
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import JobSpec
+from coldbench.evidence.contract.summary_schema import Comparison, Settings, Summary
+from coldbench.evidence.rendering.markdown import MAX_CHARS, _render, render_summary_md
 from tests.evidence.builders import provenance, record, simulate_run
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -125,7 +125,7 @@ def test_summary_json_golden_ab() -> None:
     differ in the last digit of a float)."""
     import json
 
-    from coldbench.evidence.bundle import first_difference
+    from coldbench.evidence.bundles.bundle import first_difference
 
     summary, _ = ab_summary()
     text = json.dumps(summary.to_json_value(), indent=1, sort_keys=True) + "\n"
@@ -140,7 +140,7 @@ def test_summary_json_golden_ab() -> None:
 
 def test_drift_interval_with_one_unknown_bound_renders() -> None:
     # A run of seconds extrapolated to an hour: one bound overflows to None, the other not.
-    from coldbench.evidence.report import render_report_html
+    from coldbench.evidence.rendering.report import render_report_html
 
     summary, provenances = ab_summary()
     first, *rest = summary.drift.runs
@@ -176,7 +176,7 @@ def _comparison(verdict: str, median: float, low: float, high: float, **extra) -
 
 
 def test_verdict_clause_states_the_change_and_its_interval_in_the_verdicts_direction() -> None:
-    from coldbench.evidence.markdown import verdict_clause
+    from coldbench.evidence.rendering.markdown import verdict_clause
 
     slower = _comparison("slower", 0.930, 0.916, 0.968)
     assert verdict_clause(slower, SETTINGS) == (
@@ -200,7 +200,7 @@ def test_verdict_clause_states_the_change_and_its_interval_in_the_verdicts_direc
 def test_rounds_to_detect_a_change_are_told_apart_from_rounds_for_the_precision() -> None:
     """A large change is detected long before its interval is +-precision wide: the two costs
     are stated apart, never the second as if it were the first."""
-    from coldbench.evidence.markdown import fmt_verdict, verdict_clause
+    from coldbench.evidence.rendering.markdown import fmt_verdict, verdict_clause
 
     large = _comparison("inconclusive", 0.43, 0.31, 0.82, rounds_needed=90, rounds_to_detect=9)
     assert verdict_clause(large, SETTINGS) == (
@@ -213,7 +213,7 @@ def test_rounds_to_detect_a_change_are_told_apart_from_rounds_for_the_precision(
 
 
 def test_summary_md_opens_with_one_sentence_per_context_then_the_table() -> None:
-    from coldbench.evidence.markdown import verdict_sentences
+    from coldbench.evidence.rendering.markdown import verdict_sentences
 
     summary, provenances = ab_summary()
     sentences = verdict_sentences(summary)
@@ -228,7 +228,7 @@ def test_summary_md_opens_with_one_sentence_per_context_then_the_table() -> None
 
 
 def test_each_variant_shows_the_software_its_own_process_imported() -> None:
-    from coldbench.evidence.report import render_report_html
+    from coldbench.evidence.rendering.report import render_report_html
 
     summary, _ = ab_summary()
     targets = [
@@ -265,8 +265,8 @@ def test_each_variant_shows_the_software_its_own_process_imported() -> None:
 
 
 def test_uncommitted_changes_of_a_source_repository_are_said_to_be_unmeasured() -> None:
-    from coldbench.evidence.markdown import render_summary_md
-    from coldbench.evidence.summary import summarize
+    from coldbench.evidence.analysis.summary import summarize
+    from coldbench.evidence.rendering.markdown import render_summary_md
     from tests.evidence.builders import provenance, simulate_run
 
     records = simulate_run(effects={"base": 1.0, "cand": 1.0}, rounds=6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from coldbench.evidence.options import (
+from coldbench.evidence.spec.options import (
     HostOption,
     OptionError,
     resolved_options,

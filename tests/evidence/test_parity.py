@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from coldbench.evidence.parity import first_divergence
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.parity import first_divergence
+from coldbench.evidence.analysis.summary import summarize
 from tests.evidence.builders import simulate_run
 
 

@@ -1,14 +1,15 @@
-"""Each prefill against its device's peak (evidence/peak.py, evidence/peaks.py)."""
+"""Each prefill against its device's peak (evidence/analysis/peak.py,
+evidence/analysis/peaks.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.peak import prefill_flops
-from coldbench.evidence.peaks import table_peak
-from coldbench.evidence.schemas import DevicePeak, HostInfo, ModelShape
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.peak import prefill_flops
+from coldbench.evidence.analysis.peaks import table_peak
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import DevicePeak, HostInfo, ModelShape
+from coldbench.evidence.rendering.markdown import render_summary_md
 from tests.evidence.builders import provenance, simulate_run
 
 # Llama 3 8B's config.json sizes (the llama-8b-shape preset).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from coldbench.evidence.protocol import (
+from coldbench.evidence.contract.protocol import (
     API_PREFIX,
     LEASE_WAIT_MAX_S,
     CompleteRequest,
@@ -69,7 +69,7 @@ def test_requests_refuse_unknown_fields_and_bound_the_long_poll() -> None:
 
 
 def test_progress_carries_a_finite_time_left_and_run_states_read_as_job_states() -> None:
-    from coldbench.evidence.protocol import JobState, Progress, RunState
+    from coldbench.evidence.contract.protocol import JobState, Progress, RunState
 
     assert Progress(cells_done=2, cells_total=8, eta_s=185.0).eta_s == 185.0
     for bad in (float("inf"), float("nan"), -1.0):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from coldbench.evidence.records import (
+from coldbench.evidence.contract.records import (
     RecordsError,
     parse_records,
     read_records,

@@ -5,9 +5,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from coldbench.evidence.report import plotly_js, provenance_digests, render_report_html
-from coldbench.evidence.schemas import JobSpec
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.schemas import JobSpec
+from coldbench.evidence.rendering.report import plotly_js, provenance_digests, render_report_html
 from tests.evidence.builders import provenance, record, simulate_run
 
 VOID = {
@@ -188,7 +188,7 @@ def test_report_draws_its_charts_offline_in_chromium(ablation_job, tmp_path) -> 
 
 
 def test_the_answer_comes_first_and_how_to_read_after_the_verdict_tables(ablation_job) -> None:
-    from coldbench.evidence.markdown import answer_sentences
+    from coldbench.evidence.rendering.markdown import answer_sentences
 
     summary, records, provenances = ablation_job
     html = render_report_html(summary, records, provenances, None)
@@ -209,7 +209,7 @@ def test_the_answer_comes_first_and_how_to_read_after_the_verdict_tables(ablatio
 
 
 def test_hosts_sharing_a_hostname_are_told_apart_by_their_registered_names() -> None:
-    from coldbench.evidence.markdown import host_line
+    from coldbench.evidence.rendering.markdown import host_line
 
     records = simulate_run(effects={"base": 1.0, "fast": 1.1}, rounds=6, run_id="r-1")
     records += simulate_run(effects={"base": 1.0, "fast": 1.1}, rounds=6, run_id="r-2", seed=4)
@@ -231,7 +231,7 @@ def test_hosts_sharing_a_hostname_are_told_apart_by_their_registered_names() -> 
 
 def test_context_axes_are_logarithmic(ablation_job) -> None:
     """4K..128K contexts spread evenly instead of bunching at the left."""
-    from coldbench.evidence.report import build_figures
+    from coldbench.evidence.rendering.report import build_figures
 
     summary, records, _ = ablation_job
     figures = {figure["id"]: figure["spec"] for figure in build_figures(summary, records)}

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
 from tests.evidence.builders import provenance, simulate_run
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from coldbench.evidence.schemas import JobSpec, Manifest, Record
+from coldbench.evidence.contract.schemas import JobSpec, Manifest, Record
 
 
 def _record(**overrides: object) -> dict[str, object]:
@@ -84,7 +84,7 @@ def test_manifest_refuses_unsafe_names(name: str) -> None:
 
 
 def test_a_validation_error_is_one_line_naming_its_field() -> None:
-    from coldbench.evidence.schemas import error_line
+    from coldbench.evidence.contract.schemas import error_line
 
     base = {"model": "m", "contexts": [64], "rounds": 3, "variants": [{"name": "a"}, {"name": "b"}]}
     with pytest.raises(ValidationError) as raised:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coldbench.evidence.spec_text import (
+from coldbench.evidence.contract.spec_text import (
     flag_text,
     flags_text,
     parse_context,
@@ -15,7 +15,7 @@ from coldbench.evidence.spec_text import (
     parse_flags,
     parse_variant,
 )
-from coldbench.evidence.variant import parse_variant as parse_variant_spec
+from coldbench.evidence.contract.variant import parse_variant as parse_variant_spec
 
 
 def test_contexts_take_k_and_m_suffixes_everywhere() -> None:

@@ -6,9 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from coldbench.evidence.canonical import canonical_json
-from coldbench.evidence.schemas import JobSpec
-from coldbench.evidence.stats import (
+from coldbench.evidence.analysis.stats import (
     CellIndex,
     Looks,
     StatsOptions,
@@ -18,7 +16,9 @@ from coldbench.evidence.stats import (
     trimmed_estimate,
     units_for_verdict,
 )
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.canonical import canonical_json
+from coldbench.evidence.contract.schemas import JobSpec
 from tests.evidence.builders import record, simulate_run
 
 FAST = StatsOptions(n_resamples=200)
@@ -314,7 +314,7 @@ def test_decode_is_compared_separately() -> None:
 
 
 def test_order_statistic_interval_interpolates_to_the_level() -> None:
-    from coldbench.evidence.stats import order_statistic_interval
+    from coldbench.evidence.analysis.stats import order_statistic_interval
 
     assert order_statistic_interval([5, 1, 4, 2, 3], 0.95) == (1, 5)  # too few: the range
     low, high = order_statistic_interval(list(range(1, 7)), 0.95)
@@ -326,7 +326,7 @@ def test_order_statistic_interval_interpolates_to_the_level() -> None:
 def test_median_interval_covers_about_95_percent_with_six_pairs() -> None:
     import numpy as np
 
-    from coldbench.evidence.stats import median_interval
+    from coldbench.evidence.analysis.stats import median_interval
 
     rng = np.random.default_rng(1)
     options = StatsOptions(n_resamples=100)
@@ -413,8 +413,8 @@ def test_too_few_process_pairs_is_inconclusive_with_rounds_at_that_block_length(
 
 
 def test_summary_of_rotated_processes_states_its_noise_floor_and_drift_per_context() -> None:
-    from coldbench.evidence.markdown import render_summary_md
-    from coldbench.evidence.report import render_report_html
+    from coldbench.evidence.rendering.markdown import render_summary_md
+    from coldbench.evidence.rendering.report import render_report_html
     from tests.evidence.builders import provenance
 
     records = simulate_run(
@@ -443,8 +443,8 @@ def test_summary_of_rotated_processes_states_its_noise_floor_and_drift_per_conte
 
 
 def test_inert_flags_are_listed_per_context_and_variant() -> None:
-    from coldbench.evidence.markdown import render_summary_md
-    from coldbench.evidence.report import render_report_html
+    from coldbench.evidence.rendering.markdown import render_summary_md
+    from coldbench.evidence.rendering.report import render_report_html
 
     records = simulate_run(effects={"base": 1.0, "wide": 1.0}, contexts=(64, 4096), rounds=6)
     # `wide` asked for 4096-token chunks: stock's single chunk at 64 tokens, not at 4096.
@@ -471,7 +471,7 @@ def test_inert_flags_are_listed_per_context_and_variant() -> None:
 
 
 def test_a_row_with_no_valid_pair_says_so_and_why() -> None:
-    from coldbench.evidence.markdown import render_summary_md
+    from coldbench.evidence.rendering.markdown import render_summary_md
 
     records = simulate_run(effects={"base": 1.0, "noop": 1.0}, contexts=(64, 128), rounds=6)
     # every `noop` cell at 128 was invalid; at 64 they are fine
@@ -524,7 +524,7 @@ def test_the_interval_holds_its_level_with_few_units(units: int) -> None:
 
 
 def test_the_noise_floor_states_no_resolvable_effect_from_too_few_process_pairs() -> None:
-    from coldbench.evidence.markdown import noise_floor_text
+    from coldbench.evidence.rendering.markdown import noise_floor_text
 
     records = simulate_run(effects={"base": 1.0, "cand": 0.99}, contexts=(256,), rounds=12)
     summary = summarize(_with_processes(records, 6), baseline="base", n_resamples=200)
@@ -539,7 +539,7 @@ def test_the_noise_floor_states_no_resolvable_effect_from_too_few_process_pairs(
 
 
 def test_reproductions_without_intervals_establish_no_disagreement() -> None:
-    from coldbench.evidence.reproduction import reproduction_section
+    from coldbench.evidence.analysis.reproduction import reproduction_section
 
     first = simulate_run(effects={"base": 1.0, "cand": 0.9}, contexts=(256,), rounds=2, seed=1)
     second = simulate_run(
@@ -563,7 +563,7 @@ def test_reproductions_without_intervals_establish_no_disagreement() -> None:
 def test_rounds_to_detect_a_large_change_are_far_fewer_than_for_the_precision() -> None:
     """A 57% slowdown with a wide spread: detecting it takes a few more units, a +-2% interval
     many; no change observed has nothing to detect."""
-    from coldbench.evidence.stats import rounds_needed, rounds_to_detect
+    from coldbench.evidence.analysis.stats import rounds_needed, rounds_to_detect
 
     options = StatsOptions()
     ratios = [0.31, 0.82, 0.40, 0.45, 0.38, 0.52, 0.47, 0.35]
@@ -578,7 +578,7 @@ def test_rounds_to_detect_a_large_change_are_far_fewer_than_for_the_precision() 
 def test_a_calibration_sets_gross_outliers_aside() -> None:
     """One cell 5x slow among 240 pairs would multiply a calibration's within-process variance;
     set aside, the sums are those of the clean records."""
-    from coldbench.evidence.stats import calibration_sums
+    from coldbench.evidence.analysis.stats import calibration_sums
 
     records = simulate_run(
         effects={"base": 1.0, "same": 1.0}, contexts=(256,), rounds=24, noise=0.01, seed=3

@@ -1,13 +1,13 @@
-"""What the cells' GPU telemetry says about a run (evidence/telemetry.py)."""
+"""What the cells' GPU telemetry says about a run (evidence/analysis/telemetry.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from coldbench.evidence.headline import caveats
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.report import render_report_html
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.rendering.headline import caveats
+from coldbench.evidence.rendering.markdown import render_summary_md
+from coldbench.evidence.rendering.report import render_report_html
 from tests.evidence.builders import simulate_run
 
 

@@ -7,8 +7,13 @@ from datetime import timedelta
 
 import pytest
 
-from coldbench.evidence.bundle import build_bundle, recompute_problems, verify_files
-from coldbench.evidence.timeline import BlockStart, ProcessTimes, Timeline, timeline_section
+from coldbench.evidence.bundles.bundle import build_bundle, recompute_problems, verify_files
+from coldbench.evidence.contract.timeline import (
+    BlockStart,
+    ProcessTimes,
+    Timeline,
+    timeline_section,
+)
 from tests.evidence.builders import START, provenance, simulate_run
 
 from .test_bundle import _reseal

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from coldbench.evidence.schemas import JobSpec, error_field
-from coldbench.evidence.variant import baseline_name, expand_variants, parse_flag_value
+from coldbench.evidence.contract.schemas import JobSpec, error_field
+from coldbench.evidence.contract.variant import baseline_name, expand_variants, parse_flag_value
 
 
 def _spec(**overrides: object) -> JobSpec:

@@ -12,8 +12,8 @@ from coldbench.api.artifacts.store import LocalArtifactStore
 from coldbench.api.evidence import service as evidence_service
 from coldbench.api.jobs.models import Job
 from coldbench.api.settings import Settings
-from coldbench.evidence.bundle import build_bundle
-from coldbench.evidence.schemas import Provenance, Record
+from coldbench.evidence.bundles.bundle import build_bundle
+from coldbench.evidence.contract.schemas import Provenance, Record
 from tests.evidence.builders import provenance, simulate_run
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -57,7 +57,7 @@ def publish_evidence(
         records += simulate_run(
             effects=(host_effects or {}).get(host, effects),
             contexts=(64, 128),
-            rounds=8,  # enough for a verdict over two contexts (coldbench.evidence.stats)
+            rounds=8,  # enough for a verdict over two contexts (coldbench.evidence.analysis.stats)
             run_id=run_id,
             seed=index,
         )

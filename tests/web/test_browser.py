@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
-from coldbench.evidence.stats import units_for_verdict
+from coldbench.evidence.analysis.stats import units_for_verdict
 from tests.conftest import REPO_ROOT
 from tests.stack import Stack, running_stack
 

@@ -25,7 +25,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from coldbench.api.app import create_app
 from coldbench.api.database import upgrade_database
 from coldbench.api.settings import Settings
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.contract.schemas import JobSpec
 from tests.api.factories import make_api_key, make_host, make_job
 from tests.conftest import REPO_ROOT
 from tests.evidence.builders import provenance, record, simulate_run

@@ -340,8 +340,8 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
     import html as html_lib
     import json
 
-    from coldbench.evidence.job_options import default_rounds
-    from coldbench.evidence.stats import units_for_verdict
+    from coldbench.evidence.analysis.stats import units_for_verdict
+    from coldbench.evidence.spec.job_options import default_rounds
 
     make_host(db_session, "studio-1")
     page = web.get("/").text
@@ -451,7 +451,7 @@ def test_a_history_range_and_a_bisection_are_submitted_from_the_form(
 
 
 def test_the_form_names_every_flag_each_adapter_takes(web: TestClient, db_session: Session) -> None:
-    from coldbench.evidence.engine_flags import ADAPTER_FLAGS
+    from coldbench.evidence.spec.engine_flags import ADAPTER_FLAGS
 
     make_host(db_session, "studio-1")
     page = web.get("/").text

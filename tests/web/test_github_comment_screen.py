@@ -27,7 +27,7 @@ from coldbench.api.github.config import GitHubConfig
 from coldbench.api.hosts.models import Host
 from coldbench.api.jobs.models import Job
 from coldbench.api.runs.models import Run
-from coldbench.evidence.protocol import JobState
+from coldbench.evidence.contract.protocol import JobState
 from tests.web.test_evidence_screens import (  # noqa: F401 (fixtures)
     ARTIFACTS,
     Served,

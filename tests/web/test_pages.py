@@ -14,8 +14,8 @@ from coldbench.api.auth.models import ApiKey
 from coldbench.api.database import utcnow
 from coldbench.api.runs import claim as run_claim
 from coldbench.api.settings import Settings
-from coldbench.evidence.bundle import verify_files
-from coldbench.evidence.calibration import HostCalibration
+from coldbench.evidence.bundles.bundle import verify_files
+from coldbench.evidence.contract.calibration import HostCalibration
 from tests.api import agent_calls
 from tests.api.factories import fingerprint, make_host, make_job
 from tests.evidence.builders import calibration_sample
@@ -126,7 +126,7 @@ def test_job_page_shows_progress_and_invalid_cells_and_polls_json(
     job = make_job(db_session, settings)
     html = web.get(f"/jobs/{job.id}").text
     assert 'id="job-state">queued' in html and "waiting for a host" in html
-    # flags as the submitter writes them (evidence/spec_text.py), not Python's False
+    # flags as the submitter writes them (evidence/contract/spec_text.py), not Python's False
     assert "<strong>cand</strong> · clear_cache=false</span>" in html
     assert f'href="/jobs/{job.id}">Refresh' in html  # the no-JavaScript path
     assert '<script src="/static/job.js">' in html
@@ -391,7 +391,7 @@ def test_a_bisection_page_shows_its_steps_as_they_complete(
 ) -> None:
     from coldbench.api.jobs import bisect
     from coldbench.api.jobs import service as job_service
-    from coldbench.evidence.bisect import step_spec
+    from coldbench.evidence.analysis.bisect import step_spec
     from tests.api.factories import job_payload
 
     make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
@@ -618,7 +618,7 @@ def test_a_commits_job_page_shows_base_head_and_the_commits_its_host_resolved(
     web: TestClient, db_session: Session, settings: Settings
 ) -> None:
     from coldbench.api.jobs import service as job_service
-    from coldbench.evidence.commits import commits_spec
+    from coldbench.evidence.analysis.commits import commits_spec
     from tests.api.factories import job_payload
 
     make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})

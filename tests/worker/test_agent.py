@@ -141,7 +141,7 @@ def test_enrollment_and_refusals(service: Stack, tmp_path: Path) -> None:
 def test_the_host_refuses_a_recipe_it_does_not_define(tmp_path: Path) -> None:
     """Defense in depth: a job the server let through by mistake is still refused on the host,
     before anything is cloned."""
-    from coldbench.evidence.schemas import JobSpec
+    from coldbench.evidence.contract.schemas import JobSpec
     from coldbench.worker.config import load_host_config
     from coldbench.worker.run import RunRefused, check_job
 
@@ -490,9 +490,9 @@ def test_registration_reports_server_options_without_their_argv(tmp_path: Path) 
 
 
 def test_an_upload_receipt_for_other_bytes_is_retried(tmp_path: Path) -> None:
-    """The agent reads the API's ArtifactReceipt (coldbench.evidence.protocol): a receipt whose
-    digest or size is not what was sent means the server does not hold this file, so it is sent
-    again, never counted as delivered."""
+    """The agent reads the API's ArtifactReceipt (coldbench.evidence.contract.protocol): a receipt
+    whose digest or size is not what was sent means the server does not hold this file, so it is
+    sent again, never counted as delivered."""
     import httpx
 
     from coldbench.worker.agent import Agent, _Retry

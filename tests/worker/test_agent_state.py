@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coldbench.evidence.protocol import Progress
+from coldbench.evidence.contract.protocol import Progress
 from coldbench.worker.agent import RunState
 
 

@@ -3,8 +3,8 @@ server` (API, embedded Celery worker and beat), `coldbench worker` as the host, 
 installed mlx_lm with one planted slowdown.
 
 The host resolves good..bad (a history's range, a commits job's base..head) in its own mirror;
-the server builds each later step from the previous one with evidence/bisect.py's rule, each
-step a job with its own run and evidence; the bisection's job ends with the step that names the
+the server builds each later step from the previous one with evidence/analysis/bisect.py's rule,
+each step a job with its own run and evidence; the bisection's job ends with the step that names the
 commit.
 """
 

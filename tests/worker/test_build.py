@@ -6,7 +6,7 @@ from pathlib import Path
 
 import mlx_lm
 
-from coldbench.evidence.canonical import sha256_file
+from coldbench.evidence.contract.canonical import sha256_file
 from coldbench.worker.build import (
     EngineLayout,
     build,

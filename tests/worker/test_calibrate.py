@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from coldbench.evidence.bundle import verify_bundle
-from coldbench.evidence.calibration import HostCalibration
+from coldbench.evidence.bundles.bundle import verify_bundle
+from coldbench.evidence.contract.calibration import HostCalibration
 
 pytestmark = pytest.mark.slow
 

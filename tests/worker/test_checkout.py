@@ -96,7 +96,7 @@ def test_uncommitted_edits_to_the_commit_measured_refuse_the_run(
 ) -> None:
     """Only commits are measured: `ref=HEAD` on a dirty checkout would time the commit without
     the edits its author is looking at, so the run refuses and says what to do."""
-    from coldbench.evidence.schemas import HostInfo, JobSpec
+    from coldbench.evidence.contract.schemas import HostInfo, JobSpec
     from coldbench.worker.checkout import uncommitted_work_refusal
     from coldbench.worker.run import RunRefused, execute_run
 

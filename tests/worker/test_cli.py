@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from coldbench.evidence.bundle import verify_bundle
-from coldbench.evidence.records import read_records
+from coldbench.evidence.bundles.bundle import verify_bundle
+from coldbench.evidence.contract.records import read_records
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]

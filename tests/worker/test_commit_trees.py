@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.schemas import JobSpec
-from coldbench.evidence.variant import expand_variants
+from coldbench.evidence.contract.schemas import JobSpec
+from coldbench.evidence.contract.variant import expand_variants
 from coldbench.worker.checkout import CheckoutError, NotSeparable, commit_line, synthesize
 from coldbench.worker.config import Recipe, RepositoryConfig, default_recipes
 from coldbench.worker.run import prepare_variants, resolve_on_host

@@ -257,8 +257,8 @@ def test_allow_presets_names_known_presets_only(tmp_path: Path) -> None:
 
 
 def test_a_hosts_calibration_gives_its_runs_their_noise_and_block_length(tmp_path: Path) -> None:
-    from coldbench.evidence.calibration import HostCalibration, VarianceSums, noise_of
-    from coldbench.evidence.job_options import build_job_spec
+    from coldbench.evidence.contract.calibration import HostCalibration, VarianceSums, noise_of
+    from coldbench.evidence.spec.job_options import build_job_spec
     from coldbench.worker.run import process_blocks
     from tests.evidence.builders import calibration_sample
 

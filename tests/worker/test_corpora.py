@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from coldbench.engine import corpus as engine_corpus
-from coldbench.evidence import schemas
-from coldbench.evidence.records import read_records
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.contract import schemas
+from coldbench.evidence.contract.records import read_records
+from coldbench.evidence.contract.schemas import JobSpec
 from coldbench.worker.config import ConfigError, parse_host_config
 from coldbench.worker.run import RunRefused, check_job
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coldbench.evidence.peak import prefill_flops
-from coldbench.evidence.schemas import HostInfo
+from coldbench.evidence.analysis.peak import prefill_flops
+from coldbench.evidence.contract.schemas import HostInfo
 from coldbench.worker.provenance import device_peak, model_info
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.bundle import verify_bundle
-from coldbench.evidence.records import read_records
+from coldbench.evidence.bundles.bundle import verify_bundle
+from coldbench.evidence.contract.records import read_records
 from coldbench.worker.config import ConfigError, local_repository, parse_host_config
 from tests.conftest import PRE_MOVE_BRANCH, PRE_RENAME_BRANCH, SWIGLU_ON_BRANCH
 from tests.stack import Stack, stop_process

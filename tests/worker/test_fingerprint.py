@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.schemas import HostInfo
+from coldbench.evidence.contract.schemas import HostInfo
 from coldbench.worker.fingerprint import (
     Probe,
     automatic_labels,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.bundle import verify_bundle
+from coldbench.evidence.bundles.bundle import verify_bundle
 from tests.conftest import SLOW_PREFILL_SYNC_OLD
 from tests.worker.conftest import git
 

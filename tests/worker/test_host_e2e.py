@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coldbench.evidence.bundle import bundle_records, read_bundle, verify_bundle
+from coldbench.evidence.bundles.bundle import bundle_records, read_bundle, verify_bundle
 from tests.conftest import IMPORT_PATH
 from tests.worker.conftest import git
 
@@ -85,7 +85,7 @@ from coldbench.api.celery_app import celery_app
 with celery_app.connection_for_write() as connection:  # kombu's SQLAlchemy transport
     connection.ensure_connection(max_retries=1)
 import celery.bin.celery, uvicorn  # `coldbench celery worker`, `coldbench server`
-import coldbench.submit, coldbench.evidence.report, coldbench.worker.agent
+import coldbench.submit, coldbench.evidence.rendering.report, coldbench.worker.agent
 import coldbench.worker.cli, coldbench.worker.run
 print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
 """

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from coldbench.evidence.headline import caveats
-from coldbench.evidence.markdown import render_summary_md
-from coldbench.evidence.records import parse_records
-from coldbench.evidence.schemas import HostInfo, ModelInfo, SoftwareInfo, VariantSpec
-from coldbench.evidence.summary import summarize
+from coldbench.evidence.analysis.summary import summarize
+from coldbench.evidence.contract.records import parse_records
+from coldbench.evidence.contract.schemas import HostInfo, ModelInfo, SoftwareInfo, VariantSpec
+from coldbench.evidence.rendering.headline import caveats
+from coldbench.evidence.rendering.markdown import render_summary_md
 from coldbench.worker.provenance import run_provenance, target_info
 from coldbench.worker.schedule import plan_rounds
 from coldbench.worker.variants import VariantLaunch, engine_root, run_schedule

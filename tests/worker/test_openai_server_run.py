@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.records import parse_records
-from coldbench.evidence.schemas import HostInfo, JobSpec
+from coldbench.evidence.contract.records import parse_records
+from coldbench.evidence.contract.schemas import HostInfo, JobSpec
 from coldbench.worker.config import ConfigError, parse_host_config
 from coldbench.worker.run import RunRefused, check_job, execute_run
 

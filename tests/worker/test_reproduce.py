@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.bisect import step_spec
-from coldbench.evidence.compare import Source
-from coldbench.evidence.history import history_spec
-from coldbench.evidence.schemas import JobSpec
+from coldbench.evidence.analysis.bisect import step_spec
+from coldbench.evidence.analysis.history import history_spec
+from coldbench.evidence.bundles.compare import Source
+from coldbench.evidence.contract.schemas import JobSpec
 from coldbench.worker.provenance import reproduce_command
 from tests.worker.conftest import git
 
@@ -83,7 +83,7 @@ def test_an_ab_repeats_at_the_commits_it_measured_into_a_new_folder() -> None:
 
 
 def _bundle_of(spec: JobSpec, targets: list[dict], tmp_path: Path) -> Source:
-    from coldbench.evidence.bundle import build_bundle
+    from coldbench.evidence.bundles.bundle import build_bundle
     from tests.evidence.builders import provenance, simulate_run
 
     records = simulate_run(effects={"main": 1.0, "pr": 1.0}, contexts=(64,), rounds=6)

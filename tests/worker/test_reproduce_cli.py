@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.bundle import read_bundle, verify_bundle
-from coldbench.evidence.compare import job_identity, pinned_spec
-from coldbench.evidence.schemas import JobSpec, Provenance
+from coldbench.evidence.bundles.bundle import read_bundle, verify_bundle
+from coldbench.evidence.bundles.compare import job_identity, pinned_spec
+from coldbench.evidence.contract.schemas import JobSpec, Provenance
 from tests.worker.conftest import git
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.bundle import verify_bundle
-from coldbench.evidence.records import read_records
+from coldbench.evidence.bundles.bundle import verify_bundle
+from coldbench.evidence.contract.records import read_records
 
 # mlx_lm.server behind a wrapper with two flags of its own: `--fast` really changes what runs
 # (each request goes through a patched path that says so on stderr); `--fake-fast` is accepted
@@ -183,7 +183,7 @@ def test_server_run_bad_input_is_one_clear_line(
 def test_a_server_that_cannot_start_fails_the_run_with_its_reason_and_log(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
-    from coldbench.evidence.schemas import HostInfo, JobSpec
+    from coldbench.evidence.contract.schemas import HostInfo, JobSpec
     from coldbench.worker.config import RepositoryConfig
     from coldbench.worker.run import execute_run
 

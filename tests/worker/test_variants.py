@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from coldbench.evidence.records import parse_records
+from coldbench.evidence.contract.records import parse_records
 from coldbench.worker.schedule import plan_rounds
 from coldbench.worker.variants import Progress, VariantError, VariantLaunch, child_env, run_schedule
 
@@ -518,7 +518,7 @@ def test_a_run_whose_memory_cannot_be_planned_runs_side_by_side_saying_why(
 
 
 def test_a_residency_asked_for_is_in_the_reproduce_line() -> None:
-    from coldbench.evidence.schemas import JobSpec
+    from coldbench.evidence.contract.schemas import JobSpec
     from coldbench.worker.provenance import reproduce_command
 
     spec = JobSpec.model_validate(

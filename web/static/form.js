@@ -1,5 +1,5 @@
 // Job form: warn, as the user types, when the rounds asked for cannot reach a verdict for the
-// matrix chosen. The rule lives on the server (evidence/stats.py units_for_verdict); it sends
+// matrix chosen. The rule lives on the server (evidence/analysis/stats.py units_for_verdict); it sends
 // the rounds needed per number of comparisons in data-rounds-needed. This script only counts
 // the comparisons: contexts x candidates (ablation: contexts x (features + 1)).
 (function () {
