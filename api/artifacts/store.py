@@ -15,6 +15,7 @@ never sees a partial or unverified blob. A store that is full refuses with `Stor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -138,20 +139,27 @@ class ArtifactStore(ABC):
 
     # -- shared: spooling, digest check, verification --
 
-    def _commit(self, spool: _Spool, expected_sha256: str | None) -> StoredBlob:
-        """Check the digest, write what is pending, fsync and publish (blocking)."""
+    @staticmethod
+    def _seal(spool: _Spool, expected_sha256: str | None) -> str:
+        """Check the digest, write what is pending, fsync and close the file (blocking); the
+        digest."""
         actual = spool.digest.hexdigest()
+        if expected_sha256 is not None and not hmac.compare_digest(actual, expected_sha256):
+            raise Invalid(
+                f"X-Content-SHA256 {expected_sha256} does not match the body's sha256 "
+                f"{actual}; nothing stored"
+            )
+        spool.spill()
+        assert spool.handle is not None
+        spool.handle.flush()
+        os.fsync(spool.handle.fileno())
+        spool.handle.close()
+        return actual
+
+    def _commit(self, spool: _Spool, expected_sha256: str | None) -> StoredBlob:
+        """Seal the spool file and publish it (blocking)."""
         try:
-            if expected_sha256 is not None and not hmac.compare_digest(actual, expected_sha256):
-                raise Invalid(
-                    f"X-Content-SHA256 {expected_sha256} does not match the body's sha256 "
-                    f"{actual}; nothing stored"
-                )
-            spool.spill()
-            assert spool.handle is not None
-            spool.handle.flush()
-            os.fsync(spool.handle.fileno())
-            spool.handle.close()
+            actual = self._seal(spool, expected_sha256)
             if self.verify(actual, spool.size) is not None:
                 # Missing, or altered in the store since it was written: these bytes, whose
                 # digest was just checked, are the blob (a later upload repairs it).
@@ -173,6 +181,29 @@ class ArtifactStore(ABC):
         refuses: a JSON file that is not UTF-8, naming its line) or StoreFull store nothing.
         The file work (creating, writing, fsync, publishing to a folder or a remote store)
         runs in worker threads, never on the event loop."""
+        spool = await self._receive(chunks, max_bytes, text)
+        return await asyncio.to_thread(self._commit, spool, expected_sha256)
+
+    @contextlib.asynccontextmanager
+    async def spooled(
+        self, chunks: AsyncIterator[bytes], *, expected_sha256: str, max_bytes: int
+    ) -> AsyncIterator[Path]:
+        """A request body checked before anything is stored (a reproduction's zip): hashed
+        and counted as it streams to a temporary file, refused as `put_stream` refuses, its
+        path yielded and the file removed on exit. Nothing is published: the caller stores
+        what it accepts."""
+        spool = await self._receive(chunks, max_bytes, None)
+        try:
+            await asyncio.to_thread(self._seal, spool, expected_sha256)
+            assert spool.path is not None
+            yield spool.path
+        finally:
+            await asyncio.to_thread(spool.discard)
+
+    async def _receive(
+        self, chunks: AsyncIterator[bytes], max_bytes: int, text: Utf8Lines | None
+    ) -> _Spool:
+        """The body in a spool, hashed and counted as it arrives (nothing kept if refused)."""
         spool = _Spool(self.spool_dir, max_bytes)
         try:
             async for chunk in chunks:
@@ -190,7 +221,7 @@ class ArtifactStore(ABC):
         except BaseException:
             await asyncio.to_thread(spool.discard)
             raise
-        return await asyncio.to_thread(self._commit, spool, expected_sha256)
+        return spool
 
     def put_chunks(
         self, chunks: Iterable[bytes], *, expected_sha256: str | None = None, max_bytes: int

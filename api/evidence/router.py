@@ -15,7 +15,6 @@ from coldbench.api.evidence import service
 from coldbench.api.pages.router import error_page, evidence_page, wants_html
 from coldbench.api.reproductions import service as reproduction_service
 from coldbench.api.routing import StrictJSONRoute
-from coldbench.evidence.bundles.compare import comparison_markdown
 from coldbench.evidence.contract.canonical import sha256_hex
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["evidence"])
@@ -47,11 +46,9 @@ def _evidence_file(path: str, request: Request, db_session: SessionDep, store: S
             base_url=str(request.base_url),
         )
         # Reproductions uploaded since add their hosts' section: revalidated, never immutable.
-        comparison = reproduction_service.host_comparison(
-            db_session=db_session, store=store, evidence_id=evidence_id
+        markdown = reproduction_service.with_hosts_markdown(
+            markdown, db_session=db_session, store=store, evidence_id=evidence_id
         )
-        if comparison is not None:
-            markdown += "\n" + "\n".join(comparison_markdown(comparison)) + "\n"
         etag = f'"{sha256_hex(markdown.encode())[:32]}"'
         headers = {
             "ETag": etag,

@@ -28,6 +28,7 @@ from coldbench.api.github.events import check_run_external_id
 from coldbench.api.github.models import PullRequest, PullRequestJob
 from coldbench.api.hosts.models import Host
 from coldbench.api.jobs.models import Job
+from coldbench.api.reproductions import service as reproduction_service
 from coldbench.api.runs.models import Run
 from coldbench.evidence.contract.canonical import sha256_hex
 from coldbench.evidence.contract.protocol import JobState
@@ -104,12 +105,16 @@ def job_report(job: Job, policy: StatusPolicy, config: GitHubConfig) -> Report:
 def evidence_markdown(
     db_session: Session, job: Job, store: ArtifactStore, config: GitHubConfig
 ) -> str | None:
-    """The job's PR Markdown, its evidence id linked to its page (the evidence page's), with
-    each host path shown by its last name."""
+    """The job's PR Markdown, its evidence id linked to its page (the evidence page's), and the
+    reproducing hosts' section, with each host path shown by its last name."""
     if job.evidence_id is None:
         return None
     markdown = evidence_service.pr_markdown(
         db_session=db_session, store=store, evidence_id=job.evidence_id, base_url=config.service_url
+    )
+    # The hosts that reproduced it since (`coldbench reproduce --api`), as `/e/{id}.md` shows.
+    markdown = reproduction_service.with_hosts_markdown(
+        markdown, db_session=db_session, store=store, evidence_id=job.evidence_id
     )
     # A pull request is public: the hosts' paths stay on the evidence page and in the bundle.
     return without_mentions(without_host_paths(markdown))

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
+from coldbench.api import dispatch
 from coldbench.api.artifacts.service import validate_upload_request
 from coldbench.api.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
-from coldbench.api.errors import Invalid, TooLarge
 from coldbench.api.evidence import service as evidence_service
 from coldbench.api.reproductions import service
 from coldbench.api.routing import StrictJSONRoute
@@ -42,29 +40,24 @@ async def upload_reproduction(
     await run_in_threadpool(
         evidence_service.get_evidence, db_session=db_session, evidence_id=evidence_id
     )
-    digest, chunks, size = hashlib.sha256(), [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > settings.max_artifact_bytes:
-            raise TooLarge(
-                f"the bundle exceeds the limit of {settings.max_artifact_bytes} bytes; "
-                "nothing stored"
-            )
-        digest.update(chunk)
-        chunks.append(chunk)
-    if not hmac.compare_digest(digest.hexdigest(), expected):
-        raise Invalid(
-            f"the body's sha256 is {digest.hexdigest()}, not the {CONTENT_SHA256_HEADER} "
-            f"{expected}; nothing stored"
+    # Spooled to a temporary file as the artifacts are (hashed and counted as it streams),
+    # never held whole in memory while it arrives; stored only once its checks pass.
+    async with store.spooled(
+        request.stream(), expected_sha256=expected, max_bytes=settings.max_artifact_bytes
+    ) as bundle_path:
+        added = await run_in_threadpool(
+            service.add_reproduction,
+            db_session=db_session,
+            store=store,
+            host=host,
+            evidence_id=evidence_id,
+            bundle_path=bundle_path,
         )
-    row, created = await run_in_threadpool(
-        service.add_reproduction,
-        db_session=db_session,
-        store=store,
-        host=host,
-        evidence_id=evidence_id,
-        bundle=b"".join(chunks),
-    )
+    # After the commit: each pull request whose comment shows this evidence is answered again
+    # (marked due in the same commit, so the beat sends what a lost task leaves undone).
+    for pull_request_id in added.pull_request_ids:
+        dispatch.send_task("github_answer_pull_request", pull_request_id)
+    row, created = added.row, added.created
     comparison = await run_in_threadpool(
         service.host_comparison, db_session=db_session, store=store, evidence_id=evidence_id
     )

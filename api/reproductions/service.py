@@ -6,15 +6,20 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from coldbench.api.artifacts.store import ArtifactStore
 from coldbench.api.auth import service as auth_service
 from coldbench.api.errors import Conflict, Invalid
 from coldbench.api.evidence import service as evidence_service
+from coldbench.api.github.models import PullRequest, PullRequestJob
 from coldbench.api.hosts.models import Host
+from coldbench.api.jobs.models import Job
 from coldbench.api.reproductions.models import EvidenceReproduction
 from coldbench.evidence.bundles.bundle import BundleError, read_zip, verify_files
 from coldbench.evidence.bundles.compare import (
@@ -98,6 +103,19 @@ def host_comparison(
     return compare_hosts(hosts)
 
 
+def with_hosts_markdown(
+    markdown: str, *, db_session: Session, store: ArtifactStore, evidence_id: str
+) -> str:
+    """The evidence's PR Markdown with the reproducing hosts' section at its end (as
+    `/e/{id}.md` and a pull request's comment show it); unchanged where none was uploaded."""
+    from coldbench.evidence.bundles.compare import comparison_markdown
+
+    comparison = host_comparison(db_session=db_session, store=store, evidence_id=evidence_id)
+    if comparison is None:
+        return markdown
+    return markdown + "\n" + "\n".join(comparison_markdown(comparison)) + "\n"
+
+
 def _checked_upload(files: dict[str, bytes], evidence_id: str) -> tuple[str, list[HostRun]]:
     """(the upload's evidence id, its hosts) of a bundle that reproduces `evidence_id`."""
     _door(files)
@@ -130,19 +148,58 @@ def _checked_upload(files: dict[str, bytes], evidence_id: str) -> tuple[str, lis
         raise Invalid(f"{error}; nothing stored") from None
 
 
+@dataclass(frozen=True)
+class Added:
+    """What an upload did: the row, whether it is new, and the pull requests whose comment
+    shows the evidence (due an answer again; the caller sends their tasks after the commit)."""
+
+    row: EvidenceReproduction
+    created: bool
+    pull_request_ids: list[int] = field(default_factory=list)
+
+
+def _already_there(existing: EvidenceReproduction, evidence_id: str, host: Host) -> Added:
+    """A row with the upload's id: the same upload again (its row), or another host's."""
+    if existing.evidence_id == evidence_id and existing.host_id == host.id:
+        return Added(existing, False)
+    raise Conflict(f"reproduction {existing.id} was already uploaded by another host")
+
+
+def _announced_again(db_session: Session, evidence_id: str) -> list[int]:
+    """The pull requests whose comment already shows `evidence_id`, marked due an answer in
+    the caller's transaction (the beat's catch-up sends what a lost task leaves undone)."""
+    ids = list(
+        db_session.scalars(
+            sa.select(PullRequest.id)
+            .join(PullRequestJob, PullRequestJob.pull_request_id == PullRequest.id)
+            .join(Job, Job.id == PullRequestJob.job_id)
+            .where(Job.evidence_id == evidence_id, PullRequest.comment_id.is_not(None))
+            .distinct()
+            .order_by(PullRequest.id)
+        )
+    )
+    if ids:
+        db_session.execute(
+            sa.update(PullRequest).where(PullRequest.id.in_(ids)).values(answer_due=True)
+        )
+    return ids
+
+
 def add_reproduction(
     *,
     db_session: Session,
     store: ArtifactStore,
     host: Host,
     evidence_id: str,
-    bundle: bytes,
-) -> tuple[EvidenceReproduction, bool]:
-    """Keep `bundle` (a zip) as `host`'s reproduction of `evidence_id`; (row, created). The
-    same bundle sent again by the same host answers its row. Nothing is stored unless the zip
-    is readable, intact, names this evidence in reproduces.json and is the same job (Invalid,
+    bundle_path: Path,
+) -> Added:
+    """Keep the zip at `bundle_path` (the upload's spool file) as `host`'s reproduction of
+    `evidence_id`. The same bundle sent again by the same host, even at the same moment,
+    answers its row; another host's answers Conflict. Nothing is stored unless the zip is
+    readable, intact, names this evidence in reproduces.json and is the same job (Invalid,
     Conflict saying what differs)."""
     evidence_service.get_evidence(db_session=db_session, evidence_id=evidence_id)
+    bundle = bundle_path.read_bytes()
     try:
         files = read_zip(bundle)
     except BundleError as error:
@@ -150,9 +207,7 @@ def add_reproduction(
     reproduction_id, hosts = _checked_upload(files, evidence_id)
     existing = db_session.get(EvidenceReproduction, reproduction_id)
     if existing is not None:
-        if existing.evidence_id == evidence_id and existing.host_id == host.id:
-            return existing, False
-        raise Conflict(f"reproduction {reproduction_id} was already uploaded by another host")
+        return _already_there(existing, evidence_id, host)
     originals = original_hosts(db_session=db_session, store=store, evidence_id=evidence_id)
     reference = job_identity(originals[0].spec, originals[0].provenance)
     for run in hosts:
@@ -178,17 +233,28 @@ def add_reproduction(
         identity_sha256=sha256_json(reference),
         hosts=[host_run_document(run) for run in hosts],
     )
-    db_session.add(row)
-    auth_service.record_audit(
-        db_session=db_session,
-        actor=f"host:{host.id}",
-        kind="evidence.reproduced",
-        subject_id=evidence_id,
-        reproduction_id=reproduction_id,
-    )
-    db_session.commit()
+    try:
+        db_session.add(row)
+        auth_service.record_audit(
+            db_session=db_session,
+            actor=f"host:{host.id}",
+            kind="evidence.reproduced",
+            subject_id=evidence_id,
+            reproduction_id=reproduction_id,
+        )
+        pull_request_ids = _announced_again(db_session, evidence_id)
+        db_session.commit()
+    except IntegrityError:
+        # The same bundle uploaded at the same moment: both found no row, the other's insert
+        # committed first (raised by the flush before a query or by the commit). Its row
+        # answers as a repeat would (the blob is the same bytes).
+        db_session.rollback()
+        existing = db_session.get(EvidenceReproduction, reproduction_id)
+        if existing is None:
+            raise
+        return _already_there(existing, evidence_id, host)
     log.info("evidence %s reproduced by host %s: %s", evidence_id, host.name, reproduction_id)
-    return row, True
+    return Added(row, True, pull_request_ids)
 
 
 def section_html(comparison: HostComparison) -> str:
