@@ -108,15 +108,18 @@ CANARY_REPEATS = 3
 # time, one with it off in a whole prefill's: a repeat faster than this share of the fastest
 # cold twin was warm, whatever the server's count says.
 WARM_BY_TIMING_RATIO = 0.5
-# The server canary's smallest prompt, whatever the job's smallest context: measured with
-# benchmarks/server_canary.py (docs/ENGINE.md), the micro checkpoint's cold twin took 0.11-0.40 s
-# at 512 tokens and the ratio kept about 0.3 of margin both sides; at 256 and 64 tokens (a twin
-# of 8-40 ms) a held prompt read 0.59-0.65 and a cache-off run 0.67.
-CANARY_MIN_TOKENS = 512
+# The server canary's smallest prompt, whatever the job's smallest context. Measured with
+# benchmarks/server_canary.py on the micro checkpoint (docs/ENGINE.md): at 256 and 64 tokens (a
+# cold twin of 8-40 ms) a held prompt read 0.59-0.65 of a twin and a cache-off run 0.67; at 512
+# the twin took 46-400 ms, at times within 1.1 of the floor below; at 1024 0.24-0.52 s, every
+# setting 0.35 or more from the threshold.
+# (benchmarks/server_canary.py lowers it to measure smaller canaries).
+CANARY_MIN_TOKENS = int(os.environ.get("COLDBENCH_SERVER_CANARY_MIN_TOKENS", "1024"))
 # A cold twin faster than this is too close to the HTTP round trip and the first decode step
-# for the ratio to mean anything (reliable from 0.11 s, unreliable at 0.04 s and less, above):
-# the record then says the timing could not tell instead of calling the server cold.
-CANARY_MIN_TWIN_PREFILL_S = 0.1
+# (a held prompt's repeat took 6-18 ms) for the ratio to mean anything: unreliable at 40 ms and
+# less, reliable from 46 ms. The record then says the timing could not tell instead of calling
+# the server cold.
+CANARY_MIN_TWIN_PREFILL_S = 0.05
 CANARY_REASON = "warm canary (its prompt sent again: a prompt cache left on holds it)"
 # Run by the server's own interpreter, with the server's environment: what it imports.
 # Same shape as coldbench.engine.adapters.process_software (provenance reads both alike).

@@ -662,9 +662,10 @@ def test_a_server_refusing_its_arguments_says_so_at_the_end_of_its_reason(
 def _server_canary_run(
     model: Path, tmp_path: Path, command: list[str], name: str, **env: str
 ) -> list[Record]:
-    """One batch run of a real mlx_lm.server with the run's warm canary (engine/canary.py) at
-    512 tokens: large enough on the micro checkpoint (a 60-130 ms prefill here) that a repeat
-    the server holds is timed well apart from a cold twin above the HTTP round trip."""
+    """One batch run of a real mlx_lm.server with the run's warm canary (engine/canary.py).
+    Its cells and warm-up are 64 tokens; the canary is the adapter's minimum, 1024: large
+    enough on the micro checkpoint (a 0.2-0.5 s cold prefill here) that a repeat the server
+    holds is timed well apart from a cold twin above the HTTP round trip."""
     records_path = tmp_path / f"{name}.jsonl"
     plan = {
         "run_id": f"r-{name}",
@@ -676,8 +677,8 @@ def _server_canary_run(
         "seed": 5,
         "records_path": str(records_path),
         "server_command": command,
-        "cells": [{"round": r, "order": 0, "context_tokens": 512} for r in range(2)],
-        "warmup_contexts": [512],
+        "cells": [{"round": r, "order": 0, "context_tokens": 64} for r in range(2)],
+        "warmup_contexts": [64],
     }
     plan_path = tmp_path / f"{name}.plan.json"
     plan_path.write_text(json.dumps(plan))
@@ -707,7 +708,8 @@ def test_the_warm_canary_on_a_real_server_caught_passed_and_unwarmed(
     the canary cannot be warm, which is a caveat and not an invalid run."""
     caught = _server_canary_run(micro_model_dir, tmp_path, MLX_LM_SERVER, "on")
     (canary,) = [r for r in caught if r.round == CANARY_ROUND]
-    assert canary.status == "invalid" and canary.cached_tokens == 511
+    assert canary.status == "invalid" and canary.cached_tokens == 1023
+    assert canary.context_tokens == canary.prompt_tokens == CANARY_MIN_TOKENS  # not the 64 warmed
     assert canary.reason is not None and canary.reason.startswith("warm canary (its prompt sent")
     assert canary.counters["canary.prefill_ratio"] is not None
     summary = summarize(caught, baseline="server")
@@ -720,6 +722,8 @@ def test_the_warm_canary_on_a_real_server_caught_passed_and_unwarmed(
     )
     (canary,) = [r for r in blind if r.round == CANARY_ROUND]
     assert canary.status == "ok" and canary.cached_tokens == 0
+    assert canary.context_tokens == 1024 and "canary.under_min_tokens" not in canary.counters
+    assert canary.counters["canary.timing_could_tell"] is True, canary.counters
     assert canary.counters["canary.warm_by_timing"] is True, canary.counters
     assert canary.reason is not None and "without saying so" in canary.reason
     summary = summarize(blind, baseline="server")
@@ -770,9 +774,9 @@ def test_a_cold_twin_under_the_floor_leaves_the_timing_untold() -> None:
     assert untold.counters["canary.warm_by_timing"] is None
     assert untold.counters["canary.cold_twin_prefill_s"] == 0.012
     assert untold.status == "ok" and untold.reason is not None
-    assert untold.reason.startswith("timing could not tell: cold twin took 12 ms, under the 100 ms")
+    assert untold.reason.startswith("timing could not tell: cold twin took 12 ms, under the 50 ms")
     # just at the floor the timing counts
-    at_floor = canary_timing(_counted(0), [CANARY_MIN_TWIN_PREFILL_S], [0.09])
+    at_floor = canary_timing(_counted(0), [CANARY_MIN_TWIN_PREFILL_S], [0.045])
     assert at_floor.counters["canary.timing_could_tell"] is True
 
     # a count that saw the cache is caught whatever the timing: its reason stays the judge's
@@ -796,12 +800,12 @@ def test_the_server_canary_has_a_minimum_size_within_the_model_and_memory(
     tokenizer = load_tokenizer(micro_model_dir)
     adapter = OpenAIServerAdapter(_plan(micro_model_dir, MLX_LM_SERVER, tmp_path))
     adapter.prompts = PromptSource.from_tokenizer(tokenizer, max_tokens=4096)
-    assert adapter.canary_tokens(64) == CANARY_MIN_TOKENS == 512
+    assert adapter.canary_tokens(64) == CANARY_MIN_TOKENS == 1024
     assert adapter.canary_tokens(2048) == 2048 and adapter.canary_small is None
 
-    adapter.prompts = PromptSource.from_tokenizer(tokenizer, max_tokens=300)
-    assert adapter.canary_tokens(64) == 300
-    assert adapter.canary_small == "the model takes at most 300 tokens (max_position_embeddings)"
+    adapter.prompts = PromptSource.from_tokenizer(tokenizer, max_tokens=600)
+    assert adapter.canary_tokens(64) == 600
+    assert adapter.canary_small == "the model takes at most 600 tokens (max_position_embeddings)"
 
     def memory_guard(context_tokens: int) -> None:
         if context_tokens > 128:
@@ -809,4 +813,4 @@ def test_the_server_canary_has_a_minimum_size_within_the_model_and_memory(
 
     adapter.prompts = PromptSource.from_tokenizer(tokenizer, checks=[memory_guard])
     assert adapter.canary_tokens(64) == 64  # the warm-up's context, which the guard passed
-    assert adapter.canary_small == "context 512 tokens needs more memory than this host"
+    assert adapter.canary_small == "context 1024 tokens needs more memory than this host"

@@ -56,7 +56,7 @@ def test_the_canary_result_comes_from_the_status_and_the_timing_counters(
 
 
 def test_an_unverified_canary_is_a_caveat_naming_the_twin_not_invalid_evidence() -> None:
-    reason = "timing could not tell: cold twin took 12 ms, under the 100 ms a cold prefill needs"
+    reason = "timing could not tell: cold twin took 12 ms, under the 50 ms a cold prefill needs"
     canary = _canary(**{"canary.timing_could_tell": False, "canary.warm_by_timing": None})
     canary = canary.model_copy(update={"reason": reason})
     section = canary_section([canary], ["r-1"])
