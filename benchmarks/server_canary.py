@@ -3,13 +3,15 @@
 Not a test. For each setting, `--runs` times in alternating order, it runs one variant process
 as coldbench does (`python -m coldbench.engine.runner` in batch mode with `COLDBENCH_CANARY=1`),
 whose adapter starts `python -m mlx_lm server` as a process on a loopback port, warms
-`--context` tokens, then runs the canary (engine/adapters/openai_server.py `canary_cell`: the
-warm-up prompt sent again, timed against cold twins) and one timed cell. Settings: `on` (the
+`--context` tokens, then runs the canary (engine/adapters/openai_server.py `canary_cell`: a
+prompt of at least `CANARY_MIN_TOKENS` sent again, timed against cold twins; `--min-tokens`
+lowers that minimum, to measure smaller canaries) and one timed cell. Settings: `on` (the
 server's prompt cache on, its count read), `off` (`--prompt-cache-size 0`) and, with
 `--settings on,off,blind`, `blind` (cache on, the count read as 0: only the timing can tell).
 
 It prints one JSON line per run (the canary's outcome as evidence/analysis/canary.py names it, its
-prefill ratio, the fastest twin's and repeat's prefill) and one per setting (the ratios' range
+size, its prefill ratio, the fastest twin's and repeat's prefill, whether the twin was slow
+enough for the timing to tell: `CANARY_MIN_TWIN_PREFILL_S`) and one per setting (the ratios' range
 and median, and how far the nearest run came to the adapter's threshold,
 `WARM_BY_TIMING_RATIO`). A ratio under the threshold is warm by timing: a cache-on run must be
 under it, a cache-off run over it.
@@ -29,7 +31,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from coldbench.engine.adapters.openai_server import WARM_BY_TIMING_RATIO
+from coldbench.engine.adapters.openai_server import (
+    CANARY_MIN_TOKENS,
+    CANARY_MIN_TWIN_PREFILL_S,
+    WARM_BY_TIMING_RATIO,
+)
 from coldbench.engine.canary import CANARY_ENV
 from coldbench.evidence.analysis.canary import canary_section
 from coldbench.evidence.contract.schemas import CANARY_ROUND, Record
@@ -40,12 +46,15 @@ SETTINGS: dict[str, tuple[list[str], dict[str, str]]] = {
     "off": ([*MLX_LM_SERVER, "--prompt-cache-size", "0"], {}),
     "blind": (MLX_LM_SERVER, {"COLDBENCH_BLIND_COLD_CHECK": "1"}),
 }
-# What each setting's canary must come to for the threshold to be doing its job.
+# What each setting's canary must come to for the threshold to be doing its job; where the
+# cold twin was under the floor, a count that saw nothing must say `unverified`.
 EXPECTED = {"on": "caught", "off": "unwarmed", "blind": "passed"}
 RUN_TIMEOUT_S = 300
 
 
-def run_canary(model: str, setting: str, context: int, seed: int, work: Path) -> dict[str, Any]:
+def run_canary(
+    model: str, setting: str, context: int, seed: int, work: Path, min_tokens: int
+) -> dict[str, Any]:
     """One variant process with the canary; its canary record as evidence/analysis/canary.py reads
     it."""
     command, env = SETTINGS[setting]
@@ -71,7 +80,12 @@ def run_canary(model: str, setting: str, context: int, seed: int, work: Path) ->
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
-        env={**os.environ, CANARY_ENV: "1", **env},
+        env={
+            **os.environ,
+            CANARY_ENV: "1",
+            "COLDBENCH_SERVER_CANARY_MIN_TOKENS": str(min_tokens),
+            **env,
+        },
         check=False,
     )
     if done.returncode != 0:
@@ -87,12 +101,18 @@ def run_canary(model: str, setting: str, context: int, seed: int, work: Path) ->
         "setting": setting,
         "seed": seed,
         "context_tokens": context,
+        "canary_tokens": record.context_tokens,
         "outcome": section.runs[0].result,
-        "expected": EXPECTED[setting],
+        "expected": (
+            "unverified"
+            if setting != "on" and counters.get("canary.timing_could_tell") is False
+            else EXPECTED[setting]
+        ),
         "cached_tokens": record.cached_tokens,
         "prefill_ratio": counters.get("canary.prefill_ratio"),
         "cold_twin_prefill_s": counters.get("canary.cold_twin_prefill_s"),
         "repeat_prefill_s": counters.get("canary.repeat_prefill_s"),
+        "timing_could_tell": counters.get("canary.timing_could_tell"),
         "warm_by_timing": counters.get("canary.warm_by_timing"),
     }
 
@@ -116,6 +136,10 @@ def summary(setting: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "ratio_median": round(statistics.median(ratios), 4) if ratios else None,
         "ratio_max": max(ratios, default=None),
         "threshold": WARM_BY_TIMING_RATIO,
+        "twin_floor_s": CANARY_MIN_TWIN_PREFILL_S,
+        "twin_min_s": min(
+            (r["cold_twin_prefill_s"] for r in runs if r["cold_twin_prefill_s"]), default=None
+        ),
         "margin": margin,
     }
 
@@ -123,7 +147,13 @@ def summary(setting: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="preset:micro", help="checkpoint folder or preset:NAME")
-    parser.add_argument("--context", type=int, default=512, help="the canary's prompt tokens")
+    parser.add_argument("--context", type=int, default=512, help="the warmed context's tokens")
+    parser.add_argument(
+        "--min-tokens",
+        type=int,
+        default=CANARY_MIN_TOKENS,
+        help="the adapter's minimum canary size (its own by default)",
+    )
     parser.add_argument("--runs", type=int, default=3, help="variant processes per setting")
     parser.add_argument("--settings", default="on,off", help=f"of {','.join(SETTINGS)}")
     args = parser.parse_args(argv)
@@ -131,14 +161,16 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown or not settings:
         parser.error(f"--settings takes {', '.join(SETTINGS)}; not {', '.join(unknown) or '-'}")
-    if args.runs < 1 or args.context < 2:
-        parser.error("--runs must be at least 1 and --context at least 2")
+    if args.runs < 1 or args.context < 2 or args.min_tokens < 1:
+        parser.error("--runs and --min-tokens must be at least 1 and --context at least 2")
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
     with tempfile.TemporaryDirectory() as scratch:
         for rep in range(args.runs):
             # alternating order: a load that comes and goes falls on every setting alike
             for setting in settings if rep % 2 == 0 else settings[::-1]:
-                result = run_canary(args.model, setting, args.context, rep, Path(scratch))
+                result = run_canary(
+                    args.model, setting, args.context, rep, Path(scratch), args.min_tokens
+                )
                 results[setting].append(result)
                 print(json.dumps(result), flush=True)
     for setting in settings:

@@ -15,7 +15,9 @@ accounting as 0 tokens whatever it holds): the fault the canary exists to catch,
 tests that show a run with it marked invalid. No host sets it.
 
 The canary's prompt is the warm-up prompt of the plan's smallest warmed context (its shape is
-compiled already, so the canary costs one short prefill, and no measured cell uses it).
+compiled already, so the canary costs one short prefill, and no measured cell uses it); an
+adapter with `canary_tokens(context)` sizes its own (the openai-server adapter: at least 1024
+tokens, so its timing can tell a held prompt from a cold one).
 """
 
 from __future__ import annotations

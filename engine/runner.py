@@ -10,8 +10,8 @@ With `cells` in the plan it runs those and exits (batch mode). The warm-up recor
 records file and in the ready event (`"warmups": [...]`, and the first as `"warmup"`). With
 `COLDBENCH_CANARY=1` (one process per run, engine/canary.py) the warm canary runs after the
 warm-ups (round -2) and travels in the ready event as `"canary"` (the openai-server
-adapter's canary is a repeat of a prompt the server was sent, timed against cold twins); an
-adapter without `canary_cell` runs none.
+adapter's canary is a repeat of a prompt the server was sent, timed against cold twins, at
+the size its `canary_tokens` gives); an adapter without `canary_cell` runs none.
 
 Gates, set by the orchestrator (worker/variants.py) in the environment (not plan fields, so
 that a runner of an older engine commit, whose Plan refuses unknown fields, still starts):
@@ -258,7 +258,10 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
                 process.emit({"event": "warmed", "context_tokens": context, "warmup_s": warmup_s})
         canary: dict[str, Any] = {}
         if canary_requested() and hasattr(adapter, "canary_cell"):
-            request = CellRequest(0, 0, canary_context(plan.warmup_shapes()))
+            context = canary_context(plan.warmup_shapes())
+            if hasattr(adapter, "canary_tokens"):  # a server's canary needs a minimum size
+                context = adapter.canary_tokens(context)
+            request = CellRequest(0, 0, context)
             canary["canary"] = process.run(request, canary=True)
         process.emit(
             {

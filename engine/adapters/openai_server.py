@@ -108,6 +108,18 @@ CANARY_REPEATS = 3
 # time, one with it off in a whole prefill's: a repeat faster than this share of the fastest
 # cold twin was warm, whatever the server's count says.
 WARM_BY_TIMING_RATIO = 0.5
+# The server canary's smallest prompt, whatever the job's smallest context. Measured with
+# benchmarks/server_canary.py on the micro checkpoint (docs/ENGINE.md): at 256 and 64 tokens (a
+# cold twin of 8-40 ms) a held prompt read 0.59-0.65 of a twin and a cache-off run 0.67; at 512
+# the twin took 46-400 ms, at times within 1.1 of the floor below; at 1024 0.24-0.52 s, every
+# setting 0.35 or more from the threshold.
+# (benchmarks/server_canary.py lowers it to measure smaller canaries).
+CANARY_MIN_TOKENS = int(os.environ.get("COLDBENCH_SERVER_CANARY_MIN_TOKENS", "1024"))
+# A cold twin faster than this is too close to the HTTP round trip and the first decode step
+# (a held prompt's repeat took 6-18 ms) for the ratio to mean anything: unreliable at 40 ms and
+# less, reliable from 46 ms. The record then says the timing could not tell instead of calling
+# the server cold.
+CANARY_MIN_TWIN_PREFILL_S = 0.05
 CANARY_REASON = "warm canary (its prompt sent again: a prompt cache left on holds it)"
 # Run by the server's own interpreter, with the server's environment: what it imports.
 # Same shape as coldbench.engine.adapters.process_software (provenance reads both alike).
@@ -223,6 +235,7 @@ class OpenAIServerAdapter:
         records = Path(plan.records_path)
         self.log_path: Path = records.with_name(records.stem + ".server.log")
         self.wiped: list[dict[str, Any]] = []
+        self.canary_small: str | None = None  # why the canary is under its minimum size
         self.software: dict[str, Any] | None = None
         self._probe: subprocess.Popen[str] | None = None
         self.proofs = {
@@ -484,56 +497,55 @@ class OpenAIServerAdapter:
 
     canary_reason = CANARY_REASON
 
+    def canary_tokens(self, context_tokens: int) -> int:
+        """The canary's prompt size for a run whose smallest warmed context is
+        `context_tokens` (engine/runner.py asks before the canary): at least
+        `CANARY_MIN_TOKENS`, since a smaller prompt's cold prefill is too short to time, within
+        the model's positions and the memory guard. Where the minimum is refused it stays
+        `context_tokens` (which the warm-up ran) and `canary_small` says why."""
+        assert self.prompts is not None, "load() first"
+        size = max(context_tokens, CANARY_MIN_TOKENS)
+        limit = self.prompts.max_tokens
+        if limit is not None and size > limit:
+            size = max(context_tokens, limit)
+        self.canary_small = None
+        if size > context_tokens:
+            try:
+                self.prompts.check_context(size)
+            except ValueError as refused:
+                self.canary_small = " ".join(str(refused).split())
+                return context_tokens
+        if size < CANARY_MIN_TOKENS:
+            self.canary_small = f"the model takes at most {limit} tokens (max_position_embeddings)"
+        return size
+
     def canary_cell(self, context_tokens: int) -> Measurement:
-        """The run's warm canary on the server (engine/canary.py): the warm-up prompt of
-        `context_tokens`, which the warm-up sent already, sent again `CANARY_REPEATS` times.
+        """The run's warm canary on the server (engine/canary.py): a warm-up-class prompt of
+        `context_tokens` (sized by `canary_tokens`), sent once and then again `CANARY_REPEATS`
+        times.
 
         A server cannot be handed a warm cache, and its count is the cold check; so the canary
-        is also timed against cold twins (the warm-up prompt's first token, then its other
-        tokens rotated: new to the server but for that one token, in the warm-up's own token
-        class, so no measured prompt shares their start). The record is the last repeat, judged
-        by the same rule as every cell, with `canary.*` counters: the fastest twin's and
-        repeat's prefill, their ratio and `canary.warm_by_timing` (ratio below
-        `WARM_BY_TIMING_RATIO`). Caught: the server counted cached tokens. Counted none but
-        warm by timing: the count is blind, the record stays `ok` (the evidence is invalid)
-        and its reason says so. Neither: the server kept no prompt cache (e.g.
-        `--prompt-cache-size 0`), so the canary could not be warm (evidence/analysis/canary.py:
-        `unwarmed`)."""
+        is also timed against cold twins (the prompt's first token, then its other tokens
+        rotated: new to the server but for that one token, in the warm-up's own token class, so
+        no measured prompt shares their start). The record is the last repeat, judged by the
+        same rule as every cell, with `canary.*` counters (`canary_timing`): the fastest twin's
+        and repeat's prefill, their ratio and `canary.warm_by_timing`."""
         assert self.prompts is not None, "load() first"
-        prompt = self.prompts.warmup_prompt(self.plan.seed, context_tokens)
+        size = context_tokens
+        prompt = self.prompts.warmup_prompt(self.plan.seed, size)
         ids = [int(i) for i in prompt.ids]
         twins = [[ids[0], *ids[1 + k :], *ids[1 : 1 + k]] for k in range(1, CANARY_REPEATS + 1)]
-        self.measure(ids, context_tokens=context_tokens)  # held now if the cache is on
+        self.measure(ids, context_tokens=size)  # held now if the cache is on
         twin_s, repeats = [], []
         for twin in twins:  # interleaved: a load that comes and goes slows both alike
-            twin_s.append(self.measure(twin, context_tokens=context_tokens).prefill_s)
-            repeats.append(measure_prompt(self.measure, prompt, context_tokens))
+            twin_s.append(self.measure(twin, context_tokens=size).prefill_s)
+            repeats.append(measure_prompt(self.measure, prompt, size))
         result = repeats[-1]
-        cold = [t for t in twin_s if t]
-        warm = [r.prefill_s for r in repeats if r.prefill_s]
-        if not cold or not warm:
-            return result  # an error record: the canary proved nothing (a caveat)
-        ratio = min(warm) / min(cold)
-        is_warm = ratio < WARM_BY_TIMING_RATIO
-        result.counters.update(
-            {
-                "canary.cold_twin_prefill_s": round(min(cold), 6),
-                "canary.repeat_prefill_s": round(min(warm), 6),
-                "canary.prefill_ratio": round(ratio, 4),
-                "canary.warm_by_timing": is_warm,
-            }
-        )
-        if result.status == "ok" and is_warm:
-            result.reason = (
-                f"the server counted 0 cached tokens but prefilled the repeat in {ratio:.2f} "
-                "of a cold twin's time: it reused its prompt cache without saying so"
+        if size < CANARY_MIN_TOKENS:  # the timing is unlikely to tell (canary_timing)
+            result.counters["canary.under_min_tokens"] = self.canary_small or (
+                f"asked for {size} tokens"
             )
-        elif result.status == "ok":
-            result.reason = (
-                f"not warm: the repeat prefilled in {ratio:.2f} of a cold twin's time, so the "
-                "server keeps no prompt cache"
-            )
-        return result
+        return canary_timing(result, twin_s, [r.prefill_s for r in repeats])
 
     def measure(self, prompt_ids: Sequence[int], *, context_tokens: int) -> Measurement:
         if self.process is None or self.process.poll() is not None:
@@ -618,6 +630,58 @@ class OpenAIServerAdapter:
             result.status = "error"
             result.reason = f"server streamed no token; server log: {self.stderr_tail()}"
         return result
+
+
+def canary_timing(
+    result: Measurement, twin_s: Sequence[float | None], repeat_s: Sequence[float | None]
+) -> Measurement:
+    """The server canary's verdict by timing, added to its judged record (the last repeat).
+
+    Counters: `canary.cold_twin_prefill_s` and `canary.repeat_prefill_s` (the fastest of each),
+    `canary.prefill_ratio`, `canary.timing_could_tell` (the fastest twin took at least
+    `CANARY_MIN_TWIN_PREFILL_S`) and `canary.warm_by_timing` (the ratio below
+    `WARM_BY_TIMING_RATIO`; None where the timing could not tell). With the server's count at
+    0 (status `ok`), the reason says which: warm by timing is a blind count (evidence/analysis/
+    canary.py: `passed`); not warm is a server that keeps no prompt cache (`unwarmed`); a twin
+    too fast to time leaves the count unverified (`unverified`). A count that saw the cache
+    (`invalid`) is caught whatever the timing. Without a timed twin and repeat the record is
+    left as it is (an error record: the canary proved nothing)."""
+    cold = [t for t in twin_s if t]
+    warm = [t for t in repeat_s if t]
+    if not cold or not warm:
+        return result
+    ratio = min(warm) / min(cold)
+    could_tell = min(cold) >= CANARY_MIN_TWIN_PREFILL_S
+    is_warm = ratio < WARM_BY_TIMING_RATIO if could_tell else None
+    result.counters.update(
+        {
+            "canary.cold_twin_prefill_s": round(min(cold), 6),
+            "canary.repeat_prefill_s": round(min(warm), 6),
+            "canary.prefill_ratio": round(ratio, 4),
+            "canary.timing_could_tell": could_tell,
+            "canary.warm_by_timing": is_warm,
+        }
+    )
+    if result.status != "ok":
+        return result
+    if not could_tell:
+        result.reason = (
+            f"timing could not tell: cold twin took {min(cold) * 1000:.0f} ms, under the "
+            f"{CANARY_MIN_TWIN_PREFILL_S * 1000:.0f} ms a cold prefill needs to be timed apart "
+            f"from a held prompt's repeat ({ratio:.2f} of it); the server counted 0 cached "
+            "tokens, as a blind count would"
+        )
+    elif is_warm:
+        result.reason = (
+            f"the server counted 0 cached tokens but prefilled the repeat in {ratio:.2f} "
+            "of a cold twin's time: it reused its prompt cache without saying so"
+        )
+    else:
+        result.reason = (
+            f"not warm: the repeat prefilled in {ratio:.2f} of a cold twin's time, so the "
+            "server keeps no prompt cache"
+        )
+    return result
 
 
 def _render_proof(template: str, value: Any) -> str:

@@ -12,7 +12,11 @@ The openai-server adapter's canary is a repeat of a prompt the server was sent, 
 cold twins (engine/adapters/openai_server.py): its record says `canary.warm_by_timing`. Judged
 cold while warm by its timing is `passed` (the server's count is blind, its reason says so);
 judged cold and not warm by timing is `unwarmed`: the server keeps no prompt cache, so its
-cells are cold by its setting, but the count's sight of a cache is unproven (a caveat).
+cells are cold by its setting, but the count's sight of a cache is unproven (a caveat). Judged
+cold where the timing could not tell (`canary.timing_could_tell` false: the cold twin
+prefilled faster than the adapter can time apart from a held prompt's repeat) is `unverified`:
+a count that saw nothing and a blind count read alike, so the cold check of that server is
+unverified (a caveat, never silently `unwarmed`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coldbench.evidence.contract.schemas import CANARY_ROUND, Record
-from coldbench.evidence.contract.summary_schema import Canary, CanaryCell
+from coldbench.evidence.contract.summary_schema import Canary, CanaryCell, CanaryResult
 
 CANARY_RULE = (
     "one cell per run is warm on purpose (the first half of its prompt already in the KV "
@@ -49,20 +53,31 @@ def canary_section(records: Sequence[Record], run_ids: Sequence[str]) -> Canary 
             )
             continue
         for record in mine:
-            result = {"ok": "passed", "invalid": "caught"}.get(record.status, "error")
-            if result == "passed" and record.counters.get("canary.warm_by_timing") is False:
-                result = "unwarmed"
             cells.append(
                 CanaryCell(
                     run_id=run_id,
                     variant=record.variant,
                     context_tokens=record.context_tokens,
                     cached_tokens=record.cached_tokens,
-                    result=result,  # type: ignore[arg-type]
+                    result=canary_result(record),
                     reason=(record.reason or "")[:300] or None,
                 )
             )
     return Canary(runs=cells, rule=CANARY_RULE)
+
+
+def canary_result(record: Record) -> CanaryResult:
+    """What one canary record proves: the judge's status, and for a server's canary judged
+    cold, what its timing (engine/adapters/openai_server.py `canary_timing`) made of it."""
+    if record.status == "invalid":
+        return "caught"
+    if record.status != "ok":
+        return "error"
+    if record.counters.get("canary.timing_could_tell") is False:
+        return "unverified"
+    if record.counters.get("canary.warm_by_timing") is False:
+        return "unwarmed"
+    return "passed"
 
 
 def canary_invalidations(canary: Canary | None) -> list[str]:
@@ -96,6 +111,13 @@ def canary_caveats(canary: Canary | None) -> list[str]:
                 f"Run {cell.run_id}'s warm canary could not be made warm ({cell.reason}): its "
                 "cells are cold by the server's setting, but its count of cached tokens is "
                 "unproven."
+            )
+        elif cell.result == "unverified":
+            found.append(
+                f"Run {cell.run_id}'s warm canary could not verify the server's cold check "
+                f"({cell.reason}): the server counted no cached tokens at "
+                f"{cell.context_tokens} tokens, which a blind count would report too, and its "
+                "timing could not tell; the cold check of this server is unverified."
             )
         elif cell.result == "missing":
             found.append(f"Run {cell.run_id} has no warm canary: its cold check is unproven.")

@@ -236,6 +236,9 @@ class Invalid(_Section):
 # ---------------------------------------------------
 
 
+CanaryResult = Literal["caught", "passed", "unwarmed", "unverified", "error", "missing"]
+
+
 class CanaryCell(_Section):
     run_id: str
     variant: str
@@ -243,8 +246,9 @@ class CanaryCell(_Section):
     cached_tokens: int | None
     # caught: the cold check refused it, as it must; passed: it was judged cold (the run's
     # evidence is invalid); unwarmed: a server that keeps no prompt cache could not be made
-    # warm (a caveat); error: it did not run to a verdict; missing: the run has none
-    result: Literal["caught", "passed", "unwarmed", "error", "missing"]
+    # warm (a caveat); unverified: a server's count saw nothing and its timing could not tell
+    # (a caveat); error: it did not run to a verdict; missing: the run has none
+    result: CanaryResult
     reason: str | None
 
 

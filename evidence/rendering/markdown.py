@@ -688,6 +688,7 @@ def canary_lines(canary: Canary) -> list[str]:
             "caught": "caught, as it must be",
             "passed": "PASSED AS COLD: the evidence is invalid",
             "unwarmed": "not warm (the server keeps no prompt cache; the count is unproven)",
+            "unverified": "not verified (the server counted none; its timing could not tell)",
             "error": "did not run to a verdict",
         }[cell.result]
         lines.append(

@@ -19,8 +19,11 @@ from pathlib import Path
 import pytest
 
 from coldbench.engine.adapters.openai_server import (
+    CANARY_MIN_TOKENS,
+    CANARY_MIN_TWIN_PREFILL_S,
     OpenAIServerAdapter,
     ServerLoadError,
+    canary_timing,
     fit_prompt_text,
     server_argv,
     wipe_path,
@@ -28,6 +31,7 @@ from coldbench.engine.adapters.openai_server import (
 from coldbench.engine.canary import CANARY_ENV
 from coldbench.engine.judge import judge_cell
 from coldbench.engine.plan import Plan
+from coldbench.engine.prompts import PromptSource
 from coldbench.engine.record import Measurement
 from coldbench.evidence.analysis.summary import summarize
 from coldbench.evidence.contract.schemas import CANARY_ROUND, Record
@@ -658,9 +662,10 @@ def test_a_server_refusing_its_arguments_says_so_at_the_end_of_its_reason(
 def _server_canary_run(
     model: Path, tmp_path: Path, command: list[str], name: str, **env: str
 ) -> list[Record]:
-    """One batch run of a real mlx_lm.server with the run's warm canary (engine/canary.py) at
-    512 tokens: large enough on the micro checkpoint (a 60-130 ms prefill here) that a repeat
-    the server holds is timed well apart from a cold twin above the HTTP round trip."""
+    """One batch run of a real mlx_lm.server with the run's warm canary (engine/canary.py).
+    Its cells and warm-up are 64 tokens; the canary is the adapter's minimum, 1024: large
+    enough on the micro checkpoint (a 0.2-0.5 s cold prefill here) that a repeat the server
+    holds is timed well apart from a cold twin above the HTTP round trip."""
     records_path = tmp_path / f"{name}.jsonl"
     plan = {
         "run_id": f"r-{name}",
@@ -672,8 +677,8 @@ def _server_canary_run(
         "seed": 5,
         "records_path": str(records_path),
         "server_command": command,
-        "cells": [{"round": r, "order": 0, "context_tokens": 512} for r in range(2)],
-        "warmup_contexts": [512],
+        "cells": [{"round": r, "order": 0, "context_tokens": 64} for r in range(2)],
+        "warmup_contexts": [64],
     }
     plan_path = tmp_path / f"{name}.plan.json"
     plan_path.write_text(json.dumps(plan))
@@ -703,7 +708,8 @@ def test_the_warm_canary_on_a_real_server_caught_passed_and_unwarmed(
     the canary cannot be warm, which is a caveat and not an invalid run."""
     caught = _server_canary_run(micro_model_dir, tmp_path, MLX_LM_SERVER, "on")
     (canary,) = [r for r in caught if r.round == CANARY_ROUND]
-    assert canary.status == "invalid" and canary.cached_tokens == 511
+    assert canary.status == "invalid" and canary.cached_tokens == 1023
+    assert canary.context_tokens == canary.prompt_tokens == CANARY_MIN_TOKENS  # not the 64 warmed
     assert canary.reason is not None and canary.reason.startswith("warm canary (its prompt sent")
     assert canary.counters["canary.prefill_ratio"] is not None
     summary = summarize(caught, baseline="server")
@@ -716,6 +722,8 @@ def test_the_warm_canary_on_a_real_server_caught_passed_and_unwarmed(
     )
     (canary,) = [r for r in blind if r.round == CANARY_ROUND]
     assert canary.status == "ok" and canary.cached_tokens == 0
+    assert canary.context_tokens == 1024 and "canary.under_min_tokens" not in canary.counters
+    assert canary.counters["canary.timing_could_tell"] is True, canary.counters
     assert canary.counters["canary.warm_by_timing"] is True, canary.counters
     assert canary.reason is not None and "without saying so" in canary.reason
     summary = summarize(blind, baseline="server")
@@ -736,3 +744,73 @@ def test_the_warm_canary_on_a_real_server_caught_passed_and_unwarmed(
     assert summary.canary is not None and summary.canary.runs[0].result == "unwarmed"
     assert summary.evidence_invalid is None
     assert any("could not be made warm" in c for c in caveats(summary))
+
+
+def _counted(cached: int) -> Measurement:
+    """The canary's last repeat as the cell judge left it, for a server count of `cached`."""
+    result = Measurement(prompt_tokens=512, cached_tokens=cached, prefill_s=0.01)
+    result.status = "ok" if cached == 0 else "invalid"
+    result.reason = None if cached == 0 else f"cached_tokens={cached}: the KV cache was not fresh"
+    return result
+
+
+def test_the_server_canary_timing_tells_warm_from_cold_above_its_floor() -> None:
+    warm = canary_timing(_counted(0), [0.25, 0.2, 0.3], [0.03, 0.02, 0.04])
+    assert warm.counters["canary.timing_could_tell"] is True
+    assert warm.counters["canary.warm_by_timing"] is True
+    assert warm.counters["canary.prefill_ratio"] == 0.1  # fastest repeat over fastest twin
+    assert warm.status == "ok" and warm.reason is not None and "without saying so" in warm.reason
+
+    cold = canary_timing(_counted(0), [0.2, 0.21, 0.22], [0.19, None, 0.2])
+    assert cold.counters["canary.warm_by_timing"] is False
+    assert cold.reason is not None and cold.reason.startswith("not warm: the repeat prefilled")
+
+
+def test_a_cold_twin_under_the_floor_leaves_the_timing_untold() -> None:
+    """A twin of 12 ms (64 tokens on the micro checkpoint): a ratio of 0.4 there is noise, so
+    neither warm nor cold; the reason names the twin's time."""
+    untold = canary_timing(_counted(0), [0.012, 0.015, None], [0.005, 0.008, 0.006])
+    assert untold.counters["canary.timing_could_tell"] is False
+    assert untold.counters["canary.warm_by_timing"] is None
+    assert untold.counters["canary.cold_twin_prefill_s"] == 0.012
+    assert untold.status == "ok" and untold.reason is not None
+    assert untold.reason.startswith("timing could not tell: cold twin took 12 ms, under the 50 ms")
+    # just at the floor the timing counts
+    at_floor = canary_timing(_counted(0), [CANARY_MIN_TWIN_PREFILL_S], [0.045])
+    assert at_floor.counters["canary.timing_could_tell"] is True
+
+    # a count that saw the cache is caught whatever the timing: its reason stays the judge's
+    caught = canary_timing(_counted(511), [0.012], [0.011])
+    assert (
+        caught.status == "invalid"
+        and caught.reason == "cached_tokens=511: the KV cache was not fresh"
+    )
+    assert caught.counters["canary.timing_could_tell"] is False
+
+    # without a timed twin the record proves nothing by timing: left as the judge made it
+    untimed = canary_timing(_counted(0), [None, None], [0.01])
+    assert untimed.reason is None and "canary.warm_by_timing" not in untimed.counters
+
+
+def test_the_server_canary_has_a_minimum_size_within_the_model_and_memory(
+    micro_model_dir: Path, tmp_path: Path
+) -> None:
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(micro_model_dir)
+    adapter = OpenAIServerAdapter(_plan(micro_model_dir, MLX_LM_SERVER, tmp_path))
+    adapter.prompts = PromptSource.from_tokenizer(tokenizer, max_tokens=4096)
+    assert adapter.canary_tokens(64) == CANARY_MIN_TOKENS == 1024
+    assert adapter.canary_tokens(2048) == 2048 and adapter.canary_small is None
+
+    adapter.prompts = PromptSource.from_tokenizer(tokenizer, max_tokens=600)
+    assert adapter.canary_tokens(64) == 600
+    assert adapter.canary_small == "the model takes at most 600 tokens (max_position_embeddings)"
+
+    def memory_guard(context_tokens: int) -> None:
+        if context_tokens > 128:
+            raise ValueError(f"context {context_tokens} tokens needs more memory\nthan this host")
+
+    adapter.prompts = PromptSource.from_tokenizer(tokenizer, checks=[memory_guard])
+    assert adapter.canary_tokens(64) == 64  # the warm-up's context, which the guard passed
+    assert adapter.canary_small == "context 1024 tokens needs more memory than this host"
