@@ -223,6 +223,7 @@ def bisect_locally(
     and halving are evidence/analysis/bisect.py's, as the service's (api/jobs/bisect.py)."""
     from coldbench.evidence.analysis.bisect import bisect_sentences, next_line, step_spec
     from coldbench.evidence.analysis.history import plural
+    from coldbench.evidence.analysis.stats import too_few_rounds
     from coldbench.evidence.bundles.bundle import write_folder, zip_bytes
     from coldbench.evidence.contract.schemas import BisectStep
     from coldbench.worker.fingerprint import host_fingerprint, host_labels
@@ -234,6 +235,15 @@ def bisect_locally(
     if out.exists() and any(out.iterdir()):
         fail(f"--out {out}: folder exists and is not empty; choose a new one")
     host = host_fingerprint()
+    # Said before the first step, as for every other mode (`checked_on_this_host`): a step
+    # too noisy to tell ends the bisection, so the rounds it needs are named up front.
+    warning = too_few_rounds(spec)
+    if warning:
+        typer.echo(
+            f"warning: {warning}; a step that cannot tell mid from both ends stops the "
+            "bisection (--until decided measures each step until it can)",
+            err=True,
+        )
     steps: list[BisectStep] = []
     while True:
         name = f"step-{len(steps) + 1:02d}"

@@ -42,7 +42,7 @@ from coldbench.evidence.analysis.bisect import step_spec
 from coldbench.evidence.analysis.commits import commits_spec
 from coldbench.evidence.analysis.history import history_spec
 from coldbench.evidence.analysis.stats import job_looks
-from coldbench.evidence.analysis.summary import all_decided, prefill_verdicts_at_look
+from coldbench.evidence.analysis.summary import look_decided, prefill_verdicts_at_look
 from coldbench.evidence.contract.calibration import block_length
 from coldbench.evidence.contract.schemas import (
     BUILTIN_CORPUS,
@@ -558,7 +558,8 @@ def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | No
 def until_decided(spec: JobSpec) -> Callable[[int, Sequence[dict[str, Any]]], str | None]:
     """The check a run measuring until decided makes after each complete round: at a look
     (coldbench.evidence.analysis.stats `Looks`), the prefill verdicts by the rule summary.json
-    states; it ends the run when every one is decided, or when the job's time budget is spent."""
+    states; it ends the run when every one is decided (a bisection step: when the step is,
+    `look_decided`), or when the job's time budget is spent."""
     looks = job_looks(spec)
     began = time.monotonic()
 
@@ -575,9 +576,8 @@ def until_decided(spec: JobSpec) -> Callable[[int, Sequence[dict[str, Any]]], st
             except ValueError:
                 continue  # a record the bundle will refuse; it decides nothing
         _, comparisons = prefill_verdicts_at_look(records, spec=spec)
-        if all_decided(comparisons):
-            return f"every prefill comparison decided at look {look} ({rounds_done} rounds)"
-        return None
+        decided = look_decided(spec, comparisons)
+        return f"{decided} at look {look} ({rounds_done} rounds)" if decided else None
 
     return check
 

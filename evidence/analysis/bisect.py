@@ -42,6 +42,8 @@ from coldbench.evidence.contract.summary_schema import (
 Decision = str  # "lower" | "upper" | "found" | "not a single step" | "too few pairs"
 # The decisions that end a bisection.
 FINAL_DECISIONS = ("found", "not a single step", "too few pairs")
+# A step that halves the line or names the commit: where a step measuring until decided stops.
+STEP_DECIDED = ("lower", "upper", "found")
 
 
 def _result(comparison: Comparison | None) -> StepResult | None:
@@ -162,6 +164,34 @@ def _fmt(interval: tuple[float, float] | None) -> str:
     return "n/a" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
+def _step_results(
+    spec: JobSpec, comparisons: Sequence[Comparison]
+) -> tuple[StepResult | None, StepResult | None]:
+    """(mid / lo, hi / lo) of a step's comparisons; mid None where lo and hi are neighbours."""
+    _lo, *rest = spec.variants
+    mid = rest[0] if len(rest) == 2 else None
+    by_variant = {c.variant: c for c in comparisons}
+    mid_result = _result(by_variant.get(mid.name)) if mid else None
+    return mid_result, _result(by_variant.get(rest[-1].name))
+
+
+def step_decision(spec: JobSpec, comparisons: Sequence[Comparison]) -> tuple[Decision, str]:
+    """The decision of the step `spec` measures, from its prefill comparisons (`decide_step`):
+    what its summary states, and what a step measuring until decided stops on."""
+    assert spec.bisect is not None  # JobSpec's rule for mode bisect
+    mid_result, hi_result = _step_results(spec, comparisons)
+    has_mid = len(spec.variants) == 3
+    line = spec.bisect.line or []
+    return decide_step(
+        mid_result,
+        hi_result,
+        spec.bisect.direction,
+        has_mid,
+        # lo..mid would be the next line: two neighbours, the pair this step measured
+        mid_is_lo_child=has_mid and len(next_line(line, "lower") or []) == 2,
+    )
+
+
 def bisect_section(
     *,
     spec: JobSpec,
@@ -176,18 +206,8 @@ def bisect_section(
     lo, *rest = spec.variants
     mid = rest[0] if len(rest) == 2 else None
     hi = rest[-1]
-    by_variant = {c.variant: c for c in comparisons}
-    mid_result = _result(by_variant.get(mid.name)) if mid else None
-    hi_result = _result(by_variant.get(hi.name))
-    line = spec.bisect.line or []
-    decision, why = decide_step(
-        mid_result,
-        hi_result,
-        spec.bisect.direction,
-        mid is not None,
-        # lo..mid would be the next line: two neighbours, the pair this step measured
-        mid_is_lo_child=mid is not None and len(next_line(line, "lower") or []) == 2,
-    )
+    mid_result, hi_result = _step_results(spec, comparisons)
+    decision, why = step_decision(spec, comparisons)
     lo_commit, hi_commit = commits.get(lo.name, lo.ref), commits.get(hi.name, hi.ref)
     found = decision == "found"
     final = decision in FINAL_DECISIONS

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from coldbench.evidence.analysis.ablation import ablation_section
-from coldbench.evidence.analysis.bisect import bisect_section
+from coldbench.evidence.analysis.bisect import STEP_DECIDED, bisect_section, step_decision
 from coldbench.evidence.analysis.builds import builds_section
 from coldbench.evidence.analysis.canary import canary_invalidations, canary_section
 from coldbench.evidence.analysis.commits import commits_section
@@ -255,11 +255,23 @@ def all_decided(comparisons: Sequence[Comparison]) -> bool:
     return bool(comparisons) and all(c.verdict in DECIDED for c in comparisons)
 
 
-def _sequential(taken: LookTaken, comparisons: Sequence[Comparison]) -> Sequential:
+def look_decided(spec: JobSpec, comparisons: Sequence[Comparison]) -> str | None:
+    """What a run measuring until decided stops on at a look, or None where it measures on:
+    every prefill comparison decided; for a bisection step, the step's own decision (it halves
+    the line or names the commit), which a mid of lo's code reaches long before its
+    `no established change` would."""
+    if spec.bisect is not None:
+        decision, _ = step_decision(spec, comparisons)
+        return f"the step decided {decision!r}" if decision in STEP_DECIDED else None
+    return "every comparison decided" if all_decided(comparisons) else None
+
+
+def _sequential(taken: LookTaken, comparisons: Sequence[Comparison], spec: JobSpec) -> Sequential:
+    decided = look_decided(spec, comparisons)
     if taken.index is None:
         stopped = f"the records stop at {taken.rounds} rounds, short of the first look"
-    elif all_decided(comparisons):
-        stopped = f"every comparison decided at look {taken.index + 1}"
+    elif decided:
+        stopped = f"{decided} at look {taken.index + 1}"
     elif taken.is_last:
         stopped = f"the budget of {taken.rounds} rounds was spent"
     else:
@@ -398,8 +410,8 @@ def summarize(
     extra_settings: dict[str, Any] = {}
     if by_process:
         extra_settings["process_blocks"] = PROCESS_BLOCK_SETTINGS
-    if taken is not None:
-        extra_settings["sequential"] = _sequential(taken, comparisons)
+    if taken is not None and spec is not None:  # taken only for a spec measuring until decided
+        extra_settings["sequential"] = _sequential(taken, comparisons, spec)
     settings = Settings.model_validate({**options.settings(), **extra_settings})
     return Summary(
         format=SUMMARY_FORMAT,

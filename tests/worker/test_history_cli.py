@@ -254,3 +254,35 @@ def test_bisect_finds_the_planted_commit_in_steps_each_with_its_evidence(
     report = (steps[-1] / "report.html").read_text()
     assert 'href="../step-01/report.html"' in report and shas["slow"] in report
     assert f"First slower commit at {CONTEXT} tokens: {shas['slow']}" in done.stdout
+
+
+def test_a_bisection_of_too_few_rounds_says_so_before_its_first_step(
+    series_repo: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """6 rounds: the same warning as any other mode's, with the rounds a step needs, before
+    anything is built (the first step is refused here, so nothing is)."""
+    from typer.testing import CliRunner
+
+    from coldbench.worker import run
+    from coldbench.worker.cli import app
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise run.RunRefused("refused before building")
+
+    monkeypatch.setattr(run, "execute_run", refused)
+    repo, shas = series_repo
+    done = CliRunner().invoke(
+        app,
+        [
+            "run",
+            *("--repo", str(repo), "--mode", "bisect", "--good", shas["good"]),
+            *("--bad", shas["fixed"], "--direction", "slower"),
+            *MATRIX,
+            *("--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "bisect")),
+        ],
+    )
+    lines = done.stderr.splitlines()
+    assert done.exit_code == 2 and "error: refused before building" in lines, done.output
+    (warning,) = [line for line in lines if line.startswith("warning: ")]
+    assert warning.startswith("warning: 6 rounds cannot reach a verdict: the robust interval")
+    assert "needs at least 10 rounds" in warning and "--until decided" in warning
