@@ -236,7 +236,7 @@ class RepositoryFile(_Table):
         if starts_server(self.adapter):
             if self.server_command is None:
                 raise ValueError(
-                    "server_command is required for the openai-server adapter "
+                    f"server_command is required for the {self.adapter} adapter "
                     f"(an argv list such as {SERVER_COMMAND_EXAMPLE})"
                 )
             return self
@@ -246,7 +246,8 @@ class RepositoryFile(_Table):
             if key in self.model_fields_set
         ]
         if given:
-            raise ValueError(f'{", ".join(given)}: apply only to adapter = "openai-server"')
+            servers = " or ".join(f'"{name}"' for name in ADAPTERS if starts_server(name))
+            raise ValueError(f"{', '.join(given)}: apply only to adapter = {servers}")
         return self
 
 
@@ -437,6 +438,7 @@ def load_host_config(path: Path) -> HostConfig:
 
 def server_repository(
     *,
+    adapter: str,
     server_command: str,
     options: list[str],
     wipe: list[str],
@@ -444,9 +446,10 @@ def server_repository(
     repo: Path | None = None,
     module: str | None = None,
 ) -> RepositoryConfig:
-    """The server repository of `coldbench run --adapter openai-server`, where the user is the
-    host: the same declarations as worker.toml (`--option NAME={inline TOML table}`), checked
-    by the same models. Without `repo`, the server runs from this interpreter (no builds)."""
+    """The server repository of `coldbench run --adapter ADAPTER` for an adapter that starts a
+    server (openai-server), where the user is the host: the same declarations as worker.toml
+    (`--option NAME={inline TOML table}`), checked by the same models. Without `repo`, the
+    server runs from this interpreter (no builds)."""
     import shlex
 
     try:
@@ -467,7 +470,7 @@ def server_repository(
     raw: dict[str, Any] = {
         "url": str(repo) if repo is not None else "installed",
         "module": module,
-        "adapter": "openai-server",
+        "adapter": adapter,
         "recipes": {"editable": {"command": list(EDITABLE_COMMAND)}},
         "server_command": command,
         "options": declared,
@@ -490,6 +493,6 @@ def server_repository(
                 break
         raise ConfigError(message) from None
     if repo is not None:
-        checkout = local_repository(repo, module=module, adapter="openai-server")
+        checkout = local_repository(repo, module=module, adapter=adapter)
         return dataclasses.replace(_repository(checkout.name, parsed, Path.cwd()), url=checkout.url)
     return dataclasses.replace(_repository(INSTALLED_SERVER, parsed, Path.cwd()), url=None)
