@@ -20,12 +20,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from coldbench.engine.adapter_traits import ADAPTERS, starts_server
+from coldbench.engine.adapter_traits import ADAPTERS, runs_checkout_engine, starts_server
 from coldbench.evidence.contract.schemas import (
     BUILTIN_CORPUS,
     CORPUS_NAME_PATTERN,
     INSTALLED_SERVER,
     NAME_PATTERN,
+    REPOSITORY_ADAPTER,
     AdapterName,
     HostNoise,
     error_line,
@@ -83,7 +84,7 @@ class RepositoryConfig:
     # --adapter openai-server` without --repo: the server runs from this interpreter.
     url: str | None
     module: str = "mlx_lm"  # the engine module whose import path the build checks
-    adapter: str = "mlx-lm"
+    adapter: str = REPOSITORY_ADAPTER
     recipes: dict[str, Recipe] = field(default_factory=dict)
     # openai-server only: the argv that starts the server, `{python}` (the build venv's
     # interpreter), `{port}` and `{model}` filled in per variant. Host-owned, like recipes.
@@ -130,16 +131,16 @@ class HostConfig:
         return self.path.with_name(self.path.stem + ".secret")
 
 
-def default_recipes(adapter: str = "mlx-lm") -> dict[str, Recipe]:
+def default_recipes(adapter: str = REPOSITORY_ADAPTER) -> dict[str, Recipe]:
     """`editable`, and for embedded repositories also `offline` (see OFFLINE_COMMAND)."""
     recipes = {"editable": Recipe("editable", EDITABLE_COMMAND)}
-    if adapter == "embedded":
+    if runs_checkout_engine(adapter):
         recipes["offline"] = Recipe("offline", OFFLINE_COMMAND)
     return recipes
 
 
 def local_repository(
-    path: Path, *, module: str | None = None, adapter: str = "mlx-lm"
+    path: Path, *, module: str | None = None, adapter: str = REPOSITORY_ADAPTER
 ) -> RepositoryConfig:
     """The repository of `coldbench run --repo PATH`: the maintainer's own checkout (for
     `adapter="embedded"`, a checkout of coldbench whose engine/ the variants run)."""
@@ -189,7 +190,7 @@ def check_wipe_path(raw: str) -> str:
 class RepositoryFile(_Table):
     url: str = Field(min_length=1)
     module: str | None = None  # default: the adapter's target_module (engine/adapter_traits.py)
-    adapter: AdapterName = "mlx-lm"
+    adapter: AdapterName = REPOSITORY_ADAPTER
     recipes: dict[PlainName, RecipeFile] = Field(default_factory=dict, validate_default=True)
     server_command: Argv | None = None
     options: dict[OptionName, HostOption] = Field(default_factory=dict)

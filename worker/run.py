@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coldbench.engine.adapter_traits import starts_server
+from coldbench.engine.adapter_traits import runs_checkout_engine, starts_server
 from coldbench.engine.memory import IN_TURNS, RESIDENCIES, SIDE_BY_SIDE, MemoryPlan
 from coldbench.engine.plan import Plan
 from coldbench.evidence.analysis.bisect import step_spec
@@ -214,8 +214,8 @@ def check_job(
         )
     if spec.corpus != BUILTIN_CORPUS and not Path((corpora or {})[spec.corpus]).is_file():
         raise RunRefused(f"corpus {spec.corpus!r}: its file on this host is gone")
-    if spec.adapter == "embedded" and not spec.repository:
-        return  # the engine installed beside this worker
+    if not spec.repository:
+        return  # the engine installed beside this worker (JobSpec: only its adapter needs none)
     repository = repositories.get(spec.repository or "")
     if repository is None:
         raise RunRefused(f"repository {spec.repository!r} is not on this host's allow-list")
@@ -324,13 +324,13 @@ def prepare_variants(
     (its expansion), checked by `check_job`. Builds before any timing."""
     prepared: list[PreparedVariant] = []
     logs: dict[str, bytes] = {}
-    if spec.adapter == "embedded" and not spec.repository:
+    if not spec.repository:  # the engine installed beside this worker (JobSpec's adapter rule)
         for variant in variants:
             plan = _plan(
-                spec, variant, run_id=run_id, model=model, adapter="embedded", corpora=corpora
+                spec, variant, run_id=run_id, model=model, adapter=spec.adapter, corpora=corpora
             )
             launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
-            prepared.append(PreparedVariant(variant, launch, "embedded"))
+            prepared.append(PreparedVariant(variant, launch, spec.adapter))
         return prepared, logs, None
 
     repository = repositories[spec.repository or ""]
@@ -414,7 +414,7 @@ def prepare_variants(
         launch_plan = dataclasses.replace(launch_plan, checkout=str(checkout.path))
         if starts_server(repository.adapter):
             launch_plan = _server_plan(launch_plan, repository, variant)
-        embedded = repository.adapter == "embedded"
+        embedded = runs_checkout_engine(repository.adapter)
         launch = VariantLaunch(
             name=variant.name,
             python=result.python,
@@ -549,7 +549,7 @@ def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | No
     package's rename; commits older than that report were checked by the build, in the same
     environment)."""
     assert variant.checkout is not None
-    embedded = variant.adapter == "embedded"
+    embedded = runs_checkout_engine(variant.adapter)
     software = (target or {}).get("software") or {}
     reported = software.get("files") or {}
     files: dict[str, str | None] = {"the engine module": module_file_of(target)}
