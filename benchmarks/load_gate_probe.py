@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coldbench.engine.plan import Plan
+
 
 def gpu_memory_of(pid: int) -> int | None:
     """MiB of GPU memory `pid` holds (0: none), or None without nvidia-smi."""
@@ -60,15 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-s", type=float, default=2.0, help="at the gate, before looking")
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="gate-probe-"))
-    plan = {
-        "run_id": "gate-probe",
-        "variant": "probe",
-        "adapter": "embedded",
-        "model": str(args.model.resolve()),
-        "records_path": str(scratch / "records.jsonl"),
-        "warmup_tokens": 64,
-    }
-    (scratch / "plan.json").write_text(json.dumps(plan))
+    plan = Plan(
+        run_id="gate-probe",
+        variant="probe",
+        adapter="embedded",
+        model=str(args.model.resolve()),
+        records_path=str(scratch / "records.jsonl"),
+        warmup_tokens=64,
+    )
+    (scratch / "plan.json").write_text(json.dumps(plan.to_json()))
     env = {**os.environ, "COLDBENCH_LOAD_GATE": "1", "COLDBENCH_WARMUP_GATE": "1"}
     started = time.monotonic()
     runner = subprocess.Popen(

@@ -37,6 +37,7 @@ from coldbench.engine.adapters.openai_server import (
     WARM_BY_TIMING_RATIO,
 )
 from coldbench.engine.canary import CANARY_ENV
+from coldbench.engine.plan import CellRequest, Plan
 from coldbench.evidence.analysis.canary import canary_section
 from coldbench.evidence.contract.schemas import CANARY_ROUND, Record
 
@@ -60,21 +61,20 @@ def run_canary(
     command, env = SETTINGS[setting]
     records_path = work / f"{setting}-{seed}.jsonl"
     run_id = f"canary-{setting}-{seed}"
-    plan = {
-        "run_id": run_id,
-        "variant": "server",
-        "adapter": "openai-server",
-        "model": model,
-        "flags": {},
-        "decode_tokens": 2,
-        "seed": seed,
-        "records_path": str(records_path),
-        "server_command": command,
-        "cells": [{"round": 0, "order": 0, "context_tokens": context}],
-        "warmup_contexts": [context],
-    }
+    plan = Plan(
+        run_id=run_id,
+        variant="server",
+        adapter="openai-server",
+        model=model,
+        decode_tokens=2,
+        seed=seed,
+        records_path=str(records_path),
+        server_command=command,
+        cells=[CellRequest(0, 0, context)],
+        warmup_contexts=[context],
+    )
     plan_path = work / f"{setting}-{seed}.plan.json"
-    plan_path.write_text(json.dumps(plan))
+    plan_path.write_text(json.dumps(plan.to_json()))
     done = subprocess.run(
         [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan_path)],
         capture_output=True,

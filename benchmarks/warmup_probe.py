@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from coldbench.engine.plan import CellRequest, Plan
+
 FLAGS = {
     "stock": {"prefill_step_size": 32},
     "all": {"prefill_step_size": 64, "clear_cache": False, "compile": True},
@@ -36,20 +38,20 @@ def run_process(
     model: str, flags: dict[str, object], warmup: list[int], seed: int, work: Path
 ) -> list[dict[str, Any]]:
     records = work / f"records-{seed}-{len(warmup)}-{len(flags)}.jsonl"
-    plan = {
-        "run_id": "warmup-probe",
-        "variant": "probe",
-        "adapter": "embedded",
-        "model": model,
-        "flags": flags,
-        "decode_tokens": 4,
-        "seed": seed,
-        "records_path": str(records),
-        "cells": [{"round": r, "order": 0, "context_tokens": c} for r, c in enumerate(CELLS)],
-        "warmup_contexts": warmup,
-    }
+    plan = Plan(
+        run_id="warmup-probe",
+        variant="probe",
+        adapter="embedded",
+        model=model,
+        flags=flags,
+        decode_tokens=4,
+        seed=seed,
+        records_path=str(records),
+        cells=[CellRequest(r, 0, c) for r, c in enumerate(CELLS)],
+        warmup_contexts=warmup,
+    )
     plan_path = work / "plan.json"
-    plan_path.write_text(json.dumps(plan))
+    plan_path.write_text(json.dumps(plan.to_json()))
     subprocess.run(
         [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan_path)],
         stdout=subprocess.DEVNULL,

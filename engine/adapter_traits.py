@@ -20,10 +20,13 @@ from typing import Final
 class AdapterTraits:
     """`module`: the adapter's module (`create(plan)`); `target_module`: the engine module of
     the target whose import path a build checks (a repository may name another); `flags`: the
-    engine flags it takes (a server takes none: its host declares options instead)."""
+    engine flags it takes (a server takes none: its host declares options instead);
+    `runs_checkout_engine`: a repository's variants run the checkout's own engine/ (a tree of
+    coldbench, put first on the path), not the orchestrator's."""
 
     name: str
     starts_server: bool
+    runs_checkout_engine: bool
     module: str
     target_module: str
     flags: tuple[str, ...]
@@ -43,6 +46,7 @@ ADAPTERS: Final[dict[str, AdapterTraits]] = {
         AdapterTraits(
             "embedded",
             starts_server=False,
+            runs_checkout_engine=True,
             module="coldbench.engine.adapters.embedded",
             target_module="coldbench.engine",
             flags=EMBEDDED_FLAGS,
@@ -50,6 +54,7 @@ ADAPTERS: Final[dict[str, AdapterTraits]] = {
         AdapterTraits(
             "mlx-lm",
             starts_server=False,
+            runs_checkout_engine=False,
             module="coldbench.engine.adapters.mlx_lm",
             target_module="mlx_lm",
             flags=("prefill_step_size",),
@@ -57,12 +62,20 @@ ADAPTERS: Final[dict[str, AdapterTraits]] = {
         AdapterTraits(
             "openai-server",
             starts_server=True,
+            runs_checkout_engine=False,
             module="coldbench.engine.adapters.openai_server",
             target_module="mlx_lm",
             flags=(),
         ),
     )
 }
+
+
+def runs_checkout_engine(adapter: str) -> bool:
+    """Whether `adapter`'s variants run the checkout's own engine/ (False for a name it does not
+    know)."""
+    traits = ADAPTERS.get(adapter)
+    return traits is not None and traits.runs_checkout_engine
 
 
 def starts_server(adapter: str) -> bool:

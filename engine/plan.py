@@ -24,15 +24,18 @@ compile per shape on Metal and CUDA, so every context of the matrix is warmed); 
 256 tokens. `corpus` names the prompt corpus (null: the built-in one) and
 `corpus_path` is the host's file for it, which only the worker writes from the host's own
 configuration. Every field is checked; a bad one is a ValueError of one line naming it.
+`Plan.to_json` writes the object, `Plan.from_json` reads it (the worker writes, the runner
+reads, possibly the runner of an older embedded ref: see `_ALWAYS`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from coldbench.engine.corpus import BUILTIN, check_corpus_name
 
@@ -68,13 +71,36 @@ class CellRequest:
         return cls(value["round"], value["order"], value["context_tokens"])
 
 
+# The fields every runner reads, written always; the rest came later (corpora, servers' options,
+# wipe paths, the first-token bound, a single warm-up length) and are written only where set, so
+# that the runner of an older embedded ref, whose Plan refuses fields it does not know, still
+# reads the plan of a job that does not use them.
+_ALWAYS: Final = (
+    "run_id",
+    "variant",
+    "adapter",
+    "model",
+    "records_path",
+    "flags",
+    "decode_tokens",
+    "seed",
+    "checkout",
+    "server_command",
+    "cells",
+    "warmup_contexts",
+)
+
+
 @dataclass(frozen=True)
 class Plan:
+    """`records_path` and `cells` are the process's own: the orchestrator (worker/variants.py)
+    fills them for each process it starts from one variant's plan."""
+
     run_id: str
     variant: str
     adapter: str
     model: str
-    records_path: str
+    records_path: str = ""
     flags: dict[str, Any] = field(default_factory=dict)
     decode_tokens: int = 8
     seed: int = 0
@@ -192,6 +218,20 @@ class Plan:
             corpus_path=corpus_path,
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """The plan as PLAN.json's object (`from_json` reads it back; `_ALWAYS` says which
+        fields are written when unset)."""
+        value: dict[str, Any] = {}
+        for item in fields(self):
+            given = getattr(self, item.name)
+            if item.name == "cells" and given is not None:
+                given = [asdict(cell) for cell in given]
+            elif isinstance(given, dict | list):
+                given = copy.deepcopy(given)
+            if item.name in _ALWAYS or given != _default(item):
+                value[item.name] = given
+        return value
+
     def warmup_shapes(self) -> list[int]:
         """The contexts to warm, each once, smallest first (module docstring)."""
         if self.warmup_contexts:
@@ -239,3 +279,10 @@ def _check_server_options(options: Any) -> None:
             raise ValueError(f"plan server_options.{name}.prefill_step must be true or false")
         if not isinstance(item.get("proof_template"), str | None):
             raise ValueError(f"plan server_options.{name}.proof_template must be a string or null")
+
+
+def _default(item: Field[Any]) -> Any:
+    """A dataclass field's default value (MISSING for a required field)."""
+    if item.default_factory is not MISSING:
+        return item.default_factory()
+    return item.default

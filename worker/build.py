@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from coldbench.engine.adapter_traits import runs_checkout_engine
 from coldbench.evidence.contract.canonical import sha256_file, sha256_json
 from coldbench.worker.checkout import Checkout, tree_state
 from coldbench.worker.config import Recipe, RepositoryConfig
@@ -340,7 +341,7 @@ def _check(
     python = Path(result.python)
     # An embedded repository's variants run its worktree's engine and fast-path package: both
     # checked.
-    embedded = repository.adapter == "embedded"
+    embedded = runs_checkout_engine(repository.adapter)
     first = str(checkout.path) if embedded else None
     problem: str | None = None
     module_file: str | None = None

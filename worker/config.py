@@ -20,12 +20,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from coldbench.engine.adapter_traits import ADAPTERS, starts_server
+from coldbench.engine.adapter_traits import ADAPTERS, runs_checkout_engine, starts_server
 from coldbench.evidence.contract.schemas import (
     BUILTIN_CORPUS,
     CORPUS_NAME_PATTERN,
     INSTALLED_SERVER,
     NAME_PATTERN,
+    REPOSITORY_ADAPTER,
     AdapterName,
     HostNoise,
     error_line,
@@ -83,7 +84,7 @@ class RepositoryConfig:
     # --adapter openai-server` without --repo: the server runs from this interpreter.
     url: str | None
     module: str = "mlx_lm"  # the engine module whose import path the build checks
-    adapter: str = "mlx-lm"
+    adapter: str = REPOSITORY_ADAPTER
     recipes: dict[str, Recipe] = field(default_factory=dict)
     # openai-server only: the argv that starts the server, `{python}` (the build venv's
     # interpreter), `{port}` and `{model}` filled in per variant. Host-owned, like recipes.
@@ -130,16 +131,16 @@ class HostConfig:
         return self.path.with_name(self.path.stem + ".secret")
 
 
-def default_recipes(adapter: str = "mlx-lm") -> dict[str, Recipe]:
+def default_recipes(adapter: str = REPOSITORY_ADAPTER) -> dict[str, Recipe]:
     """`editable`, and for embedded repositories also `offline` (see OFFLINE_COMMAND)."""
     recipes = {"editable": Recipe("editable", EDITABLE_COMMAND)}
-    if adapter == "embedded":
+    if runs_checkout_engine(adapter):
         recipes["offline"] = Recipe("offline", OFFLINE_COMMAND)
     return recipes
 
 
 def local_repository(
-    path: Path, *, module: str | None = None, adapter: str = "mlx-lm"
+    path: Path, *, module: str | None = None, adapter: str = REPOSITORY_ADAPTER
 ) -> RepositoryConfig:
     """The repository of `coldbench run --repo PATH`: the maintainer's own checkout (for
     `adapter="embedded"`, a checkout of coldbench whose engine/ the variants run)."""
@@ -189,7 +190,7 @@ def check_wipe_path(raw: str) -> str:
 class RepositoryFile(_Table):
     url: str = Field(min_length=1)
     module: str | None = None  # default: the adapter's target_module (engine/adapter_traits.py)
-    adapter: AdapterName = "mlx-lm"
+    adapter: AdapterName = REPOSITORY_ADAPTER
     recipes: dict[PlainName, RecipeFile] = Field(default_factory=dict, validate_default=True)
     server_command: Argv | None = None
     options: dict[OptionName, HostOption] = Field(default_factory=dict)
@@ -236,7 +237,7 @@ class RepositoryFile(_Table):
         if starts_server(self.adapter):
             if self.server_command is None:
                 raise ValueError(
-                    "server_command is required for the openai-server adapter "
+                    f"server_command is required for the {self.adapter} adapter "
                     f"(an argv list such as {SERVER_COMMAND_EXAMPLE})"
                 )
             return self
@@ -246,7 +247,8 @@ class RepositoryFile(_Table):
             if key in self.model_fields_set
         ]
         if given:
-            raise ValueError(f'{", ".join(given)}: apply only to adapter = "openai-server"')
+            servers = " or ".join(f'"{name}"' for name in ADAPTERS if starts_server(name))
+            raise ValueError(f"{', '.join(given)}: apply only to adapter = {servers}")
         return self
 
 
@@ -437,6 +439,7 @@ def load_host_config(path: Path) -> HostConfig:
 
 def server_repository(
     *,
+    adapter: str,
     server_command: str,
     options: list[str],
     wipe: list[str],
@@ -444,9 +447,10 @@ def server_repository(
     repo: Path | None = None,
     module: str | None = None,
 ) -> RepositoryConfig:
-    """The server repository of `coldbench run --adapter openai-server`, where the user is the
-    host: the same declarations as worker.toml (`--option NAME={inline TOML table}`), checked
-    by the same models. Without `repo`, the server runs from this interpreter (no builds)."""
+    """The server repository of `coldbench run --adapter ADAPTER` for an adapter that starts a
+    server (openai-server), where the user is the host: the same declarations as worker.toml
+    (`--option NAME={inline TOML table}`), checked by the same models. Without `repo`, the
+    server runs from this interpreter (no builds)."""
     import shlex
 
     try:
@@ -467,7 +471,7 @@ def server_repository(
     raw: dict[str, Any] = {
         "url": str(repo) if repo is not None else "installed",
         "module": module,
-        "adapter": "openai-server",
+        "adapter": adapter,
         "recipes": {"editable": {"command": list(EDITABLE_COMMAND)}},
         "server_command": command,
         "options": declared,
@@ -490,6 +494,6 @@ def server_repository(
                 break
         raise ConfigError(message) from None
     if repo is not None:
-        checkout = local_repository(repo, module=module, adapter="openai-server")
+        checkout = local_repository(repo, module=module, adapter=adapter)
         return dataclasses.replace(_repository(checkout.name, parsed, Path.cwd()), url=checkout.url)
     return dataclasses.replace(_repository(INSTALLED_SERVER, parsed, Path.cwd()), url=None)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, get_args
 
 import typer
 
@@ -117,16 +117,19 @@ def _local_repository(
     problems: list[str],
 ) -> RepositoryConfig | None:
     """The repository `--repo` (or `--server-command`) names on this machine, or None."""
+    from coldbench.evidence.contract.schemas import SERVER_ADAPTERS, AdapterName, default_adapter
     from coldbench.worker.config import ConfigError, local_repository, server_repository
 
-    if adapter == "openai-server" and server.command is None:
-        problems.append("--adapter openai-server needs --server-command (with {port})")
+    servers = " or ".join(sorted(SERVER_ADAPTERS))
+    if adapter in SERVER_ADAPTERS and server.command is None:
+        problems.append(f"--adapter {adapter} needs --server-command (with {{port}})")
         return None
-    if adapter != "openai-server" and server.given():
-        problems.append(f"{', '.join(server.given())}: only with --adapter openai-server")
+    if adapter not in SERVER_ADAPTERS and server.given():
+        problems.append(f"{', '.join(server.given())}: only with --adapter {servers}")
     try:
-        if adapter == "openai-server":
+        if adapter in SERVER_ADAPTERS:
             return server_repository(
+                adapter=adapter,
                 server_command=server.command or "",
                 options=server.options,
                 wipe=server.wipe,
@@ -134,8 +137,10 @@ def _local_repository(
                 repo=repo,
                 module=module,
             )
-        if repo is not None and adapter in (None, "embedded", "mlx-lm"):
-            return local_repository(repo, module=module, adapter=adapter or "mlx-lm")
+        # An adapter the service does not know is refused by the builder, by name.
+        if repo is not None and (adapter is None or adapter in get_args(AdapterName)):
+            chosen = adapter or default_adapter(repo.name)
+            return local_repository(repo, module=module, adapter=chosen)
     except ConfigError as error:
         problems.append(str(error))
     return None
@@ -166,7 +171,7 @@ def local_setup(
     """Options -> spec: this machine's model, corpus and repository, then the one builder.
     `given`'s model and corpus are this machine's (a folder, a file) or names.
     Exits with every problem found, one line each."""
-    from coldbench.evidence.contract.schemas import INSTALLED_SERVER
+    from coldbench.evidence.contract.schemas import INSTALLED_SERVER, SERVER_ADAPTERS
     from coldbench.evidence.spec.job_options import JobOptionsError, build_job_spec, problem_lines
 
     problems: list[str] = []
@@ -192,7 +197,7 @@ def local_setup(
     repositories = {repository.name: repository} if repository is not None else {}
     if repository is not None:
         given["repository"] = repository.name
-    elif adapter == "openai-server":
+    elif adapter in SERVER_ADAPTERS:
         given["repository"] = INSTALLED_SERVER  # what is missing is said above
     elif repo is not None:
         given["repository"] = repo.name  # the problem with it is said above

@@ -24,6 +24,7 @@ openai-server` without `--repo`: its server runs from this interpreter, nothing 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -36,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coldbench.engine.adapter_traits import starts_server
+from coldbench.engine.adapter_traits import runs_checkout_engine, starts_server
 from coldbench.engine.memory import IN_TURNS, RESIDENCIES, SIDE_BY_SIDE, MemoryPlan
+from coldbench.engine.plan import Plan
 from coldbench.evidence.analysis.bisect import step_spec
 from coldbench.evidence.analysis.commits import commits_spec
 from coldbench.evidence.analysis.history import history_spec
@@ -212,8 +214,8 @@ def check_job(
         )
     if spec.corpus != BUILTIN_CORPUS and not Path((corpora or {})[spec.corpus]).is_file():
         raise RunRefused(f"corpus {spec.corpus!r}: its file on this host is gone")
-    if spec.adapter == "embedded" and not spec.repository:
-        return  # the engine installed beside this worker
+    if not spec.repository:
+        return  # the engine installed beside this worker (JobSpec: only its adapter needs none)
     repository = repositories.get(spec.repository or "")
     if repository is None:
         raise RunRefused(f"repository {spec.repository!r} is not on this host's allow-list")
@@ -272,35 +274,38 @@ def _plan(
     model: Path,
     adapter: str,
     corpora: Mapping[str, Path] | None = None,
-) -> dict[str, Any]:
-    plan: dict[str, Any] = {}
+) -> Plan:
+    corpus = None
     if spec.corpus != BUILTIN_CORPUS:
         # the host's own file for the corpus the job named (check_job: it exists here); only
         # then, so an engine from before corpora (an embedded ref) still reads the plan
-        plan = {"corpus": spec.corpus, "corpus_path": str((corpora or {})[spec.corpus])}
-    return plan | {
-        "run_id": run_id,
-        "variant": variant.name,
-        "adapter": adapter,
-        "model": str(model),
-        "flags": dict(variant.flags),
-        "decode_tokens": spec.decode_tokens,
-        "seed": spec.seed,
-        "warmup_contexts": list(spec.contexts),
-        "checkout": None,
-        "server_command": None,
-    }
+        corpus = (spec.corpus, str((corpora or {})[spec.corpus]))
+    return Plan(
+        run_id=run_id,
+        variant=variant.name,
+        adapter=adapter,
+        model=str(model),
+        flags=dict(variant.flags),
+        decode_tokens=spec.decode_tokens,
+        seed=spec.seed,
+        warmup_contexts=list(spec.contexts),
+        corpus=corpus[0] if corpus else None,
+        corpus_path=corpus[1] if corpus else None,
+    )
 
 
-def _server_plan(plan: dict[str, Any], repository: RepositoryConfig, variant: VariantSpec) -> None:
-    """The host's server command, the variant's options resolved against the host's
-    declarations (checked in check_job), the wipe paths and the first-token bound."""
+def _server_plan(plan: Plan, repository: RepositoryConfig, variant: VariantSpec) -> Plan:
+    """`plan` with the host's server command, the variant's options resolved against the
+    host's declarations (checked in check_job), the wipe paths and the first-token bound."""
     options = resolved_options(repository.options, variant.flags)
-    plan["server_command"] = list(repository.server_command or ())
-    plan["server_options"] = options
-    plan["flags"] = {name: option["value"] for name, option in options.items()}
-    plan["wipe"] = list(repository.wipe)
-    plan["first_token_timeout_s"] = repository.first_token_timeout_s
+    return dataclasses.replace(
+        plan,
+        server_command=list(repository.server_command or ()),
+        server_options=options,
+        flags={name: option["value"] for name, option in options.items()},
+        wipe=list(repository.wipe),
+        first_token_timeout_s=repository.first_token_timeout_s,
+    )
 
 
 def prepare_variants(
@@ -319,13 +324,13 @@ def prepare_variants(
     (its expansion), checked by `check_job`. Builds before any timing."""
     prepared: list[PreparedVariant] = []
     logs: dict[str, bytes] = {}
-    if spec.adapter == "embedded" and not spec.repository:
+    if not spec.repository:  # the engine installed beside this worker (JobSpec's adapter rule)
         for variant in variants:
             plan = _plan(
-                spec, variant, run_id=run_id, model=model, adapter="embedded", corpora=corpora
+                spec, variant, run_id=run_id, model=model, adapter=spec.adapter, corpora=corpora
             )
             launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
-            prepared.append(PreparedVariant(variant, launch, "embedded"))
+            prepared.append(PreparedVariant(variant, launch, spec.adapter))
         return prepared, logs, None
 
     repository = repositories[spec.repository or ""]
@@ -333,7 +338,7 @@ def prepare_variants(
         # The installed server of `coldbench run --adapter openai-server`: nothing to build.
         for variant in variants:
             plan = _plan(spec, variant, run_id=run_id, model=model, adapter=repository.adapter)
-            _server_plan(plan, repository, variant)
+            plan = _server_plan(plan, repository, variant)
             launch = VariantLaunch(name=variant.name, python=sys.executable, plan=plan)
             prepared.append(PreparedVariant(variant, launch, repository.adapter))
         return prepared, logs, None
@@ -370,7 +375,11 @@ def prepare_variants(
             if may_skip(spec, variant.name):
                 if isinstance(error, NotSeparable) and synthesized is not None:
                     synthesized = synthesized.model_copy(update={"conflicts": error.conflicts})
-                launch = VariantLaunch(name=variant.name, python=sys.executable, plan={})
+                # never started: the plan is the variant's, for what the run reports of it
+                unstarted = _plan(
+                    spec, variant, run_id=run_id, model=model, adapter=repository.adapter
+                )
+                launch = VariantLaunch(name=variant.name, python=sys.executable, plan=unstarted)
                 prepared.append(
                     PreparedVariant(
                         variant,
@@ -399,17 +408,17 @@ def prepare_variants(
     for variant, checkout, recipe, synthesized in to_build:
         result = builds[(checkout.commit, recipe.name)]
         logs[f"build-{variant.name}.log"] = Path(result.log_path).read_bytes()
-        plan = _plan(
+        launch_plan = _plan(
             spec, variant, run_id=run_id, model=model, adapter=repository.adapter, corpora=corpora
         )
-        plan["checkout"] = str(checkout.path)
+        launch_plan = dataclasses.replace(launch_plan, checkout=str(checkout.path))
         if starts_server(repository.adapter):
-            _server_plan(plan, repository, variant)
-        embedded = repository.adapter == "embedded"
+            launch_plan = _server_plan(launch_plan, repository, variant)
+        embedded = runs_checkout_engine(repository.adapter)
         launch = VariantLaunch(
             name=variant.name,
             python=result.python,
-            plan=plan,
+            plan=launch_plan,
             # an embedded repository's variant runs its worktree's engine/, not ours, under the
             # name of the tree's layout (`engine.runner` in a tree from before the move)
             pythonpath_first=str(checkout.path) if embedded else None,
@@ -540,7 +549,7 @@ def _imported_elsewhere(variant: PreparedVariant, target: Mapping[str, Any] | No
     package's rename; commits older than that report were checked by the build, in the same
     environment)."""
     assert variant.checkout is not None
-    embedded = variant.adapter == "embedded"
+    embedded = runs_checkout_engine(variant.adapter)
     software = (target or {}).get("software") or {}
     reported = software.get("files") or {}
     files: dict[str, str | None] = {"the engine module": module_file_of(target)}
@@ -635,7 +644,7 @@ def memory_plan(
         raise RunRefused(f"residency {asked!r}: give auto, side-by-side or in-turns")
     request = {
         "model": str(model),
-        "variants": {launch.name: dict(launch.plan.get("flags") or {}) for launch in launches},
+        "variants": {launch.name: dict(launch.plan.flags) for launch in launches},
         "contexts": list(contexts),
         "residency": asked,
     }

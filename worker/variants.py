@@ -24,6 +24,7 @@ long each block start waited in each phase.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from typing import IO, Any
 
 from coldbench.engine.canary import CANARY_ENV, CANARY_ROUND
 from coldbench.engine.memory import IN_TURNS, PEER_PROCESSES_ENV, RESIDENCIES, SIDE_BY_SIDE
-from coldbench.engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV
+from coldbench.engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, Plan
 from coldbench.engine.record import CellRecord, Measurement
 from coldbench.evidence.contract.timeline import BlockStart, ProcessTimes, Timeline
 from coldbench.worker.schedule import Cell, start_order, turn_order
@@ -82,7 +83,7 @@ class VariantLaunch:
 
     name: str
     python: str
-    plan: dict[str, Any]  # engine/runner.py's PLAN.json, without records_path and cells
+    plan: Plan  # engine/runner.py's PLAN.json; each process gets its records_path and cells
     env: dict[str, str] = field(default_factory=dict)
     module: str = RUNNER  # tests swap in a misbehaving runner to drive the faults
     # A worktree whose engine/ must win over the orchestrator's (embedded repositories)
@@ -201,11 +202,11 @@ class VariantProcess:
         self.plan_path = workdir / "plans" / f"{launch.name}.{instance}.json"
         for path in (self.spool_path, self.stderr_path, self.plan_path):
             path.parent.mkdir(parents=True, exist_ok=True)
-        plan = {**launch.plan, "records_path": str(self.spool_path), "cells": None}
-        self.plan_path.write_text(json.dumps(plan, indent=2, sort_keys=True))
+        plan = dataclasses.replace(launch.plan, records_path=str(self.spool_path), cells=None)
+        self.plan_path.write_text(json.dumps(plan.to_json(), indent=2, sort_keys=True))
         self.target: dict[str, Any] | None = None
         self.early_records: list[dict[str, Any]] = []
-        self.warmups = len(plan.get("warmup_contexts") or []) or 1
+        self.warmups = len(plan.warmup_contexts or []) or 1
         # None until the runner says: True when it waits at the load gate (engine/runner.py),
         # False for a runner that predates it (it loaded at once).
         self.load_gated: bool | None = None
@@ -524,13 +525,13 @@ def _timeout_record(
     plan = launch.plan
     return CellRecord.of(
         Measurement.failed(why, started_at=started.isoformat()),
-        run_id=plan.get("run_id", ""),
+        run_id=plan.run_id,
         variant=launch.name,
         round=cell.round,
         order=cell.order,
         context_tokens=cell.context_tokens,
-        adapter=plan.get("adapter"),
-        flags=plan.get("flags") or {},
+        adapter=plan.adapter,
+        flags=plan.flags,
         process=process,
     ).as_json()
 
@@ -637,7 +638,7 @@ def run_schedule(
     workdir.mkdir(parents=True, exist_ok=True)
     clock = RunClock()
     timeline = Timeline(
-        run_id=run_id or str((launches[0].plan.get("run_id") if launches else None) or "run"),
+        run_id=run_id or (launches[0].plan.run_id if launches else "run"),
         started_at=clock.started_at,
         ended_s=0.0,
         rounds_per_process=None if fresh_process else rounds_per_process,

@@ -23,7 +23,12 @@ from pydantic import (
     model_validator,
 )
 
-from coldbench.evidence.contract.schemas import NAME_PATTERN, AdapterName, error_line
+from coldbench.evidence.contract.schemas import (
+    NAME_PATTERN,
+    REPOSITORY_ADAPTER,
+    AdapterName,
+    error_line,
+)
 
 # OWNER/NAME as GitHub spells them.
 FULL_NAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$"
@@ -76,7 +81,7 @@ class RepositoryConfig(_Strict):
     webhook_secret: SecretStr
     # The repository's name in the hosts' allow-lists (worker.toml `[repositories.NAME]`).
     coldbench_repository: str = Field(pattern=NAME_PATTERN)
-    adapter: AdapterName = "mlx-lm"
+    adapter: AdapterName = REPOSITORY_ADAPTER
     # "write": collaborators with write, maintain or admin permission; or the logins allowed.
     askers: Literal["write"] | list[Actor] = "write"
     # Adding this label to a pull request asks for the default request; "" disables labels.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from coldbench.evidence.analysis.stats import too_few_rounds, units_for_verdict
-from coldbench.evidence.contract.schemas import JobSpec, Residency, SpecLimits
+from coldbench.evidence.contract.schemas import JobSpec, Residency, SpecLimits, default_adapter
 from coldbench.evidence.spec.job_options import (
     JOB_OPTIONS,
     MODE_HELP,
@@ -150,15 +150,16 @@ def choose_adapter(form: JobForm, adapters: Mapping[str, list[str]]) -> str:
     if chosen:
         return chosen
     if not repository:
-        return "embedded"
+        return default_adapter(None)
     offered = adapters.get(repository, [])
     if len(offered) > 1:
         form.add_error(
             "adapter",
             f"hosts drive {repository} with {' and '.join(offered)}: choose the adapter",
         )
-    # A repository no host allows gets mlx-lm here and is refused by the service, by name.
-    return offered[0] if offered else "mlx-lm"
+    # A repository no host allows gets the default adapter here and is refused by the
+    # service, by name.
+    return offered[0] if offered else default_adapter(repository)
 
 
 def uses_candidate_rows(mode: str, values: Mapping[str, str]) -> bool:

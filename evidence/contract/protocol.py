@@ -48,6 +48,7 @@ from coldbench.evidence.contract.boundary import INT32_MAX, MULTILINE, Checked, 
 from coldbench.evidence.contract.calibration import HostCalibration
 from coldbench.evidence.contract.schemas import (
     NAME_PATTERN,
+    REPOSITORY_ADAPTER,
     AdapterName,
     FlagValue,
     HostInfo,
@@ -191,7 +192,7 @@ class OptionDeclaration(_Request):
 class RepositoryOffer(_Request):
     """One allow-listed repository of a host: how it is driven and what a job may pick."""
 
-    adapter: AdapterName = "mlx-lm"  # embedded: a coldbench checkout whose engine/ runs
+    adapter: AdapterName = REPOSITORY_ADAPTER  # embedded: a coldbench checkout whose engine/ runs
     recipes: list[Name] = Field(default_factory=list, max_length=50)
     options: dict[OptionName, OptionDeclaration] = Field(default_factory=dict, max_length=100)
 

@@ -74,9 +74,16 @@ AdapterName = Literal["embedded", "mlx-lm", "openai-server"]
 SERVER_ADAPTERS: Final[frozenset[AdapterName]] = frozenset({"openai-server"})
 
 
+# The adapter of coldbench's own engine (engine/): the one a job without a repository runs, and
+# for a repository that declares it, the checkout's own engine/ (whose flags are that ref's).
+ENGINE_ADAPTER: Final[AdapterName] = "embedded"
+# The adapter a repository is driven with unless it declares another.
+REPOSITORY_ADAPTER: Final[AdapterName] = "mlx-lm"
+
+
 def default_adapter(repository: str | None) -> AdapterName:
     """The adapter a job or a run without one names: mlx-lm for a repository, else embedded."""
-    return "mlx-lm" if repository else "embedded"
+    return REPOSITORY_ADAPTER if repository else ENGINE_ADAPTER
 
 
 Until = Literal["rounds", "decided"]
@@ -317,7 +324,7 @@ class TargetInfo(_Strict):
 
     model_config = ConfigDict(extra="allow")
     variant: Name
-    adapter: AdapterName = "embedded"
+    adapter: AdapterName = ENGINE_ADAPTER
     repository: str | None = None
     ref: str | None = None
     commit: str | None = None
@@ -648,7 +655,7 @@ class JobSpec(_Strict):
 
     schema_: Literal["coldbench.job/1"] = Field(JOB_SCHEMA, alias="schema")
     mode: Mode = "ab"
-    adapter: AdapterName = "embedded"
+    adapter: AdapterName = ENGINE_ADAPTER
     repository: str | None = Field(None, max_length=300)
     variants: list[VariantSpec] = Field(min_length=1)
     baseline: Name | None = None  # defaults to the first variant
@@ -804,7 +811,7 @@ class JobSpec(_Strict):
             )
 
     def _target_rules(self, names: list[str]) -> None:
-        if self.adapter != "embedded" and not self.repository:
+        if self.adapter != ENGINE_ADAPTER and not self.repository:
             raise SpecError("repository", f"adapter {self.adapter} needs a repository")
 
     def _ref_rules(self, names: list[str]) -> None:

@@ -17,7 +17,12 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from coldbench.evidence.contract.schemas import JobSpec, SpecError, default_adapter
+from coldbench.evidence.contract.schemas import (
+    ENGINE_ADAPTER,
+    JobSpec,
+    SpecError,
+    default_adapter,
+)
 from coldbench.evidence.contract.spec_text import FlagValue, parse_feature
 
 FlagKind = Literal["step", "bool"]
@@ -67,7 +72,7 @@ def flag_problems(spec: JobSpec | Mapping[str, Any]) -> list[SpecError]:
     is checked as far as its shape allows (so its other problems are reported with these)."""
     raw = spec.model_dump() if isinstance(spec, JobSpec) else spec
     adapter = raw.get("adapter") or default_adapter(raw.get("repository"))
-    if (adapter == "embedded" and raw.get("repository")) or adapter not in ADAPTER_FLAGS:
+    if (adapter == ENGINE_ADAPTER and raw.get("repository")) or adapter not in ADAPTER_FLAGS:
         return []  # a checkout's own engine, or a server: see the module docstring
     known = ADAPTER_FLAGS[adapter]
     offered = ", ".join(known)
@@ -99,7 +104,7 @@ def flag_problems(spec: JobSpec | Mapping[str, Any]) -> list[SpecError]:
         check(f"variants.{index}.flags", flags)
         combined = {**flags, **(features if index == 0 else {})}
         fast = [flag for flag in FAST_PATH_FLAGS if _is_on(combined.get(flag, False))]
-        if adapter == "embedded" and fast and _is_on(combined.get("compile", False)):
+        if adapter == ENGINE_ADAPTER and fast and _is_on(combined.get("compile", False)):
             problems.append(
                 SpecError(
                     f"variants.{index}.flags",

@@ -34,6 +34,7 @@ from coldbench.evidence.contract.schemas import (
     SpecError,
     SpecLimits,
     Until,
+    default_adapter,
 )
 from coldbench.evidence.contract.spec_text import (
     TARGET_KEYS,
@@ -528,9 +529,7 @@ def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
     repository = str(given["repository"]).strip() if _given(given.get("repository")) else None
     raw["repository"] = repository
     adapter = given.get("adapter")
-    raw["adapter"] = (
-        str(adapter).strip() if _given(adapter) else ("mlx-lm" if repository else "embedded")
-    )
+    raw["adapter"] = str(adapter).strip() if _given(adapter) else default_adapter(repository)
     recipe = str(given["recipe"]).strip() if _given(given.get("recipe")) else None
     texts = given.get("variants")
     listed: list[Any] = [texts] if isinstance(texts, str) else list(texts or [])

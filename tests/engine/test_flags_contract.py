@@ -12,7 +12,13 @@ import pytest
 from coldbench.engine.adapter_traits import ADAPTERS
 from coldbench.engine.adapters.mlx_lm import SUPPORTED_FLAGS
 from coldbench.engine.flags import MAX_PREFILL_STEP, Flags
-from coldbench.evidence.contract.schemas import SERVER_ADAPTERS, AdapterName
+from coldbench.evidence.contract.schemas import (
+    ENGINE_ADAPTER,
+    REPOSITORY_ADAPTER,
+    SERVER_ADAPTERS,
+    AdapterName,
+    default_adapter,
+)
 from coldbench.evidence.spec import engine_flags
 from coldbench.kernels import FAST_PATHS
 
@@ -31,6 +37,13 @@ def test_the_engines_adapter_table_is_the_contracts() -> None:
     server adapters and the same flags; each adapter's module exists and offers `create`."""
     assert tuple(ADAPTERS) == get_args(AdapterName)
     assert {name for name, t in ADAPTERS.items() if t.starts_server} == SERVER_ADAPTERS
+    # The one adapter of coldbench's own engine: a job without a repository runs it, and a
+    # repository that declares it runs the checkout's engine/.
+    assert {name for name, t in ADAPTERS.items() if t.runs_checkout_engine} == {ENGINE_ADAPTER}
+    assert ADAPTERS[ENGINE_ADAPTER].target_module == "coldbench.engine"
+    assert default_adapter(None) == ENGINE_ADAPTER
+    assert default_adapter("a-repository") == REPOSITORY_ADAPTER
+    assert not ADAPTERS[REPOSITORY_ADAPTER].starts_server
     assert {name: t.flags for name, t in ADAPTERS.items() if not t.starts_server} == {
         name: tuple(flags) for name, flags in engine_flags.ADAPTER_FLAGS.items()
     }

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from coldbench.engine.plan import Plan
 from coldbench.evidence.analysis.summary import summarize
 from coldbench.evidence.contract.records import parse_records
 from coldbench.evidence.contract.schemas import HostInfo, ModelInfo, SoftwareInfo, VariantSpec
@@ -44,15 +45,14 @@ def test_variants_that_loaded_different_mlx_builds_get_the_caveat(
     site = _patched_mlx(tmp_path / "site")
 
     def launch(name: str, env: dict[str, str] | None = None) -> VariantLaunch:
-        plan = {
-            "run_id": "r-builds",
-            "variant": name,
-            "adapter": "embedded",
-            "model": str(micro_model_dir),
-            "flags": {},
-            "decode_tokens": 1,
-            "warmup_contexts": [32],
-        }
+        plan = Plan(
+            run_id="r-builds",
+            variant=name,
+            adapter="embedded",
+            model=str(micro_model_dir),
+            decode_tokens=1,
+            warmup_contexts=[32],
+        )
         return VariantLaunch(name=name, python=sys.executable, plan=plan, env=env or {})
 
     patched = {"PYTHONPATH": f"{site}:{engine_root()}"}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from coldbench.engine.plan import Plan
 from coldbench.evidence.contract.records import parse_records
 from coldbench.worker.schedule import plan_rounds
 from coldbench.worker.variants import Progress, VariantError, VariantLaunch, child_env, run_schedule
@@ -21,7 +22,7 @@ RUNNER = "tests.worker.misbehaving_runner"
 
 
 def _launch(name: str, **flags: object) -> VariantLaunch:
-    plan = {"run_id": "r-test", "variant": name, "flags": flags}
+    plan = Plan(run_id="r-test", variant=name, adapter="embedded", model="none", flags=flags)
     return VariantLaunch(name=name, python=sys.executable, plan=plan, module=RUNNER)
 
 
