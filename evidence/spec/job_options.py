@@ -167,7 +167,7 @@ JOB_OPTIONS: Final = _options(
         "at each doubling, and stop once every prefill comparison is faster, slower or no "
         "established change (--rounds is the budget; false claims stay at 5% per job).",
         metavar="rounds|decided",
-        default_text="rounds",
+        default_text="rounds; a bisection: decided",
     ),
     JobOption(
         "budget_minutes",
@@ -573,6 +573,9 @@ def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
         _history(build, given, raw)
     if mode == "bisect":
         _bisect(build, given, raw)
+        # A step too noisy to tell mid from both ends ends the bisection, and a fixed number
+        # of rounds cannot know the noise in advance: each step measures until it decides.
+        raw.setdefault("until", "decided")
     if mode == "commits":
         _commits(build, given, raw)
     return raw

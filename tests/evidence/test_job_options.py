@@ -207,6 +207,20 @@ def test_defaults_per_mode() -> None:
         {"mode": "bisect", "repository": "r", "good": "v1", "bad": "main", "direction": "slower"}
     )
     assert bisect.contexts == [256] and bisect.needs_host_resolution
+    # each step measures until it decides (a fixed count cannot know the host's noise); a
+    # bisection asked for at fixed rounds keeps them
+    assert bisect.until == "decided" and bisect.rounds == 4 * units_for_verdict()
+    fixed = build_job_spec(
+        {
+            "mode": "bisect",
+            "repository": "r",
+            "good": "v1",
+            "bad": "main",
+            "direction": "slower",
+            "until": "rounds",
+        }
+    )
+    assert fixed.until == "rounds" and fixed.rounds == units_for_verdict()
     commits = build_job_spec(
         {
             "mode": "history",
@@ -233,7 +247,14 @@ def test_default_rounds_reach_a_verdict_in_every_mode() -> None:
         {"variants": ["a", "b:prefill_step_size=64", "c:prefill_step_size=32"]},
         {"mode": "ablation", "features": "compile, clear_cache=false, prefill_step_size=64"},
         {"mode": "sweep", "variants": ["a", "b:prefill_step_size=64"], "contexts": "1K,2K,4K"},
-        {"mode": "bisect", "repository": "r", "good": "a", "bad": "b", "direction": "faster"},
+        {
+            "mode": "bisect",
+            "repository": "r",
+            "good": "a",
+            "bad": "b",
+            "direction": "faster",
+            "until": "rounds",
+        },
         {"mode": "history", "repository": "r", "range": "a..b", "last": "5"},
         {"mode": "history", "repository": "r", "range": "a..b"},
         {"mode": "commits", "repository": "r", "base": "a", "head": "b"},
