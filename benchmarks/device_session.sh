@@ -12,14 +12,15 @@
 # Steps: model (write the checkpoint, probe the load gate), cal1 and cal2 (each CAL_RUNS
 # calibration runs, seeds apart), merge, aaa (A/A/A through coldbench run with the calibration),
 # e2e (the whole service: A/B of two refs of $BUNDLE), decided and decided-aa (JOBS jobs measuring
-# until decided: the two refs, or the first against itself), duty (the duty cycle of an A/B in
+# until decided: the two refs, or the first against itself), alternate (JOBS pairs of those two
+# jobs, one after the other, each job's line as it ends), duty (the duty cycle of an A/B in
 # turns beside one side by side, benchmarks/time_to_evidence.py --compare residency), moe-model
 # and moe (variants in turns: write $MOE_PRESET and probe its load beside the page cache's read of
 # its weights, then an A/B of it, one process more than half of the device, which runs in turns; on
 # a machine of its own, its checkpoint is about 46 GB), summaries (the bundles' summaries,
 # tarred). Every step can be run again in place: it replaces its own output.
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, duty, moe-model, moe, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -93,6 +94,24 @@ case $step in
       --until decided --rounds "${BUDGET:-40}" --jobs "${JOBS:-10}" --out "$WORK/$step-out" \
       --workdir "$WORK/$step" --timeout-s 900 | grep '^{' | tee "$OUT/$step.jsonl"
     ;;
+  alternate)
+    # JOBS pairs of jobs measuring until decided, alternated so that drift over the session falls
+    # on both: the A/B of the two refs, then the first ref against itself. Each job's line, with
+    # its pair and kind, goes to alternate.jsonl as it ends (a machine taken back keeps what
+    # ended); every bundle stays under $WORK/alternate-out (the summaries step collects them).
+    rm -rf "$WORK/alternate-out" "$WORK/alternate" "$OUT/alternate.jsonl"
+    set -- $REFS
+    for i in $(seq 1 "${JOBS:-10}"); do
+      for kind in ab aa; do
+        if [ "$kind" = ab ]; then variants="--ref $1 --ref $2"; else variants="--variant a:ref=$1 --variant b:ref=$1"; fi
+        line=$($PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" \
+          --contexts "$CTX" --until decided --rounds "${BUDGET:-40}" --jobs 1 \
+          --out "$WORK/alternate-out/$kind-$i" --workdir "$WORK/alternate/$kind-$i" \
+          --timeout-s 900 | grep '^{' | tail -1) || line='{"ok": false}'
+        echo "{\"pair\": $i, \"kind\": \"$kind\", ${line#\{}" | tee -a "$OUT/alternate.jsonl"
+      done
+    done
+    ;;
   duty)
     rm -f "$OUT/duty.jsonl"
     $PY benchmarks/time_to_evidence.py --model "$model" --contexts "$CTX" --rounds "$DUTY_ROUNDS" \
@@ -128,8 +147,8 @@ print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty
       "$WORK/moe-out/summary.json" "$WORK/moe-gate.json" | tee "$OUT/moe-turns.json"
     ;;
   summaries)
-    for zip in "$WORK"/e2e-out/*.zip; do  # the service's evidence: its views and timeline
-      [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json", "records.jsonl")])' "$zip" "$WORK/e2e-evidence"
+    for zip in "$WORK"/e2e-out/*.zip "$WORK"/alternate-out/*/*.zip; do  # the service's evidence
+      [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json", "records.jsonl")])' "$zip" "$WORK/e2e-evidence/$(basename "$zip" .zip)"
     done
     (cd "$WORK" && find . -name summary.md -o -name summary.json -o -name timeline.json -o -name records.jsonl \
       -o -name provenance.json | grep -v '/state' | tar -czf "$OUT/summaries.tgz" -T -)
