@@ -22,6 +22,7 @@ from coldbench.worker.local_run import (
     local_setup,
     measure,
     print_outcome,
+    refuse_used_out,
     run_locally,
 )
 
@@ -217,8 +218,7 @@ def reproduce(
         fail_all([f"cannot reproduce: {line}" for line in str(error).splitlines()])
     run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     out = out or Path(f"reproduction-{plan.evidence_id[:12]}-{run_id.removeprefix('local-')}")
-    if out.exists() and any(out.iterdir()):
-        fail(f"--out {out}: folder exists and is not empty; choose a new one")
+    refuse_used_out(out)
     console.print(
         f"reproducing evidence {plan.evidence_id} ({plan.spec.mode}, job pinned to "
         "the commits it measured)",

@@ -35,6 +35,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def refuse_used_out(out: Path) -> None:
+    """A bundle folder is written new: one that already holds files is refused, not mixed."""
+    if out.exists() and any(out.iterdir()):
+        fail(f"--out {out}: folder exists and is not empty; choose a new one")
+
+
 def fail_all(lines: Sequence[str], code: int = 2) -> NoReturn:
     """Every problem found, one line each; the last line says how many."""
     for line in lines:
@@ -237,8 +243,7 @@ def bisect_locally(
     spec = setup.spec
     started = datetime.now(UTC)
     out = out or Path(f"bisect-{started:%Y%m%dT%H%M%S}")
-    if out.exists() and any(out.iterdir()):
-        fail(f"--out {out}: folder exists and is not empty; choose a new one")
+    refuse_used_out(out)
     host = host_fingerprint()
     # Said before the first step, as for every other mode (`checked_on_this_host`): a step
     # too noisy to tell ends the bisection, so the rounds it needs are named up front.
@@ -562,8 +567,7 @@ def run_locally(
     setup.spec = checked_on_this_host(setup, state_dir)
     run_id = f"local-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     out = out or Path(f"evidence-{run_id}")
-    if out.exists() and any(out.iterdir()):
-        fail(f"--out {out}: folder exists and is not empty; choose a new one")
+    refuse_used_out(out)
     outcome = measure(
         setup,
         run_id=run_id,
