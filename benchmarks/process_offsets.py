@@ -20,9 +20,9 @@ Conditions (each a list entry of --conditions):
 - `clear`: MLX's buffer cache emptied (and the GC run) before every cell;
 - `spread`: each process pinned to its own, distinct core.
 
-    python benchmarks/process_offsets.py --preset llama-8b-shape --dtype bfloat16 \
+    python -m benchmarks.process_offsets --preset llama-8b-shape --dtype bfloat16 \
         --context 16384 --processes 4 --generations 3 --rounds 6 --json out.json
-    python benchmarks/process_offsets.py --preset tiny --dtype float32 --context 256 \
+    python -m benchmarks.process_offsets --preset tiny --dtype float32 --context 256 \
         --processes 3 --generations 2 --rounds 4          # a CPU smoke run
 
 The model is built in memory (random weights from the seed, the preset's real architecture),
@@ -60,7 +60,6 @@ def current_cpu() -> int | None:
 
 
 def worker(args: argparse.Namespace) -> int:
-    sys.path.insert(0, str(ROOT))
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     import gc
@@ -144,7 +143,8 @@ def run_generation(args: argparse.Namespace, condition: str, generation: int) ->
     procs: dict[int, subprocess.Popen[str]] = {}
     started = time.perf_counter()
     for slot in slots:
-        cmd = [sys.executable, __file__, "--worker", "--preset", args.preset, "--dtype", args.dtype]
+        cmd = [sys.executable, "-m", "benchmarks.process_offsets", "--worker"]
+        cmd += ["--preset", args.preset, "--dtype", args.dtype]
         cmd += ["--context", str(args.context), "--seed", str(args.seed)]
         if args.model:
             cmd += ["--model", args.model]
