@@ -66,24 +66,30 @@ def worker(args: argparse.Namespace) -> int:
 
     import mlx.core as mx
 
-    from benchmarks.engine_prefill import build_in_memory, prompt_ids
+    from benchmarks.engine_prefill import Prompts, build_in_memory
     from coldbench.engine.cell import run_cell
     from coldbench.engine.flags import Flags
 
     if args.model:  # a checkpoint on disk, loaded as the variant process loads it
         from coldbench.engine.checkpoints import load_model
 
-        model, _tokenizer, config = load_model(args.model)
+        model, tokenizer, config = load_model(args.model)
     else:
+        from coldbench.engine.checkpoints import train_tokenizer
+        from coldbench.engine.presets import get_preset
+
         model, config = build_in_memory(args.preset, args.dtype, args.seed)
-    vocab = int(config["vocab_size"])
+        # the preset's own tokenizer, as `coldbench model create` writes it
+        tokenizer = train_tokenizer(get_preset(args.preset).tokenizer_vocab)
+    # The windows coldbench's cells measure (engine/prompts.py), fresh per (seed, round).
+    prompts = Prompts(tokenizer, config, args.seed)
     flags = Flags()
 
     def one(round_index: int) -> dict[str, Any]:
         if args.clear:
             gc.collect()
             mx.clear_cache()
-        ids = prompt_ids(args.seed, round_index, args.context, vocab)
+        ids = prompts.ids(round_index, args.context)
         record = run_cell(model, ids, context_tokens=len(ids), flags=flags, decode_tokens=1)
         return {
             "prefill_s": record.prefill_s,
@@ -91,8 +97,8 @@ def worker(args: argparse.Namespace) -> int:
             "cpu": current_cpu(),
         }
 
-    for warm in range(2):  # discarded warm-ups on prompts never measured
-        one(10_000 + warm)
+    for _ in range(2):  # discarded warm-ups on the warm-up window, which no round measures
+        one(-1)
     print(json.dumps({"event": "ready", "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         message = json.loads(line)
