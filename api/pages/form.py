@@ -46,13 +46,14 @@ _INPUT_OF_OPTION: Final = {"labels": "host_labels", "variants": "variant-0-name"
 # checkboxes beside the custom contexts. Every other option the service offers is one input
 # made from its JobOption (`form_fields`).
 _OWN_INPUTS: Final = ("mode", "repository", "adapter", "variants", "contexts")
-_NOT_ON_THE_FORM: Final = ("fresh_process",)
+_NOT_ON_THE_FORM: Final = ("fresh_process",)  # offered by the command lines only
 
 
 @dataclass(frozen=True)
 class _Look:
-    """How the form shows an option, beyond what its JobOption says: the label, an example where
-    the option has no default to show, the fieldset, the page's list of suggestions."""
+    """How the form shows an option, beyond what its JobOption says: the label, the placeholder
+    (an example, or "auto" for a default computed from the job; left out: the default where
+    short), the fieldset, the page's list of suggestions."""
 
     label: str
     example: str = ""
@@ -85,7 +86,8 @@ _LOOKS: Final = {
         "compile, clear_cache=false, prefill_step_size=4096",
         note="The baseline variant's flags are the template.",
     ),
-    "rounds": _Look("Rounds"),
+    # Computed from the job (the hint says how): "auto", whatever the default's text.
+    "rounds": _Look("Rounds", "auto"),
     "until": _Look("Measure until"),
     "budget_minutes": _Look("Budget (minutes)", "none"),
     "decode_tokens": _Look("Decode tokens"),
@@ -96,7 +98,7 @@ _LOOKS: Final = {
         "Host labels (all required)", "backend:metal, lab:home", "hosts", suggestions="labels"
     ),
     "hosts": _Look("Reproductions (distinct hosts)", fieldset="hosts"),
-    "rounds_per_process": _Look("Rounds per process"),
+    "rounds_per_process": _Look("Rounds per process", "auto"),
     "precision": _Look("Precision"),
     "residency": _Look("Variant processes"),
     "range": _Look(
@@ -154,10 +156,6 @@ class FormField:
     @property
     def modes(self) -> tuple[str, ...]:
         return self.option.modes
-
-    @property
-    def every_mode(self) -> bool:
-        return self.option.modes == MODES
 
 
 def _form_field(option: JobOption) -> FormField:

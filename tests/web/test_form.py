@@ -539,7 +539,8 @@ def test_a_job_option_added_to_the_table_is_on_the_form_with_its_help_default_an
         matrix,
     )
     bisect = re.search(
-        r'<div class="row" id="bisect-fields" data-modes="bisect" hidden>(.*?)</div>\n</div>',
+        r'<div class="row" id="bisect-fields" data-modes="bisect" hidden>(.*?)'
+        r'(?=<div class="row" id="commits-fields")',
         page,
         re.S,
     )
