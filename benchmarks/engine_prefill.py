@@ -22,10 +22,10 @@ timed call, so no method inherits another's buffers. Each method gets one untime
 Medians of the rounds are printed with the ratios the issue sets targets for: cell/bare (the
 harness adds nothing: within 2%) and best/stock (>= 1.3x at 4K on the H200).
 
-    python benchmarks/engine_prefill.py --model DIR --contexts 256 --rounds 3
-    python benchmarks/engine_prefill.py --preset llama-8b-shape --in-memory \
+    python -m benchmarks.engine_prefill --model DIR --contexts 256 --rounds 3
+    python -m benchmarks.engine_prefill --preset llama-8b-shape --in-memory \
         --contexts 4096,16384,32768 --rounds 5 --json out.json
-    python benchmarks/engine_prefill.py --preset llama-8b-shape-long --in-memory --stock-only \
+    python -m benchmarks.engine_prefill --preset llama-8b-shape-long --in-memory --stock-only \
         --contexts 4096,16384,65536,131072,262144 --rounds 3 --json long.json
 
 Prompts are coldbench's own windows (engine/prompts.py, the preset's tokenizer or the
@@ -51,12 +51,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import mlx.core as mx  # noqa: E402
-import mlx.nn as nn  # noqa: E402
-from mlx_lm.generate import generate_step, generation_stream  # noqa: E402
-from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import generate_step, generation_stream
+from mlx_lm.models.cache import make_prompt_cache
 
 PrefillTimer = Callable[[nn.Module, list[int]], float]
 INVALID: dict[tuple[int, str], str] = {}

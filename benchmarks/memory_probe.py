@@ -16,8 +16,8 @@ random weights (or a checkpoint):
 - the estimate's terms for the same (context, chunk): KV cache (with its one layer's copy),
   activations, total.
 
-    PYTHONPATH=. python benchmarks/memory_probe.py --preset tiny --contexts 256,512 --chunks 64,128
-    PYTHONPATH=. python benchmarks/memory_probe.py --preset llama-8b-shape-long \\
+    python -m benchmarks.memory_probe --preset tiny --contexts 256,512 --chunks 64,128
+    python -m benchmarks.memory_probe --preset llama-8b-shape-long \\
         --contexts 4096,16384,65536 --chunks 2048,4096 --json memory.json
 """
 
@@ -25,20 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
 
-import mlx.core as mx  # noqa: E402
-from mlx.utils import tree_flatten  # noqa: E402
-from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
-
-from benchmarks.engine_prefill import build_in_memory, load_model, run_header  # noqa: E402
-from coldbench.engine import memory  # noqa: E402
+from benchmarks.engine_prefill import build_in_memory, load_model, run_header
+from coldbench.engine import memory
 
 GIB = 1 << 30
 

@@ -20,9 +20,9 @@ Conditions (each a list entry of --conditions):
 - `clear`: MLX's buffer cache emptied (and the GC run) before every cell;
 - `spread`: each process pinned to its own, distinct core.
 
-    python benchmarks/process_offsets.py --preset llama-8b-shape --dtype bfloat16 \
+    python -m benchmarks.process_offsets --preset llama-8b-shape --dtype bfloat16 \
         --context 16384 --processes 4 --generations 3 --rounds 6 --json out.json
-    python benchmarks/process_offsets.py --preset tiny --dtype float32 --context 256 \
+    python -m benchmarks.process_offsets --preset tiny --dtype float32 --context 256 \
         --processes 3 --generations 2 --rounds 4          # a CPU smoke run
 
 The model is built in memory (random weights from the seed, the preset's real architecture),
@@ -60,31 +60,36 @@ def current_cpu() -> int | None:
 
 
 def worker(args: argparse.Namespace) -> int:
-    sys.path.insert(0, str(ROOT))
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     import gc
 
     import mlx.core as mx
 
-    from benchmarks.engine_prefill import build_in_memory, prompt_ids
+    from benchmarks.engine_prefill import Prompts, build_in_memory
     from coldbench.engine.cell import run_cell
     from coldbench.engine.flags import Flags
 
     if args.model:  # a checkpoint on disk, loaded as the variant process loads it
         from coldbench.engine.checkpoints import load_model
 
-        model, _tokenizer, config = load_model(args.model)
+        model, tokenizer, config = load_model(args.model)
     else:
+        from coldbench.engine.checkpoints import train_tokenizer
+        from coldbench.engine.presets import get_preset
+
         model, config = build_in_memory(args.preset, args.dtype, args.seed)
-    vocab = int(config["vocab_size"])
+        # the preset's own tokenizer, as `coldbench model create` writes it
+        tokenizer = train_tokenizer(get_preset(args.preset).tokenizer_vocab)
+    # The windows coldbench's cells measure (engine/prompts.py), fresh per (seed, round).
+    prompts = Prompts(tokenizer, config, args.seed)
     flags = Flags()
 
     def one(round_index: int) -> dict[str, Any]:
         if args.clear:
             gc.collect()
             mx.clear_cache()
-        ids = prompt_ids(args.seed, round_index, args.context, vocab)
+        ids = prompts.ids(round_index, args.context)
         record = run_cell(model, ids, context_tokens=len(ids), flags=flags, decode_tokens=1)
         return {
             "prefill_s": record.prefill_s,
@@ -92,8 +97,8 @@ def worker(args: argparse.Namespace) -> int:
             "cpu": current_cpu(),
         }
 
-    for warm in range(2):  # discarded warm-ups on prompts never measured
-        one(10_000 + warm)
+    for _ in range(2):  # discarded warm-ups on the warm-up window, which no round measures
+        one(-1)
     print(json.dumps({"event": "ready", "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         message = json.loads(line)
@@ -144,7 +149,8 @@ def run_generation(args: argparse.Namespace, condition: str, generation: int) ->
     procs: dict[int, subprocess.Popen[str]] = {}
     started = time.perf_counter()
     for slot in slots:
-        cmd = [sys.executable, __file__, "--worker", "--preset", args.preset, "--dtype", args.dtype]
+        cmd = [sys.executable, "-m", "benchmarks.process_offsets", "--worker"]
+        cmd += ["--preset", args.preset, "--dtype", args.dtype]
         cmd += ["--context", str(args.context), "--seed", str(args.seed)]
         if args.model:
             cmd += ["--model", args.model]

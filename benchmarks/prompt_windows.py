@@ -5,8 +5,8 @@ this process, the first window of each context (which tokenizes whatever part of
 reaches) and the later rounds' windows (the corpus already tokenized), and prints the corpus's
 size in tokens with this tokenizer.
 
-    PYTHONPATH=. python benchmarks/prompt_windows.py --preset tiny
-    PYTHONPATH=. python benchmarks/prompt_windows.py --preset llama-8b-shape \\
+    python -m benchmarks.prompt_windows --preset tiny
+    python -m benchmarks.prompt_windows --preset llama-8b-shape \\
         --contexts 4096,131072,262144 --rounds 4
 """
 
@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from coldbench.engine import checkpoints  # noqa: E402
-from coldbench.engine.prompts import PromptSource  # noqa: E402
+from coldbench.engine import checkpoints
+from coldbench.engine.prompts import PromptSource
 
 
 def main(argv: list[str] | None = None) -> int:

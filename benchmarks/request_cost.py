@@ -19,9 +19,9 @@ unless it rehearsed them at start, api/rehearsal.py), the database round trips p
 how busy it is) and, with `--profile KIND`, that kind's costliest functions under cProfile
 (which slows everything about twofold: read its shares, not its times).
 
-    PYTHONPATH=. python benchmarks/request_cost.py --requests 200
-    PYTHONPATH=. python benchmarks/request_cost.py --requests 200 --profile lease
-    python benchmarks/request_cost.py --checkout ../older-worktree   # another commit's app
+    python -m benchmarks.request_cost --requests 200
+    python -m benchmarks.request_cost --requests 200 --profile lease
+    python -m benchmarks.request_cost --checkout ../older-worktree   # another commit's app
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import json
 import os
 import pstats
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +46,9 @@ from typing import Any
 import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parent.parent
+# Set in the process that measures another checkout's app (`--checkout`), so it does not start
+# one more.
+_CHECKOUT_CHILD = "COLDBENCH_REQUEST_COST_CHECKOUT"
 
 KINDS = ("submit", "lease", "heartbeat", "upload", "complete")
 PROVENANCE = b'{"schema": "coldbench.provenance/1"}'
@@ -251,7 +255,26 @@ async def measure(
     return figures, first, round_trips
 
 
-def main() -> None:
+def _code_root() -> Path | None:
+    """The checkout whose `coldbench` this Python imports (None: none it can import)."""
+    try:
+        import coldbench
+    except ImportError:
+        return None
+    return Path(coldbench.__file__).resolve().parent.parent
+
+
+def _measure_in(checkout: Path) -> int:
+    """This script again, in a Python that imports `checkout`'s coldbench: its path first on
+    PYTHONPATH and none of its own (`-P`: neither the working directory nor this folder)."""
+    if os.environ.get(_CHECKOUT_CHILD) == str(checkout):
+        raise SystemExit(f"--checkout {checkout}: no coldbench package there to import")
+    env = {**os.environ, "PYTHONPATH": str(checkout), _CHECKOUT_CHILD: str(checkout)}
+    command = [sys.executable, "-P", str(Path(__file__).resolve()), *sys.argv[1:]]
+    return subprocess.run(command, env=env, check=False).returncode
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200, help="requests of each kind")
     parser.add_argument("--profile", choices=KINDS, help="cProfile this kind")
@@ -273,7 +296,9 @@ def main() -> None:
         help="measure this checkout's app (e.g. a git worktree of an older commit)",
     )
     args = parser.parse_args()
-    sys.path.insert(0, str(args.checkout.resolve()))
+    checkout = args.checkout.resolve()
+    if _code_root() != checkout:
+        return _measure_in(checkout)
 
     name = f"coldbench_cost_{secrets.token_hex(4)}"
     prefix = f"coldbench-cost-{secrets.token_hex(4)}:"
@@ -328,7 +353,8 @@ def main() -> None:
             }
         )
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

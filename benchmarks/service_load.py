@@ -28,7 +28,7 @@ machine an absolute p99 follows whatever else runs, the ratio much less.
 
 It stops by itself (every phase is bounded) and prints the figures, then one JSON line.
 
-    PYTHONPATH=. python benchmarks/service_load.py --workers 50 --seconds 30
+    python -m benchmarks.service_load --workers 50 --seconds 30
 
 Needs PostgreSQL (`--postgres`, a server URL; a database is created and dropped) and Redis
 (`--redis`; keys carry a fresh prefix and are deleted afterwards).
@@ -1448,7 +1448,6 @@ def main() -> None:
         "--redis", default=os.environ.get("COLDBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     baseline = (
         measure(args.baseline.resolve(), args, render=False, processes=args.baseline_processes)
         if args.baseline

@@ -89,12 +89,24 @@ class JobOption:
         """Given once per item (`--variant a --variant b`)."""
         return self.name == "variants"
 
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The values it takes where they are few (a metavar `a|b|c`); () where any text."""
+        parts = tuple(self.metavar.split("|"))
+        return parts if len(parts) > 1 else ()
+
     def belongs_to(self, mode: str) -> bool:
         return mode in self.modes
 
-    def help_text(self, default_text: str | None = None) -> str:
+    def help_text(self, default_text: str | None = None, *, say_modes: bool = True) -> str:
+        """The help with its default; `say_modes`: name the modes it belongs to (a front end
+        that shows the option in its modes only, the form, need not)."""
         default = default_text if default_text is not None else self.default_text
-        only = "" if self.modes == MODES else f" (mode {' or '.join(self.modes)} only)"
+        only = (
+            ""
+            if self.modes == MODES or not say_modes
+            else f" (mode {' or '.join(self.modes)} only)"
+        )
         return f"{self.help}{only}" + (f" Default: {default}." if default else "")
 
 

@@ -4,7 +4,7 @@ service as the JSON API."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, get_args
 
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from coldbench.api.jobs.models import Job
 from coldbench.api.pages import form as job_form
+from coldbench.evidence.contract.schemas import Residency
 from tests.api.factories import make_host
 from tests.web.builders import csrf_of
 
@@ -106,7 +107,7 @@ def test_the_form_asks_for_a_residency_and_shows_a_bad_one_beside_it(
 ) -> None:
     make_host(db_session, "studio-1")
     page = web.get("/").text
-    assert all(f'<option value="{choice}"' in page for choice in job_form.RESIDENCIES)
+    assert all(f'<option value="{choice}"' in page for choice in get_args(Residency))
     response = web.post("/", data=_fields(page, residency="in-turns"), follow_redirects=False)
     assert response.status_code == 303, _errors(response.text)
     job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
@@ -485,3 +486,125 @@ def test_a_commits_job_is_submitted_from_the_form_with_its_errors_beside_their_f
     errors = _errors(refused.text)
     assert "not a plain branch" in errors["base"] and "commits needs head" in errors["head"]
     assert _job_count(db_session) == before
+
+
+def test_a_job_option_added_to_the_table_is_on_the_form_with_its_help_default_and_modes(
+    web: TestClient, db_session: Session, monkeypatch: Any
+) -> None:
+    """The form is made from JOB_OPTIONS: an option added there is an input (its label, its
+    help with the default the builder fills, shown only in its modes), what is typed in it
+    reaches the builder and comes back on an error, and its problems land beside it."""
+    from coldbench.evidence.spec import job_options
+
+    monkeypatch.setitem(
+        job_options.JOB_OPTIONS,
+        "warmup_rounds",
+        job_options.JobOption(
+            "warmup_rounds",
+            "--warmup-rounds",
+            "Rounds measured and dropped.",
+            "N",
+            default_text="1",
+        ),
+    )
+    monkeypatch.setitem(
+        job_options.JOB_OPTIONS,
+        "probe_order",
+        job_options.JobOption(
+            "probe_order", "--probe-order", "Which end first.", "good|bad", modes=("bisect",)
+        ),
+    )
+    given: list[dict[str, Any]] = []
+    build = job_options.build_job_spec
+
+    def builder(options: dict[str, Any], **kwargs: Any) -> Any:
+        given.append(dict(options))
+        if options.get("warmup_rounds") == "-1":
+            raise job_options.JobOptionsError(
+                [job_options.Problem("warmup_rounds", "-1: give at least 0", "warmup_rounds")]
+            )
+        return build({k: v for k, v in options.items() if k != "warmup_rounds"}, **kwargs)
+
+    monkeypatch.setattr(job_form, "build_job_spec", builder)
+    make_host(db_session, "studio-1")
+    page = web.get("/").text
+    matrix = page[page.index("<legend>Matrix</legend>") : page.index("<legend>Hosts</legend>")]
+    assert '<label for="warmup_rounds">Warmup rounds</label>' in matrix
+    assert (
+        '<input id="warmup_rounds" name="warmup_rounds" inputmode="numeric" value="" '
+        'placeholder="1" aria-describedby="warmup_rounds-hint">'
+    ) in matrix
+    assert re.search(
+        r'<p class="hint" id="warmup_rounds-hint">Rounds measured and dropped\. Default: 1\.</p>',
+        matrix,
+    )
+    bisect = re.search(
+        r'<div class="row" id="bisect-fields" data-modes="bisect" hidden>(.*?)'
+        r'(?=<div class="row" id="commits-fields")',
+        page,
+        re.S,
+    )
+    assert bisect and '<select id="probe_order" name="probe_order"' in bisect.group(1)
+    assert '<option value="good">good</option>' in bisect.group(1)
+    assert "probe_order" not in page.replace(bisect.group(1), "")
+
+    before = _job_count(db_session)
+    typed = _fields(page, custom_contexts="64, 12x", warmup_rounds="3", probe_order="bad")
+    response = web.post("/", data=typed)
+    assert response.status_code == 422
+    assert given[-1]["warmup_rounds"] == "3"
+    assert "probe_order" not in given[-1]  # another mode's option: not read
+    assert "12x" in _errors(response.text)["contexts"]
+    assert 'name="warmup_rounds" inputmode="numeric" value="3"' in response.text  # kept
+    response = web.post("/", data={**typed, "custom_contexts": "64", "warmup_rounds": "-1"})
+    assert _errors(response.text) == {"warmup_rounds": "-1: give at least 0"}
+    assert 'aria-describedby="warmup_rounds-hint err-warmup_rounds"' in response.text
+    response = web.post(
+        "/", data={**typed, "custom_contexts": "64", "warmup_rounds": ""}, follow_redirects=False
+    )
+    assert response.status_code == 303, _errors(response.text)
+    assert given[-1]["warmup_rounds"] == ""  # left to the builder's default
+    assert _job_count(db_session) == before + 1
+
+
+def test_the_form_leaves_each_default_to_the_builder_and_shows_it(
+    web: TestClient, db_session: Session
+) -> None:
+    """No default is typed in for the user: each input is blank and says the builder's
+    default_text; a form submitted blank gets the builder's job (a bisection measures until
+    decided, as `coldbench run --mode bisect` does)."""
+    from coldbench.evidence.spec.job_options import JOB_OPTIONS, build_job_spec
+
+    make_host(db_session, "studio-1", repositories={"mlx-lm": {"recipes": ["editable"]}})
+    page = web.get("/").text
+    for name in ("decode_tokens", "precision", "seed", "hosts", "corpus", "model"):
+        default = JOB_OPTIONS[name].default_text
+        assert re.search(rf'id="{name}" name="{name}"[^>]* value="" placeholder="{default}"', page)
+        assert f"Default: {default}." in page, name
+    for name in ("until", "residency"):
+        default = JOB_OPTIONS[name].default_text
+        assert re.search(
+            rf'<select id="{name}" name="{name}"[^>]*>\s*<option value="" selected>default: '
+            + re.escape(str(default)),
+            page,
+        ), name
+    assert re.search(r'<input type="radio" name="mode" value="ab" checked>', page)
+    assert not re.search(r'name="contexts" value="\d+" checked', page)
+    bisect = {"mode": "bisect", "repository": "mlx-lm", "good": "v1", "bad": "main"}
+    response = web.post(
+        "/",
+        data={"csrf_token": csrf_of(page), "direction": "slower", **bisect},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303, _errors(response.text)
+    job = db_session.get(Job, response.headers["location"].removeprefix("/jobs/"))
+    assert job is not None
+    expected = build_job_spec({**bisect, "direction": "slower", "adapter": "mlx-lm"})
+    assert job.spec.until == expected.until == "decided"
+    assert job.spec.contexts == expected.contexts
+    assert (job.spec.decode_tokens, job.spec.precision, job.spec.seed, job.spec.model) == (
+        expected.decode_tokens,
+        expected.precision,
+        expected.seed,
+        expected.model,
+    )

@@ -1,14 +1,14 @@
 // Job form: warn, as the user types, when the rounds asked for cannot reach a verdict for the
-// matrix chosen. The rule lives on the server (evidence/analysis/stats.py units_for_verdict); it sends
-// the rounds needed per number of comparisons in data-rounds-needed. This script only counts
-// the comparisons: contexts x candidates (ablation: contexts x (features + 1)).
+// matrix chosen. The rule lives on the server (evidence/analysis/stats.py units_for_verdict); it
+// sends the rounds needed per number of comparisons in the warning's data-rounds-needed. This
+// script only counts the comparisons: contexts x candidates (ablation: contexts x (features + 1)).
 (function () {
   "use strict";
   var rounds = document.getElementById("rounds");
   var warning = document.getElementById("rounds-warning");
   var form = rounds && rounds.form;
   if (!rounds || !warning || !form) { return; }
-  var needed = JSON.parse(rounds.dataset.roundsNeeded || "{}");
+  var needed = JSON.parse(warning.dataset.roundsNeeded || "{}");
 
   function items(text) {
     return text.split(/[,\s]+/).filter(function (part) { return part.length > 0; });
