@@ -592,9 +592,12 @@ def until_decided(spec: JobSpec) -> Callable[[int, Sequence[dict[str, Any]]], st
 
 
 def default_prespawn(host: HostInfo) -> bool:
-    """Start the next block's processes while a block measures on a GPU (Metal, CUDA): their
-    imports run on CPU cores the cells do not use. Not on the CPU backend, where the imports
-    compete with the timed cells for the same cores (docs/PERFORMANCE.md, "Time to evidence")."""
+    """Start the next block's processes while a block loads and warms up on a GPU (Metal,
+    CUDA): their imports overlap the start's untimed phases, and the first timed cell waits for
+    the rest (worker/variants.py; interpreters importing beside a timed cell slowed it 1.7-1.8x
+    on the H200). Not on the CPU backend, where a GPU block's seconds of load and warm-ups are
+    a tiny model's fraction of a second, so the imports would mostly be waited for anyway
+    (docs/PERFORMANCE.md, "Time to evidence")."""
     return host.backend in ("cuda", "metal")
 
 
