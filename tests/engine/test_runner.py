@@ -152,6 +152,52 @@ def test_every_context_of_the_plan_is_warmed_once_before_ready(
     assert warmups[0]["prompt_sha256"] != warmups[1]["prompt_sha256"]
 
 
+@pytest.mark.parametrize(
+    "flags", [{"prefill_step_size": 32}, {"prefill_step_size": 32, "compile": True}]
+)
+def test_the_warm_ups_run_every_shape_the_timed_cells_run(
+    tiny_model_dir: Path, tmp_path: Path, flags: dict[str, Any]
+) -> None:
+    """Kernels compile (and `mx.compile` traces) per shape, so a timed cell whose chunk
+    widths, decode steps or dispatch counts no warm-up ran would pay for them: each timed
+    cell must run exactly what its context's warm-up ran. 100 tokens in chunks of 32 end in a
+    4-token tail that 64 tokens never run."""
+    cells = [{"round": r, "order": 0, "context_tokens": c} for r in range(2) for c in (64, 100)]
+    plan = _plan(
+        tmp_path, tiny_model_dir, cells=cells, warmup_tokens=None, warmup_contexts=[64, 100]
+    )
+    plan.write_text(json.dumps(json.loads(plan.read_text()) | {"flags": flags}))
+    done = subprocess.run(
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    records = _records(tmp_path / "records.jsonl")
+    warmups = {r["context_tokens"]: r for r in records if r["status"] == "warmup"}
+    timed = [r for r in records if r["round"] >= 0]
+    assert sorted(warmups) == [64, 100] and len(timed) == 4
+    assert all(r["status"] == "ok" for r in timed)
+    shape_keys = ("chunk_widths", "chunks", "lm_head_rows", "compile.dispatched")
+    for cell in timed:
+        warmup = warmups[cell["context_tokens"]]
+        assert {k: cell["counters"][k] for k in shape_keys} == {
+            k: warmup["counters"][k] for k in shape_keys
+        }
+        assert (cell["prompt_tokens"], cell["decode_tokens"]) == (
+            warmup["prompt_tokens"],
+            warmup["decode_tokens"],
+        )
+    # the distinct chunk widths the timed cells ran are all among the warm-ups'
+    widths = {r["context_tokens"]: r["counters"]["chunk_widths"] for r in timed}
+    assert widths == {64: "32x2", 100: "32x3+4"}
+    if flags.get("compile"):
+        assert all(r["counters"]["compile.dispatched"] > 0 for r in timed)
+
+
 def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path: Path) -> None:
     process = _start(_plan(tmp_path, tiny_model_dir, flags={}))
     try:
