@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from coldbench.evidence.analysis.builds import builds_caveats
 from coldbench.evidence.analysis.canary import canary_caveats
+from coldbench.evidence.analysis.first_cells import first_cells_caveats
 from coldbench.evidence.analysis.telemetry import telemetry_caveats
 from coldbench.evidence.contract.schemas import Provenance, TargetInfo
 from coldbench.evidence.contract.spec_text import flags_text
@@ -78,6 +79,7 @@ def caveats(summary: Summary) -> list[str]:
     found += canary_caveats(summary.canary)
     found += builds_caveats(summary.mlx_builds)
     found += telemetry_caveats(summary.telemetry)
+    found += first_cells_caveats(summary.first_cells)
     found += _drift_caveats(summary)
     invalid = summary.invalid
     if invalid.total:
