@@ -12,6 +12,12 @@ rank test (p, established or not) as the summary states it.
 
     python benchmarks/first_cells.py BUNDLE [BUNDLE ...]        # folders or .zip files
     python benchmarks/first_cells.py --precision 0.02 --json out.json BUNDLE
+    python benchmarks/first_cells.py --simulate 1000             # the check's rates, no bundle
+
+`--simulate N` runs the check on N simulated A/A runs per scenario (`simulated_run`: two
+variants side by side in process blocks, log-normal cell noise, process offsets, the first
+cell of chosen blocks planted slow) and prints how often the rank test rejects at 0.05 and how
+often the check is established (docs/EVIDENCE.md quotes it).
 
 On the H200 bundles of 2026-12-03 (benchmarks/results/2026-12-03-h200-time-to-evidence-*.tgz,
 unpacked), every block but the last opens with a cell 1.66-1.84x slow (16K, 8B) while three
@@ -22,15 +28,18 @@ interpreters imported beside it; the last blocks and the one-block calibration r
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import statistics
 import sys
 import zipfile
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Collection, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from coldbench.evidence.analysis.first_cells import block_row, process_blocks, run_check
 from coldbench.evidence.analysis.stats import DEFAULT_PRECISION
@@ -156,9 +165,134 @@ def print_run(run: dict[str, Any]) -> None:
     )
 
 
+SIMULATION_START = datetime(2026, 12, 7, 0, 0, tzinfo=UTC)
+
+
+def simulated_run(
+    *,
+    rounds: int = 24,
+    per_block: int = 4,
+    contexts: Sequence[int] = (64, 256),
+    slow_first: float = 1.0,
+    slow_blocks: Collection[int] | None = None,
+    noise: float = 0.01,
+    process_sd: float = 0.01,
+    seed: int = 0,
+    run_id: str = "r-1",
+) -> list[Record]:
+    """An A/A run's records side by side in process blocks (every variant a fresh process per
+    block, the first cell of a round rotating over variants and contexts): each cell's tok/s
+    1000 x its process's offset x exp(N(0, noise)); the first timed cell of each block in
+    `slow_blocks` (default: every block) `slow_first` times slower."""
+    rng = np.random.default_rng(seed)
+    variants = ["base", "other"]
+    records: list[Record] = []
+    moment = SIMULATION_START
+    order = 0
+    for block in range(-(-rounds // per_block)):
+        offsets = {v: float(np.exp(rng.normal(0, process_sd))) for v in variants}
+        for round_index in range(block * per_block, min((block + 1) * per_block, rounds)):
+            cells = [(c, v) for c in contexts for v in variants]
+            shift = round_index % len(cells)
+            for position, (context, variant) in enumerate(cells[shift:] + cells[:shift]):
+                tps = 1000.0 * offsets[variant] * float(np.exp(rng.normal(0, noise)))
+                first = round_index == block * per_block and position == 0
+                if first and (slow_blocks is None or block in slow_blocks):
+                    tps /= slow_first
+                prompt = hashlib.sha256(f"{seed}:{round_index}:{context}".encode()).hexdigest()
+                records.append(
+                    Record.model_validate(
+                        {
+                            "schema": "coldbench.record/1",
+                            "run_id": run_id,
+                            "variant": variant,
+                            "round": round_index,
+                            "order": order,
+                            "context_tokens": context,
+                            "prompt_tokens": context,
+                            "prompt_sha256": prompt,
+                            "cached_tokens": 0,
+                            "prefill_s": context / tps,
+                            "prefill_tps": tps,
+                            "decode_tokens": 4,
+                            "decode_s": 0.1,
+                            "decode_tps": 40.0,
+                            "output_sha256": hashlib.sha256(b"out").hexdigest(),
+                            "output_head": [1, 2, 3, 4],
+                            "peak_memory_bytes": 1_000_000,
+                            "counters": {},
+                            "started_at": moment,
+                            "ended_at": moment + timedelta(seconds=2),
+                            "status": "ok",
+                            "reason": None,
+                            "process": block + 1,
+                        }
+                    )
+                )
+                moment += timedelta(seconds=2)
+                order += 1
+        moment += timedelta(seconds=30)  # the next block's load and warm-ups
+    return records
+
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "A/A, 1% noise, 4 blocks of 6 rounds": {"rounds": 24, "per_block": 6},
+    "A/A, 2% noise and process SD, 8 blocks of 4": {
+        "rounds": 32,
+        "noise": 0.02,
+        "process_sd": 0.02,
+    },
+    "first cell 1.4x, every block of 4 of 6 rounds": {
+        "rounds": 24,
+        "per_block": 6,
+        "slow_first": 1.4,
+    },
+    "first cell 1.4x, blocks 0-2 of 4 of 6 rounds": {
+        "rounds": 24,
+        "per_block": 6,
+        "slow_first": 1.4,
+        "slow_blocks": {0, 1, 2},
+    },
+    "first cell 1.4x, 6 of 8 blocks of 4 rounds": {
+        "rounds": 32,
+        "slow_first": 1.4,
+        "slow_blocks": set(range(6)),
+    },
+}
+
+
+def simulate(runs: int, precision: float) -> list[dict[str, Any]]:
+    rows = []
+    for name, settings in SCENARIOS.items():
+        rejected = established = 0
+        for seed in range(runs):
+            records = simulated_run(seed=seed, **settings)
+            checked = run_check("r-1", process_blocks(records)["r-1"], threshold=precision)
+            assert checked is not None
+            run, _ = checked
+            rejected += run.p_value is not None and run.p_value <= 0.05
+            established += run.established
+        rows.append(
+            {
+                "scenario": name,
+                "runs": runs,
+                "rank_test_rejects": rejected / runs,
+                "established": established / runs,
+            }
+        )
+        print(
+            f"{name}: rank test p <= 0.05 in {rejected / runs:.3f}, established in "
+            f"{established / runs:.3f} of {runs} runs"
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("bundles", nargs="+", type=Path, help="bundle folders or zip files")
+    parser.add_argument("bundles", nargs="*", type=Path, help="bundle folders or zip files")
+    parser.add_argument(
+        "--simulate", type=int, metavar="N", help="the check's rates over N simulated runs"
+    )
     parser.add_argument(
         "--precision",
         type=float,
@@ -167,6 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write every row here too")
     args = parser.parse_args(argv)
+    if args.simulate:
+        rows = simulate(args.simulate, args.precision)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
+    if not args.bundles:
+        parser.error("name at least one bundle, or --simulate N")
     everything = []
     slowdowns = []
     for path in args.bundles:

@@ -60,6 +60,18 @@ def _read(process: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(line)
 
 
+def _batch(plan: Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """The runner in batch mode (or failing to start): it runs the plan's cells and exits."""
+    return subprocess.run(
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -113,14 +125,7 @@ def test_batch_mode_runs_the_cells_and_exits(tiny_model_dir: Path, tmp_path: Pat
         {"round": 1, "order": 0, "context_tokens": 64},
     ]
     plan = _plan(tmp_path, "preset:tiny", cells=cells, warmup_tokens=None, flags={})
-    done = subprocess.run(
-        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = _batch(plan)
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["event"] for e in events] == ["ready", "record", "record"]
@@ -167,14 +172,7 @@ def test_the_warm_ups_run_every_shape_the_timed_cells_run(
         tmp_path, tiny_model_dir, cells=cells, warmup_tokens=None, warmup_contexts=[64, 100]
     )
     plan.write_text(json.dumps(json.loads(plan.read_text()) | {"flags": flags}))
-    done = subprocess.run(
-        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = _batch(plan)
     assert done.returncode == 0, done.stderr
     records = _records(tmp_path / "records.jsonl")
     warmups = {r["context_tokens"]: r for r in records if r["status"] == "warmup"}
@@ -217,14 +215,7 @@ def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path
 
 def test_load_failure_in_a_child_process_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "/nonexistent/ckpt")
-    done = subprocess.run(
-        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    done = _batch(plan, timeout_s=60)
     assert done.returncode == 2
     assert [json.loads(line) for line in done.stdout.splitlines()] == [
         {

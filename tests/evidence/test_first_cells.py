@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.first_cells import SIMULATION_START, simulated_run
+from benchmarks.first_cells import main as first_cells_main
 from coldbench.evidence.analysis.first_cells import (
     LEFT_OUT_REASON,
     first_cells_applied,
@@ -21,75 +23,21 @@ from coldbench.evidence.analysis.first_cells import (
 )
 from coldbench.evidence.analysis.summary import summarize
 from coldbench.evidence.bundles.bundle import build_bundle, recompute_problems, zip_bytes
-from coldbench.evidence.contract.schemas import Record
 from coldbench.evidence.contract.summary_schema import FirstCellBlock, Summary
 from coldbench.evidence.rendering.headline import caveats
 from coldbench.evidence.rendering.markdown import render_summary_md
-from tests.evidence.builders import START, provenance, record
-
-
-def blocked_run(
-    *,
-    rounds: int = 24,
-    per_block: int = 4,
-    contexts: tuple[int, ...] = (64, 256),
-    slow_first: float = 1.0,
-    slow_blocks: set[int] | None = None,
-    noise: float = 0.01,
-    process_sd: float = 0.01,
-    seed: int = 0,
-    cell_s: float = 2.0,
-    run_id: str = "r-1",
-) -> list[Record]:
-    """A/A records side by side in process blocks (every variant a fresh process per block,
-    the first variant of a round rotating), the first timed cell of each block in
-    `slow_blocks` (default: every block) `slow_first` times slower."""
-    rng = np.random.default_rng(seed)
-    variants = ["base", "other"]
-    records: list[Record] = []
-    moment = START
-    order = 0
-    for block in range(-(-rounds // per_block)):
-        offsets = {v: float(np.exp(rng.normal(0, process_sd))) for v in variants}
-        for round_index in range(block * per_block, min((block + 1) * per_block, rounds)):
-            cells = [(c, v) for c in contexts for v in variants]
-            shift = round_index % len(cells)
-            for position, (context, variant) in enumerate(cells[shift:] + cells[:shift]):
-                tps = 1000.0 * offsets[variant] * float(np.exp(rng.normal(0, noise)))
-                first = round_index == block * per_block and position == 0
-                if first and (slow_blocks is None or block in slow_blocks):
-                    tps /= slow_first
-                records.append(
-                    record(
-                        run_id=run_id,
-                        variant=variant,
-                        round=round_index,
-                        order=order,
-                        context_tokens=context,
-                        prompt_tokens=context,
-                        prompt_sha256=f"{round_index:032x}{context:032x}",
-                        prefill_s=context / tps,
-                        prefill_tps=tps,
-                        started_at=moment,
-                        ended_at=moment + timedelta(seconds=cell_s),
-                        process=block + 1,
-                    )
-                )
-                moment += timedelta(seconds=cell_s)
-                order += 1
-        moment += timedelta(seconds=30)  # the next block's load and warm-ups
-    return records
+from tests.evidence.builders import provenance
 
 
 def test_blocks_are_read_from_the_records_alone() -> None:
-    records = blocked_run(rounds=12, per_block=4)
+    records = simulated_run(rounds=12, per_block=4)
     blocks = process_blocks(records)["r-1"]
     assert len(blocks) == 3
     assert [len(b.cells) for b in blocks] == [16, 16, 16]
     assert [b.cells[0].round for b in blocks] == [0, 4, 8]
     # in turns a start is one variant's: each turn opens a block of its own
     turns = sorted(records, key=lambda r: (r.process, r.variant != "base", r.round))
-    moment = START
+    moment = SIMULATION_START
     restamped = []
     for r in turns:
         restamped.append(r.model_copy(update={"started_at": moment}))
@@ -98,7 +46,7 @@ def test_blocks_are_read_from_the_records_alone() -> None:
 
 
 def test_a_first_cell_planted_slow_is_flagged_sized_and_left_out_for_both_variants() -> None:
-    records = blocked_run(slow_first=1.4)
+    records = simulated_run(slow_first=1.4)
     summary = summarize(records, baseline="base", n_resamples=200)
     section = summary.first_cells
     assert section is not None and len(section.runs) == 1
@@ -127,11 +75,12 @@ def test_a_first_cell_planted_slow_is_flagged_sized_and_left_out_for_both_varian
     size = re.search(r"was (\d\.\d\d)x the rest in 6 of 6 blocks of run r-1", sentence)
     assert size is not None and float(size.group(1)) == pytest.approx(1.4, rel=0.05)
     assert "left out of every statistic" in sentence and "both variants alike" in sentence
+    assert not any("cells were invalid" in line for line in caveats(summary))
     assert "first timed cell of each process block" in render_summary_md(summary, [provenance()])
 
 
 def test_slow_in_some_blocks_only_still_counts_them() -> None:
-    records = blocked_run(rounds=32, slow_first=1.4, slow_blocks={0, 1, 2, 3, 4, 5})
+    records = simulated_run(rounds=32, slow_first=1.4, slow_blocks={0, 1, 2, 3, 4, 5})
     summary = summarize(records, baseline="base", n_resamples=200)
     assert summary.first_cells is not None
     run = summary.first_cells.runs[0]
@@ -141,7 +90,7 @@ def test_slow_in_some_blocks_only_still_counts_them() -> None:
 
 
 def test_without_a_planted_effect_nothing_is_flagged_or_left_out() -> None:
-    records = blocked_run(seed=3)
+    records = simulated_run(seed=3)
     summary = summarize(records, baseline="base", n_resamples=200)
     assert summary.first_cells is not None
     run = summary.first_cells.runs[0]
@@ -152,7 +101,7 @@ def test_without_a_planted_effect_nothing_is_flagged_or_left_out() -> None:
 
 
 def test_where_leaving_them_out_would_empty_a_block_the_effect_is_flagged_only() -> None:
-    records = blocked_run(slow_first=1.5, per_block=2, rounds=16, contexts=(64,))
+    records = simulated_run(slow_first=1.5, per_block=2, rounds=16, contexts=(64,))
     # block 3's second round lost its `other` cell: without its first round it has none
     blocks = process_blocks(records)["r-1"]
     head = blocks[3].cells[0]
@@ -172,7 +121,7 @@ def test_where_leaving_them_out_would_empty_a_block_the_effect_is_flagged_only()
 
 
 def test_a_block_without_another_cell_of_its_first_cells_kind_is_not_tested() -> None:
-    records = blocked_run(rounds=6, per_block=1)  # one round a block: nothing to compare
+    records = simulated_run(rounds=6, per_block=1)  # one round a block: nothing to compare
     kept, section = first_cells_applied(records, threshold=0.02)
     assert section is None and kept == records
 
@@ -204,7 +153,7 @@ def test_an_aa_over_many_seeds_flags_at_most_the_tests_level() -> None:
     rejected = flagged = 0
     seeds = 400
     for seed in range(seeds):
-        records = blocked_run(seed=seed, rounds=32, noise=0.02, process_sd=0.02)
+        records = simulated_run(seed=seed, rounds=32, noise=0.02, process_sd=0.02)
         if seed % 4 == 0:  # one cell in a hundred 5x slow, anywhere
             records = [
                 r.model_copy(update={"prefill_tps": (r.prefill_tps or 1.0) / 5})
@@ -223,7 +172,7 @@ def test_an_aa_over_many_seeds_flags_at_most_the_tests_level() -> None:
 
 
 def test_the_bundle_recomputes_the_same_first_cells_and_left_out_cells() -> None:
-    records = blocked_run(slow_first=1.4)
+    records = simulated_run(slow_first=1.4)
     files, summary = build_bundle(
         records=records, provenances=[provenance()], baseline="base", n_resamples=200
     )
@@ -239,16 +188,14 @@ def test_the_bundle_recomputes_the_same_first_cells_and_left_out_cells() -> None
 def test_the_benchmark_reads_a_bundle_zip_and_prints_each_blocks_first_cell(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from benchmarks import first_cells
-
-    records = blocked_run(slow_first=1.4)
+    records = simulated_run(slow_first=1.4)
     files, _ = build_bundle(
         records=records, provenances=[provenance()], baseline="base", n_resamples=50
     )
     archive = tmp_path / "bundle.zip"
     archive.write_bytes(zip_bytes(files))
     out = tmp_path / "rows.json"
-    assert first_cells.main([str(archive), "--json", str(out)]) == 0
+    assert first_cells_main([str(archive), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "run r-1" in printed and "established" in printed and "not established" not in printed
     rows = json.loads(out.read_text())[0]["blocks"]
@@ -256,4 +203,4 @@ def test_the_benchmark_reads_a_bundle_zip_and_prints_each_blocks_first_cell(
     assert all(row["slowdown"] == pytest.approx(1.4, rel=0.1) for row in rows)
     assert all(row["importing_beside"] is None for row in rows)  # no timeline.json
     with pytest.raises(SystemExit, match="neither a bundle folder nor a zip"):
-        first_cells.main([str(out)])
+        first_cells_main([str(out)])

@@ -389,6 +389,7 @@ def test_prespawned_processes_import_while_the_block_measures_and_load_after_it(
     assert outcome.cells_done == 12 and not outcome.stopped
     timeline = outcome.timeline
     assert timeline is not None and timeline.prespawn and len(timeline.blocks) == 3
+    measured = [r for r in outcome.records if r["round"] >= 0]
     by_block: dict[int | None, list] = {}
     for process in timeline.processes:
         by_block.setdefault(process.block, []).append(process)
@@ -403,47 +404,23 @@ def test_prespawned_processes_import_while_the_block_measures_and_load_after_it(
         gone = max(p.exited_s for p in previous if p.exited_s is not None)
         assert all(p.load_s is not None and p.load_s >= gone for p in current)
         assert boundary.imports_s < 0.4  # nothing left to wait for at the boundary
-    assert not any(p.prespawned for p in by_block[0])
-    # the last block starts nothing ahead: every process started measured a block
-    assert {r["process"] for r in outcome.records if r["round"] >= 0} == {1, 2, 3}
-
-
-def test_processes_started_ahead_never_import_while_a_timed_cell_runs(tmp_path: Path) -> None:
-    """Imports take 0.6 s, loads and warm-ups 0.1 s each: the next block's interpreters import
-    while this block loads and warms up, and its first timed cell waits for the rest (on the
-    H200 a block's first timed cell ran 1.7-1.8x slow beside three importing interpreters)."""
-    rounds = plan_rounds(["a", "b"], [64], seed=4, rounds=6)
-    launches = [_launch(n, import_s=0.6, load_s=0.1, warmup_s=0.1, cell_s=0.05) for n in "ab"]
-    outcome = run_schedule(
-        launches,
-        rounds,
-        workdir=tmp_path,
-        cell_timeout_s=30,
-        rounds_per_process=2,
-        seed=4,
-        prespawn=True,
-    )
-    assert outcome.cells_done == 12
-    timeline = outcome.timeline
-    assert timeline is not None and len(timeline.blocks) == 3
-    measured = [r for r in outcome.records if r["round"] >= 0]
-    for block in (1, 2):
-        ahead = [p for p in timeline.processes if p.block == block]
-        assert ahead and all(p.prespawned for p in ahead)
+        # Never beside a timed cell (on the H200 a block's first timed cell ran 1.7-1.8x slow
+        # beside three importing interpreters): spawned once the previous block's processes had
+        # imported, they import while it loads and warms up, and its first timed cell waits.
         waited_in = timeline.blocks[block - 1]
         assert waited_in.first_cell_s is not None
-        # spawned before the previous block's first timed cell, imported before it too
-        assert all(p.spawned_s < waited_in.first_cell_s for p in ahead)
-        assert all(p.imported_s is not None for p in ahead)
-        assert max(p.imported_s or 0.0 for p in ahead) <= waited_in.first_cell_s
-        # ... so no timed cell of that block began before they had imported
+        assert all(p.spawned_s < waited_in.first_cell_s for p in current)
+        assert max(p.imported_s or 0.0 for p in current) <= waited_in.first_cell_s
         first = min(r["started_at"] for r in measured if r["process"] == block)
-        began = timeline.started_at.timestamp() + max(p.imported_s or 0.0 for p in ahead)
+        began = timeline.started_at.timestamp() + max(p.imported_s or 0.0 for p in current)
         assert datetime.fromisoformat(first.replace("Z", "+00:00")).timestamp() >= began - 0.05
-        # the imports (0.6 s) outlast the loads and warm-ups: the block waited for the rest
+        # the imports (0.5 s) outlast the loads and warm-ups: the block waited for the rest
         assert waited_in.ahead_imports_s > 0.05
+    assert not any(p.prespawned for p in by_block[0])
     # the last block starts nothing ahead and waits for nothing
     assert timeline.blocks[2].ahead_imports_s < 0.05
+    # every process started measured a block
+    assert {r["process"] for r in measured} == {1, 2, 3}
 
 
 def test_a_runner_without_the_load_gate_is_never_started_ahead(tmp_path: Path) -> None:
