@@ -714,7 +714,7 @@ def execute_run(
 
     `command` is the provenance's reproduce line; by default the `coldbench run` line of the
     spec at the commits measured (`reproduce_command`, with `local_arguments`). `prespawn`
-    starts each block's processes while the previous block measures (None: this host's backend
+    starts each block's processes while the previous block warms up (None: this host's backend
     decides, `default_prespawn`). `noise` is this host's calibration: the block length follows
     it when the job does not set one, and the provenance carries it to the statistics.
     The spec's `residency` (auto, side-by-side, in-turns): whether the variants' processes are

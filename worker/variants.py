@@ -627,13 +627,14 @@ def run_schedule(
     (bracketing controls) as they arrive, each stamped with its process instance (`process`).
     `rounds_per_process` cuts the rounds into process blocks (None: one block); `seed` picks
     the processes' start order of each block; `prespawn` starts the next block's processes
-    while the current one measures; `block_rule` says why the blocks have their length (for
-    the timeline). A variant that cannot start raises VariantError, whose `outcome` holds what
-    was measured; one of `droppable` (a history's commits) is dropped instead: its process is
-    killed, its remaining cells are not run (nor counted), `outcome.dropped` says why, and the
-    others go on. `end_after_round(rounds_done, records)` is asked after each complete round
-    (in turns: after each block, the first moment its rounds are complete); a reason it returns
-    ends the schedule there (`outcome.ended`): a run measuring until its verdicts are decided.
+    while the current one loads and warms up; `block_rule` says why the blocks have their
+    length (for the timeline). A variant that cannot start raises VariantError, whose
+    `outcome` holds what was measured; one of `droppable` (a history's commits) is dropped
+    instead: its process is killed, its remaining cells are not run (nor counted),
+    `outcome.dropped` says why, and the others go on. `end_after_round(rounds_done, records)`
+    is asked after each complete round (in turns: after each block, the first moment its
+    rounds are complete); a reason it returns ends the schedule there (`outcome.ended`): a run
+    measuring until its verdicts are decided.
 
     `residency` (coldbench.engine.memory's plan, `residency_reason` its why): `side-by-side`, every
     variant's process resident through the block, cells in the schedule's order; `in-turns`,
