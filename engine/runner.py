@@ -18,8 +18,8 @@ that a runner of an older engine commit, whose Plan refuses unknown fields, stil
 
 - `COLDBENCH_LOAD_GATE=1`: after its imports, before it touches any device, the runner prints
   `{"event": "imported", "import_s": S, "lean": bool}` and waits for `{"op": "load"}`. The
-  orchestrator starts the next block's processes while the current block measures and lets
-  them load once the current block's processes are gone.
+  orchestrator starts the next block's processes while the current block loads and warms up
+  and lets them load once the current block's processes are gone.
 - `COLDBENCH_WARMUP_GATE=1`: after loading it prints `{"event": "loaded", "load_s": S}` and
   waits for `{"op": "warmup"}`: a block's processes load at the same time and warm up one after
   another. Then each warm-up prints `{"event": "warmed", "context_tokens": N, "warmup_s": S}`,

@@ -93,7 +93,8 @@ def run(
         typer.Option(
             "--prespawn/--no-prespawn",
             help="Start each block's processes (interpreters, imports) while the previous "
-            "block measures (default: on for GPU backends, off on the CPU backend).",
+            "block loads and warms up, never beside a timed cell (default: on for GPU backends, "
+            "off on the CPU backend).",
         ),
     ] = None,
     calibration: Annotated[

@@ -112,7 +112,7 @@ class HostConfig:
     # Synthetic presets jobs may name as `preset:NAME` (none by default: a large preset is a
     # checkpoint of tens of GB written on first use).
     allow_presets: tuple[str, ...] = ()
-    # Start each block's variant processes while the previous block measures (None: on for
+    # Start each block's variant processes while the previous block warms up (None: on for
     # GPU backends, off on the CPU backend: coldbench.worker.run.default_prespawn).
     prespawn: bool | None = None
     # `calibration`: the noise of this host's `coldbench calibrate` result (block lengths and

@@ -592,9 +592,12 @@ def until_decided(spec: JobSpec) -> Callable[[int, Sequence[dict[str, Any]]], st
 
 
 def default_prespawn(host: HostInfo) -> bool:
-    """Start the next block's processes while a block measures on a GPU (Metal, CUDA): their
-    imports run on CPU cores the cells do not use. Not on the CPU backend, where the imports
-    compete with the timed cells for the same cores (docs/PERFORMANCE.md, "Time to evidence")."""
+    """Start the next block's processes while a block loads and warms up on a GPU (Metal,
+    CUDA): their imports overlap the start's untimed phases, and the first timed cell waits for
+    the rest (worker/variants.py; interpreters importing beside a timed cell slowed it 1.7-1.8x
+    on the H200). Not on the CPU backend, where a GPU block's seconds of load and warm-ups are
+    a tiny model's fraction of a second, so the imports would mostly be waited for anyway
+    (docs/PERFORMANCE.md, "Time to evidence")."""
     return host.backend in ("cuda", "metal")
 
 
@@ -711,7 +714,7 @@ def execute_run(
 
     `command` is the provenance's reproduce line; by default the `coldbench run` line of the
     spec at the commits measured (`reproduce_command`, with `local_arguments`). `prespawn`
-    starts each block's processes while the previous block measures (None: this host's backend
+    starts each block's processes while the previous block warms up (None: this host's backend
     decides, `default_prespawn`). `noise` is this host's calibration: the block length follows
     it when the job does not set one, and the provenance carries it to the statistics.
     The spec's `residency` (auto, side-by-side, in-turns): whether the variants' processes are

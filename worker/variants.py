@@ -5,9 +5,14 @@ a fresh `python -m coldbench.engine.runner` (the model loads, every context of t
 once and discarded), and cells are sent in the schedule's order so variants interleave. At a block
 boundary every variant's process is stopped and the new ones let in, in a seeded order rotated
 per block, before the next timed cell: loads never overlap a timed cell. With `prespawn` the
-next block's processes start while the current block measures: their interpreters and imports
-run then, and they wait at the runner's load gate, touching no device, until the current
-block's processes are gone (engine/runner.py's gates). Each record carries the instance number
+next block's processes start as soon as the current block's have imported: their interpreters
+and imports run while the current block loads and warms up, and the current block's first
+timed cell waits until they are done (`ahead_imports_s` in the timeline), so imports never
+overlap a timed cell either. Started when the block had begun to measure instead, three
+interpreters importing made the block's first timed cell 1.7-1.8x slow on the H200 (16K,
+8B; benchmarks/first_cells.py reads it from the bundles). They then wait at the runner's load
+gate, touching no device, until the current block's processes are gone (engine/runner.py's
+gates). Each record carries the instance number
 of the process that measured it (`process`), the unit the statistics cluster by. Without
 `rounds_per_process` one process per variant serves the whole run; with `fresh_process` every
 cell gets its own process. Records are appended to the run's spool files as they arrive
@@ -211,6 +216,9 @@ class VariantProcess:
         # False for a runner that predates it (it loaded at once).
         self.load_gated: bool | None = None
         self._stashed: dict[str, Any] | None = None  # a `loaded` or `ready` read ahead
+        # why the start failed, once it has: a later ask raises it again (a process started
+        # ahead whose imports failed fails its own block's start, not the one it waited in)
+        self.failure: VariantError | None = None
         self._loaded = False
         # stdout's lines with the moment each arrived (the timeline's offsets), None at EOF
         self._lines: queue.Queue[tuple[float, str] | None] = queue.Queue()
@@ -326,6 +334,15 @@ class VariantProcess:
         """Read what the runner has said so far (without waiting): True once its imports are
         done and it waits at the load gate, or once it has shown it has no such gate (an older
         engine commit says `loaded` or `ready` first: kept for the next wait)."""
+        if self.failure is not None:
+            raise self.failure
+        try:
+            return self._read_imported()
+        except VariantError as error:
+            self.failure = error
+            raise
+
+    def _read_imported(self) -> bool:
         while self.load_gated is None:
             event = self._take(None)
             if event is None:
@@ -610,13 +627,14 @@ def run_schedule(
     (bracketing controls) as they arrive, each stamped with its process instance (`process`).
     `rounds_per_process` cuts the rounds into process blocks (None: one block); `seed` picks
     the processes' start order of each block; `prespawn` starts the next block's processes
-    while the current one measures; `block_rule` says why the blocks have their length (for
-    the timeline). A variant that cannot start raises VariantError, whose `outcome` holds what
-    was measured; one of `droppable` (a history's commits) is dropped instead: its process is
-    killed, its remaining cells are not run (nor counted), `outcome.dropped` says why, and the
-    others go on. `end_after_round(rounds_done, records)` is asked after each complete round
-    (in turns: after each block, the first moment its rounds are complete); a reason it returns
-    ends the schedule there (`outcome.ended`): a run measuring until its verdicts are decided.
+    while the current one loads and warms up; `block_rule` says why the blocks have their
+    length (for the timeline). A variant that cannot start raises VariantError, whose
+    `outcome` holds what was measured; one of `droppable` (a history's commits) is dropped
+    instead: its process is killed, its remaining cells are not run (nor counted),
+    `outcome.dropped` says why, and the others go on. `end_after_round(rounds_done, records)`
+    is asked after each complete round (in turns: after each block, the first moment its
+    rounds are complete); a reason it returns ends the schedule there (`outcome.ended`): a run
+    measuring until its verdicts are decided.
 
     `residency` (coldbench.engine.memory's plan, `residency_reason` its why): `side-by-side`, every
     variant's process resident through the block, cells in the schedule's order; `in-turns`,
@@ -809,7 +827,8 @@ class _Schedule:
         """Stop the processes of the previous start, then bring up this start's (every variant
         side by side, or one variant's in turns): started ahead (prespawn) or now, in the
         start's order. With `prespawn`, the processes of the start that follows start as soon
-        as these are ready and wait at the load gate."""
+        as these have imported, and import while these load and warm up; this start's first
+        timed cell waits until they have imported (module docstring)."""
         assert start.block is not None
         names = [name for name in start.names if name in self.by_name]
         phases = BlockStart(
@@ -823,12 +842,12 @@ class _Schedule:
         for process in self.ahead.values():  # nothing left over is expected; never kept
             process.kill()
         self.ahead.clear()
-        spawned = self.bring_up(spawned, phases)
+        ahead = following if self.prespawn and following is not None else None
+        spawned = self.bring_up(spawned, phases, ahead=ahead)
         self.processes.update((process.launch.name, process) for process in spawned)
-        for process in spawned:
-            self.gated[process.launch.name] = bool(process.load_gated)
-        if self.prespawn and following is not None and following.block is not None:
-            self.prespawn_next(following)
+        mark = time.monotonic()
+        self.wait_ahead_imported(deadline=mark + self.ready_timeout_s)
+        phases.ahead_imports_s = round(time.monotonic() - mark, 4)
 
     def stop_block(self) -> None:
         """The previous start's processes asked to exit together, then each reaped."""
@@ -841,6 +860,8 @@ class _Schedule:
 
     def prespawn_next(self, following: _Start) -> None:
         """Start the following start's processes now, to wait at the load gate."""
+        if following.block is None:
+            return
         for name in following.names:
             # only a runner known to wait at the load gate may start early: an older one
             # would load (and touch the device) while this start measures
@@ -864,18 +885,28 @@ class _Schedule:
         return bool(same) and all(same)
 
     def bring_up(
-        self, spawned: Sequence[VariantProcess], phases: BlockStart | None
+        self,
+        spawned: Sequence[VariantProcess],
+        phases: BlockStart | None,
+        *,
+        ahead: _Start | None = None,
     ) -> list[VariantProcess]:
         """Imports, then every load at once, then the warm-ups one after another, because
         warm-ups at every context of the matrix at once would need every process's largest
         peak on the device together (on the H200, two 8B processes warming 64K and 128K ran out
-        of memory; coldbench.engine.memory). A variant that cannot start fails the run, or is
-        dropped when it is `droppable`; returns the processes that started."""
+        of memory; coldbench.engine.memory). `ahead`: the start whose processes begin now, once
+        these have imported (whether they wait at the load gate is known then), to import while
+        these load and warm up. A variant that cannot start fails the run, or is dropped when
+        it is `droppable`; returns the processes that started."""
         alive = list(spawned)
         try:
             mark = time.monotonic()
             self.release_loads(alive, deadline=mark + self.ready_timeout_s)
             imports_s = time.monotonic() - mark
+            for process in alive:
+                self.gated[process.launch.name] = bool(process.load_gated)
+            if ahead is not None:
+                self.prespawn_next(ahead)
             mark = time.monotonic()
             self.wait_loaded(alive)
             load_s = time.monotonic() - mark
@@ -920,6 +951,31 @@ class _Schedule:
                     ),
                 )
                 continue
+            time.sleep(0.01)
+
+    def wait_ahead_imported(self, *, deadline: float) -> None:
+        """Wait until every process started ahead has imported (or failed, which its own start
+        reports), so that no interpreter imports while a timed cell runs; one not imported by
+        `deadline` is killed, and its start spawns a fresh one."""
+        waiting = list(self.ahead.items())
+        while waiting:
+            for name, process in list(waiting):
+                try:
+                    done = process.imported_yet()
+                except VariantError:
+                    done = True  # kept: its own start raises it again (`failure`)
+                if done:
+                    waiting.remove((name, process))
+            if not waiting:
+                return
+            if self.stop():
+                raise Stopped
+            if time.monotonic() > deadline:
+                for name, process in waiting:
+                    log.warning("variant %s started ahead: not imported in time", name)
+                    process.kill()
+                    self.ahead.pop(name, None)
+                return
             time.sleep(0.01)
 
     def wait_loaded(self, alive: list[VariantProcess]) -> None:
@@ -1059,7 +1115,9 @@ class _Schedule:
         measured = begun[1:] or begun
         if not measured:
             return 0.0
-        each = sum(b.stop_s + b.imports_s + b.load_s + b.warmups_s for b in measured)
+        each = sum(
+            b.stop_s + b.imports_s + b.load_s + b.warmups_s + b.ahead_imports_s for b in measured
+        )
         return max(process_starts - len(begun), 0) * each / len(measured)
 
     def finish(self) -> None:

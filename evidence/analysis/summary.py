@@ -23,6 +23,7 @@ from coldbench.evidence.analysis.builds import builds_section
 from coldbench.evidence.analysis.canary import canary_invalidations, canary_section
 from coldbench.evidence.analysis.commits import commits_section
 from coldbench.evidence.analysis.drift import drift_section
+from coldbench.evidence.analysis.first_cells import first_cells_applied
 from coldbench.evidence.analysis.history import history_section
 from coldbench.evidence.analysis.parity import PARITY_MARGIN_THRESHOLD, parity_section
 from coldbench.evidence.analysis.peak import over_peak, peak_section
@@ -238,6 +239,8 @@ def prefill_verdicts_at_look(
     options = StatsOptions(precision=spec.precision, seed=spec.seed)
     taken = look_taken(spec, records, options.alpha)
     kept = [r for r in records if r.round < taken.rounds]
+    # the cells summary.json leaves out (coldbench.evidence.analysis.first_cells), left out here too
+    kept, _ = first_cells_applied(kept, threshold=spec.precision)
     baseline = baseline_name(spec)
     variants = [v.name for v in expand_variants(spec)]
     comparisons, _ = compare_matrix(
@@ -333,6 +336,9 @@ def summarize(
         taken = look_taken(spec, records, options.alpha)
         options = replace(options, look_alpha=taken.alpha)
         records = [r for r in records if r.round < taken.rounds]
+    # A block's first timed cell established slower than the rest leaves out (both variants
+    # alike) before any statistic; the section says so either way.
+    records, first_cells = first_cells_applied(records, threshold=precision)
 
     measured = [r for r in records if r.round >= 0]
     # Records stamped with their process instance (process rotation): cluster-aware statistics
@@ -398,6 +404,8 @@ def summarize(
     telemetry = telemetry_section(records, run_ids)
     if telemetry is not None:
         conditional["telemetry"] = telemetry
+    if first_cells is not None:
+        conditional["first_cells"] = first_cells
     peak = peak_section(records, provenances)
     if peak is not None:
         conditional["peak"] = peak

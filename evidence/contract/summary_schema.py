@@ -11,7 +11,8 @@ null); a field with a default is written only where the summary set it: `why` on
 without pairs, the process-block fields (`blocks`, `unit`, `process_sd`, `block`,
 `by_context`, `settings.process_blocks`, `noise_floor`) only for records stamped with their
 process, a drift line's fit only when it had baseline cells, `timeline` only when the bundle has
-a run's timeline.json, `history`, `bisect` and `commits` only in their modes.
+a run's timeline.json, `history`, `bisect` and `commits` only in their modes, `first_cells`
+only where a run's records carry process instances and a block has cells to test.
 `summary_json_bytes` writes exactly those (`exclude_unset`), so a summary read back from its file
 writes the same bytes.
 
@@ -333,6 +334,44 @@ class RunTelemetry(_Section):
 
 class Telemetry(_Section):
     runs: list[RunTelemetry]
+    rule: str
+
+
+# --- the first timed cell of each process block (evidence/analysis/first_cells.py)
+# --------------------------------------------------
+
+
+class FirstCellBlock(_Section):
+    """One process block's first timed cell against the block's other cells of its variant and
+    context."""
+
+    block: int  # the block's place in its run, in time order (0: the first)
+    variant: str
+    round: int
+    context_tokens: int
+    # the first cell's prefill time over the median of the others' (above 1: it was slower)
+    slowdown: float
+    others: int  # the block's other cells of its variant and context
+    faster_others: int  # how many of them were faster than the first cell (its rank, from 0)
+
+
+class RunFirstCells(_Section):
+    run_id: str
+    blocks: int  # blocks with at least one other cell of the first cell's variant and context
+    slow_blocks: int  # blocks whose first cell was slower than the rest by more than the threshold
+    slowdown_slow_median: float | None  # the median slowdown of those (None: there are none)
+    slowdown_geomean: float | None  # the geometric mean slowdown over every block tested
+    p_value: float | None  # the exact rank test (module docstring); None: no block to test
+    established: bool
+    left_out: int  # cells left out of every statistic: the first cells and their pairs
+    treatment: str
+    cells: list[FirstCellBlock]
+
+
+class FirstCells(_Section):
+    threshold: float
+    alpha: float
+    runs: list[RunFirstCells]
     rule: str
 
 
@@ -731,6 +770,7 @@ class Summary(_Section):
     mlx_builds: MlxBuilds | None = None
     peak: Peak | None = None
     telemetry: Telemetry | None = None
+    first_cells: FirstCells | None = None
     # Why this evidence as a whole cannot be trusted (a warm canary judged cold); unset: none.
     evidence_invalid: list[str] | None = None
 

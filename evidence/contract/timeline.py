@@ -6,7 +6,9 @@ imported, load released, loaded, ready, exit requested, exited) and for every bl
 seconds the orchestrator waited in each phase before the block's first timed cell: `stop` (the
 previous block's processes going), `imports` (interpreters and imports; nothing when the
 processes were started ahead, while the previous block measured), `load` (weights) and
-`warmups`. `stopped` says why a run ended early (a signal, a cancel, a timeout).
+`warmups`, then `ahead_imports` (the next start's processes, started ahead, finishing their
+imports: no interpreter imports while a timed cell runs). `stopped` says why a run ended early
+(a signal, a cancel, a timeout).
 
 `timeline_section` reduces each run's timeline and records to what a reader needs:
 - `measuring_wall_s`: the first record's start (a warm-up) to the last record's end, from the
@@ -75,6 +77,8 @@ class BlockStart(_Strict):
     imports_s: Seconds = 0.0
     load_s: Seconds = 0.0
     warmups_s: Seconds = 0.0
+    # after the warm-ups, waiting for the processes started ahead to finish their imports
+    ahead_imports_s: Seconds = 0.0
     first_cell_s: Seconds | None = None
 
 

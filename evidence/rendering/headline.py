@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from coldbench.evidence.analysis.builds import builds_caveats
 from coldbench.evidence.analysis.canary import canary_caveats
+from coldbench.evidence.analysis.first_cells import LEFT_OUT_REASON, first_cells_caveats
 from coldbench.evidence.analysis.telemetry import telemetry_caveats
 from coldbench.evidence.contract.schemas import Provenance, TargetInfo
 from coldbench.evidence.contract.spec_text import flags_text
@@ -78,14 +79,22 @@ def caveats(summary: Summary) -> list[str]:
     found += canary_caveats(summary.canary)
     found += builds_caveats(summary.mlx_builds)
     found += telemetry_caveats(summary.telemetry)
+    found += first_cells_caveats(summary.first_cells)
     found += _drift_caveats(summary)
     invalid = summary.invalid
-    if invalid.total:
-        reasons = sorted(invalid.by_reason.items(), key=lambda item: -item[1])
+    # the cells the first-cell check left out have a sentence of their own (above)
+    reasons = sorted(
+        (
+            (reason, count)
+            for reason, count in invalid.by_reason.items()
+            if reason != LEFT_OUT_REASON
+        ),
+        key=lambda item: -item[1],
+    )
+    total = sum(count for _, count in reasons)
+    if total:
         listed = "; ".join(f"{count} x {reason}" for reason, count in reasons[:3])
-        found.append(
-            f"{invalid.total} cells were invalid and left out of the statistics ({listed})."
-        )
+        found.append(f"{total} cells were invalid and left out of the statistics ({listed}).")
     if invalid.pairs_with_different_prompts:
         found.append(
             f"{invalid.pairs_with_different_prompts} pairs were dropped: their variants "

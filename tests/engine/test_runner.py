@@ -60,6 +60,18 @@ def _read(process: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(line)
 
 
+def _batch(plan: Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """The runner in batch mode (or failing to start): it runs the plan's cells and exits."""
+    return subprocess.run(
+        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -113,14 +125,7 @@ def test_batch_mode_runs_the_cells_and_exits(tiny_model_dir: Path, tmp_path: Pat
         {"round": 1, "order": 0, "context_tokens": 64},
     ]
     plan = _plan(tmp_path, "preset:tiny", cells=cells, warmup_tokens=None, flags={})
-    done = subprocess.run(
-        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = _batch(plan)
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["event"] for e in events] == ["ready", "record", "record"]
@@ -152,6 +157,45 @@ def test_every_context_of_the_plan_is_warmed_once_before_ready(
     assert warmups[0]["prompt_sha256"] != warmups[1]["prompt_sha256"]
 
 
+@pytest.mark.parametrize(
+    "flags", [{"prefill_step_size": 32}, {"prefill_step_size": 32, "compile": True}]
+)
+def test_the_warm_ups_run_every_shape_the_timed_cells_run(
+    tiny_model_dir: Path, tmp_path: Path, flags: dict[str, Any]
+) -> None:
+    """Kernels compile (and `mx.compile` traces) per shape, so a timed cell whose chunk
+    widths, decode steps or dispatch counts no warm-up ran would pay for them: each timed
+    cell must run exactly what its context's warm-up ran. 100 tokens in chunks of 32 end in a
+    4-token tail that 64 tokens never run."""
+    cells = [{"round": r, "order": 0, "context_tokens": c} for r in range(2) for c in (64, 100)]
+    plan = _plan(
+        tmp_path, tiny_model_dir, cells=cells, warmup_tokens=None, warmup_contexts=[64, 100]
+    )
+    plan.write_text(json.dumps(json.loads(plan.read_text()) | {"flags": flags}))
+    done = _batch(plan)
+    assert done.returncode == 0, done.stderr
+    records = _records(tmp_path / "records.jsonl")
+    warmups = {r["context_tokens"]: r for r in records if r["status"] == "warmup"}
+    timed = [r for r in records if r["round"] >= 0]
+    assert sorted(warmups) == [64, 100] and len(timed) == 4
+    assert all(r["status"] == "ok" for r in timed)
+    shape_keys = ("chunk_widths", "chunks", "lm_head_rows", "compile.dispatched")
+    for cell in timed:
+        warmup = warmups[cell["context_tokens"]]
+        assert {k: cell["counters"][k] for k in shape_keys} == {
+            k: warmup["counters"][k] for k in shape_keys
+        }
+        assert (cell["prompt_tokens"], cell["decode_tokens"]) == (
+            warmup["prompt_tokens"],
+            warmup["decode_tokens"],
+        )
+    # the distinct chunk widths the timed cells ran are all among the warm-ups'
+    widths = {r["context_tokens"]: r["counters"]["chunk_widths"] for r in timed}
+    assert widths == {64: "32x2", 100: "32x3+4"}
+    if flags.get("compile"):
+        assert all(r["counters"]["compile.dispatched"] > 0 for r in timed)
+
+
 def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path: Path) -> None:
     process = _start(_plan(tmp_path, tiny_model_dir, flags={}))
     try:
@@ -171,14 +215,7 @@ def test_a_crash_loses_at_most_the_cell_in_flight(tiny_model_dir: Path, tmp_path
 
 def test_load_failure_in_a_child_process_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "/nonexistent/ckpt")
-    done = subprocess.run(
-        [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    done = _batch(plan, timeout_s=60)
     assert done.returncode == 2
     assert [json.loads(line) for line in done.stdout.splitlines()] == [
         {

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -388,6 +389,7 @@ def test_prespawned_processes_import_while_the_block_measures_and_load_after_it(
     assert outcome.cells_done == 12 and not outcome.stopped
     timeline = outcome.timeline
     assert timeline is not None and timeline.prespawn and len(timeline.blocks) == 3
+    measured = [r for r in outcome.records if r["round"] >= 0]
     by_block: dict[int | None, list] = {}
     for process in timeline.processes:
         by_block.setdefault(process.block, []).append(process)
@@ -402,9 +404,23 @@ def test_prespawned_processes_import_while_the_block_measures_and_load_after_it(
         gone = max(p.exited_s for p in previous if p.exited_s is not None)
         assert all(p.load_s is not None and p.load_s >= gone for p in current)
         assert boundary.imports_s < 0.4  # nothing left to wait for at the boundary
+        # Never beside a timed cell (on the H200 a block's first timed cell ran 1.7-1.8x slow
+        # beside three importing interpreters): spawned once the previous block's processes had
+        # imported, they import while it loads and warms up, and its first timed cell waits.
+        waited_in = timeline.blocks[block - 1]
+        assert waited_in.first_cell_s is not None
+        assert all(p.spawned_s < waited_in.first_cell_s for p in current)
+        assert max(p.imported_s or 0.0 for p in current) <= waited_in.first_cell_s
+        first = min(r["started_at"] for r in measured if r["process"] == block)
+        began = timeline.started_at.timestamp() + max(p.imported_s or 0.0 for p in current)
+        assert datetime.fromisoformat(first.replace("Z", "+00:00")).timestamp() >= began - 0.05
+        # the imports (0.5 s) outlast the loads and warm-ups: the block waited for the rest
+        assert waited_in.ahead_imports_s > 0.05
     assert not any(p.prespawned for p in by_block[0])
-    # the last block starts nothing ahead: every process started measured a block
-    assert {r["process"] for r in outcome.records if r["round"] >= 0} == {1, 2, 3}
+    # the last block starts nothing ahead and waits for nothing
+    assert timeline.blocks[2].ahead_imports_s < 0.05
+    # every process started measured a block
+    assert {r["process"] for r in measured} == {1, 2, 3}
 
 
 def test_a_runner_without_the_load_gate_is_never_started_ahead(tmp_path: Path) -> None:
