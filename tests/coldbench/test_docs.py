@@ -208,3 +208,23 @@ def test_every_section_a_doc_points_to_exists() -> None:
             if not any(section.lower() in heading for heading in headings):
                 missing.append(f'{_name(source)}: {doc}, "{section}"')
     assert missing == []
+
+
+def test_commands_md_names_every_command_and_option(
+    command_tree: dict[tuple[str, ...], set[str]],
+) -> None:
+    """docs/COMMANDS.md says it has every command and option: each command path is written out
+    (`coldbench db upgrade|downgrade|check` names three) and each option appears in it."""
+    text = (ROOT / "docs" / "COMMANDS.md").read_text()
+    unnamed = []
+    for path, options in sorted(command_tree.items()):
+        *parent, last = path
+        written = r"\s+".join(["coldbench", *parent, rf"(?:[a-z-]+\|)*{last}\b"])
+        if not re.search(written, text):
+            unnamed.append(f"coldbench {' '.join(path)}")
+        for option in sorted(options - {"--help", "--install-completion", "--show-completion"}):
+            # a flag's negation (`--no-wait`) goes with the flag it negates
+            shown = re.sub(r"^--no-", "--", option)
+            if not re.search(rf"(?<![\w-]){re.escape(shown)}(?![\w-])", text):
+                unnamed.append(f"coldbench {' '.join(path)} {option}")
+    assert unnamed == []
