@@ -228,3 +228,39 @@ def test_commands_md_names_every_command_and_option(
             if not re.search(rf"(?<![\w-]){re.escape(shown)}(?![\w-])", text):
                 unnamed.append(f"coldbench {' '.join(path)} {option}")
     assert unnamed == []
+
+
+def _toml_blocks(doc: str) -> list[str]:
+    text = (ROOT / "docs" / doc).read_text()
+    return re.findall(r"^```toml\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
+@pytest.mark.parametrize("doc", ["worker.md", "COMMANDS.md"])
+def test_the_worker_toml_of_a_doc_is_one_a_host_accepts(doc: str, tmp_path: Path) -> None:
+    """Each `worker.toml` a doc shows loads as written, but for the files it names (a corpus
+    must exist: here it is a file of this test's own)."""
+    from coldbench.worker.config import load_host_config
+
+    blocks = _toml_blocks(doc)
+    assert blocks
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a corpus\n")
+    for block in blocks:
+        config = tmp_path / "worker.toml"
+        config.write_text(re.sub(r'^(\w+) = "/[^"]+\.txt"', rf'\1 = "{corpus}"', block, flags=re.M))
+        host = load_host_config(config)
+        assert host.name and host.repositories
+
+
+def test_the_github_configuration_in_the_docs_is_one_the_service_accepts() -> None:
+    import tomllib
+
+    from coldbench.api.github.config import GitHubConfig
+
+    (block,) = _toml_blocks("github.md")
+    # the example's secret is a placeholder ("..."); the service needs 16 characters or more
+    raw = tomllib.loads(
+        block.replace('webhook_secret = "..."', 'webhook_secret = "' + "s" * 16 + '"')
+    )
+    config = GitHubConfig.model_validate(raw)
+    assert list(config.repositories) == ["ml-explore/mlx-lm"]
