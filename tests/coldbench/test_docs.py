@@ -40,6 +40,14 @@ def _code(text: str) -> Iterator[tuple[int, str]]:
         for offset, line in enumerate(joined.splitlines()):
             yield first + offset, line
     outside = FENCE.sub(lambda block: "\n" * block.group(0).count("\n"), text)
+    # an indented code block: lines of four spaces or more after a blank line
+    lines = outside.splitlines()
+    in_block = False
+    for number, line in enumerate(lines, 1):
+        previous_blank = number == 1 or not lines[number - 2].strip()
+        in_block = line.startswith("    ") and (in_block or previous_blank)
+        if in_block:
+            yield number, line.strip()
     for span in CODE_SPAN.finditer(outside):
         yield outside.count("\n", 0, span.start()) + 1, " ".join(span.group(1).split())
 
@@ -264,3 +272,21 @@ def test_the_github_configuration_in_the_docs_is_one_the_service_accepts() -> No
     )
     config = GitHubConfig.model_validate(raw)
     assert list(config.repositories) == ["ml-explore/mlx-lm"]
+
+
+def test_every_benchmark_command_names_a_script_and_its_options() -> None:
+    """`python -m benchmarks.NAME --option ...`: benchmarks/NAME.py exists and declares each
+    option (argparse's `add_argument("--option"`)."""
+    problems = []
+    for doc in DOCS:
+        for number, code in _code(doc.read_text()):
+            for call in re.finditer(r"-m benchmarks\.(\w+)([^|;&]*)", code):
+                script = ROOT / "benchmarks" / f"{call.group(1)}.py"
+                if not script.exists():
+                    problems.append(f"{_name(doc)}:{number}: no benchmarks/{script.name}")
+                    continue
+                declared = set(re.findall(r"[\"'](--[a-z][a-z0-9-]*)[\"']", script.read_text()))
+                for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", call.group(2)):
+                    if option not in declared | {"--help"}:
+                        problems.append(f"{_name(doc)}:{number}: {script.name} has no {option}")
+    assert problems == []
