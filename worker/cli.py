@@ -59,7 +59,9 @@ def run(
     ] = None,
     module: Annotated[
         str | None,
-        typer.Option(help="Engine module of --repo (default: mlx_lm, or engine for embedded)."),
+        typer.Option(
+            help="Engine module of --repo (default: mlx_lm, or coldbench.engine for embedded)."
+        ),
     ] = None,
     server_command: Annotated[
         str | None,

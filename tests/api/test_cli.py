@@ -47,6 +47,14 @@ def test_db_commands_on_the_embedded_default(tmp_path: Path, coldbench_cmd: list
     for args in (["db", "upgrade"], ["db", "check"], ["db", "downgrade"], ["db", "upgrade"]):
         done = _run([*coldbench_cmd, *args], tmp_path)
         assert done.returncode == 0, done.stderr
+    # a database behind head cannot be checked: one line saying what to run, exit 1
+    downgraded = _run([*coldbench_cmd, "db", "downgrade", "--", "-1"], tmp_path)
+    assert downgraded.returncode == 0 and "database downgraded to -1" in downgraded.stderr
+    behind = _run([*coldbench_cmd, "db", "check"], tmp_path)
+    assert behind.returncode == 1 and "Traceback" not in behind.stderr
+    assert behind.stderr.strip().splitlines() == [
+        "cannot check: Target database is not up to date. (run `coldbench db upgrade` first)"
+    ]
     listing = _run([*coldbench_cmd, "--help"], tmp_path).stdout
     for command in ("server", "db", "admin", "celery"):
         assert command in listing
