@@ -480,7 +480,13 @@ def test_variants_that_fit_once_but_not_twice_run_in_turns(
         assert loaded >= exited, "two variant processes were resident together"
     summary = json.loads((out / "summary.json").read_text())
     (row,) = summary["comparisons"]
-    assert row["n"] == 6 and row["blocks"] == 3 and row["unit"] == "process pair"
+    # A turn's first cell follows its load; on this CPU it is at times slower than the turn's
+    # second, and where the first-cell check establishes that, those rounds leave the statistics.
+    (first_cells,) = summary["first_cells"]["runs"]
+    left_out_rounds = first_cells["left_out"] // 2
+    assert left_out_rounds == (3 if first_cells["established"] else 0)
+    assert row["n"] == 6 - left_out_rounds and row["unit"] == "process pair"
+    assert row["blocks"] == 3
     (run,) = summary["timeline"]["runs"]
     assert run["residency"] == "in-turns" and run["blocks"] == 3
     assert run["turns_within_blocks"] == 3 and run["turn_starts"]["load_s"] > 0
