@@ -65,9 +65,7 @@ def submit(
         except JobOptionsError as error:
             problems += problem_lines(error)
         _exit_on(problems)
-        job_id = _post_json(
-            api, key or "", f"{API_PREFIX}/jobs", service_payload(request)
-        )
+        job_id = _post_json(api, key or "", f"{API_PREFIX}/jobs", service_payload(request))
     typer.echo(f"job {job_id} submitted: {api.rstrip('/')}/jobs/{job_id}")
     if wait:
         _wait_for_evidence(api, key or "", job_id, timeout_s)

@@ -257,7 +257,7 @@ def bisect_locally(
     if warning:
         typer.echo(
             f"warning: {warning}; a step that cannot tell mid from both ends stops the "
-            "bisection (--until decided measures each step until it can)",
+            "bisection (without --rounds each step measures until decided within 40 rounds)",
             err=True,
         )
     steps: list[BisectStep] = []

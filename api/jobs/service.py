@@ -124,7 +124,9 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
         found.append(("variants", f"{variants} variants; at most {settings.max_variants} allowed"))
     try:
         resolved = resolve_job(
-            spec, limits=settings.spec_limits, budget_minutes=settings.default_budget_minutes
+            spec,
+            limits=settings.spec_limits,
+            budget_minutes=settings.default_budget_minutes or None,
         )
     except DefaultRoundsError as error:
         found.append(("rounds", str(error)))

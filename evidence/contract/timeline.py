@@ -202,7 +202,9 @@ def advice_cost_s(runs: Sequence[RunTime], rounds: int | None) -> float | None:
     if not rounds:
         return None
     costs = [
-        rounds_cost_s(rounds, run.rounds_per_process, start_s=run.block_start_s, round_s=run.round_s)
+        rounds_cost_s(
+            rounds, run.rounds_per_process, start_s=run.block_start_s, round_s=run.round_s
+        )
         for run in runs
         if run.block_start_s is not None and run.round_s is not None
     ]

@@ -698,9 +698,7 @@ def _commits(build: _Build, given: Mapping[str, Any], raw: dict[str, Any]) -> No
     raw["commits"] = commits
 
 
-def _validate(
-    build: _Build, raw: dict[str, Any], limits: SpecLimits | None
-) -> JobRequest | None:
+def _validate(build: _Build, raw: dict[str, Any], limits: SpecLimits | None) -> JobRequest | None:
     """JobRequest's own validation; each of its problems in the builder's terms."""
     try:
         return JobRequest.model_validate(raw, context={"limits": limits})

@@ -234,9 +234,7 @@ def test_rounds_advice_says_the_time_those_rounds_would_take_where_it_was_measur
     assert fmt_verdict(priced) == (
         "inconclusive (~9 rounds (~45 s) to detect, ~90 (~1.5 h) for the precision)"
     )
-    minutes = _comparison(
-        "inconclusive", 1.0, 0.9, 1.1, rounds_needed=30, time_needed_s=754.0
-    )
+    minutes = _comparison("inconclusive", 1.0, 0.9, 1.1, rounds_needed=30, time_needed_s=754.0)
     assert fmt_verdict(minutes) == "inconclusive (~30 rounds (~13 min) for the precision)"
 
 

@@ -111,9 +111,10 @@ def test_an_inconclusive_comparisons_advice_is_priced_by_the_runs_timeline() -> 
         records=records, provenances=[provenance()], baseline="base", n_resamples=200
     )[1]
     assert unpriced.comparisons[0].time_needed_s is None
-    assert "time_needed_s" not in json.loads(unpriced.model_dump_json(exclude_unset=True))[
-        "comparisons"
-    ][0]
+    assert (
+        "time_needed_s"
+        not in json.loads(unpriced.model_dump_json(exclude_unset=True))["comparisons"][0]
+    )
 
 
 def test_a_bundle_carries_its_timeline_and_recomputes_its_section() -> None:
