@@ -350,9 +350,12 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
     # Left blank, rounds are resolved by the service as for every door: measuring until
     # decided (the form's default too), four first looks, within the service's time budget.
     assert re.search(r'id="rounds" name="rounds" inputmode="numeric" value=""', page)
-    assert '<option value="decided" selected>' in page
-    assert '<option value="rounds">the rounds are done</option>' in page
-    assert 'placeholder="60"' in page and "this service's default, 60 minutes" in page
+    assert '<option value="" selected>default: decided</option>' in page
+    assert '<option value="rounds">rounds</option>' in page
+    assert 'name="budget_minutes" inputmode="decimal" value="" placeholder="service default"' in (
+        page
+    )
+    assert "the service&#39;s default_budget_minutes (60 unless it sets another)" in page
     blank = web.post("/", data=_fields(page, rounds=""), follow_redirects=False)
     assert blank.status_code == 303, _errors(blank.text)
     job = db_session.get(Job, blank.headers["location"].removeprefix("/jobs/"))
