@@ -33,6 +33,7 @@ from coldbench.evidence.analysis.stats import (
     MIN_PAIRS,
     N_RESAMPLES,
     CellIndex,
+    ComparisonT,
     Looks,
     StatsOptions,
     compare_matrix,
@@ -292,7 +293,7 @@ def _sequential(taken: LookTaken, comparisons: Sequence[Comparison], spec: JobSp
     )
 
 
-def priced_advice(comparisons: Sequence[Comparison], runs: Sequence[RunTime]) -> list[Comparison]:
+def priced_advice(comparisons: Sequence[ComparisonT], runs: Sequence[RunTime]) -> list[ComparisonT]:
     """Each inconclusive comparison's rounds advice with the time it would take at the job's
     measured cost (`advice_cost_s`: in turns, every turn's start included)."""
     priced = []
@@ -387,10 +388,15 @@ def summarize(
     conditional: dict[str, Any] = {}
     if by_process:
         conditional["noise_floor"] = noise_floor(comparisons)
+    ablation = ablation_section(index, features=features, contexts=contexts, options=options)
     if timelines:
         timeline = conditional["timeline"] = timeline_section(timelines, records)
         if timeline is not None:
             comparisons = priced_advice(comparisons, timeline.runs)
+            decode_comparisons = priced_advice(decode_comparisons, timeline.runs)
+            if ablation is not None:
+                entries = priced_advice(ablation.entries, timeline.runs)
+                ablation = ablation.model_copy(update={"entries": entries})
     if spec is not None and spec.mode == "history":
         conditional["history"] = history_section(
             spec=spec, comparisons=comparisons, contexts=contexts, provenances=provenances
@@ -459,7 +465,7 @@ def summarize(
         descriptive=describe(index, variants=variants, contexts=contexts),
         comparisons=comparisons,
         decode_comparisons=decode_comparisons,
-        ablation=ablation_section(index, features=features, contexts=contexts, options=options),
+        ablation=ablation,
         parity=parity,
         drift=drift_section(
             index,

@@ -106,6 +106,10 @@ def test_an_inconclusive_comparisons_advice_is_priced_by_the_runs_timeline() -> 
     assert comparison.time_needed_s == advice_cost_s(
         summary.timeline.runs, comparison.rounds_needed
     )
+    decode = [c for c in summary.decode_comparisons if c.rounds_needed]
+    assert decode and all(
+        c.time_needed_s == advice_cost_s(summary.timeline.runs, c.rounds_needed) for c in decode
+    )
     assert recompute_problems(files) == []
     unpriced = build_bundle(
         records=records, provenances=[provenance()], baseline="base", n_resamples=200
@@ -175,3 +179,32 @@ def test_several_runs_keep_a_timeline_each() -> None:
     assert summary.timeline is not None
     assert [run.run_id for run in summary.timeline.runs] == ["r-1", "r-2"]
     assert recompute_problems(files) == []
+
+
+def test_every_kind_of_comparison_keeps_its_type_when_priced() -> None:
+    """Prefill and decode comparisons and ablation entries alike: an inconclusive one gains
+    the times of its advice, a decided one is left as it was."""
+    from coldbench.evidence.analysis.summary import priced_advice
+    from coldbench.evidence.contract.summary_schema import AblationEntry
+
+    records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
+    section = timeline_section([_timeline()], records)
+    assert section is not None
+    common = {
+        "context_tokens": 64,
+        "variant": "all-minus-compile",
+        "baseline": "all",
+        "n": 6,
+        "ratio_median": 1.0,
+        "ci_low": 0.9,
+        "ci_high": 1.1,
+        "p_value": None,
+        "p_adjusted": None,
+        "ratios": [],
+        "feature": "compile",
+    }
+    unsure = AblationEntry(**common, verdict="inconclusive", rounds_needed=12)
+    decided = AblationEntry(**common, verdict="faster", rounds_needed=None)
+    priced, kept = priced_advice([unsure, decided], section.runs)
+    assert type(priced) is AblationEntry and priced.feature == "compile"
+    assert priced.time_needed_s == advice_cost_s(section.runs, 12) and kept == decided
