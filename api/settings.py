@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     max_host_labels: int = Field(32, ge=1)
     max_contexts: int = Field(16, ge=1)
     max_rounds: int = Field(100, ge=1)
+    # A job measuring until decided (the default) that gives no time budget stops at the first
+    # look after this many minutes of measuring (0: at its rounds budget alone), so one noisy
+    # job cannot hold a shared host for hours.
+    default_budget_minutes: float = Field(60.0, ge=0, le=10_080, allow_inf_nan=False)
     max_decode_tokens: int = Field(1024, ge=0)
     max_context_tokens: int = Field(262_144, ge=1)
     max_hosts_per_job: int = Field(16, ge=1)

@@ -4,8 +4,9 @@ effect, under the noise a benchmark host really has (not a test; the tests impor
 One simulated job: variants `a` (the baseline), `b`, `c` and `d` at two contexts, so six
 comparisons corrected as one family, as in a job with three candidates. `d` carries the planted
 effect (a factor on its tok/s; 1.0 for an A/A job), `b` and `c` are always identical to `a`.
-Each variant gets a fresh process every block of rounds (the job's default block, or one per
-round measuring until decided). A cell's log tok/s is the sum of:
+Each variant gets a fresh process every block of rounds (the job's block by the tool's own rule,
+`effective_rounds_per_process`: one per round measuring until decided). A cell's log tok/s is
+the sum of:
 
 - its process's offset, N(0, process SD) (`bimodal`: +-process SD with a random sign);
 - the round's shared speed, N(0, 2%) (it cancels in a pair);
@@ -20,9 +21,11 @@ round measuring until decided). A cell's log tok/s is the sum of:
 Every job is analysed by the real statistics:
 `coldbench.evidence.analysis.summary.prefill_verdicts_at_look`, the check a run measuring until
 decided makes after each look, and the summary's own rule. A fixed job is analysed once at its
-rounds; a job measuring until decided is analysed at each look (first look 10 rounds, doubling,
-budget 40) and stops at the first where every comparison is decided. Per row, with exact binomial
-95% intervals (how far Monte Carlo noise alone could put the rate from the design's true one):
+rounds; a job at the default settings (the job as every front end builds it with neither rounds
+nor until given: measuring until decided, first look 10 rounds, doubling, the default budget of
+40) is analysed at each look and stops at the first where every comparison is decided. Per row,
+with exact binomial 95% intervals (how far Monte Carlo noise alone could put the rate from the
+design's true one):
 
 - A/A jobs with any `faster`/`slower` claim (the target: 5% or less per job);
 - planted comparisons found (the verdict of the planted direction) and of the wrong sign;
@@ -33,6 +36,8 @@ budget 40) and stops at the first where every comparison is decided. Per row, wi
     PYTHONPATH=. python benchmarks/aa_simulation.py --workers 2
     PYTHONPATH=. python benchmarks/aa_simulation.py --models gauss outliers --rounds 6 12 24 \\
         --jobs 2000 --planted-jobs 500
+    PYTHONPATH=. python benchmarks/aa_simulation.py --models gauss outliers --rounds \\
+        --process-sd 0.013 --workers 2          # the default settings' rows alone
 """
 
 from __future__ import annotations
@@ -50,42 +55,45 @@ from datetime import UTC, datetime
 import numpy as np
 from scipy import stats as scipy_stats
 
+from coldbench.evidence.analysis.stats import job_looks
 from coldbench.evidence.analysis.summary import all_decided, prefill_verdicts_at_look
-from coldbench.evidence.contract.schemas import JobSpec, Record, default_rounds_per_process
+from coldbench.evidence.contract.schemas import JobSpec, Record, effective_rounds_per_process
 from coldbench.evidence.contract.summary_schema import CLAIMS, Verdict
+from coldbench.evidence.spec.job_options import build_job_spec, resolve_job
 
 VARIANTS = ("a", "b", "c", "d")
 PLANTED = "d"
 CONTEXTS = (4096, 16384)
 _MOMENT = datetime(2026, 12, 1, tzinfo=UTC)
 NOISE_MODELS = ("gauss", "t3", "outliers", "drift", "step", "bimodal", "order")
-# Measuring until decided: the budget in rounds (four first looks of ten).
-DECIDED_BUDGET = 40
 
 
 @dataclass(frozen=True)
 class Scenario:
     model: str = "gauss"
-    rounds: int = 24  # the job's rounds (until decided: the budget)
-    until_decided: bool = False
+    # Exactly this many rounds; None: the default settings (measuring until decided within the
+    # default budget, as the builder and its resolution make a job that gives neither).
+    rounds: int | None = 24
     process_sd: float = 0.01
     pair_sd: float = 0.0075
     effect: float = 1.0  # d's true speed relative to a, b and c
 
     @property
     def name(self) -> str:
-        how = f"until decided, budget {self.rounds}" if self.until_decided else f"{self.rounds}"
-        return f"{self.model}, {how} rounds"
+        return f"{self.model}, {self.how}"
+
+    @property
+    def how(self) -> str:
+        if self.rounds is not None:
+            return f"{self.rounds}"
+        looks = ", ".join(map(str, job_looks(self.spec()).rounds))
+        return f"default: until decided ({looks})"
 
     def spec(self) -> JobSpec:
-        return JobSpec.model_validate(
-            {
-                "variants": [{"name": name} for name in VARIANTS],
-                "contexts": list(CONTEXTS),
-                "rounds": self.rounds,
-                "until": "decided" if self.until_decided else "rounds",
-            }
-        )
+        given = {"variants": list(VARIANTS), "contexts": list(CONTEXTS)}
+        if self.rounds is not None:
+            given.update(rounds=self.rounds, until="rounds")
+        return resolve_job(build_job_spec(given))
 
 
 def _sha(*parts: object) -> str:
@@ -96,7 +104,7 @@ def simulate_job(scenario: Scenario, seed: int) -> list[Record]:
     """The `ok` records of one simulated job (a seeded pure function of its arguments)."""
     rng = np.random.default_rng(seed)
     spec = scenario.spec()
-    block = 1 if scenario.until_decided else default_rounds_per_process(scenario.rounds)
+    block = effective_rounds_per_process(spec) or 1
     model = scenario.model
     cell_sd = scenario.pair_sd / math.sqrt(2)
     drift = float(rng.uniform(-0.05, 0.05)) if model == "drift" else 0.0
@@ -165,11 +173,7 @@ def run_job(scenario: Scenario, seed: int) -> JobResult:
     """One job through the real statistics: at its rounds, or look by look until decided."""
     spec = scenario.spec()
     records = simulate_job(scenario, seed)
-    looks = [scenario.rounds]
-    if scenario.until_decided:
-        from coldbench.evidence.analysis.stats import job_looks
-
-        looks = list(job_looks(spec).rounds)
+    looks = list(job_looks(spec).rounds)
     for look in looks:
         seen = [r for r in records if r.round < look]
         _, comparisons = prefill_verdicts_at_look(seen, spec=spec)
@@ -279,12 +283,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--planted-jobs", type=int, default=250, help="planted jobs per row")
     parser.add_argument("--effect", type=float, default=0.98, help="the planted speed ratio")
     parser.add_argument("--models", nargs="+", choices=NOISE_MODELS, default=list(NOISE_MODELS))
-    parser.add_argument("--rounds", type=int, nargs="+", default=[6, 12, 24])
     parser.add_argument(
-        "--decided",
+        "--rounds", type=int, nargs="*", default=[6, 12, 24], help="fixed rounds, a row each"
+    )
+    parser.add_argument(
+        "--default",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="add a row measuring until decided (budget 40) per model",
+        help="add a row at the default settings (until decided, its default budget) per model",
     )
     parser.add_argument("--process-sd", type=float, default=0.01)
     parser.add_argument("--pair-sd", type=float, default=0.0075)
@@ -303,15 +309,15 @@ def main(argv: list[str] | None = None) -> None:
     worst: tuple[float, str] | None = None
     for model in args.models:
         designs = [Scenario(model, rounds=r) for r in args.rounds]
-        if args.decided:
-            designs.append(Scenario(model, rounds=DECIDED_BUDGET, until_decided=True))
+        if args.default:
+            designs.append(Scenario(model, rounds=None))
         for design in designs:
             design = replace(design, process_sd=args.process_sd, pair_sd=args.pair_sd)
             run = functools.partial(rates, seed=args.seed, workers=args.workers)
             aa = run(design, jobs=args.jobs)
             planted = run(replace(design, effect=args.effect), jobs=args.planted_jobs)
             both = aa + planted
-            how = "until decided (10, 20, 40)" if design.until_decided else str(design.rounds)
+            how = design.how
             print(
                 f"| {model} | {how} | {aa.jobs} | {_rate(aa.claimed, aa.jobs)} | "
                 f"{planted.planted} | {_rate(planted.found, planted.planted)} | "

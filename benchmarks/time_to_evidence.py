@@ -104,6 +104,8 @@ def run_command(
     command = [
         "run",
         *("--model", args.model, "--contexts", args.contexts, "--rounds", str(args.rounds)),
+        # what a run of exactly these rounds costs, not where one measuring until decided stops
+        *("--until", "rounds"),
         *("--decode-tokens", str(args.decode_tokens), "--seed", str(args.seed)),
         *(arg for variant in args.variant for arg in ("--variant", variant)),
         *("--out", str(out), "--state-dir", str(state)),

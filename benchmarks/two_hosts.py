@@ -232,7 +232,7 @@ def first(args: argparse.Namespace, workdir: Path, out: Path, say: Any) -> dict[
                 *("submit", "--api", base_url, "--key", api_key, "--hosts", "2"),
                 *("--adapter", "embedded", "--repo", REPOSITORY, "--model", model),
                 *("--variant", "main:ref=main", "--variant", f"planted:ref={PLANTED_BRANCH}"),
-                *("--contexts", args.contexts, "--rounds", str(args.rounds)),
+                *("--contexts", args.contexts, "--rounds", str(args.rounds), "--until", "rounds"),
                 *("--rounds-per-process", str(args.rounds_per_process)),
                 *("--decode-tokens", str(args.decode_tokens), "--labels", LABEL),
             ]

@@ -25,7 +25,7 @@ from coldbench.evidence.contract.protocol import JobState
 from coldbench.processes import Children, free_port, wait_healthy
 
 if TYPE_CHECKING:
-    from coldbench.evidence.contract.schemas import JobSpec
+    from coldbench.evidence.contract.schemas import JobRequest
 
 app = typer.Typer()
 
@@ -44,6 +44,10 @@ BASELINE_FLAGS: dict[str, Any] = {"prefill_step_size": 4}
 # give the shortest demo prompt (128 tokens) two chunks, so keeping the buffer cache between
 # chunks has a boundary to act on.
 CANDIDATE_FEATURES = ["prefill_step_size=64", "clear_cache=false", "compile"]
+# Each job measures until decided, as every job does by default, within a budget of one first
+# look: the A/B decides there, and the ablation's features that do not pay on a CPU would
+# otherwise take it on to the default budget of 40 rounds, past the demo's minute.
+DEMO_ROUNDS = 10
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -112,9 +116,9 @@ def write_worker_config(path: Path) -> None:
     )
 
 
-def job_specs(contexts: str, rounds: int | None, decode_tokens: int, seed: int) -> list[JobSpec]:
+def job_specs(contexts: str, rounds: int, decode_tokens: int, seed: int) -> list[JobRequest]:
     """The demo's A/B and ablation, built as every front end builds a job
-    (evidence/spec/job_options.py): without `rounds`, each gets enough for a verdict."""
+    (evidence/spec/job_options.py), each measuring until decided within `rounds`."""
     from coldbench.evidence.contract.variant import parse_feature
     from coldbench.evidence.spec.job_options import build_job_spec
 
@@ -156,13 +160,13 @@ def demo(
     ] = Path(".coldbench"),
     port: Annotated[int, typer.Option(help="API port (0: a free one).")] = 0,
     rounds: Annotated[
-        int | None,
+        int,
         typer.Option(
             min=1,
-            help="Rounds of each job (default: enough for a verdict, evidence/spec/job_options.py: "
-            "10 process blocks for each job).",
+            help="Each job's budget of rounds: it measures until decided, looking first at 10 "
+            "(evidence/spec/job_options.py).",
         ),
-    ] = None,
+    ] = DEMO_ROUNDS,
     contexts: str = "128,256",
     decode_tokens: int = 4,
     seed: int = 0,
@@ -187,7 +191,7 @@ def demo(
     port = port or free_port()
     base_url = f"http://127.0.0.1:{port}"
     children = Children(state_dir / "logs", env)
-    from coldbench.evidence.spec.job_options import JobOptionsError, problem_lines
+    from coldbench.evidence.spec.job_options import JobOptionsError, problem_lines, service_payload
 
     try:  # before any service starts: a bad option costs nothing
         specs = job_specs(contexts, rounds, decode_tokens, seed)
@@ -254,14 +258,14 @@ def demo(
                 clock.phase("agent start")
                 jobs = []
                 for spec in specs:
-                    response = client.post(
-                        "/api/v1/jobs", json=spec.model_dump(mode="json", by_alias=True)
-                    )
+                    response = client.post("/api/v1/jobs", json=service_payload(spec))
                     if response.status_code != 201:
                         raise RuntimeError(f"job refused ({response.status_code}): {response.text}")
                     jobs.append(response.json()["id"])
+                    budget = response.json()["spec"]["rounds"]
                     clock.say(
-                        f"submitted {spec.mode} job {jobs[-1]} ({spec.rounds} rounds): "
+                        f"submitted {spec.mode} job {jobs[-1]} (until decided, {budget} rounds "
+                        "at most): "
                         f"{base_url}/jobs/{jobs[-1]}"
                     )
                 finished = _follow(client, jobs, children, clock)

@@ -61,13 +61,11 @@ def submit(
         job_id = _ask_for_pull_request(api, key, pull_request, given, problems)
     else:
         try:
-            spec = build_job_spec(given)
+            request = build_job_spec(given)
         except JobOptionsError as error:
             problems += problem_lines(error)
         _exit_on(problems)
-        job_id = _post_json(
-            api, key or "", f"{API_PREFIX}/jobs", service_payload(spec, rounds=given["rounds"])
-        )
+        job_id = _post_json(api, key or "", f"{API_PREFIX}/jobs", service_payload(request))
     typer.echo(f"job {job_id} submitted: {api.rstrip('/')}/jobs/{job_id}")
     if wait:
         _wait_for_evidence(api, key or "", job_id, timeout_s)

@@ -1,11 +1,13 @@
 """evidence: the shared data contract and everything computed from raw records, in five rooms.
 
-- `contract`: what both sides import: schemas (record, manifest, provenance, `JobSpec`), the
+- `contract`: what both sides import: schemas (record, manifest, provenance, `JobRequest` and
+  the `JobSpec` it resolves to), the
   text of a spec's fields, variants, canonical JSON, records.jsonl, the typed summary,
   timeline.json, a host's calibration and the worker protocol.
 - `analysis`: the paired statistics, the verdict rules, the sections and the one assembly of
   summary.json.
-- `spec`: the job options and the one builder of a `JobSpec`, the adapters' engine flags,
+- `spec`: the job options, the one builder of a `JobRequest` and the one resolver to a
+  `JobSpec`, the adapters' engine flags,
   host-declared server options, the specs a host resolves.
 - `rendering`: escaping, the headline, summary.md and report.html.
 - `bundles`: bundles (assembly, write, read, verify), compare, and the `verify` and `compare`

@@ -45,7 +45,7 @@ from coldbench.evidence.contract.schemas import (
     Record,
 )
 from coldbench.evidence.contract.timeline import TIMELINE_FILE, Timeline
-from coldbench.evidence.spec.job_options import build_job_spec
+from coldbench.evidence.spec.job_options import build_job_spec, resolve_job
 from coldbench.worker.run import RunOutcome, execute_run
 
 BASELINE = "a"
@@ -71,15 +71,18 @@ def calibration_spec(
     variants: int = 3,
     residency: str | None = None,
 ) -> JobSpec:
-    """One calibration run: `variants` identical variants and p with the planted flags. Built
-    by the one builder (evidence/spec/job_options.py): JobOptionsError names every bad option."""
+    """One calibration run: `variants` identical variants and p with the planted flags, exactly
+    `rounds` of them (its A/A and planted jobs are read at fixed rounds). Built by the one
+    builder and resolved (evidence/spec/job_options.py): JobOptionsError names every bad
+    option."""
     rows = [{"name": name, "flags": dict(base_flags)} for name in identical_variants(variants)]
     rows.append({"name": PLANTED_VARIANT, "flags": {**base_flags, **planted_flags}})
-    return build_job_spec(
+    request = build_job_spec(
         {
             "variants": rows,
             "contexts": contexts if isinstance(contexts, str) else list(contexts),
             "rounds": rounds,
+            "until": "rounds",
             "decode_tokens": decode_tokens,
             "model": model,
             "seed": seed,
@@ -87,6 +90,7 @@ def calibration_spec(
             "residency": residency,
         }
     )
+    return resolve_job(request)
 
 
 @dataclass

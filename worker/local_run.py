@@ -174,11 +174,17 @@ def local_setup(
     server: ServerOptions,
     state_dir: Path,
 ) -> LocalSetup:
-    """Options -> spec: this machine's model, corpus and repository, then the one builder.
+    """Options -> spec: this machine's model, corpus and repository, then the one builder and
+    the one resolution of a local job (its default rounds; no time budget unless given).
     `given`'s model and corpus are this machine's (a folder, a file) or names.
     Exits with every problem found, one line each."""
     from coldbench.evidence.contract.schemas import INSTALLED_SERVER, SERVER_ADAPTERS
-    from coldbench.evidence.spec.job_options import JobOptionsError, build_job_spec, problem_lines
+    from coldbench.evidence.spec.job_options import (
+        JobOptionsError,
+        build_job_spec,
+        problem_lines,
+        resolve_job,
+    )
 
     problems: list[str] = []
     # What the builder gets for them is named below, where they are this machine's.
@@ -211,7 +217,7 @@ def local_setup(
         pinned = _pinned_commits(repository, given["commits"], state_dir, problems)
         given["commits"] = ",".join(pinned) if pinned is not None else None
     try:
-        spec = build_job_spec(given)
+        spec = resolve_job(build_job_spec(given))
     except JobOptionsError as error:
         problems += problem_lines(error)
     if problems:
@@ -251,7 +257,7 @@ def bisect_locally(
     if warning:
         typer.echo(
             f"warning: {warning}; a step that cannot tell mid from both ends stops the "
-            "bisection (--until decided measures each step until it can)",
+            "bisection (without --rounds each step measures until decided within 40 rounds)",
             err=True,
         )
     steps: list[BisectStep] = []

@@ -31,6 +31,7 @@ from coldbench.evidence.contract.schemas import (
     DevicePeak,
     HostInfo,
     HostNoise,
+    JobRequest,
     JobSpec,
     ModelInfo,
     ModelShape,
@@ -295,7 +296,7 @@ def reproduce_command(
     tag that may have moved since), and no `--out`, so every repetition writes a new folder
     (`coldbench run`'s default is named after the time). `local_arguments` replace `--model`
     and `--corpus` where the run named a folder or a file of this machine; a residency the job
-    asked for (not `auto`) is repeated."""
+    asked for (not `auto`), `--until rounds` and a time budget are repeated."""
     if repository is not None:
         repository_url = repository.url
     local = dict(local_arguments or {})
@@ -342,8 +343,14 @@ def reproduce_command(
         argv.append("--fresh-process")
     if spec.rounds_per_process is not None:
         argv += ["--rounds-per-process", str(spec.rounds_per_process)]
-    if spec.precision != 0.05:
+    # Options the command line would otherwise take at a default other than the job's.
+    asked = JobRequest.model_fields
+    if spec.precision != asked["precision"].default:
         argv += ["--precision", str(spec.precision)]
+    if spec.until != asked["until"].default:
+        argv += ["--until", spec.until]
+    if spec.budget_minutes is not None:
+        argv += ["--budget-minutes", f"{spec.budget_minutes:g}"]
     if spec.residency != "auto":
         argv += ["--residency", spec.residency]
     return shlex.join(argv)

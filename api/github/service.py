@@ -487,5 +487,4 @@ def request_payload(
         head = f"pr-{heads.number}:ref={heads.head_sha}"
         base = f"base:ref={heads.base_sha}"
         given["variants"] = [head] if mode == "ablation" else [base, head]
-    spec = build_job_spec(given)
-    return service_payload(spec, rounds=given.get("rounds"), exclude_none=True)
+    return service_payload(build_job_spec(given), exclude_none=True)

@@ -25,7 +25,13 @@ async def create_job(
     db: DatabaseDep,
     settings: SettingsDep,
     submitter: SubmitterClaim,
-    payload: dict[str, Any] = Body(..., description="a coldbench.job/1 JobSpec"),
+    payload: dict[str, Any] = Body(
+        ...,
+        description="a coldbench.job/1 JobRequest: `until` defaults to `decided` (measure "
+        "until every prefill comparison is decided); `rounds` left out, the service sets the "
+        "job's default (4 first looks of 10 process blocks, 40 rounds; with until=rounds, 10) "
+        "and, measuring until decided without `budget_minutes`, its default_budget_minutes",
+    ),
 ):
     # Joins the submissions of concurrent requests in one transaction (a group commit), which
     # also checks each request's API key.

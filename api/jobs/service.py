@@ -35,32 +35,34 @@ from coldbench.api.transactions import ANNOUNCE_WORK, Execute, Program, run_one_
 from coldbench.evidence.analysis.stats import too_few_rounds
 from coldbench.evidence.contract.canonical import sha256_json
 from coldbench.evidence.contract.protocol import JobState, RunState
-from coldbench.evidence.contract.schemas import MAX_HISTORY_COMMITS, MAX_PR_COMMITS, JobSpec
+from coldbench.evidence.contract.schemas import (
+    MAX_HISTORY_COMMITS,
+    MAX_PR_COMMITS,
+    JobRequest,
+    JobSpec,
+)
 from coldbench.evidence.contract.summary_schema import Summary
 from coldbench.evidence.contract.variant import expand_variants
 from coldbench.evidence.spec.engine_flags import flag_problems
 from coldbench.evidence.spec.job_options import (
     DefaultRoundsError,
+    resolve_job,
     validation_problems,
-    with_default_rounds,
-    with_rounds_to_come,
 )
 
 log = logging.getLogger(__name__)
 
 
 def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
-    """The spec's own checks with this service's limits (JobSpec's validation context), the
-    flags its adapter takes (no database): the spec as JobSpec, or Invalid carrying every
-    problem found, each at its field and said as a person reads it
-    (evidence/spec/job_options.py)."""
+    """The request's own checks with this service's limits (JobRequest's validation context),
+    the flags its adapter takes (no database), then the one resolution of a service job
+    (evidence/spec/job_options.py `resolve_job`: its rounds where left out, the service's
+    default time budget where measuring until decided without one): the JobSpec that runs, or
+    Invalid carrying every problem found, each at its field and said as a person reads it."""
     check_list_lengths(settings=settings, payload=payload)
     found: list[tuple[str | None, str]] = [(p.field, str(p)) for p in flag_problems(payload)]
-    rounds_left_out = payload.get("rounds") is None
     try:
-        spec = JobSpec.model_validate(
-            with_rounds_to_come(payload), context={"limits": settings.spec_limits}
-        )
+        spec = JobRequest.model_validate(payload, context={"limits": settings.spec_limits})
     except ValidationError as error:
         problems = [(p.field, p.message) for p in validation_problems(error)]
         raise Invalid.of(found + problems, prefix="invalid job spec: ") from None
@@ -120,15 +122,17 @@ def checked_spec(settings: Settings, payload: dict[str, Any]) -> JobSpec:
     variants = len(expand_variants(spec))
     if variants > settings.max_variants:
         found.append(("variants", f"{variants} variants; at most {settings.max_variants} allowed"))
-    if rounds_left_out:
-        # After the commits a host may resolve are bounded above: they size the default.
-        try:
-            spec = with_default_rounds(spec, settings.spec_limits)
-        except DefaultRoundsError as error:
-            found.append(("rounds", str(error)))
+    try:
+        resolved = resolve_job(
+            spec,
+            limits=settings.spec_limits,
+            budget_minutes=settings.default_budget_minutes or None,
+        )
+    except DefaultRoundsError as error:
+        found.append(("rounds", str(error)))
     if found:
         raise Invalid.of(found)
-    return spec
+    return resolved
 
 
 def judge_hosts(spec: JobSpec, hosts: list[HostView]) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from coldbench.evidence.analysis.stats import too_few_rounds, units_for_verdict
-from coldbench.evidence.contract.schemas import JobSpec, SpecLimits, default_adapter
+from coldbench.evidence.contract.schemas import JobRequest, SpecLimits, default_adapter
 from coldbench.evidence.spec.job_options import (
     DEFAULT_VARIANT,
     JOB_OPTIONS,
@@ -89,7 +89,8 @@ _LOOKS: Final = {
     # Computed from the job (the hint says how): "auto", whatever the default's text.
     "rounds": _Look("Rounds", "auto"),
     "until": _Look("Measure until"),
-    "budget_minutes": _Look("Budget (minutes)", "none"),
+    # Left blank, a job measuring until decided gets the service's default_budget_minutes.
+    "budget_minutes": _Look("Budget (minutes)", "service default"),
     "decode_tokens": _Look("Decode tokens"),
     "model": _Look("Model", suggestions="models", small=False),
     "seed": _Look("Seed"),
@@ -324,7 +325,7 @@ def build_spec(
     adapters: Mapping[str, list[str]] | None = None,
     *,
     limits: SpecLimits | None = None,
-) -> tuple[JobSpec | None, dict[int, int]]:
+) -> tuple[JobRequest | None, dict[int, int]]:
     """The job spec of the form (None when it has errors, each in form.errors), and which form
     row each spec variant came from.
 

@@ -321,7 +321,7 @@ async def submit_job(
             job = job_service.create_job(
                 db_session=db_session,
                 settings=settings,
-                payload=service_payload(spec, rounds=form.values["rounds"]),
+                payload=service_payload(spec),
                 submitted_by=key.id,
             )
         except Invalid as error:

@@ -68,7 +68,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from coldbench.evidence.contract.calibration import VarianceSums
-from coldbench.evidence.contract.schemas import JobSpec, Record
+from coldbench.evidence.contract.schemas import JobRequest, JobSpec, Record
 from coldbench.evidence.contract.summary_schema import Comparison, Verdict
 
 
@@ -506,12 +506,16 @@ def look_rounds(first: int, budget: int, *, block: int = 1) -> Looks:
     return Looks(tuple(rounds))
 
 
-def too_few_rounds(spec: JobSpec) -> str | None:
+def too_few_rounds(spec: JobRequest) -> str | None:
     """Why a job's rounds cannot reach a verdict, or None when they can (given little spread):
-    the first look needs `units_for_verdict` process pairs."""
-    block = spec.rounds_per_process or 1
-    needed = units_for_verdict() * (1 if spec.fresh_process else block)
-    first = job_looks(spec).rounds[0]
+    the first look needs `units_for_verdict` process pairs. None for rounds left to the job's
+    default, a whole first look or more by construction."""
+    if spec.rounds is None:
+        return None
+    needed = units_for_verdict() * _look_block(spec)
+    first = spec.rounds
+    if spec.until == "decided":
+        first = look_rounds(min(first_look(spec), first), first, block=_look_block(spec)).rounds[0]
     if first >= needed:
         return None
     return (
@@ -522,14 +526,23 @@ def too_few_rounds(spec: JobSpec) -> str | None:
     )
 
 
+def first_look(spec: JobRequest) -> int:
+    """The rounds of a job's first look measuring until decided, before its budget caps them:
+    its own, else `units_for_verdict` process blocks."""
+    return spec.first_look or units_for_verdict() * _look_block(spec)
+
+
+def _look_block(spec: JobRequest) -> int:
+    return 1 if spec.fresh_process else (spec.rounds_per_process or 1)
+
+
 def job_looks(spec: JobSpec) -> Looks:
     """The looks of a job: its rounds alone, or with `until: decided` the doubling looks from
     its first look to its rounds (the budget)."""
     if spec.until != "decided":
         return Looks((spec.rounds,))
-    block = 1 if spec.fresh_process else (spec.rounds_per_process or 1)
-    first = spec.first_look or units_for_verdict() * block
-    return look_rounds(min(first, spec.rounds), spec.rounds, block=block)
+    first = min(first_look(spec), spec.rounds)
+    return look_rounds(first, spec.rounds, block=_look_block(spec))
 
 
 def _units_for_width(sd: float, target: float, level: float) -> int:

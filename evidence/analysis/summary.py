@@ -33,6 +33,7 @@ from coldbench.evidence.analysis.stats import (
     MIN_PAIRS,
     N_RESAMPLES,
     CellIndex,
+    ComparisonT,
     Looks,
     StatsOptions,
     compare_matrix,
@@ -52,12 +53,13 @@ from coldbench.evidence.contract.summary_schema import (
     NoiseFloor,
     Quantiles,
     RunCount,
+    RunTime,
     Sequential,
     Settings,
     Summary,
     decisive_interval,
 )
-from coldbench.evidence.contract.timeline import Timeline, timeline_section
+from coldbench.evidence.contract.timeline import Timeline, advice_cost_s, timeline_section
 from coldbench.evidence.contract.variant import (
     ablation_features,
     baseline_name,
@@ -291,6 +293,20 @@ def _sequential(taken: LookTaken, comparisons: Sequence[Comparison], spec: JobSp
     )
 
 
+def priced_advice(comparisons: Sequence[ComparisonT], runs: Sequence[RunTime]) -> list[ComparisonT]:
+    """Each inconclusive comparison's rounds advice with the time it would take at the job's
+    measured cost (`advice_cost_s`: in turns, every turn's start included)."""
+    priced = []
+    for comparison in comparisons:
+        times = {
+            "time_needed_s": advice_cost_s(runs, comparison.rounds_needed),
+            "time_to_detect_s": advice_cost_s(runs, comparison.rounds_to_detect),
+        }
+        known = {key: value for key, value in times.items() if value is not None}
+        priced.append(comparison.model_copy(update=known) if known else comparison)
+    return priced
+
+
 def _order_of_first_appearance(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
@@ -372,8 +388,15 @@ def summarize(
     conditional: dict[str, Any] = {}
     if by_process:
         conditional["noise_floor"] = noise_floor(comparisons)
+    ablation = ablation_section(index, features=features, contexts=contexts, options=options)
     if timelines:
-        conditional["timeline"] = timeline_section(timelines, records)
+        timeline = conditional["timeline"] = timeline_section(timelines, records)
+        if timeline is not None:
+            comparisons = priced_advice(comparisons, timeline.runs)
+            decode_comparisons = priced_advice(decode_comparisons, timeline.runs)
+            if ablation is not None:
+                entries = priced_advice(ablation.entries, timeline.runs)
+                ablation = ablation.model_copy(update={"entries": entries})
     if spec is not None and spec.mode == "history":
         conditional["history"] = history_section(
             spec=spec, comparisons=comparisons, contexts=contexts, provenances=provenances
@@ -442,7 +465,7 @@ def summarize(
         descriptive=describe(index, variants=variants, contexts=contexts),
         comparisons=comparisons,
         decode_comparisons=decode_comparisons,
-        ablation=ablation_section(index, features=features, contexts=contexts, options=options),
+        ablation=ablation,
         parity=parity,
         drift=drift_section(
             index,

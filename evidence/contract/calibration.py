@@ -161,6 +161,17 @@ def block_start_s(
     return (variants if in_turns else 1) * load_s + warmups_s
 
 
+def rounds_cost_s(
+    rounds: int, rounds_per_process: int | None, *, start_s: float, round_s: float
+) -> float:
+    """Seconds `rounds` in blocks of `rounds_per_process` (None: one block) cost where a block
+    start costs `start_s` (in turns, every turn's start) and a round `round_s`."""
+    if rounds < 1:
+        return 0.0
+    blocks = math.ceil(rounds / (rounds_per_process or rounds))
+    return blocks * start_s + rounds * round_s
+
+
 def run_cost_s(
     rounds: int,
     rounds_per_process: int | None,
@@ -171,13 +182,12 @@ def run_cost_s(
     in_turns: bool = False,
 ) -> float:
     """Seconds a run of `rounds` in blocks of `rounds_per_process` (None: one block) costs
-    on this host: every block's start (`block_start_s`) and every round's cells."""
-    if rounds < 1:
-        return 0.0
-    length = rounds_per_process or rounds
-    blocks = math.ceil(rounds / length)
+    on this host by its calibration: every block's start (`block_start_s`) and every round's
+    cells."""
     start_s = block_start_s(contexts=contexts, variants=variants, noise=noise, in_turns=in_turns)
-    return blocks * start_s + rounds * variants * _cell_s(contexts, noise)
+    return rounds_cost_s(
+        rounds, rounds_per_process, start_s=start_s, round_s=variants * _cell_s(contexts, noise)
+    )
 
 
 def block_length(

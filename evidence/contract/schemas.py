@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
     ConfigDict,
@@ -646,11 +646,15 @@ class CommitsSpec(_Strict):
         return plans
 
 
-class JobSpec(_Strict):
-    """What a maintainer submits. Bounds on sizes are enforced by the API's settings.
+class JobRequest(_Strict):
+    """What a maintainer submits: a job whose rounds may be left to the job's default. Bounds
+    on sizes are enforced by the API's settings.
 
     Every rule across fields lives in `_cross_field_rules`, each error naming its field
-    (`SpecError`), so the CLI, submit, the API and the form refuse the same specs alike.
+    (`SpecError`), so the CLI, submit, the API and the form refuse the same specs alike. A
+    request becomes the `JobSpec` that runs in one place (evidence/spec/job_options.py,
+    `resolve_job`): the service's checked_spec for a service job, `coldbench run`'s setup for
+    a local one.
     """
 
     schema_: Literal["coldbench.job/1"] = Field(JOB_SCHEMA, alias="schema")
@@ -665,9 +669,10 @@ class JobSpec(_Strict):
         Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}(=[A-Za-z0-9_.+-]{1,32})?$")]
     ] = Field(default_factory=list)
     contexts: list[Int32] = Field(min_length=1)
-    # No default here: the default depends on the job (evidence/spec/job_options.py,
-    # `default_rounds`).
-    rounds: int = Field(ge=1, le=INT32_MAX)
+    # Measuring until decided the budget, else exactly the rounds measured. None: the job's
+    # default (evidence/spec/job_options.py `default_rounds`), which depends on the valid job,
+    # set when the request is resolved to a `JobSpec`.
+    rounds: int | None = Field(None, ge=1, le=INT32_MAX)
     decode_tokens: int = Field(8, ge=0, le=INT32_MAX)
     model: str = Field("preset:tiny", pattern=r"^(preset:)?[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
     seed: Int64 = 0
@@ -685,8 +690,11 @@ class JobSpec(_Strict):
     precision: float = Field(0.02, gt=0, le=0.5)
     # `rounds`: measure exactly `rounds`; `decided`: take a look after the first look's rounds
     # and at each doubling, stop once every prefill comparison is decided, `rounds` being the
-    # budget (evidence/analysis/stats.py `Looks`).
-    until: Until = "rounds"
+    # budget (evidence/analysis/stats.py `Looks`). Measuring until decided is the default:
+    # at fixed rounds a 2% change at a process-pair SD of 1% is found in about two comparisons
+    # in three, measuring until decided in every one (docs/EVIDENCE.md, "Operating
+    # characteristics").
+    until: Until = "decided"
     # The first look's rounds with `until: decided` (None: `units_for_verdict` process blocks).
     first_look: int | None = Field(None, ge=1, le=INT32_MAX)
     # With `until: decided`, a time budget too: the run stops at the first look after it.
@@ -738,9 +746,9 @@ class JobSpec(_Strict):
 
     @field_validator("rounds", "decode_tokens", "hosts")
     @classmethod
-    def _within_limits(cls, value: int, info: ValidationInfo) -> int:
+    def _within_limits(cls, value: int | None, info: ValidationInfo) -> int | None:
         limits = _limits(info)
-        if limits is not None:
+        if limits is not None and value is not None:
             bound = {
                 "rounds": limits.max_rounds,
                 "decode_tokens": limits.max_decode_tokens,
@@ -751,7 +759,7 @@ class JobSpec(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> JobSpec:
+    def _cross_field_rules(self) -> Self:
         """Every rule across fields, each group reporting its first problem, all in one
         error (`SpecError.problems`)."""
         names = [v.name for v in self.variants]
@@ -962,6 +970,17 @@ class JobSpec(_Strict):
                     f"variant {kept.name!r} clashes with a name the ablation expansion uses; "
                     "rename it",
                 )
+
+
+class JobSpec(JobRequest):
+    """A job as it runs: a request with its rounds resolved (`resolve_job`). What the service
+    stores and leases, what a bundle's job.json holds and every reader of `rounds` takes.
+
+    `until` absent reads as `rounds`: every writer writes it, and a job.json from before
+    `until` existed measured exactly its rounds."""
+
+    rounds: int = Field(ge=1, le=INT32_MAX)
+    until: Until = "rounds"
 
 
 def default_rounds_per_process(rounds: int) -> int:

@@ -158,10 +158,14 @@ class Comparison(_Section):
     p_adjusted: float | None
     verdict: Verdict
     # Inconclusive only (coldbench.evidence.analysis.stats): rounds for a +-precision interval, and
-    # rounds to detect a change of the size observed; two different costs.
+    # rounds to detect a change of the size observed; two different costs. `time_needed_s` and
+    # `time_to_detect_s`: what runs of those rounds would take at this job's measured cost (set
+    # where its runs have timelines; coldbench.evidence.contract.timeline `advice_cost_s`).
     rounds_needed: int | None
     ratios: list[PairRatio]
     rounds_to_detect: int | None = None
+    time_needed_s: float | None = None
+    time_to_detect_s: float | None = None
     why: str | None = None
     blocks: int | None = None
     unit: str | None = None
@@ -561,6 +565,13 @@ class RunTime(_Section):
     # added over a run side by side, and their number
     turn_starts: PhaseTimes | None = None
     turns_within_blocks: int | None = None
+    # This run's measured cost, set where it has a timeline and a round: its complete rounds,
+    # the seconds of a block's start (every turn's start included; the later blocks' mean,
+    # else the first's), and of a round besides (cells and the gaps between them); what prices
+    # the rounds advice (coldbench.evidence.contract.timeline `advice_cost_s`).
+    rounds: int | None = None
+    block_start_s: float | None = None
+    round_s: float | None = None
 
 
 class TimelineSummary(_Section):

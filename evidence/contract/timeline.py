@@ -19,18 +19,22 @@ imports: no interpreter imports while a timed cell runs). `stopped` says why a r
 - `first_block` and `later_blocks`: the phases of the first block's start (mostly before the
   measuring wall) and of all later ones (inside it), and the block length with its reason;
 - `residency` and its reason (coldbench.engine.memory's plan); in turns, `turn_starts`: the phases
-  of every start within a block (a block's later turns), the time running in turns added.
+  of every start within a block (a block's later turns), the time running in turns added;
+- `rounds`, `block_start_s` and `round_s`: the run's measured cost, a block's start with all its
+  turns' starts and a round besides, which `advice_cost_s` prices the rounds advice with: in
+  turns a block pays a start per variant, and the advice says so in time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
 from coldbench.evidence.contract.boundary import Checked
+from coldbench.evidence.contract.calibration import rounds_cost_s
 from coldbench.evidence.contract.schemas import Name, Record
 from coldbench.evidence.contract.summary_schema import PhaseTimes, RunTime, TimelineSummary
 
@@ -144,6 +148,7 @@ def run_time(timeline: Timeline | None, records: Sequence[Record], run_id: str) 
     blocks = [s for i, s in enumerate(starts) if i == 0 or s.block != starts[i - 1].block]
     turns = [s for i, s in enumerate(starts) if i > 0 and s.block == starts[i - 1].block]
     return RunTime(
+        **_measured_cost(starts, timed, span, cells_s) if timeline else {},
         run_id=run_id,
         measuring_wall_s=None if span is None else round(span, 3),
         timed_cells_s=round(cells_s, 3),
@@ -164,6 +169,46 @@ def run_time(timeline: Timeline | None, records: Sequence[Record], run_id: str) 
         turn_starts=_phases(turns) if in_turns else None,
         turns_within_blocks=len(turns) if in_turns else None,
     )
+
+
+def _seconds(start: BlockStart) -> float:
+    return start.stop_s + start.imports_s + start.load_s + start.warmups_s
+
+
+def _measured_cost(
+    starts: Sequence[BlockStart], timed: Sequence[Record], span: float | None, cells_s: float
+) -> dict[str, Any]:
+    """`rounds`, `block_start_s` and `round_s` of a run (module docstring); nothing without a
+    complete round. A block's start sums its turns' starts; the later blocks' mean is what a
+    longer run pays again (the first one's imports may be more, or hidden by nothing)."""
+    rounds = len({r.round for r in timed})
+    if not rounds or span is None:
+        return {}
+    per_block: dict[int, float] = {}
+    for start in starts:
+        per_block[start.block] = per_block.get(start.block, 0.0) + _seconds(start)
+    first, *later = per_block.values() if per_block else [0.0]
+    start_s = sum(later) / len(later) if later else first
+    # The span holds the later blocks' starts and the first one's warm-ups (its first records).
+    inside = sum(later) + (starts[0].warmups_s if starts else 0.0)
+    round_s = max(span - inside, cells_s) / rounds
+    return {"rounds": rounds, "block_start_s": round(start_s, 3), "round_s": round(round_s, 3)}
+
+
+def advice_cost_s(runs: Sequence[RunTime], rounds: int | None) -> float | None:
+    """Seconds a job of `rounds` would take at its runs' measured cost (the slowest run's:
+    runs on several hosts measure side by side), block and turn starts included; None
+    without rounds or a run whose cost was measured."""
+    if not rounds:
+        return None
+    costs = [
+        rounds_cost_s(
+            rounds, run.rounds_per_process, start_s=run.block_start_s, round_s=run.round_s
+        )
+        for run in runs
+        if run.block_start_s is not None and run.round_s is not None
+    ]
+    return round(max(costs), 1) if costs else None
 
 
 def timeline_section(

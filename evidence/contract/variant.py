@@ -21,7 +21,7 @@ from coldbench.evidence.contract.schemas import (
     ABLATION_BASELINE,
     ABLATION_MINUS_PREFIX,
     FlagValue,
-    JobSpec,
+    JobRequest,
     VariantSpec,
     error_line,
 )
@@ -54,7 +54,7 @@ def minus_variant_name(flag: str) -> str:
     return f"{ABLATION_MINUS_PREFIX}{flag}"
 
 
-def expand_variants(spec: JobSpec) -> list[VariantSpec]:
+def expand_variants(spec: JobRequest) -> list[VariantSpec]:
     """The variants a job really runs: the spec's own, or the ablation set for ablation mode.
 
     JobSpec's validator has already refused what cannot expand (a feature twice, a feature the
@@ -84,14 +84,14 @@ def expand_variants(spec: JobSpec) -> list[VariantSpec]:
     return expanded
 
 
-def baseline_name(spec: JobSpec) -> str:
+def baseline_name(spec: JobRequest) -> str:
     """`none` for an ablation, else the spec's baseline (its first variant by default)."""
     if spec.mode == "ablation":
         return ABLATION_BASELINE
     return spec.baseline or spec.variants[0].name
 
 
-def ablation_features(spec: JobSpec) -> list[str]:
+def ablation_features(spec: JobRequest) -> list[str]:
     """The flag names of an ablation's features (empty for other modes)."""
     if spec.mode != "ablation":
         return []

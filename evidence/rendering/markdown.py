@@ -96,16 +96,31 @@ def fmt_verdict(comparison: Comparison | HistoryPoint) -> str:
     return verdict
 
 
+def about_time(seconds: float | None) -> str:
+    """` (~40 s)`, ` (~12 min)`, ` (~2.5 h)`: a time the advice would take; empty if unknown."""
+    if seconds is None:
+        return ""
+    if seconds < 90:
+        return f" (~{seconds:.0f} s)"
+    if seconds < 90 * 60:
+        return f" (~{seconds / 60:.0f} min)"
+    return f" (~{seconds / 3600:.1f} h)"
+
+
 def rounds_costs(comparison: Comparison) -> str:
-    """`~9 rounds to detect, ~90 for the precision`: what more rounds would buy an
-    inconclusive comparison, the two costs told apart (coldbench.evidence.analysis.stats: detecting
-    the change observed, and an interval within +-precision); empty when neither is known."""
+    """`~9 rounds (~4 min) to detect, ~90 (~38 min) for the precision`: what more rounds would
+    buy an inconclusive comparison, the two costs told apart (coldbench.evidence.analysis.stats:
+    detecting the change observed, and an interval within +-precision), each with the time a
+    run of them would take at this job's measured cost where its runs have timelines (in turns,
+    every turn's start included); empty when neither is known."""
     detect, needed = comparison.rounds_to_detect, comparison.rounds_needed
+    detect_time = about_time(comparison.time_to_detect_s)
     if detect and needed == detect:
-        return f"~{detect} rounds to detect or for the precision"
-    costs = [f"~{detect} rounds to detect"] if detect else []
+        return f"~{detect} rounds{detect_time} to detect or for the precision"
+    costs = [f"~{detect} rounds{detect_time} to detect"] if detect else []
     if needed:
-        costs.append(f"~{needed}{'' if costs else ' rounds'} for the precision")
+        rounds = "" if costs else " rounds"
+        costs.append(f"~{needed}{rounds}{about_time(comparison.time_needed_s)} for the precision")
     return ", ".join(costs)
 
 
@@ -426,20 +441,22 @@ def verdict_clause(comparison: Comparison, settings: Settings) -> str:
         return f"{variant}: no valid pairs {where}"
     detect, needed = comparison.rounds_to_detect, comparison.rounds_needed
     precision = f"+-{100 * settings.precision:g}%"
+    detect_time = about_time(comparison.time_to_detect_s)
+    needed_time = about_time(comparison.time_needed_s)
     if detect and needed == detect:
         settle = (
-            f"; about {detect} rounds would detect a change this size and bound it within "
-            f"{precision}"
+            f"; about {detect} rounds{detect_time} would detect a change this size and bound "
+            f"it within {precision}"
         )
     elif detect and needed:
         settle = (
-            f"; about {detect} rounds would detect a change this size, {needed} would bound it "
-            f"within {precision}"
+            f"; about {detect} rounds{detect_time} would detect a change this size, "
+            f"{needed}{needed_time} would bound it within {precision}"
         )
     elif detect:
-        settle = f"; about {detect} rounds would detect a change this size"
+        settle = f"; about {detect} rounds{detect_time} would detect a change this size"
     elif needed:
-        settle = f"; about {needed} rounds would bound it within {precision}"
+        settle = f"; about {needed} rounds{needed_time} would bound it within {precision}"
     else:
         settle = ""
     return f"{variant}: inconclusive {where} ({comparison.n} pairs{settle})"
@@ -597,8 +614,10 @@ def how_to_read(settings: Settings) -> list[str]:
         f"1 but is wider than +-{precision_pct}; from the observed spread, the rounds that "
         "would detect a change of the size observed and those that would bound it within "
         f"+-{precision_pct} are two estimates (a large change is detected long before its "
-        "interval is that narrow). An interval that includes 1 establishes nothing more than "
-        "that.",
+        "interval is that narrow), each, where the runs kept their timelines, with the time a "
+        "run of those rounds would take at this job's measured cost (its block starts, in "
+        "turns every turn's start, included). An interval that includes 1 establishes nothing "
+        "more than that.",
         "no valid pairs: no round had valid cells of both the variant and the baseline at "
         "that context; the row says which side had none and why its cells were set aside.",
         "Invalid cells (cached tokens, wrong prompt length, errors, silent no-ops) never enter "

@@ -1,18 +1,22 @@
-"""The options of a job spec, declared once, and the one builder from them to a `JobSpec`.
+"""The options of a job spec, declared once, the one builder from them to a `JobRequest`, and
+the one resolver from a request to the `JobSpec` that runs.
 
 `coldbench run`, `coldbench submit`, `coldbench calibrate` and the web form take the same
 options (`JOB_OPTIONS`: name, command-line flag, help, the modes it belongs to, its default) and
 hand what a person gave, as typed text or as values, to `build_job_spec`. The builder parses
 every option (evidence/contract/spec_text.py), refuses options given for another mode, fills the
-defaults of the chosen mode, and validates the result with `JobSpec`, whose validator owns every
+defaults of the chosen mode, and validates the result with `JobRequest`, whose validator owns every
 rule across fields. It reports every problem it finds in one pass (`JobOptionsError`), each with the
 option it belongs to and, where there is one, the JobSpec field path, so each front end can say
 it in its own terms (`--contexts` on the command line, the contexts input on the form).
 
-A default that depends on the job is computed from it: rounds (`default_rounds`) are enough for
-the job's comparisons to reach a verdict even when two process pairs at each end disagree with
-the rest (evidence/analysis/stats.py's rule, `units_for_verdict`); measuring until decided, four
-times that is the budget.
+A default that depends on the valid job is set once, where a request becomes the job that runs
+(`resolve_job`: the service's checked_spec for a service job, `coldbench run`'s setup for a
+local one): rounds left out (`default_rounds`) are, measuring until decided (the default),
+`BUDGET_FIRST_LOOKS` first looks, each enough for the job's comparisons to reach a verdict even
+when two process pairs at each end disagree with the rest (evidence/analysis/stats.py's rule,
+`units_for_verdict`); with `--until rounds`, one first look. Every front end sends a request with
+its rounds left out as it is, so each job gets the same default.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pydantic import ValidationError
 
 from coldbench.evidence.contract.schemas import (
     REF_PATTERN,
+    JobRequest,
     JobSpec,
     Mode,
     Residency,
@@ -167,25 +172,29 @@ JOB_OPTIONS: Final = _options(
     JobOption(
         "rounds",
         "--rounds",
-        "Rounds (pairing units).",
+        "Rounds (pairing units): measuring until decided the budget, with --until rounds "
+        "exactly these.",
         metavar="N",
-        default_text="10 process blocks, enough for a verdict even when two process pairs at "
-        "each end disagree with the rest; with --until decided the budget, 4 times that",
+        default_text="4 first looks of 10 process blocks (40 rounds), each look enough for a "
+        "verdict even when two process pairs at each end disagree with the rest; with --until "
+        "rounds one first look (10)",
     ),
     JobOption(
         "until",
         "--until",
-        "rounds: measure exactly --rounds; decided: look after the first 10 process blocks and "
-        "at each doubling, and stop once every prefill comparison is faster, slower or no "
-        "established change (--rounds is the budget; false claims stay at 5% per job).",
-        metavar="rounds|decided",
-        default_text="rounds; a bisection: decided",
+        "decided: look after the first 10 process blocks and at each doubling, and stop once "
+        "every prefill comparison is faster, slower or no established change (--rounds is the "
+        "budget; false claims stay at 5% per job); rounds: measure exactly --rounds.",
+        metavar="decided|rounds",
+        default_text="decided",
     ),
     JobOption(
         "budget_minutes",
         "--budget-minutes",
         "With --until decided: also stop at the first look after this many minutes of measuring.",
         "MINUTES",
+        default_text="none on this machine (coldbench run); a service's jobs get the service's "
+        "default_budget_minutes (60 unless it sets another)",
     ),
     JobOption(
         "decode_tokens", "--decode-tokens", "Greedy tokens after prefill.", "N", default_text="8"
@@ -458,9 +467,10 @@ def _mode(build: _Build, value: Any) -> str:
     return mode
 
 
-def build_job_spec(given: Mapping[str, Any], *, limits: SpecLimits | None = None) -> JobSpec:
-    """The JobSpec of the options a person gave (`JOB_OPTIONS` names; None or blank: not
-    given), or JobOptionsError with every problem found.
+def build_job_spec(given: Mapping[str, Any], *, limits: SpecLimits | None = None) -> JobRequest:
+    """The JobRequest of the options a person gave (`JOB_OPTIONS` names; None or blank: not
+    given; rounds left out stay None, for `resolve_job`), or JobOptionsError with every problem
+    found.
 
     Values may be typed text (as the form and the command line get them) or values (an int
     for rounds, a list of contexts). `limits`: a service's bounds on sizes, where the front
@@ -477,44 +487,23 @@ def build_job_spec(given: Mapping[str, Any], *, limits: SpecLimits | None = None
                 modes = " or ".join(JOB_OPTIONS[name].modes)
                 build.add(name, f"belongs to mode {modes}, not {mode}")
     raw = _raw_spec(build, given)
-    rounds_left_out = not _given(given.get("rounds"))
     for problem in flag_problems(raw):
         build.add(option_of_field(problem.field), str(problem), problem.field)
-    spec = _validate(build, with_rounds_to_come(raw), limits)
-    if spec is not None and rounds_left_out:
-        try:
-            spec = with_default_rounds(spec, limits)
-        except DefaultRoundsError as error:
-            build.add("rounds", str(error), "rounds")
+    request = _validate(build, raw, limits)
     if build.problems:
         raise JobOptionsError(build.problems)
-    assert spec is not None
-    return spec
+    assert request is not None
+    return request
 
 
-# Stands in for rounds left to the default while the rest of a spec is validated: the default
-# depends on the valid spec (`default_rounds`).
-_ROUNDS_TO_COME: Final = 1
-
-
-def with_rounds_to_come(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """A JobSpec payload ready for validation: rounds left out (absent or null) stand in as a
-    placeholder that `with_default_rounds` replaces once the spec is valid. Every door (the
-    builder, the service's JSON API) fills the default this way."""
-    if payload.get("rounds") is not None:
-        return dict(payload)
-    return {**payload, "rounds": _ROUNDS_TO_COME}
-
-
-def service_payload(spec: JobSpec, *, rounds: Any, **dump: Any) -> dict[str, Any]:
-    """The JSON a front end sends a service for `spec` (`dump`: model_dump's options). `rounds`
-    is what the person gave for rounds: left to the default, they stay out of the payload, for
-    the service to size once it has bounded the commits a host may resolve (api/jobs/service.py,
-    checked_spec), so a job gets the same default through the form, `coldbench submit`, a pull
-    request and the JSON API."""
-    payload = spec.model_dump(mode="json", by_alias=True, **dump)
-    if not _given(rounds):
-        del payload["rounds"]
+def service_payload(request: JobRequest, **dump: Any) -> dict[str, Any]:
+    """The JSON a front end sends a service for `request` (`dump`: model_dump's options): rounds
+    left out stay out, for the service to resolve (api/jobs/service.py, checked_spec), so a job
+    gets the same default through the form, `coldbench submit`, a pull request and the JSON
+    API."""
+    payload = request.model_dump(mode="json", by_alias=True, **dump)
+    if payload.get("rounds") is None:
+        payload.pop("rounds", None)
     return payload
 
 
@@ -522,16 +511,29 @@ class DefaultRoundsError(ValueError):
     """The job's default rounds exceed the service's limit: the submitter must choose."""
 
 
-def with_default_rounds(spec: JobSpec, limits: SpecLimits | None = None) -> JobSpec:
-    """`spec` with the default rounds for it (`default_rounds`), or DefaultRoundsError where
-    they exceed `limits` (a service's bound on rounds)."""
-    rounds = default_rounds(spec)
-    if limits is not None and rounds > limits.max_rounds:
-        raise DefaultRoundsError(
-            f"this job needs {rounds} rounds to reach a verdict (the default), more than this "
-            f"service's limit of {limits.max_rounds}: give rounds, or fewer contexts or variants"
-        )
-    return spec.model_copy(update={"rounds": rounds})
+def resolve_job(
+    request: JobRequest,
+    *,
+    limits: SpecLimits | None = None,
+    budget_minutes: float | None = None,
+) -> JobSpec:
+    """The job that runs: `request` with its rounds, or where it leaves them out the default
+    for it (`default_rounds`, DefaultRoundsError where that exceeds `limits.max_rounds`); and,
+    measuring until decided without a time budget, `budget_minutes` (a service's default). The
+    one place a default that depends on the job is set."""
+    rounds = request.rounds
+    if rounds is None:
+        rounds = default_rounds(request)
+        if limits is not None and rounds > limits.max_rounds:
+            raise DefaultRoundsError(
+                f"this job's default is {rounds} rounds, more than this service's limit of "
+                f"{limits.max_rounds}: give rounds (at most {limits.max_rounds}), or fewer "
+                "rounds per process"
+            )
+    raw = {**request.model_dump(by_alias=True), "rounds": rounds}
+    if request.until == "decided" and request.budget_minutes is None:
+        raw["budget_minutes"] = budget_minutes
+    return JobSpec.model_validate(raw, context={"limits": limits})
 
 
 def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -585,9 +587,6 @@ def _raw_spec(build: _Build, given: Mapping[str, Any]) -> dict[str, Any]:
         _history(build, given, raw)
     if mode == "bisect":
         _bisect(build, given, raw)
-        # A step too noisy to tell mid from both ends ends the bisection, and a fixed number
-        # of rounds cannot know the noise in advance: each step measures until it decides.
-        raw.setdefault("until", "decided")
     if mode == "commits":
         _commits(build, given, raw)
     return raw
@@ -699,10 +698,10 @@ def _commits(build: _Build, given: Mapping[str, Any], raw: dict[str, Any]) -> No
     raw["commits"] = commits
 
 
-def _validate(build: _Build, raw: dict[str, Any], limits: SpecLimits | None) -> JobSpec | None:
-    """JobSpec's own validation; each of its problems in the builder's terms."""
+def _validate(build: _Build, raw: dict[str, Any], limits: SpecLimits | None) -> JobRequest | None:
+    """JobRequest's own validation; each of its problems in the builder's terms."""
     try:
-        return JobSpec.model_validate(raw, context={"limits": limits})
+        return JobRequest.model_validate(raw, context={"limits": limits})
     except ValidationError as error:
         # What was refused already stands in the payload as a placeholder (or not at all):
         # what JobSpec says of that field, or of an option refused as a whole, would be about
@@ -811,16 +810,15 @@ def human_message(item: Mapping[str, Any], raw: Mapping[str, Any] | None = None)
 BUDGET_FIRST_LOOKS: Final = 4
 
 
-def default_rounds(spec: JobSpec) -> int:
-    """Rounds that let every comparison of `spec` reach a verdict even when two of its process
-    pairs at each end disagree with the rest (evidence/analysis/stats.py, `units_for_verdict`),
-    whatever the size of the family (the interval is a t interval: more comparisons widen it, none
-    makes it unreachable); measuring until decided, `BUDGET_FIRST_LOOKS` first looks."""
-    from coldbench.evidence.analysis.stats import units_for_verdict
+def default_rounds(spec: JobRequest) -> int:
+    """The rounds of a job that leaves them out: measuring until decided, `BUDGET_FIRST_LOOKS`
+    first looks; with until=rounds, one. A first look lets every comparison reach a verdict even
+    when two of its process pairs at each end disagree with the rest
+    (evidence/analysis/stats.py, `units_for_verdict`), whatever the size of the family (the
+    interval is a t interval: more comparisons widen it, none makes it unreachable)."""
+    from coldbench.evidence.analysis.stats import first_look
 
-    block = 1 if spec.fresh_process else (spec.rounds_per_process or 1)
-    first = spec.first_look or units_for_verdict() * block
-    return first * (BUDGET_FIRST_LOOKS if spec.until == "decided" else 1)
+    return first_look(spec) * (BUDGET_FIRST_LOOKS if spec.until == "decided" else 1)
 
 
 def typer_option(name: str, *, help: str | None = None, default_text: str | None = None) -> Any:

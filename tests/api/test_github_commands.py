@@ -85,13 +85,8 @@ def test_a_request_becomes_a_job_spec_through_the_one_builder():
     from coldbench.api.github.client import PullRequestHeads
     from coldbench.api.github.config import RepositoryConfig
     from coldbench.api.github.service import request_payload
-    from coldbench.evidence.contract.schemas import JobSpec
-    from coldbench.evidence.spec.job_options import (
-        JobOptionsError,
-        default_rounds,
-        with_default_rounds,
-        with_rounds_to_come,
-    )
+    from coldbench.evidence.contract.schemas import JobRequest, JobSpec
+    from coldbench.evidence.spec.job_options import JobOptionsError, resolve_job
 
     repository = RepositoryConfig.model_validate(
         {
@@ -124,12 +119,15 @@ def test_a_request_becomes_a_job_spec_through_the_one_builder():
     ablation = request_payload(repository, parse_command("ablation"), heads)
     assert [v["name"] for v in ablation["variants"]] == ["pr-7"]
     assert ablation["features"] == ["prefill_step_size=512"]
-    # Without rounds, none are sent: the service sizes the default as for any spec without
-    # them (service_payload), enough for a verdict.
+    # Without rounds, none are sent: the service resolves the default as for any request
+    # without them, measuring until decided as every door does.
     asked = request_payload(repository, Ask(), heads)
-    assert "rounds" not in asked
-    sized = with_default_rounds(JobSpec.model_validate(with_rounds_to_come(asked)))
-    assert sized.rounds == default_rounds(sized) >= 10
+    assert "rounds" not in asked and asked["until"] == "decided"
+    with pytest.raises(ValueError, match="rounds"):
+        JobSpec.model_validate(asked)
+    assert resolve_job(JobRequest.model_validate(asked)).rounds == 40
+    fixed = request_payload(repository, parse_command("ab until=rounds"), heads)
+    assert fixed["until"] == "rounds" and "rounds" not in fixed
     with pytest.raises(JobOptionsError, match="'4Q' is not a token count") as caught:
         request_payload(repository, parse_command("contexts=4Q rounds=0"), heads)
     assert "rounds" in str(caught.value)

@@ -183,10 +183,11 @@ def test_a_commits_job_names_base_and_head_and_leaves_its_commits_to_its_host(
 
 
 def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Settings) -> None:
-    """`POST /jobs` with no rounds (or null) takes the builder's default, the rounds that reach a
-    verdict (evidence/spec/job_options.py), sized after the service bounds what a host may
-    resolve."""
-    from coldbench.evidence.spec.job_options import build_job_spec, default_rounds
+    """`POST /jobs` with no rounds (or null) is resolved once, by the service (`resolve_job`):
+    measuring until decided (the default of every door) within four first looks, and the
+    service's default time budget; rounds given, or until=rounds, are kept."""
+    from coldbench.evidence.contract.schemas import JobSpec
+    from coldbench.evidence.spec.job_options import build_job_spec, default_rounds, resolve_job
 
     payload = job_payload()
     del payload["rounds"]
@@ -194,9 +195,19 @@ def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Se
     built = build_job_spec(
         {"variants": ["base", "cand:clear_cache=false"], "contexts": "64,128", "decode_tokens": 2}
     )
-    assert spec.rounds == built.rounds == 10
-    assert job_service.checked_spec(settings, {**payload, "rounds": None}).rounds == 10
-    assert job_service.checked_spec(settings, {**payload, "rounds": 4}).rounds == 4
+    assert type(spec) is JobSpec and built.rounds is None
+    assert spec.until == built.until == "decided"
+    assert spec.rounds == resolve_job(built).rounds == 40
+    assert spec.budget_minutes == settings.default_budget_minutes == 60
+    assert job_service.checked_spec(settings, {**payload, "rounds": None}).rounds == 40
+    given = job_service.checked_spec(settings, {**payload, "rounds": 4})
+    assert (given.rounds, given.until) == (4, "decided")
+    fixed = job_service.checked_spec(settings, {**payload, "until": "rounds"})
+    assert (fixed.rounds, fixed.until, fixed.budget_minutes) == (10, "rounds", None)
+    own = job_service.checked_spec(settings, {**payload, "budget_minutes": 5})
+    assert own.budget_minutes == 5
+    untimed = settings.model_copy(update={"default_budget_minutes": 0})
+    assert job_service.checked_spec(untimed, payload).budget_minutes is None
     history = {
         "mode": "history",
         "adapter": "mlx-lm",
@@ -209,15 +220,18 @@ def test_a_spec_without_rounds_gets_the_default_of_every_other_door(settings: Se
     assert bounded.history is not None and bounded.history.max_commits == 2
     unbounded = job_service.checked_spec(settings, history)
     # the rounds a verdict needs do not grow with the commits a host may resolve
-    assert bounded.rounds == default_rounds(bounded) == unbounded.rounds == 10
-    narrow = settings.model_copy(update={"max_rounds": 9})
+    assert bounded.rounds == default_rounds(bounded) == unbounded.rounds == 40
+    narrow = settings.model_copy(update={"max_rounds": 39})
     with pytest.raises(Invalid) as refused:
         job_service.checked_spec(narrow, payload)
     assert refused.value.field == "rounds"
     assert refused.value.message == (
-        "rounds: this job needs 10 rounds to reach a verdict (the default), more than this "
-        "service's limit of 9: give rounds, or fewer contexts or variants"
+        "rounds: this job's default is 40 rounds, more than this service's limit of 39: give "
+        "rounds (at most 39), or fewer rounds per process"
     )
+    assert job_service.checked_spec(narrow, {**payload, "rounds": 39}).rounds == 39
+    with pytest.raises(Invalid, match="rounds=40; at most 39 allowed"):
+        job_service.checked_spec(narrow, {**payload, "rounds": 40})
 
 
 def test_a_range_from_any_door_gets_the_default_the_service_sizes(settings: Settings) -> None:
@@ -233,7 +247,7 @@ def test_a_range_from_any_door_gets_the_default_the_service_sizes(settings: Sett
         "contexts": "64",
     }
     built = build_job_spec(given)
-    via_a_door = job_service.checked_spec(settings, service_payload(built, rounds=None))
+    via_a_door = job_service.checked_spec(settings, service_payload(built))
     raw = {
         "mode": "history",
         "adapter": "mlx-lm",
@@ -243,6 +257,7 @@ def test_a_range_from_any_door_gets_the_default_the_service_sizes(settings: Sett
         "contexts": [64],
     }
     via_json = job_service.checked_spec(settings, raw)
-    assert via_a_door.rounds == via_json.rounds == default_rounds(via_json) == built.rounds
+    assert via_a_door.rounds == via_json.rounds == default_rounds(via_json) == 40
+    assert built.rounds is None
     asked = build_job_spec({**given, "rounds": "20"})
-    assert job_service.checked_spec(settings, service_payload(asked, rounds="20")).rounds == 20
+    assert job_service.checked_spec(settings, service_payload(asked)).rounds == 20

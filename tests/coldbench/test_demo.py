@@ -74,6 +74,8 @@ def test_demo_produces_verified_evidence_and_stops_every_child(
         assert verify.returncode == 0, verify.stdout + verify.stderr
         assert bundle.stem in verify.stdout
     assert "| 128 | candidate |" in output  # the A/B verdict table was printed
+    # Each job measures until decided, as every job does, within the demo's budget.
+    assert re.search(r"submitted ab job \w+ \(until decided, 2 rounds at most\)", output)
     # The terminal prints the PR Markdown: its evidence id linked to the page.
     for _, url in urls:
         evidence_id = url.rsplit("/", 1)[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -205,6 +206,31 @@ def test_a_pull_request_asks_only_what_was_given(monkeypatch: pytest.MonkeyPatch
     named = CliRunner().invoke(submit.app, [*base, "--head", "abc1234"])
     assert named.exit_code == 0, named.output
     assert sent[-1]["options"] == {"head": "abc1234"}
+
+
+def test_rounds_left_out_are_left_to_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job is sent as asked: no rounds where none were given (the service resolves the
+    default, measuring until decided as every door does), `--rounds` and `--until` as given;
+    the help says the defaults."""
+    from typer.testing import CliRunner
+
+    from coldbench import submit
+
+    sent: list[dict] = []
+    monkeypatch.setattr(
+        submit, "_post_json", lambda api, key, path, body: sent.append(body) or "job-1"
+    )
+    base = ("--api", "http://127.0.0.1:9", "--key", "cbk_x_y", "--contexts", "64")
+    left_out = CliRunner().invoke(submit.app, [*base])
+    assert left_out.exit_code == 0, left_out.output
+    assert "rounds" not in sent[-1] and sent[-1]["until"] == "decided"
+    given = CliRunner().invoke(submit.app, [*base, "--rounds", "12", "--until", "rounds"])
+    assert given.exit_code == 0, given.output
+    assert (sent[-1]["rounds"], sent[-1]["until"]) == (12, "rounds")
+    shown = CliRunner().invoke(submit.app, ["--help"], terminal_width=200).output
+    helped = " ".join(re.sub("[│╭╮╰╯─]", " ", shown).split())
+    assert "Default: decided." in helped
+    assert "Default: 4 first looks of 10 process blocks (40 rounds)" in helped
 
 
 def test_a_commits_job_is_checked_before_anything_is_sent() -> None:

@@ -4,7 +4,6 @@ rates are fixed numbers, not chance: the simulation is benchmarks/aa_simulation.
 from __future__ import annotations
 
 from benchmarks.aa_simulation import (
-    DECIDED_BUDGET,
     Scenario,
     proportion_interval,
     rates,
@@ -16,8 +15,12 @@ def test_a_job_has_a_process_per_block_and_six_comparisons() -> None:
     records = simulate_job(Scenario(rounds=24), seed=0)
     assert {r.process for r in records} == set(range(1, 13))  # blocks of 2 at 24 rounds
     assert {r.variant for r in records} == {"a", "b", "c", "d"}
-    decided = simulate_job(Scenario(rounds=DECIDED_BUDGET, until_decided=True), seed=0)
-    assert {r.process for r in decided} == set(range(1, DECIDED_BUDGET + 1))
+    # the default settings: until decided, a process per round, the default budget of 40
+    default = Scenario(rounds=None)
+    assert default.spec().until == "decided" and default.spec().rounds == 40
+    assert default.how == "default: until decided (10, 20, 40)"
+    decided = simulate_job(default, seed=0)
+    assert {r.process for r in decided} == set(range(1, 41))
 
 
 def test_aa_jobs_stay_at_or_below_five_percent_with_outliers_and_looks() -> None:
@@ -27,7 +30,7 @@ def test_aa_jobs_stay_at_or_below_five_percent_with_outliers_and_looks() -> None
     for scenario in (
         Scenario("gauss", rounds=12),
         Scenario("outliers", rounds=12),
-        Scenario("t3", rounds=DECIDED_BUDGET, until_decided=True),
+        Scenario("t3", rounds=None),
     ):
         result = rates(scenario, jobs=80, seed=1)
         low, _ = proportion_interval(result.claimed, result.jobs)
@@ -35,11 +38,12 @@ def test_aa_jobs_stay_at_or_below_five_percent_with_outliers_and_looks() -> None
         assert result.covered / result.compared >= 0.98, result
 
 
-def test_a_planted_two_percent_effect_is_found_measuring_until_decided() -> None:
-    """Process SD 1%, with 1% of cells 5x slow too: the planted 2% slowdown is `slower` in at
-    least nine comparisons of ten, never `faster`."""
+def test_a_planted_two_percent_effect_is_found_at_the_default_settings() -> None:
+    """Process SD 1.3%, with 1% of cells 5x slow too: at the default settings (measuring until
+    decided) the planted 2% slowdown is `slower` in at least nine comparisons of ten, never
+    `faster`."""
     for model in ("gauss", "outliers"):
-        scenario = Scenario(model, rounds=DECIDED_BUDGET, until_decided=True, effect=0.98)
+        scenario = Scenario(model, rounds=None, process_sd=0.013, effect=0.98)
         result = rates(scenario, jobs=30, seed=2)
         assert result.found / result.planted >= 0.9, result
         assert result.wrong_sign == 0

@@ -1,5 +1,6 @@
-"""The one builder from options to a JobSpec: what `coldbench run`, `coldbench submit`,
-`coldbench calibrate` and the form accept, refuse and default to."""
+"""The one builder from options to a JobRequest, and the one resolver of a request to the JobSpec
+that runs: what `coldbench run`, `coldbench submit`, `coldbench calibrate` and the form accept,
+refuse and default to."""
 
 from __future__ import annotations
 
@@ -14,23 +15,30 @@ from coldbench.evidence.analysis.stats import (
     finish,
     units_for_verdict,
 )
-from coldbench.evidence.contract.schemas import JobSpec, SpecLimits
+from coldbench.evidence.contract.schemas import JobRequest, JobSpec, SpecLimits
 from coldbench.evidence.contract.summary_schema import Comparison
 from coldbench.evidence.spec.job_options import (
     JOB_OPTIONS,
     MODES,
+    DefaultRoundsError,
     JobOptionsError,
     build_job_spec,
     default_rounds,
     option_of_field,
     problem_lines,
+    resolve_job,
+    service_payload,
 )
 
 
 def _problems(given: dict[str, Any]) -> list[str]:
+    return problem_lines(_refused(given))
+
+
+def _refused(given: dict[str, Any], limits: SpecLimits | None = None) -> JobOptionsError:
     with pytest.raises(JobOptionsError) as raised:
-        build_job_spec(given)
-    return problem_lines(raised.value)
+        build_job_spec(given, limits=limits)
+    return raised.value
 
 
 @pytest.mark.parametrize(
@@ -207,9 +215,10 @@ def test_defaults_per_mode() -> None:
         {"mode": "bisect", "repository": "r", "good": "v1", "bad": "main", "direction": "slower"}
     )
     assert bisect.contexts == [256] and bisect.needs_host_resolution
-    # each step measures until it decides (a fixed count cannot know the host's noise); a
-    # bisection asked for at fixed rounds keeps them
-    assert bisect.until == "decided" and bisect.rounds == 4 * units_for_verdict()
+    # every mode measures until decided unless told (a fixed count cannot know the host's
+    # noise); the rounds stay left out until the request is resolved
+    assert plain.until == bisect.until == "decided" and plain.rounds is bisect.rounds is None
+    assert resolve_job(bisect).rounds == 4 * units_for_verdict()
     fixed = build_job_spec(
         {
             "mode": "bisect",
@@ -220,7 +229,7 @@ def test_defaults_per_mode() -> None:
             "until": "rounds",
         }
     )
-    assert fixed.until == "rounds" and fixed.rounds == units_for_verdict()
+    assert fixed.until == "rounds" and resolve_job(fixed).rounds == units_for_verdict()
     commits = build_job_spec(
         {
             "mode": "history",
@@ -238,43 +247,76 @@ def test_defaults_per_mode() -> None:
     assert [v.name for v in pr.variants] == ["base"] and pr.variants[0].ref is None
 
 
-def test_default_rounds_reach_a_verdict_in_every_mode() -> None:
-    """The default is the rule's ten process pairs in every mode, whatever the family (a t
-    interval gets wider with more comparisons, never unreachable); blocks multiply it, and
-    measuring until decided takes four first looks as the budget."""
-    for given in (
-        {},
-        {"variants": ["a", "b:prefill_step_size=64", "c:prefill_step_size=32"]},
-        {"mode": "ablation", "features": "compile, clear_cache=false, prefill_step_size=64"},
-        {"mode": "sweep", "variants": ["a", "b:prefill_step_size=64"], "contexts": "1K,2K,4K"},
-        {
-            "mode": "bisect",
-            "repository": "r",
-            "good": "a",
-            "bad": "b",
-            "direction": "faster",
-            "until": "rounds",
-        },
-        {"mode": "history", "repository": "r", "range": "a..b", "last": "5"},
-        {"mode": "history", "repository": "r", "range": "a..b"},
-        {"mode": "commits", "repository": "r", "base": "a", "head": "b"},
-    ):
-        spec = build_job_spec(given)
-        assert spec.rounds == default_rounds(spec) == units_for_verdict() == 10, given
-    blocks = build_job_spec({"rounds_per_process": "2"})
-    assert blocks.rounds == 2 * units_for_verdict()
-    decided = build_job_spec({"until": "decided"})
-    assert decided.until == "decided" and decided.rounds == 4 * units_for_verdict()
-    budget = build_job_spec({"until": "decided", "budget_minutes": "12.5", "rounds": "60"})
-    assert (budget.rounds, budget.budget_minutes) == (60, 12.5)
-    assert _problems({"budget_minutes": "5"}) == [
+_EVERY_MODE: list[dict[str, Any]] = [
+    {},
+    {"variants": ["a", "b:prefill_step_size=64", "c:prefill_step_size=32"]},
+    {"mode": "ablation", "features": "compile, clear_cache=false, prefill_step_size=64"},
+    {"mode": "sweep", "variants": ["a", "b:prefill_step_size=64"], "contexts": "1K,2K,4K"},
+    {"mode": "bisect", "repository": "r", "good": "a", "bad": "b", "direction": "faster"},
+    {"mode": "history", "repository": "r", "range": "a..b", "last": "5"},
+    {"mode": "history", "repository": "r", "range": "a..b"},
+    {"mode": "commits", "repository": "r", "base": "a", "head": "b"},
+]
+
+
+@pytest.mark.parametrize("given", _EVERY_MODE)
+def test_every_mode_measures_until_decided_within_four_first_looks_by_default(
+    given: dict[str, Any],
+) -> None:
+    """Left out, rounds stay out of the request (no stand-in value) and are set once, by
+    `resolve_job`: measuring until decided (every mode's default), four first looks of the
+    rule's ten process pairs, whatever the family (a t interval gets wider with more
+    comparisons, never unreachable); with until=rounds, one first look."""
+    request = build_job_spec(given)
+    assert type(request) is JobRequest and request.rounds is None and request.until == "decided"
+    spec = resolve_job(request)
+    assert type(spec) is JobSpec and spec.until == "decided"
+    assert spec.rounds == default_rounds(request) == 4 * units_for_verdict() == 40, given
+    fixed = resolve_job(build_job_spec({**given, "until": "rounds"}))
+    assert fixed.until == "rounds" and fixed.rounds == units_for_verdict() == 10
+    # the resolved job is the request with its rounds: nothing else changes
+    assert spec.model_dump(exclude={"rounds"}) == request.model_dump(exclude={"rounds"})
+
+
+def test_rounds_given_are_kept_and_blocks_multiply_the_default() -> None:
+    given = build_job_spec({"rounds": "12"})
+    assert given.rounds == 12 and resolve_job(given).rounds == 12
+    assert resolve_job(build_job_spec({"rounds": "12", "until": "rounds"})).rounds == 12
+    blocks = resolve_job(build_job_spec({"rounds_per_process": "2"}))
+    assert blocks.rounds == 4 * 2 * units_for_verdict()
+    budget = build_job_spec({"budget_minutes": "12.5", "rounds": "60"})
+    assert (budget.until, budget.rounds, budget.budget_minutes) == ("decided", 60, 12.5)
+    assert _problems({"until": "rounds", "budget_minutes": "5"}) == [
         "--budget-minutes: budget_minutes needs until=decided (measure until decided)"
     ]
 
 
+def test_a_service_default_time_budget_applies_only_where_the_job_gives_none() -> None:
+    """`resolve_job(budget_minutes=)` (a service's default) fills a job measuring until decided
+    that gives no time budget; one given, or a job at fixed rounds, keeps its own."""
+    assert resolve_job(build_job_spec({})).budget_minutes is None  # coldbench run: none
+    assert resolve_job(build_job_spec({}), budget_minutes=60).budget_minutes == 60
+    own = build_job_spec({"budget_minutes": "5"})
+    assert resolve_job(own, budget_minutes=60).budget_minutes == 5
+    fixed = build_job_spec({"until": "rounds"})
+    assert resolve_job(fixed, budget_minutes=60).budget_minutes is None
+
+
+def test_rounds_left_out_stay_out_of_what_a_front_end_sends() -> None:
+    """What `coldbench submit`, the form and a pull request send: no `rounds` key where the
+    person gave none, for the service to resolve; given rounds go as given."""
+    payload = service_payload(build_job_spec({}))
+    assert "rounds" not in payload and payload["until"] == "decided"
+    assert JobRequest.model_validate(payload) == build_job_spec({})
+    assert service_payload(build_job_spec({"rounds": "7"}))["rounds"] == 7
+    with pytest.raises(ValueError, match="rounds"):
+        JobSpec.model_validate(payload)  # a job that runs has its rounds
+
+
 def test_default_rounds_above_a_services_limit_ask_the_submitter_to_choose() -> None:
-    """The form builds with the service's limits: a default it would refuse is said in the same
-    pass as the other problems, at rounds; given rounds are checked as before."""
+    """The form builds with the service's limits (problems said in one pass); the default,
+    set where the request is resolved, is refused at rounds when the limit is below it; given
+    rounds are checked as before."""
     limits = SpecLimits(
         max_contexts=8, max_context_tokens=4096, max_rounds=9, max_decode_tokens=64, max_hosts=2
     )
@@ -286,13 +328,17 @@ def test_default_rounds_above_a_services_limit_ask_the_submitter_to_choose() -> 
     assert problem_lines(raised.value) == [
         "--contexts: contexts [8192] exceed the limit of 4096 tokens"
     ]
-    with pytest.raises(JobOptionsError) as raised:
-        build_job_spec({}, limits=limits)
-    assert problem_lines(raised.value) == [
-        "--rounds: this job needs 10 rounds to reach a verdict (the default), more than this "
-        "service's limit of 9: give rounds, or fewer contexts or variants"
+    request = build_job_spec({}, limits=limits)
+    with pytest.raises(DefaultRoundsError) as refused:
+        resolve_job(request, limits=limits)
+    assert str(refused.value) == (
+        "this job's default is 40 rounds, more than this service's limit of 9: give rounds "
+        "(at most 9), or fewer rounds per process"
+    )
+    assert resolve_job(build_job_spec({"rounds": "9"}, limits=limits), limits=limits).rounds == 9
+    assert problem_lines(_refused({"rounds": "10"}, limits)) == [
+        "--rounds: rounds=10; at most 9 allowed"
     ]
-    assert build_job_spec({"rounds": "9"}, limits=limits).rounds == 9
 
 
 @pytest.mark.parametrize("family", [1, 2, 10, 40, 128])
@@ -332,7 +378,9 @@ def test_every_mode_and_option_is_declared_once_with_help() -> None:
 
 
 def test_a_spec_from_the_builder_round_trips() -> None:
-    spec = build_job_spec({"mode": "ablation", "features": "compile", "rounds": "12"})
+    request = build_job_spec({"mode": "ablation", "features": "compile", "rounds": "12"})
+    assert JobRequest.model_validate(request.model_dump(mode="json", by_alias=True)) == request
+    spec = resolve_job(request)
     assert JobSpec.model_validate(spec.model_dump(mode="json", by_alias=True)) == spec
 
 

@@ -212,6 +212,32 @@ def test_rounds_to_detect_a_change_are_told_apart_from_rounds_for_the_precision(
     assert fmt_verdict(same) == "inconclusive (~30 rounds for the precision)"
 
 
+def test_rounds_advice_says_the_time_those_rounds_would_take_where_it_was_measured() -> None:
+    """Each cost in rounds with the time a run of them would take at the job's measured cost
+    (`time_to_detect_s`, `time_needed_s`), where the runs kept their timelines."""
+    from coldbench.evidence.rendering.markdown import fmt_verdict, verdict_clause
+
+    priced = _comparison(
+        "inconclusive",
+        0.43,
+        0.31,
+        0.82,
+        rounds_needed=90,
+        rounds_to_detect=9,
+        time_needed_s=5400.0,
+        time_to_detect_s=45.0,
+    )
+    assert verdict_clause(priced, SETTINGS) == (
+        "cand: inconclusive at 128 tokens (8 pairs; about 9 rounds (~45 s) would detect a "
+        "change this size, 90 (~1.5 h) would bound it within +-5%)"
+    )
+    assert fmt_verdict(priced) == (
+        "inconclusive (~9 rounds (~45 s) to detect, ~90 (~1.5 h) for the precision)"
+    )
+    minutes = _comparison("inconclusive", 1.0, 0.9, 1.1, rounds_needed=30, time_needed_s=754.0)
+    assert fmt_verdict(minutes) == "inconclusive (~30 rounds (~13 min) for the precision)"
+
+
 def test_summary_md_opens_with_one_sentence_per_context_then_the_table() -> None:
     from coldbench.evidence.rendering.markdown import verdict_sentences
 

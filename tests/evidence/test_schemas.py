@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from coldbench.evidence.contract.schemas import JobSpec, Manifest, Record
+from coldbench.evidence.contract.schemas import JobRequest, JobSpec, Manifest, Record, SpecLimits
 
 
 def _record(**overrides: object) -> dict[str, object]:
@@ -98,3 +98,24 @@ def test_a_validation_error_is_one_line_naming_its_field() -> None:
         JobSpec.model_validate(base | {"baseline": "nope"})
     assert error_line(raised.value, whole="job").startswith("baseline: ")
     assert "Value error" not in error_line(raised.value)
+
+
+def test_a_request_may_leave_rounds_out_and_the_job_that_runs_may_not() -> None:
+    """`JobRequest`: rounds absent means the job's default (resolved later), until absent means
+    decided. `JobSpec` (what runs and what job.json holds): rounds required; until absent reads
+    as `rounds`, what a job.json written before `until` existed measured. A service's bound on
+    rounds holds for both, and refuses in one clear line."""
+    raw = {"variants": [{"name": "a"}], "contexts": [64]}
+    request = JobRequest.model_validate(raw)
+    assert (request.rounds, request.until) == (None, "decided")
+    with pytest.raises(ValidationError, match="rounds"):
+        JobSpec.model_validate(raw)
+    older = JobSpec.model_validate({**raw, "rounds": 6})
+    assert isinstance(older, JobRequest) and (older.rounds, older.until) == (6, "rounds")
+    limits = SpecLimits(
+        max_contexts=4, max_context_tokens=4096, max_rounds=8, max_decode_tokens=8, max_hosts=1
+    )
+    for model in (JobRequest, JobSpec):
+        with pytest.raises(ValidationError, match="rounds=9; at most 8 allowed"):
+            model.model_validate({**raw, "rounds": 9}, context={"limits": limits})
+    assert JobRequest.model_validate(raw, context={"limits": limits}).rounds is None

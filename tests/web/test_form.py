@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from coldbench.api.jobs.models import Job
 from coldbench.api.pages import form as job_form
+from coldbench.api.settings import Settings
 from coldbench.evidence.contract.schemas import Residency
 from tests.api.factories import make_host
 from tests.web.builders import csrf_of
@@ -346,12 +347,24 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
 
     make_host(db_session, "studio-1")
     page = web.get("/").text
-    # Left blank, rounds are the builder's default for the job: enough for a verdict.
+    # Left blank, rounds are resolved by the service as for every door: measuring until
+    # decided (the form's default too), four first looks, within the service's time budget.
     assert re.search(r'id="rounds" name="rounds" inputmode="numeric" value=""', page)
+    assert '<option value="" selected>default: decided</option>' in page
+    assert '<option value="rounds">rounds</option>' in page
+    assert 'name="budget_minutes" inputmode="decimal" value="" placeholder="service default"' in (
+        page
+    )
+    assert "the service&#39;s default_budget_minutes (60 unless it sets another)" in page
     blank = web.post("/", data=_fields(page, rounds=""), follow_redirects=False)
     assert blank.status_code == 303, _errors(blank.text)
     job = db_session.get(Job, blank.headers["location"].removeprefix("/jobs/"))
-    assert job.spec.rounds == default_rounds(job.spec) == 10
+    assert job.spec.until == "decided" and job.spec.budget_minutes == 60
+    assert job.spec.rounds == default_rounds(job.spec) == 4 * units_for_verdict() == 40
+    fixed = web.post("/", data=_fields(page, rounds="", until="rounds"), follow_redirects=False)
+    assert fixed.status_code == 303, _errors(fixed.text)
+    job = db_session.get(Job, fixed.headers["location"].removeprefix("/jobs/"))
+    assert (job.spec.until, job.spec.rounds, job.spec.budget_minutes) == ("rounds", 10, None)
     assert 'id="rounds-warning"' not in web.get(blank.headers["location"]).text
     table = re.search(r'data-rounds-needed="([^"]+)"', page).group(1)
     needed = json.loads(html_lib.unescape(table))
@@ -369,6 +382,24 @@ def test_default_rounds_can_reach_a_verdict_and_fewer_are_warned_about(
         "/", data=_fields(page, rounds=str(units_for_verdict())), follow_redirects=False
     )
     assert 'id="rounds-warning"' not in web.get(enough.headers["location"]).text
+
+
+def test_a_default_above_the_services_limit_is_said_beside_the_rounds(
+    web: TestClient, db_session: Session, settings: Settings
+) -> None:
+    """The service resolves a blank rounds field (checked_spec): where its limit is below the
+    default, the refusal lands beside the rounds input, and rounds within it are taken."""
+    make_host(db_session, "studio-1")
+    settings.max_rounds = 30
+    page = web.get("/").text
+    response = web.post("/", data=_fields(page, rounds=""))
+    assert response.status_code == 422
+    assert _errors(response.text)["rounds"] == (
+        "this job&#39;s default is 40 rounds, more than this service&#39;s limit of 30: give "
+        "rounds (at most 30), or fewer rounds per process"
+    )
+    taken = web.post("/", data=_fields(page, rounds="30"), follow_redirects=False)
+    assert taken.status_code == 303, _errors(taken.text)
 
 
 def test_history_mode_is_offered_and_its_rules_land_beside_their_fields(

@@ -238,6 +238,38 @@ def test_every_bad_option_is_reported_at_once(tmp_path: Path) -> None:
     }
 
 
+def test_the_local_run_resolves_its_rounds_once_and_measures_until_decided_by_default(
+    tmp_path: Path,
+) -> None:
+    """`coldbench run`'s setup is where a local job's rounds are resolved: left out, measuring
+    until decided within four first looks (no time budget unless given); `--until rounds`
+    measures exactly the rounds given, or one first look; the help says so."""
+    from typer.testing import CliRunner
+
+    from coldbench.evidence.contract.schemas import JobSpec
+    from coldbench.worker.cli import app
+    from coldbench.worker.local_run import ServerOptions, local_setup
+
+    def spec(**given: Any) -> JobSpec:
+        setup = local_setup(
+            given, repo=None, module=None, server=ServerOptions(), state_dir=tmp_path
+        )
+        return setup.spec
+
+    default = spec()
+    assert type(default) is JobSpec
+    assert (default.until, default.rounds, default.budget_minutes) == ("decided", 40, None)
+    assert (spec(rounds="12").until, spec(rounds="12").rounds) == ("decided", 12)
+    fixed = spec(until="rounds")
+    assert (fixed.until, fixed.rounds) == ("rounds", 10)
+    assert spec(until="rounds", rounds="7").rounds == 7
+    assert spec(budget_minutes="15").budget_minutes == 15
+    shown = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    helped = " ".join(re.sub("[│╭╮╰╯─]", " ", shown).split())
+    assert "--until decided|rounds" in helped and "Default: decided." in helped
+    assert "Default: 4 first looks of 10 process blocks (40 rounds)" in helped
+
+
 def test_existing_bundle_is_never_overwritten(coldbench_cmd: list[str], tmp_path: Path) -> None:
     out = tmp_path / "taken"
     out.mkdir()

@@ -143,3 +143,15 @@ def test_a_bundle_naming_a_url_reproduces_from_it_and_a_missing_commit_is_named(
         "variant main: the bundle names no commit",
         "recipe 'fancy' is not defined on this machine (defined: editable)",
     ]
+
+
+def test_how_long_a_job_measures_repeats_as_asked() -> None:
+    """Measuring until decided is `coldbench run`'s default; exactly N rounds, a time budget
+    and a precision other than the default are repeated, so the line measures as the job did."""
+    ab = {**BASE, "variants": [{"name": "main", "ref": "main"}]}
+    decided = _args(JobSpec.model_validate({**ab, "until": "decided", "budget_minutes": 30}))
+    assert "--until" not in decided and decided[decided.index("--budget-minutes") + 1] == "30"
+    fixed = _args(JobSpec.model_validate({**ab, "until": "rounds", "precision": 0.05}))
+    assert fixed[fixed.index("--until") + 1] == "rounds" and "--budget-minutes" not in fixed
+    assert fixed[fixed.index("--precision") + 1] == "0.05"
+    assert "--precision" not in decided  # 0.02, the default
