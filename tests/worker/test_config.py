@@ -273,13 +273,21 @@ def test_a_hosts_calibration_gives_its_runs_their_noise_and_block_length(tmp_pat
     host = load_host_config(config)
     assert host.noise == noise and host.prespawn is True
     spec = build_job_spec(
-        {"variants": [{"name": n} for n in "abc"], "contexts": [16384], "rounds": 24}
+        {
+            "variants": [{"name": n} for n in "abc"],
+            "contexts": [16384],
+            "rounds": 24,
+            "until": "rounds",
+        }
     )
     length, why = process_blocks(spec, variants=3, noise=host.noise)
     assert noise is not None and 2 <= 24 // length <= 12
     assert why.startswith(f"{length} rounds per process from this host's calibration")
     # without a calibration: the conservative default; a job's own length always wins
     assert process_blocks(spec, variants=3, noise=None)[0] == 2
+    # measuring until decided, each look is a whole number of blocks: one round per process
+    decided = spec.model_copy(update={"until": "decided"})
+    assert process_blocks(decided, variants=3, noise=noise)[0] == 1
     asked = spec.model_copy(update={"rounds_per_process": 3})
     assert process_blocks(asked, variants=3, noise=noise) == (3, "3 rounds per process, as asked")
     # a calibration file that cannot serve is one line naming it

@@ -285,4 +285,5 @@ def test_a_bisection_of_too_few_rounds_says_so_before_its_first_step(
     assert done.exit_code == 2 and "error: refused before building" in lines, done.output
     (warning,) = [line for line in lines if line.startswith("warning: ")]
     assert warning.startswith("warning: 6 rounds cannot reach a verdict: the robust interval")
-    assert "needs at least 10 rounds" in warning and "--until decided" in warning
+    assert "needs at least 10 rounds" in warning
+    assert "without --rounds each step measures until decided within 40 rounds" in warning

@@ -59,7 +59,7 @@ def test_two_refs_from_a_bundle_through_service_celery_and_agent_give_a_verified
     # where the time went, from the evidence the service rendered (the run's timeline.json)
     assert 0 < result["duty_cycle"] <= 1 and result["blocks"] == 1
     assert result["phases"]["first_block"]["load_s"] > 0
-    assert "no host calibration" in result["block_rule"]
+    assert "measuring until decided" in result["block_rule"]  # the default: looks in whole blocks
     # each ref's own engine ran: the step-64 branch's default cuts 128 tokens into two chunks
     timed = [r for r in bundle_records(read_bundle(zip_path)) if r.round >= 0]
     assert {r.variant: r.counters["chunk_widths"] for r in timed} == {main: "128", step64: "64x2"}
