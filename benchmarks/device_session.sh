@@ -17,10 +17,16 @@
 # turns beside one side by side, benchmarks/time_to_evidence.py --compare residency), moe-model
 # and moe (variants in turns: write $MOE_PRESET and probe its load beside the page cache's read of
 # its weights, then an A/B of it, one process more than half of the device, which runs in turns; on
-# a machine of its own, its checkpoint is about 46 GB), summaries (the bundles' summaries,
-# tarred). Every step can be run again in place: it replaces its own output.
+# a machine of its own, its checkpoint is about 46 GB), two-first and two-second (one job
+# reproduced on two machines through the service, benchmarks/two_hosts.py: the first packs
+# $OUT/state.tgz, the second takes it as $STATE), summaries (the bundles' summaries, tarred).
+# MODEL names another checkpoint folder for the steps that use $WORK/model (two-first writes
+# $WORK/two/model-llama-8b-shape-bfloat16, and its repository $WORK/two/repo holds main and
+# planted-2pct: BUNDLE and REFS for decided and alternate; TWO_ARGS passes on options such as
+# --model and --contexts); TIMEOUT_S bounds a service job (900).
+# Every step can be run again in place: it replaces its own output.
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, two-first, two-second, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -43,9 +49,10 @@ MOE_DTYPE=${MOE_DTYPE:-bfloat16}
 MOE_CTX=${MOE_CTX:-16384}
 MOE_ROUNDS=${MOE_ROUNDS:-12}
 MOE_RPP=${MOE_RPP:-2}
+TIMEOUT_S=${TIMEOUT_S:-900}
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$OUT"
-model=$WORK/model
+model=${MODEL:-$WORK/model}
 moe=$WORK/moe
 clock() { date -u +%H:%M:%S; }
 echo "[$(clock)] step $step, load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -92,7 +99,7 @@ case $step in
     if [ "$step" = decided ]; then variants="--ref $1 --ref $2"; else variants="--variant a:ref=$1 --variant b:ref=$1"; fi
     $PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" --contexts "$CTX" \
       --until decided --rounds "${BUDGET:-40}" --jobs "${JOBS:-10}" --out "$WORK/$step-out" \
-      --workdir "$WORK/$step" --timeout-s 900 | grep '^{' | tee "$OUT/$step.jsonl"
+      --workdir "$WORK/$step" --timeout-s "$TIMEOUT_S" | grep '^{' | tee "$OUT/$step.jsonl"
     ;;
   alternate)
     # JOBS pairs of jobs measuring until decided, alternated so that drift over the session falls
@@ -107,7 +114,7 @@ case $step in
         line=$($PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" \
           --contexts "$CTX" --until decided --rounds "${BUDGET:-40}" --jobs 1 \
           --out "$WORK/alternate-out/$kind-$i" --workdir "$WORK/alternate/$kind-$i" \
-          --timeout-s 900 | grep '^{' | tail -1) || line='{"ok": false}'
+          --timeout-s "$TIMEOUT_S" | grep '^{' | tail -1) || line='{"ok": false}'
         echo "{\"pair\": $i, \"kind\": \"$kind\", ${line#\{}" | tee -a "$OUT/alternate.jsonl"
       done
     done
@@ -146,8 +153,17 @@ print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty
   "beyond_page_cache_s": None if per_turn is None else round(per_turn - floor, 2)}))' \
       "$WORK/moe-out/summary.json" "$WORK/moe-gate.json" | tee "$OUT/moe-turns.json"
     ;;
+  two-first)
+    rm -rf "$WORK/two" "$OUT/state.tgz"
+    $PY -m benchmarks.two_hosts first --workdir "$WORK/two" --out "$OUT" ${TWO_ARGS:-}
+    ;;
+  two-second)
+    rm -rf "$WORK/two"
+    $PY -m benchmarks.two_hosts second --state "${STATE:?set STATE to the state.tgz of two-first}" \
+      --workdir "$WORK/two" --out "$OUT" ${TWO_ARGS:-}
+    ;;
   summaries)
-    for zip in "$WORK"/e2e-out/*.zip "$WORK"/alternate-out/*/*.zip; do  # the service's evidence
+    for zip in "$WORK"/e2e-out/*.zip "$WORK"/decided*-out/*.zip "$WORK"/alternate-out/*/*.zip; do  # the service's evidence
       [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json", "records.jsonl")])' "$zip" "$WORK/e2e-evidence/$(basename "$zip" .zip)"
     done
     (cd "$WORK" && find . -name summary.md -o -name summary.json -o -name timeline.json -o -name records.jsonl \
