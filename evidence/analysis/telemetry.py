@@ -4,10 +4,14 @@
 Per run, over its measured cells (round >= 0, status ok): the SM clock's median and minimum,
 the highest power and temperature, and the cells that ran throttled (a clocks-event reason of
 power or thermal slowdown, or power/thermal violation time accrued during the cell). A run is
-flagged when any cell ran throttled or its SM clock dropped `CLOCK_DROP_PCT` or more below the
-run's median: the cells of one run were not measured on the same machine state, and a pair
-whose two cells straddle the drop compares clocks, not code. A run without telemetry (the CPU,
-no NVML) says why and is not flagged.
+flagged when some cells ran throttled and others not, when any cell was slowed for heat or by
+the hardware, or when its SM clock dropped `CLOCK_DROP_PCT` or more below the run's median: the
+cells of one run were not measured on the same machine state, and a pair whose two cells
+straddle the change compares clocks, not code. A run whose every cell ran at the power cap
+alone (`sw_power_cap`, power violation time) is not flagged: that is a datacenter GPU's steady
+state under a long prefill (an H100 SXM at 16K holds its 700 W cap in every cell, its clock
+within 4% of the median), the same for both sides of every pair; the report states it. A run
+without telemetry (the CPU, no NVML) says why and is not flagged.
 
 On macOS the cells carry `pmset -g therm`'s state instead (engine/telemetry.py): a run is
 flagged when a measured cell saw a CPU_Speed_Limit below 100 or a thermal or performance
@@ -26,11 +30,31 @@ from coldbench.evidence.contract.schemas import Record
 from coldbench.evidence.contract.summary_schema import RunTelemetry, Telemetry
 
 CLOCK_DROP_PCT = 10.0
+# Reasons that mean the GPU held its power limit; a run capped in every cell is in one state.
+POWER_CAP_REASONS = frozenset({"sw_power_cap", "power_violation"})
 TELEMETRY_RULE = (
-    "a run is flagged when a measured cell ran throttled (NVML clocks-event reasons of power "
-    "or thermal slowdown, or violation time during the cell) or its SM clock fell "
-    f"{CLOCK_DROP_PCT:g}% or more below the run's median"
+    "a run is flagged when some of its measured cells ran throttled (NVML clocks-event reasons "
+    "of power or thermal slowdown, or violation time during the cell) and others not, when any "
+    "cell was slowed for heat or by the hardware, or when its SM clock fell "
+    f"{CLOCK_DROP_PCT:g}% or more below the run's median; every cell at the power cap alone is "
+    "one steady state, stated and not flagged"
 )
+
+
+def _unsteady(throttled: int, cells: int, reasons: Sequence[str]) -> bool:
+    """Throttling that puts the cells of one run in different states."""
+    if not throttled:
+        return False
+    return throttled < cells or not set(reasons) <= POWER_CAP_REASONS
+
+
+def power_capped_throughout(run: RunTelemetry) -> bool:
+    """Every measured cell at the power cap, nothing else slowing the GPU."""
+    return (
+        run.cells > 0
+        and run.throttled_cells == run.cells
+        and set(run.throttle_reasons) <= POWER_CAP_REASONS
+    )
 
 
 def _number(value: object) -> float | None:
@@ -95,7 +119,7 @@ def telemetry_section(records: Sequence[Record], run_ids: Sequence[str]) -> Tele
                 throttled_cells=throttled,
                 throttle_reasons=list(reasons),
                 clock_drop_pct=drop,
-                flagged=throttled > 0
+                flagged=_unsteady(throttled, len(read), list(reasons))
                 or (drop is not None and drop >= CLOCK_DROP_PCT)
                 or _mac_slowed(mac),
                 **mac,
@@ -141,7 +165,7 @@ def telemetry_caveats(telemetry: Telemetry | None) -> list[str]:
                 f"macOS recorded a thermal or performance warning level of {level} (pmset -g "
                 f"therm) during run {run.run_id}'s measured cells: the chip may have slowed."
             )
-        if run.throttled_cells:
+        if run.throttled_cells and not power_capped_throughout(run):
             found.append(
                 f"{run.throttled_cells} of run {run.run_id}'s {run.cells} measured cells ran "
                 f"while the GPU throttled ({', '.join(run.throttle_reasons)}): their times are "
@@ -178,6 +202,12 @@ def telemetry_lines(telemetry: Telemetry) -> list[str]:
             f"GPU telemetry of run {run.run_id} ({run.cells} cells, NVML): SM clock median "
             f"{run.sm_clock_mhz_median:.0f} MHz (lowest {run.sm_clock_mhz_min:.0f}), power up to "
             f"{run.power_w_max} W, up to {run.temperature_c_max} C, "
-            f"{run.throttled_cells} throttled cells" + (" **flagged**" if run.flagged else "")
+            + (
+                f"every cell at the power cap ({', '.join(run.throttle_reasons)}): one steady "
+                "state for both sides of each pair"
+                if power_capped_throughout(run)
+                else f"{run.throttled_cells} throttled cells"
+            )
+            + (" **flagged**" if run.flagged else "")
         )
     return lines

@@ -104,3 +104,23 @@ def test_a_speed_limit_drop_inside_a_run_undercuts_it() -> None:
     assert "limited the CPU to 78% of its speed" in what_undercuts.split("\n\n")[1]
     html = render_report_html(summary, [], [], None, plotly_js_src="plotly.js")
     assert "lowest CPU speed limit 78%" in html and "flagged" in html
+
+
+def test_a_gpu_at_its_power_cap_in_every_cell_is_one_steady_state() -> None:
+    # what an H100 SXM showed at 16K (2026-12-07): sw_power_cap in all 40 cells, 1620-1680 MHz
+    summary = summarize(
+        _with(lambda r: _nvml(1680 - 60 * (r.round % 2), "sw_power_cap", 25.0)), baseline="base"
+    )
+    (run,) = summary.telemetry.runs  # type: ignore[union-attr]
+    assert run.throttled_cells == run.cells == 16 and not run.flagged
+    assert not [c for c in caveats(summary) if "GPU" in c]
+    assert "every cell at the power cap (sw_power_cap, power_violation)" in render_summary_md(
+        summary, []
+    )
+
+
+def test_a_thermal_slowdown_in_every_cell_is_still_flagged() -> None:
+    summary = summarize(_with(lambda r: _nvml(1680, "sw_thermal_slowdown")), baseline="base")
+    (run,) = summary.telemetry.runs  # type: ignore[union-attr]
+    assert run.flagged
+    assert [c for c in caveats(summary) if "GPU throttled (sw_thermal_slowdown)" in c]
