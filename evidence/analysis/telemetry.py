@@ -9,8 +9,8 @@ the hardware, or when its SM clock dropped `CLOCK_DROP_PCT` or more below the ru
 cells of one run were not measured on the same machine state, and a pair whose two cells
 straddle the change compares clocks, not code. A run whose every cell ran at the power cap
 alone (`sw_power_cap`, power violation time) is not flagged: that is a datacenter GPU's steady
-state under a long prefill (an H100 SXM at 16K holds its 700 W cap in every cell, its clock
-within 4% of the median), the same for both sides of every pair; the report states it. A run
+state under a long prefill (an H100 SXM at 16K held it in every cell, up to 694 W, its clock
+within 5% of the median), the same for both sides of every pair; the report states it. A run
 without telemetry (the CPU, no NVML) says why and is not flagged.
 
 On macOS the cells carry `pmset -g therm`'s state instead (engine/telemetry.py): a run is
@@ -41,20 +41,13 @@ TELEMETRY_RULE = (
 )
 
 
-def _unsteady(throttled: int, cells: int, reasons: Sequence[str]) -> bool:
-    """Throttling that puts the cells of one run in different states."""
-    if not throttled:
-        return False
-    return throttled < cells or not set(reasons) <= POWER_CAP_REASONS
+def _capped_throughout(throttled: int, cells: int, reasons: Sequence[str]) -> bool:
+    return cells > 0 and throttled == cells and set(reasons) <= POWER_CAP_REASONS
 
 
 def power_capped_throughout(run: RunTelemetry) -> bool:
     """Every measured cell at the power cap, nothing else slowing the GPU."""
-    return (
-        run.cells > 0
-        and run.throttled_cells == run.cells
-        and set(run.throttle_reasons) <= POWER_CAP_REASONS
-    )
+    return _capped_throughout(run.throttled_cells, run.cells, run.throttle_reasons)
 
 
 def _number(value: object) -> float | None:
@@ -119,7 +112,9 @@ def telemetry_section(records: Sequence[Record], run_ids: Sequence[str]) -> Tele
                 throttled_cells=throttled,
                 throttle_reasons=list(reasons),
                 clock_drop_pct=drop,
-                flagged=_unsteady(throttled, len(read), list(reasons))
+                flagged=(
+                    throttled > 0 and not _capped_throughout(throttled, len(read), list(reasons))
+                )
                 or (drop is not None and drop >= CLOCK_DROP_PCT)
                 or _mac_slowed(mac),
                 **mac,
