@@ -6,7 +6,7 @@
 # does not fit side by side); the CPU rehearsal overrides them:
 #   PRESET=tiny DTYPE=float32 CTX=128 E2E_CTX=128,256 BASE_STEP=64 PLANTED_STEP=16 CAL_RUNS=2 \
 #   AAA_ROUNDS=8 E2E_ROUNDS=6 DUTY_ROUNDS=4 DUTY_RPP=2 MOE_PRESET=tiny-moe MOE_DTYPE=float32 \
-#   MOE_CTX=128 MOE_ROUNDS=4 PYTHON=.venv/bin/python OUT=/tmp/out WORK=/tmp/work \
+#   MOE_CTX=128 MOE_ROUNDS=10 PYTHON=.venv/bin/python OUT=/tmp/out WORK=/tmp/work \
 #   benchmarks/device_session.sh model
 # (with COLDBENCH_DEVICE_MEMORY_BYTES=1000000000 the CPU's moe step runs in turns, as on the GPU)
 # Steps: model (write the checkpoint, probe the load gate), cal1 and cal2 (each CAL_RUNS
@@ -47,8 +47,9 @@ DUTY_RPP=${DUTY_RPP:-3}
 MOE_PRESET=${MOE_PRESET:-qwen3-moe-45g-shape}
 MOE_DTYPE=${MOE_DTYPE:-bfloat16}
 MOE_CTX=${MOE_CTX:-16384}
-MOE_ROUNDS=${MOE_ROUNDS:-12}
-MOE_RPP=${MOE_RPP:-2}
+# measuring until decided: a look at 10 blocks (one process pair each), a second at 20
+MOE_ROUNDS=${MOE_ROUNDS:-20}
+MOE_RPP=${MOE_RPP:-1}
 TIMEOUT_S=${TIMEOUT_S:-900}
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$OUT"
@@ -134,8 +135,8 @@ case $step in
     ;;
   moe)
     rm -rf "$WORK/moe-out" "$WORK/state-moe"
-    $PY -m coldbench run --model "$moe" --contexts "$MOE_CTX" --rounds "$MOE_ROUNDS" \
-      --rounds-per-process "$MOE_RPP" --decode-tokens 2 --seed 7 \
+    $PY -m coldbench run --model "$moe" --contexts "$MOE_CTX" --until decided \
+      --rounds "$MOE_ROUNDS" --rounds-per-process "$MOE_RPP" --decode-tokens 2 --seed 7 \
       --variant "base:prefill_step_size=$BASE_STEP" --variant "planted:prefill_step_size=$PLANTED_STEP" \
       --out "$WORK/moe-out" --state-dir "$WORK/state-moe" || true  # the bundle says why
     for f in summary.md summary.json timeline.json records.jsonl; do
