@@ -36,8 +36,11 @@ CTX=${CTX:-16384}
 E2E_CTX=${E2E_CTX:-4096,16384}
 BASE_STEP=${BASE_STEP:-4096}
 PLANTED_STEP=${PLANTED_STEP:-2048}
-CAL_ROUNDS=${CAL_ROUNDS:-12}
-CAL_RUNS=${CAL_RUNS:-5}
+# 10 process pairs of 2 rounds a job: the fewest a verdict needs, both variance components
+# measured; 2 runs a part keep a part within one 10-minute device call in turns
+CAL_ROUNDS=${CAL_ROUNDS:-20}
+CAL_RPP=${CAL_RPP:-2}
+CAL_RUNS=${CAL_RUNS:-2}
 AAA_ROUNDS=${AAA_ROUNDS:-24}
 E2E_ROUNDS=${E2E_ROUNDS:-12}
 BUNDLE=${BUNDLE:-.gpu/cb.bundle}
@@ -61,7 +64,7 @@ calibrate() {  # $1: part name, $2: first seed
   # an earlier attempt's result must not outlive a failed run (the merge would take it)
   rm -f "$WORK/$1.json"
   $PY -m coldbench calibrate --model "$model" --contexts "$CTX" --rounds "$CAL_ROUNDS" \
-    --rounds-per-process "$CAL_ROUNDS" --jobs "$CAL_RUNS" --base-step "$BASE_STEP" \
+    --rounds-per-process "$CAL_RPP" --jobs "$CAL_RUNS" --base-step "$BASE_STEP" \
     --planted-step "$PLANTED_STEP" --decode-tokens 2 --seed "$2" --out "$WORK/$1.json" \
     --bundles "$WORK/bundles-$1" --force --state-dir "$WORK/state-$1"
   cp "$WORK/$1.json" "$OUT/"

@@ -371,6 +371,7 @@ def calibrate(
 
     from rich.console import Console
 
+    from coldbench.evidence.analysis.stats import too_few_rounds
     from coldbench.evidence.spec.job_options import JobOptionsError, problem_lines
     from coldbench.worker.calibrate import calibration_spec, run_calibration
     from coldbench.worker.fingerprint import host_fingerprint, host_labels
@@ -431,6 +432,13 @@ def calibrate(
         )
     except JobOptionsError as error:
         fail_all(problem_lines(error))
+    warning = too_few_rounds(first)
+    if warning:  # said before any timing: such a calibration still measures the host's noise
+        console.print(
+            f"warning: {warning}; no A/A or planted job of this calibration can be called "
+            "either way: it gives the host's noise only",
+            highlight=False,
+        )
     host = host_fingerprint()
 
     def on_job(_kind: str, index: int, total: int) -> None:

@@ -297,15 +297,36 @@ def _pct(count: int, total: int) -> str:
     return f"{100 * count / total:.0f}%" if total else "n/a"
 
 
+def _callable_jobs(result: HostCalibration) -> int:
+    """Jobs with at least one interval: a job whose rounds give fewer process pairs than an
+    interval needs can be called neither way, so its `inconclusive` says nothing of the host."""
+    return sum(
+        1
+        for job in result.jobs
+        if job.status == "succeeded" and any(c.ci_low is not None for c in job.comparisons)
+    )
+
+
 def calibration_lines(result: HostCalibration) -> list[str]:
     planted = flags_text(result.planted_flags, empty="none")
     verdicts = ", ".join(f"{v} {n}" for v, n in sorted(result.planted_verdicts.items()))
-    lines = [
-        f"A/A jobs with a faster/slower verdict: {result.aa_claims} of {result.aa_jobs} "
-        f"({_pct(result.aa_claims, result.aa_jobs)})",
-        f"planted effect ({planted}) detected: {result.planted_detected} of "
-        f"{result.planted_jobs}" + (f" ({verdicts})" if verdicts else ""),
-    ]
+    if any(job.status == "succeeded" for job in result.jobs) and not _callable_jobs(result):
+        blocks = (
+            f"{result.rounds} rounds in blocks of {result.rounds_per_process}"
+            if result.rounds_per_process
+            else f"{result.rounds} rounds"
+        )
+        lines = [
+            f"A/A and planted verdicts: none possible ({blocks}: no job had the process pairs "
+            "an interval needs); this calibration gives the host's noise only"
+        ]
+    else:
+        lines = [
+            f"A/A jobs with a faster/slower verdict: {result.aa_claims} of {result.aa_jobs} "
+            f"({_pct(result.aa_claims, result.aa_jobs)})",
+            f"planted effect ({planted}) detected: {result.planted_detected} of "
+            f"{result.planted_jobs}" + (f" ({verdicts})" if verdicts else ""),
+        ]
     if result.resolvable is not None:
         lines.append(
             f"smallest effect this host resolves: +-{100 * result.resolvable:.2f}% "

@@ -32,7 +32,7 @@ def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
         [
             *coldbench_cmd,
             "calibrate",
-            *("--model", "preset:tiny", "--contexts", "128", "--rounds", "12"),
+            *("--model", "preset:tiny", "--contexts", "128", "--rounds", "20"),
             *("--rounds-per-process", "2", "--jobs", "1", "--variants", "2"),
             *("--base-step", "128", "--planted-step", "1", "--decode-tokens", "1"),
             *("--out", str(out), "--bundles", str(tmp_path / "bundles")),
@@ -49,12 +49,13 @@ def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
     assert (result.aa_jobs, result.planted_jobs, result.variants) == (1, 1, 2)
     assert result.planted_flags == {"prefill_step_size": 1}
     assert result.base_flags == {"prefill_step_size": 128}
-    # The statistics are the cluster-aware ones: six process pairs of two rounds each.
+    # The statistics are the cluster-aware ones: ten process pairs of two rounds each, the
+    # fewest the robust interval calls a verdict with.
     assert result.statistics["unit"].startswith("process pair")
     for job in result.jobs:
         assert job.status == "succeeded", job.reason
         (comparison,) = job.comparisons
-        assert (comparison.n, comparison.blocks) == (12, 6)
+        assert (comparison.n, comparison.blocks) == (20, 10)
     planted = next(job for job in result.jobs if job.kind == "planted")
     assert planted.comparisons[0].verdict == "slower", planted
     assert result.planted_detected == 1 and result.planted_verdicts == {"slower": 1}
@@ -72,9 +73,9 @@ def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
     assert len(bundles) == 1 and verify_bundle(bundles[0]).is_intact
     summary = json.loads((bundles[0] / "summary.json").read_text())
     assert summary["variants"] == ["a", "c", "p"]
-    assert summary["noise_floor"]["process_pairs"] == 6
+    assert summary["noise_floor"]["process_pairs"] == 10
     # the variance components of the run's process pairs, for this host's later runs
-    assert result.variance is not None and result.variance.df_between == 2 * 6 - 2
+    assert result.variance is not None and result.variance.df_between == 2 * 10 - 2
     assert result.noise is not None and result.noise.contexts == [128]
 
 
@@ -165,9 +166,30 @@ def test_a_calibration_whose_every_job_failed_exits_non_zero_and_writes_no_resul
         env={**os.environ, DEVICE_MEMORY_ENV: "4096"},
     )
     assert done.returncode == 1, (done.stdout, done.stderr[-2000:])
+    # said before anything ran: 2 rounds give no job an interval
+    assert "warning: 2 rounds cannot reach a verdict" in done.stderr
     assert "no calibration job produced statistics (2 of 2 jobs failed: " in done.stderr
     assert "does not fit" in done.stderr and "no result written" in done.stderr
     assert not out.exists()
+
+
+def test_a_calibration_whose_jobs_cannot_be_called_says_it_gives_the_noise_only() -> None:
+    """Jobs of fewer process pairs than an interval needs are `inconclusive` whatever the host:
+    the result must not read as a planted effect missed 10 times."""
+    from tests.evidence.builders import calibration_sample
+
+    sample = calibration_sample()
+    assert HostCalibration.model_validate(sample).lines()[0].startswith("A/A jobs with")
+    sample["rounds"], sample["rounds_per_process"] = 12, 12
+    for job in sample["jobs"]:
+        for comparison in job["comparisons"]:
+            comparison.update(ci_low=None, ci_high=None, verdict="inconclusive", blocks=1)
+    lines = HostCalibration.model_validate(sample).lines()
+    assert lines[0] == (
+        "A/A and planted verdicts: none possible (12 rounds in blocks of 12: no job had the "
+        "process pairs an interval needs); this calibration gives the host's noise only"
+    )
+    assert not any(line.startswith("planted effect") for line in lines)
 
 
 def test_calibrate_replaces_its_bundles_with_force(tmp_path: Path, monkeypatch: Any) -> None:
