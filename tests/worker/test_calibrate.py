@@ -75,8 +75,12 @@ def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
     assert summary["variants"] == ["a", "c", "p"]
     assert summary["noise_floor"]["process_pairs"] == 10
     # the variance components of the run's process pairs, for this host's later runs
-    assert result.variance is not None and result.variance.df_between == 2 * 10 - 2
-    assert result.noise is not None and result.noise.contexts == [128]
+    # (two comparisons, c and p against a; a process pair whose cells were all left out, as
+    # invalid or by the first-cell check, is not a group)
+    variance, noise = result.variance, result.noise
+    assert variance is not None and noise is not None and variance.comparisons == 2
+    assert 2 * 10 - 2 - 2 <= variance.df_between <= 2 * 10 - 2
+    assert noise.process_pairs == variance.df_between + 2 and noise.contexts == [128]
 
 
 def test_calibrate_refuses_bad_input_in_one_line(tmp_path: Path, monkeypatch: Any) -> None:
