@@ -23,7 +23,7 @@
 # MODEL names another checkpoint folder for the steps that use $WORK/model (two-first writes
 # $WORK/two/model-llama-8b-shape-bfloat16, and its repository $WORK/two/repo holds main and
 # planted-2pct: BUNDLE and REFS for decided and alternate; TWO_ARGS passes on options such as
-# --model and --contexts); TIMEOUT_S bounds a service job (900).
+# --model and --contexts); TIMEOUT_S bounds a service job (900), MOE_TIMEOUT_S the moe run (none).
 # Every step can be run again in place: it replaces its own output.
 set -euo pipefail
 step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, two-first, two-second, summaries}
@@ -138,7 +138,8 @@ case $step in
     ;;
   moe)
     rm -rf "$WORK/moe-out" "$WORK/state-moe"
-    $PY -m coldbench run --model "$moe" --contexts "$MOE_CTX" --until decided \
+    # MOE_TIMEOUT_S (0: none) stops the run with SIGTERM, and the bundle keeps what was measured
+    timeout -s TERM "${MOE_TIMEOUT_S:-0}" $PY -m coldbench run --model "$moe" --contexts "$MOE_CTX" --until decided \
       --rounds "$MOE_ROUNDS" --rounds-per-process "$MOE_RPP" --decode-tokens 2 --seed 7 \
       --variant "base:prefill_step_size=$BASE_STEP" --variant "planted:prefill_step_size=$PLANTED_STEP" \
       --out "$WORK/moe-out" --state-dir "$WORK/state-moe" || true  # the bundle says why
