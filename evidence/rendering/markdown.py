@@ -315,6 +315,9 @@ def host_line(provenance: Provenance) -> str:
         f"power {host.power_source}" if host.power_source else None,
         f"thermal {host.thermal_state}" if host.thermal_state else None,
     ]
+    devices = device_ids(provenance)
+    if devices:  # machines that share a hostname (cloud images) are told apart by their cards
+        parts.append("device " + ", ".join(devices))
     name = host.registered_name or host.hostname or provenance.run_id
     machine = (
         f"hostname {md_code(host.hostname)}, "
@@ -324,6 +327,19 @@ def host_line(provenance: Provenance) -> str:
     return f"{md_text(name)} ({machine}run {md_code(provenance.run_id)}): " + ", ".join(
         md_text(p) for p in parts if p
     )
+
+
+def device_ids(provenance: Provenance) -> list[str]:
+    """The accelerators the run's variant processes reported when ready (NVML's UUID, its first
+    12 characters: `GPU-` and 8 hex digits), each once."""
+    found: list[str] = []
+    for target in provenance.targets:
+        ready = getattr(target, "ready", None)
+        device = ready.get("device") if isinstance(ready, dict) else None
+        uuid = device.get("uuid") if isinstance(device, dict) else None
+        if isinstance(uuid, str) and uuid and uuid[:12] not in found:
+            found.append(uuid[:12])
+    return found
 
 
 def software_line(provenance: Provenance) -> str:

@@ -219,6 +219,14 @@ def test_hosts_sharing_a_hostname_are_told_apart_by_their_registered_names() -> 
     hosts = [run.host for run in summary.reproductions.comparisons[0].runs]
     assert hosts == ["rack-a", "rack-b"]
     assert host_line(first).startswith("rack-a (hostname `vm`, run `r-1`)")
+    assert "device" not in host_line(first)
+    # The cards their processes reported when ready tell the machines apart too (two H100s
+    # of one cloud image, both `vm`, 2026-12-07).
+    for run, uuid in ((first, "GPU-c9dfc996-0d03"), (second, "GPU-6c79a0b4-a626")):
+        run.targets[0].ready = {"device": {"uuid": uuid, "name": "NVIDIA H100 80GB HBM3"}}
+        run.targets[-1].ready = {"device": {"uuid": uuid}}
+    assert host_line(first).endswith(", device GPU-c9dfc996")
+    assert host_line(second).endswith(", device GPU-6c79a0b4")
     html = render_report_html(summary, records, [first, second], None)
     assert "<th>rack-a</th><th>rack-b</th>" in html
     # Without registered names, a shared hostname still gives two distinct columns.
