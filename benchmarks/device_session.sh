@@ -131,7 +131,9 @@ case $step in
     ;;
   moe-model)
     start=$(date +%s)
-    [ -f "$moe/config.json" ] || $PY -m coldbench model create --preset "$MOE_PRESET" --dtype "$MOE_DTYPE" --out "$moe"
+    # MOE_LAYOUT=mlx writes the experts stacked, as mlx_lm.convert saves them (engine/checkpoints.py)
+    [ -f "$moe/config.json" ] || $PY -m coldbench model create --preset "$MOE_PRESET" --dtype "$MOE_DTYPE" \
+      --layout "${MOE_LAYOUT:-hf}" --out "$moe"
     echo "moe model written in $(( $(date +%s) - start )) s"
     $PY benchmarks/load_gate_probe.py --model "$moe" | tee "$OUT/moe-gate.json"
     cp "$OUT/moe-gate.json" "$WORK/moe-gate.json"

@@ -17,7 +17,14 @@ per method (its imports done before the clock starts) times, with the page cache
 One JSON line: each method's median seconds over `--repeats` and its ratio to `read_chunks`
 (the page cache's read, the floor docs/PERFORMANCE.md states a block boundary against).
 
+With `--preset NAME --layouts hf,mlx` the checkpoint is that preset, written once per layout of
+its expert weights (coldbench.engine.checkpoints.weight_specs: per expert as Hugging Face stores
+them, or stacked as mlx_lm.convert saves them), the layouts timed in turns, and the line holds
+each layout's medians and the ratio of each method's median to the first layout's.
+
     PYTHONPATH=. python benchmarks/load_floor.py --hidden 1024 --layers 8 --repeats 3
+    PYTHONPATH=. python benchmarks/load_floor.py --preset tiny-moe --layouts hf,mlx \
+        --methods read_chunks,mx_load,engine_load,runner_load --repeats 5
 """
 
 from __future__ import annotations
@@ -137,30 +144,67 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--preset", help="a coldbench preset instead of the llama of --hidden")
+    parser.add_argument(
+        "--layouts", default="hf", help="with --preset: layouts of its expert weights, e.g. hf,mlx"
+    )
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown methods {', '.join(unknown)}: give {', '.join(METHODS)}")
+    from coldbench.engine.checkpoints import LAYOUTS
+
+    layouts = [layout for layout in args.layouts.split(",") if layout]
+    if not layouts or set(layouts) - set(LAYOUTS):
+        parser.error(f"--layouts {args.layouts!r}: give some of {', '.join(LAYOUTS)}")
+    if args.preset is None and layouts != ["hf"]:
+        parser.error("--layouts needs --preset (the llama of --hidden has no experts)")
     with tempfile.TemporaryDirectory(prefix="load-floor-") as scratch:
-        folder = Path(scratch) / "checkpoint"
-        size = write_checkpoint(folder, hidden=args.hidden, layers=args.layers)
-        timed(folder, "read_chunks")  # the page cache holds the files from here on
-        # interleaved, so a drift in the machine's load falls on every method alike
-        seconds: dict[str, list[float]] = {m: [] for m in methods}
+        folders: dict[str, Path] = {}
+        sizes: dict[str, int] = {}
+        for layout in layouts:
+            folder = Path(scratch) / f"checkpoint-{layout}"
+            if args.preset is None:
+                sizes[layout] = write_checkpoint(folder, hidden=args.hidden, layers=args.layers)
+            else:
+                from coldbench.engine.checkpoints import create_checkpoint
+                from coldbench.engine.memory import weights_bytes
+
+                create_checkpoint(args.preset, folder, layout=layout)
+                sizes[layout] = weights_bytes(folder)
+            folders[layout] = folder
+            timed(folder, "read_chunks")  # the page cache holds the files from here on
+        # interleaved, so a drift in the machine's load falls on every method and layout alike
+        seconds = {layout: {m: [] for m in methods} for layout in layouts}
         for _ in range(args.repeats):
-            for method in methods:
-                seconds[method].append(timed(folder, method))
-    medians = {m: round(statistics.median(s), 4) for m, s in seconds.items()}
-    floor = medians.get("read_chunks")
-    result = {
-        "weights_bytes": size,
-        "repeats": args.repeats,
-        "median_s": medians,
-        "ratio_to_read_chunks": {m: round(v / floor, 2) for m, v in medians.items()}
-        if floor
-        else None,
-    }
+            for layout in layouts:
+                for method in methods:
+                    seconds[layout][method].append(timed(folders[layout], method))
+    results = {}
+    for layout in layouts:
+        medians = {m: round(statistics.median(s), 4) for m, s in seconds[layout].items()}
+        floor = medians.get("read_chunks")
+        results[layout] = {
+            "weights_bytes": sizes[layout],
+            "median_s": medians,
+            "ratio_to_read_chunks": {m: round(v / floor, 2) for m, v in medians.items()}
+            if floor
+            else None,
+        }
+    if args.preset is None:
+        result: dict[str, object] = {"repeats": args.repeats, **results["hf"]}
+    else:
+        first = results[layouts[0]]["median_s"]
+        result = {
+            "preset": args.preset,
+            "repeats": args.repeats,
+            "layouts": results,
+            f"ratio_to_{layouts[0]}": {
+                layout: {m: round(v / first[m], 2) for m, v in results[layout]["median_s"].items()}
+                for layout in layouts[1:]
+            },
+        }
     print(json.dumps(result, sort_keys=True), flush=True)
     return 0
 

@@ -30,6 +30,12 @@ def create(
     quantize: int | None = typer.Option(None, "--quantize", help="bits (mlx-lm quantization)"),
     seed: int = typer.Option(0, "--seed", help="weights seed (same seed, same bytes)"),
     shard_mb: int | None = typer.Option(None, "--shard-mb", help="largest shard in MiB"),
+    layout: str = typer.Option(
+        "hf",
+        "--layout",
+        help="expert weights per expert as Hugging Face stores them (hf), or stacked as "
+        "mlx_lm.convert saves them (mlx); the same for models without experts",
+    ),
 ) -> None:
     """Write a Hugging Face-layout checkpoint of a preset with seeded random weights."""
     import logging
@@ -50,6 +56,7 @@ def create(
             quantize_bits=quantize,
             seed=seed,
             shard_bytes=shard_bytes,
+            layout=layout,
         )
     except ValueError as error:  # CheckpointError included
         _fail(str(error))

@@ -182,13 +182,21 @@ def _model_class(config: dict[str, Any]) -> tuple[Any, Any]:
     return module.Model, module.ModelArgs
 
 
-def weight_specs(config: dict[str, Any]) -> list[TensorSpec]:
-    """Every tensor of the checkpoint in Hugging Face naming, in the model's order.
+LAYOUTS = ("hf", "mlx")
 
-    The names come from mlx-lm's own model class (built lazily: nothing is computed); stacked
-    expert weights (`switch_mlp`) are written per expert (`experts.E`) as a Hugging Face
-    checkpoint has them, which the model's `sanitize` stacks again at load time.
+
+def weight_specs(config: dict[str, Any], *, layout: str = "hf") -> list[TensorSpec]:
+    """Every tensor of the checkpoint, in the model's order.
+
+    The names come from mlx-lm's own model class (built lazily: nothing is computed). With
+    layout "hf", stacked expert weights (`switch_mlp`) are written per expert (`experts.E`) as a
+    Hugging Face checkpoint has them, which the model's `sanitize` stacks again at load time (a
+    copy of every expert's weights, and one tensor per expert to read); with "mlx" they are
+    written stacked, as `mlx_lm.convert` saves them and MLX checkpoints hold them, so the load
+    reads each as it is. Models without experts are the same in both.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     from mlx.utils import tree_flatten
 
     model_class, args_class = _model_class(config)
@@ -198,7 +206,9 @@ def weight_specs(config: dict[str, Any]) -> list[TensorSpec]:
     flat = cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
     for name, array in flat:
         shape = tuple(int(d) for d in array.shape)
-        if ".switch_mlp." in name:
+        if ".switch_mlp." in name and layout == "mlx":
+            specs.append(TensorSpec(name, shape, "linear", shape[-1]))
+        elif ".switch_mlp." in name:
             experts, rest = shape[0], shape[1:]
             prefix, _, proj = name.partition(".switch_mlp.")
             for e in range(experts):
@@ -379,8 +389,10 @@ def create_checkpoint(
     quantize_bits: int | None = None,
     seed: int = 0,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
+    layout: str = "hf",
 ) -> Path:
     """Write preset `preset` to `out` (which must not exist or be empty); return `out`.
+    `layout`: how expert weights are stored (`weight_specs`).
 
     Written into a temporary sibling and renamed at the end, so a crash never leaves a
     half-written checkpoint under the final name.
@@ -389,6 +401,8 @@ def create_checkpoint(
     dtype = dtype or spec.default_dtype
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     if quantize_bits is not None and quantize_bits not in (2, 3, 4, 5, 6, 8):
         raise ValueError(f"--quantize {quantize_bits}: mlx quantizes to 2, 3, 4, 5, 6 or 8 bits")
     out = Path(out).expanduser().resolve()
@@ -399,7 +413,7 @@ def create_checkpoint(
     try:
         tokenizer = train_tokenizer(spec.tokenizer_vocab)
         config = build_config(spec, dtype, tokenizer.get_vocab_size(), seed)
-        specs = weight_specs(config)
+        specs = weight_specs(config, layout=layout)
         if quantize_bits is None:
             by_name = {s.name: s for s in specs}
             entries = {s.name: (_SAFETENSORS_DTYPES[dtype], s.shape) for s in specs}

@@ -115,6 +115,47 @@ def test_moe_and_quantized_presets_load(tmp_path: Path) -> None:
     assert checkpoints.inspect_checkpoint(quantized)["parameters"] == 4_000_000
 
 
+def test_the_mlx_layout_stores_experts_stacked_and_loads_the_same_model(tmp_path: Path) -> None:
+    """`--layout mlx` writes what mlx_lm.convert saves (one stacked tensor per projection and
+    layer), which the load reads as it is, where the Hugging Face layout's experts are read one
+    by one and stacked again by the model's sanitize."""
+    from safetensors import safe_open
+
+    def names(folder: Path) -> set[str]:
+        found: set[str] = set()
+        for shard in folder.glob("model*.safetensors"):
+            with safe_open(str(shard), framework="numpy") as handle:
+                found.update(handle.keys())
+        return found
+
+    hf = checkpoints.create_checkpoint("tiny-moe", tmp_path / "hf")
+    stacked = checkpoints.create_checkpoint("tiny-moe", tmp_path / "mlx", layout="mlx")
+    hf_names, mlx_names = names(hf), names(stacked)
+    assert any(".mlp.experts.0.up_proj." in n for n in hf_names)
+    assert not any(".experts." in n for n in mlx_names)
+    layers = json.loads((stacked / "config.json").read_text())["num_hidden_layers"]
+    assert sum(".switch_mlp." in n for n in mlx_names) == 3 * layers
+    assert len(hf_names) - len(mlx_names) == 3 * layers * (8 - 1)  # 8 experts a layer
+    models = [checkpoints.load_model(folder)[0] for folder in (hf, stacked)]
+    from mlx.utils import tree_flatten
+
+    shapes = [{k: v.shape for k, v in tree_flatten(m.parameters())} for m in models]
+    assert shapes[0] == shapes[1]
+    for model in models:
+        logits = model(mx.array([[5, 6, 7]]))
+        assert logits.shape[:2] == (1, 3) and bool(mx.isfinite(logits).all())
+    # a model without experts is the same in both layouts, byte for byte
+    plain = [
+        checkpoints.create_checkpoint("micro", tmp_path / f"micro-{layout}", layout=layout)
+        for layout in ("hf", "mlx")
+    ]
+    digests = [checkpoints.inspect_checkpoint(folder)["weights_sha256"] for folder in plain]
+    assert digests[0] == digests[1]
+    with pytest.raises(ValueError, match="unknown layout 'gguf'; choose one of hf, mlx"):
+        checkpoints.create_checkpoint("tiny-moe", tmp_path / "bad", layout="gguf")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_resolve_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert checkpoints.resolve_model("preset:tiny", {}) == tiny_model_dir
     assert checkpoints.resolve_model("mine", {"mine": str(tiny_model_dir)}) == tiny_model_dir
@@ -173,6 +214,7 @@ def _corrupt(tmp_path: Path, tiny_model_dir: Path, how: str) -> Path:
         (["create", "--preset", "nope"], "unknown preset 'nope'; known presets:"),
         (["create", "--preset", "tiny", "--dtype", "int3"], "unknown dtype 'int3'"),
         (["create", "--preset", "tiny", "--quantize", "7"], "--quantize 7"),
+        (["create", "--preset", "tiny-moe", "--layout", "gguf"], "unknown layout 'gguf'"),
         (["inspect", "/nonexistent/ckpt"], "does not exist"),
     ],
 )
