@@ -36,8 +36,8 @@ CTX=${CTX:-16384}
 E2E_CTX=${E2E_CTX:-4096,16384}
 BASE_STEP=${BASE_STEP:-4096}
 PLANTED_STEP=${PLANTED_STEP:-2048}
-# 10 process pairs of 2 rounds a job: the fewest a verdict needs, both variance components
-# measured; 2 runs a part keep a part within one 10-minute device call in turns
+# 10 process pairs of 2 rounds a job: the fewest whose verdict 2 stalled pairs at each end cannot
+# decide, both variance components measured; 2 runs a part keep a part within one 10-minute device call in turns
 CAL_ROUNDS=${CAL_ROUNDS:-20}
 CAL_RPP=${CAL_RPP:-2}
 CAL_RUNS=${CAL_RUNS:-2}

@@ -50,7 +50,7 @@ def test_calibrate_reports_aa_claims_the_planted_effect_and_the_floor(
     assert result.planted_flags == {"prefill_step_size": 1}
     assert result.base_flags == {"prefill_step_size": 128}
     # The statistics are the cluster-aware ones: ten process pairs of two rounds each, the
-    # fewest the robust interval calls a verdict with.
+    # fewest whose verdict 2 stalled pairs at each end cannot decide.
     assert result.statistics["unit"].startswith("process pair")
     for job in result.jobs:
         assert job.status == "succeeded", job.reason
