@@ -185,6 +185,13 @@ def _model_class(config: dict[str, Any]) -> tuple[Any, Any]:
 LAYOUTS = ("hf", "mlx")
 
 
+def check_layout(layout: str) -> str:
+    """`layout` if it is one of LAYOUTS; ValueError naming them otherwise."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    return layout
+
+
 def weight_specs(config: dict[str, Any], *, layout: str = "hf") -> list[TensorSpec]:
     """Every tensor of the checkpoint, in the model's order.
 
@@ -195,8 +202,7 @@ def weight_specs(config: dict[str, Any], *, layout: str = "hf") -> list[TensorSp
     written stacked, as `mlx_lm.convert` saves them and MLX checkpoints hold them, so the load
     reads each as it is. Models without experts are the same in both.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    per_expert = check_layout(layout) == "hf"
     from mlx.utils import tree_flatten
 
     model_class, args_class = _model_class(config)
@@ -206,9 +212,7 @@ def weight_specs(config: dict[str, Any], *, layout: str = "hf") -> list[TensorSp
     flat = cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
     for name, array in flat:
         shape = tuple(int(d) for d in array.shape)
-        if ".switch_mlp." in name and layout == "mlx":
-            specs.append(TensorSpec(name, shape, "linear", shape[-1]))
-        elif ".switch_mlp." in name:
+        if ".switch_mlp." in name and per_expert:
             experts, rest = shape[0], shape[1:]
             prefix, _, proj = name.partition(".switch_mlp.")
             for e in range(experts):
@@ -401,8 +405,7 @@ def create_checkpoint(
     dtype = dtype or spec.default_dtype
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    check_layout(layout)  # before anything is written
     if quantize_bits is not None and quantize_bits not in (2, 3, 4, 5, 6, 8):
         raise ValueError(f"--quantize {quantize_bits}: mlx quantizes to 2, 3, 4, 5, 6 or 8 bits")
     out = Path(out).expanduser().resolve()

@@ -297,20 +297,19 @@ def _pct(count: int, total: int) -> str:
     return f"{100 * count / total:.0f}%" if total else "n/a"
 
 
-def _callable_jobs(result: HostCalibration) -> int:
-    """Jobs with at least one interval: a job whose rounds give fewer process pairs than an
-    interval needs can be called neither way, so its `inconclusive` says nothing of the host."""
-    return sum(
-        1
-        for job in result.jobs
-        if job.status == "succeeded" and any(c.ci_low is not None for c in job.comparisons)
+def _no_job_had_an_interval(result: HostCalibration) -> bool:
+    """Some job measured, none had an interval: a job whose rounds give fewer process pairs than
+    an interval needs can be called neither way, so its `inconclusive` says nothing of the host."""
+    measured = [job for job in result.jobs if job.status == "succeeded"]
+    return bool(measured) and not any(
+        c.ci_low is not None for job in measured for c in job.comparisons
     )
 
 
 def calibration_lines(result: HostCalibration) -> list[str]:
     planted = flags_text(result.planted_flags, empty="none")
     verdicts = ", ".join(f"{v} {n}" for v, n in sorted(result.planted_verdicts.items()))
-    if any(job.status == "succeeded" for job in result.jobs) and not _callable_jobs(result):
+    if _no_job_had_an_interval(result):
         blocks = (
             f"{result.rounds} rounds in blocks of {result.rounds_per_process}"
             if result.rounds_per_process
