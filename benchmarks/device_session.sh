@@ -19,14 +19,16 @@
 # its weights, then an A/B of it, one process more than half of the device, which runs in turns; on
 # a machine of its own, its checkpoint is about 46 GB), two-first and two-second (one job
 # reproduced on two machines through the service, benchmarks/two_hosts.py: the first packs
-# $OUT/state.tgz, the second takes it as $STATE), summaries (the bundles' summaries, tarred).
+# $OUT/state.tgz, the second takes it as $STATE), load (benchmarks/load_floor.py on $LOAD_MODEL,
+# $WORK/model by default: mlx-lm's one-thread load beside the engine's reads by several threads),
+# summaries (the bundles' summaries, tarred).
 # MODEL names another checkpoint folder for the steps that use $WORK/model (two-first writes
 # $WORK/two/model-llama-8b-shape-bfloat16, and its repository $WORK/two/repo holds main and
 # planted-2pct: BUNDLE and REFS for decided and alternate; TWO_ARGS passes on options such as
 # --model and --contexts); TIMEOUT_S bounds a service job (900), MOE_TIMEOUT_S the moe run (none).
 # Every step can be run again in place: it replaces its own output.
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, two-first, two-second, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, two-first, two-second, load, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -170,6 +172,12 @@ print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty
     rm -rf "$WORK/two"
     $PY -m benchmarks.two_hosts second --state "${STATE:?set STATE to the state.tgz of two-first}" \
       --workdir "$WORK/two" --out "$OUT" ${TWO_ARGS:-}
+    ;;
+  load)
+    target=${LOAD_MODEL:-$model}
+    $PY benchmarks/load_floor.py --model "$target" --repeats "${LOAD_REPEATS:-2}" \
+      --methods "${LOAD_METHODS:-read_chunks,mlx_lm_load,engine_load_4,engine_load_8,engine_load_16,runner_load}" \
+      | tee "$OUT/load-$(basename "$target").json"
     ;;
   summaries)
     for zip in "$WORK"/e2e-out/*.zip "$WORK"/decided*-out/*.zip "$WORK"/alternate-out/*/*.zip; do  # the service's evidence

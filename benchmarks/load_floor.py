@@ -9,13 +9,18 @@ per method (its imports done before the clock starts) times, with the page cache
   anonymous memory, not zero-filled, page faults included: the floor of any load that copies);
 - `mmap_touch`: every file mapped and one byte of each page read (no copy at all);
 - `mx_load`: `mlx.core.load` of every file and `mx.eval` of its arrays (MLX's own read);
+- `mlx_lm_load`: mlx-lm's own `load_model` (model built, sanitized, weights set and evaluated
+  on one thread);
 - `engine_load`: the embedded engine's model load on a synthetic checkpoint
-  (coldbench.engine.lean.load: mlx-lm's `load_model`, model built, sanitized, weights set and
-  evaluated);
+  (coldbench.engine.lean.load: the model built by mlx-lm's `load_model`, its weights read by
+  `checkpoints.LOAD_THREADS` threads at once, coldbench.engine.checkpoints.read_weights);
+- `engine_load_N` (N a number): the same read by N threads (`engine_load_1` is mlx-lm's read);
 - `runner_load`: the whole of what a variant process's `load_s` times (the embedded adapter's
   `load`: the memory guard, the model load, the prompt source, the checkpoint's digests).
 One JSON line: each method's median seconds over `--repeats` and its ratio to `read_chunks`
 (the page cache's read, the floor docs/PERFORMANCE.md states a block boundary against).
+`--model PATH` times a checkpoint folder that is already written (a GPU host's 46 GB preset)
+instead of writing one.
 
 With `--preset NAME --layouts hf,mlx` the checkpoint is that preset, written once per layout of
 its expert weights (coldbench.engine.checkpoints.weight_specs: per expert as Hugging Face stores
@@ -25,19 +30,31 @@ each layout's medians and the ratio of each method's median to the first layout'
     PYTHONPATH=. python benchmarks/load_floor.py --hidden 1024 --layers 8 --repeats 3
     PYTHONPATH=. python benchmarks/load_floor.py --preset tiny-moe --layouts hf,mlx \
         --methods read_chunks,mx_load,engine_load,runner_load --repeats 5
+    PYTHONPATH=. python benchmarks/load_floor.py --model <checkpoint folder> \
+        --methods read_chunks,mlx_lm_load,engine_load_1,engine_load --repeats 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-METHODS = ("read_chunks", "read_fresh", "mmap_touch", "mx_load", "engine_load", "runner_load")
+METHODS = (
+    "read_chunks",
+    "read_fresh",
+    "mmap_touch",
+    "mx_load",
+    "mlx_lm_load",
+    "engine_load",
+    "runner_load",
+)
+THREADED = re.compile(r"engine_load_[1-9][0-9]*")
 
 # Run in a fresh interpreter: imports first, then the clock; prints the seconds.
 _CHILD = r"""
@@ -46,7 +63,7 @@ from pathlib import Path
 folder, method = Path(sys.argv[1]), sys.argv[2]
 files = sorted(folder.glob("model*.safetensors"))
 import numpy
-if method in ("mx_load", "engine_load", "runner_load"):
+if method in ("mx_load", "mlx_lm_load", "runner_load") or method.startswith("engine_load"):
     import mlx.core as mx
     from coldbench.engine import lean
     lean.install()
@@ -82,8 +99,16 @@ elif method == "mx_load":
     for path in files:
         arrays.update(mx.load(str(path)))
     mx.eval(list(arrays.values()))
+elif method == "mlx_lm_load":
+    with lean._no_hub():
+        model, _config = mlx_lm.utils.load_model(folder)
 elif method == "engine_load":
     model, _tokenizer, _config = lean.load(folder)
+elif method.startswith("engine_load_"):
+    from coldbench.engine.checkpoints import fill_weights
+    with lean._no_hub():
+        model, config = mlx_lm.utils.load_model(folder, lazy=True)
+    fill_weights(model, folder, config, threads=int(method.removeprefix("engine_load_")))
 elif method == "runner_load":
     adapter.load()  # what the runner's `load_s` times: the guard, the load, prompts, digests
 print(time.perf_counter() - started)
@@ -148,11 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--layouts", default="hf", help="with --preset: layouts of its expert weights, e.g. hf,mlx"
     )
+    parser.add_argument("--model", type=Path, help="time this checkpoint folder, already written")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(set(methods) - set(METHODS))
+    unknown = sorted(m for m in methods if m not in METHODS and not THREADED.fullmatch(m))
     if unknown:
-        parser.error(f"unknown methods {', '.join(unknown)}: give {', '.join(METHODS)}")
+        parser.error(
+            f"unknown methods {', '.join(unknown)}: give {', '.join(METHODS)} or engine_load_N"
+        )
     from coldbench.engine.checkpoints import LAYOUTS
 
     layouts = [layout for layout in args.layouts.split(",") if layout]
@@ -160,12 +188,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--layouts {args.layouts!r}: give some of {', '.join(LAYOUTS)}")
     if args.preset is None and layouts != ["hf"]:
         parser.error("--layouts needs --preset (the llama of --hidden has no experts)")
+    if args.model is not None and (args.preset is not None or layouts != ["hf"]):
+        parser.error("--model times that checkpoint: give no --preset or --layouts with it")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: no config.json there")
     with tempfile.TemporaryDirectory(prefix="load-floor-") as scratch:
         folders: dict[str, Path] = {}
         sizes: dict[str, int] = {}
         for layout in layouts:
             folder = Path(scratch) / f"checkpoint-{layout}"
-            if args.preset is None:
+            if args.model is not None:
+                from coldbench.engine.memory import weights_bytes
+
+                folder = args.model.resolve()
+                sizes[layout] = weights_bytes(folder)
+            elif args.preset is None:
                 sizes[layout] = write_checkpoint(folder, hidden=args.hidden, layers=args.layers)
             else:
                 from coldbench.engine.checkpoints import create_checkpoint
@@ -194,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     if args.preset is None:
         result: dict[str, object] = {"repeats": args.repeats, **results["hf"]}
+        if args.model is not None:
+            result["model"] = str(args.model)
     else:
         first = results[layouts[0]]["median_s"]
         result = {

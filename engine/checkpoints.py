@@ -447,16 +447,103 @@ def create_checkpoint(
 
 
 def load_model(path: Path | str) -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, config) through `mlx_lm.utils.load`, as a user's checkpoint loads."""
+    """(model, tokenizer, config) through `mlx_lm.utils.load`, as a user's checkpoint loads;
+    the weights read by `fill_weights`."""
     from mlx_lm.utils import load
 
     path = Path(path)
     _check_layout(path)
     try:
-        model, tokenizer, config = load(str(path), return_config=True)  # type: ignore[misc]
+        model, tokenizer, config = load(str(path), lazy=True, return_config=True)  # type: ignore[misc]
+        fill_weights(model, path, config)
     except Exception as error:  # noqa: BLE001 - any load failure becomes one clear line
         raise CheckpointError(f"cannot load checkpoint {path}: {one_line(error)}") from error
     return model, tokenizer, config
+
+
+# MLX reads a tensor on CUDA by reading the file into fresh host memory, then copying it to the
+# device from that pageable memory, one tensor after the other: one thread leaves the bus idle
+# while it reads and the page cache idle while it copies (an 8B bf16 checkpoint took 6.3 s
+# alone on an H100, and two processes loading side by side took 5.5 s each). Every thread has
+# its own default stream in MLX, so several threads each reading their share overlap the two.
+LOAD_THREADS = 8
+
+# mlx-lm rewrites these checkpoints' weights before it quantizes the model (its
+# `_transform_awq_weights`); the sanitized file tensors are not the model's parameters.
+_REWRITTEN_QUANTIZATIONS = ("awq", "gptq")
+
+
+def load_threads() -> int:
+    """Threads that read a checkpoint's weights: `LOAD_THREADS` on CUDA, at most one a core; one
+    elsewhere (MLX's CPU and Metal loads read straight into the array's memory, with no copy to
+    overlap)."""
+    from coldbench.engine.backend import detect_backend
+
+    if detect_backend() != "cuda":
+        return 1
+    return max(1, min(LOAD_THREADS, os.cpu_count() or 1))
+
+
+def read_weights(path: Path, *, threads: int | None = None) -> dict[str, Any]:
+    """Every tensor of the checkpoint's weight files, evaluated. The tensors are dealt out by size
+    (largest first, each to the thread with the fewest bytes so far), and each of `threads`
+    threads (default `load_threads()`) loads and evaluates its share on its own default stream."""
+    import mlx.core as mx
+
+    tensors: list[tuple[int, Path, str]] = []
+    for file in weight_files(path):
+        header = _safetensors_header(file)
+        header.pop("__metadata__", None)
+        for name, entry in header.items():
+            begin, end = entry["data_offsets"]
+            tensors.append((end - begin, file, name))
+    count = max(1, min(threads or load_threads(), len(tensors)))
+    shares: list[dict[Path, list[str]]] = [{} for _ in range(count)]
+    loaded = [0] * count
+    for size, file, name in sorted(tensors, key=lambda tensor: -tensor[0]):
+        least = loaded.index(min(loaded))
+        shares[least].setdefault(file, []).append(name)
+        loaded[least] += size
+
+    def load_share(share: dict[Path, list[str]]) -> dict[str, Any]:
+        arrays: dict[str, Any] = {}
+        for file, names in share.items():
+            everything = mx.load(str(file))  # lazy: only `names` are read, by this eval
+            arrays.update((name, everything[name]) for name in names)
+        mx.eval(list(arrays.values()))
+        return arrays
+
+    if count == 1:
+        return load_share(shares[0])
+    weights: dict[str, Any] = {}
+    with ThreadPoolExecutor(count, thread_name_prefix="coldbench-load") as pool:
+        for part in pool.map(load_share, shares):
+            weights.update(part)
+    return weights
+
+
+def fill_weights(
+    model: Any, path: Path, config: dict[str, Any], *, threads: int | None = None
+) -> None:
+    """Give `model`, built by mlx-lm with `lazy=True` (its class, sanitize and quantization; no
+    tensor read), the checkpoint's weights read by `read_weights`, sanitized and strictly checked
+    as mlx-lm's `load_model` does. A checkpoint whose weights mlx-lm rewrites before quantizing
+    keeps mlx-lm's own reading of them, as does a load by one thread."""
+    import mlx.core as mx
+
+    threads = threads or load_threads()
+    quantization = config.get("quantization_config")
+    rewritten = isinstance(quantization, dict) and (
+        quantization.get("quant_method") in _REWRITTEN_QUANTIZATIONS
+    )
+    if threads == 1 or rewritten:
+        mx.eval(model.parameters())  # mlx-lm's lazy arrays: what its eager load evaluates
+        return
+    weights = read_weights(path, threads=threads)
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
 
 
 def _check_layout(path: Path) -> None:

@@ -137,14 +137,18 @@ def _no_download(*args: Any, **kwargs: Any) -> Any:
 
 def load(path: Path | str) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, config) of a synthetic checkpoint: mlx-lm's `load_model` (the same
-    model classes, sanitize and quantization as `mlx_lm.utils.load`) and the checkpoint's
-    tokenizer.json through the tokenizers library."""
+    model classes, sanitize and quantization as `mlx_lm.utils.load`), the weights read by
+    `checkpoints.fill_weights`, and the checkpoint's tokenizer.json through the tokenizers
+    library."""
     from tokenizers import Tokenizer
 
     with _no_hub():
         from mlx_lm.utils import load_model
 
+    from coldbench.engine.checkpoints import fill_weights
+
     folder = Path(path)
-    model, config = load_model(folder)
+    model, config = load_model(folder, lazy=True)
+    fill_weights(model, folder, config)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     return model, tokenizer, config
