@@ -156,6 +156,35 @@ def test_the_mlx_layout_stores_experts_stacked_and_loads_the_same_model(tmp_path
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.parametrize("threads", [2, 5])
+def test_weights_read_by_several_threads_are_mlx_lms_own(tmp_path: Path, threads: int) -> None:
+    """CUDA hosts read a checkpoint's tensors on several threads at once (fill_weights); the
+    model must come out as mlx-lm's one-thread load makes it: experts stacked by sanitize from
+    the Hugging Face layout, quantized layers with their scales, every tensor bit for bit."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+
+    for folder in (
+        checkpoints.create_checkpoint("tiny-moe", tmp_path / "moe"),
+        checkpoints.create_checkpoint("tiny", tmp_path / "q4", quantize_bits=4),
+    ):
+        reference = dict(tree_flatten(load_model(folder)[0].parameters()))
+        model, config = load_model(folder, lazy=True)
+        checkpoints.fill_weights(model, folder, config, threads=threads)
+        filled = dict(tree_flatten(model.parameters()))
+        assert filled.keys() == reference.keys()
+        for name, array in reference.items():
+            assert filled[name].dtype == array.dtype, name
+            assert bool(mx.array_equal(filled[name], array)), name
+    read = checkpoints.read_weights(tmp_path / "moe", threads=threads)
+    header_names = set()
+    for file in checkpoints.weight_files(tmp_path / "moe"):
+        with open(file, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            header_names |= set(json.loads(handle.read(length))) - {"__metadata__"}
+    assert set(read) == header_names
+
+
 def test_resolve_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert checkpoints.resolve_model("preset:tiny", {}) == tiny_model_dir
     assert checkpoints.resolve_model("mine", {"mine": str(tiny_model_dir)}) == tiny_model_dir
