@@ -49,6 +49,8 @@ BUNDLE=${BUNDLE:-.gpu/cb.bundle}
 REFS=${REFS:-main e2e-wide}
 # 2 blocks of 12 rounds: on the H100 a block start of the 8B at 16K costs about 10 s side by side
 # and 16 s in turns against 1.15 s a round, so 3 rounds a process cannot reach the duty targets
+# 2 pairs of runs (side by side, in turns, twice): on two H100s the first run on the machine warmed
+# up for 14-19 s at its first block, against 5 s in the second side-by-side run
 DUTY_ROUNDS=${DUTY_ROUNDS:-24}
 DUTY_RPP=${DUTY_RPP:-12}
 MOE_PRESET=${MOE_PRESET:-qwen3-moe-45g-shape}
@@ -78,7 +80,7 @@ case $step in
     start=$(date +%s)
     [ -f "$model/config.json" ] || $PY -m coldbench model create --preset "$PRESET" --dtype "$DTYPE" --out "$model"
     echo "model written in $(( $(date +%s) - start )) s"
-    $PY benchmarks/load_gate_probe.py --model "$model" | tee "$OUT/gate.json"
+    [ "${GATE_PROBE:-1}" = 0 ] || $PY benchmarks/load_gate_probe.py --model "$model" | tee "$OUT/gate.json"
     ;;
   cal1) calibrate cal1 0 ;;
   cal2) calibrate cal2 100 ;;
@@ -131,7 +133,8 @@ case $step in
     rm -f "$OUT/duty.jsonl"
     $PY benchmarks/time_to_evidence.py --model "$model" --contexts "$CTX" --rounds "$DUTY_ROUNDS" \
       --rounds-per-process "$DUTY_RPP" --variant a --variant "b:prefill_step_size=$PLANTED_STEP" \
-      --decode-tokens 2 --compare residency --workdir "$WORK/duty" --out "$OUT/duty.jsonl"
+      --decode-tokens 2 --compare residency --repeat "${DUTY_REPEAT:-2}" --workdir "$WORK/duty" \
+      --out "$OUT/duty.jsonl"
     ;;
   moe-model)
     start=$(date +%s)

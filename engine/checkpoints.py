@@ -466,7 +466,7 @@ def load_model(path: Path | str) -> tuple[Any, Any, dict[str, Any]]:
 # while it reads and the page cache idle while it copies (an 8B bf16 checkpoint took 6.3 s
 # alone on an H100, and two processes loading side by side took 5.5 s each). Every thread has
 # its own default stream in MLX, so several threads each reading their share overlap the two.
-LOAD_THREADS = 8
+LOAD_THREADS = 16
 
 # mlx-lm rewrites these checkpoints' weights before it quantizes the model (its
 # `_transform_awq_weights`); the sanitized file tensors are not the model's parameters.
