@@ -508,7 +508,8 @@ def read_weights(path: Path, *, threads: int | None = None) -> dict[str, Any]:
     def load_share(share: dict[Path, list[str]]) -> dict[str, Any]:
         arrays: dict[str, Any] = {}
         for file, names in share.items():
-            everything = mx.load(str(file))  # lazy: only `names` are read, by this eval
+            # lazy: only `names` are read, by this thread's eval
+            everything = cast(dict[str, Any], mx.load(str(file)))
             arrays.update((name, everything[name]) for name in names)
         mx.eval(list(arrays.values()))
         return arrays
