@@ -19,7 +19,7 @@
 # its weights, then an A/B of it, one process more than half of the device, which runs in turns; on
 # a machine of its own, its checkpoint is about 46 GB), two-first and two-second (one job
 # reproduced on two machines through the service, benchmarks/two_hosts.py: the first packs
-# $OUT/state.tgz, the second takes it as $STATE), load (benchmarks/load_floor.py on $LOAD_MODEL,
+# $OUT/state.tgz, the second takes it as $STATE), planted-repo ($WORK/two/repo alone), load (benchmarks/load_floor.py on $LOAD_MODEL,
 # $WORK/model by default: mlx-lm's one-thread load beside the engine's reads by several threads),
 # summaries (the bundles' summaries, tarred).
 # MODEL names another checkpoint folder for the steps that use $WORK/model (two-first writes
@@ -28,7 +28,7 @@
 # --model and --contexts); TIMEOUT_S bounds a service job (900), MOE_TIMEOUT_S the moe run (none).
 # Every step can be run again in place: it replaces its own output.
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, two-first, two-second, load, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, two-first, two-second, planted-repo, load, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -172,6 +172,11 @@ print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty
   two-first)
     rm -rf "$WORK/two" "$OUT/state.tgz"
     $PY -m benchmarks.two_hosts first --workdir "$WORK/two" --out "$OUT" ${TWO_ARGS:-}
+    ;;
+  planted-repo)
+    # <work>/two/repo alone (main and planted-2pct, a wait of 2% of each prefill): BUNDLE and REFS
+    # for decided and alternate, without two-first's job
+    $PY -m benchmarks.two_hosts repo --workdir "$WORK/two" --out "$OUT"
     ;;
   two-second)
     rm -rf "$WORK/two"

@@ -22,6 +22,9 @@ timed region: a 2% effect by construction on any machine.
     PYTHONPATH=. python3 benchmarks/two_hosts.py second --state <path>/state.tgz \\
         --workdir /tmp/two --out $OUT
 
+`repo` writes only `<workdir>/repo` (`main` and `planted-2pct`), for jobs run another way
+(benchmarks/device_session.sh's `planted-repo` step, before `decided` or `alternate`).
+
 Each phase prints one JSON line (the job, its runs, the host, times) and writes it to
 `<out>/<phase>.json`; the second also writes the evidence zip, its summary.md and
 summary.json, and `compare.txt` (what `coldbench compare` printed). On this CPU the same
@@ -64,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("phase", choices=["first", "second"])
+    parser.add_argument("phase", choices=["first", "second", "repo"])
     parser.add_argument("--workdir", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--state", type=Path, help="second: the first machine's state.tgz")
@@ -339,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {"ok": False}
     try:
-        result.update((first if args.phase == "first" else second)(args, workdir, out, say))
+        if args.phase == "repo":  # the repository alone, for jobs run otherwise
+            result["commits"] = planted_repository(workdir / "repo")
+        else:
+            result.update((first if args.phase == "first" else second)(args, workdir, out, say))
         result["ok"] = True
     except (Failed, RuntimeError, subprocess.SubprocessError, OSError) as error:
         result["error"] = str(error)[-2000:]
