@@ -160,12 +160,14 @@ def test_the_mlx_layout_stores_experts_stacked_and_loads_the_same_model(tmp_path
 def test_weights_read_by_several_threads_are_mlx_lms_own(tmp_path: Path, threads: int) -> None:
     """CUDA hosts read a checkpoint's tensors on several threads at once (fill_weights); the
     model must come out as mlx-lm's one-thread load makes it: experts stacked by sanitize from
-    the Hugging Face layout, quantized layers with their scales, every tensor bit for bit."""
+    the Hugging Face layout (qwen3_moe, and deepseek_v3 with its shared expert and latent
+    attention), quantized layers with their scales, every tensor bit for bit."""
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load_model
 
     for folder in (
         checkpoints.create_checkpoint("tiny-moe", tmp_path / "moe"),
+        checkpoints.create_checkpoint("tiny-deepseek-v3", tmp_path / "mla"),
         checkpoints.create_checkpoint("tiny", tmp_path / "q4", quantize_bits=4),
     ):
         reference = dict(tree_flatten(load_model(folder)[0].parameters()))
