@@ -115,9 +115,9 @@ print(time.perf_counter() - started)
 """
 
 
-def write_checkpoint(folder: Path, *, hidden: int, layers: int) -> int:
+def write_checkpoint(folder: Path, *, hidden: int, layers: int) -> None:
     """A llama checkpoint (config.json, model.safetensors, the tiny preset's tokenizer.json) of
-    `layers` layers of width `hidden`, float32; returns the weight bytes."""
+    `layers` layers of width `hidden`, float32."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -149,7 +149,6 @@ def write_checkpoint(folder: Path, *, hidden: int, layers: int) -> int:
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "tokenizer.json").write_bytes((tiny / "tokenizer.json").read_bytes())
-    return (folder / "model.safetensors").stat().st_size
 
 
 def timed(folder: Path, method: str) -> float:
@@ -181,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"unknown methods {', '.join(unknown)}: give {', '.join(METHODS)} or engine_load_N"
         )
-    from coldbench.engine.checkpoints import LAYOUTS
+    from coldbench.engine.checkpoints import LAYOUTS, create_checkpoint
+    from coldbench.engine.memory import weights_bytes
 
     layouts = [layout for layout in args.layouts.split(",") if layout]
     if not layouts or set(layouts) - set(LAYOUTS):
@@ -196,20 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         folders: dict[str, Path] = {}
         sizes: dict[str, int] = {}
         for layout in layouts:
-            folder = Path(scratch) / f"checkpoint-{layout}"
             if args.model is not None:
-                from coldbench.engine.memory import weights_bytes
-
                 folder = args.model.resolve()
-                sizes[layout] = weights_bytes(folder)
-            elif args.preset is None:
-                sizes[layout] = write_checkpoint(folder, hidden=args.hidden, layers=args.layers)
             else:
-                from coldbench.engine.checkpoints import create_checkpoint
-                from coldbench.engine.memory import weights_bytes
-
-                create_checkpoint(args.preset, folder, layout=layout)
-                sizes[layout] = weights_bytes(folder)
+                folder = Path(scratch) / f"checkpoint-{layout}"
+                if args.preset is None:
+                    write_checkpoint(folder, hidden=args.hidden, layers=args.layers)
+                else:
+                    create_checkpoint(args.preset, folder, layout=layout)
+            sizes[layout] = weights_bytes(folder)
             folders[layout] = folder
             timed(folder, "read_chunks")  # the page cache holds the files from here on
         # interleaved, so a drift in the machine's load falls on every method and layout alike
