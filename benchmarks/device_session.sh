@@ -14,7 +14,8 @@
 # e2e (the whole service: A/B of two refs of $BUNDLE), decided and decided-aa (JOBS jobs measuring
 # until decided: the two refs, or the first against itself), alternate (JOBS pairs of those two
 # jobs, one after the other, each job's line as it ends), duty (the duty cycle of an A/B in
-# turns beside one side by side, benchmarks/time_to_evidence.py --compare residency), moe-model
+# turns beside one side by side, benchmarks/time_to_evidence.py --compare residency),
+# duty-kernels (side by side, an empty MLX kernel cache beside the host's: --compare kernel-cache), moe-model
 # and moe (variants in turns: write $MOE_PRESET and probe its load beside the page cache's read of
 # its weights, then an A/B of it, one process more than half of the device, which runs in turns; on
 # a machine of its own, its checkpoint is about 46 GB), two-first and two-second (one job
@@ -28,7 +29,7 @@
 # --model and --contexts); TIMEOUT_S bounds a service job (900), MOE_TIMEOUT_S the moe run (none).
 # Every step can be run again in place: it replaces its own output.
 set -euo pipefail
-step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, moe-model, moe, two-first, two-second, planted-repo, load, summaries}
+step=${1:?give a step: model, cal1, cal2, merge, aaa, e2e, decided, decided-aa, alternate, duty, duty-kernels, moe-model, moe, two-first, two-second, planted-repo, load, summaries}
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/cb}
@@ -131,12 +132,16 @@ case $step in
       done
     done
     ;;
-  duty)
-    rm -f "$OUT/duty.jsonl"
+  duty|duty-kernels)
+    # duty-kernels: side by side, an empty MLX kernel cache beside the host's (a machine's first
+    # run compiles every kernel its warm-ups need; the runs after it read them from the cache)
+    compare=residency residency=()
+    [ "$step" = duty ] || compare=kernel-cache residency=(--residency side-by-side)
+    rm -f "$OUT/$step.jsonl"
     $PY benchmarks/time_to_evidence.py --model "$model" --contexts "$CTX" --rounds "$DUTY_ROUNDS" \
       --rounds-per-process "$DUTY_RPP" --variant a --variant "b:prefill_step_size=$PLANTED_STEP" \
-      --decode-tokens 2 --compare residency --repeat "${DUTY_REPEAT:-2}" --workdir "$WORK/duty" \
-      --out "$OUT/duty.jsonl"
+      --decode-tokens 2 --compare "$compare" "${residency[@]}" --repeat "${DUTY_REPEAT:-2}" \
+      --workdir "$WORK/$step" --out "$OUT/$step.jsonl"
     ;;
   moe-model)
     start=$(date +%s)

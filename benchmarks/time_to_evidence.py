@@ -18,7 +18,11 @@ duty cycle of a run in turns beside one side by side, `turn_starts` what the tur
 `--checkout DIR` (repeatable) alternates between coldbench checkouts, each run with that
 checkout's `.venv/bin/python` (or `--python`), so figures measured side by side share the
 machine's load. `--demo` times `coldbench demo` (its "demo finished in N s" line and its own
-breakdown) instead of a run.
+breakdown) instead of a run. `--compare kernel-cache` alternates the host's MLX CUDA kernel cache
+(MLX_PTX_CACHE_DIR, by default `<temp dir>/mlx/<version>/ptx`: kernels compiled at run time are
+kept there) with an empty one made for the run, so that a machine's first run, which compiles
+every kernel, can be told from the runs after it; each line's `kernel_cache` gives the folder and
+its entries before and after the run.
 
     PYTHONPATH=. python benchmarks/time_to_evidence.py --model preset:tiny --contexts 128,256 \\
         --rounds 8 --variant a --variant b --repeat 2 --compare prespawn
@@ -33,6 +37,7 @@ breakdown) instead of a run.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import itertools
 import json
 import os
@@ -64,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs per setting")
     parser.add_argument(
         "--compare",
-        choices=["prespawn", "residency"],
+        choices=["prespawn", "residency", "kernel-cache"],
         default=None,
         help="alternate a setting run by run",
     )
@@ -121,6 +126,29 @@ def run_command(
     return command
 
 
+KERNEL_CACHE_ENV = "MLX_PTX_CACHE_DIR"
+
+
+def kernel_cache_dir(env: dict[str, str]) -> Path:
+    """Where MLX's CUDA backend keeps the kernels it compiles at run time (jit_module.cpp:
+    MLX_PTX_CACHE_DIR, else `<temp dir>/mlx/<version>/ptx`, the temp dir as C++'s
+    temp_directory_path finds it)."""
+    if env.get(KERNEL_CACHE_ENV):
+        return Path(env[KERNEL_CACHE_ENV])
+    temp = next((env[k] for k in ("TMPDIR", "TMP", "TEMP", "TEMPDIR") if env.get(k)), "/tmp")
+    try:
+        version = importlib.metadata.version("mlx")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return Path(temp) / "mlx" / version / "ptx"
+
+
+def kernel_cache_entries(folder: Path) -> int:
+    """Compiled modules in the cache: one `.ptx` file each (a cubin where NVRTC targets the
+    device's own architecture, as on Hopper), 0 where the folder does not exist (Metal, CPU)."""
+    return sum(1 for _ in folder.glob("*.ptx")) if folder.is_dir() else 0
+
+
 def timeline_figures(summary: dict[str, Any]) -> dict[str, Any]:
     """The run's figures from its summary.json (evidence/contract/timeline.py)."""
     runs = (summary.get("timeline") or {}).get("runs") or []
@@ -161,10 +189,15 @@ def one_run(
     prespawn: bool | None,
     index: int,
     residency: str | None = None,
+    empty_kernel_cache: bool = False,
 ) -> dict[str, Any]:
     scratch = Path(args.workdir or tempfile.gettempdir()) / f"tte-{os.getpid()}-{index}"
     out, state = scratch / "bundle", scratch / "state"
     scratch.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if empty_kernel_cache:
+        env[KERNEL_CACHE_ENV] = str(scratch / "kernel-cache")
+    kernels = kernel_cache_dir(env)
     if args.demo:
         command = [python, "-m", "coldbench", "demo", "--dir", str(scratch / "demo")]
     else:
@@ -179,10 +212,10 @@ def one_run(
         "python": python,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "kernel_cache": {"dir": str(kernels), "entries_before": kernel_cache_entries(kernels)},
     }
     launched_wall = datetime.now(UTC)
     launched = time.monotonic()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(
         command,
         cwd=cwd,
@@ -194,6 +227,7 @@ def one_run(
     )
     line["time_to_evidence_s"] = round(time.monotonic() - launched, 2)
     line["exit_code"] = done.returncode
+    line["kernel_cache"]["entries_after"] = kernel_cache_entries(kernels)
     line["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.demo:
         finished = _DEMO_DONE.search(done.stderr + done.stdout)
@@ -219,14 +253,17 @@ def one_run(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     checkouts: list[Path | None] = list(args.checkout) or [None]
-    settings: list[tuple[bool | None, str | None]] = [(args.prespawn, args.residency)]
+    # (prespawn, residency, an empty kernel cache)
+    settings: list[tuple[bool | None, str | None, bool]] = [(args.prespawn, args.residency, False)]
     if args.compare == "prespawn":
-        settings = [(True, args.residency), (False, args.residency)]
+        settings = [(True, args.residency, False), (False, args.residency, False)]
     elif args.compare == "residency":
-        settings = [(args.prespawn, "side-by-side"), (args.prespawn, "in-turns")]
+        settings = [(args.prespawn, "side-by-side", False), (args.prespawn, "in-turns", False)]
+    elif args.compare == "kernel-cache":
+        settings = [(args.prespawn, args.residency, True), (args.prespawn, args.residency, False)]
     plan = list(itertools.product(range(args.repeat), checkouts, settings))
     failed = 0
-    for index, (_, checkout, (prespawn, residency)) in enumerate(plan):
+    for index, (_, checkout, (prespawn, residency, empty_kernel_cache)) in enumerate(plan):
         cwd = (checkout or Path.cwd()).resolve()
         label = (
             " ".join(
@@ -235,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(checkout) if len(checkouts) > 1 else "",
                     {True: "prespawn", False: "no-prespawn", None: ""}[prespawn],
                     residency or "",
+                    "kernel cache empty" if empty_kernel_cache else "",
                 )
                 if part
             )
@@ -248,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             prespawn=prespawn,
             index=index,
             residency=residency,
+            empty_kernel_cache=empty_kernel_cache,
         )
         failed += line["exit_code"] != 0
         text = json.dumps(line, sort_keys=True)
