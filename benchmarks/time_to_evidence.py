@@ -50,6 +50,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from coldbench.engine import jit_cache
+
 _DEMO_DONE = re.compile(r"demo finished in (\d+(?:\.\d+)?) s")
 _DEMO_BREAKDOWN = re.compile(r"where the time went: (.*)")
 
@@ -126,27 +128,11 @@ def run_command(
     return command
 
 
-KERNEL_CACHE_ENV = "MLX_PTX_CACHE_DIR"
-
-
-def kernel_cache_dir(env: dict[str, str]) -> Path:
-    """Where MLX's CUDA backend keeps the kernels it compiles at run time (jit_module.cpp:
-    MLX_PTX_CACHE_DIR, else `<temp dir>/mlx/<version>/ptx`, the temp dir as C++'s
-    temp_directory_path finds it)."""
-    if env.get(KERNEL_CACHE_ENV):
-        return Path(env[KERNEL_CACHE_ENV])
-    temp = next((env[k] for k in ("TMPDIR", "TMP", "TEMP", "TEMPDIR") if env.get(k)), "/tmp")
+def mlx_version() -> str:
     try:
-        version = importlib.metadata.version("mlx")
+        return importlib.metadata.version("mlx")
     except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return Path(temp) / "mlx" / version / "ptx"
-
-
-def kernel_cache_entries(folder: Path) -> int:
-    """Compiled modules in the cache: one `.ptx` file each (a cubin where NVRTC targets the
-    device's own architecture, as on Hopper), 0 where the folder does not exist (Metal, CPU)."""
-    return sum(1 for _ in folder.glob("*.ptx")) if folder.is_dir() else 0
+        return "unknown"
 
 
 def timeline_figures(summary: dict[str, Any]) -> dict[str, Any]:
@@ -196,8 +182,8 @@ def one_run(
     scratch.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if empty_kernel_cache:
-        env[KERNEL_CACHE_ENV] = str(scratch / "kernel-cache")
-    kernels = kernel_cache_dir(env)
+        env[jit_cache.KERNEL_CACHE_ENV] = str(scratch / "kernel-cache")
+    kernels = jit_cache.kernel_cache_dir(mlx_version(), env)
     if args.demo:
         command = [python, "-m", "coldbench", "demo", "--dir", str(scratch / "demo")]
     else:
@@ -212,7 +198,7 @@ def one_run(
         "python": python,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "kernel_cache": {"dir": str(kernels), "entries_before": kernel_cache_entries(kernels)},
+        "kernel_cache": {"dir": str(kernels), "entries_before": jit_cache.kernel_modules(kernels)},
     }
     launched_wall = datetime.now(UTC)
     launched = time.monotonic()
@@ -227,7 +213,7 @@ def one_run(
     )
     line["time_to_evidence_s"] = round(time.monotonic() - launched, 2)
     line["exit_code"] = done.returncode
-    line["kernel_cache"]["entries_after"] = kernel_cache_entries(kernels)
+    line["kernel_cache"]["entries_after"] = jit_cache.kernel_modules(kernels)
     line["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.demo:
         finished = _DEMO_DONE.search(done.stderr + done.stdout)

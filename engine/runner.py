@@ -11,7 +11,9 @@ records file and in the ready event (`"warmups": [...]`, and the first as `"warm
 `COLDBENCH_CANARY=1` (one process per run, engine/canary.py) the warm canary runs after the
 warm-ups (round -2) and travels in the ready event as `"canary"` (the openai-server
 adapter's canary is a repeat of a prompt the server was sent, timed against cold twins, at
-the size its `canary_tokens` gives); an adapter without `canary_cell` runs none.
+the size its `canary_tokens` gives); an adapter without `canary_cell` runs none. The ready
+event's `"kernels_compiled"` counts the modules MLX's CUDA backend compiled while the process
+loaded and warmed up, its kernel cache lacking them (engine/jit_cache.py; null without one).
 
 Gates, set by the orchestrator (worker/variants.py) in the environment (not plan fields, so
 that a runner of an older engine commit, whose Plan refuses unknown fields, still starts):
@@ -37,6 +39,7 @@ also in the middle of a cell or warm-up, so a killed orchestrator leaves no runn
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -45,7 +48,7 @@ import threading
 import time
 from typing import IO, Any
 
-from coldbench.engine import lean
+from coldbench.engine import jit_cache, lean
 from coldbench.engine.canary import (
     CANARY_ORDER,
     CANARY_REASON,
@@ -230,6 +233,8 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
             process.close()
             return 0
     try:
+        kernels_dir = jit_cache.kernel_cache_dir(_mlx_version())
+        kernels_before = jit_cache.kernel_modules(kernels_dir)
         clock = time.monotonic()
         adapter.load()
         load_s = round(time.monotonic() - clock, 4)
@@ -269,6 +274,11 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
                 "target": adapter.describe(),
                 "warmup": warmups[0],
                 "warmups": warmups,
+                # modules MLX compiled while this process loaded and warmed up (its CUDA
+                # kernel cache lacked them): what made a first block's warm-ups long
+                "kernels_compiled": jit_cache.modules_compiled(
+                    kernels_before, jit_cache.kernel_modules(kernels_dir)
+                ),
                 **canary,
             }
         )
@@ -284,6 +294,18 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
         process.close()
         adapter.close()
     return 0
+
+
+def _mlx_version() -> str:
+    """The version MLX names its kernel cache folder by: the loaded mlx.core's, else the
+    installed distribution's (an adapter that serves through another process imports none)."""
+    core = sys.modules.get("mlx.core")
+    if core is not None:
+        return str(getattr(core, "__version__", "unknown"))
+    try:
+        return importlib.metadata.version("mlx")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -418,6 +418,9 @@ class VariantProcess:
                 if isinstance(event.get("canary"), dict):
                     self.early_records.append(event["canary"])
                 self.times.ready_s = self.said_at
+                compiled = event.get("kernels_compiled")
+                if isinstance(compiled, int) and not isinstance(compiled, bool) and compiled >= 0:
+                    self.times.kernels_compiled = compiled
                 return self.target
             elif kind == "record":
                 self.early_records.append(event["record"])

@@ -565,6 +565,10 @@ class RunTime(_Section):
     # added over a run side by side, and their number
     turn_starts: PhaseTimes | None = None
     turns_within_blocks: int | None = None
+    # the processes that compiled kernels MLX's CUDA kernel cache lacked, and the most modules
+    # one compiled; None where no process reported such a cache
+    processes_compiling_kernels: int | None = None
+    kernels_compiled_max: int | None = None
     # This run's measured cost, set where it has a timeline and a round: its complete rounds,
     # the seconds of a block's start (every turn's start included; the later blocks' mean,
     # else the first's), and of a round besides (cells and the gaps between them); what prices

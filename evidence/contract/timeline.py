@@ -20,6 +20,9 @@ imports: no interpreter imports while a timed cell runs). `stopped` says why a r
   measuring wall) and of all later ones (inside it), and the block length with its reason;
 - `residency` and its reason (coldbench.engine.memory's plan); in turns, `turn_starts`: the phases
   of every start within a block (a block's later turns), the time running in turns added;
+- `processes_compiling_kernels` and `kernels_compiled_max`: the processes whose loads and
+  warm-ups compiled kernels that MLX's CUDA kernel cache lacked, and the most modules one
+  compiled (a host's first run: its warm-ups include the compiler);
 - `rounds`, `block_start_s` and `round_s`: the run's measured cost, a block's start with all its
   turns' starts and a round besides, which `advice_cost_s` prices the rounds advice with: in
   turns a block pays a start per variant, and the advice says so in time.
@@ -60,6 +63,9 @@ class ProcessTimes(_Strict):
     prespawned: bool = False
     # the runner imported mlx-lm's model code without transformers (engine/lean.py)
     lean: bool | None = None
+    # modules MLX's CUDA backend compiled while this process loaded and warmed up (its kernel
+    # cache lacked them, coldbench.engine.jit_cache); None: no such cache (Metal, the CPU)
+    kernels_compiled: int | None = Field(None, ge=0, le=1_000_000)
     spawned_s: Seconds
     imported_s: Seconds | None = None
     load_s: Seconds | None = None
@@ -168,7 +174,22 @@ def run_time(timeline: Timeline | None, records: Sequence[Record], run_id: str) 
         residency_reason=(timeline.residency_reason or None) if timeline else None,
         turn_starts=_phases(turns) if in_turns else None,
         turns_within_blocks=len(turns) if in_turns else None,
+        **_kernel_compiles(timeline),
     )
+
+
+def _kernel_compiles(timeline: Timeline | None) -> dict[str, Any]:
+    """How many of the run's processes compiled kernels at run time, and the most one did
+    (processes side by side compile the same modules at once, so a sum would count them
+    twice); nothing where no process reported a kernel cache."""
+    counts = [p.kernels_compiled for p in timeline.processes] if timeline else []
+    known = [c for c in counts if c is not None]
+    if not known:
+        return {}
+    return {
+        "processes_compiling_kernels": sum(1 for c in known if c > 0),
+        "kernels_compiled_max": max(known),
+    }
 
 
 def _seconds(start: BlockStart) -> float:

@@ -223,10 +223,26 @@ def time_spent_lines(summary: Summary) -> list[str]:
             text += " " + in_turns_text(run)
         elif run.residency_reason:
             text += f" Variants ran {run.residency_reason}."
+        if run.processes_compiling_kernels:
+            text += " " + kernel_compiles_text(run)
         if run.stopped:
             text += f" The run was {run.stopped}."
         lines.append(f"Where the time went{f' (run {run.run_id})' if several else ''}: {text}")
     return lines
+
+
+def kernel_compiles_text(run: RunTime) -> str:
+    """The sentence of a run whose processes compiled kernels at run time
+    (coldbench.engine.jit_cache): why their warm-ups were long."""
+    count = run.processes_compiling_kernels or 0
+    most = run.kernels_compiled_max or 0
+    processes = f"{count} variant process{'es' if count != 1 else ''}"
+    modules = f"{most} kernel module{'s' if most != 1 else ''}"
+    return (
+        f"{processes} compiled kernels that MLX's CUDA kernel cache lacked (at most {modules} "
+        "one), inside their load and warm-ups, before any timed cell: a host compiles them once "
+        "and later runs read them from the cache."
+    )
 
 
 def in_turns_text(run: RunTime) -> str:

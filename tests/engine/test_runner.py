@@ -36,7 +36,7 @@ def _plan(tmp_path: Path, model: Path | str, **overrides: Any) -> Path:
     return path
 
 
-def _start(plan: Path) -> subprocess.Popen[str]:
+def _start(plan: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "coldbench.engine.runner", "--plan", str(plan)],
         stdin=subprocess.PIPE,
@@ -44,6 +44,7 @@ def _start(plan: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -77,7 +78,10 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 
 def test_serve_mode_records_match_stdout(tiny_model_dir: Path, tmp_path: Path) -> None:
-    process = _start(_plan(tmp_path, tiny_model_dir))
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "binary_add.ptx").write_text("cached")
+    process = _start(_plan(tmp_path, tiny_model_dir), {"MLX_PTX_CACHE_DIR": str(kernels)})
     try:
         ready = _read(process)
         assert ready["event"] == "ready"
@@ -93,6 +97,8 @@ def test_serve_mode_records_match_stdout(tiny_model_dir: Path, tmp_path: Path) -
         }
         assert target["model"]["weights_sha256"] and target["mlx"] and target["mlx_lm"]
         assert ready["warmup"]["status"] == "warmup" and ready["warmup"]["round"] == -1
+        # the CPU compiles no CUDA kernels: the cache folder the test gives stays as it was
+        assert ready["kernels_compiled"] == 0
         _send(process, {"round": 0, "order": 1, "context_tokens": 64})
         first = _read(process)["record"]
         _send(process, "{oops")

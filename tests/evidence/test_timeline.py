@@ -208,3 +208,54 @@ def test_every_kind_of_comparison_keeps_its_type_when_priced() -> None:
     priced, kept = priced_advice([unsure, decided], section.runs)
     assert type(priced) is AblationEntry and priced.feature == "compile"
     assert priced.time_needed_s == advice_cost_s(section.runs, 12) and kept == decided
+
+
+def test_a_first_runs_kernel_compiles_are_named_where_the_time_went() -> None:
+    """Two processes side by side compiled the same 3 modules at once (the most one compiled,
+    not their sum); the next block's found them cached; a process without a CUDA kernel cache
+    (None) counts as neither."""
+    records = simulate_run(effects={"base": 1.0, "fast": 1.0}, contexts=(64,), rounds=6)
+    processes = [
+        ProcessTimes(variant=v, process=p, block=b, spawned_s=0.0, kernels_compiled=compiled)
+        for v, p, b, compiled in (
+            ("base", 1, 0, 3),
+            ("fast", 1, 0, 3),
+            ("base", 2, 1, 0),
+            ("fast", 2, 1, None),
+        )
+    ]
+    files, summary = build_bundle(
+        records=records,
+        provenances=[provenance()],
+        baseline="base",
+        n_resamples=200,
+        timelines=[_timeline(processes=processes)],
+    )
+    assert summary.timeline is not None
+    (run,) = summary.timeline.runs
+    assert (run.processes_compiling_kernels, run.kernels_compiled_max) == (2, 3)
+    md = files["summary.md"].decode()
+    line = next(line for line in md.splitlines() if line.startswith("Where the time went"))
+    assert (
+        "2 variant processes compiled kernels that MLX's CUDA kernel cache lacked (at most 3 "
+        "kernel modules one), inside their load and warm-ups, before any timed cell"
+    ) in line
+    assert recompute_problems(files) == []
+    # a warm cache: counted, nothing compiled, nothing said; no cache at all: no figures
+    warm_files, warm = build_bundle(
+        records=records,
+        provenances=[provenance()],
+        baseline="base",
+        n_resamples=200,
+        timelines=[
+            _timeline(processes=[p.model_copy(update={"kernels_compiled": 0}) for p in processes])
+        ],
+    )
+    assert warm.timeline is not None
+    assert (
+        warm.timeline.runs[0].processes_compiling_kernels,
+        warm.timeline.runs[0].kernels_compiled_max,
+    ) == (0, 0)
+    assert "compiled kernels" not in warm_files["summary.md"].decode()
+    bare = timeline_section([_timeline()], records)
+    assert bare is not None and bare.runs[0].processes_compiling_kernels is None
