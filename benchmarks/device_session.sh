@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU session of the time-to-evidence targets, one step per device call (docs/PERFORMANCE.md, "Time to evidence").
 # Run from the repository root with MLX installed (PYTHONPATH holding it); each step's figures
-# and files go to $OUT. The defaults are docs/PERFORMANCE.md's (written for the H200, meant to
-# run as they are on an 80 GB H100 too, not yet run there: the memory plan runs in turns what
-# does not fit side by side); the CPU rehearsal overrides them:
+# and files go to $OUT. The defaults are docs/PERFORMANCE.md's (written for the H200; on an 80 GB
+# H100 the memory plan runs in turns what does not fit side by side, as the calibration did
+# there); the CPU rehearsal overrides them:
 #   PRESET=tiny DTYPE=float32 CTX=128 E2E_CTX=128,256 BASE_STEP=64 PLANTED_STEP=16 CAL_RUNS=2 \
 #   AAA_ROUNDS=8 E2E_ROUNDS=6 DUTY_ROUNDS=4 DUTY_RPP=2 MOE_PRESET=tiny-moe MOE_DTYPE=float32 \
 #   MOE_CTX=128 MOE_ROUNDS=10 PYTHON=.venv/bin/python OUT=/tmp/out WORK=/tmp/work \
@@ -41,8 +41,8 @@ BASE_STEP=${BASE_STEP:-4096}
 PLANTED_STEP=${PLANTED_STEP:-2048}
 # 10 process pairs of 2 rounds a job: the fewest whose verdict 2 stalled pairs at each end cannot
 # decide, both variance components measured. In turns on an 80 GB H100 a run pays 40 turn starts
-# of about 5.3 s (load 3.3 s, warm-ups 1.8 s) beside 80 timed cells: about 5 minutes, so one run
-# a part keeps a part within one 10-minute device call
+# of about 5.3 s (load 3.3 s, warm-ups 1.8 s) beside 80 timed cells: 5 min 8 s and 5 min 48 s
+# there (2026-12-07), so one run a part keeps a part within one 10-minute device call
 CAL_ROUNDS=${CAL_ROUNDS:-20}
 CAL_RPP=${CAL_RPP:-2}
 CAL_RUNS=${CAL_RUNS:-1}
@@ -52,8 +52,9 @@ BUNDLE=${BUNDLE:-.gpu/cb.bundle}
 REFS=${REFS:-main e2e-wide}
 # 2 blocks of 12 rounds: on the H100 a block start of the 8B at 16K costs about 10 s side by side
 # and 16 s in turns against 1.15 s a round, so 3 rounds a process cannot reach the duty targets
-# 2 pairs of runs (side by side, in turns, twice): on two H100s the first run on the machine warmed
-# up for 14-19 s at its first block, against 5 s in the second side-by-side run
+# 2 pairs of runs (side by side, in turns, twice): a machine's first run compiles the kernels its
+# warm-ups need (14-19 s at its first block on the H100s, against 5 s once MLX's kernel cache
+# holds them: the duty-kernels step)
 DUTY_ROUNDS=${DUTY_ROUNDS:-24}
 DUTY_RPP=${DUTY_RPP:-12}
 MOE_PRESET=${MOE_PRESET:-qwen3-moe-45g-shape}
