@@ -18,7 +18,9 @@ per method (its imports done before the clock starts) times, with the page cache
 - `runner_load`: the whole of what a variant process's `load_s` times (the embedded adapter's
   `load`: the memory guard, the model load, the prompt source, the checkpoint's digests).
 One JSON line: each method's median seconds over `--repeats` and its ratio to `read_chunks`
-(the page cache's read, the floor docs/PERFORMANCE.md states a block boundary against).
+(the page cache's read, the floor docs/PERFORMANCE.md states a block boundary against), and
+each method's seconds in the order they ran (`runs_s`: whether loads one after the other, each
+in a fresh process as turns run them, grow slower).
 `--model PATH` times a checkpoint folder that is already written (a GPU host's 46 GB preset)
 instead of writing one.
 
@@ -220,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         results[layout] = {
             "weights_bytes": sizes[layout],
             "median_s": medians,
+            # in the order they ran: whether back-to-back loads drift (each in a fresh process)
+            "runs_s": {m: [round(x, 4) for x in s] for m, s in seconds[layout].items()},
             "ratio_to_read_chunks": {m: round(v / floor, 2) for m, v in medians.items()}
             if floor
             else None,
