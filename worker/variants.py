@@ -419,7 +419,7 @@ class VariantProcess:
                     self.early_records.append(event["canary"])
                 self.times.ready_s = self.said_at
                 compiled = event.get("kernels_compiled")
-                if isinstance(compiled, int) and not isinstance(compiled, bool) and compiled >= 0:
+                if type(compiled) is int and 0 <= compiled <= 1_000_000:  # the contract's bounds
                     self.times.kernels_compiled = compiled
                 return self.target
             elif kind == "record":

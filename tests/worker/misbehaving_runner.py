@@ -7,7 +7,8 @@ choose the fault: `hang_round`, `crash_round`, `fail_load`, `cell_s`, `load_s` a
 count the orchestrator gave the process), `import_s` (how long its imports take, before the
 load gate), `no_gate` (a runner that predates both gates: it loads and warms up at once and
 prints `ready`), `no_load_gate` (one that predates the load gate only), `warmup_hang` (a
-warm-up that never ends).
+warm-up that never ends), `kernels_compiled` (what its ready event says it compiled, as given:
+the orchestrator must keep only a count within the timeline's bounds).
 """
 
 from __future__ import annotations
@@ -91,11 +92,10 @@ def main() -> None:
     out.flush()
     if os.environ.get("COLDBENCH_WARMUP_GATE") == "1" and not flags.get("no_gate"):
         print(json.dumps({"event": "warmed", "context_tokens": 8, "warmup_s": 0.0}))
-    print(
-        json.dumps(
-            {"event": "ready", "target": {"engine_module_file": __file__, "pid": os.getpid()}}
-        )
-    )
+    ready = {"event": "ready", "target": {"engine_module_file": __file__, "pid": os.getpid()}}
+    if "kernels_compiled" in flags:
+        ready["kernels_compiled"] = flags["kernels_compiled"]
+    print(json.dumps(ready))
     sys.stdout.flush()
     for line in sys.stdin:
         message = json.loads(line)

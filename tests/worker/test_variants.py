@@ -52,6 +52,23 @@ def test_cells_run_in_schedule_order_and_are_spooled(tmp_path: Path) -> None:
     assert outcome.targets["a"]["engine_module_file"].endswith("misbehaving_runner.py")
 
 
+def test_a_runners_kernel_compiles_reach_the_timeline_within_its_bounds(tmp_path: Path) -> None:
+    """A count the contract can hold is kept per process; anything else (a negative, a flag, a
+    text, more than the timeline allows, none at all) is left unknown, and the run goes on."""
+    said: dict[str, object] = {"a": 3, "b": -1, "c": True, "d": "3", "e": 10**7}
+    launches = [_launch(name, kernels_compiled=value) for name, value in said.items()]
+    names = [*said, "f"]
+    outcome = run_schedule(
+        [*launches, _launch("f")],
+        plan_rounds(names, [64], seed=0, rounds=1),
+        workdir=tmp_path,
+        cell_timeout_s=30,
+    )
+    assert outcome.cells_done == outcome.cells_total == 6 and outcome.timeline is not None
+    compiled = {p.variant: p.kernels_compiled for p in outcome.timeline.processes}
+    assert compiled == {"a": 3, "b": None, "c": None, "d": None, "e": None, "f": None}
+
+
 def test_hung_cell_times_out_and_the_variant_restarts(tmp_path: Path) -> None:
     rounds = plan_rounds(["a", "b"], [64], seed=0, rounds=3)
     outcome = run_schedule(
