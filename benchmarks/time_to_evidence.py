@@ -19,10 +19,10 @@ duty cycle of a run in turns beside one side by side, `turn_starts` what the tur
 checkout's `.venv/bin/python` (or `--python`), so figures measured side by side share the
 machine's load. `--demo` times `coldbench demo` (its "demo finished in N s" line and its own
 breakdown) instead of a run. `--compare kernel-cache` alternates the host's MLX CUDA kernel cache
-(MLX_PTX_CACHE_DIR, by default `<temp dir>/mlx/<version>/ptx`: kernels compiled at run time are
-kept there) with an empty one made for the run, so that a machine's first run, which compiles
-every kernel, can be told from the runs after it; each line's `kernel_cache` gives the folder and
-its entries before and after the run.
+(the folder of the kernels compiled at run time, coldbench.engine.jit_cache) with an empty one
+made for the run, so that a machine's first run, which compiles every kernel, can be told from
+the runs after it; each line's `kernel_cache` gives the folder and its entries before and after
+the run.
 
     PYTHONPATH=. python benchmarks/time_to_evidence.py --model preset:tiny --contexts 128,256 \\
         --rounds 8 --variant a --variant b --repeat 2 --compare prespawn
@@ -37,7 +37,6 @@ its entries before and after the run.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import itertools
 import json
 import os
@@ -128,13 +127,6 @@ def run_command(
     return command
 
 
-def mlx_version() -> str:
-    try:
-        return importlib.metadata.version("mlx")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def timeline_figures(summary: dict[str, Any]) -> dict[str, Any]:
     """The run's figures from its summary.json (evidence/contract/timeline.py)."""
     runs = (summary.get("timeline") or {}).get("runs") or []
@@ -183,7 +175,7 @@ def one_run(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if empty_kernel_cache:
         env[jit_cache.KERNEL_CACHE_ENV] = str(scratch / "kernel-cache")
-    kernels = jit_cache.kernel_cache_dir(mlx_version(), env)
+    kernels = jit_cache.kernel_cache_dir(env)
     if args.demo:
         command = [python, "-m", "coldbench", "demo", "--dir", str(scratch / "demo")]
     else:

@@ -14,7 +14,9 @@ Imports only the standard library, so that a benchmark can count a host's cache 
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,13 +24,27 @@ KERNEL_CACHE_ENV = "MLX_PTX_CACHE_DIR"
 _TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP", "TEMPDIR")
 
 
-def kernel_cache_dir(mlx_version: str, env: Mapping[str, str] | None = None) -> Path:
-    """The folder MLX's CUDA backend keeps its compiled kernels in, for this environment."""
+def mlx_version() -> str:
+    """The version MLX names its kernel cache folder by: the loaded mlx.core's, else the
+    installed distribution's (a benchmark, or an adapter that serves through another process,
+    imports none)."""
+    core = sys.modules.get("mlx.core")
+    if core is not None:
+        return str(getattr(core, "__version__", "unknown"))
+    try:
+        return importlib.metadata.version("mlx")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def kernel_cache_dir(env: Mapping[str, str] | None = None, version: str | None = None) -> Path:
+    """The folder MLX's CUDA backend keeps its compiled kernels in, for this environment
+    (default: this process's) and MLX version (default: `mlx_version()`)."""
     env = os.environ if env is None else env
     if env.get(KERNEL_CACHE_ENV):
         return Path(env[KERNEL_CACHE_ENV])
     temp = next((env[name] for name in _TEMP_VARIABLES if env.get(name)), "/tmp")
-    return Path(temp) / "mlx" / mlx_version / "ptx"
+    return Path(temp) / "mlx" / (version or mlx_version()) / "ptx"
 
 
 def kernel_modules(folder: Path) -> int | None:

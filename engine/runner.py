@@ -39,7 +39,6 @@ also in the middle of a cell or warm-up, so a killed orchestrator leaves no runn
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
 import os
@@ -233,7 +232,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
             process.close()
             return 0
     try:
-        kernels_dir = jit_cache.kernel_cache_dir(_mlx_version())
+        kernels_dir = jit_cache.kernel_cache_dir()
         kernels_before = jit_cache.kernel_modules(kernels_dir)
         clock = time.monotonic()
         adapter.load()
@@ -294,18 +293,6 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
         process.close()
         adapter.close()
     return 0
-
-
-def _mlx_version() -> str:
-    """The version MLX names its kernel cache folder by: the loaded mlx.core's, else the
-    installed distribution's (an adapter that serves through another process imports none)."""
-    core = sys.modules.get("mlx.core")
-    if core is not None:
-        return str(getattr(core, "__version__", "unknown"))
-    try:
-        return importlib.metadata.version("mlx")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 if __name__ == "__main__":

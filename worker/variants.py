@@ -50,7 +50,12 @@ from coldbench.engine.canary import CANARY_ENV, CANARY_ROUND
 from coldbench.engine.memory import IN_TURNS, PEER_PROCESSES_ENV, RESIDENCIES, SIDE_BY_SIDE
 from coldbench.engine.plan import LOAD_GATE_ENV, WARMUP_GATE_ENV, Plan
 from coldbench.engine.record import CellRecord, Measurement
-from coldbench.evidence.contract.timeline import BlockStart, ProcessTimes, Timeline
+from coldbench.evidence.contract.timeline import (
+    MAX_KERNELS_COMPILED,
+    BlockStart,
+    ProcessTimes,
+    Timeline,
+)
 from coldbench.worker.schedule import Cell, start_order, turn_order
 
 log = logging.getLogger(__name__)
@@ -419,7 +424,7 @@ class VariantProcess:
                     self.early_records.append(event["canary"])
                 self.times.ready_s = self.said_at
                 compiled = event.get("kernels_compiled")
-                if type(compiled) is int and 0 <= compiled <= 1_000_000:  # the contract's bounds
+                if type(compiled) is int and 0 <= compiled <= MAX_KERNELS_COMPILED:
                     self.times.kernels_compiled = compiled
                 return self.target
             elif kind == "record":

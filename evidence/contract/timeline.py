@@ -44,6 +44,8 @@ from coldbench.evidence.contract.summary_schema import PhaseTimes, RunTime, Time
 TIMELINE_SCHEMA: Final = "coldbench.timeline/1"
 TIMELINE_FILE: Final = "timeline.json"
 PHASES: Final = ("stop", "imports", "load", "warmups")
+# the most kernel modules a process may say it compiled (ProcessTimes.kernels_compiled)
+MAX_KERNELS_COMPILED: Final = 1_000_000
 
 Seconds = Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)]
 
@@ -65,7 +67,7 @@ class ProcessTimes(_Strict):
     lean: bool | None = None
     # modules MLX's CUDA backend compiled while this process loaded and warmed up (its kernel
     # cache lacked them, coldbench.engine.jit_cache); None: no such cache (Metal, the CPU)
-    kernels_compiled: int | None = Field(None, ge=0, le=1_000_000)
+    kernels_compiled: int | None = Field(None, ge=0, le=MAX_KERNELS_COMPILED)
     spawned_s: Seconds
     imported_s: Seconds | None = None
     load_s: Seconds | None = None
