@@ -6,7 +6,8 @@ per method (its imports done before the clock starts) times, with the page cache
 - `read_chunks`: every weight file read through one 16 MiB buffer (benchmarks/load_gate_probe.py's
   floor: the bytes copied out of the page cache, into memory that stays hot);
 - `read_fresh`: every file read into a fresh buffer of its size (the page cache's copy into new
-  anonymous memory, not zero-filled, page faults included: the floor of any load that copies);
+  anonymous memory, not zero-filled, page faults included: the floor of any load that copies;
+  backed by pages as glibc's malloc backs them, not with numpy's own huge page advice);
 - `mmap_touch`: every file mapped and one byte of each page read (no copy at all);
 - `mx_load`: `mlx.core.load` of every file and `mx.eval` of its arrays (MLX's own read);
 - `mlx_lm_load`: mlx-lm's own `load_model` (model built, sanitized, weights set and evaluated
@@ -16,7 +17,18 @@ per method (its imports done before the clock starts) times, with the page cache
   `checkpoints.LOAD_THREADS` threads at once, coldbench.engine.checkpoints.read_weights);
 - `engine_load_N` (N a number): the same read by N threads (`engine_load_1` is mlx-lm's read);
 - `runner_load`: the whole of what a variant process's `load_s` times (the embedded adapter's
-  `load`: the memory guard, the model load, the prompt source, the checkpoint's digests).
+  `load`: the memory guard, the model load, the prompt source, the checkpoint's digests);
+- `read_tensors_N` (N a number): every tensor read into a fresh buffer of its size by N threads,
+  largest first (what MLX's CUDA load does on the host before its copies: the host side's floor
+  of a load by N threads);
+- `device_alloc`: a device array of every tensor's size, evaluated (the device's share of a load
+  in a fresh process: allocation and one write, no bytes from the host).
+A method may end in modifiers of its process, which change how the kernel backs fresh host
+memory (MLX's CUDA load mallocs every tensor anew): `+hugetlb` (glibc madvises its mmapped
+chunks for transparent huge pages, `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`) and `+nothp` (the
+process asks for no transparent huge pages, `prctl(PR_SET_THP_DISABLE)`), e.g.
+`engine_load+hugetlb`. The line's `host` names the kernel's huge page settings, glibc and the
+memory available before and after the runs.
 One JSON line: each method's median seconds over `--repeats` and its ratio to `read_chunks`
 (the page cache's read, the floor docs/PERFORMANCE.md states a block boundary against), and
 each method's seconds in the order they ran (`runs_s`: whether loads one after the other, each
@@ -40,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -56,16 +69,45 @@ METHODS = (
     "engine_load",
     "runner_load",
 )
-THREADED = re.compile(r"engine_load_[1-9][0-9]*")
+THREADED = re.compile(r"(engine_load|read_tensors)_[1-9][0-9]*")
+MORE_METHODS = ("device_alloc",)
+# a modifier: (environment for the child, whether the child disables transparent huge pages)
+MODIFIERS: dict[str, tuple[dict[str, str], bool]] = {
+    "hugetlb": ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, False),
+    "nothp": ({}, True),
+}
 
 # Run in a fresh interpreter: imports first, then the clock; prints the seconds.
 _CHILD = r"""
 import mmap, sys, time
 from pathlib import Path
-folder, method = Path(sys.argv[1]), sys.argv[2]
+folder, method, no_thp = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+if no_thp:
+    import ctypes
+    PR_SET_THP_DISABLE = 41
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE)")
 files = sorted(folder.glob("model*.safetensors"))
+import os
 import numpy
-if method in ("mx_load", "mlx_lm_load", "runner_load") or method.startswith("engine_load"):
+# numpy madvises its large buffers for huge pages where glibc's malloc (which MLX's load uses)
+# does not: the fresh buffers below are backed as MLX's are, unless +hugetlb asks glibc to as well
+numpy._core.multiarray._set_madvise_hugepage("hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""))
+if method.startswith("read_tensors_") or method == "device_alloc":
+    import json, struct
+    from concurrent.futures import ThreadPoolExecutor
+    tensors = []  # (bytes, file, offset in the file)
+    for path in files:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        header.pop("__metadata__", None)
+        for entry in header.values():
+            begin, end = entry["data_offsets"]
+            tensors.append((end - begin, path, 8 + length + begin))
+    tensors.sort(key=lambda tensor: -tensor[0])
+uses_mlx = ("mx_load", "mlx_lm_load", "runner_load", "device_alloc")
+if method in uses_mlx or method.startswith("engine_load"):
     import mlx.core as mx
     from coldbench.engine import lean
     lean.install()
@@ -113,6 +155,20 @@ elif method.startswith("engine_load_"):
     fill_weights(model, folder, config, threads=int(method.removeprefix("engine_load_")))
 elif method == "runner_load":
     adapter.load()  # what the runner's `load_s` times: the guard, the load, prompts, digests
+elif method.startswith("read_tensors_"):
+    def read(tensor):
+        size, path, offset = tensor
+        buffer = numpy.empty(size, dtype=numpy.uint8)  # fresh, as MLX mallocs each tensor
+        with open(path, "rb", buffering=0) as handle:
+            done = 0
+            while done < size:
+                done += os.preadv(handle.fileno(), [memoryview(buffer)[done:]], offset + done)
+        return buffer
+    with ThreadPoolExecutor(int(method.removeprefix("read_tensors_"))) as pool:
+        kept = list(pool.map(read, tensors))
+elif method == "device_alloc":
+    arrays = [mx.full((size,), 1, dtype=mx.uint8) for size, _, _ in tensors]
+    mx.eval(arrays)
 print(time.perf_counter() - started)
 """
 
@@ -153,15 +209,56 @@ def write_checkpoint(folder: Path, *, hidden: int, layers: int) -> None:
     (folder / "tokenizer.json").write_bytes((tiny / "tokenizer.json").read_bytes())
 
 
+def split_method(method: str) -> tuple[str, list[str]]:
+    """`engine_load+hugetlb` -> ("engine_load", ["hugetlb"])."""
+    base, *modifiers = method.split("+")
+    return base, modifiers
+
+
 def timed(folder: Path, method: str) -> float:
+    base, modifiers = split_method(method)
+    env, no_thp = dict(os.environ), False
+    for modifier in modifiers:
+        extra, disables = MODIFIERS[modifier]
+        env.update(extra)
+        no_thp = no_thp or disables
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(folder), method],
+        [sys.executable, "-c", _CHILD, str(folder), base, "1" if no_thp else "0"],
         capture_output=True,
         text=True,
-        check=True,
+        env=env,
         timeout=600,
     )
+    if done.returncode != 0:
+        raise SystemExit(f"{method} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
     return float(done.stdout.strip().splitlines()[-1])
+
+
+def host_facts() -> dict[str, object]:
+    """What decides how fresh host memory is backed, and how much of it there is now."""
+
+    def setting(name: str) -> str | None:
+        try:  # "always [madvise] never": the bracketed word is the one in force
+            text = Path(f"/sys/kernel/mm/transparent_hugepage/{name}").read_text()
+        except OSError:
+            return None
+        chosen = re.search(r"\[(\w[\w+]*)\]", text)
+        return chosen.group(1) if chosen else text.strip()
+
+    facts: dict[str, object] = {
+        "thp_enabled": setting("enabled"),
+        "thp_defrag": setting("defrag"),
+        "glibc": os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None,
+    }
+    try:
+        meminfo = dict(
+            line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines()
+        )
+        for key in ("MemTotal", "MemAvailable", "Cached", "AnonHugePages"):
+            facts[f"{key}_gib"] = round(int(meminfo[key].split()[0]) / 2**20, 1)
+    except (OSError, KeyError, ValueError):
+        pass
+    return facts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,10 +274,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="time this checkpoint folder, already written")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(m for m in methods if m not in METHODS and not THREADED.fullmatch(m))
+    unknown = sorted(
+        m
+        for m in methods
+        if not (
+            (split_method(m)[0] in METHODS + MORE_METHODS or THREADED.fullmatch(split_method(m)[0]))
+            and set(split_method(m)[1]) <= set(MODIFIERS)
+        )
+    )
     if unknown:
         parser.error(
-            f"unknown methods {', '.join(unknown)}: give {', '.join(METHODS)} or engine_load_N"
+            f"unknown methods {', '.join(unknown)}: give {', '.join(METHODS + MORE_METHODS)},"
+            f" engine_load_N or read_tensors_N, each with modifiers"
+            f" {', '.join('+' + m for m in MODIFIERS)} if wanted"
         )
     from coldbench.engine.checkpoints import LAYOUTS, create_checkpoint
     from coldbench.engine.memory import weights_bytes
@@ -194,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model times that checkpoint: give no --preset or --layouts with it")
     if args.model is not None and not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there")
+    host_before = host_facts()
     with tempfile.TemporaryDirectory(prefix="load-floor-") as scratch:
         folders: dict[str, Path] = {}
         sizes: dict[str, int] = {}
@@ -243,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                 for layout in layouts[1:]
             },
         }
+    result["host"] = {**host_before, "MemAvailable_after_gib": host_facts().get("MemAvailable_gib")}
     print(json.dumps(result, sort_keys=True), flush=True)
     return 0
 
