@@ -25,8 +25,9 @@ file the module was imported from: `engine` and `kernels` (`coldbench.engine`,
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
@@ -80,6 +81,22 @@ def _distribution(name: str) -> str | None:
         return None
 
 
+# Variables that change how MLX, CUDA or the C library run a variant process (MLX's kernel cache
+# folder, the visible devices, glibc's malloc tunables: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`
+# backs MLX's per-tensor load buffers with huge pages); the evidence keeps what each process saw.
+RUNTIME_ENV_PREFIXES = ("MLX_", "CUDA_", "GLIBC_TUNABLES", "MALLOC_")
+
+
+def runtime_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's variables named by `RUNTIME_ENV_PREFIXES`, sorted."""
+    environ = os.environ if environ is None else environ
+    return {
+        name: environ[name]
+        for name in sorted(environ)
+        if name.startswith(RUNTIME_ENV_PREFIXES)
+    }
+
+
 def process_software(**modules: Any) -> dict[str, Any]:
     """Versions and imported files in this process (`describe()["software"]`).
 
@@ -110,4 +127,5 @@ def process_software(**modules: Any) -> dict[str, Any]:
         "coldbench": _distribution("coldbench"),
         "files": files,
         "mlx_build": mlx_build(),
+        "environment": runtime_environment(),
     }

@@ -431,7 +431,14 @@ def variant_software_text(software: Mapping[str, Any] | None, *, native_files: b
         if isinstance(build, dict) and build.get("digest")
         else None
     )
-    return "; ".join(p for p in [versions, built, imported] if p) or "n/a"
+    environment = software.get("environment")
+    set_here = (
+        "environment "
+        + ", ".join(md_code(f"{name}={value}") for name, value in sorted(environment.items()))
+        if isinstance(environment, dict) and environment
+        else None
+    )
+    return "; ".join(p for p in [versions, built, set_here, imported] if p) or "n/a"
 
 
 def _flags(flags: Mapping[str, Any]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -17,7 +18,9 @@ pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(coldbench_cmd: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(
+    coldbench_cmd: list[str], *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*coldbench_cmd, "run", *args, "--state-dir", str(cwd / "state")],
         cwd=cwd,
@@ -25,6 +28,7 @@ def _run(coldbench_cmd: list[str], *args: str, cwd: Path) -> subprocess.Complete
         text=True,
         timeout=300,
         check=False,
+        env={**os.environ, **env} if env else None,
     )
 
 
@@ -46,6 +50,9 @@ def test_aa_never_claims_a_difference(
         *("--variant", "a", "--variant", "b", "--seed", "3", "--precision", "0.25"),
         *("--out", str(out)),
         cwd=tmp_path,
+        # glibc's default, set: the variant processes' evidence names the malloc tunables they
+        # ran with, and only variables of that kind
+        env={"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0", "COLDBENCH_UNRELATED_VALUE": "x"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"bundle {out.resolve()}" in done.stdout
@@ -111,7 +118,11 @@ def test_aa_never_claims_a_difference(
         assert software["files"]["engine"] == engine_file
         assert software["files"]["kernels"] == str(repo_root / "kernels" / "__init__.py")
         assert software["mlx"] and software["mlx_lm"] and software["python"]
-    assert "software (its own process)" in (out / "summary.md").read_text()
+        assert software["environment"].get("GLIBC_TUNABLES") == "glibc.malloc.hugetlb=0"
+        assert not any(name.startswith("COLDBENCH") for name in software["environment"])
+    summary_md = (out / "summary.md").read_text()
+    assert "software (its own process)" in summary_md
+    assert "environment `GLIBC_TUNABLES=glibc.malloc.hugetlb=0`" in summary_md
     assert run["model"]["weights_sha256"] and run["job_spec_sha256"]
 
 
