@@ -91,9 +91,7 @@ def runtime_environment(environ: Mapping[str, str] | None = None) -> dict[str, s
     """This process's variables named by `RUNTIME_ENV_PREFIXES`, sorted."""
     environ = os.environ if environ is None else environ
     return {
-        name: environ[name]
-        for name in sorted(environ)
-        if name.startswith(RUNTIME_ENV_PREFIXES)
+        name: environ[name] for name in sorted(environ) if name.startswith(RUNTIME_ENV_PREFIXES)
     }
 
 
