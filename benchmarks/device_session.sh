@@ -119,8 +119,9 @@ case $step in
     # JOBS pairs of jobs measuring until decided, alternated so that drift over the session falls
     # on both: the A/B of the two refs, then the first ref against itself. Each job's line, with
     # its pair and kind, goes to alternate.jsonl as it ends (a machine taken back keeps what
-    # ended); every bundle stays under $WORK/alternate-out (the summaries step collects them).
-    rm -rf "$WORK/alternate-out" "$WORK/alternate" "$OUT/alternate.jsonl"
+    # ended), and its summaries to $OUT/alternate-evidence/<kind>-<pair>; every bundle stays under
+    # $WORK/alternate-out (the summaries step collects them).
+    rm -rf "$WORK/alternate-out" "$WORK/alternate" "$OUT/alternate.jsonl" "$OUT/alternate-evidence"
     set -- $REFS
     for i in $(seq 1 "${JOBS:-10}"); do
       for kind in ab aa; do
@@ -130,6 +131,10 @@ case $step in
           --out "$WORK/alternate-out/$kind-$i" --workdir "$WORK/alternate/$kind-$i" \
           --timeout-s "$TIMEOUT_S" | grep '^{' | tail -1) || line='{"ok": false}'
         echo "{\"pair\": $i, \"kind\": \"$kind\", ${line#\{}" | tee -a "$OUT/alternate.jsonl"
+        # the job's evidence into $OUT at once: a machine taken back before `summaries` keeps it
+        for zip in "$WORK/alternate-out/$kind-$i"/*.zip; do
+          [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json") if n in zipfile.ZipFile(sys.argv[1]).namelist()])' "$zip" "$OUT/alternate-evidence/$kind-$i"
+        done
       done
     done
     ;;
