@@ -69,6 +69,13 @@ mkdir -p "$WORK" "$OUT"
 model=${MODEL:-$WORK/model}
 moe=$WORK/moe
 clock() { date -u +%H:%M:%S; }
+# a service bundle's summaries (and any further names given) out of its zip into a folder
+evidence_files() {
+  $PY -c 'import sys, zipfile
+bundle = zipfile.ZipFile(sys.argv[1])
+wanted = {"summary.md", "summary.json", "timeline.json", "provenance.json", *sys.argv[3:]}
+bundle.extractall(sys.argv[2], [n for n in bundle.namelist() if n in wanted])' "$@"
+}
 echo "[$(clock)] step $step, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 calibrate() {  # $1: part name, $2: first seed
   # an earlier attempt's result must not outlive a failed run (the merge would take it)
@@ -133,7 +140,7 @@ case $step in
         echo "{\"pair\": $i, \"kind\": \"$kind\", ${line#\{}" | tee -a "$OUT/alternate.jsonl"
         # the job's evidence into $OUT at once: a machine taken back before `summaries` keeps it
         for zip in "$WORK/alternate-out/$kind-$i"/*.zip; do
-          [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json") if n in zipfile.ZipFile(sys.argv[1]).namelist()])' "$zip" "$OUT/alternate-evidence/$kind-$i"
+          [ -f "$zip" ] && evidence_files "$zip" "$OUT/alternate-evidence/$kind-$i"
         done
       done
     done
@@ -202,7 +209,7 @@ print(json.dumps({"residency": run.get("residency"), "duty_cycle": run.get("duty
     ;;
   summaries)
     for zip in "$WORK"/e2e-out/*.zip "$WORK"/decided*-out/*.zip "$WORK"/alternate-out/*/*.zip; do  # the service's evidence
-      [ -f "$zip" ] && $PY -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in ("summary.md", "summary.json", "timeline.json", "provenance.json", "records.jsonl")])' "$zip" "$WORK/e2e-evidence/$(basename "$zip" .zip)"
+      [ -f "$zip" ] && evidence_files "$zip" "$WORK/e2e-evidence/$(basename "$zip" .zip)" records.jsonl
     done
     (cd "$WORK" && find . -name summary.md -o -name summary.json -o -name timeline.json -o -name records.jsonl \
       -o -name provenance.json | grep -v '/state' | tar -czf "$OUT/summaries.tgz" -T -)

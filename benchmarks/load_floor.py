@@ -215,6 +215,12 @@ def split_method(method: str) -> tuple[str, list[str]]:
     return base, modifiers
 
 
+def known_method(method: str) -> bool:
+    base, modifiers = split_method(method)
+    named = base in METHODS + MORE_METHODS or THREADED.fullmatch(base) is not None
+    return named and set(modifiers) <= set(MODIFIERS)
+
+
 def timed(folder: Path, method: str) -> float:
     base, modifiers = split_method(method)
     env, no_thp = dict(os.environ), False
@@ -274,14 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="time this checkpoint folder, already written")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(
-        m
-        for m in methods
-        if not (
-            (split_method(m)[0] in METHODS + MORE_METHODS or THREADED.fullmatch(split_method(m)[0]))
-            and set(split_method(m)[1]) <= set(MODIFIERS)
-        )
-    )
+    unknown = sorted(m for m in methods if not known_method(m))
     if unknown:
         parser.error(
             f"unknown methods {', '.join(unknown)}: give {', '.join(METHODS + MORE_METHODS)},"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
@@ -87,11 +87,12 @@ def _distribution(name: str) -> str | None:
 RUNTIME_ENV_PREFIXES = ("MLX_", "CUDA_", "GLIBC_TUNABLES", "MALLOC_")
 
 
-def runtime_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def runtime_environment() -> dict[str, str]:
     """This process's variables named by `RUNTIME_ENV_PREFIXES`, sorted."""
-    environ = os.environ if environ is None else environ
     return {
-        name: environ[name] for name in sorted(environ) if name.startswith(RUNTIME_ENV_PREFIXES)
+        name: os.environ[name]
+        for name in sorted(os.environ)
+        if name.startswith(RUNTIME_ENV_PREFIXES)
     }
 
 
