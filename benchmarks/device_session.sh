@@ -126,22 +126,34 @@ case $step in
     # JOBS pairs of jobs measuring until decided, alternated so that drift over the session falls
     # on both: the A/B of the two refs, then the first ref against itself. Each job's line, with
     # its pair and kind, goes to alternate.jsonl as it ends (a machine taken back keeps what
-    # ended), and its summaries to $OUT/alternate-evidence/<kind>-<pair>; every bundle stays under
-    # $WORK/alternate-out (the summaries step collects them).
-    rm -rf "$WORK/alternate-out" "$WORK/alternate" "$OUT/alternate.jsonl" "$OUT/alternate-evidence"
+    # ended), and its bundle and summaries to $OUT/alternate-evidence/<kind>-<pair>; every bundle
+    # stays under $WORK/alternate-out (the summaries step collects them).
+    # Across device calls: FIRST_JOB (1, the first A/B) numbers on from an earlier call's last job,
+    # and CALL_S (0: no limit) starts a job only while the call's elapsed time and that kind's
+    # expected wall (EXPECT_AB_S, EXPECT_AA_S) fit in it; a call's first job always starts.
+    first=${FIRST_JOB:-1} call_s=${CALL_S:-0} started=$(date +%s)
+    [ "$first" -gt 1 ] || rm -rf "$WORK/alternate-out" "$WORK/alternate"
+    rm -rf "$OUT/alternate.jsonl" "$OUT/alternate-evidence"
     set -- $REFS
-    for i in $(seq 1 "${JOBS:-10}"); do
-      for kind in ab aa; do
-        if [ "$kind" = ab ]; then variants="--ref $1 --ref $2"; else variants="--variant a:ref=$1 --variant b:ref=$1"; fi
-        line=$($PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" \
-          --contexts "$CTX" --until decided --rounds "${BUDGET:-40}" --jobs 1 \
-          --out "$WORK/alternate-out/$kind-$i" --workdir "$WORK/alternate/$kind-$i" \
-          --timeout-s "$TIMEOUT_S" | grep '^{' | tail -1) || line='{"ok": false}'
-        echo "{\"pair\": $i, \"kind\": \"$kind\", ${line#\{}" | tee -a "$OUT/alternate.jsonl"
-        # the job's evidence into $OUT at once: a machine taken back before `summaries` keeps it
-        for zip in "$WORK/alternate-out/$kind-$i"/*.zip; do
-          [ -f "$zip" ] && evidence_files "$zip" "$OUT/alternate-evidence/$kind-$i"
-        done
+    for job in $(seq "$first" $(( 2 * ${JOBS:-10} ))); do
+      i=$(( (job + 1) / 2 ))
+      if [ $(( job % 2 )) = 1 ]; then kind=ab expect=${EXPECT_AB_S:-300}; else kind=aa expect=${EXPECT_AA_S:-300}; fi
+      elapsed=$(( $(date +%s) - started ))
+      if [ "$call_s" -gt 0 ] && [ "$job" -gt "$first" ] && [ $(( elapsed + expect )) -gt "$call_s" ]; then
+        echo "[$(clock)] stopping before job $job ($kind-$i): ${elapsed} s spent, about $expect s more would pass CALL_S=$call_s"
+        break
+      fi
+      if [ "$kind" = ab ]; then variants="--ref $1 --ref $2"; else variants="--variant a:ref=$1 --variant b:ref=$1"; fi
+      line=$($PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" \
+        --contexts "$CTX" --until decided --rounds "${BUDGET:-40}" --jobs 1 \
+        --out "$WORK/alternate-out/$kind-$i" --workdir "$WORK/alternate/$kind-$i" \
+        --timeout-s "$TIMEOUT_S" | grep '^{' | tail -1) || line='{"ok": false}'
+      echo "{\"pair\": $i, \"kind\": \"$kind\", ${line#\{}" | tee -a "$OUT/alternate.jsonl"
+      # the job's evidence into $OUT at once: a machine taken back before `summaries` keeps it
+      for zip in "$WORK/alternate-out/$kind-$i"/*.zip; do
+        [ -f "$zip" ] || continue
+        evidence_files "$zip" "$OUT/alternate-evidence/$kind-$i"
+        cp "$zip" "$OUT/alternate-evidence/$kind-$i/"
       done
     done
     ;;
