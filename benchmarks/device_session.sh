@@ -124,7 +124,8 @@ case $step in
     ;;
   alternate)
     # JOBS pairs of jobs measuring until decided, alternated so that drift over the session falls
-    # on both: the A/B of the two refs, then the first ref against itself. Each job's line, with
+    # on both: the A/B of the two refs, then the first ref against itself, pair i with seed i-1
+    # (each pair its own prompts). Each job's line, with
     # its pair and kind, goes to alternate.jsonl as it ends (a machine taken back keeps what
     # ended), and its bundle and summaries to $OUT/alternate-evidence/<kind>-<pair>; every bundle
     # stays under $WORK/alternate-out (the summaries step collects them).
@@ -145,7 +146,7 @@ case $step in
       fi
       if [ "$kind" = ab ]; then variants="--ref $1 --ref $2"; else variants="--variant a:ref=$1 --variant b:ref=$1"; fi
       line=$($PY benchmarks/host_e2e.py --repo "$BUNDLE" $variants --model "$model" \
-        --contexts "$CTX" --until decided --rounds "${BUDGET:-40}" --jobs 1 \
+        --contexts "$CTX" --until decided --rounds "${BUDGET:-40}" --jobs 1 --first-seed $(( i - 1 )) \
         --out "$WORK/alternate-out/$kind-$i" --workdir "$WORK/alternate/$kind-$i" \
         --timeout-s "$TIMEOUT_S" | grep '^{' | tail -1) || line='{"ok": false}'
       echo "{\"pair\": $i, \"kind\": \"$kind\", ${line#\{}" | tee -a "$OUT/alternate.jsonl"

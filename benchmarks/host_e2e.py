@@ -94,7 +94,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--jobs",
         type=int,
         default=1,
-        help="submit the job this many times, one after the other, seeds 0.. (one JSON line each)",
+        help="submit the job this many times, one after the other, seeds from --first-seed on"
+        " (one JSON line each)",
+    )
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="the first job's seed (the jobs take it and the seeds after it): jobs run by several"
+        " invocations then prompt differently",
     )
     parser.add_argument("--recipe", default="offline", help="offline (default) or editable")
     parser.add_argument("--out", required=True, type=Path, help="where the evidence zip goes")
@@ -261,7 +269,7 @@ def _one_job(
     """Submit one job (seed `seed`), follow it, fetch and verify its evidence: its figures."""
     import httpx
 
-    result: dict[str, Any] = {"ok": False}
+    result: dict[str, Any] = {"ok": False, "seed": seed}
     out = args.out.expanduser().resolve()
     submit = [
         *("submit", "--api", base_url, "--key", api_key),
@@ -372,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             _wait_for_host(client, children)
             result["startup_s"] = round(time.monotonic() - started, 2)
             say(f"agent {HOST_NAME} registered; submitting {', '.join(args.variants)}")
-            for seed in range(args.jobs):
+            for seed in range(args.first_seed, args.first_seed + args.jobs):
                 one = _one_job(args, client, children, base_url, api_key, model, env, seed, say)
                 result.update(one)
                 if args.jobs > 1:

@@ -34,7 +34,7 @@ def test_two_refs_from_a_bundle_through_service_celery_and_agent_give_a_verified
         [
             *(sys.executable, "benchmarks/host_e2e.py", "--repo", str(bundle)),
             *("--ref", main, "--ref", step64, "--model", str(micro_model_dir)),
-            *("--contexts", "128", "--rounds", "1", "--decode-tokens", "1"),
+            *("--contexts", "128", "--rounds", "1", "--decode-tokens", "1", "--first-seed", "3"),
             *("--out", str(out), "--workdir", str(tmp_path / "work"), "--timeout-s", "400"),
         ],
         cwd=REPO_ROOT,
@@ -49,6 +49,8 @@ def test_two_refs_from_a_bundle_through_service_celery_and_agent_give_a_verified
     assert result["ok"] and result["verify"] == "ok", result
     zip_path = Path(result["zip"])
     assert zip_path.parent == out and verify_bundle(zip_path).is_intact
+    # the seed asked for is the job's (jobs of several invocations prompt differently)
+    assert result["seed"] == 3 and json.loads(read_bundle(zip_path)["job.json"])["seed"] == 3
     commits = {name: git(repo, "rev-parse", name) for name in (main, step64)}
     assert result["variants"] == commits
     assert result["cells"] == result["cells_ok"] == 2
