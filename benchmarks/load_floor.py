@@ -94,17 +94,15 @@ import numpy
 # does not: the fresh buffers below are backed as MLX's are, unless +hugetlb asks glibc to as well
 numpy._core.multiarray._set_madvise_hugepage("hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""))
 if method.startswith("read_tensors_") or method == "device_alloc":
-    import json, struct
     from concurrent.futures import ThreadPoolExecutor
+    from coldbench.engine.checkpoints import safetensors_layout
     tensors = []  # (bytes, file, offset in the file)
     for path in files:
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
+        header, data_start = safetensors_layout(path)
         header.pop("__metadata__", None)
         for entry in header.values():
             begin, end = entry["data_offsets"]
-            tensors.append((end - begin, path, 8 + length + begin))
+            tensors.append((end - begin, path, data_start + begin))
     tensors.sort(key=lambda tensor: -tensor[0])
 uses_mlx = ("mx_load", "mlx_lm_load", "runner_load", "device_alloc")
 if method in uses_mlx or method.startswith("engine_load"):

@@ -492,7 +492,7 @@ def read_weights(path: Path, *, threads: int | None = None) -> dict[str, Any]:
 
     tensors: list[tuple[int, Path, str]] = []
     for file in weight_files(path):
-        header = _safetensors_header(file)
+        header = safetensors_layout(file)[0]
         header.pop("__metadata__", None)
         for name, entry in header.items():
             begin, end = entry["data_offsets"]
@@ -562,7 +562,7 @@ def _check_layout(path: Path) -> None:
     if not files:
         raise CheckpointError(f"checkpoint {path} has no model*.safetensors")
     for file in files:
-        _safetensors_header(file)
+        safetensors_layout(file)[0]
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -622,7 +622,10 @@ def _combined(digests: dict[str, str]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def _safetensors_header(path: Path) -> dict[str, Any]:
+def safetensors_layout(path: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header (tensor name -> dtype, shape and `data_offsets`, which count
+    from the data's start) and the file offset where its data starts (after the 8-byte length
+    and the header)."""
     try:
         with open(path, "rb") as fh:
             (length,) = struct.unpack("<Q", fh.read(8))
@@ -631,7 +634,7 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
             header = json.loads(fh.read(length))
         if not isinstance(header, dict):
             raise ValueError("header is not an object")
-        return header
+        return header, 8 + length
     except (OSError, ValueError, struct.error) as error:
         raise CheckpointError(f"corrupt safetensors file {path}: {one_line(error)}") from None
 
@@ -640,7 +643,7 @@ def count_parameters(path: Path, config: dict[str, Any]) -> int:
     """Parameters as stored, counting a quantized weight by its unpacked size."""
     tensors: dict[str, dict[str, Any]] = {}
     for file in weight_files(path):
-        header = _safetensors_header(file)
+        header = safetensors_layout(file)[0]
         header.pop("__metadata__", None)
         tensors.update(header)
     quantization = config.get("quantization") or {}
