@@ -71,7 +71,7 @@ class KindTally:
             "looks_taken": {str(look): n for look, n in sorted(self.looks_taken.items())},
             "ratios": self.ratios,
             "as_expected": self.as_expected,
-            "as_expected_interval": [round(low, 3), round(high, 3)],
+            "as_expected_interval": [low, high],
             "wrong_sign": self.wrong_sign,
             "time_to_evidence_s": _spread(self.time_to_evidence_s),
             "wall_s": _spread(self.wall_s),
@@ -134,7 +134,8 @@ def _text(tallies: dict[str, KindTally]) -> str:
     for kind in tallies.values():
         if not kind.jobs:
             continue
-        low, high = proportion_interval(kind.as_expected, kind.jobs)
+        report = kind.report()
+        low, high = report["as_expected_interval"]
         name = "A/B" if kind.kind == "ab" else "A/A"
         lines.append(
             f"{name}: `{kind.expected}` in {kind.as_expected} of {kind.jobs} jobs "
@@ -144,18 +145,12 @@ def _text(tallies: dict[str, KindTally]) -> str:
         lines.append("  verdicts: " + ", ".join(f"{v} {n}" for v, n in kind.verdicts.most_common()))
         lines.append(
             "  looks taken: "
-            + ", ".join(
-                f"{n} job(s) at look {look}" for look, n in sorted(kind.looks_taken.items())
-            )
+            + ", ".join(f"{n} job(s) at look {look}" for look, n in report["looks_taken"].items())
         )
         for reason, n in kind.stopped.most_common():
             lines.append(f"  stopped ({n}): {reason}")
-        for label, values in (
-            ("time to evidence", kind.time_to_evidence_s),
-            ("GPU wall", kind.wall_s),
-        ):
-            spread = _spread(values)
-            if spread:
+        for label, key in (("time to evidence", "time_to_evidence_s"), ("GPU wall", "wall_s")):
+            if spread := report[key]:
                 lines.append(
                     f"  {label}: median {spread['median']} s"
                     f" (range {spread['min']}-{spread['max']} s)"

@@ -151,6 +151,7 @@ case $step in
         --timeout-s "$TIMEOUT_S" | grep '^{' | tail -1) || line='{"ok": false}'
       echo "{\"pair\": $i, \"kind\": \"$kind\", ${line#\{}" | tee -a "$OUT/alternate.jsonl"
       # the job's evidence into $OUT at once: a machine taken back before `summaries` keeps it
+      # (the summaries beside the zip still come back where a device's limits hold a zip back)
       for zip in "$WORK/alternate-out/$kind-$i"/*.zip; do
         [ -f "$zip" ] || continue
         evidence_files "$zip" "$OUT/alternate-evidence/$kind-$i"

@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                 one = _one_job(args, client, children, base_url, api_key, model, env, seed, say)
                 result.update(one)
                 if args.jobs > 1:
-                    print(json.dumps({"job": seed, **one}, sort_keys=True), flush=True)
+                    print(json.dumps(one, sort_keys=True), flush=True)  # its seed names the job
                 if not one["ok"]:
                     break
     except (Failed, RuntimeError, subprocess.SubprocessError, OSError, httpx.HTTPError) as error:

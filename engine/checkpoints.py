@@ -562,7 +562,7 @@ def _check_layout(path: Path) -> None:
     if not files:
         raise CheckpointError(f"checkpoint {path} has no model*.safetensors")
     for file in files:
-        safetensors_layout(file)[0]
+        safetensors_layout(file)  # raises CheckpointError where the header is unreadable
 
 
 def weight_files(path: Path) -> list[Path]:
