@@ -12,6 +12,10 @@ wall on the host machine).
 
     python -m benchmarks.decided_jobs alternate.jsonl [more.jsonl ...]
     python -m benchmarks.decided_jobs --expect-ab faster --json tally.json alternate.jsonl
+    python -m benchmarks.decided_jobs --ab decided.jsonl --aa decided-aa.jsonl alternate.jsonl
+
+`--ab` and `--aa` take the files of the `decided` and `decided-aa` steps, whose lines carry no
+kind: the option names it.
 
 A job that failed (`"ok": false`, or no verdict) counts against its kind: a job that gives no
 evidence did not decide.
@@ -88,8 +92,9 @@ def _spread(values: Sequence[float]) -> dict[str, float] | None:
     }
 
 
-def read_jobs(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Every job line of the files, in order; a line that is not a JSON object is an error."""
+def read_jobs(paths: Iterable[Path], kind: str | None = None) -> list[dict[str, Any]]:
+    """Every job line of the files, in order; a line that is not a JSON object is an error.
+    `kind` (ab or aa) is the kind of lines that carry none; a line of another kind is an error."""
     jobs = []
     for path in paths:
         for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -99,7 +104,14 @@ def read_jobs(paths: Iterable[Path]) -> list[dict[str, Any]]:
                 job = json.loads(line)
             except json.JSONDecodeError as error:
                 raise SystemExit(f"{path}:{number}: not a JSON line ({error.msg})") from None
-            if not isinstance(job, dict) or job.get("kind") not in ("ab", "aa"):
+            if not isinstance(job, dict):
+                raise SystemExit(f"{path}:{number}: a job line must be a JSON object")
+            if kind is not None:
+                if job.setdefault("kind", kind) != kind:
+                    raise SystemExit(
+                        f"{path}:{number}: a job of kind {job['kind']}, given as {kind}"
+                    )
+            elif job.get("kind") not in ("ab", "aa"):
                 raise SystemExit(f"{path}:{number}: a job line needs a kind of ab or aa")
             jobs.append(job)
     return jobs
@@ -162,14 +174,34 @@ def _text(tallies: dict[str, KindTally]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("jobs", nargs="+", type=Path, help="alternate.jsonl files")
+    parser.add_argument("jobs", nargs="*", type=Path, help="alternate.jsonl files")
+    parser.add_argument(
+        "--ab",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="a file of the decided step: every line an A/B job",
+    )
+    parser.add_argument(
+        "--aa",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="a file of the decided-aa step: every line an A/A job",
+    )
     parser.add_argument("--expect-ab", default="slower", choices=("slower", "faster"))
     parser.add_argument("--json", type=Path, help="also write the tally as JSON")
     args = parser.parse_args(argv)
-    missing = [str(p) for p in args.jobs if not p.is_file()]
+    given = [*args.jobs, *args.ab, *args.aa]
+    if not given:
+        parser.error("give at least one file")
+    missing = [str(p) for p in given if not p.is_file()]
     if missing:
         raise SystemExit(f"no such file: {', '.join(missing)}")
-    tallies = tally(read_jobs(args.jobs), expect_ab=args.expect_ab)
+    jobs = [*read_jobs(args.jobs), *read_jobs(args.ab, "ab"), *read_jobs(args.aa, "aa")]
+    tallies = tally(jobs, expect_ab=args.expect_ab)
     print(_text(tallies))
     if args.json:
         report = {name: kind.report() for name, kind in tallies.items()}

@@ -131,14 +131,16 @@ case $step in
     # stays under $WORK/alternate-out (the summaries step collects them).
     # Across device calls: FIRST_JOB (1, the first A/B) numbers on from an earlier call's last job,
     # and CALL_S (0: no limit) starts a job only while the call's elapsed time and that kind's
-    # expected wall (EXPECT_AB_S, EXPECT_AA_S) fit in it; a call's first job always starts.
+    # expected wall (EXPECT_AB_S, EXPECT_AA_S) fit in it; a call's first job always starts. The
+    # defaults are the longest walls measured: a job that spends its budget of 40 rounds took
+    # 483 s (A/B) and 449 s (A/A) on an 80 GB H100 (2026-12-08), so a 600 s call holds one.
     first=${FIRST_JOB:-1} call_s=${CALL_S:-0} started=$(date +%s)
     [ "$first" -gt 1 ] || rm -rf "$WORK/alternate-out" "$WORK/alternate"
     rm -rf "$OUT/alternate.jsonl" "$OUT/alternate-evidence"
     set -- $REFS
     for job in $(seq "$first" $(( 2 * ${JOBS:-10} ))); do
       i=$(( (job + 1) / 2 ))
-      if [ $(( job % 2 )) = 1 ]; then kind=ab expect=${EXPECT_AB_S:-300}; else kind=aa expect=${EXPECT_AA_S:-300}; fi
+      if [ $(( job % 2 )) = 1 ]; then kind=ab expect=${EXPECT_AB_S:-500}; else kind=aa expect=${EXPECT_AA_S:-460}; fi
       elapsed=$(( $(date +%s) - started ))
       if [ "$call_s" -gt 0 ] && [ "$job" -gt "$first" ] && [ $(( elapsed + expect )) -gt "$call_s" ]; then
         echo "[$(clock)] stopping before job $job ($kind-$i): ${elapsed} s spent, about $expect s more would pass CALL_S=$call_s"

@@ -71,3 +71,21 @@ def test_a_malformed_line_is_refused_with_its_place(tmp_path: Path) -> None:
         read_jobs([lines])
     with pytest.raises(SystemExit, match="no such file"):
         main([str(tmp_path / "missing.jsonl")])
+
+
+def test_a_decided_step_file_is_tallied_as_the_kind_it_is_given(tmp_path: Path, capsys) -> None:
+    step = tmp_path / "decided.jsonl"
+    job = _job("ab", "slower", 0.983, taken=2)
+    del job["kind"], job["pair"]
+    step.write_text(json.dumps(job) + "\n")
+    alternate = tmp_path / "alternate.jsonl"
+    alternate.write_text(json.dumps(_job("ab", "slower", 0.98, taken=3)) + "\n")
+
+    main(["--ab", str(step), str(alternate)])
+
+    assert "A/B: `slower` in 2 of 2 jobs" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"decided.jsonl:1: a job line needs a kind"):
+        read_jobs([step])
+    alternate.write_text(json.dumps(_job("aa", "no established change", 1.0)) + "\n")
+    with pytest.raises(SystemExit, match=r"alternate.jsonl:1: a job of kind aa, given as ab"):
+        read_jobs([alternate], "ab")
